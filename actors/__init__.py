@@ -1,0 +1,4 @@
+"""Ray mechanism for RollMux: the GlobalScheduler, GroupControllers and pool workers.
+
+Everything here calls the pure policy in :mod:`rollmux`; no policy is re-implemented.
+"""

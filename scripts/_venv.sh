@@ -1,0 +1,24 @@
+# Sourced by quickstart.sh and test.sh: create (once) and reuse the virtual environment at .venv.
+# Re-installs only when pyproject.toml changes (stamp holds its hash).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "[rollmux] creating virtual environment at .venv"
+  "$PY" -m venv .venv
+fi
+STAMP=.venv/.rollmux-installed
+WANT="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
+  echo "[rollmux] installing dependencies into .venv (first run takes a few minutes)"
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+  # The CPU build of torch first: a bare 'torch' requirement would pull a multi-GB CUDA build.
+  .venv/bin/python -m pip install -q "torch==2.13.0" || .venv/bin/python -m pip install -q "torch>=2.3,<=2.14.1" --index-url https://download.pytorch.org/whl/cpu
+  .venv/bin/python -m pip install -q -e ".[dev]"
+  echo "$WANT" > "$STAMP"
+fi
+export PATH="$ROOT/.venv/bin:$PATH"
+# Local clusters started by our scripts and tests run without Ray token auth (loopback use only).
+export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
+export RAY_USAGE_STATS_ENABLED=0
