@@ -7,11 +7,12 @@ documents them.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Mapping, Optional, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from rollmux.models import ClusterSpec, GPUType, JobSpec
 
@@ -82,3 +83,115 @@ def load_job(path: str | Path) -> JobSpec:
         return JobSpec.model_validate(data)
     except ValidationError as e:
         raise ConfigError(f"{path}: {e}") from e
+
+
+# --- Operator configuration (HTTP admission endpoint and `rollmux up`), configs/serve.yaml ---
+
+class ServeConfig(BaseModel):
+    """Configuration of the HTTP admission endpoint and of ``rollmux up`` (``configs/serve.yaml``).
+
+    Precedence: command-line flags > environment ``ROLLMUX_<FIELD>`` (e.g. ``ROLLMUX_PORT``,
+    ``ROLLMUX_OPEN_READ_ROUTES``) > YAML > defaults. The API token itself is read from
+    ``token`` (discouraged in files), else the environment variable named by ``token_env``,
+    else ``token_file`` (written with mode 0600 by ``rollmux up`` when no token exists).
+
+    Attributes:
+        host / port: where Serve's HTTP proxy listens (loopback by default).
+        token_env: name of the environment variable holding the bearer token.
+        token_file: file holding the token (default ``<state_dir>/api_token``).
+        open_read_routes: GET routes answer without a token when true.
+        cluster_spec: cluster YAML the GlobalScheduler plans for.
+        state_dir: where ``rollmux up`` keeps its state file, token and checkpoint.
+        checkpoint_path: scheduler checkpoint (default ``<state_dir>/scheduler_checkpoint.json``).
+        scheduler_name / namespace: Ray name and namespace of the GlobalScheduler actor
+            (``None`` = the contract's defaults in :mod:`actors.global_scheduler`).
+        request_timeout_s: bound on one call from a Serve replica to the scheduler.
+        ray_port / dashboard_port / metrics_export_port: Ray head ports used by ``rollmux up``.
+        head_cpus: logical CPUs of the Ray head started by ``rollmux up``.
+        start_pool_nodes: ``rollmux up`` also starts one Ray node per pool node of a bounded spec.
+    Raises:
+        pydantic.ValidationError: a field out of range (message names it).
+    Source: issue 5 "The operator's face".
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = Field(default="127.0.0.1", min_length=1)
+    port: int = Field(default=8000, ge=1, le=65535)
+    token: Optional[SecretStr] = None
+    token_env: str = Field(default="ROLLMUX_API_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    token_file: Optional[Path] = None
+    open_read_routes: bool = True
+    cluster_spec: Path = CONFIG_DIR / "cluster_local.yaml"
+    state_dir: Path = Path("~/.rollmux")
+    checkpoint_path: Optional[Path] = None
+    scheduler_name: Optional[str] = None
+    namespace: Optional[str] = None
+    app_name: str = Field(default="rollmux", min_length=1)
+    num_replicas: int = Field(default=1, ge=1, le=64)
+    request_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    ray_port: int = Field(default=6390, ge=1, le=65535)
+    dashboard_port: int = Field(default=8265, ge=1, le=65535)
+    metrics_export_port: int = Field(default=8080, ge=1, le=65535)
+    head_cpus: int = Field(default=2, ge=1, le=1024)
+    start_pool_nodes: bool = True
+
+    @field_validator("state_dir", "token_file", "checkpoint_path", "cluster_spec")
+    @classmethod
+    def _expand(cls, v: Optional[Path]) -> Optional[Path]:
+        if v is None:
+            return None
+        v = Path(v).expanduser()
+        # relative paths that do not exist from the working directory are taken from the repo root
+        if not v.is_absolute() and not v.exists() and (REPO_ROOT / v).exists():
+            v = REPO_ROOT / v
+        return v.absolute()
+
+    @property
+    def token_path(self) -> Path:
+        return self.token_file or self.state_dir / "api_token"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.checkpoint_path or self.state_dir / "scheduler_checkpoint.json"
+
+    @property
+    def base_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}"
+
+    def resolve_token(self, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+        """The bearer token: ``token``, else ``$<token_env>``, else the token file; ``None`` if none."""
+        env = os.environ if env is None else env
+        if self.token is not None and self.token.get_secret_value():
+            return self.token.get_secret_value()
+        if env.get(self.token_env):
+            return env[self.token_env]
+        if self.token_path.is_file():
+            return self.token_path.read_text().strip() or None
+        return None
+
+
+def load_serve_config(
+    path: Optional[str | Path] = None,
+    overrides: Optional[Mapping[str, Any]] = None,
+    env: Optional[Mapping[str, str]] = None,
+) -> ServeConfig:
+    """``ServeConfig`` from YAML (default ``configs/serve.yaml``), then ``ROLLMUX_*`` env, then ``overrides``.
+
+    ``overrides`` with value ``None`` are ignored (unset command-line flags).
+    Raises:
+        ConfigError: missing / malformed file or an invalid field (the message names it).
+    """
+    env = os.environ if env is None else env
+    p = Path(path) if path is not None else Path(env.get("ROLLMUX_SERVE_CONFIG", CONFIG_DIR / "serve.yaml"))
+    data = dict(read_yaml(p) or {}) if (path is not None or p.is_file()) else {}
+    for name in ServeConfig.model_fields:
+        key = f"ROLLMUX_{name.upper()}"
+        if name != "token" and env.get(key) not in (None, ""):
+            data[name] = env[key]
+    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        return ServeConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"{p}: {e}") from e

@@ -43,3 +43,48 @@ def ray_cluster(local_cluster_spec):
     lc = start_local_cluster(local_cluster_spec, head_cpus=2, node_cpus=1, object_store_mb=96)
     yield lc
     lc.shutdown()
+
+
+@pytest.fixture(scope="session")
+def serve_api(ray_cluster, local_cluster_spec, tmp_path_factory):
+    """The HTTP admission API (serve_app.py on Ray Serve, 127.0.0.1, a free port) over a GlobalScheduler
+    of its own (unique name, so other tests' scheduler state is untouched). Yields a SimpleNamespace
+    with ``base_url``, ``token``, ``scheduler`` (actor handle) and ``scheduler_name``.
+    Teardown: departs its jobs, kills its scheduler and group controllers, shuts Serve down."""
+    import socket
+    import uuid
+    from types import SimpleNamespace
+
+    import ray
+    from ray import serve
+
+    import serve_app
+    from actors.global_scheduler import NAMESPACE, get_or_create_scheduler
+    from rollmux.config import ServeConfig
+
+    name = f"rollmux-serve-test-{uuid.uuid4().hex[:8]}"
+    ckpt = tmp_path_factory.mktemp("serve_ckpt")
+    sched = get_or_create_scheduler(local_cluster_spec, checkpoint_path=str(ckpt), name=name)
+    ray.get(sched.health.remote(), timeout=120)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = uuid.uuid4().hex
+    cfg = ServeConfig(port=port, scheduler_name=name, namespace=NAMESPACE, state_dir=ckpt, request_timeout_s=60,
+                      app_name=f"rollmux-test-{name[-8:]}")
+    base = serve_app.deploy(cfg, token)
+    yield SimpleNamespace(base_url=base, token=token, scheduler=sched, scheduler_name=name, config=cfg)
+    try:
+        sched = ray.get_actor(name, namespace=NAMESPACE)
+        ctrls = {g.get("controller") for g in ray.get(sched.list_groups.remote(), timeout=60)}
+        for j in ray.get(sched.list_jobs.remote(), timeout=60):
+            ctrls.add(j.get("controller"))
+            ray.get(sched.depart.remote(j["job_id"]), timeout=60)
+        for c in filter(None, ctrls):
+            try:
+                ray.kill(ray.get_actor(c, namespace=NAMESPACE), no_restart=True)
+            except ValueError:
+                pass
+        ray.kill(sched, no_restart=True)
+    finally:
+        serve.shutdown()

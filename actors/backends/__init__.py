@@ -1,0 +1,136 @@
+"""Compute backends of a job's phases: a rollout engine and a training engine.
+
+A job's phase code talks to these interfaces only, so the same RL script runs on this CPU machine
+(``hf`` rollout = transformers ``generate``, ``torch`` training) and on GPUs (``vllm`` rollout
+with sleep/wake for warm start, ``deepspeed`` ZeRO training) without change.
+
+Warm start (RollMux §5, DESIGN.md "Execution plane"): between phases the runtime keeps a job's
+state in host memory and the process alive; a backend's ``offload()`` moves device state to the
+host (vLLM: ``sleep``), ``load()`` moves it back (vLLM: ``wake_up``). On CPU both are no-ops that
+only record that they ran. Cold start rebuilds the backend from a checkpoint on disk.
+
+Registry: :func:`make_rollout_backend` / :func:`make_train_backend` by name; GPU backends are
+import-guarded and raise :class:`BackendUnavailable` (naming the missing package) where absent.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Callable, Optional
+
+import torch
+
+ProgressFn = Callable[[int, int], None]
+
+
+class BackendUnavailable(RuntimeError):
+    """A backend's package (vLLM, DeepSpeed) or device (CUDA) is missing on this machine."""
+
+
+class RolloutBackend(ABC):
+    """Generates responses for a batch of prompts with the current policy weights."""
+
+    name: str = "?"
+
+    @abstractmethod
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        seed: int,
+        eos_id: int,
+        pad_id: int,
+        progress: Optional[ProgressFn] = None,
+    ) -> torch.Tensor:
+        """Sample one response per prompt row.
+
+        Args:
+            prompt_ids: LongTensor ``[B, P]`` (equal-length prompts).
+            max_new_tokens: generation cap ``N``.
+            seed: seeds this call's sampling (from the job's own generator; no global RNG).
+            progress: called ``progress(done, total)`` as responses finish (long-tail migration).
+        Returns:
+            LongTensor ``[B, P + N]`` on CPU; after a row's ``<eos>`` it is padded with ``pad_id``.
+        """
+
+    @abstractmethod
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Install the policy weights published by training (sync phase)."""
+
+    def offload(self) -> None:
+        """Release device memory, keeping weights in host memory (vLLM ``sleep``)."""
+
+    def load(self) -> None:
+        """Bring weights back to the device (vLLM ``wake_up``)."""
+
+    sleep = offload
+    wake_up = load
+
+
+class TrainBackend(ABC):
+    """Holds the trainable policy and its optimizer; one optimizer step per :meth:`backward_step`."""
+
+    name: str = "?"
+
+    @abstractmethod
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, L, V]`` (float32) for tokens ``[B, L]``."""
+
+    @abstractmethod
+    def backward_step(self, loss: torch.Tensor) -> float:
+        """Back-propagate ``loss``, clip gradients, step the optimizer; returns the grad norm."""
+
+    @abstractmethod
+    def weights(self) -> dict[str, torch.Tensor]:
+        """Full policy weights as detached CPU tensors (what the sync phase sends to rollout)."""
+
+    def offload(self) -> None:
+        """Move parameters and optimizer state to host memory."""
+
+    def load(self) -> None:
+        """Move parameters and optimizer state back to the device."""
+
+
+def make_rollout_backend(name: str, model: torch.nn.Module, *, device: str = "cpu", **kw) -> RolloutBackend:
+    """Rollout backend by name: ``hf`` (transformers generate) or ``vllm`` (GPU only).
+
+    Raises:
+        ValueError: unknown name. BackendUnavailable: vLLM or CUDA missing.
+    """
+    if name == "hf":
+        from actors.backends.hf_rollout import HFRolloutBackend
+
+        return HFRolloutBackend(model, device=device)
+    if name == "vllm":
+        from actors.backends.vllm_rollout import VLLMRolloutBackend
+
+        return VLLMRolloutBackend(model, **kw)
+    raise ValueError(f"rollout_backend: unknown backend {name!r} (known: hf, vllm)")
+
+
+def make_train_backend(
+    name: str, model: torch.nn.Module, *, lr: float, max_grad_norm: float = 1.0, device: str = "cpu", **kw
+) -> TrainBackend:
+    """Training backend by name: ``torch`` (plain AdamW) or ``deepspeed`` (ZeRO, GPU only).
+
+    Raises:
+        ValueError: unknown name. BackendUnavailable: DeepSpeed or CUDA missing.
+    """
+    if name == "torch":
+        from actors.backends.torch_train import TorchTrainBackend
+
+        return TorchTrainBackend(model, lr=lr, max_grad_norm=max_grad_norm, device=device)
+    if name == "deepspeed":
+        from actors.backends.deepspeed_train import DeepSpeedTrainBackend
+
+        return DeepSpeedTrainBackend(model, lr=lr, max_grad_norm=max_grad_norm, **kw)
+    raise ValueError(f"train_backend: unknown backend {name!r} (known: torch, deepspeed)")
+
+
+def pad_to(seq: torch.Tensor, length: int, pad_id: int) -> torch.Tensor:
+    """Right-pad ``[B, L]`` to ``[B, length]`` with ``pad_id``."""
+    if seq.shape[1] >= length:
+        return seq[:, :length]
+    return torch.cat([seq, seq.new_full((seq.shape[0], length - seq.shape[1]), pad_id)], dim=1)

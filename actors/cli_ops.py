@@ -1,0 +1,425 @@
+"""Cluster operation commands of the ``rollmux`` CLI: ``up``, ``down``, ``submit``, ``status``, ``urls``.
+
+``rollmux up`` starts a local Ray head (``ray start --head --block``, dashboard and metrics on
+127.0.0.1), one Ray node per pool node of a bounded cluster spec (custom resources
+``rollmux_node:<id>`` / ``rollmux_pool:<pool>``), the ``GlobalScheduler`` actor and the Serve
+admission app (HTTP on 127.0.0.1:8000 by default); it returns once ``/healthz`` answers. Every
+process it starts is recorded (pid, process-group id, start time) in ``<state_dir>/state.json``;
+``rollmux down`` signals exactly those process groups and nothing else.
+Configuration: ``configs/serve.yaml`` (:class:`rollmux.config.ServeConfig`), ``ROLLMUX_*``
+environment, flags. Ray is imported only inside the commands.
+Source: issue 5 "The operator's face".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rollmux.config import ConfigError, ServeConfig, load_cluster, load_job, load_serve_config
+from rollmux.nodes import NODE_RESOURCE_UNITS, node_id, node_resource, pool_resource
+
+console = Console()
+err_console = Console(stderr=True)
+
+STATE_FILE = "state.json"
+HEAD_RESOURCE = "rollmux_head"
+_CFG_HELP = "serve config YAML (default: configs/serve.yaml or $ROLLMUX_SERVE_CONFIG)"
+
+
+# ----------------------------------------------------------------------------- helpers
+def _fail(msg: str, code: int = 1) -> None:
+    err_console.print(f"[bold red]error:[/] {msg}")
+    raise typer.Exit(code)
+
+
+def _config(path: Optional[Path], **overrides: Any) -> ServeConfig:
+    try:
+        return load_serve_config(path, overrides)
+    except ConfigError as e:
+        _fail(str(e), 2)
+        raise  # unreachable
+
+
+def _state_path(cfg: ServeConfig) -> Path:
+    return cfg.state_dir / STATE_FILE
+
+
+def _read_state(cfg: ServeConfig) -> Optional[dict]:
+    p = _state_path(cfg)
+    try:
+        return json.loads(p.read_text()) if p.is_file() else None
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _write_state(cfg: ServeConfig, state: dict) -> None:
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = _state_path(cfg).with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(_state_path(cfg))
+
+
+def _proc_start_ticks(pid: int) -> Optional[int]:
+    """Start time of ``pid`` (clock ticks since boot, /proc/<pid>/stat field 22); None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(rec: dict) -> bool:
+    """True while the recorded process still exists and is the same process (pid not reused)."""
+    ticks = _proc_start_ticks(rec["pid"])
+    return ticks is not None and ticks == rec.get("start_ticks")
+
+
+def _ray_cli() -> list[str]:
+    exe = Path(sys.executable).with_name("ray")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "ray.scripts.scripts"]
+
+
+def _spawn(args: list[str], log_path: Path, env: dict) -> dict:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env=env, start_new_session=True)
+    time.sleep(0.05)
+    return {"pid": p.pid, "pgid": p.pid, "start_ticks": _proc_start_ticks(p.pid), "log": str(log_path)}
+
+
+def _wait_port(port: int, rec: dict, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _alive(rec):
+            _fail(f"{what} exited during start-up; see {rec['log']}")
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.25)
+    _fail(f"{what} did not open 127.0.0.1:{port} within {timeout_s:g} s; see {rec['log']}")
+
+
+def _stop(recs: list[dict], grace_s: float = 20.0) -> list[str]:
+    """SIGTERM each recorded process group (``ray start --block`` then stops its Ray processes),
+    SIGKILL those still alive after ``grace_s``. Returns a line per process."""
+    out = []
+    for rec in recs:
+        if _alive(rec):
+            try:
+                os.killpg(rec["pgid"], signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_alive(r) for r in recs):
+        time.sleep(0.25)
+    for rec in recs:
+        if _alive(rec):
+            try:
+                os.killpg(rec["pgid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            out.append(f"{rec['what']} (pid {rec['pid']}): killed")
+        else:
+            out.append(f"{rec['what']} (pid {rec['pid']}): stopped")
+        try:  # Ray children of the group that outlived the leader
+            os.killpg(rec["pgid"], signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return out
+
+
+def _urls(cfg: ServeConfig, state: Optional[dict]) -> dict[str, str]:
+    s = state or {}
+    return {
+        "HTTP API": s.get("base_url", cfg.base_url),
+        "OpenAPI docs": s.get("base_url", cfg.base_url) + "/docs",
+        "Ray dashboard": s.get("dashboard_url", f"http://127.0.0.1:{cfg.dashboard_port}"),
+        "Metrics (Prometheus)": s.get("metrics_url", f"http://127.0.0.1:{cfg.metrics_export_port}/metrics"),
+        "Ray address": s.get("ray_address", f"127.0.0.1:{cfg.ray_port}"),
+        "Job submission": s.get("dashboard_url", f"http://127.0.0.1:{cfg.dashboard_port}"),
+        "API token file": str(cfg.token_path),
+    }
+
+
+def _print_urls(cfg: ServeConfig, state: Optional[dict]) -> None:
+    t = Table(title="RollMux endpoints", show_header=False)
+    for k, v in _urls(cfg, state).items():
+        t.add_row(k, v)
+    console.print(t)
+    console.print(f"token: export {cfg.token_env}=$(cat {cfg.token_path})   "
+                  f"(send as 'Authorization: Bearer ${cfg.token_env}')")
+
+
+def _client(cfg: ServeConfig, timeout_s: float = 30.0):
+    import httpx
+
+    token = cfg.resolve_token()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=cfg.base_url, headers=headers, timeout=timeout_s)
+
+
+def _http(cfg: ServeConfig, method: str, path: str, **kw: Any):
+    import httpx
+
+    try:
+        with _client(cfg) as c:
+            return c.request(method, path, **kw)
+    except httpx.HTTPError as e:
+        _fail(f"cannot reach the RollMux API at {cfg.base_url} ({type(e).__name__}); is `rollmux up` running?")
+
+
+def _fmt(x: Any, nd: int = 3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{nd}g}" if abs(x) < 1e4 else f"{x:,.0f}"
+    if isinstance(x, (list, tuple)):
+        return ",".join(map(str, x))
+    return str(x)
+
+
+# ----------------------------------------------------------------------------- commands
+def up(
+    config: Optional[Path] = typer.Option(None, "--config", help=_CFG_HELP),
+    host: Optional[str] = typer.Option(None, help="HTTP host (default 127.0.0.1)"),
+    port: Optional[int] = typer.Option(None, help="HTTP port (default 8000)"),
+    cluster_spec: Optional[Path] = typer.Option(None, "--cluster-spec", help="cluster YAML for the scheduler"),
+    state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="state, token and checkpoint directory"),
+    ray_port: Optional[int] = typer.Option(None, "--ray-port", help="GCS port of the Ray head"),
+    dashboard_port: Optional[int] = typer.Option(None, "--dashboard-port"),
+    metrics_export_port: Optional[int] = typer.Option(None, "--metrics-export-port"),
+    open_read_routes: Optional[bool] = typer.Option(None, "--open-read-routes/--protect-read-routes"),
+    pool_nodes: Optional[bool] = typer.Option(None, "--pool-nodes/--no-pool-nodes", help="start one Ray node per pool node"),
+    ray_auth: str = typer.Option(os.environ.get("RAY_AUTH_MODE", "disabled"), "--ray-auth", help="Ray token auth: disabled | token"),
+    timeout_s: float = typer.Option(180.0, "--timeout-s", help="bound on the whole start-up"),
+) -> None:
+    """Start a local Ray head, the GlobalScheduler and the HTTP admission API; wait for /healthz."""
+    cfg = _config(config, host=host, port=port, cluster_spec=cluster_spec, state_dir=state_dir, ray_port=ray_port,
+                  dashboard_port=dashboard_port, metrics_export_port=metrics_export_port,
+                  open_read_routes=open_read_routes, start_pool_nodes=pool_nodes)
+    if ray_auth not in ("disabled", "token"):
+        _fail(f"--ray-auth must be 'disabled' or 'token', got {ray_auth!r}", 2)
+    state = _read_state(cfg)
+    if state and any(_alive(r) for r in state.get("processes", [])):
+        console.print(f"[yellow]RollMux is already up[/] (state {_state_path(cfg)}); `rollmux down` stops it.")
+        _print_urls(cfg, state)
+        return
+    try:
+        cluster = load_cluster(cfg.cluster_spec)
+    except ConfigError as e:
+        _fail(str(e), 2)
+    token = cfg.resolve_token()
+    generated = token is None
+    if generated:
+        token = secrets.token_urlsafe(32)
+        cfg.token_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(cfg.token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+
+    env = dict(os.environ, RAY_AUTH_MODE=ray_auth, RAY_USAGE_STATS_ENABLED="0")
+    os.environ.update(RAY_AUTH_MODE=ray_auth, RAY_USAGE_STATS_ENABLED="0")
+    if ray_auth == "token":
+        subprocess.run(_ray_cli() + ["get-auth-token", "--generate"], env=env, check=False,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+    address = f"127.0.0.1:{cfg.ray_port}"
+    logs = cfg.state_dir / "logs"
+    state = {
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ray_address": address,
+        "ray_auth": ray_auth, "base_url": cfg.base_url, "processes": [],
+        "dashboard_url": f"http://127.0.0.1:{cfg.dashboard_port}",
+        "metrics_url": f"http://127.0.0.1:{cfg.metrics_export_port}/metrics",
+    }
+    deadline = time.monotonic() + timeout_s
+    try:
+        with console.status("starting the Ray head ...") as st:
+            head = _spawn(_ray_cli() + [
+                "start", "--head", "--block", f"--port={cfg.ray_port}", "--node-ip-address=127.0.0.1",
+                "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={cfg.dashboard_port}",
+                f"--metrics-export-port={cfg.metrics_export_port}", f"--num-cpus={cfg.head_cpus}",
+                f"--resources={json.dumps({HEAD_RESOURCE: 1.0})}", "--disable-usage-stats",
+            ], logs / "ray-head.log", env)
+            state["processes"].append({**head, "what": "ray head"})
+            _write_state(cfg, state)
+            _wait_port(cfg.ray_port, head, max(5.0, deadline - time.monotonic()), "the Ray head")
+            if cfg.start_pool_nodes and all(cluster.pool(p).num_nodes for p in ("rollout", "train")):
+                for pool in ("rollout", "train"):
+                    for i in range(cluster.pool(pool).num_nodes):  # type: ignore[arg-type]
+                        nid = node_id(pool, i)  # type: ignore[arg-type]
+                        st.update(f"starting Ray node {nid} ...")
+                        res = {node_resource(nid): NODE_RESOURCE_UNITS, pool_resource(pool): 1.0}  # type: ignore[arg-type]
+                        rec = _spawn(_ray_cli() + [
+                            "start", f"--address={address}", "--block", "--node-ip-address=127.0.0.1",
+                            f"--num-cpus={cluster.pool(pool).node.gpus_per_node}",  # type: ignore[arg-type]
+                            f"--resources={json.dumps(res)}", "--disable-usage-stats",
+                        ], logs / f"ray-{nid}.log", env)
+                        state["processes"].append({**rec, "what": f"ray node {nid}"})
+                        _write_state(cfg, state)
+            st.update("starting the GlobalScheduler and the Serve app ...")
+            _start_scheduler_and_app(cfg, address, cluster, token, len(state["processes"]), deadline)
+            st.update(f"waiting for {cfg.base_url}/healthz ...")
+            _wait_healthy(cfg, deadline)
+    except typer.Exit:
+        _stop(state["processes"])
+        _state_path(cfg).unlink(missing_ok=True)
+        raise
+    except Exception as e:  # start-up failed: stop what we started, clean message
+        _stop(state["processes"])
+        _state_path(cfg).unlink(missing_ok=True)
+        _fail(f"start-up failed: {type(e).__name__}: {e}")
+    console.print(f"[bold green]RollMux is up[/]: {len(state['processes'])} Ray node(s), scheduler and API ready.")
+    if generated:
+        console.print(f"generated a new API token in {cfg.token_path} (mode 0600)")
+    _print_urls(cfg, state)
+
+
+def _start_scheduler_and_app(cfg: ServeConfig, address: str, cluster, token: str, n_nodes: int, deadline: float) -> None:
+    import ray
+
+    from actors.global_scheduler import NAMESPACE, get_or_create_scheduler
+    from serve_app import deploy
+
+    ray.init(address=address, namespace=cfg.namespace or NAMESPACE, log_to_driver=False, logging_level="ERROR")
+    try:
+        while len(ray.nodes()) < n_nodes and time.monotonic() < deadline:  # all raylets registered
+            time.sleep(0.25)
+        sched = get_or_create_scheduler(cluster, checkpoint_path=str(cfg.checkpoint))
+        ray.get(sched.health.remote(), timeout=max(5.0, deadline - time.monotonic()))
+        deploy(cfg, token)
+    finally:
+        ray.shutdown()
+
+
+def _wait_healthy(cfg: ServeConfig, deadline: float) -> None:
+    import httpx
+
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(cfg.base_url + "/healthz", timeout=5.0)
+            if r.status_code == 200:
+                return
+            last = f"HTTP {r.status_code}: {r.text[:200]}"
+        except httpx.HTTPError as e:
+            last = type(e).__name__
+        time.sleep(0.5)
+    _fail(f"{cfg.base_url}/healthz did not answer 200 in time ({last})")
+
+
+def down(
+    config: Optional[Path] = typer.Option(None, "--config", help=_CFG_HELP),
+    state_dir: Optional[Path] = typer.Option(None, "--state-dir"),
+    grace_s: float = typer.Option(20.0, "--grace-s", help="seconds to wait after SIGTERM before SIGKILL"),
+) -> None:
+    """Stop every process `rollmux up` started (recorded in <state_dir>/state.json), nothing else."""
+    cfg = _config(config, state_dir=state_dir)
+    state = _read_state(cfg)
+    if not state:
+        console.print(f"nothing to stop (no state file at {_state_path(cfg)})")
+        return
+    recs = list(reversed(state.get("processes", [])))  # pool nodes first, then the head
+    for line in _stop(recs, grace_s):
+        console.print(line)
+    _state_path(cfg).unlink(missing_ok=True)
+    console.print("[bold]RollMux is down.[/]")
+
+
+def submit(
+    spec: Path = typer.Argument(..., help="job spec YAML (configs/jobs/*.yaml; a top-level `job:` key is accepted)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="what-if: decide without admitting"),
+    config: Optional[Path] = typer.Option(None, "--config", help=_CFG_HELP),
+    port: Optional[int] = typer.Option(None, help="HTTP port of the API"),
+) -> None:
+    """Submit a job spec to the admission API (POST /v1/jobs) and print the decision."""
+    cfg = _config(config, port=port)
+    try:
+        job = load_job(spec)
+    except ConfigError as e:
+        _fail(str(e), 2)
+    if cfg.resolve_token() is None:
+        _fail(f"no API token: set ${cfg.token_env} or create {cfg.token_path} (`rollmux up` does)", 2)
+    r = _http(cfg, "POST", "/v1/jobs:dry-run" if dry_run else "/v1/jobs", json=job.model_dump(mode="json"))
+    body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {"detail": r.text}
+    d = body.get("decision", body)
+    t = Table(title=f"{'dry run: ' if dry_run else ''}job {job.job_id}: HTTP {r.status_code}", show_header=False)
+    if r.status_code in (200, 201):
+        t.add_row("decision", "[green]admissible[/]" if dry_run else "[green]admitted[/]")
+    else:
+        t.add_row("decision", f"[red]{body.get('error', 'refused')}[/]")
+        t.add_row("reason", str(body.get("detail", "")))
+    if isinstance(d, dict) and "explanation" in d:
+        pl = d.get("placement") or {}
+        t.add_row("group", _fmt(d.get("group_id")))
+        t.add_row("strategy", _fmt(d["explanation"].get("strategy")))
+        t.add_row("rollout nodes", _fmt(pl.get("rollout_nodes")))
+        t.add_row("training nodes", _fmt(pl.get("train_nodes")))
+        t.add_row("marginal cost", f"{_fmt(d.get('marginal_cost_usd_per_h'))} USD/h")
+        for j, s in (d.get("predicted_slowdowns") or {}).items():
+            t.add_row(f"slowdown {j}", f"{s:.3f}x")
+        t.add_row("explanation", d["explanation"].get("reason", ""))
+    console.print(t)
+    if r.status_code not in (200, 201):
+        raise typer.Exit(1)
+
+
+def status(
+    config: Optional[Path] = typer.Option(None, "--config", help=_CFG_HELP),
+    port: Optional[int] = typer.Option(None, help="HTTP port of the API"),
+) -> None:
+    """Co-execution groups and jobs (GET /v1/groups, /v1/jobs) as tables."""
+    cfg = _config(config, port=port)
+    h = _http(cfg, "GET", "/healthz")
+    if h.status_code != 200:
+        _fail(f"API unhealthy: HTTP {h.status_code} {h.text[:300]}")
+    groups, jobs = _http(cfg, "GET", "/v1/groups"), _http(cfg, "GET", "/v1/jobs")
+    for r in (groups, jobs):
+        if r.status_code != 200:
+            _fail(f"{r.request.url.path}: HTTP {r.status_code} {r.text[:300]}")
+    tg = Table(title="co-execution groups")
+    for c in ("group", "members", "rollout nodes", "training nodes", "USD/h", "T_cycle s", "T_load s", "slack s"):
+        tg.add_column(c)
+    for g in groups.json():
+        tg.add_row(g["group_id"], _fmt(g.get("members")), _fmt(g.get("rollout_nodes")), _fmt(g.get("train_nodes")),
+                   _fmt(g.get("cost_usd_per_h")), _fmt(g.get("t_cycle_s")), _fmt(g.get("t_load_s")), _fmt(g.get("slack_s")))
+    tj = Table(title="jobs")
+    for c in ("job", "state", "group", "iterations", "slowdown", "SLO", "error"):
+        tj.add_column(c)
+    for j in jobs.json():
+        tj.add_row(j["job_id"], _fmt(j.get("state")), _fmt(j.get("group_id")), _fmt(j.get("iterations_done")),
+                   _fmt(j.get("slowdown")), _fmt(j.get("slo")), _fmt(j.get("error")))
+    console.print(tg)
+    console.print(tj)
+    console.print(f"scheduler: {h.json()}")
+
+
+def urls(
+    config: Optional[Path] = typer.Option(None, "--config", help=_CFG_HELP),
+    state_dir: Optional[Path] = typer.Option(None, "--state-dir"),
+) -> None:
+    """Where the HTTP API, OpenAPI docs, Ray dashboard and Prometheus metrics endpoint are."""
+    cfg = _config(config, state_dir=state_dir)
+    state = _read_state(cfg)
+    if state is None:
+        console.print("[yellow]not started by `rollmux up` here; showing configured addresses[/]")
+    _print_urls(cfg, state)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``up``, ``down``, ``submit``, ``status`` and ``urls`` to the ``rollmux`` typer app."""
+    for fn in (up, down, submit, status, urls):
+        app.command(fn.__name__)(fn)

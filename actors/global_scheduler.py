@@ -1,0 +1,352 @@
+"""GlobalScheduler: the single owner of RollMux's group table on a Ray cluster (RollMux §4.2, §5).
+
+One named, detached actor (``rollmux-global-scheduler`` in namespace ``rollmux``, get-if-exists,
+``max_restarts=-1``). It admits jobs by calling the policy (:class:`rollmux.admission.
+InterGroupScheduler`, Alg. 1; no second copy here), creates one named GroupController per
+co-execution group, tracks each job's lifecycle (admitted -> running -> finished | failed) and
+releases nodes on departure or failure.
+
+Fault tolerance (Ray Serve controller pattern, STYLE.md §3): the *target state* (job records +
+``InterGroupScheduler.snapshot()`` + controller names) is checkpointed to a KV store
+(:mod:`actors.kv`; Ray GCS internal KV by default, a file directory with ``checkpoint_path``)
+*before* acting on controllers. A restarted actor restores the checkpoint and re-finds the named,
+detached GroupControllers (re-creating and re-populating any that are gone). No admitted job is
+lost when the actor dies.
+
+Contract (docs/ARCHITECTURE.md "GlobalScheduler actor contract"): every method returns
+JSON-able dicts / lists; refusals are values (``admitted: False`` with ``code``), not exceptions.
+Codes besides the policy's (ok | never | retry_later): ``invalid`` (spec fails validation) and
+``duplicate`` (the job id is already admitted or running).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Optional
+
+from pydantic import ValidationError
+
+from rollmux.models import ClusterSpec, JobSpec
+
+log = logging.getLogger("rollmux.scheduler")
+
+NAMESPACE = "rollmux"
+SCHEDULER_NAME = "rollmux-global-scheduler"
+CHECKPOINT_VERSION = 1
+MAX_FINISHED_RECORDS = 5000
+ACTIVE = ("admitted", "running")
+PROGRESS_CHECKPOINT_S = 2.0  # iteration progress (soft state) is checkpointed at most this often
+
+
+def _groups(igs) -> dict[str, Any]:
+    g = igs.groups
+    if isinstance(g, dict):
+        return dict(g)
+    return {x.group_id: x for x in g}
+
+
+class GlobalSchedulerImpl:
+    """The scheduler's logic (plain class, wrapped by :func:`get_or_create_scheduler`).
+
+    Args:
+        cluster: the cluster spec (dict or :class:`ClusterSpec`).
+        checkpoint_path: directory for a :class:`actors.kv.FileKV`; ``None`` uses Ray's GCS KV.
+        name: this actor's name (checkpoint key and controller-name prefix).
+        policy / max_group_size / seed: passed to ``InterGroupScheduler``.
+        kv: an explicit :class:`actors.kv.KVStore` (unit tests: ``MemoryKV``).
+        create_controllers: False for unit tests without Ray (no GroupControllers).
+    """
+
+    def __init__(self, cluster: dict | ClusterSpec, checkpoint_path: Optional[str] = None, *,
+                 name: str = SCHEDULER_NAME, policy: str = "rollmux", max_group_size: int = 5, seed: int = 0,
+                 kv=None, create_controllers: bool = True, metrics_flush_s: float = 1.0):
+        from actors.kv import make_kv
+        from actors.metrics import RollmuxMetrics
+        from rollmux.admission import InterGroupScheduler
+
+        self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec.model_validate(cluster)
+        self.name = name
+        self.kv = kv if kv is not None else make_kv(checkpoint_path, namespace=NAMESPACE)
+        self.key = f"{name}.state"
+        self.create_controllers = create_controllers
+        self.metrics = RollmuxMetrics(flush_interval_s=metrics_flush_s, enabled=create_controllers)
+        self._policy_args = {"policy": policy, "max_group_size": max_group_size, "seed": seed}
+        self.jobs: dict[str, dict] = {}
+        self.controllers: dict[str, str] = {}  # group_id -> actor name
+        self._handles: dict[str, Any] = {}
+        self.restored = False
+        self._last_checkpoint = 0.0
+        ck = self.kv.get(self.key)
+        if ck and ck.get("version") == CHECKPOINT_VERSION:
+            self.igs = InterGroupScheduler.restore(self.cluster, ck["groups"])
+            self.jobs = ck["jobs"]
+            self.controllers = ck["controllers"]
+            self.restored = True
+            self._refind_controllers()
+        else:
+            self.igs = InterGroupScheduler(self.cluster, **self._policy_args)
+
+    # ---- checkpoint
+    def _checkpoint(self) -> None:
+        done = [j for j, r in self.jobs.items() if r["state"] not in ACTIVE]
+        for j in done[: max(0, len(done) - MAX_FINISHED_RECORDS)]:
+            del self.jobs[j]
+        self._last_checkpoint = time.time()
+        self.kv.put(self.key, {"version": CHECKPOINT_VERSION, "jobs": self.jobs, "groups": self.igs.snapshot(),
+                               "controllers": self.controllers, "t": time.time()})
+
+    # ---- controllers (every Ray call to a controller goes through here)
+    def _controller(self, group_id: str, create: bool = True):
+        if not self.create_controllers:
+            return None
+        import ray
+
+        from actors.group_controller import controller_name, create_controller
+
+        name = self.controllers.get(group_id) or controller_name(group_id, self.name)
+        h = self._handles.get(group_id)
+        if h is None:
+            try:
+                h = ray.get_actor(name, namespace=NAMESPACE)
+            except ValueError:
+                if not create:
+                    return None
+                h = create_controller(group_id, self.name)
+            self._handles[group_id] = h
+        self.controllers[group_id] = name
+        return h
+
+    def _refind_controllers(self) -> None:
+        """After a restart: re-find each active group's controller; re-add members it lacks."""
+        import ray
+
+        for gid, members in self._active_by_group().items():
+            h = self._controller(gid)
+            if h is None:
+                continue
+            for rec in members:
+                pl = rec["placement"]
+                ray.get(h.add_job.remote(rec["job_id"], pl["rollout_nodes"], pl["train_nodes"], slo=rec["slo"]))
+
+    def _active_by_group(self) -> dict[str, list[dict]]:
+        out: dict[str, list[dict]] = {}
+        for rec in self.jobs.values():
+            if rec["state"] in ACTIVE and rec.get("group_id"):
+                out.setdefault(rec["group_id"], []).append(rec)
+        return out
+
+    # ---- admission
+    def admit(self, spec: dict, dry_run: bool = False) -> dict:
+        """Admit (or, with ``dry_run``, only evaluate) a job: ``AdmissionDecision.to_dict()``.
+
+        On admission the job record is checkpointed, then its group's controller is created (if
+        new) and the job is added to the controller's queues. Source: RollMux §4.2, Alg. 1.
+        """
+        t0 = time.perf_counter()
+        try:
+            job = JobSpec.model_validate(spec)
+        except ValidationError as e:
+            jid = spec.get("job_id") if isinstance(spec, dict) else None
+            return self._refusal(jid, "invalid", f"invalid job spec: {e}", t0, dry_run)
+        old = self.jobs.get(job.job_id)
+        if old is not None and old["state"] in ACTIVE:
+            return self._refusal(job.job_id, "duplicate", f"job {job.job_id!r} is already {old['state']}", t0, dry_run)
+        decision = self.igs.decide(job)
+        out = decision.to_dict()
+        if dry_run or not out.get("admitted"):
+            if not dry_run:
+                self.metrics.admission(out.get("code", "refused"), out.get("latency_ms", 0.0))
+            return out
+        grp = self.igs.commit(decision)
+        gid = out["group_id"] = grp.group_id if grp is not None else out["group_id"]
+        member = self._member(gid, job.job_id)
+        prof = member.profile if member is not None else None
+        self.jobs[job.job_id] = {
+            "job_id": job.job_id, "state": "admitted", "group_id": gid,
+            "placement": {"rollout_nodes": list(out["placement"]["rollout_nodes"]),
+                          "train_nodes": list(out["placement"]["train_nodes"])},
+            "slo": job.slo, "iterations_done": 0,
+            "predicted": None if prof is None else {"t_roll_s": prof.t_roll_s, "t_train_s": prof.t_train_s,
+                                                    "t_sync_s": prof.t_sync_s, "t_solo_s": prof.t_solo_s},
+            "predicted_slowdown": (out.get("predicted_slowdowns") or {}).get(job.job_id),
+            "measured": None, "slowdown": None, "error": None, "spec": job.model_dump(mode="json"),
+            "admitted_at": time.time(), "ended_at": None,
+            "controller": self._controller_name(gid),
+        }
+        self.controllers[gid] = self._controller_name(gid)
+        self._checkpoint()  # target state first, then act
+        h = self._controller(gid)
+        if h is not None:
+            import ray
+
+            pl = self.jobs[job.job_id]["placement"]
+            ray.get(h.add_job.remote(job.job_id, pl["rollout_nodes"], pl["train_nodes"], slo=job.slo))
+        self.metrics.admission("admitted", out.get("latency_ms", (time.perf_counter() - t0) * 1e3))
+        self.metrics.job(job.job_id, slo=job.slo, iterations=0)
+        self._cost_metrics()
+        out["latency_ms"] = out.get("latency_ms", (time.perf_counter() - t0) * 1e3)
+        return out
+
+    def _controller_name(self, gid: str) -> str:
+        from actors.group_controller import controller_name
+
+        return self.controllers.get(gid) or controller_name(gid, self.name)
+
+    def _member(self, gid: str, job_id: str):
+        g = _groups(self.igs).get(gid)
+        for m in getattr(g, "members", ()):
+            if m.spec.job_id == job_id:
+                return m
+        return None
+
+    def _refusal(self, job_id, code: str, reason: str, t0: float, dry_run: bool) -> dict:
+        ms = (time.perf_counter() - t0) * 1e3
+        if not dry_run:
+            self.metrics.admission(code, ms)
+        return {"job_id": job_id, "admitted": False, "code": code, "reason": reason, "group_id": None,
+                "strategy": None, "placement": None, "delta_usd_per_h": None, "predicted_slowdowns": {},
+                "candidates": [], "pruned": [], "latency_ms": ms}
+
+    def _cost_metrics(self) -> None:
+        for gid, g in _groups(self.igs).items():
+            self.metrics.group_cost(gid, g.cost_usd_per_h(self.cluster))
+
+    # ---- departure / lifecycle
+    def depart(self, job_id: str) -> Optional[dict]:
+        """The job leaves its group (finished, or removed by an operator): nodes are released.
+
+        Returns ``{job_id, released_nodes, group_dissolved}``; None for an unknown job id.
+        """
+        return self._end(job_id, "finished", None)
+
+    def _end(self, job_id: str, state: str, error: Optional[str]) -> Optional[dict]:
+        rec = self.jobs.get(job_id)
+        if rec is None:
+            return None
+        if rec["state"] not in ACTIVE:
+            return {"job_id": job_id, "released_nodes": [], "group_dissolved": False}
+        gid = rec["group_id"]
+        released = list(self.igs.depart(job_id))
+        dissolved = gid not in _groups(self.igs)
+        rec.update(state=state, error=error, ended_at=time.time())
+        self._checkpoint()
+        h = self._controller(gid, create=False)
+        if h is not None:
+            import ray
+
+            try:
+                ray.get(h.remove_job.remote(job_id, "failed" if state == "failed" else "departed"), timeout=30)
+            except Exception as e:  # the controller is soft state
+                log.warning("controller of %s: remove_job(%s) failed: %s", gid, job_id, e)
+        if dissolved:
+            self.metrics.group_cost(gid, 0.0)
+            self._handles.pop(gid, None)
+        self._cost_metrics()
+        return {"job_id": job_id, "released_nodes": released, "group_dissolved": dissolved}
+
+    def report(self, job_id: str, event: dict) -> Optional[dict]:
+        """Runtime events: ``running``, ``iteration`` (iterations_done, t_iter_s, t_solo_s,
+        slowdown), ``finished`` (departure), ``failed`` (error; departure). Returns the job record."""
+        rec = self.jobs.get(job_id)
+        if rec is None:
+            return None
+        kind = event.get("event")
+        if kind == "running" and rec["state"] == "admitted":
+            rec["state"] = "running"
+            self._checkpoint()
+        elif kind == "iteration":  # also after the end: events from controller and driver may cross
+            if rec["state"] == "admitted":
+                rec["state"] = "running"
+            rec["iterations_done"] = max(rec["iterations_done"], int(event.get("iterations_done", 0)))
+            n = rec["iterations_done"]
+            m = rec["measured"] or {"t_iter_s": 0.0, "t_solo_s": 0.0}
+            for k in ("t_iter_s", "t_solo_s"):  # running means over iterations
+                if event.get(k) is not None:
+                    m[k] = m[k] + (float(event[k]) - m[k]) / max(1, n)
+            rec["measured"] = m
+            rec["slowdown"] = event.get("slowdown")
+            self.metrics.job(job_id, iterations=n, slowdown=rec["slowdown"])
+            if time.time() - self._last_checkpoint > PROGRESS_CHECKPOINT_S:
+                self._checkpoint()
+        elif kind in ("finished", "failed"):
+            if event.get("iterations_done") is not None:
+                rec["iterations_done"] = max(rec["iterations_done"], int(event["iterations_done"]))
+            self._end(job_id, kind, None if kind == "finished" else (event.get("error") or "failed"))
+        return self._public(rec)
+
+    # ---- queries
+    @staticmethod
+    def _public(rec: dict) -> dict:
+        return {k: v for k, v in rec.items() if k != "spec"}
+
+    def list_jobs(self) -> list[dict]:
+        return [self._public(r) for r in self.jobs.values()]
+
+    def get_job(self, job_id: str) -> Optional[dict]:
+        r = self.jobs.get(job_id)
+        return None if r is None else self._public(r)
+
+    def list_groups(self) -> list[dict]:
+        """Groups: members, nodes, Cost(G) USD/h, T_cycle, T_load and slack (T_cycle - T_load)."""
+        from rollmux.intra_group import t_cycle, t_load
+
+        out = []
+        for gid, g in _groups(self.igs).items():
+            tc, tl = t_cycle(g), t_load(g)
+            out.append({"group_id": gid, "members": list(g.job_ids), "rollout_nodes": list(g.rollout_nodes),
+                        "train_nodes": list(g.train_nodes), "cost_usd_per_h": g.cost_usd_per_h(self.cluster),
+                        "t_cycle_s": tc, "t_load_s": tl, "slack_s": tc - tl,
+                        "controller": self._controller_name(gid)})
+        return out
+
+    def health(self) -> dict:
+        return {"ok": True, "jobs": sum(r["state"] in ACTIVE for r in self.jobs.values()),
+                "groups": len(_groups(self.igs)), "restored": self.restored, "name": self.name}
+
+    def group_timeline(self, group_id: str) -> list[dict]:
+        """The timeline recorded by a group's controller (also after the group dissolved)."""
+        import ray
+
+        h = self._controller(group_id, create=False)
+        return [] if h is None else ray.get(h.get_timeline.remote())
+
+    def cluster_spec(self) -> dict:
+        return self.cluster.model_dump(mode="json")
+
+
+def get_or_create_scheduler(cluster: Optional[ClusterSpec | dict] = None, *, checkpoint_path: Optional[str] = None,
+                            name: str = SCHEDULER_NAME, **kw):
+    """The named, detached GlobalScheduler (created if absent; ``max_restarts=-1``).
+
+    ``cluster`` defaults to ``configs/cluster_local.yaml``. Connects to Ray (``RAY_ADDRESS`` or
+    ``auto``) if this process is not connected. Extra ``kw`` (policy, max_group_size, seed) go to
+    the constructor. Returns the actor handle.
+    """
+    import ray
+
+    from actors.runtime_client import ensure_ray
+
+    ensure_ray()
+    if cluster is None:
+        from rollmux.config import CONFIG_DIR, load_cluster
+
+        cluster = load_cluster(CONFIG_DIR / "cluster_local.yaml")
+    spec = cluster.model_dump(mode="json") if isinstance(cluster, ClusterSpec) else cluster
+    cls = ray.remote(GlobalSchedulerImpl)
+    return cls.options(name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
+                       max_restarts=-1, max_task_retries=0).remote(spec, checkpoint_path, name=name, **kw)
+
+
+def get_scheduler(name: Optional[str] = None):
+    """Handle of the running GlobalScheduler. Raises ValueError when it does not exist."""
+    import ray
+
+    from actors.runtime_client import ensure_ray
+
+    ensure_ray()
+    return ray.get_actor(name or SCHEDULER_NAME, namespace=NAMESPACE)
+
+
+# The actor class under its contract name (wrap with ray.remote, or use get_or_create_scheduler).
+GlobalScheduler = GlobalSchedulerImpl

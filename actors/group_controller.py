@@ -1,0 +1,294 @@
+"""GroupController: runs one co-execution group's meta-iterations (RollMux §4.3, §5.1).
+
+An async Ray actor (one per group, named ``rollmux-group-<gid>``, detached). It drives the pure
+:class:`rollmux.round_robin.RoundRobinQueues` (one FIFO queue per node, round-robin admission
+order) with real events:
+
+- ``acquire(job_id, phase)`` blocks (an ``asyncio.Event`` per job) until the phase is ready in the
+  queues, then grants the permit;
+- ``release(job_id, phase, record)`` (called by the worker that ran the phase) records the phase
+  in the timeline and enqueues the job's next phase (``on_phase_done``); a failed phase removes
+  the job from the queues so its group-mates keep iterating, and tells the GlobalScheduler;
+- ``progress(job_id, done, total)`` (runtime hook) decides long-tail migration with the policy's
+  :class:`rollmux.intra_group.LongTailPolicy` (trigger fraction, default 0.8, DESIGN.md
+  "Long-tail migration"); the decision (with the policy's tail / freed worker split) is recorded,
+  and with ``migrate=True`` the rollout's queue slots are released (``RoundRobinQueues.release``)
+  so the next queued rollout may start.
+
+Timeline records: ``job_id, phase, pool, node, iteration, start, end`` (epoch seconds),
+``start_s, end_s`` (seconds since the controller started), ``switch`` (warm | cold),
+``switch_s``, ``run_s``, ``offload_s``, ``ok``, ``error``. Metrics: pool busy / bubble seconds,
+phase switches (kind), job iterations / slowdown (see :mod:`actors.metrics`).
+
+State is soft: a restarted controller starts with empty queues; the GlobalScheduler re-adds the
+group's members when it re-finds the group (its checkpoint is the source of truth).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Optional
+
+from rollmux.intra_group import LongTailPolicy
+from rollmux.round_robin import RoundRobinQueues
+
+NAMESPACE = "rollmux"
+DEFAULT_ACQUIRE_TIMEOUT_S = 3600.0
+MAX_TIMELINE = 100_000
+
+
+def controller_name(group_id: str, scheduler_name: Optional[str] = None) -> str:
+    """Actor name of a group's controller: ``rollmux-group-<n>`` for policy group id ``group-<n>``
+    (``rollmux-group-<gid>`` otherwise); a non-default scheduler's name replaces ``rollmux``."""
+    from actors.global_scheduler import SCHEDULER_NAME
+
+    prefix = scheduler_name if scheduler_name and scheduler_name != SCHEDULER_NAME else "rollmux"
+    return f"{prefix}-{group_id}" if group_id.startswith("group-") else f"{prefix}-group-{group_id}"
+
+
+class PermitError(RuntimeError):
+    """A permit cannot be granted: the job left the group (failed / departed) or asked out of order."""
+
+
+class GroupControllerImpl:
+    """The controller's logic (plain class; wrapped with ``ray.remote`` by :func:`create_controller`).
+
+    Args:
+        group_id: the co-execution group id.
+        scheduler_name: the GlobalScheduler to report iterations / failures to (None: no reports).
+        migrate: act on long-tail decisions (release the rollout's queue slots) instead of only recording.
+        tail_trigger_fraction: fraction of responses done that makes a rollout tail-bound.
+    """
+
+    def __init__(self, group_id: str, scheduler_name: Optional[str] = None, *, migrate: bool = False,
+                 tail_trigger_fraction: float = 0.8, metrics_flush_s: float = 1.0):
+        from actors.metrics import RollmuxMetrics
+
+        self.group_id = group_id
+        self.scheduler_name = scheduler_name
+        self.migrate = migrate
+        self.long_tail = LongTailPolicy(trigger_fraction=tail_trigger_fraction)
+        self.rr = RoundRobinQueues()
+        self.t0 = time.time()
+        self.timeline: list[dict] = []
+        self.members: dict[str, dict] = {}
+        self.gone: dict[str, str] = {}  # job_id -> reason it left (failed: ..., departed)
+        self.running: dict[str, dict] = {}  # job_id -> grant
+        self.migrations: list[dict] = []
+        self._events: dict[str, asyncio.Event] = {}
+        self._node_last_end: dict[str, float] = {}
+        self.metrics = RollmuxMetrics(flush_interval_s=metrics_flush_s)
+        self.closed = False
+
+    # ---- membership
+    async def add_job(self, job_id: str, rollout_nodes: list[str], train_nodes: list[str], *,
+                      has_sync: bool = True, slo: Optional[float] = None) -> bool:
+        """Append the job to its nodes' queues (idempotent: False if already a member)."""
+        if job_id in self.rr.job_ids:
+            return False
+        self.rr.add_job(job_id, rollout_nodes, train_nodes, has_sync=has_sync)
+        self.gone.pop(job_id, None)
+        self.members[job_id] = {"rollout_nodes": list(rollout_nodes), "train_nodes": list(train_nodes),
+                                "slo": slo, "iterations": 0, "iter_start": None, "phase_s": {},
+                                "iter_s": [], "solo_s": []}
+        self._wake_all()
+        return True
+
+    async def configure_job(self, job_id: str, *, has_sync: bool = True) -> bool:
+        """Declare whether the job has a sync phase; without one, its (empty) sync slot is
+        completed right after its training. False if the job is not a member."""
+        if job_id not in self.members:
+            return False
+        self.members[job_id]["has_sync"] = bool(has_sync)
+        return True
+
+    async def remove_job(self, job_id: str, reason: str = "departed") -> bool:
+        """Drop the job from every queue (departure / failure). False if it was not a member."""
+        return self._remove(job_id, reason)
+
+    def _remove(self, job_id: str, reason: str) -> bool:
+        if job_id not in self.rr.job_ids:
+            return False
+        self.rr.remove_job(job_id)
+        self.running.pop(job_id, None)
+        self.gone[job_id] = reason
+        self._wake_all()
+        return True
+
+    def _wake_all(self) -> None:
+        for ev in self._events.values():
+            ev.set()
+
+    # ---- permits
+    async def acquire(self, job_id: str, phase: str, timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S) -> dict:
+        """Block until ``phase`` of ``job_id`` may run, then grant it.
+
+        Returns ``{job_id, phase, pool, nodes, iteration, granted_at, waited_s}``.
+        Raises PermitError: the job is not (or no longer) a member, or asks a phase out of order;
+        TimeoutError after ``timeout_s``.
+        """
+        t_start = time.time()
+        deadline = t_start + timeout_s
+        ev = self._events.setdefault(job_id, asyncio.Event())
+        for _ in range(10_000_000):  # bounded; each pass waits for a state change
+            if job_id not in self.rr.job_ids:
+                why = self.gone.get(job_id, "not a member of this group")
+                raise PermitError(f"group {self.group_id}: job {job_id!r} cannot run {phase}: {why}")
+            nxt = self.rr.next_phase(job_id)
+            if nxt != phase:
+                raise PermitError(f"group {self.group_id}: job {job_id!r} asked for {phase} but its next phase is {nxt}")
+            if any(r.job_id == job_id for r in self.rr.ready()):
+                rp = self.rr.grant(job_id, phase)
+                grant = {"job_id": job_id, "phase": phase, "pool": rp.pool, "nodes": list(rp.nodes),
+                         "iteration": rp.iteration, "granted_at": time.time(), "waited_s": time.time() - t_start,
+                         "group_id": self.group_id}
+                self.running[job_id] = grant
+                m = self.members[job_id]
+                if phase == "rollout" and m["iter_start"] is None:
+                    m["iter_start"] = grant["granted_at"]
+                return grant
+            ev.clear()
+            left = deadline - time.time()
+            if left <= 0:
+                raise TimeoutError(f"group {self.group_id}: no permit for {job_id}/{phase} within {timeout_s:.0f}s")
+            try:
+                await asyncio.wait_for(ev.wait(), timeout=min(left, 5.0))
+            except asyncio.TimeoutError:
+                pass
+        raise TimeoutError("acquire loop bound reached")  # pragma: no cover
+
+    async def release(self, job_id: str, phase: str, record: dict) -> dict:
+        """The worker finished ``phase`` (``record``: node, start, end, switch, switch_s, ok, error, ...).
+
+        A successful phase enqueues the job's next phase; a failed one removes the job from the
+        queues (group-mates continue) and reports the failure to the GlobalScheduler.
+        Returns the stored timeline record.
+        """
+        grant = self.running.pop(job_id, None)
+        ok = bool(record.get("ok", True))
+        rec = {"job_id": job_id, "phase": phase, "group_id": self.group_id,
+               "pool": "rollout" if phase == "rollout" else "train",
+               "iteration": grant["iteration"] if grant else record.get("iteration"), **record, "ok": ok}
+        rec["start_s"] = rec.get("start", self.t0) - self.t0
+        rec["end_s"] = rec.get("end", time.time()) - self.t0
+        if len(self.timeline) < MAX_TIMELINE:
+            self.timeline.append(rec)
+        self._account(rec, grant)
+        if job_id in self.rr.job_ids:
+            if ok:
+                try:
+                    self.rr.on_phase_done(job_id, phase)
+                    if phase == "train" and not self.members[job_id].get("has_sync", True):
+                        self.rr.grant(job_id, "sync")  # no sync phase: its slot ends with training
+                        self.rr.on_phase_done(job_id, "sync")
+                except ValueError:
+                    pass  # a stale or duplicate release must not break the group
+                if rec.get("iteration") is not None and self.rr.iteration(job_id) > rec["iteration"]:
+                    self._iteration_done(job_id, rec)
+            else:
+                self._remove(job_id, f"failed: {record.get('error')}")
+                self._report(job_id, {"event": "failed", "error": record.get("error"), "phase": phase})
+        self._wake_all()
+        return rec
+
+    def _account(self, rec: dict, grant: Optional[dict]) -> None:
+        dur = max(0.0, rec["end_s"] - rec["start_s"])
+        bubble = 0.0
+        for node in (grant or {}).get("nodes", [rec.get("node")]):
+            if node is None:
+                continue
+            last = self._node_last_end.get(node)
+            if last is not None and rec.get("start", 0) > last:
+                bubble += rec["start"] - last
+            self._node_last_end[node] = max(last or 0.0, rec.get("end", 0.0))
+        self.metrics.pool_time(rec["pool"], busy_s=dur, bubble_s=bubble)
+        if rec.get("switch") in ("warm", "cold"):
+            self.metrics.phase_switch(rec["switch"], float(rec.get("switch_s") or 0.0))
+        m = self.members.get(rec["job_id"])
+        if m is not None and rec["ok"]:
+            m["phase_s"][rec["phase"]] = m["phase_s"].get(rec["phase"], 0.0) + dur
+
+    def _iteration_done(self, job_id: str, rec: dict) -> None:
+        m = self.members[job_id]
+        m["iterations"] = self.rr.iteration(job_id)
+        end = rec.get("end", time.time())
+        iter_s = end - (m["iter_start"] or end)
+        solo_s = sum(m["phase_s"].values())  # the job's own phase time: its iteration alone
+        m["iter_s"].append(iter_s)
+        m["solo_s"].append(solo_s)
+        m["iter_start"], m["phase_s"] = end, {}
+        slowdown = (sum(m["iter_s"]) / sum(m["solo_s"])) if sum(m["solo_s"]) > 0 else None
+        self.metrics.job(job_id, iterations=m["iterations"], slowdown=slowdown, slo=m.get("slo"))
+        self._report(job_id, {"event": "iteration", "iterations_done": m["iterations"], "t_iter_s": iter_s,
+                              "t_solo_s": solo_s, "slowdown": slowdown})
+
+    def _report(self, job_id: str, event: dict) -> None:
+        if not self.scheduler_name:
+            return
+        try:
+            import ray
+
+            ray.get_actor(self.scheduler_name, namespace=NAMESPACE).report.remote(job_id, event)
+        except Exception:  # scheduler restarting: the event is soft state
+            pass
+
+    # ---- runtime hook: long-tail migration
+    async def progress(self, job_id: str, done: int, total: int) -> Optional[dict]:
+        """Generation progress of the running rollout; returns a migration decision once per rollout.
+
+        The rollout is tail-bound per ``LongTailPolicy.should_migrate`` (RollMux §4.3).
+        """
+        grant = self.running.get(job_id)
+        if grant is None or grant["phase"] != "rollout" or grant.get("migrated"):
+            return None
+        if not self.long_tail.should_migrate(done, total):
+            return None
+        tail, freed = self.long_tail.split_workers(grant["nodes"])
+        waiting = [r.job_id for r in self.rr.ready() if r.phase == "rollout" and r.job_id != job_id]
+        queued = [j for n in grant["nodes"] for j in self.rr.queue(n)[1:2]]
+        decision = {"job_id": job_id, "iteration": grant["iteration"], "done": done, "total": total,
+                    "t": time.time(), "next_rollout": (waiting or queued or [None])[0],
+                    "tail_workers": list(tail), "freed_workers": list(freed), "acted": False}
+        grant["migrated"] = True
+        if self.migrate and decision["next_rollout"] is not None:
+            try:
+                self.rr.release(job_id)
+                decision["acted"] = True
+                self._wake_all()
+            except ValueError:
+                pass
+        self.migrations.append(decision)
+        return decision
+
+    # ---- queries
+    async def get_timeline(self, since: int = 0) -> list[dict]:
+        """Timeline records from index ``since``."""
+        return self.timeline[since:]
+
+    async def status(self) -> dict:
+        """Members, per-node queues, next phases, iterations, departed/failed jobs, migrations."""
+        jobs = {}
+        for j in self.rr.job_ids:
+            m = self.members[j]
+            jobs[j] = {"next_phase": self.rr.next_phase(j), "running": self.rr.is_running(j),
+                       "iterations": self.rr.iteration(j), "rollout_nodes": m["rollout_nodes"],
+                       "train_nodes": m["train_nodes"],
+                       "slowdown": (sum(m["iter_s"]) / sum(m["solo_s"])) if sum(m["solo_s"]) > 0 else None}
+        return {"group_id": self.group_id, "jobs": jobs, "gone": dict(self.gone),
+                "queues": {n: list(self.rr.queue(n)) for n in self.rr.nodes},
+                "migrations": list(self.migrations), "timeline_len": len(self.timeline),
+                "metrics": {k: dict(v) for k, v in self.metrics.totals.items()}}
+
+    async def ping(self) -> str:
+        return self.group_id
+
+
+def create_controller(group_id: str, scheduler_name: Optional[str] = None, **kw):
+    """Get or create the named, detached controller of ``group_id`` (async actor, 0 CPUs)."""
+    import ray
+
+    cls = ray.remote(GroupControllerImpl)
+    return cls.options(name=controller_name(group_id, scheduler_name), namespace=NAMESPACE,
+                       lifetime="detached", get_if_exists=True, num_cpus=0,
+                       max_concurrency=1000).remote(group_id, scheduler_name, **kw)

@@ -1,0 +1,156 @@
+"""RollMux runtime metrics on Ray's metrics API (exported in Prometheus format, ``ray_`` prefix).
+
+Names (docs/ARCHITECTURE.md "Metrics"):
+
+==================================  =========  ============  ==========================================
+name                                type       tags          meaning
+==================================  =========  ============  ==========================================
+rollmux_pool_busy_seconds           gauge      pool          cumulative seconds a pool's nodes ran phases
+rollmux_pool_bubble_seconds         gauge      pool          cumulative idle (dependency-bubble) seconds
+rollmux_job_slowdown                gauge      job_id        measured co-exec iteration / solo time
+rollmux_job_slo                     gauge      job_id        the job's slowdown SLO
+rollmux_job_iterations              gauge      job_id        iterations done
+rollmux_group_cost_usd_per_h        gauge      group_id      Cost(G), USD/h (0 once dissolved)
+rollmux_admission_decisions_total   counter    outcome       admitted | retry_later | never | ...
+rollmux_admission_latency_ms        histogram  -             policy decision latency, ms
+rollmux_phase_switch_total          counter    kind          warm | cold phase switches
+rollmux_phase_switch_seconds        gauge      kind          last switch latency, s (warm | cold)
+==================================  =========  ============  ==========================================
+
+Updates are buffered and applied by a background thread every ``flush_interval_s`` so that the
+admission hot path only appends to a deque (STYLE.md "keep metric ingestion off the admission
+path"). Cumulative seconds are gauges holding running totals (exact names on the endpoint).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from typing import Any, Optional
+
+log = logging.getLogger("rollmux.metrics")
+
+LATENCY_BOUNDARIES_MS = [0.1, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000]
+
+
+class RollmuxMetrics:
+    """Buffered recorder of the RollMux metrics. Safe to call from any thread of an actor.
+
+    Args:
+        flush_interval_s: period of the background flush; ``0`` flushes synchronously (tests).
+        enabled: ``False`` records into ``totals`` only (no Ray metric objects).
+    """
+
+    def __init__(self, flush_interval_s: float = 1.0, enabled: bool = True):
+        self.enabled = enabled
+        self.flush_interval_s = flush_interval_s
+        self._q: collections.deque[tuple[str, tuple]] = collections.deque(maxlen=100_000)
+        self._m: Optional[dict[str, Any]] = None
+        self.totals: dict[str, dict] = collections.defaultdict(dict)  # name -> {tag: value}
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        if flush_interval_s > 0:
+            self._thread = threading.Thread(target=self._loop, name="rollmux-metrics", daemon=True)
+            self._thread.start()
+
+    # ---- recording API (cheap: append only)
+    def admission(self, outcome: str, latency_ms: float) -> None:
+        self._push("admission", (outcome, float(latency_ms)))
+
+    def job(self, job_id: str, *, slowdown: Optional[float] = None, slo: Optional[float] = None,
+            iterations: Optional[int] = None) -> None:
+        self._push("job", (job_id, slowdown, slo, iterations))
+
+    def group_cost(self, group_id: str, usd_per_h: float) -> None:
+        self._push("group_cost", (group_id, float(usd_per_h)))
+
+    def pool_time(self, pool: str, busy_s: float = 0.0, bubble_s: float = 0.0) -> None:
+        self._push("pool_time", (pool, float(busy_s), float(bubble_s)))
+
+    def phase_switch(self, kind: str, seconds: float) -> None:
+        self._push("switch", (kind, float(seconds)))
+
+    def _push(self, kind: str, args: tuple) -> None:
+        self._q.append((kind, args))
+        if self.flush_interval_s <= 0:
+            self.flush()
+
+    # ---- application
+    def _metrics(self) -> dict[str, Any]:
+        if self._m is None:
+            from ray.util.metrics import Counter, Gauge, Histogram
+
+            g = lambda n, d, t: Gauge(n, description=d, tag_keys=(t,))  # noqa: E731
+            self._m = {
+                "busy": g("rollmux_pool_busy_seconds", "Cumulative seconds a pool's nodes ran phases", "pool"),
+                "bubble": g("rollmux_pool_bubble_seconds", "Cumulative idle (bubble) seconds of a pool", "pool"),
+                "slowdown": g("rollmux_job_slowdown", "Measured co-execution slowdown vs solo", "job_id"),
+                "slo": g("rollmux_job_slo", "Job slowdown SLO", "job_id"),
+                "iters": g("rollmux_job_iterations", "Iterations done", "job_id"),
+                "cost": g("rollmux_group_cost_usd_per_h", "Co-execution group cost, USD/h", "group_id"),
+                "decisions": Counter("rollmux_admission_decisions_total", description="Admission decisions",
+                                     tag_keys=("outcome",)),
+                "latency": Histogram("rollmux_admission_latency_ms", description="Admission decision latency, ms",
+                                     boundaries=LATENCY_BOUNDARIES_MS),
+                "switches": Counter("rollmux_phase_switch_total", description="Phase switches",
+                                    tag_keys=("kind",)),
+                "switch_s": g("rollmux_phase_switch_seconds", "Last phase switch latency, s", "kind"),
+            }
+        return self._m
+
+    def flush(self) -> int:
+        """Apply every buffered update; returns how many were applied."""
+        n = 0
+        while self._q:
+            kind, args = self._q.popleft()
+            try:
+                self._apply(kind, args)
+            except Exception:  # metrics must never break the control plane
+                log.exception("metric update %s%r failed", kind, args)
+            n += 1
+        return n
+
+    def _apply(self, kind: str, a: tuple) -> None:
+        t = self.totals
+        m = self._metrics() if self.enabled else None
+        if kind == "admission":
+            outcome, lat = a
+            t["decisions"][outcome] = t["decisions"].get(outcome, 0) + 1
+            if m:
+                m["decisions"].inc(1.0, tags={"outcome": outcome})
+                m["latency"].observe(lat)
+        elif kind == "job":
+            job_id, slowdown, slo, iters = a
+            for key, v in (("slowdown", slowdown), ("slo", slo), ("iters", iters)):
+                if v is not None:
+                    t[key][job_id] = v
+                    if m:
+                        m[key].set(float(v), tags={"job_id": job_id})
+        elif kind == "group_cost":
+            gid, usd = a
+            t["cost"][gid] = usd
+            if m:
+                m["cost"].set(usd, tags={"group_id": gid})
+        elif kind == "pool_time":
+            pool, busy, bubble = a
+            t["busy"][pool] = t["busy"].get(pool, 0.0) + busy
+            t["bubble"][pool] = t["bubble"].get(pool, 0.0) + bubble
+            if m:
+                m["busy"].set(t["busy"][pool], tags={"pool": pool})
+                m["bubble"].set(t["bubble"][pool], tags={"pool": pool})
+        elif kind == "switch":
+            k, s = a
+            t["switches"][k] = t["switches"].get(k, 0) + 1
+            t["switch_s"][k] = s
+            if m:
+                m["switches"].inc(1.0, tags={"kind": k})
+                m["switch_s"].set(s, tags={"kind": k})
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.flush_interval_s):
+            self.flush()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.flush()

@@ -1,0 +1,515 @@
+"""Engine side of rollout request scheduling: engines that take their batches from
+:class:`rollmux.rollout_sched.RolloutRequestScheduler`, and the engine loop :func:`serve`.
+
+Engines (one interface, :class:`RolloutEngine`):
+
+* :class:`CPUEngine`: a tiny transformers causal LM built from a config (no download); prefill
+  then a manual decode loop with a KV cache per request, ``slice_tokens`` decode steps per running
+  generation per window. Reward queries are answered by a cheap scorer (one forward pass),
+  replay items by a prompt log-probability pass, state queries by a short generation.
+* :class:`SimulatedEngine`: the same contract on a virtual clock with a cost model of one H20
+  serving a 7B model (prefill FLOPs, memory-bound decode steps), for scale runs.
+* :class:`VLLMEngine`: vLLM's ``LLMEngine`` with automatic prefix caching on, written against
+  vLLM's API, import-guarded (GPU hosts only; untested on this CPU machine).
+
+:func:`serve` runs scheduling windows: poll arrivals -> stage-1 budget + stage-2 ordering ->
+admit the batch -> run one time slice -> report completions. Because long generations advance one
+slice per window, a short reward query submitted while they run enters at the next slice boundary
+(seed 004 §8.3 "time slices"), and its wait is bounded (``MixedPolicy`` starvation bound).
+No Ray here: the RolloutWorker actor wraps an engine and calls :func:`serve`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from rollmux.rollout_sched import Completion, Request, RequestType, RolloutRequestScheduler
+
+
+def _seed_of(request_id: str, seed: int) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{request_id}".encode(), digest_size=8).digest(), "little") >> 1
+
+
+class RolloutEngine(ABC):
+    """Contract of an engine driven by :func:`serve`. Times are seconds on ``now()``'s clock."""
+
+    @abstractmethod
+    def now(self) -> float:
+        """Current time, seconds."""
+
+    @abstractmethod
+    def idle_until(self, t_s: float) -> None:
+        """Nothing to run: wait (virtual: jump; real: sleep, bounded) until ``t_s``."""
+
+    @abstractmethod
+    def admit(self, batch: list[Request], hits: dict[str, int]) -> None:
+        """Start ``batch``; ``hits`` = scheduler-measured prefix hit tokens per request id."""
+
+    @abstractmethod
+    def step(self) -> list[Completion]:
+        """Run one time slice; return the requests that finished in it."""
+
+    @property
+    @abstractmethod
+    def running(self) -> int:
+        """Requests in flight."""
+
+    def on_weights_updated(self, version: int) -> None:  # noqa: B027 - optional hook
+        """New policy weights were loaded (engines with a prefix cache may reset it)."""
+
+
+class RequestSource(Protocol):
+    """Where requests come from (a trainer model, a list, a worker's inbox)."""
+
+    def poll(self, now_s: float) -> list[Request]: ...
+    def next_event_s(self) -> float | None: ...
+    def on_complete(self, completion: Completion, now_s: float) -> None: ...
+    def trainer_waiting(self) -> bool: ...
+    def policy_version(self) -> int: ...
+    def done(self) -> bool: ...
+
+
+class ListSource:
+    """Releases a fixed list of requests at their ``arrival_s`` (relative to the engine clock)."""
+
+    def __init__(self, requests: Iterable[Request], *, version: int = 0, waiting: bool = False):
+        self._reqs = sorted(requests, key=lambda r: r.arrival_s)
+        self._i = 0
+        self.version, self.waiting = version, waiting
+        self.completions: dict[str, Completion] = {}
+
+    def poll(self, now_s: float) -> list[Request]:
+        out = []
+        while self._i < len(self._reqs) and self._reqs[self._i].arrival_s <= now_s:
+            out.append(self._reqs[self._i])
+            self._i += 1
+        return out
+
+    def next_event_s(self) -> float | None:
+        return self._reqs[self._i].arrival_s if self._i < len(self._reqs) else None
+
+    def on_complete(self, completion: Completion, now_s: float) -> None:
+        self.completions[completion.request_id] = completion
+
+    def trainer_waiting(self) -> bool:
+        return self.waiting
+
+    def policy_version(self) -> int:
+        return self.version
+
+    def done(self) -> bool:
+        return self._i >= len(self._reqs)
+
+
+@dataclass
+class ServeStats:
+    """What :func:`serve` did: windows run, completions, and whether it stopped on a bound."""
+
+    windows: int = 0
+    completed: int = 0
+    stopped_by: str = "drained"
+    end_s: float = 0.0
+
+
+def serve(
+    scheduler: RolloutRequestScheduler,
+    engine: RolloutEngine,
+    source: RequestSource,
+    *,
+    max_windows: int = 1_000_000,
+    max_wall_s: float = 600.0,
+    on_window: Callable[[float, list[Request], list[Completion]], None] | None = None,
+) -> ServeStats:
+    """Run scheduling windows until the source is done and every request finished.
+
+    Bounded by ``max_windows`` windows and ``max_wall_s`` seconds of real time.
+    ``on_window(now_s, batch, completions)`` is called after each slice (metrics, logging).
+    Raises RuntimeError if a queued request can never be admitted (nothing running, nothing fits).
+    """
+    stats = ServeStats()
+    t_wall = time.monotonic()
+    version = None
+    stuck = 0
+    while True:
+        if stats.windows >= max_windows:
+            stats.stopped_by = "max_windows"
+            break
+        if time.monotonic() - t_wall > max_wall_s:
+            stats.stopped_by = "max_wall_s"
+            break
+        now = engine.now()
+        for r in source.poll(now):
+            scheduler.submit(r)
+        v = source.policy_version()
+        if v != version:
+            version = v
+            scheduler.set_policy_version(v)
+            engine.on_weights_updated(v)
+        scheduler.set_trainer_waiting(source.trainer_waiting())
+        batch = scheduler.next_batch(now)
+        if batch:
+            engine.admit(batch, {r.request_id: scheduler.hit_of(r.request_id) for r in batch})
+        if engine.running == 0:
+            nxt = source.next_event_s()
+            if scheduler.pending == 0 and nxt is None:
+                if source.done():
+                    break
+                stuck += 1  # the source may still produce (e.g. a trainer step ending)
+            elif scheduler.pending and nxt is None:
+                stuck += 1
+            if stuck > 1000:
+                raise RuntimeError(f"{scheduler.pending} queued requests cannot be admitted (nothing running)")
+            if nxt is not None:
+                engine.idle_until(max(nxt, now))
+            stats.windows += 1
+            continue
+        stuck = 0
+        comps = engine.step()
+        stats.windows += 1
+        for c in comps:
+            scheduler.on_complete(c.request_id, c.output_token_ids, c.finished_s)
+            source.on_complete(c, c.finished_s)
+        stats.completed += len(comps)
+        if on_window is not None:
+            on_window(now, batch, comps)
+    stats.end_s = engine.now()
+    return stats
+
+
+# ----------------------------------------------------------------------------- simulated engine
+@dataclass(frozen=True)
+class SimCostModel:
+    """Roofline cost model of one inference GPU, seconds.
+
+    Defaults: a 7B bf16 policy on one H20 (148 TFLOP/s, 4.0 TB/s) at ~50% MFU: one token of
+    compute = 2 x 7e9 FLOP / 74e12 FLOP/s = 1.9e-4 s (prefill per token; decode per running
+    sequence). A decode step takes max(memory time, compute time): memory = the weights
+    (14 GB / 4 TB/s = 3.5 ms) + every running sequence's KV (57 KB/token / 4 TB/s = 1.4e-8 s/token);
+    compute = running sequences x 1.9e-4 s.
+    """
+
+    prefill_s_per_token: float = 1.9e-4
+    prefill_base_s: float = 2e-3
+    decode_base_s: float = 3.5e-3
+    decode_s_per_seq: float = 1.9e-4
+    decode_s_per_kv_token: float = 1.4e-8
+
+
+@dataclass
+class _SimReq:
+    req: Request
+    remaining: int
+    kv: int
+    out: list[int] = field(default_factory=list)
+
+
+class SimulatedEngine(RolloutEngine):
+    """Virtual-clock engine with :class:`SimCostModel`.
+
+    Args:
+        slice_tokens: decode steps per window.
+        output_len: true output length of a request (default ``max_tokens``), capped at max_tokens.
+        output_tokens: ``(request, n) -> tokens`` generated (default: uniform over 32000 ids).
+        cost: the cost model. Prefix hits skip their prefill tokens (the engine's prefix cache).
+    """
+
+    def __init__(
+        self,
+        slice_tokens: int = 32,
+        *,
+        output_len: Callable[[Request], int] | None = None,
+        output_tokens: Callable[[Request, int], tuple[int, ...]] | None = None,
+        cost: SimCostModel = SimCostModel(),
+        seed: int = 0,
+    ):
+        self.slice_tokens = slice_tokens
+        self.cost = cost
+        self._len = output_len or (lambda r: r.max_tokens)
+        rng = np.random.default_rng(seed)
+        self._tok = output_tokens or (lambda r, n: tuple(int(x) for x in rng.integers(0, 32000, n)))
+        self.clock = 0.0
+        self._run: list[_SimReq] = []
+        self._new: list[tuple[_SimReq, int]] = []
+        self.busy_s = 0.0
+        self.prefill_tokens = 0
+        self.prefill_saved_tokens = 0
+
+    def now(self) -> float:
+        return self.clock
+
+    def idle_until(self, t_s: float) -> None:
+        self.clock = max(self.clock, t_s)
+
+    @property
+    def running(self) -> int:
+        return len(self._run) + len(self._new)
+
+    def admit(self, batch: list[Request], hits: dict[str, int]) -> None:
+        for r in batch:
+            n = 0 if r.type is RequestType.REPLAY else max(1, min(r.max_tokens, int(self._len(r))))
+            self._new.append((_SimReq(r, n, len(r.prompt_token_ids)), hits.get(r.request_id, 0)))
+
+    def step(self) -> list[Completion]:
+        c, t = self.cost, self.clock
+        done: list[Completion] = []
+        if self._new:
+            toks = sum(len(s.req.prompt_token_ids) - h for s, h in self._new)
+            self.prefill_tokens += toks
+            self.prefill_saved_tokens += sum(h for _, h in self._new)
+            t += c.prefill_base_s + c.prefill_s_per_token * toks
+            for s, _ in self._new:
+                if s.remaining > 0:  # prefill emits the first token
+                    s.remaining -= 1
+                    s.kv += 1
+                if s.remaining == 0:
+                    done.append(self._finish(s, t))
+                else:
+                    self._run.append(s)
+            self._new = []
+        for _ in range(self.slice_tokens):
+            if not self._run:
+                break
+            kv = sum(s.kv for s in self._run)
+            t += max(c.decode_base_s + c.decode_s_per_kv_token * kv, c.decode_s_per_seq * len(self._run))
+            still = []
+            for s in self._run:
+                s.remaining -= 1
+                s.kv += 1
+                if s.remaining == 0:
+                    done.append(self._finish(s, t))
+                else:
+                    still.append(s)
+            self._run = still
+        self.busy_s += t - self.clock
+        self.clock = t
+        return done
+
+    def _finish(self, s: _SimReq, t: float) -> Completion:
+        r = s.req
+        if r.type is RequestType.REPLAY:
+            return Completion(r.request_id, (), t, score=0.0)
+        n = min(r.max_tokens, int(self._len(r)))
+        out = self._tok(r, max(1, n))
+        score = float(sum(out) % 1000) / 1000.0 if r.type is RequestType.REWARD else None
+        return Completion(r.request_id, tuple(out), t, score=score)
+
+
+# ----------------------------------------------------------------------------- CPU engine
+@dataclass
+class _Live:
+    req: Request
+    cache: Any
+    next_token: int
+    out: list[int]
+    gen: Any
+
+
+class CPUEngine(RolloutEngine):
+    """A tiny transformers causal LM on CPU (built from a ``LlamaConfig``; random weights, no download).
+
+    Generation: one prefill forward, then a manual decode loop reusing the KV cache
+    (``past_key_values``), ``slice_tokens`` tokens per running request per :meth:`step`; stops at
+    ``eos_token_id`` (if set) or ``max_tokens``. Sampling is seeded per request id, so a request's
+    output does not depend on what it was batched with. Reward query: score = sigmoid(logit[1] -
+    logit[0]) at the last prompt position (one forward). Replay: mean log-probability of the prompt.
+
+    Args:
+        vocab_size, hidden_size, num_layers, num_heads, num_kv_heads: model shape.
+        slice_tokens: decode steps per request per window.
+        eos_token_id: stop token (None: always run to max_tokens).
+        seed: weight-init and sampling seed.
+    """
+
+    def __init__(
+        self,
+        *,
+        vocab_size: int = 256,
+        hidden_size: int = 64,
+        num_layers: int = 2,
+        num_heads: int = 4,
+        num_kv_heads: int = 2,
+        max_positions: int = 2048,
+        slice_tokens: int = 8,
+        eos_token_id: int | None = 0,
+        seed: int = 0,
+        num_threads: int | None = 1,
+    ):
+        import inspect
+
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        self._torch = torch
+        cfg = LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=hidden_size,
+            intermediate_size=2 * hidden_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            num_key_value_heads=num_kv_heads,
+            max_position_embeddings=max_positions,
+        )
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            self.model = LlamaForCausalLM(cfg).eval()
+        self.vocab_size = vocab_size
+        self.slice_tokens = slice_tokens
+        self.eos = eos_token_id
+        self.seed = seed
+        self._t0 = time.monotonic()
+        self._live: list[_Live] = []
+        self._done: list[Completion] = []
+        self.forward_calls = 0
+        self.num_threads = num_threads
+        # transformers >= 5 renamed the forward's ``past_key_values`` to ``cache``
+        self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def idle_until(self, t_s: float) -> None:
+        time.sleep(min(0.05, max(0.0, t_s - self.now())))
+
+    @property
+    def running(self) -> int:
+        return len(self._live) + len(self._done)
+
+    @contextlib.contextmanager
+    def _threads(self):
+        """Run torch under inference mode with ``num_threads`` intra-op threads (restored after)."""
+        torch, prev = self._torch, self._torch.get_num_threads()
+        if self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        try:
+            with torch.inference_mode():
+                yield
+        finally:
+            torch.set_num_threads(prev)
+
+    def _forward(self, ids: list[int], cache=None):
+        torch = self._torch
+        self.forward_calls += 1
+        out = self.model(input_ids=torch.tensor([ids]), use_cache=True, **{self._cache_kw: cache})
+        return out.logits[0], out[self._cache_kw] if self._cache_kw in out else out.past_key_values
+
+    def _sample(self, logits, gen) -> int:
+        torch = self._torch
+        return int(torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=gen))
+
+    def admit(self, batch: list[Request], hits: dict[str, int]) -> None:
+        torch = self._torch
+        with self._threads():
+            for r in batch:
+                ids = list(r.prompt_token_ids)
+                if r.type is RequestType.REWARD:
+                    logits, _ = self._forward(ids)
+                    score = float(torch.sigmoid(logits[-1, 1] - logits[-1, 0]))
+                    self._done.append(Completion(r.request_id, (), self.now(), score=score))
+                elif r.type is RequestType.REPLAY:
+                    logits, _ = self._forward(ids)
+                    lp = torch.log_softmax(logits[:-1].float(), -1)
+                    score = float(lp.gather(1, torch.tensor(ids[1:]).unsqueeze(1)).mean()) if len(ids) > 1 else 0.0
+                    self._done.append(Completion(r.request_id, (), self.now(), score=score))
+                else:
+                    gen = torch.Generator().manual_seed(_seed_of(r.request_id, self.seed))
+                    logits, cache = self._forward(ids)
+                    self._live.append(_Live(r, cache, self._sample(logits[-1], gen), [], gen))
+
+    def step(self) -> list[Completion]:
+        torch = self._torch
+        done, self._done = self._done, []
+        with self._threads():
+            for _ in range(self.slice_tokens):
+                still = []
+                for s in self._live:
+                    s.out.append(s.next_token)
+                    if len(s.out) >= s.req.max_tokens or s.next_token == self.eos:
+                        done.append(Completion(s.req.request_id, tuple(s.out), self.now()))
+                        continue
+                    logits, s.cache = self._forward([s.next_token], s.cache)
+                    s.next_token = self._sample(logits[-1], s.gen)
+                    still.append(s)
+                self._live = still
+                if not self._live:
+                    break
+        return done
+
+
+# ----------------------------------------------------------------------------- vLLM engine
+class VLLMEngine(RolloutEngine):
+    """vLLM ``LLMEngine`` adapter with automatic prefix caching (GPU hosts; import-guarded).
+
+    Each window adds the scheduler's batch with ``LLMEngine.add_request`` and runs
+    ``slice_steps`` engine steps; finished ``RequestOutput`` s become completions. Reward queries
+    run with ``max_tokens=1`` and ``logprobs=1`` (score: the sampled token's log-probability);
+    replay items with ``prompt_logprobs=0`` (score: mean prompt log-probability).
+    ``on_weights_updated`` resets vLLM's prefix cache (KV made by old weights is stale).
+
+    Raises:
+        ImportError: vLLM is not installed (``pip install 'rollmux[gpu]'``).
+    """
+
+    def __init__(self, model: str, *, slice_steps: int = 8, seed: int = 0, **engine_kwargs: Any):
+        try:
+            from vllm import EngineArgs, LLMEngine, SamplingParams
+        except ImportError as e:  # pragma: no cover - GPU hosts only
+            raise ImportError("VLLMEngine needs vLLM (GPU hosts): pip install 'rollmux[gpu]'") from e
+        self._SamplingParams = SamplingParams
+        args = EngineArgs(model=model, enable_prefix_caching=True, seed=seed, **engine_kwargs)
+        self.engine = LLMEngine.from_engine_args(args)
+        self.slice_steps = slice_steps
+        self._t0 = time.monotonic()
+        self._types: dict[str, RequestType] = {}
+
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def idle_until(self, t_s: float) -> None:
+        time.sleep(min(0.05, max(0.0, t_s - self.now())))
+
+    @property
+    def running(self) -> int:
+        return self.engine.get_num_unfinished_requests()
+
+    def admit(self, batch: list[Request], hits: dict[str, int]) -> None:  # pragma: no cover - GPU only
+        SP = self._SamplingParams
+        for r in batch:
+            if r.type is RequestType.REWARD:
+                p = SP(max_tokens=1, logprobs=1, temperature=1.0)
+            elif r.type is RequestType.REPLAY:
+                p = SP(max_tokens=1, prompt_logprobs=0)
+            else:
+                p = SP(max_tokens=r.max_tokens, temperature=1.0)
+            self._types[r.request_id] = r.type
+            self.engine.add_request(r.request_id, {"prompt_token_ids": list(r.prompt_token_ids)}, p)
+
+    def step(self) -> list[Completion]:  # pragma: no cover - GPU only
+        done = []
+        for _ in range(self.slice_steps):
+            if not self.engine.has_unfinished_requests():
+                break
+            for out in self.engine.step():
+                if not out.finished:
+                    continue
+                t = self._types.pop(out.request_id, RequestType.GENERATION)
+                o = out.outputs[0]
+                score = None
+                if t is RequestType.REWARD and o.logprobs:
+                    score = float(next(iter(o.logprobs[0].values())).logprob)
+                elif t is RequestType.REPLAY and out.prompt_logprobs:
+                    vals = [next(iter(d.values())).logprob for d in out.prompt_logprobs if d]
+                    score = float(np.mean(vals)) if vals else 0.0
+                toks = () if t in (RequestType.REWARD, RequestType.REPLAY) else tuple(o.token_ids)
+                done.append(Completion(out.request_id, toks, self.now(), score=score))
+        return done
+
+    def on_weights_updated(self, version: int) -> None:  # pragma: no cover - GPU only
+        self.engine.reset_prefix_cache()

@@ -1,0 +1,183 @@
+"""What the phase-API shim (:mod:`rollmux.phase_api`) calls in scheduled mode (RollMux §5.1).
+
+:class:`ScheduledRuntime` attaches a :class:`rollmux.Job` to the GlobalScheduler: it admits the
+job (or attaches to an already admitted job id), registers the job's builders and phase
+functions on the RolloutWorker / TrainWorker of its placement's nodes, and runs each phase as
+``acquire`` (GroupController permit) -> ``worker.run`` (warm start, run, offload, release).
+
+A job script submitted with ``ray job submit --working-dir . -- python scripts/grpo_job.py ...``
+attaches when env ``ROLLMUX_ATTACH=1`` (admit its own spec) or ``ROLLMUX_JOB_ID=<id>`` (attach to
+a job admitted earlier, e.g. through the HTTP API) is set; ``RAY_ADDRESS`` (set by Ray for
+submitted jobs) selects the cluster.
+
+Limits: a phase runs on the first node of its pool in the placement (the phase function is one
+process); the permit covers every node of the placement. The sync weights travel through the
+object store (TrainWorker -> RolloutWorker), not yet through collectives/.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Optional
+
+from rollmux.phase_api import AdmissionRefused, PhaseFailed
+
+log = logging.getLogger("rollmux.runtime")
+NAMESPACE = "rollmux"
+
+
+def ensure_ray(address: Optional[str] = None) -> None:
+    """Connect this process to Ray (``address`` / ``RAY_ADDRESS`` / ``"auto"``) in namespace ``rollmux``."""
+    import ray
+
+    if not ray.is_initialized():
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", namespace=NAMESPACE,
+                 log_to_driver=False)
+
+
+def scheduler_reachable(name: Optional[str] = None) -> bool:
+    """True when a Ray cluster is reachable and the GlobalScheduler actor ``name`` exists there."""
+    try:
+        ensure_ray()
+        from actors.global_scheduler import get_scheduler
+
+        get_scheduler(name)
+        return True
+    except Exception:
+        return False
+
+
+def _unwrap(e: BaseException) -> BaseException:
+    """The user's exception out of a RayTaskError (keeps isinstance of the original class)."""
+    from ray.exceptions import RayTaskError
+
+    if isinstance(e, RayTaskError):
+        try:
+            return e.as_instanceof_cause()
+        except Exception:
+            return e
+    return e
+
+
+class ScheduledRuntime:
+    """Scheduled mode of a :class:`rollmux.Job` (see module docstring).
+
+    Raises (constructor): AdmissionRefused (refused), PhaseFailed (attach to an unknown job id),
+    ValueError (no GlobalScheduler reachable).
+    """
+
+    mode = "scheduled"
+
+    def __init__(self, job):
+        import ray
+
+        from actors.global_scheduler import get_scheduler
+
+        ensure_ray()
+        self.job = job
+        try:
+            self.sched = get_scheduler(job.scheduler_name)
+        except ValueError as e:
+            raise ValueError(f"scheduled mode: no RollMux GlobalScheduler reachable ({e})") from e
+        jid = job.job_id
+        if job.attach_job_id:
+            rec = ray.get(self.sched.get_job.remote(jid))
+            if rec is None:
+                raise PhaseFailed(f"cannot attach: job {jid!r} is not admitted by the RollMux scheduler")
+            if rec["state"] in ("finished", "failed"):
+                raise PhaseFailed(f"cannot attach: job {jid!r} is already {rec['state']}")
+        else:
+            dec = ray.get(self.sched.admit.remote(job.spec.model_dump(mode="json")))
+            if not dec.get("admitted"):
+                raise AdmissionRefused(dec)
+            rec = ray.get(self.sched.get_job.remote(jid))
+        self.info: dict = rec
+        self.controller = ray.get_actor(rec["controller"], namespace=NAMESPACE)
+        from actors.workers import get_or_create_worker, worker_name
+
+        pl = rec["placement"]
+        self.rollout_nodes, self.train_nodes = list(pl["rollout_nodes"]), list(pl["train_nodes"])
+        self.rollout_worker = get_or_create_worker(self.rollout_nodes[0])
+        self.train_worker = get_or_create_worker(self.train_nodes[0])
+        self._rollout_worker_names = [worker_name(self.rollout_nodes[0])]
+        self.timeline: list[dict] = []
+        self._registered = False
+
+    def _register(self) -> None:
+        import ray
+
+        if self._registered:
+            return
+        j = self.job
+        for pool in ("rollout", "train"):
+            if pool not in j._builders:
+                raise PhaseFailed(f"job {j.job_id!r}: no @job.state({pool!r}) builder registered")
+        common = {"controller": self.info["controller"], "switch": j.switch, "checkpoint_dir": j.checkpoint_dir,
+                  "hooks": list(j._hooks), "apply": j._apply}
+        ray.get([
+            self.controller.configure_job.remote(j.job_id, has_sync="sync" in j._phases),
+            self.rollout_worker.register_job.remote(j.job_id, {
+                **common, "builder": j._builders["rollout"],
+                "phases": {k: v for k, v in j._phases.items() if k == "rollout"}}),
+            self.train_worker.register_job.remote(j.job_id, {
+                **common, "builder": j._builders["train"], "rollout_workers": self._rollout_worker_names,
+                "phases": {k: v for k, v in j._phases.items() if k in ("train", "sync")}}),
+        ])
+        self.sched.report.remote(j.job_id, {"event": "running"})
+        self._registered = True
+
+    def run(self, phase: str, args: tuple, kwargs: dict) -> Any:
+        """acquire -> worker.run (which releases the permit) -> the phase's result.
+
+        Raises the phase's own exception, PhaseFailed when the permit cannot be granted or the
+        worker died.
+        """
+        import ray
+        from ray.exceptions import RayActorError, RayTaskError
+
+        self._register()
+        j = self.job
+        try:
+            grant = ray.get(self.controller.acquire.remote(j.job_id, phase))
+        except RayTaskError as e:
+            raise PhaseFailed(str(_unwrap(e))) from None
+        j._emit({"event": "granted", "job_id": j.job_id, "phase": phase, "iteration": grant["iteration"],
+                 "nodes": grant["nodes"], "waited_s": grant["waited_s"]})
+        worker = self.rollout_worker if phase == "rollout" else self.train_worker
+        try:
+            out = ray.get(worker.run.remote(j.job_id, phase, args, kwargs, grant))
+        except RayTaskError as e:
+            raise _unwrap(e) from None
+        except RayActorError as e:
+            self.controller.release.remote(j.job_id, phase, {"ok": False, "error": f"worker died: {e}"})
+            raise PhaseFailed(f"job {j.job_id!r}: worker died during {phase}: {e}") from None
+        rec = dict(out["record"], job_id=j.job_id, phase=phase, pool="rollout" if phase == "rollout" else "train")
+        self.timeline.append(rec)
+        return None if phase == "sync" else out["result"]
+
+    def finish(self, ok: bool, error: Optional[str]) -> None:
+        """Report finished / failed to the scheduler (departure releases the job's nodes)."""
+        import ray
+
+        try:
+            ray.get(self.sched.report.remote(self.job.job_id, {"event": "finished" if ok else "failed",
+                                                               "error": error,
+                                                               "iterations_done": self.job.iteration}), timeout=60)
+        except Exception as e:  # the scheduler restarts: it will see the departure from the controller
+            log.warning("could not report %s of %s: %s", "finish" if ok else "failure", self.job.job_id, e)
+        for w in (self.rollout_worker, self.train_worker):
+            w.unregister_job.remote(self.job.job_id)
+
+    def group_timeline(self) -> list[dict]:
+        """The whole group's timeline (every member's phases) from its GroupController."""
+        import ray
+
+        return ray.get(self.controller.get_timeline.remote())
+
+
+def group_timeline(job) -> list[dict]:
+    """The co-execution group's timeline of a scheduled :class:`rollmux.Job` (its own in plain mode)."""
+    rt = job._runtime
+    return rt.group_timeline() if isinstance(rt, ScheduledRuntime) else job.timeline

@@ -1,0 +1,128 @@
+"""CPU executor of a sync plan over gloo (``torch.distributed.ProcessGroupGloo``).
+
+Each endpoint owns its process groups (no global default group), so several jobs' endpoints can
+live in one process (one Ray actor hosting several jobs) without interfering: every job uses its
+own TCP store address or a job-prefixed store. Groups are created once per job and kept across
+phases (RollMux §5.1 "control plane stays alive"); a failed sync aborts them (peers fail fast).
+
+Groups: ``world`` (trainers + rollout workers; point-to-point across the boundary, votes) and
+``rollout`` (rollout workers only; the intra-cluster broadcasts of RollMux §5.2 step 2).
+"""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from collectives.base import SyncExecutor, register
+from rollmux.sync_plan import Role, SyncAbortedError, SyncPlan, SyncPlanError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now (for the job's store; trainer 0 hosts it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _parse_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SyncPlanError(f"addr: expected 'host:port' with a port in 1..65535, got {addr!r}")
+    return host, int(port)
+
+
+@register("gloo")
+class GlooExecutor(SyncExecutor):
+    """Sync endpoint over gloo TCP (CPU tensors).
+
+    Args:
+        plan, role, index, job_id, timeout_s, fault_after_buckets: see :class:`SyncExecutor`.
+        addr: ``"host:port"`` of the job's rendezvous store, hosted by trainer 0 (global rank 0).
+        bind_host: local address gloo binds to (e.g. ``"127.0.0.1"`` or the node IP);
+            ``interface``: or a network interface name; neither: gloo's default (hostname).
+        store: an existing ``torch.distributed.Store`` to use instead of ``addr``.
+    Raises:
+        SyncPlanError: bad ``addr``/role/index; SyncMismatchError: endpoints hold different plans;
+        RuntimeError from torch when the rendezvous times out.
+    """
+
+    def __init__(self, plan: SyncPlan, role: Role, index: int, *, addr: Optional[str] = None, job_id: str,
+                 timeout_s: float = 60.0, bind_host: Optional[str] = None, interface: Optional[str] = None,
+                 store: Optional[dist.Store] = None, fault_after_buckets: Optional[int] = None) -> None:
+        super().__init__(plan, role, index, job_id=job_id, timeout_s=timeout_s,
+                         fault_after_buckets=fault_after_buckets)
+        td = timedelta(seconds=self.timeout_s)
+        if store is None:
+            if addr is None:
+                raise SyncPlanError("addr: required when no store is given")
+            host, port = _parse_addr(addr)
+            store = dist.TCPStore(host, port, world_size=None, is_master=self.rank == 0, timeout=td,
+                                  wait_for_workers=False)
+        self._store = dist.PrefixStore(f"rollmux-sync/{job_id}/", store)
+        self._store.set_timeout(td)
+
+        def group(prefix: str, rank: int, size: int) -> dist.ProcessGroupGloo:
+            opts = dist.ProcessGroupGloo._Options()
+            opts._timeout = td
+            if bind_host or interface:
+                opts._devices = [dist.ProcessGroupGloo.create_device(hostname=bind_host or "",
+                                                                     interface=interface or "")]
+            else:
+                opts._devices = [dist.ProcessGroupGloo.create_default_device()]
+            return dist.ProcessGroupGloo(dist.PrefixStore(prefix, self._store), rank, size, opts)
+
+        self._world = group("world/", self.rank, plan.world_size)
+        self._roll = group("rollout/", index, plan.num_rollout) if role == "rollout" and plan.num_rollout > 1 else None
+        self._check_plan()
+
+    # ---- primitives ----------------------------------------------------------------------------
+    def _isend(self, buf: torch.Tensor, dst: int, tag: int) -> Any:
+        return self._world.send([buf], dst, tag)
+
+    def _irecv(self, buf: torch.Tensor, src: int, tag: int) -> Any:
+        return self._world.recv([buf], src, tag)
+
+    def _ibroadcast(self, buf: torch.Tensor, root_rollout: int) -> Any:
+        assert self._roll is not None
+        opts = dist.BroadcastOptions()
+        opts.rootRank = root_rollout
+        opts.rootTensor = 0
+        return self._roll.broadcast([buf], opts)
+
+    def _wait(self, handle: Any) -> None:
+        if handle.wait(timedelta(seconds=self.timeout_s)) is False:
+            raise SyncAbortedError(f"timed out after {self.timeout_s} s")
+
+    def _allreduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        self._wait(self._world.allreduce([t]))
+        return t
+
+    def _kv_set(self, key: str, value: str) -> None:
+        self._store.set(key, value)
+
+    def _kv_get(self, key: str) -> str:
+        return self._store.get(key).decode()
+
+    def _empty(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def _abort(self) -> None:
+        for g in (self._world, self._roll):
+            if g is not None:
+                g.abort()
+
+    def close(self) -> None:
+        for name in ("_roll", "_world"):
+            g = getattr(self, name, None)
+            if g is not None:
+                try:
+                    g.shutdown()
+                except Exception:  # pragma: no cover - best effort on teardown
+                    pass
+                setattr(self, name, None)
+        self._store = None  # drops the TCP store (trainer 0: its server socket) with the last reference

@@ -1,0 +1,1 @@
+"""Example RL jobs that run under RollMux (or solo, unchanged, without a scheduler)."""

@@ -1,0 +1,227 @@
+"""The example GRPO job: state builders and phase functions, and their wiring to the phase API.
+
+The phase functions are plain functions of a state dict, so they run identically in-process
+(solo / plain mode) and on RollMux's pool workers (scheduled mode):
+
+* rollout state: ``{"engine": RolloutBackend, "sampler": PromptSampler, "rng": torch.Generator,
+  "version": int}``; training state: ``{"trainer": TrainBackend, "ref": frozen model | None,
+  "step": int}``. Every random draw comes from a generator inside the state (no global RNG), so a
+  job re-run solo with the same seed is bit-identical to its co-executed run (RollMux §5).
+* :func:`make_job` registers them on a :class:`rollmux.Job`; :func:`run_job` is the user's loop.
+
+Source: issue 3 "A real RL job to run"; GRPO (DeepSeekMath) for the algorithm.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from examples.grpo import algo
+from examples.grpo.config import GRPOJobConfig
+from examples.grpo.model import build_model
+from examples.grpo.task import PromptSampler, reward
+from examples.grpo.tokenizer import CharTokenizer
+
+TOK = CharTokenizer()
+
+
+class InjectedFailure(RuntimeError):
+    """Raised inside the training phase when ``run.fail_in_train_at`` is reached (failure demo)."""
+
+
+def weights_digest(weights: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over the raw bytes of every tensor, in key order (bit-for-bit identity check)."""
+    h = hashlib.sha256()
+    for k in sorted(weights):
+        h.update(k.encode())
+        h.update(weights[k].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def build_rollout_state(cfg: GRPOJobConfig) -> dict:
+    """Rollout-side state (cold start): engine with the initial policy, sampler, sampling RNG."""
+    r = cfg.run
+    torch.set_num_threads(r.threads)
+    from actors.backends import make_rollout_backend
+
+    model = build_model(cfg.model, r.seed, TOK)
+    return {
+        "engine": make_rollout_backend(r.rollout_backend, model, device=r.device),
+        "sampler": PromptSampler(r.task, seed=r.seed + 1, answer_len=r.answer_len),
+        "rng": torch.Generator().manual_seed(r.seed + 2),
+        "version": 0,
+    }
+
+
+def build_train_state(cfg: GRPOJobConfig) -> dict:
+    """Training-side state (cold start): policy + AdamW in a train backend, frozen reference."""
+    r = cfg.run
+    torch.set_num_threads(r.threads)
+    from actors.backends import make_train_backend
+
+    ref = build_model(cfg.model, r.seed, TOK).requires_grad_(False) if r.kl_coef > 0 else None
+    trainer = make_train_backend(
+        r.train_backend, build_model(cfg.model, r.seed, TOK), lr=r.lr, max_grad_norm=r.max_grad_norm, device=r.device
+    )
+    return {"trainer": trainer, "ref": ref, "step": 0}
+
+
+def rollout_phase(cfg: GRPOJobConfig, state: dict, iteration: int, hook: Any = None) -> dict:
+    """Rollout: sample ``num_prompts`` prompts, ``group_size`` responses each, score them.
+
+    Returns samples ``{"seq": LongTensor[B, P+N], "prompt_len": P, "rewards": FloatTensor[B],
+    "iteration", "policy_version", "reward_mean", "response_len_mean"}``, ``B = prompts x group``.
+    """
+    r = cfg.run
+    torch.set_num_threads(r.threads)
+    texts, answers = state["sampler"].sample(r.num_prompts)
+    prompts = TOK.encode_batch(texts).repeat_interleave(r.group_size, dim=0)
+    answers = answers.repeat_interleave(r.group_size, dim=0)
+    seed = int(torch.randint(0, 2**62, (1,), generator=state["rng"]))
+    progress: Optional[Callable[[int, int], None]] = getattr(hook, "progress", None)
+    seq = state["engine"].generate(
+        prompts, max_new_tokens=r.max_new_tokens, temperature=r.temperature, seed=seed,
+        eos_id=TOK.eos_id, pad_id=TOK.pad_id, progress=progress,
+    )
+    P = prompts.shape[1]
+    rew = reward(seq[:, P:], answers, TOK)
+    mask = algo.response_mask(seq, P, TOK.eos_id)
+    return {
+        "seq": seq, "prompt_len": P, "rewards": rew, "iteration": iteration,
+        "policy_version": state["version"], "reward_mean": float(rew.mean()),
+        "response_len_mean": float(mask.sum() / seq.shape[0]),
+    }
+
+
+def train_phase(cfg: GRPOJobConfig, state: dict, samples: dict) -> dict:
+    """Training: GRPO update on one rollout batch; returns metrics incl. the weights' digest.
+
+    Raises:
+        InjectedFailure: at iteration ``run.fail_in_train_at`` (failure-isolation demo).
+    """
+    r = cfg.run
+    torch.set_num_threads(r.threads)
+    if r.fail_in_train_at is not None and state["step"] == r.fail_in_train_at:
+        raise InjectedFailure(f"{cfg.job.job_id}: injected failure in training phase at iteration {state['step']}")
+    tr = state["trainer"]
+    seq, P = samples["seq"], samples["prompt_len"]
+    mask = algo.response_mask(seq, P, TOK.eos_id)
+    adv = algo.group_advantages(samples["rewards"], r.group_size)
+    with torch.no_grad():
+        old_logp = algo.token_logprobs(tr.forward(seq), seq)
+        ref_logp = algo.token_logprobs(state["ref"](input_ids=seq).logits, seq) if state["ref"] is not None else None
+    stats: dict[str, float] = {}
+    losses = []
+    B = seq.shape[0]
+    for _ in range(r.ppo_epochs):
+        for s in range(0, B, r.minibatch_size):
+            mb = slice(s, s + r.minibatch_size)
+            logp = algo.token_logprobs(tr.forward(seq[mb]), seq[mb])
+            loss, stats = algo.clipped_pg_loss(
+                logp, old_logp[mb], adv[mb], mask[mb], r.clip_eps,
+                ref_logp[mb] if ref_logp is not None else None, r.kl_coef,
+            )
+            stats["grad_norm"] = tr.backward_step(loss)
+            losses.append(float(loss.detach()))
+    state["step"] += 1
+    return {
+        "iteration": samples["iteration"], "step": state["step"], "loss": sum(losses) / len(losses),
+        "reward_mean": samples["reward_mean"], "response_len_mean": samples["response_len_mean"],
+        "weights_sha256": weights_digest(tr.weights()), **stats,
+    }
+
+
+def publish_weights(cfg: GRPOJobConfig, state: dict) -> dict[str, torch.Tensor]:
+    """Sync (send side): the trained policy's weights as CPU tensors."""
+    return state["trainer"].weights()
+
+
+def apply_weights(cfg: GRPOJobConfig, state: dict, weights: dict[str, torch.Tensor]) -> None:
+    """Sync (receive side): install the weights into the rollout engine; bump the policy version."""
+    state["engine"].load_weights(weights)
+    state["version"] += 1
+
+
+@dataclass
+class GRPOJob:
+    """A registered job and its decorated phase callables (``rollout(it)``, ``train(samples)``, ``publish()``)."""
+
+    job: Any
+    rollout: Callable
+    train: Callable
+    publish: Callable
+
+
+class _Bind:
+    """Picklable ``functools.partial``-like binding of the job config to a phase function."""
+
+    def __init__(self, fn: Callable, cfg: GRPOJobConfig) -> None:
+        self.fn, self.cfg = fn, cfg
+        self.__name__ = fn.__name__
+        self.__qualname__ = fn.__qualname__
+        self.__doc__ = fn.__doc__
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(self.cfg, *args, **kwargs)
+
+
+def make_job(cfg: GRPOJobConfig, *, attach: Optional[bool] = None, **job_kw) -> GRPOJob:
+    """Register the GRPO phases on a ``rollmux.Job`` (plain mode or attached to the scheduler).
+
+    ``job_kw`` go to :class:`rollmux.Job` (``switch``, ``scheduler_name``, ``checkpoint_dir``, ...).
+    """
+    import rollmux
+
+    job = rollmux.Job(cfg.job, attach=attach, **job_kw)
+    job.state("rollout")(_Bind(build_rollout_state, cfg))
+    job.state("train")(_Bind(build_train_state, cfg))
+    rollout = job.phase("rollout")(_Bind(rollout_phase, cfg))
+    train = job.phase("train")(_Bind(train_phase, cfg))
+    publish = job.phase("sync")(_Bind(publish_weights, cfg))
+    job.apply_weights(_Bind(apply_weights, cfg))
+    return GRPOJob(job, rollout, train, publish)
+
+
+def run_job(
+    cfg: GRPOJobConfig,
+    *,
+    attach: Optional[bool] = None,
+    on_iteration: Optional[Callable[[dict], None]] = None,
+    **job_kw,
+) -> dict:
+    """The user's RL loop (rollout -> training -> sync) through the phase API.
+
+    Returns ``{"job_id", "iterations", "history": [metrics...], "final_reward", "initial_reward",
+    "weights_sha256", "wall_s", "mode", "timeline", "info"}``; ``final_reward`` is the mean rollout reward of the last
+    ``max(1, iterations // 5)`` iterations. Exceptions inside a phase propagate (the job is
+    reported failed by the phase API).
+    """
+    g = make_job(cfg, attach=attach, **job_kw)
+    history: list[dict] = []
+    t0 = time.perf_counter()
+    with g.job:
+        for it in range(cfg.run.iterations):
+            samples = g.rollout(it)
+            metrics = g.train(samples)
+            g.publish()
+            history.append(metrics)
+            if on_iteration:
+                on_iteration(metrics)
+    k = max(1, len(history) // 5)
+    return {
+        "job_id": cfg.job.job_id,
+        "iterations": len(history),
+        "history": history,
+        "final_reward": sum(m["reward_mean"] for m in history[-k:]) / k,
+        "initial_reward": sum(m["reward_mean"] for m in history[:k]) / k,
+        "weights_sha256": history[-1]["weights_sha256"] if history else None,
+        "wall_s": time.perf_counter() - t0,
+        "mode": g.job.mode,
+        "timeline": g.job.timeline,
+        "info": g.job.info,
+    }

@@ -1,0 +1,718 @@
+"""Inter-group admission: RollMux Alg. 1 and the random / most-idle baselines (RollMux §4.2).
+
+:class:`InterGroupScheduler` keeps the co-execution groups of one cluster and decides, for each
+arriving job, which group and exact nodes it is pinned to:
+
+1. *Prune* groups that cannot take it: saturated groups (``T_load >= T_cycle``, DESIGN.md; the
+   seed's inequality is reversed) and full groups (``max_group_size``).
+2. For each remaining group evaluate *direct packing* (pin the job on the group's existing
+   least-loaded rollout and training nodes, ``Δ = 0``) and *rollout scale-out* (share the
+   group's least-loaded training nodes, add ``ceil(NR / gpus_per_node)`` new rollout nodes,
+   ``Δ`` = their price).
+3. Reject a candidate that breaks *memory residency* (per node, the sum of the pinned jobs'
+   :func:`rollmux.profiler.state_gb` must fit ``host_mem_gb``) or any member's *SLO*
+   (``T_coexec_k <= slo_k * T_solo_k``, T_coexec from :func:`rollmux.intra_group.coexec_times`,
+   i.e. the round-robin schedule simulated on worst-case profiles; a cheap lower bound
+   ``max(T_solo_k, load of k's busiest node)`` rejects first without simulating).
+4. Pick the minimum marginal cost; ties go to the most SLO slack (lowest
+   ``max_k slowdown_k / slo_k``; ``SchedulerConfig.tie_break``), then to the earliest group. Compare with an isolated new group
+   (its full price) and take the cheaper.
+
+Refusals are values: ``code="never"`` (the job can never fit: state larger than every node of a
+pool, more GPUs than the pool has, weights not fitting HBM, duplicate id) or
+``code="retry_later"`` (cluster out of GPUs now). The ``random`` and ``most-idle`` baselines
+(DESIGN.md "Baselines") place into a random / the most idle memory-feasible, non-full group with
+no SLO check, opening a new group only when none fits. Their placement inside the chosen group
+(no simulation, only memory and node counts): *random* draws uniformly among all feasible
+(group, strategy) pairs; *most-idle* takes the group with the largest idle node-time fraction and
+packs directly when its chosen rollout nodes have idle time for the job's rollout
+(``T_cycle - load >= T_roll``), else scales out.
+
+Every decision carries its explanation (candidates with verdicts, pruned groups) and its
+latency. Decisions are linear in the number of groups: per-group ``T_load``/``T_cycle``, node
+loads and memory are cached, and the SLO simulation is memoised on the group's structure.
+Source: RollMux §4.2, Alg. 1; DESIGN.md "Constraints", "Saturation pruning", "Baselines".
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Literal, Optional, Sequence, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollmux import profiler
+from rollmux.intra_group import LongTailPolicy, coexec_times
+from rollmux.models import ClusterSpec, CoExecutionGroup, GroupMember, JobSpec, PhaseProfile, Placement, PoolName
+from rollmux.nodes import node_id, node_index
+
+SLO_REL_TOL = 1e-9
+
+PLUGINS = ("saturation", "memory", "slo", "capacity", "group_size")
+
+
+class SchedulerConfig(BaseModel):
+    """Scheduler settings (``configs/scheduler.yaml``).
+
+    Attributes:
+        policy: ``"rollmux"`` (Alg. 1), ``"random"`` or ``"most-idle"``.
+        max_group_size: most jobs in one co-execution group (paper simulation: 5).
+        tail_trigger_fraction: long-tail migration fires when this fraction of a rollout's
+            responses is done (RollMux §4.3: 0.8).
+        tail_gpus: GPUs that keep a migrated rollout's stragglers.
+        migration_overhead_s: cost of one migration (stragglers' re-prefill), seconds.
+        seed: seed of the random baseline.
+        tie_break: among candidates of equal marginal cost, ``"most_slack"`` (lowest
+            ``max_k slowdown_k / slo_k``: leaves SLO headroom for stochastic phase times) or
+            ``"best_fit"`` (the tightest feasible group). The paper does not say; measured on the
+            default mix the two differ by ~1-2% in cost either way.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    policy: str = "rollmux"
+    max_group_size: int = Field(default=5, ge=1, le=64)
+    tail_trigger_fraction: float = Field(default=0.8, gt=0.0, le=1.0)
+    tail_gpus: int = Field(default=1, ge=1)
+    migration_overhead_s: float = Field(default=2.0, ge=0.0)
+    seed: int = 0
+    tie_break: Literal["best_fit", "most_slack"] = "most_slack"
+
+    def long_tail_policy(self) -> LongTailPolicy:
+        return LongTailPolicy(self.tail_trigger_fraction, self.tail_gpus, self.migration_overhead_s)
+
+
+def load_scheduler_config(path: Union[str, Path, None] = None) -> SchedulerConfig:
+    """``configs/scheduler.yaml`` (or ``path``) as a :class:`SchedulerConfig`.
+    Raises :class:`rollmux.config.ConfigError` naming the field."""
+    from rollmux.config import CONFIG_DIR, load_model
+
+    return load_model(path or CONFIG_DIR / "scheduler.yaml", SchedulerConfig)
+
+
+# --- decisions -------------------------------------------------------------------------------------
+
+@dataclass
+class Candidate:
+    """One evaluated placement: ``verdict`` is ``"ok"`` or ``"rejected"`` with the ``plugin``
+    (one of :data:`PLUGINS`) and human-readable ``reasons``."""
+
+    group_id: Optional[str]
+    strategy: str
+    delta_usd_per_h: float
+    verdict: str = "ok"
+    plugin: Optional[str] = None
+    reasons: list[str] = field(default_factory=list)
+    predicted_slowdowns: dict[str, float] = field(default_factory=dict)
+    placement: Optional[Placement] = None
+    new_nodes: tuple[str, ...] = ()
+    score: float = 0.0  # max_k slowdown_k / slo_k (tie-break; lower = more slack)
+
+    def reject(self, plugin: str, reason: str) -> "Candidate":
+        self.verdict, self.plugin = "rejected", plugin
+        self.reasons.append(reason)
+        return self
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == "ok"
+
+    def to_dict(self) -> dict:
+        return {
+            "group_id": self.group_id,
+            "strategy": self.strategy,
+            "delta_usd_per_h": self.delta_usd_per_h,
+            "verdict": self.verdict,
+            "plugin": self.plugin,
+            "reasons": list(self.reasons),
+            "predicted_slowdowns": dict(self.predicted_slowdowns),
+            "placement": _placement_dict(self.placement),
+        }
+
+
+def _placement_dict(p: Optional[Placement]) -> Optional[dict]:
+    return None if p is None else {"rollout_nodes": list(p.rollout_nodes), "train_nodes": list(p.train_nodes)}
+
+
+@dataclass
+class AdmissionDecision:
+    """The outcome of :meth:`InterGroupScheduler.decide` (no state change until
+    :meth:`InterGroupScheduler.commit`). ``code``: ``"ok"`` | ``"never"`` | ``"retry_later"``."""
+
+    job_id: str
+    admitted: bool
+    code: str
+    reason: str
+    policy: str
+    group_id: Optional[str] = None
+    strategy: Optional[str] = None
+    placement: Optional[Placement] = None
+    delta_usd_per_h: float = 0.0
+    predicted_slowdowns: dict[str, float] = field(default_factory=dict)
+    candidates: list[Candidate] = field(default_factory=list)
+    pruned: list[dict] = field(default_factory=list)
+    latency_ms: float = 0.0
+    profile: Optional[PhaseProfile] = None
+    spec: Optional[JobSpec] = None
+    _chosen: Optional[Candidate] = None
+    _version: int = -1
+
+    def to_dict(self) -> dict:
+        """JSON-able form (ARCHITECTURE.md "Policy core")."""
+        return {
+            "job_id": self.job_id,
+            "admitted": self.admitted,
+            "code": self.code,
+            "reason": self.reason,
+            "policy": self.policy,
+            "group_id": self.group_id,
+            "strategy": self.strategy,
+            "placement": _placement_dict(self.placement),
+            "delta_usd_per_h": self.delta_usd_per_h,
+            "predicted_slowdowns": dict(self.predicted_slowdowns),
+            "candidates": [c.to_dict() for c in self.candidates],
+            "pruned": [dict(p) for p in self.pruned],
+            "latency_ms": self.latency_ms,
+            "profile": None if self.profile is None else self.profile.model_dump(),
+        }
+
+
+# --- internal state ----------------------------------------------------------------------------------
+
+class _NodePool:
+    """Node ids of one pool: the lowest freed index is reused first; ``limit`` bounds the count."""
+
+    def __init__(self, pool: PoolName, limit: Optional[int]) -> None:
+        self.pool, self.limit = pool, limit
+        self.free: list[int] = []
+        self.next = 0
+        self.used = 0
+
+    def peek(self, k: int) -> Optional[list[str]]:
+        if self.limit is not None and self.used + k > self.limit:
+            return None
+        idx = heapq.nsmallest(k, self.free)
+        idx += list(range(self.next, self.next + k - len(idx)))
+        return [node_id(self.pool, i) for i in idx]
+
+    def take(self, nodes: Iterable[str]) -> None:
+        for n in nodes:
+            i = node_index(n)
+            if i in self.free:
+                self.free.remove(i)
+                heapq.heapify(self.free)
+            elif i >= self.next:
+                for x in range(self.next, i):
+                    heapq.heappush(self.free, x)
+                self.next = i + 1
+            else:
+                raise ValueError(f"node {n} is already in use")
+            self.used += 1
+
+    def give(self, nodes: Iterable[str]) -> None:
+        for n in nodes:
+            heapq.heappush(self.free, node_index(n))
+            self.used -= 1
+
+
+@dataclass
+class _Group:
+    group: CoExecutionGroup
+    loads: dict[str, float]
+    mem: dict[str, float]
+    t_cycle: float
+    t_load: float
+    coexec: Optional[dict[str, float]] = None
+
+    @property
+    def idle_fraction(self) -> float:
+        nodes = len(self.group.rollout_nodes) + len(self.group.train_nodes)
+        if self.t_cycle <= 0 or nodes == 0:
+            return 1.0
+        return sum(max(0.0, self.t_cycle - self.loads.get(n, 0.0)) for n in self.group.rollout_nodes + self.group.train_nodes) / (nodes * self.t_cycle)
+
+
+def _member_loads(m: GroupMember, cluster: ClusterSpec):
+    p = m.profile
+    mr, mt = profiler.state_gb(m.spec, "rollout", cluster), profiler.state_gb(m.spec, "train", cluster)
+    for n in m.placement.rollout_nodes:
+        yield n, p.t_roll_s, mr
+    for n in m.placement.train_nodes:
+        yield n, p.t_train_s + p.t_sync_s, mt
+
+
+def _summarise(group: CoExecutionGroup, cluster: ClusterSpec) -> _Group:
+    loads = {n: 0.0 for n in group.rollout_nodes + group.train_nodes}
+    mem = dict.fromkeys(loads, 0.0)
+    for m in group.members:
+        for n, t, g in _member_loads(m, cluster):
+            loads[n] += t
+            mem[n] += g
+    return _Group(group, loads, mem, max((m.profile.t_solo_s for m in group.members), default=0.0), max(loads.values(), default=0.0))
+
+
+def _pick_nodes(nodes: Sequence[str], k: int, loads: dict, mem: dict, need_gb: float, cap_gb: float) -> Optional[list[str]]:
+    """The ``k`` least-loaded nodes that still hold ``need_gb`` more state (None if too few)."""
+    fit = [n for n in nodes if mem.get(n, 0.0) + need_gb <= cap_gb + 1e-9]
+    if len(fit) < k:
+        return None
+    fit.sort(key=lambda n: (loads.get(n, 0.0), mem.get(n, 0.0), node_index(n)))
+    return sorted(fit[:k], key=node_index)
+
+
+def _slo_check(cand: Candidate, members: list[GroupMember], loads: dict[str, float]) -> Candidate:
+    """Alg. 1 line 10: every member k of G' needs T_coexec_k <= slo_k * T_solo_k."""
+    # cheap lower bound: k iterates once per meta-iteration on each of its nodes
+    bad = []
+    for m in members:
+        lb = max([m.profile.t_solo_s] + [loads[n] for n in m.placement.rollout_nodes + m.placement.train_nodes])
+        if lb > m.spec.slo * m.profile.t_solo_s * (1 + SLO_REL_TOL):
+            bad.append(f"{m.spec.job_id}: slowdown >= {lb / m.profile.t_solo_s:.3f} > SLO {m.spec.slo:.3f} (node-load lower bound)")
+    if bad:
+        return cand.reject("slo", "; ".join(bad))
+    tco = coexec_times(members)
+    sd = {m.spec.job_id: tco[m.spec.job_id] / m.profile.t_solo_s for m in members}
+    cand.predicted_slowdowns = sd
+    viol = [f"{m.spec.job_id}: predicted slowdown {sd[m.spec.job_id]:.3f} > SLO {m.spec.slo:.3f}"
+            for m in members if sd[m.spec.job_id] > m.spec.slo * (1 + SLO_REL_TOL)]
+    if viol:
+        return cand.reject("slo", "; ".join(viol))
+    cand.score = max(sd[m.spec.job_id] / m.spec.slo for m in members)
+    return cand
+
+
+# --- the scheduler ---------------------------------------------------------------------------------------
+
+POLICIES: dict[str, str] = {
+    "rollmux": "RollMux Alg. 1: prune saturated groups, direct packing / rollout scale-out, memory + SLO checks, min marginal cost",
+    "random": "baseline: a random memory-feasible (group, direct|scale-out) placement, no SLO check; new group only if none fits",
+    "most-idle": "baseline: the most idle memory-feasible group (direct if its idle rollout time fits, else scale-out), no SLO check",
+}
+
+
+class InterGroupScheduler:
+    """Co-execution groups of one cluster and the admission policy that forms them.
+
+    Args:
+        cluster: the cluster (bounded pools refuse with ``retry_later`` when full).
+        policy: a key of :data:`POLICIES`; ValueError names the known ones otherwise.
+        max_group_size: most jobs per group (>= 1).
+        seed: seed of the random baseline.
+        config: a :class:`SchedulerConfig` (its policy / max_group_size / seed are used when the
+            corresponding arguments are left at their defaults).
+    Source: RollMux §4.2, Alg. 1.
+    """
+
+    def __init__(self, cluster: ClusterSpec, policy: str = "rollmux", max_group_size: int = 5, seed: int = 0,
+                 config: Optional[SchedulerConfig] = None) -> None:
+        if config is not None:
+            policy = policy if policy != "rollmux" else config.policy
+            max_group_size = max_group_size if max_group_size != 5 else config.max_group_size
+            seed = seed if seed != 0 else config.seed
+        if policy not in POLICIES:
+            raise ValueError(f"unknown admission policy {policy!r} (known: {', '.join(POLICIES)})")
+        if int(max_group_size) < 1:
+            raise ValueError(f"max_group_size must be >= 1, got {max_group_size}")
+        self.cluster = cluster
+        self.policy = policy
+        self.max_group_size = int(max_group_size)
+        self.seed = seed
+        self.config = config or SchedulerConfig(policy=policy, max_group_size=max_group_size, seed=seed)
+        self._rng = random.Random(seed)
+        self._groups: dict[str, _Group] = {}
+        self._job_group: dict[str, str] = {}
+        self._pools = {"rollout": _NodePool("rollout", cluster.rollout_pool.num_nodes),
+                       "train": _NodePool("train", cluster.train_pool.num_nodes)}
+        self._next_group = 0
+        self._version = 0
+
+    # --- queries -------------------------------------------------------------------------------
+    @property
+    def groups(self) -> tuple[CoExecutionGroup, ...]:
+        return tuple(g.group for g in self._groups.values())
+
+    def group(self, group_id: str) -> CoExecutionGroup:
+        """The group ``group_id`` (KeyError if unknown)."""
+        return self._groups[group_id].group
+
+    def group_of(self, job_id: str) -> Optional[CoExecutionGroup]:
+        gid = self._job_group.get(job_id)
+        return None if gid is None else self._groups[gid].group
+
+    def member(self, job_id: str) -> Optional[GroupMember]:
+        g = self.group_of(job_id)
+        return None if g is None else next(m for m in g.members if m.spec.job_id == job_id)
+
+    @property
+    def job_ids(self) -> tuple[str, ...]:
+        return tuple(self._job_group)
+
+    def cost_usd_per_h(self) -> float:
+        """Hourly price of every provisioned GPU (sum of Cost(G)), USD/h."""
+        return sum(g.group.cost_usd_per_h(self.cluster) for g in self._groups.values())
+
+    def nodes_in_use(self) -> dict[str, int]:
+        """Provisioned nodes per pool."""
+        return {p: self._pools[p].used for p in ("rollout", "train")}
+
+    def group_stats(self, group_id: str) -> dict:
+        """``group_id, members, rollout_nodes, train_nodes, cost_usd_per_h, t_cycle_s, t_load_s,
+        slack_s, saturated, predicted_slowdowns`` (KeyError if unknown)."""
+        g = self._groups[group_id]
+        if g.coexec is None and g.group.members:
+            g.coexec = coexec_times(list(g.group.members))
+        return {
+            "group_id": group_id,
+            "members": list(g.group.job_ids),
+            "rollout_nodes": list(g.group.rollout_nodes),
+            "train_nodes": list(g.group.train_nodes),
+            "cost_usd_per_h": g.group.cost_usd_per_h(self.cluster),
+            "t_cycle_s": g.t_cycle,
+            "t_load_s": g.t_load,
+            "slack_s": g.t_cycle - g.t_load,
+            "saturated": g.t_load >= g.t_cycle,
+            "predicted_slowdowns": {m.spec.job_id: (g.coexec or {}).get(m.spec.job_id, 0.0) / m.profile.t_solo_s for m in g.group.members},
+        }
+
+    def describe_groups(self) -> list[dict]:
+        return [self.group_stats(gid) for gid in self._groups]
+
+    # --- decisions ----------------------------------------------------------------------------------
+    def _never(self, job: JobSpec, prof: Optional[PhaseProfile]) -> Optional[str]:
+        if job.job_id in self._job_group:
+            return f"job id {job.job_id!r} is already admitted"
+        for pool in ("rollout", "train"):
+            ps = self.cluster.pool(pool)  # type: ignore[arg-type]
+            gpus = job.num_rollout_gpus if pool == "rollout" else job.num_train_gpus
+            need = job.nodes_needed(pool, ps.node)  # type: ignore[arg-type]
+            if ps.num_nodes is not None and need > ps.num_nodes:
+                return (f"num_{'rollout' if pool == 'rollout' else 'train'}_gpus={gpus} needs {need} nodes but the "
+                        f"{pool} pool has {ps.num_nodes} nodes of {ps.node.gpus_per_node} GPUs")
+            st = profiler.state_gb(job, pool, self.cluster)  # type: ignore[arg-type]
+            if st > ps.node.host_mem_gb:
+                field_ = "mem_roll_gb" if pool == "rollout" else "mem_train_gb"
+                return (f"{pool} state {st:.1f} GB per node ({field_}) exceeds the host memory of every {pool} node "
+                        f"({ps.node.host_mem_gb:.1f} GB)")
+        return None
+
+    def decide(self, job: JobSpec, profile: Optional[PhaseProfile] = None) -> AdmissionDecision:
+        """Evaluate admitting ``job`` (no state change; the random baseline advances its RNG).
+
+        ``profile`` defaults to the worst-case :func:`rollmux.profiler.estimate` (``job.measured``
+        wins there). Returns an :class:`AdmissionDecision`; refusals are values, never raised.
+        Source: RollMux §4.2, Alg. 1.
+        """
+        t0 = time.perf_counter()
+        d = self._decide(job, profile)
+        d.latency_ms = (time.perf_counter() - t0) * 1e3
+        d._version = self._version
+        d.spec = job
+        return d
+
+    def _decide(self, job: JobSpec, profile: Optional[PhaseProfile]) -> AdmissionDecision:
+        try:
+            prof = profile or profiler.estimate(job, self.cluster)
+        except ValueError as e:
+            return AdmissionDecision(job.job_id, False, "never", str(e), self.policy)
+        reason = self._never(job, prof)
+        if reason:
+            return AdmissionDecision(job.job_id, False, "never", reason, self.policy, profile=prof)
+        cl = self.cluster
+        nr = job.nodes_needed("rollout", cl.rollout_pool.node)
+        nt = job.nodes_needed("train", cl.train_pool.node)
+        mr, mt = profiler.state_gb(job, "rollout", cl), profiler.state_gb(job, "train", cl)
+        price_r, price_t = cl.rollout_pool.node.price_usd_per_h, cl.train_pool.node.price_usd_per_h
+        cands: list[Candidate] = []
+        pruned: list[dict] = []
+        new_r = self._pools["rollout"].peek(nr)
+        slo_check = self.policy == "rollmux"
+        feasible_by_group: list[tuple[_Group, Candidate]] = []
+        for gid, g in self._groups.items():
+            if len(g.group.members) >= self.max_group_size:
+                pruned.append({"group_id": gid, "plugin": "group_size",
+                               "reason": f"group has {len(g.group.members)} jobs (max_group_size={self.max_group_size})"})
+                continue
+            if slo_check and g.t_load >= g.t_cycle:
+                pruned.append({"group_id": gid, "plugin": "saturation",
+                               "reason": f"saturated: T_load {g.t_load:.1f} s >= T_cycle {g.t_cycle:.1f} s"})
+                continue
+            for strategy in ("direct", "scale_out"):
+                c = self._candidate(g, job, prof, strategy, nr, nt, mr, mt, new_r, price_r, slo_check)
+                cands.append(c)
+                if c.ok:
+                    feasible_by_group.append((g, c))
+        iso = Candidate(None, "isolated", nr * price_r + nt * price_t)
+        new_t = self._pools["train"].peek(nt)
+        if new_r is None or new_t is None:
+            iso.reject("capacity", "cluster out of GPUs: not enough free nodes for a new group "
+                       f"({nr} rollout + {nt} training nodes)")
+        else:
+            iso.placement = Placement(job_id=job.job_id, rollout_nodes=tuple(new_r), train_nodes=tuple(new_t))
+            iso.new_nodes = tuple(new_r) + tuple(new_t)
+            iso.predicted_slowdowns = {job.job_id: 1.0}
+        cands.append(iso)
+
+        chosen: Optional[Candidate] = None
+        if feasible_by_group:
+            if self.policy == "rollmux":
+                sign = 1.0 if self.config.tie_break == "most_slack" else -1.0
+                chosen = min((c for _, c in feasible_by_group), key=lambda c: (c.delta_usd_per_h, sign * c.score))
+            elif self.policy == "random":
+                chosen = self._rng.choice(feasible_by_group)[1]
+            else:  # most-idle
+                g_idle = max((g for g, _ in feasible_by_group), key=lambda g: g.idle_fraction)
+                opts = {c.strategy: c for g, c in feasible_by_group if g is g_idle}
+                d = opts.get("direct")
+                fits = d is not None and all(g_idle.t_cycle - g_idle.loads.get(n, 0.0) >= prof.t_roll_s
+                                             for n in d.placement.rollout_nodes)  # type: ignore[union-attr]
+                chosen = d if (fits or "scale_out" not in opts) else opts["scale_out"]
+            if not slo_check:
+                g = self._groups[chosen.group_id]  # type: ignore[index]
+                mems = list(g.group.members) + [GroupMember(spec=job, profile=prof, placement=chosen.placement)]
+                tco = coexec_times(mems)
+                chosen.predicted_slowdowns = {m.spec.job_id: tco[m.spec.job_id] / m.profile.t_solo_s for m in mems}
+        if iso.ok and (chosen is None or iso.delta_usd_per_h < chosen.delta_usd_per_h):
+            chosen = iso
+        if chosen is None:
+            return AdmissionDecision(job.job_id, False, "retry_later", "cluster out of GPUs: no feasible placement now",
+                                     self.policy, candidates=cands, pruned=pruned, profile=prof)
+        return AdmissionDecision(
+            job.job_id, True, "ok",
+            f"{chosen.strategy} into {chosen.group_id or 'a new group'} (delta {chosen.delta_usd_per_h:.2f} USD/h)",
+            self.policy, group_id=chosen.group_id, strategy=chosen.strategy, placement=chosen.placement,
+            delta_usd_per_h=chosen.delta_usd_per_h, predicted_slowdowns=dict(chosen.predicted_slowdowns),
+            candidates=cands, pruned=pruned, profile=prof, _chosen=chosen,
+        )
+
+    def _candidate(self, g: _Group, job: JobSpec, prof: PhaseProfile, strategy: str, nr: int, nt: int, mr: float,
+                   mt: float, new_r: Optional[list[str]], price_r: float, slo_check: bool) -> Candidate:
+        grp = g.group
+        cl = self.cluster
+        c = Candidate(grp.group_id, strategy, 0.0 if strategy == "direct" else nr * price_r)
+        if nt > len(grp.train_nodes):
+            return c.reject("capacity", f"job needs {nt} training nodes, group has {len(grp.train_nodes)}")
+        tn = _pick_nodes(grp.train_nodes, nt, g.loads, g.mem, mt, cl.train_pool.node.host_mem_gb)
+        if tn is None:
+            return c.reject("memory", f"fewer than {nt} training nodes with {mt:.1f} GB of host memory free")
+        if strategy == "direct":
+            if nr > len(grp.rollout_nodes):
+                return c.reject("capacity", f"job needs {nr} rollout nodes, group has {len(grp.rollout_nodes)}")
+            rn = _pick_nodes(grp.rollout_nodes, nr, g.loads, g.mem, mr, cl.rollout_pool.node.host_mem_gb)
+            if rn is None:
+                return c.reject("memory", f"fewer than {nr} rollout nodes with {mr:.1f} GB of host memory free")
+        else:
+            if new_r is None:
+                return c.reject("capacity", f"cluster out of GPUs: no {nr} free rollout nodes")
+            rn = list(new_r)
+            c.new_nodes = tuple(new_r)
+        c.placement = Placement(job_id=job.job_id, rollout_nodes=tuple(rn), train_nodes=tuple(tn))
+        if not slo_check:
+            return c
+        members = list(grp.members) + [GroupMember(spec=job, profile=prof, placement=c.placement)]
+        loads = dict(g.loads)
+        for n in rn:
+            loads[n] = loads.get(n, 0.0) + prof.t_roll_s
+        for n in tn:
+            loads[n] += prof.t_train_s + prof.t_sync_s
+        return _slo_check(c, members, loads)
+
+    # --- state changes -------------------------------------------------------------------------------
+    def commit(self, decision: AdmissionDecision) -> Optional[CoExecutionGroup]:
+        """Apply an admitting decision from :meth:`decide` (no-op for a refusal: returns None).
+
+        Raises ValueError if the scheduler changed since the decision was made (decide again).
+        """
+        if not decision.admitted:
+            return None
+        if decision._version != self._version:
+            raise ValueError("stale admission decision: the groups changed since decide(); call decide() again")
+        c, job, prof = decision._chosen, decision.spec, decision.profile
+        assert c is not None and job is not None and prof is not None and c.placement is not None
+        member = GroupMember(spec=job, profile=prof, placement=c.placement)
+        if c.strategy == "isolated":
+            gid = f"group-{self._next_group}"
+            self._next_group += 1
+            self._pools["rollout"].take(c.placement.rollout_nodes)
+            self._pools["train"].take(c.placement.train_nodes)
+            grp = CoExecutionGroup(group_id=gid, rollout_nodes=c.placement.rollout_nodes,
+                                   train_nodes=c.placement.train_nodes, members=(member,))
+        else:
+            gid = c.group_id
+            old = self._groups[gid].group
+            rn = old.rollout_nodes
+            if c.strategy == "scale_out":
+                self._pools["rollout"].take(c.new_nodes)
+                rn = rn + tuple(c.new_nodes)
+            grp = old.model_copy(update={"rollout_nodes": rn, "members": old.members + (member,)})
+        self._groups[gid] = _summarise(grp, self.cluster)
+        if c.predicted_slowdowns and c.strategy != "isolated":
+            self._groups[gid].coexec = {j: s * next(m.profile.t_solo_s for m in grp.members if m.spec.job_id == j)
+                                        for j, s in c.predicted_slowdowns.items()}
+        self._job_group[job.job_id] = gid
+        self._version += 1
+        return grp
+
+    def admit(self, job: JobSpec, profile: Optional[PhaseProfile] = None) -> AdmissionDecision:
+        """:meth:`decide` then :meth:`commit` when admitted. Returns the decision."""
+        d = self.decide(job, profile)
+        self.commit(d)
+        return d
+
+    def depart(self, job_id: str) -> list[str]:
+        """Remove a finished job from its group; release nodes no member uses any more (e.g. its
+        scale-out rollout nodes) and the whole group when it becomes empty.
+
+        Returns the released node ids (sorted). Raises KeyError for an unknown job.
+        Source: DESIGN.md "Job departure".
+        """
+        gid = self._job_group.pop(job_id)
+        old = self._groups[gid].group
+        members = tuple(m for m in old.members if m.spec.job_id != job_id)
+        used = {n for m in members for n in m.placement.rollout_nodes + m.placement.train_nodes}
+        rel_r = [n for n in old.rollout_nodes if n not in used]
+        rel_t = [n for n in old.train_nodes if n not in used]
+        self._pools["rollout"].give(rel_r)
+        self._pools["train"].give(rel_t)
+        if members:
+            grp = old.model_copy(update={
+                "members": members,
+                "rollout_nodes": tuple(n for n in old.rollout_nodes if n in used),
+                "train_nodes": tuple(n for n in old.train_nodes if n in used),
+            })
+            self._groups[gid] = _summarise(grp, self.cluster)
+        else:
+            del self._groups[gid]
+        self._version += 1
+        return sorted(rel_r + rel_t, key=lambda n: (n.split("-")[0], node_index(n)))
+
+    # --- checkpointing ------------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        """JSON-able state: policy, settings, groups with members (spec, profile, placement)."""
+        return {
+            "version": 1,
+            "policy": self.policy,
+            "max_group_size": self.max_group_size,
+            "seed": self.seed,
+            "config": self.config.model_dump(),
+            "next_group": self._next_group,
+            "groups": [
+                {
+                    "group_id": g.group.group_id,
+                    "rollout_nodes": list(g.group.rollout_nodes),
+                    "train_nodes": list(g.group.train_nodes),
+                    "members": [m.model_dump(mode="json") for m in g.group.members],
+                }
+                for g in self._groups.values()
+            ],
+        }
+
+    @classmethod
+    def restore(cls, cluster: ClusterSpec, snapshot: dict) -> "InterGroupScheduler":
+        """Rebuild a scheduler from :meth:`snapshot` output. Raises ValueError on a malformed
+        snapshot (pydantic messages name the field)."""
+        try:
+            s = cls(cluster, policy=snapshot["policy"], max_group_size=snapshot["max_group_size"], seed=snapshot["seed"],
+                    config=SchedulerConfig.model_validate(snapshot.get("config", {})))
+            s._next_group = int(snapshot["next_group"])
+            for gd in snapshot["groups"]:
+                grp = CoExecutionGroup(group_id=gd["group_id"], rollout_nodes=tuple(gd["rollout_nodes"]),
+                                       train_nodes=tuple(gd["train_nodes"]),
+                                       members=tuple(GroupMember.model_validate(m) for m in gd["members"]))
+                s._pools["rollout"].take(grp.rollout_nodes)
+                s._pools["train"].take(grp.train_nodes)
+                s._groups[grp.group_id] = _summarise(grp, cluster)
+                for m in grp.members:
+                    s._job_group[m.spec.job_id] = grp.group_id
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"malformed scheduler snapshot: missing or bad {e}") from e
+        return s
+
+
+# --- exact layout of a given job set (for the optimum) ------------------------------------------------
+
+def build_group(members: Sequence[Union[JobSpec, tuple[JobSpec, PhaseProfile]]], cluster: ClusterSpec, *,
+                max_group_size: Optional[int] = None, group_id: str = "group-opt") -> Optional[CoExecutionGroup]:
+    """Minimum-cost feasible layout of exactly these jobs as one co-execution group, or None.
+
+    Layouts searched (documented limit of the optimum's exactness): the training nodes are one
+    shared set of ``max_j ceil(NT_j / gpus_per_node)`` nodes (each job pinned to its least-loaded,
+    memory-feasible ones in round-robin order); for every subset S of jobs (2^n, cheapest first)
+    the jobs in S get dedicated rollout nodes (scale-out) and the others share one set of
+    ``max ceil(NR_j / gpus_per_node)`` rollout nodes. The first layout (by cost) satisfying memory
+    residency and every SLO (round-robin simulation on the given / worst-case profiles, order as
+    given) is returned. Raises ValueError for an empty set, duplicate ids, more than
+    ``max_group_size`` jobs or more than 12 jobs. Source: RollMux §4.2 problem formulation.
+    """
+    items = [(m, profiler.estimate(m, cluster)) if isinstance(m, JobSpec) else (m[0], m[1]) for m in members]
+    n = len(items)
+    if n == 0:
+        raise ValueError("build_group needs at least one job")
+    if len({j.job_id for j, _ in items}) != n:
+        raise ValueError("build_group: duplicate job ids")
+    if n > 12 or (max_group_size is not None and n > max_group_size):
+        raise ValueError(f"build_group: {n} jobs exceed the group size limit ({max_group_size or 12})")
+    rnode, tnode = cluster.rollout_pool.node, cluster.train_pool.node
+    nr = [j.nodes_needed("rollout", rnode) for j, _ in items]
+    nt = [j.nodes_needed("train", tnode) for j, _ in items]
+    mr = [profiler.state_gb(j, "rollout", cluster) for j, _ in items]
+    mt = [profiler.state_gb(j, "train", cluster) for j, _ in items]
+    if max(mr) > rnode.host_mem_gb or max(mt) > tnode.host_mem_gb:
+        return None
+    t_nodes = [node_id("train", i) for i in range(max(nt))]
+    t_loads: dict[str, float] = {}
+    t_mem: dict[str, float] = {}
+    t_pin = []
+    for (j, p), k, g in zip(items, nt, mt):
+        pick = _pick_nodes(t_nodes, k, t_loads, t_mem, g, tnode.host_mem_gb)
+        if pick is None:
+            return None
+        for x in pick:
+            t_loads[x] = t_loads.get(x, 0.0) + p.t_train_s + p.t_sync_s
+            t_mem[x] = t_mem.get(x, 0.0) + g
+        t_pin.append(tuple(pick))
+    layouts = []
+    for mask in range(1 << n):
+        ded = [i for i in range(n) if mask >> i & 1]
+        shared = [i for i in range(n) if not mask >> i & 1]
+        n_nodes = sum(nr[i] for i in ded) + (max(nr[i] for i in shared) if shared else 0)
+        layouts.append((n_nodes, len(ded), mask))
+    layouts.sort()
+    price = lambda rn: rn * rnode.price_usd_per_h + len(t_nodes) * tnode.price_usd_per_h  # noqa: E731
+    for n_nodes, _, mask in layouts:
+        shared = [i for i in range(n) if not mask >> i & 1]
+        n_shared = max((nr[i] for i in shared), default=0)
+        shared_nodes = [node_id("rollout", i) for i in range(n_shared)]
+        nxt = n_shared
+        r_loads: dict[str, float] = {}
+        r_mem: dict[str, float] = {}
+        r_pin: list[tuple[str, ...]] = []
+        ok = True
+        for i, (j, p) in enumerate(items):
+            if mask >> i & 1:
+                pick = [node_id("rollout", x) for x in range(nxt, nxt + nr[i])]
+                nxt += nr[i]
+            else:
+                pick = _pick_nodes(shared_nodes, nr[i], r_loads, r_mem, mr[i], rnode.host_mem_gb)
+                if pick is None:
+                    ok = False
+                    break
+            for x in pick:
+                r_loads[x] = r_loads.get(x, 0.0) + p.t_roll_s
+                r_mem[x] = r_mem.get(x, 0.0) + mr[i]
+            r_pin.append(tuple(pick))
+        if not ok:
+            continue
+        mems = [GroupMember(spec=j, profile=p, placement=Placement(job_id=j.job_id, rollout_nodes=r_pin[i], train_nodes=t_pin[i]))
+                for i, (j, p) in enumerate(items)]
+        loads = {**r_loads, **t_loads}
+        cand = _slo_check(Candidate(group_id, "optimal", price(n_nodes)), mems, loads)
+        if cand.ok:
+            rn = tuple(node_id("rollout", i) for i in range(nxt))
+            return CoExecutionGroup(group_id=group_id, rollout_nodes=rn, train_nodes=tuple(t_nodes), members=tuple(mems))
+    return None

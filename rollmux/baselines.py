@@ -1,0 +1,390 @@
+"""Baselines the simulator compares RollMux with, and the offline optimum.
+
+Every policy is seen by the simulator as a set of *units* (:class:`Unit`): a provisioned
+allocation (GPUs of each pool, $/h) and the realised iteration time of each job it runs.
+
+* **Solo-D** (:func:`solo_unit`): each job alone on its own NR rollout + NT training GPUs
+  (a one-member co-execution group; slowdown 1). RollMux §7.1 "Solo Disaggregation".
+* **Colocated, veRL-style** (:func:`colocated_unit`): each job alone on its NT training GPUs,
+  which also run its rollout (no rollout GPUs, in-cluster resharding instead of cross-cluster
+  sync). RollMux §7.1 "Co-location (veRL)".
+* **Gavel+** (:func:`gavel_choice`): job-level heterogeneity-aware choice of GPU types and counts
+  (disaggregated H20+H800 or colocated H800, counts x{0.5, 1, 2}) minimising $ per iteration
+  subject to the job's SLO against Solo-D; no phase interleaving. RollMux §7.1 "Gavel+"
+  (Narayanan et al., OSDI '20, adapted to RL phases).
+* **Random / Most-Idle**: :class:`rollmux.admission.InterGroupScheduler` with those policies
+  (no SLO check), wrapped by the simulator.
+* **Optimum** (:class:`OptimalPartition`): the cheapest partition of the active jobs into
+  feasible co-execution groups (groups laid out by :func:`rollmux.admission.build_group`), by
+  CP-SAT set partitioning over every feasible candidate group. RollMux §7.5 "Opt".
+
+Phase times on other hardware (colocated, Gavel+): a job planned with measured times
+(``spec.measured``) keeps them, each phase scaled by the roofline ratio
+``estimate(other hardware) / estimate(its own hardware)`` of :mod:`rollmux.profiler`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+from rollmux import profiler
+from rollmux.models import ClusterSpec, CoExecutionGroup, GPUType, JobSpec, PhaseProfile
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One provisioned allocation of a policy and the jobs it runs (constant between events).
+
+    Attributes:
+        key: stable id (group id, ``solo:<job>``, ...).
+        job_ids: the jobs it runs.
+        cost_usd_per_h: price of its GPUs, $/h.
+        rollout_gpus / train_gpus: GPUs it holds in each pool.
+        iter_time_s: realised iteration time of each member, seconds (co-execution time).
+        rollout_busy_gpus / train_busy_gpus: GPUs busy on average (busy GPU-seconds per second);
+            the rest of ``*_gpus`` is the dependency bubble.
+    """
+
+    key: str
+    job_ids: tuple[str, ...]
+    cost_usd_per_h: float
+    rollout_gpus: int
+    train_gpus: int
+    iter_time_s: dict[str, float]
+    rollout_busy_gpus: float
+    train_busy_gpus: float
+
+
+def _without_measured(job: JobSpec) -> JobSpec:
+    return job.model_copy(update={"measured": None}) if job.measured is not None else job
+
+
+def profile_on(job: JobSpec, cluster: ClusterSpec, **hw) -> PhaseProfile:
+    """Worst-case phase times of ``job`` on other hardware (``hw``: :func:`profiler.estimate`
+    overrides). Measured times are scaled per phase by the roofline ratio (module docstring).
+
+    Raises ValueError when the model does not fit on the given GPUs (from the profiler).
+    """
+    bare = _without_measured(job)
+    alt = profiler.estimate(bare, cluster, **hw)
+    if job.measured is None:
+        return alt
+    ref = profiler.estimate(bare, cluster)
+    m = job.measured
+
+    def scale(mv: float, a: float, r: float) -> float:
+        return mv * a / r if r > 0 else a
+
+    return PhaseProfile(
+        t_roll_s=scale(m.t_roll_s, alt.t_roll_s, ref.t_roll_s),
+        t_train_s=scale(m.t_train_s, alt.t_train_s, ref.t_train_s),
+        t_sync_s=scale(m.t_sync_s, alt.t_sync_s, ref.t_sync_s),
+    )
+
+
+def planning_profile(job: JobSpec, cluster: ClusterSpec) -> PhaseProfile:
+    """The worst-case profile admission plans with (``job.measured`` when given)."""
+    return profiler.estimate(job, cluster)
+
+
+# --- Solo-D ---------------------------------------------------------------------------------------
+
+
+def solo_unit(job: JobSpec, profile: PhaseProfile, cluster: ClusterSpec) -> Unit:
+    """Solo-D: the job alone on ceil(NR/8) rollout and ceil(NT/8) training nodes; slowdown 1.
+
+    Busy time: rollout nodes during rollout; training nodes during training and sync (the sync
+    holds the senders, :mod:`rollmux.round_robin`). Source: RollMux §7.1 Solo-D.
+    """
+    rn = job.nodes_needed("rollout", cluster.rollout_pool.node)
+    tn = job.nodes_needed("train", cluster.train_pool.node)
+    rg, tg = rn * cluster.rollout_pool.node.gpus_per_node, tn * cluster.train_pool.node.gpus_per_node
+    t = profile.t_solo_s
+    return Unit(
+        key=f"solo:{job.job_id}",
+        job_ids=(job.job_id,),
+        cost_usd_per_h=rn * cluster.rollout_pool.node.price_usd_per_h + tn * cluster.train_pool.node.price_usd_per_h,
+        rollout_gpus=rg,
+        train_gpus=tg,
+        iter_time_s={job.job_id: t},
+        rollout_busy_gpus=rg * profile.t_roll_s / t,
+        train_busy_gpus=tg * (profile.t_train_s + profile.t_sync_s) / t,
+    )
+
+
+# --- Colocated (veRL-style) -----------------------------------------------------------------------
+
+
+def colocated_profile(job: JobSpec, cluster: ClusterSpec, num_gpus: Optional[int] = None) -> PhaseProfile:
+    """Phase times with rollout *and* training on ``num_gpus`` (default NT) training-pool GPUs."""
+    n = num_gpus or job.num_train_gpus
+    return profile_on(
+        job, cluster, rollout_gpu=cluster.train_pool.node.gpu, num_rollout_gpus=n, num_train_gpus=n, colocated=True
+    )
+
+
+def colocated_unit(job: JobSpec, cluster: ClusterSpec) -> Unit:
+    """Colocated: the job alone on its NT H800 GPUs (whole nodes), phases back to back.
+
+    The training pool is busy all the time (no dependency bubble, but rollout runs on
+    compute-optimised GPUs); no rollout GPUs. Source: RollMux §7.1 "Co-location (veRL)".
+    """
+    node = cluster.train_pool.node
+    tn = job.nodes_needed("train", node)
+    g = tn * node.gpus_per_node
+    p = colocated_profile(job, cluster, g)
+    return Unit(
+        key=f"coloc:{job.job_id}",
+        job_ids=(job.job_id,),
+        cost_usd_per_h=tn * node.price_usd_per_h,
+        rollout_gpus=0,
+        train_gpus=g,
+        iter_time_s={job.job_id: p.t_solo_s},
+        rollout_busy_gpus=0.0,
+        train_busy_gpus=float(g),
+    )
+
+
+# --- Gavel+ ---------------------------------------------------------------------------------------
+
+GAVEL_SCALES: tuple[float, ...] = (0.5, 1.0, 2.0)
+
+
+@dataclass(frozen=True)
+class GavelChoice:
+    """Gavel+'s allocation for one job.
+
+    Attributes:
+        kind: ``"disaggregated"`` (rollout on the rollout pool) or ``"colocated"``.
+        rollout_gpus / train_gpus: GPUs of each pool (``rollout_gpus == 0`` when colocated).
+        profile: phase times on that allocation, seconds.
+        cost_usd_per_h: its price, $/h.
+        usd_per_iteration: cost x iteration time, $ (the objective).
+        meets_slo: iteration time <= SLO x Solo-D iteration time.
+    """
+
+    kind: str
+    rollout_gpus: int
+    train_gpus: int
+    profile: PhaseProfile
+    cost_usd_per_h: float
+    usd_per_iteration: float
+    meets_slo: bool
+
+
+def gavel_options(job: JobSpec, cluster: ClusterSpec) -> list[GavelChoice]:
+    """Every allocation Gavel+ considers for ``job`` (infeasible model fits are skipped)."""
+    rgpu: GPUType = cluster.rollout_pool.node.gpu
+    tgpu: GPUType = cluster.train_pool.node.gpu
+    solo = planning_profile(job, cluster).t_solo_s
+    out = []
+    for a, b in itertools.product(GAVEL_SCALES, GAVEL_SCALES):
+        nr, nt = max(1, round(job.num_rollout_gpus * a)), max(1, round(job.num_train_gpus * b))
+        try:
+            p = profile_on(job, cluster, num_rollout_gpus=nr, num_train_gpus=nt) if (a, b) != (1.0, 1.0) else planning_profile(job, cluster)
+        except ValueError:
+            continue
+        c = nr * rgpu.price_usd_per_h + nt * tgpu.price_usd_per_h
+        out.append(GavelChoice("disaggregated", nr, nt, p, c, c * p.t_solo_s / 3600.0, p.t_solo_s <= job.slo * solo * (1 + 1e-9)))
+    for b in GAVEL_SCALES:
+        n = max(1, round(job.num_train_gpus * b))
+        try:
+            p = colocated_profile(job, cluster, n)
+        except ValueError:
+            continue
+        c = n * tgpu.price_usd_per_h
+        out.append(GavelChoice("colocated", 0, n, p, c, c * p.t_solo_s / 3600.0, p.t_solo_s <= job.slo * solo * (1 + 1e-9)))
+    return out
+
+
+def gavel_choice(job: JobSpec, cluster: ClusterSpec) -> GavelChoice:
+    """Gavel+: the allocation of minimum $ per iteration among those meeting the SLO.
+
+    Solo-D's own allocation always meets it (slowdown 1), so a choice always exists.
+    Source: RollMux §7.1 Gavel+; Gavel (OSDI '20) heterogeneity-aware allocation.
+    """
+    ok = [o for o in gavel_options(job, cluster) if o.meets_slo]
+    return min(ok, key=lambda o: (o.usd_per_iteration, o.cost_usd_per_h))
+
+
+def gavel_unit(job: JobSpec, cluster: ClusterSpec) -> Unit:
+    """The Gavel+ allocation of ``job`` as a simulator unit (GPU-granular, no interleaving)."""
+    g = gavel_choice(job, cluster)
+    p = g.profile
+    t = p.t_solo_s
+    if g.kind == "colocated":
+        rb, tb = 0.0, float(g.train_gpus)
+    else:
+        rb, tb = g.rollout_gpus * p.t_roll_s / t, g.train_gpus * (p.t_train_s + p.t_sync_s) / t
+    return Unit(f"gavel:{job.job_id}", (job.job_id,), g.cost_usd_per_h, g.rollout_gpus, g.train_gpus, {job.job_id: t}, rb, tb)
+
+
+# --- Optimum ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PartitionResult:
+    """The optimum's answer for one set of active jobs.
+
+    Attributes:
+        groups: the chosen co-execution groups (laid out by ``build_group``).
+        cost_usd_per_h: their total price, $/h.
+        exact: True when CP-SAT proved optimality over *all* feasible candidate groups; False when
+            the instance exceeded ``exact_max_jobs`` (then the jobs are split into blocks of at
+            most that size, in arrival order, each solved exactly: the cost is the best found,
+            an upper bound on the optimum, not a lower bound) or the solver hit its time limit.
+        candidates: feasible candidate groups considered.
+        solve_ms: wall time of the decision, ms.
+    """
+
+    groups: list[CoExecutionGroup]
+    cost_usd_per_h: float
+    exact: bool
+    candidates: int
+    solve_ms: float = 0.0
+    bound_usd_per_h: Optional[float] = None
+
+
+@dataclass
+class OptimalPartition:
+    """Offline optimum: the cheapest partition of a job set into feasible co-execution groups.
+
+    Candidate groups are all subsets of at most ``max_group_size`` jobs that
+    :func:`rollmux.admission.build_group` can lay out (memory residency and every member's SLO on
+    the worst-case round-robin schedule); their cost is that layout's price. Enumeration is
+    level-wise: a subset is tried only if all its subsets one job smaller are feasible (removing
+    a job from a feasible group never lengthens the others' round-robin iteration, so
+    feasibility is closed under taking subsets). CP-SAT then solves the set partitioning
+    ``min sum_S c_S x_S  s.t.  sum_{S ∋ j} x_S = 1``. Layouts are cached across calls by job set.
+
+    Exact up to ``exact_max_jobs`` active jobs (and within ``time_limit_s``); beyond, see
+    :class:`PartitionResult`. Source: RollMux §7.5 ("Opt", Table 5), DESIGN.md "Optimum".
+    """
+
+    cluster: ClusterSpec
+    max_group_size: int = 5
+    exact_max_jobs: int = 12
+    time_limit_s: float = 10.0
+    _layouts: dict = field(default_factory=dict, repr=False)
+
+    def layout(self, members: Sequence[tuple[JobSpec, PhaseProfile]]) -> Optional[CoExecutionGroup]:
+        """Cached min-cost feasible layout of ``members`` (``None`` if infeasible)."""
+        from rollmux.admission import build_group
+
+        key = frozenset(j.job_id for j, _ in members)
+        if key not in self._layouts:
+            self._layouts[key] = build_group(list(members), self.cluster)
+        return self._layouts[key]
+
+    def forget(self, job_id: str) -> None:
+        """Drop cached layouts that contain a departed job (bounds the cache)."""
+        for k in [k for k in self._layouts if job_id in k]:
+            del self._layouts[k]
+
+    def _candidates(self, members: Sequence[tuple[JobSpec, PhaseProfile]]) -> dict[frozenset, CoExecutionGroup]:
+        by_id = {j.job_id: (j, p) for j, p in members}
+        ids = sorted(by_id)
+        feas: dict[frozenset, CoExecutionGroup] = {}
+        level: list[frozenset] = []
+        for i in ids:
+            g = self.layout([by_id[i]])
+            if g is None:  # pragma: no cover - a job alone is always feasible
+                raise ValueError(f"job {i} cannot be laid out alone")
+            s = frozenset([i])
+            feas[s] = g
+            level.append(s)
+        for _size in range(2, self.max_group_size + 1):
+            nxt: set[frozenset] = set()
+            for s in level:
+                top = max(s)
+                for i in ids:
+                    if i <= top:
+                        continue
+                    t = s | {i}
+                    if t in nxt or any((t - {x}) not in feas for x in t):
+                        continue
+                    g = self.layout([by_id[x] for x in sorted(t, key=lambda x: ids.index(x))])
+                    if g is not None:
+                        feas[t] = g
+                        nxt.add(t)
+            level = sorted(nxt, key=sorted)
+            if not level:
+                break
+        return feas
+
+    def _solve_exact(self, members, deadline: float) -> PartitionResult:
+        from ortools.sat.python import cp_model
+
+        feas = self._candidates(members)
+        cols = list(feas.items())
+        price = [g.cost_usd_per_h(self.cluster) for _, g in cols]
+        model = cp_model.CpModel()
+        x = [model.NewBoolVar(f"x{i}") for i in range(len(cols))]
+        for j, _ in members:
+            model.AddExactlyOne(x[i] for i, (s, _) in enumerate(cols) if j.job_id in s)
+        model.Minimize(sum(round(p * 1000) * xi for p, xi in zip(price, x)))
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = max(0.05, deadline - time.perf_counter())
+        solver.parameters.num_workers = 1
+        status = solver.Solve(model)
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):  # pragma: no cover - singletons are feasible
+            groups = [feas[frozenset([j.job_id])] for j, _ in members]
+            return PartitionResult(groups, sum(g.cost_usd_per_h(self.cluster) for g in groups), False, len(cols))
+        chosen = [g for (s, g), xi in zip(cols, x) if solver.Value(xi)]
+        cost = sum(g.cost_usd_per_h(self.cluster) for g in chosen)
+        return PartitionResult(
+            chosen, cost, status == cp_model.OPTIMAL, len(cols), bound_usd_per_h=solver.BestObjectiveBound() / 1000.0
+        )
+
+    def solve(self, members: Sequence[tuple[JobSpec, PhaseProfile]]) -> PartitionResult:
+        """Cheapest partition of ``members`` (``(spec, worst-case profile)`` pairs, arrival order).
+
+        Returns:
+            :class:`PartitionResult` (``exact`` says whether it is proven optimal).
+        Raises:
+            ValueError: duplicate job ids.
+        """
+        t0 = time.perf_counter()
+        ids = [j.job_id for j, _ in members]
+        if len(set(ids)) != len(ids):
+            raise ValueError("OptimalPartition.solve: duplicate job ids")
+        if not members:
+            return PartitionResult([], 0.0, True, 0, 0.0, 0.0)
+        deadline = t0 + self.time_limit_s
+        if len(members) <= self.exact_max_jobs:
+            res = self._solve_exact(members, deadline)
+        else:
+            blocks = [members[i : i + self.exact_max_jobs] for i in range(0, len(members), self.exact_max_jobs)]
+            parts = [self._solve_exact(b, deadline) for b in blocks]
+            res = PartitionResult(
+                [g for p in parts for g in p.groups],
+                sum(p.cost_usd_per_h for p in parts),
+                False,
+                sum(p.candidates for p in parts),
+            )
+        res.solve_ms = (time.perf_counter() - t0) * 1000.0
+        return res
+
+
+#: Names of the group-forming policies run through A's InterGroupScheduler.
+SCHEDULER_POLICIES: tuple[str, ...] = ("rollmux", "random", "most-idle")
+#: Every policy the simulator knows.
+POLICY_NAMES: tuple[str, ...] = ("rollmux", "solo-d", "colocated", "gavel+", "random", "most-idle", "optimal")
+
+
+def check_policy(name: str) -> str:
+    """Return ``name`` if it is a known policy, else raise ValueError listing the known ones."""
+    if name not in POLICY_NAMES:
+        raise ValueError(f"unknown policy {name!r}; known policies: {', '.join(POLICY_NAMES)}")
+    return name
+
+
+UnitFn = Callable[[JobSpec, ClusterSpec], Unit]
+#: Per-job (non-grouping) baselines.
+PER_JOB_UNITS: dict[str, UnitFn] = {
+    "colocated": colocated_unit,
+    "gavel+": gavel_unit,
+}

@@ -1,0 +1,383 @@
+"""Intra-group schedule: round-robin meta-iterations simulated on phase times (RollMux §4.3).
+
+:func:`simulate_group` drives :class:`rollmux.round_robin.RoundRobinQueues` with simulated time
+and returns a :class:`GroupSchedule`: the timeline (one :class:`PhaseRecord` per phase and node),
+each job's steady-state co-execution iteration time ``t_coexec_s``, the meta-iteration time and
+per-pool busy / bubble fractions. The admission SLO check (Alg. 1 line 10) calls it on worst-case
+profiles; the simulator's ``--stochastic`` mode passes per-iteration :class:`IterationTimes`
+(with ``t_trigger_s``) and a :class:`LongTailPolicy` to model long-tail migration.
+
+Group-level quantities (DESIGN.md "Saturation pruning"; the seed has the inequality reversed):
+``T_cycle(G) = max_j T_solo_j``; ``T_load(G)`` = max over nodes of the phase times pinned to the
+node (rollout nodes: rollouts; training nodes: training + sync, which holds the training slot);
+``G`` is saturated iff ``T_load >= T_cycle``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
+
+from rollmux.models import CoExecutionGroup, GroupMember, PhaseProfile
+from rollmux.round_robin import RoundRobinQueues
+
+
+@dataclass(frozen=True)
+class IterationTimes:
+    """One iteration's realised phase times, seconds.
+
+    ``t_trigger_s`` (optional, relative to the rollout's start): when the trigger fraction of
+    the rollout's responses is done, i.e. when long-tail migration may fire.
+    """
+
+    t_roll_s: float
+    t_train_s: float
+    t_sync_s: float = 0.0
+    t_trigger_s: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        for name in ("t_roll_s", "t_train_s", "t_sync_s"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v}")
+
+
+@dataclass(frozen=True)
+class PhaseRecord:
+    """One phase of one job on one node: ``[start_s, end_s)`` of meta-iteration ``iteration``."""
+
+    job_id: str
+    phase: str
+    pool: str
+    node: str
+    iteration: int
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class LongTailPolicy:
+    """Long-tail migration (RollMux §4.3, Fig. 7).
+
+    When ``trigger_fraction`` of a rollout's responses are done, its unfinished responses are
+    consolidated onto ``tail_gpus`` GPUs of the job and the other GPUs are released to the next
+    queued rollout; the migration costs ``migration_overhead_s`` (re-prefill of the stragglers'
+    context), added to the migrated rollout's end. While the tail runs, a rollout started on the
+    same nodes progresses at the freed fraction of the nodes' speed.
+    """
+
+    trigger_fraction: float = 0.8
+    tail_gpus: int = 1
+    migration_overhead_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.trigger_fraction <= 1.0:
+            raise ValueError(f"trigger_fraction must be in (0, 1], got {self.trigger_fraction}")
+        if self.tail_gpus < 1:
+            raise ValueError(f"tail_gpus must be >= 1, got {self.tail_gpus}")
+        if self.migration_overhead_s < 0:
+            raise ValueError(f"migration_overhead_s must be >= 0, got {self.migration_overhead_s}")
+
+    def should_migrate(self, done_responses: int, total_responses: int) -> bool:
+        """True once the rollout is tail-bound (``done/total >= trigger_fraction``) and unfinished
+        responses remain; used by the GroupController on progress reports."""
+        if total_responses <= 0:
+            return False
+        return done_responses < total_responses and done_responses >= self.trigger_fraction * total_responses
+
+    def split_workers(self, workers: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """``(tail_workers, freed_workers)``: the first ``tail_gpus`` workers keep the stragglers."""
+        k = max(1, min(self.tail_gpus, len(workers)))
+        return tuple(workers[:k]), tuple(workers[k:])
+
+    def held_fraction(self, job_gpus: int) -> float:
+        """Fraction of the job's rollout capacity kept by the tail."""
+        return min(1.0, self.tail_gpus / max(1, job_gpus))
+
+    def worthwhile(self, t_roll_s: float, t_trigger_s: Optional[float]) -> bool:
+        """Migrate only if the tail lasts longer than the migration overhead."""
+        return t_trigger_s is not None and t_trigger_s + self.migration_overhead_s < t_roll_s
+
+
+@dataclass
+class GroupSchedule:
+    """Result of :func:`simulate_group`.
+
+    Attributes:
+        timeline: phase records (empty when ``record_timeline=False``).
+        t_coexec_s: per job, mean iteration time over the steady-state window (seconds).
+        t_coexec_max_s: per job, the longest single iteration in that window.
+        t_solo_s: per job, solo iteration time of its planning profile.
+        t_meta_s: meta-iteration time = max_j t_coexec_s (every member iterates once per meta-iteration).
+        busy_fraction / bubble_fraction: per pool (``"rollout"``, ``"train"``), node-time fraction
+            busy / idle over the steady-state window.
+        iterations: completed iterations per job; horizon_s: end of the simulation.
+    """
+
+    timeline: list[PhaseRecord]
+    t_coexec_s: dict[str, float]
+    t_coexec_max_s: dict[str, float]
+    t_solo_s: dict[str, float]
+    t_meta_s: float
+    busy_fraction: dict[str, float]
+    bubble_fraction: dict[str, float]
+    iterations: dict[str, int]
+    horizon_s: float
+    window_s: tuple[float, float] = (0.0, 0.0)
+    migrations: int = 0
+
+    def slowdown(self, job_id: str) -> float:
+        """``t_coexec / t_solo`` of ``job_id`` (KeyError if unknown)."""
+        return self.t_coexec_s[job_id] / self.t_solo_s[job_id]
+
+    @property
+    def slowdowns(self) -> dict[str, float]:
+        return {j: self.slowdown(j) for j in self.t_coexec_s}
+
+
+# --- group-level quantities ----------------------------------------------------------------------
+
+def _members_of(g: Union[CoExecutionGroup, Sequence[GroupMember]]) -> Sequence[GroupMember]:
+    return g.members if isinstance(g, CoExecutionGroup) else g
+
+
+def node_loads(group: Union[CoExecutionGroup, Sequence[GroupMember]]) -> dict[str, float]:
+    """Seconds of work per meta-iteration pinned to each node (rollout nodes: ``t_roll``;
+    training nodes: ``t_train + t_sync``). Source: RollMux §4.2 (3), DESIGN.md T_load."""
+    loads: dict[str, float] = {}
+    for m in _members_of(group):
+        for n in m.placement.rollout_nodes:
+            loads[n] = loads.get(n, 0.0) + m.profile.t_roll_s
+        for n in m.placement.train_nodes:
+            loads[n] = loads.get(n, 0.0) + m.profile.t_train_s + m.profile.t_sync_s
+    return loads
+
+
+def t_cycle(group: Union[CoExecutionGroup, Sequence[GroupMember]]) -> float:
+    """``T_cycle(G) = max_j T_solo_j`` seconds (0 for an empty group)."""
+    return max((m.profile.t_solo_s for m in _members_of(group)), default=0.0)
+
+
+def t_load(group: Union[CoExecutionGroup, Sequence[GroupMember]]) -> float:
+    """``T_load(G)`` = the busiest node's work per meta-iteration, seconds."""
+    return max(node_loads(group).values(), default=0.0)
+
+
+def is_saturated(group: Union[CoExecutionGroup, Sequence[GroupMember]]) -> bool:
+    """``T_load(G) >= T_cycle(G)``: no slack left to absorb another job (RollMux §4.2 (3),
+    with the inequality as in DESIGN.md). An empty group is not saturated."""
+    members = _members_of(group)
+    return bool(members) and t_load(members) >= t_cycle(members)
+
+
+# --- simulation ----------------------------------------------------------------------------------
+
+TimesFn = Callable[[str, int], Union[IterationTimes, PhaseProfile]]
+
+
+def _times_fn(members: Sequence[GroupMember], phase_times) -> TimesFn:
+    prof = {m.spec.job_id: m.profile for m in members}
+    if phase_times is None:
+        return lambda j, i: prof[j]
+    if callable(phase_times):
+        return phase_times
+    table: Mapping[str, Sequence] = phase_times
+
+    def f(j: str, i: int):
+        seq = table.get(j)
+        return seq[i % len(seq)] if seq else prof[j]
+
+    return f
+
+
+def _finish(start: float, dur: float, tails: list[tuple[float, float]]) -> float:
+    """End of a phase of full-speed length ``dur`` started at ``start`` while long tails hold
+    fractions of the node until their ends (``tails``: (end, held_fraction))."""
+    t, left = start, dur
+    for end, _ in sorted(x for x in tails if x[0] > start):
+        rate = max(0.05, 1.0 - sum(f for e, f in tails if e > t))
+        if left <= (end - t) * rate:
+            return t + left / rate
+        left -= (end - t) * rate
+        t = end
+    return t + left
+
+
+def simulate_group(
+    members: Union[CoExecutionGroup, Sequence[GroupMember]],
+    meta_iterations: Optional[int] = None,
+    phase_times: Union[None, TimesFn, Mapping[str, Sequence[Union[IterationTimes, PhaseProfile]]]] = None,
+    long_tail: Optional[LongTailPolicy] = None,
+    *,
+    record_timeline: bool = True,
+    max_events: int = 1_000_000,
+) -> GroupSchedule:
+    """Simulate the round-robin meta-iterations of a group (RollMux §4.3, Alg. 1 line 10).
+
+    Args:
+        members: group members in admission (= round-robin) order, or a CoExecutionGroup.
+        meta_iterations: iterations every job completes (default ``2n + 4`` for ``n`` members);
+            ``t_coexec_s`` averages over the second half (the steady state).
+        phase_times: per-iteration times: ``None`` (each member's profile, deterministic), a
+            callable ``(job_id, iteration) -> IterationTimes | PhaseProfile`` or a mapping
+            ``job_id -> sequence`` (cycled).
+        long_tail: enable long-tail migration for iterations whose times carry ``t_trigger_s``.
+        record_timeline: False skips the per-node records (admission's fast path).
+    Returns:
+        GroupSchedule. Raises ValueError on an empty group, duplicate job ids or
+        ``meta_iterations < 2``; RuntimeError if the queues deadlock or ``max_events`` is hit.
+    """
+    members = list(_members_of(members))
+    if not members:
+        raise ValueError("simulate_group needs at least one member")
+    n = len(members)
+    m_it = 2 * n + 4 if meta_iterations is None else int(meta_iterations)
+    if m_it < 2:
+        raise ValueError(f"meta_iterations must be >= 2, got {m_it}")
+    times = _times_fn(members, phase_times)
+    q = RoundRobinQueues()
+    gpus: dict[str, int] = {}
+    for mb in members:
+        q.add_job(mb.spec.job_id, mb.placement.rollout_nodes, mb.placement.train_nodes, has_sync=True)
+        gpus[mb.spec.job_id] = mb.spec.num_rollout_gpus
+    if len(gpus) != n:
+        raise ValueError("duplicate job ids in group")
+    pool_nodes = {"rollout": set(), "train": set()}
+    for mb in members:
+        pool_nodes["rollout"].update(mb.placement.rollout_nodes)
+        pool_nodes["train"].update(mb.placement.train_nodes)
+
+    timeline: list[PhaseRecord] = []
+    busy: list[tuple[str, float, float, int]] = []  # (pool, start, end, nodes)
+    done_at: dict[str, list[float]] = {j: [0.0] for j in gpus}
+    cur: dict[str, IterationTimes] = {}
+    tails: dict[str, list[tuple[float, float]]] = {}
+    heap: list[tuple[float, int, str, str]] = []
+    seq = 0
+    now = 0.0
+    migrations = 0
+
+    def start_ready() -> None:
+        nonlocal seq, migrations
+        for rp in q.ready():
+            j, ph = rp.job_id, rp.phase
+            if ph == "rollout":
+                if q.iteration(j) >= m_it and min(len(v) - 1 for v in done_at.values()) >= m_it:
+                    continue
+                it = times(j, q.iteration(j))
+                if isinstance(it, PhaseProfile):
+                    it = IterationTimes(it.t_roll_s, it.t_train_s, it.t_sync_s)
+                cur[j] = it
+                dur = it.t_roll_s
+                migrate = long_tail is not None and long_tail.worthwhile(it.t_roll_s, it.t_trigger_s)
+                if migrate:
+                    dur += long_tail.migration_overhead_s
+                ts = [x for nd in rp.nodes for x in tails.get(nd, ()) if x[0] > now]
+                end = _finish(now, dur, ts) if ts else now + dur
+                if migrate:
+                    rel = now + it.t_trigger_s + long_tail.migration_overhead_s
+                    heapq.heappush(heap, (rel, seq, j, "release"))
+                    seq += 1
+                    migrations += 1
+            else:
+                it = cur[j]
+                end = now + (it.t_train_s if ph == "train" else it.t_sync_s)
+            q.grant(j, ph)
+            heapq.heappush(heap, (end, seq, j, ph))
+            seq += 1
+            busy.append((rp.pool, now, end, len(rp.nodes)))
+            if record_timeline:
+                for nd in rp.nodes:
+                    timeline.append(PhaseRecord(j, ph, rp.pool, nd, rp.iteration, now, end))
+
+    start_ready()
+    events = 0
+    while heap:
+        events += 1
+        if events > max_events:
+            raise RuntimeError(f"simulate_group: more than {max_events} events")
+        now, _, j, ph = heapq.heappop(heap)
+        if ph == "release":
+            if q.next_phase(j) == "rollout" and q.is_running(j):
+                q.release(j)
+                held = long_tail.held_fraction(gpus[j])  # type: ignore[union-attr]
+                end = next(e for e, _, jj, pp in heap if jj == j and pp == "rollout")
+                for nd in q._jobs[j].rollout_nodes:  # noqa: SLF001 - same package
+                    tails.setdefault(nd, []).append((end, held))
+        else:
+            q.on_phase_done(j, ph, now)
+            if ph == "sync":
+                done_at[j].append(now)
+        start_ready()
+        if all(len(v) - 1 >= m_it for v in done_at.values()) and not any(p in ("train", "sync") for _, _, _, p in heap):
+            break
+    if any(len(v) - 1 < m_it for v in done_at.values()):
+        raise RuntimeError("simulate_group: round-robin queues deadlocked")  # pragma: no cover
+
+    h = m_it // 2
+    t_co, t_co_max = {}, {}
+    for j, c in done_at.items():
+        t_co[j] = (c[m_it] - c[h]) / (m_it - h)
+        t_co_max[j] = max(c[i + 1] - c[i] for i in range(h, m_it))
+    ref = done_at[members[0].spec.job_id]  # (m_it - h) whole periods of the steady state
+    w0, w1 = ref[h], ref[m_it]
+    busy_frac, bubble = {}, {}
+    for pool in ("rollout", "train"):
+        tot = sum(max(0.0, min(e, w1) - max(s, w0)) * k for p, s, e, k in busy if p == pool)
+        cap = len(pool_nodes[pool]) * (w1 - w0)
+        busy_frac[pool] = min(1.0, tot / cap) if cap > 0 else 0.0
+        bubble[pool] = 1.0 - busy_frac[pool]
+    return GroupSchedule(
+        timeline=timeline,
+        t_coexec_s=t_co,
+        t_coexec_max_s=t_co_max,
+        t_solo_s={mb.spec.job_id: mb.profile.t_solo_s for mb in members},
+        t_meta_s=max(t_co.values()),
+        busy_fraction=busy_frac,
+        bubble_fraction=bubble,
+        iterations={j: len(c) - 1 for j, c in done_at.items()},
+        horizon_s=now,
+        window_s=(w0, w1),
+        migrations=migrations,
+    )
+
+
+# --- cached steady state for admission ---------------------------------------------------------
+
+def _canonical(members: Sequence[GroupMember]) -> tuple:
+    names: dict[str, int] = {}
+    key = []
+    for mb in members:
+        p = mb.profile
+        r = tuple(names.setdefault(x, len(names)) for x in mb.placement.rollout_nodes)
+        t = tuple(names.setdefault(x, len(names)) for x in mb.placement.train_nodes)
+        key.append((p.t_roll_s, p.t_train_s, p.t_sync_s, r, t))
+    return tuple(key)
+
+
+@lru_cache(maxsize=65536)
+def _coexec_cached(key: tuple) -> tuple[float, ...]:
+    from rollmux.models import JobSpec, Placement
+
+    mems = []
+    for i, (tr, tt, ts, r, t) in enumerate(key):
+        jid = f"j{i}"
+        mems.append(GroupMember(
+            spec=JobSpec(job_id=jid, model_params_b=1.0),
+            profile=PhaseProfile(t_roll_s=tr, t_train_s=tt, t_sync_s=ts),
+            placement=Placement(job_id=jid, rollout_nodes=tuple(f"rollout-{x}" for x in r), train_nodes=tuple(f"train-{x}" for x in t)),
+        ))
+    s = simulate_group(mems, record_timeline=False)
+    return tuple(s.t_coexec_s[f"j{i}"] for i in range(len(key)))
+
+
+def coexec_times(members: Sequence[GroupMember]) -> dict[str, float]:
+    """Steady-state ``t_coexec_s`` per job on the members' planning profiles, memoised on the
+    group's structure (profiles and node sharing pattern), so unchanged groups are never
+    re-simulated. Used by admission's SLO check (Alg. 1 line 10)."""
+    members = list(members)
+    vals = _coexec_cached(_canonical(members))
+    return {mb.spec.job_id: v for mb, v in zip(members, vals)}

@@ -1,0 +1,468 @@
+"""The phase API: decorate an ordinary RL loop so RollMux can multiplex its phases.
+
+A user writes one script; it runs *solo* (plain Python, in this process) or *scheduled* (attached to
+the RollMux ``GlobalScheduler`` on a Ray cluster) without change::
+
+    job = rollmux.Job(spec)                       # spec: rollmux.models.JobSpec (or a dict)
+
+    @job.state("rollout")                         # zero-arg builder of the rollout-side state dict
+    def build_rollout(): return {"policy": model, "gen": torch.Generator().manual_seed(0)}
+    @job.state("train")
+    def build_train(): return {"policy": model, "optimizer": opt}
+
+    @job.phase("rollout")
+    def rollout(state, iteration, hook): ...; hook.progress(done, total); return samples
+    @job.phase("train")
+    def train(state, samples): ...; return {"loss": ...}
+    @job.phase("sync")
+    def publish(train_state): return {name: tensor}
+    @job.apply_weights
+    def apply(rollout_state, weights): ...
+
+    with job:
+        for it in range(n):
+            metrics = train(rollout(it)); publish()
+
+Calling a decorated phase blocks for the phase permit of the job's co-execution group (scheduled
+mode), warm-starts the phase state (Ray object store -> "device": the worker process heap),
+runs the function, offloads the state back and releases the permit (RollMux §5 "phase API",
+DESIGN.md "Execution plane"). In plain mode the state simply stays in this process.
+
+State conventions (both modes):
+- A builder returns a ``dict``; it runs once (the cold start) where the state lives.
+- Between phases every state value is stored in the Ray object store, except values carrying a
+  truthy ``rollmux_resident`` attribute (the job's *control plane*: a vLLM engine, a collectives
+  endpoint, an environment handle), which stay alive in the worker process.
+- Around each phase the runtime calls ``offload()`` (else ``sleep()``) on every value that has it
+  when the phase ends, and ``load()`` (else ``wake_up()``/``wake()``) when a phase warm-starts.
+- All randomness must live in the state (e.g. a ``torch.Generator``), never in global RNG, so a
+  co-executed run is bit-identical to a solo run with the same seed. Phases compute on one thread
+  (``torch.set_num_threads(1)``) in both modes for the same reason.
+
+Mode selection (``Job(spec, attach=None)``): scheduled when ``attach=True``, or when
+``attach=None`` and env ``ROLLMUX_ATTACH=1`` or ``ROLLMUX_JOB_ID`` is set and a Ray cluster with
+the GlobalScheduler is reachable; plain otherwise. ``ROLLMUX_JOB_ID`` attaches to an already
+admitted job id instead of admitting the spec. This module imports no Ray; the scheduled mode
+lives in :mod:`actors.runtime_client`, imported lazily.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import threading
+import time
+import warnings
+from typing import Any, Callable, Literal, Optional
+
+from rollmux.models import JobSpec, PhaseName, PoolName
+
+log = logging.getLogger("rollmux.phase_api")
+
+SwitchKind = Literal["warm", "cold"]
+POOL_OF_PHASE: dict[str, PoolName] = {"rollout": "rollout", "train": "train", "sync": "train"}
+_PHASES = ("rollout", "train", "sync")
+
+__all__ = [
+    "Job",
+    "PhaseFailed",
+    "AdmissionRefused",
+    "RuntimeHook",
+    "phase",
+    "runtime_hook",
+    "current_job",
+    "is_resident",
+    "split_state",
+    "state_suspend",
+    "state_resume",
+]
+
+
+class AdmissionRefused(RuntimeError):
+    """The scheduler refused the job. ``decision`` is ``AdmissionDecision.to_dict()`` (code, reason)."""
+
+    def __init__(self, decision: dict):
+        self.decision = decision
+        super().__init__(
+            f"job {decision.get('job_id')!r} refused ({decision.get('code')}): {decision.get('reason')}"
+        )
+
+
+class PhaseFailed(RuntimeError):
+    """A phase could not run (job already finished/failed, permit lost, worker died)."""
+
+
+def is_resident(value: Any) -> bool:
+    """True for control-plane objects that stay in the worker process between phases.
+
+    Only values carrying a truthy ``rollmux_resident`` attribute (e.g. a vLLM engine, a
+    collectives endpoint, an environment handle) are resident; everything else is stored.
+    """
+    return bool(getattr(value, "rollmux_resident", False))
+
+
+def split_state(state: dict) -> tuple[dict, dict]:
+    """Split a phase-state dict into (storable, resident) parts. Raises TypeError if not a dict."""
+    if not isinstance(state, dict):
+        raise TypeError(f"a phase state must be a dict, got {type(state).__name__}")
+    resident = {k: v for k, v in state.items() if is_resident(v)}
+    return {k: v for k, v in state.items() if k not in resident}, resident
+
+
+def _hook_of(value: Any, names: tuple[str, ...]) -> Optional[Callable[[], None]]:
+    if isinstance(value, (dict, list, tuple, str, bytes)):
+        return None
+    for n in names:
+        fn = getattr(value, n, None)
+        if callable(fn):
+            return fn
+    return None
+
+
+def state_suspend(state: dict) -> None:
+    """End of a phase: call ``offload()`` (else ``sleep()``) on every state value that has one."""
+    for v in state.values():
+        fn = _hook_of(v, ("offload", "sleep"))
+        if fn is not None:
+            fn()
+
+
+def state_resume(state: dict) -> None:
+    """Start of a phase (warm start): call ``load()`` (else ``wake()``/``wake_up()``) on every value."""
+    for v in state.values():
+        fn = _hook_of(v, ("load", "wake_up", "wake"))
+        if fn is not None:
+            fn()
+
+
+class RuntimeHook:
+    """The runtime hook handed to a rollout phase (RollMux §5: progress drives long-tail migration).
+
+    ``progress(done, total)``: ``done`` of ``total`` responses of this rollout have finished.
+    Raises ValueError when ``0 <= done <= total`` and ``total > 0`` do not hold.
+    """
+
+    def __init__(self, job_id: str, phase: str, iteration: int, emit: Callable[[dict], None]):
+        self.job_id, self.phase, self.iteration = job_id, phase, iteration
+        self._emit = emit
+        self.last_progress: Optional[tuple[int, int]] = None
+
+    def progress(self, done: int, total: int) -> None:
+        if total <= 0 or not 0 <= done <= total:
+            raise ValueError(f"progress: need 0 <= done <= total and total > 0, got done={done}, total={total}")
+        self.last_progress = (int(done), int(total))
+        self._emit({"event": "progress", "job_id": self.job_id, "phase": self.phase,
+                    "iteration": self.iteration, "done": int(done), "total": int(total), "t": time.time()})
+
+
+def call_phase(fn: Callable, phase: str, state: dict, args: tuple, kwargs: dict, hook: Optional[RuntimeHook]):
+    """Invoke a user phase function with the contract's signature (shared by both modes).
+
+    rollout: ``fn(state, *args, hook=hook)`` if ``fn`` has a ``hook`` parameter, else ``fn(state, *args)``;
+    train / sync: ``fn(state, *args, **kwargs)``.
+    """
+    if phase == "rollout" and hook is not None and _accepts_hook(fn):
+        kwargs = {**kwargs, "hook": hook}
+    return fn(state, *args, **kwargs)
+
+
+def _accepts_hook(fn: Callable) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "hook" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def one_thread():
+    """Context manager: torch computes on one thread inside (no-op without torch)."""
+    return _OneThread()
+
+
+class _OneThread:
+    def __enter__(self):
+        try:
+            import torch
+        except ImportError:  # pragma: no cover
+            self._prev = None
+            return self
+        self._prev = torch.get_num_threads()
+        torch.set_num_threads(1)
+        return self
+
+    def __exit__(self, *exc):
+        if self._prev is not None:
+            import torch
+
+            torch.set_num_threads(self._prev)
+        return False
+
+
+class _PlainRuntime:
+    """Solo mode: every phase runs in this process; states stay resident; a timeline is kept."""
+
+    mode = "plain"
+
+    def __init__(self, job: "Job"):
+        self.job = job
+        self.states: dict[str, dict] = {}
+        self.timeline: list[dict] = []
+        self._t0 = time.time()
+
+    def _state(self, pool: PoolName) -> tuple[dict, str]:
+        if pool not in self.states:
+            builder = self.job._builders.get(pool)
+            if builder is None:
+                raise PhaseFailed(f"job {self.job.job_id!r}: no @job.state({pool!r}) builder registered")
+            with one_thread():
+                st = builder()
+            split_state(st)  # validates the dict shape
+            self.states[pool] = st
+            return st, "cold"
+        return self.states[pool], "resident"
+
+    def run(self, phase: PhaseName, args: tuple, kwargs: dict) -> Any:
+        job = self.job
+        it = job.iteration
+        job._emit({"event": "granted", "job_id": job.job_id, "phase": phase, "iteration": it})
+        t0 = time.time()
+        if phase == "sync":
+            tstate, k1 = self._state("train")
+            rstate, k2 = self._state("rollout")
+            t1 = time.time()
+            with one_thread():
+                weights = call_phase(job._phases["sync"], "sync", tstate, args, kwargs, None)
+                if job._apply is not None:
+                    job._apply(rstate, weights)
+            result, kind = None, ("cold" if "cold" in (k1, k2) else "resident")
+        else:
+            pool = POOL_OF_PHASE[phase]
+            state, kind = self._state(pool)
+            t1 = time.time()
+            hook = RuntimeHook(job.job_id, phase, it, job._emit)
+            with one_thread():
+                result = call_phase(job._phases[phase], phase, state, args, kwargs, hook)
+        t2 = time.time()
+        self.timeline.append({
+            "job_id": job.job_id, "phase": phase, "pool": POOL_OF_PHASE[phase], "node": "local",
+            "iteration": it, "start_s": t0 - self._t0, "end_s": t2 - self._t0, "start": t0, "end": t2,
+            "switch": kind, "switch_s": t1 - t0, "ok": True,
+        })
+        return result
+
+    def finish(self, ok: bool, error: Optional[str]) -> None:
+        self.states.clear()
+
+
+class Job:
+    """One RL job using the phase API (RollMux §5). See the module docstring for the contract.
+
+    Args:
+        spec: the job's :class:`~rollmux.models.JobSpec` (or a dict validated into one).
+        attach: ``True`` scheduled (raise if no scheduler reachable), ``False`` plain,
+            ``None`` decided from env ``ROLLMUX_ATTACH`` / ``ROLLMUX_JOB_ID``.
+        switch: ``"warm"`` keeps phase states in the object store between phases; ``"cold"``
+            rebuilds each phase's state from a checkpoint on disk (builder + saved state).
+        checkpoint_dir: where cold-start checkpoints go (default env ``ROLLMUX_CKPT_DIR`` or a
+            temp dir); must be on a path every node sees for multi-machine clusters.
+        scheduler_name: the GlobalScheduler actor name (default the contract's fixed name).
+        job_id: attach to this already admitted job id instead of admitting ``spec``.
+    Raises:
+        pydantic.ValidationError: invalid spec. AdmissionRefused: the scheduler refused the job.
+        ValueError: unknown ``switch``.
+    """
+
+    def __init__(self, spec: JobSpec | dict, *, attach: Optional[bool] = None, switch: SwitchKind = "warm",
+                 checkpoint_dir: Optional[str] = None, scheduler_name: Optional[str] = None,
+                 job_id: Optional[str] = None):
+        global _CURRENT
+        self.spec = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec)
+        if switch not in ("warm", "cold"):
+            raise ValueError(f"switch must be 'warm' or 'cold', got {switch!r}")
+        self.switch: SwitchKind = switch
+        self.checkpoint_dir = checkpoint_dir or os.environ.get("ROLLMUX_CKPT_DIR")
+        self.scheduler_name = scheduler_name or os.environ.get("ROLLMUX_SCHEDULER_NAME")
+        self.attach_job_id = job_id or os.environ.get("ROLLMUX_JOB_ID") or None
+        self._builders: dict[str, Callable[[], dict]] = {}
+        self._phases: dict[str, Callable] = {}
+        self._apply: Optional[Callable] = None
+        self._hooks: list[Callable[[dict], None]] = list(_PENDING_HOOKS)
+        _PENDING_HOOKS.clear()
+        self.iteration = 0
+        self.state_name = "created"  # created | running | finished | failed
+        self.error: Optional[str] = None
+        self._lock = threading.Lock()
+        self._runtime = self._select_runtime(attach)
+        _CURRENT = self
+
+    # ---- identity / mode
+    @property
+    def job_id(self) -> str:
+        return self.attach_job_id or self.spec.job_id
+
+    @property
+    def mode(self) -> str:
+        """``"plain"`` (solo, in process) or ``"scheduled"`` (RollMux on Ray)."""
+        return self._runtime.mode
+
+    @property
+    def timeline(self) -> list[dict]:
+        """This job's phase records (job_id, phase, pool, node, iteration, start, end, switch, ...)."""
+        return list(self._runtime.timeline)
+
+    @property
+    def info(self) -> dict:
+        """Scheduler-side placement / group (scheduled mode), ``{}`` in plain mode."""
+        return dict(getattr(self._runtime, "info", {}) or {})
+
+    def _select_runtime(self, attach: Optional[bool]):
+        want = attach
+        if want is None:
+            want = os.environ.get("ROLLMUX_ATTACH", "") in ("1", "true", "yes") or bool(self.attach_job_id)
+            if not want:
+                return _PlainRuntime(self)
+            try:
+                from actors.runtime_client import scheduler_reachable
+
+                if not scheduler_reachable(self.scheduler_name):
+                    warnings.warn("ROLLMUX_ATTACH set but no RollMux scheduler is reachable: running solo",
+                                  RuntimeWarning, stacklevel=3)
+                    return _PlainRuntime(self)
+            except ImportError:
+                return _PlainRuntime(self)
+        if not want:
+            return _PlainRuntime(self)
+        from actors.runtime_client import ScheduledRuntime
+
+        return ScheduledRuntime(self)
+
+    # ---- decorators
+    def state(self, pool: PoolName) -> Callable[[Callable[[], dict]], Callable[[], dict]]:
+        """Register the zero-arg builder of the ``pool`` ("rollout" | "train") state dict."""
+        if pool not in ("rollout", "train"):
+            raise ValueError(f"state pool must be 'rollout' or 'train', got {pool!r}")
+
+        def deco(fn):
+            self._builders[pool] = fn
+            return fn
+
+        return deco
+
+    def phase(self, name: PhaseName) -> Callable[[Callable], Callable]:
+        """Decorate a phase function; the returned callable runs the phase under RollMux.
+
+        rollout ``fn(state, iteration, hook)``; train ``fn(state, samples) -> metrics``;
+        sync ``fn(train_state) -> {name: tensor}`` then ``apply_weights(rollout_state, weights)``.
+        Calling it: ``rollout(it)``, ``train(samples)``, ``publish()``.
+        Raises ValueError on an unknown phase name.
+        """
+        if name not in _PHASES:
+            raise ValueError(f"phase must be one of {_PHASES}, got {name!r}")
+
+        def deco(fn):
+            self._phases[name] = fn
+
+            @functools.wraps(fn)
+            def run(*args, **kwargs):
+                return self.run_phase(name, *args, **kwargs)
+
+            run.rollmux_phase = name  # type: ignore[attr-defined]
+            run.rollmux_job = self  # type: ignore[attr-defined]
+            return run
+
+        return deco
+
+    def apply_weights(self, fn: Callable[[dict, dict], None]) -> Callable[[dict, dict], None]:
+        """Register ``fn(rollout_state, weights)`` applying synced weights on the rollout side."""
+        self._apply = fn
+        return fn
+
+    def runtime_hook(self, fn: Callable[[dict], None]) -> Callable[[dict], None]:
+        """Register a callback for runtime events (``event``: granted | done | progress | failed)."""
+        self._hooks.append(fn)
+        return fn
+
+    # ---- running
+    def _emit(self, event: dict) -> None:
+        for h in list(self._hooks):
+            try:
+                h(event)
+            except Exception:  # a user's hook must not break the job
+                log.exception("runtime hook %r raised", h)
+
+    def run_phase(self, name: PhaseName, *args, **kwargs) -> Any:
+        """Run one phase now (blocking): permit, warm start, run, offload, release.
+
+        Raises: PhaseFailed if the job is finished/failed or the phase was never registered;
+        any exception raised by the phase function itself (the job is then reported failed).
+        """
+        if self.state_name in ("finished", "failed"):
+            raise PhaseFailed(f"job {self.job_id!r} is {self.state_name}; no more phases")
+        if name not in self._phases:
+            raise PhaseFailed(f"job {self.job_id!r}: no @job.phase({name!r}) registered")
+        with self._lock:
+            self.state_name = "running"
+            try:
+                result = self._runtime.run(name, args, kwargs)
+            except BaseException as e:
+                self.fail(e)
+                raise
+            self._emit({"event": "done", "job_id": self.job_id, "phase": name, "iteration": self.iteration})
+            if name == self._last_phase():
+                self.iteration += 1
+            return result
+
+    def _last_phase(self) -> str:
+        return "sync" if "sync" in self._phases else "train"
+
+    def fail(self, error: BaseException | str) -> None:
+        """Report the job failed: resources are released; group-mates keep iterating."""
+        if self.state_name in ("finished", "failed"):
+            return
+        self.state_name = "failed"
+        self.error = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
+        self._emit({"event": "failed", "job_id": self.job_id, "error": self.error})
+        self._runtime.finish(False, self.error)
+
+    def finish(self) -> None:
+        """Report the job finished (departure: its nodes are released). Idempotent."""
+        if self.state_name in ("finished", "failed"):
+            return
+        self.state_name = "finished"
+        self._runtime.finish(True, None)
+
+    def __enter__(self) -> "Job":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is not None:
+            self.fail(exc)
+        else:
+            self.finish()
+        return False
+
+
+_CURRENT: Optional[Job] = None
+_PENDING_HOOKS: list[Callable[[dict], None]] = []
+
+
+def current_job() -> Job:
+    """The most recently created :class:`Job`. Raises RuntimeError when none exists."""
+    if _CURRENT is None:
+        raise RuntimeError("no rollmux.Job created yet: create one before using rollmux.phase")
+    return _CURRENT
+
+
+def phase(name: PhaseName) -> Callable[[Callable], Callable]:
+    """``@rollmux.phase(name)``: :meth:`Job.phase` on the current job (RollMux §5)."""
+    return current_job().phase(name)
+
+
+def runtime_hook(fn: Callable[[dict], None]) -> Callable[[dict], None]:
+    """``@rollmux.runtime_hook``: register ``fn(event)`` on the current job (or the next one created)."""
+    if _CURRENT is not None and _CURRENT.state_name not in ("finished", "failed"):
+        return _CURRENT.runtime_hook(fn)
+    _PENDING_HOOKS.append(fn)
+    return fn

@@ -1,0 +1,592 @@
+"""Trace-driven, event-driven simulator: replays job arrivals through a scheduling policy.
+
+Model (issue 2 "Simulator on real input"; RollMux §7.4–§7.5):
+
+* A job's work is its trace duration at solo speed: ``iterations = duration_s / T_solo``, with
+  ``T_solo`` its solo iteration time under the *realised* phase times.
+* Between two events (an arrival or a departure) group membership is fixed: every job advances at
+  ``1 / t_iter`` iterations per second, ``t_iter`` its realised co-execution iteration time in
+  its current unit (:class:`rollmux.baselines.Unit`), obtained by simulating the group's
+  round-robin meta-iterations (:func:`rollmux.intra_group.simulate_group`). When membership
+  changes, the affected rates change. A job departs when its iterations are done; its unit
+  releases GPUs (an empty group is dissolved by the scheduler).
+* Realisation. Deterministic (default, as in the paper's simulation §7.5): realised phase times
+  equal the worst-case planning times (``spec.measured`` of the drawn jobs). ``stochastic=True``:
+  each job gets ``stochastic_samples`` seeded iterations from
+  :func:`rollmux.profiler.sample_iteration` (long-tailed response lengths, clipped at the max
+  tokens); groups are simulated on them with :class:`rollmux.intra_group.LongTailPolicy`
+  migration, solo times are the mean of the same samples. The same job gets the same samples
+  under every policy.
+* Slowdown of a job = lifetime / trace duration (= lifetime-average co-execution iteration time
+  over its realised solo time); its SLO is met iff slowdown <= ``spec.slo``.
+* Cost: the sum of the units' $/h, integrated over time. ``avg_cost_usd_per_h`` divides the
+  integral by the *common* horizon (the last departure over all policies of a run), so averages
+  compare total spend. Bubble ratio per pool = idle GPU-seconds / provisioned GPU-seconds.
+* Decision latency: wall time of each arrival's placement decision (the scheduler's own
+  ``latency_ms``; the optimum's re-partition time; the per-job baselines' allocation time).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional, Sequence
+
+import numpy as np
+
+from rollmux import profiler
+from rollmux.baselines import (
+    PER_JOB_UNITS,
+    POLICY_NAMES,
+    OptimalPartition,
+    Unit,
+    check_policy,
+    solo_unit,
+)
+from rollmux.intra_group import IterationTimes, LongTailPolicy, PhaseRecord, simulate_group
+from rollmux.models import ClusterSpec, CoExecutionGroup, JobSpec, PhaseProfile
+from rollmux.workloads import SimJob
+
+#: Paper's reported cost ratios of Solo-D and colocated veRL to RollMux (RollMux §7.4, Fig. 13a).
+PAPER_RATIOS = {"solo-d_over_rollmux": 1.84, "colocated_over_rollmux": 1.38}
+_EPS = 1e-9
+
+
+# --- realisation of phase times -------------------------------------------------------------------
+
+
+class Realisation:
+    """Realised phase times of jobs and groups (deterministic or stochastic), cached.
+
+    Args:
+        cluster: the simulated cluster.
+        stochastic: draw long-tailed rollouts per iteration (see module docstring).
+        seed: seeds each job's samples (``(seed, crc32(job_id))``).
+        samples: iterations sampled per job in stochastic mode.
+        long_tail: migration policy used for stochastic group schedules.
+    """
+
+    def __init__(self, cluster: ClusterSpec, *, stochastic: bool = False, seed: int = 0, samples: int = 8,
+                 long_tail: Optional[LongTailPolicy] = None) -> None:
+        if samples < 1:
+            raise ValueError(f"samples must be >= 1, got {samples}")
+        self.cluster = cluster
+        self.stochastic = stochastic
+        self.seed = seed
+        self.samples = samples
+        self.long_tail = long_tail or LongTailPolicy()
+        self._iters: dict[str, list[IterationTimes]] = {}
+        self._units: dict[tuple, Unit] = {}
+        self._schedules: dict[tuple, object] = {}
+
+    def iterations_of(self, spec: JobSpec) -> list[IterationTimes]:
+        """The job's sampled iterations (stochastic) or its planning profile once (deterministic)."""
+        if spec.job_id not in self._iters:
+            prof = profiler.estimate(spec, self.cluster)
+            if not self.stochastic:
+                its = [IterationTimes(prof.t_roll_s, prof.t_train_s, prof.t_sync_s)]
+            else:
+                rng = np.random.default_rng([self.seed, zlib.crc32(spec.job_id.encode())])
+                its = [
+                    profiler.sample_iteration(spec, self.cluster, rng, trigger_fraction=self.long_tail.trigger_fraction, profile=prof)
+                    for _ in range(self.samples)
+                ]
+            self._iters[spec.job_id] = its
+        return self._iters[spec.job_id]
+
+    def mean_profile(self, spec: JobSpec) -> PhaseProfile:
+        """Mean realised phase times of ``spec`` (its own hardware), seconds."""
+        its = self.iterations_of(spec)
+        k = len(its)
+        return PhaseProfile(
+            t_roll_s=max(_EPS, sum(i.t_roll_s for i in its) / k),
+            t_train_s=max(_EPS, sum(i.t_train_s for i in its) / k),
+            t_sync_s=sum(i.t_sync_s for i in its) / k,
+        )
+
+    def solo_time_s(self, spec: JobSpec) -> float:
+        """Realised solo iteration time (mean over the samples), seconds."""
+        return self.mean_profile(spec).t_solo_s
+
+    def scale(self, spec: JobSpec, other: PhaseProfile) -> PhaseProfile:
+        """Realise a profile of the job on other hardware: each phase scaled by the job's
+        realised / worst-case ratio on its own hardware (1 in deterministic mode)."""
+        if not self.stochastic:
+            return other
+        w, m = profiler.estimate(spec, self.cluster), self.mean_profile(spec)
+        return PhaseProfile(
+            t_roll_s=other.t_roll_s * m.t_roll_s / w.t_roll_s,
+            t_train_s=other.t_train_s * m.t_train_s / w.t_train_s,
+            t_sync_s=other.t_sync_s,
+        )
+
+    @staticmethod
+    def _group_key(group: CoExecutionGroup) -> tuple:
+        return (group.rollout_nodes, group.train_nodes) + tuple(
+            (m.spec.job_id, m.placement.rollout_nodes, m.placement.train_nodes) for m in group.members
+        )
+
+    def schedule(self, group: CoExecutionGroup, *, record_timeline: bool = False):
+        """Realised round-robin schedule of ``group`` (:class:`rollmux.intra_group.GroupSchedule`)."""
+        key = self._group_key(group) + (record_timeline,)
+        if key not in self._schedules:
+            if self.stochastic:
+                times = {m.spec.job_id: self.iterations_of(m.spec) for m in group.members}
+                n = len(group.members)
+                self._schedules[key] = simulate_group(
+                    group, meta_iterations=max(2 * n + 4, 2 * self.samples), phase_times=times,
+                    long_tail=self.long_tail, record_timeline=record_timeline,
+                )
+            else:
+                self._schedules[key] = simulate_group(group, record_timeline=record_timeline)
+        return self._schedules[key]
+
+    def group_unit(self, group: CoExecutionGroup) -> Unit:
+        """The group as a simulator unit: its price, GPUs, realised iteration times, busy GPUs."""
+        key = self._group_key(group)
+        if key not in self._units:
+            c = self.cluster
+            s = self.schedule(group)
+            rg = len(group.rollout_nodes) * c.rollout_pool.node.gpus_per_node
+            tg = len(group.train_nodes) * c.train_pool.node.gpus_per_node
+            self._units[key] = Unit(
+                key=group.group_id,
+                job_ids=group.job_ids,
+                cost_usd_per_h=group.cost_usd_per_h(c),
+                rollout_gpus=rg,
+                train_gpus=tg,
+                iter_time_s=dict(s.t_coexec_s),
+                rollout_busy_gpus=rg * s.busy_fraction["rollout"],
+                train_busy_gpus=tg * s.busy_fraction["train"],
+            )
+        return self._units[key]
+
+    def forget(self, job_id: str) -> None:
+        """Drop cached schedules containing a departed job (bounds memory)."""
+        for cache in (self._units, self._schedules):
+            for k in [k for k in cache if any(isinstance(x, tuple) and x and x[0] == job_id for x in k)]:
+                del cache[k]
+
+
+# --- policies as seen by the simulator ------------------------------------------------------------
+
+
+class SimPolicy:
+    """Interface of a policy inside the replay: ``arrive`` / ``depart`` change state; ``units``
+    gives the current allocation. ``arrive`` returns the decision latency in ms."""
+
+    name: str = ""
+
+    def arrive(self, job: SimJob) -> float:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def depart(self, job_id: str) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def units(self) -> list[Unit]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def groups(self) -> list[CoExecutionGroup]:
+        """Current co-execution groups (empty for per-job baselines)."""
+        return []
+
+
+class SchedulerPolicy(SimPolicy):
+    """RollMux / random / most-idle: :class:`rollmux.admission.InterGroupScheduler` (Alg. 1 or
+    the greedy baselines), one admission per arrival, departures release GPUs."""
+
+    def __init__(self, name: str, cluster: ClusterSpec, real: Realisation, *, max_group_size: int = 5, seed: int = 0):
+        from rollmux.admission import InterGroupScheduler
+
+        self.name = name
+        self.real = real
+        self.sched = InterGroupScheduler(cluster, policy=name, max_group_size=max_group_size, seed=seed)
+        self.rejected: list[str] = []
+
+    def arrive(self, job: SimJob) -> float:
+        t0 = time.perf_counter()
+        d = self.sched.admit(job.spec, job.profile)
+        ms = getattr(d, "latency_ms", None)
+        if not d.admitted:
+            self.rejected.append(job.spec.job_id)
+            raise RuntimeError(f"{self.name}: job {job.spec.job_id} was refused ({d.code}: {d.reason}); "
+                               "the simulation cluster must be unbounded")
+        return float(ms) if ms is not None else (time.perf_counter() - t0) * 1000.0
+
+    def depart(self, job_id: str) -> None:
+        self.sched.depart(job_id)
+
+    def groups(self) -> list[CoExecutionGroup]:
+        gs = self.sched.groups
+        return list(gs.values()) if isinstance(gs, dict) else list(gs)
+
+    def units(self) -> list[Unit]:
+        return [self.real.group_unit(g) for g in self.groups() if g.members]
+
+
+class PerJobPolicy(SimPolicy):
+    """Solo-D, colocated, Gavel+: every job alone on its own allocation (no co-execution)."""
+
+    def __init__(self, name: str, cluster: ClusterSpec, real: Realisation):
+        self.name, self.cluster, self.real = name, cluster, real
+        self._units: dict[str, Unit] = {}
+
+    def arrive(self, job: SimJob) -> float:
+        t0 = time.perf_counter()
+        spec = job.spec
+        if self.name == "solo-d":
+            u = solo_unit(spec, self.real.mean_profile(spec), self.cluster)
+        else:
+            u = PER_JOB_UNITS[self.name](spec, self.cluster)
+            if self.real.stochastic:  # realise the chosen allocation's phase times
+                t_w = u.iter_time_s[spec.job_id]
+                f = self.real.solo_time_s(spec) / profiler.estimate(spec, self.cluster).t_solo_s
+                u = Unit(u.key, u.job_ids, u.cost_usd_per_h, u.rollout_gpus, u.train_gpus, {spec.job_id: t_w * f},
+                         u.rollout_busy_gpus, u.train_busy_gpus)
+        self._units[spec.job_id] = u
+        return (time.perf_counter() - t0) * 1000.0
+
+    def depart(self, job_id: str) -> None:
+        del self._units[job_id]
+
+    def units(self) -> list[Unit]:
+        return list(self._units.values())
+
+
+class OptimalPolicy(SimPolicy):
+    """Offline optimum: at every event, the cheapest partition of the active jobs into feasible
+    groups (:class:`rollmux.baselines.OptimalPartition`), re-partitioning allowed; a lower bound
+    on any online policy's cost at that instant where ``exact``."""
+
+    name = "optimal"
+
+    def __init__(self, cluster: ClusterSpec, real: Realisation, *, max_group_size: int = 5, exact_max_jobs: int = 10,
+                 time_limit_s: float = 5.0):
+        self.real = real
+        self.opt = OptimalPartition(cluster, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs,
+                                    time_limit_s=time_limit_s)
+        self._active: dict[str, SimJob] = {}
+        self._groups: list[CoExecutionGroup] = []
+        self.exact_events = 0
+        self.events = 0
+        self.last_exact = True
+
+    def _resolve(self) -> float:
+        res = self.opt.solve([(j.spec, j.profile) for j in self._active.values()])
+        self._groups = res.groups
+        self.events += 1
+        self.exact_events += int(res.exact)
+        self.last_exact = res.exact
+        return res.solve_ms
+
+    def arrive(self, job: SimJob) -> float:
+        self._active[job.spec.job_id] = job
+        return self._resolve()
+
+    def depart(self, job_id: str) -> None:
+        del self._active[job_id]
+        self.opt.forget(job_id)
+        self._resolve()
+
+    def groups(self) -> list[CoExecutionGroup]:
+        return list(self._groups)
+
+    def units(self) -> list[Unit]:
+        return [self.real.group_unit(g) for g in self._groups]
+
+
+def make_policy(name: str, cluster: ClusterSpec, real: Realisation, *, max_group_size: int = 5, seed: int = 0,
+                exact_max_jobs: int = 10) -> SimPolicy:
+    """Policy registry. Raises ValueError for an unknown name (message lists the known ones)."""
+    check_policy(name)
+    if name in ("rollmux", "random", "most-idle"):
+        return SchedulerPolicy(name, cluster, real, max_group_size=max_group_size, seed=seed)
+    if name == "optimal":
+        return OptimalPolicy(cluster, real, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs)
+    return PerJobPolicy(name, cluster, real)
+
+
+# --- the replay -----------------------------------------------------------------------------------
+
+
+@dataclass
+class JobOutcome:
+    """One job's life under a policy: arrival, departure, slowdown (lifetime / duration), SLO."""
+
+    job_id: str
+    arrival_s: float
+    departure_s: float
+    duration_s: float
+    slo: float
+
+    @property
+    def slowdown(self) -> float:
+        return (self.departure_s - self.arrival_s) / self.duration_s
+
+    @property
+    def slo_met(self) -> bool:
+        return self.slowdown <= self.slo * (1 + 1e-6)
+
+
+@dataclass
+class PolicyRun:
+    """Result of replaying a trace through one policy.
+
+    Attributes:
+        times_s / cost_usd_per_h / rollout_gpus / train_gpus: step series (value from ``times_s[i]``).
+        cost_usd: integral of cost over the replay, $.
+        rollout_gpu_s / train_gpu_s: provisioned GPU-seconds; ``*_busy_gpu_s`` busy ones.
+        end_s: last departure.
+        decision_ms: one latency per arrival.
+        outcomes: per job.
+        gantt_group / gantt_timeline: the largest group seen and its realised timeline (for plots).
+        extra: policy-specific facts (optimum exactness).
+    """
+
+    policy: str
+    times_s: list[float] = field(default_factory=list)
+    cost_usd_per_h: list[float] = field(default_factory=list)
+    rollout_gpus: list[int] = field(default_factory=list)
+    train_gpus: list[int] = field(default_factory=list)
+    cost_usd: float = 0.0
+    rollout_gpu_s: float = 0.0
+    train_gpu_s: float = 0.0
+    rollout_busy_gpu_s: float = 0.0
+    train_busy_gpu_s: float = 0.0
+    end_s: float = 0.0
+    decision_ms: list[float] = field(default_factory=list)
+    outcomes: dict[str, JobOutcome] = field(default_factory=dict)
+    gantt_group: Optional[CoExecutionGroup] = None
+    wall_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+    shadow_s: float = 0.0
+    shadow_policy_usd: float = 0.0
+    shadow_optimal_usd: float = 0.0
+
+    def metrics(self, horizon_s: Optional[float] = None) -> dict:
+        """The summary.json entry of this policy (keys fixed by issue 2)."""
+        h = horizon_s if horizon_s is not None else self.end_s
+        lat = np.asarray(self.decision_ms or [0.0])
+        outs = list(self.outcomes.values())
+        return {
+            "avg_cost_usd_per_h": self.cost_usd / (h / 3600.0) if h > 0 else 0.0,
+            "peak_cost_usd_per_h": max(self.cost_usd_per_h, default=0.0),
+            "slo_attainment": sum(o.slo_met for o in outs) / len(outs) if outs else 1.0,
+            "peak_rollout_gpus": int(max(self.rollout_gpus, default=0)),
+            "peak_train_gpus": int(max(self.train_gpus, default=0)),
+            "rollout_bubble_ratio": 1.0 - self.rollout_busy_gpu_s / self.rollout_gpu_s if self.rollout_gpu_s > 0 else 0.0,
+            "train_bubble_ratio": 1.0 - self.train_busy_gpu_s / self.train_gpu_s if self.train_gpu_s > 0 else 0.0,
+            "decision_latency_ms_p50": float(np.percentile(lat, 50)),
+            "decision_latency_ms_p99": float(np.percentile(lat, 99)),
+            "total_cost_usd": self.cost_usd,
+            "mean_slowdown": float(np.mean([o.slowdown for o in outs])) if outs else 1.0,
+            "max_slowdown": float(max((o.slowdown for o in outs), default=1.0)),
+            "jobs": len(outs),
+            "makespan_h": self.end_s / 3600.0,
+            **self.extra,
+        } | ({
+            "cost_vs_optimal_exact": self.shadow_policy_usd / self.shadow_optimal_usd if self.shadow_optimal_usd > 0 else None,
+            "optimal_exact_time_fraction": self.shadow_s / self.end_s if self.end_s > 0 else 0.0,
+        } if self.shadow_s > 0 else {})
+
+
+def replay(
+    jobs: Sequence[SimJob],
+    policy: SimPolicy,
+    real: Realisation,
+    *,
+    on_event: Optional[Callable[[int], None]] = None,
+    max_events: Optional[int] = None,
+    shadow: Optional[OptimalPartition] = None,
+) -> PolicyRun:
+    """Replay ``jobs`` (arrival order) through ``policy``: event-driven fluid progress.
+
+    Args:
+        jobs: the workload (see :func:`rollmux.workloads.draw_jobs`).
+        policy: from :func:`make_policy`.
+        real: realisation shared by every policy of a run.
+        on_event: called with 1 after each arrival or departure (progress bars).
+        max_events: bound on events (default ``2 * len(jobs) + 10``).
+        shadow: when given, at every event with at most ``shadow.exact_max_jobs`` active jobs the
+            exact optimum of *this policy's* active set is computed, and the policy's and the
+            optimum's costs are integrated over those intervals (``cost_vs_optimal_exact``: a
+            same-jobs, same-instant comparison, RollMux §7.5 "x of optimal").
+    Returns:
+        :class:`PolicyRun` with series, integrals and per-job outcomes.
+    Raises:
+        ValueError: duplicate job ids or arrivals out of order; RuntimeError when the bound on
+        events is hit or a job stops progressing.
+    """
+    t_wall = time.perf_counter()
+    ids = [j.spec.job_id for j in jobs]
+    if len(set(ids)) != len(ids):
+        raise ValueError("replay: duplicate job ids")
+    if any(b.arrival_s < a.arrival_s for a, b in zip(jobs, jobs[1:])):
+        raise ValueError("replay: jobs must be sorted by arrival_s")
+    run = PolicyRun(policy=policy.name)
+    bound = max_events if max_events is not None else 2 * len(jobs) + 10
+    remaining: dict[str, float] = {}
+    by_id = {j.spec.job_id: j for j in jobs}
+    rate: dict[str, float] = {}
+    cost = rg = tg = rb = tb = 0.0
+    t, i, events = 0.0, 0, 0
+    best_group_size = 0
+    shadow_cost: Optional[float] = None
+
+    def refresh() -> None:
+        nonlocal cost, rg, tg, rb, tb, best_group_size, shadow_cost
+        units = policy.units()
+        rate.clear()
+        cost = sum(u.cost_usd_per_h for u in units)
+        rg = sum(u.rollout_gpus for u in units)
+        tg = sum(u.train_gpus for u in units)
+        rb = sum(u.rollout_busy_gpus for u in units)
+        tb = sum(u.train_busy_gpus for u in units)
+        for u in units:
+            for jid, it in u.iter_time_s.items():
+                if not (it > 0 and math.isfinite(it)):
+                    raise RuntimeError(f"{policy.name}: job {jid} has iteration time {it}")
+                rate[jid] = 1.0 / it
+        missing = set(remaining) - set(rate)
+        if missing:
+            raise RuntimeError(f"{policy.name}: active jobs without an allocation: {sorted(missing)[:5]}")
+        for g in policy.groups():
+            if len(g.members) > best_group_size:
+                best_group_size = len(g.members)
+                run.gantt_group = g
+        shadow_cost = None
+        if shadow is not None and 0 < len(remaining) <= shadow.exact_max_jobs:
+            res = shadow.solve([(by_id[j].spec, by_id[j].profile) for j in remaining])
+            shadow_cost = res.cost_usd_per_h if res.exact else None
+        run.times_s.append(t)
+        run.cost_usd_per_h.append(cost)
+        run.rollout_gpus.append(int(rg))
+        run.train_gpus.append(int(tg))
+
+    while i < len(jobs) or remaining:
+        events += 1
+        if events > bound:
+            raise RuntimeError(f"{policy.name}: more than {bound} events")
+        t_arr = jobs[i].arrival_s if i < len(jobs) else math.inf
+        t_dep, j_dep = math.inf, None
+        for jid, left in remaining.items():
+            td = t + left / rate[jid]
+            if td < t_dep:
+                t_dep, j_dep = td, jid
+        t_next = min(t_arr, t_dep)
+        dt = t_next - t
+        if dt > 0:
+            run.cost_usd += cost * dt / 3600.0
+            run.rollout_gpu_s += rg * dt
+            run.train_gpu_s += tg * dt
+            run.rollout_busy_gpu_s += rb * dt
+            run.train_busy_gpu_s += tb * dt
+            if shadow_cost is not None:
+                run.shadow_s += dt
+                run.shadow_policy_usd += cost * dt / 3600.0
+                run.shadow_optimal_usd += shadow_cost * dt / 3600.0
+            for jid in remaining:
+                remaining[jid] -= rate[jid] * dt
+        t = t_next
+        if t_dep <= t_arr:  # departures first on ties: they free capacity
+            done = [jid for jid, left in remaining.items() if left <= _EPS * max(1.0, by_id[jid].iterations) or jid == j_dep]
+            for jid in done:
+                del remaining[jid]
+                policy.depart(jid)
+                if shadow is not None:
+                    shadow.forget(jid)
+                sj = by_id[jid]
+                run.outcomes[jid] = JobOutcome(jid, sj.arrival_s, t, sj.duration_s, sj.spec.slo)
+                if on_event:
+                    on_event(1)
+        else:
+            job = jobs[i]
+            i += 1
+            run.decision_ms.append(policy.arrive(job))
+            remaining[job.spec.job_id] = job.duration_s / real.solo_time_s(job.spec)
+            if on_event:
+                on_event(1)
+        refresh()
+    run.end_s = t
+    run.wall_s = time.perf_counter() - t_wall
+    if isinstance(policy, OptimalPolicy):
+        run.extra["optimal_exact_fraction"] = policy.exact_events / max(1, policy.events)
+    return run
+
+
+@dataclass
+class SimulationResult:
+    """A whole run: per-policy runs and the summary (``summary.json`` content)."""
+
+    runs: dict[str, PolicyRun]
+    summary: dict
+    real: Realisation
+
+
+def summarise(runs: dict[str, PolicyRun], meta: Optional[dict] = None) -> dict:
+    """summary.json: per-policy metrics over the common horizon, ratios to the optimum and the
+    paper's reference ratios (RollMux §7.4: Solo-D 1.84x and colocated 1.38x RollMux's cost)."""
+    horizon = max((r.end_s for r in runs.values()), default=0.0)
+    pol = {name: r.metrics(horizon) for name, r in runs.items()}
+    if "optimal" in pol and pol["optimal"]["avg_cost_usd_per_h"] > 0:
+        o = pol["optimal"]["avg_cost_usd_per_h"]
+        for m in pol.values():
+            m["cost_vs_optimal"] = m["avg_cost_usd_per_h"] / o
+    ratios = {}
+    if "rollmux" in pol and pol["rollmux"]["avg_cost_usd_per_h"] > 0:
+        rm = pol["rollmux"]["avg_cost_usd_per_h"]
+        for other, paper_key in (("solo-d", "solo-d_over_rollmux"), ("colocated", "colocated_over_rollmux")):
+            if other in pol:
+                ratios[paper_key] = {"measured": pol[other]["avg_cost_usd_per_h"] / rm, "paper": PAPER_RATIOS[paper_key]}
+    return {"meta": dict(meta or {}, horizon_h=horizon / 3600.0), "policies": pol, "rollmux_cost_ratios": ratios}
+
+
+def simulate(
+    jobs: Sequence[SimJob],
+    cluster: ClusterSpec,
+    policies: Iterable[str] = POLICY_NAMES,
+    *,
+    stochastic: bool = False,
+    seed: int = 0,
+    max_group_size: int = 5,
+    exact_max_jobs: int = 10,
+    on_event: Optional[Callable[[str, int], None]] = None,
+    meta: Optional[dict] = None,
+    shadow_policies: Iterable[str] = ("rollmux",),
+) -> SimulationResult:
+    """Replay the same jobs through every policy with one shared realisation.
+
+    ``shadow_policies`` also get the same-instant exact-optimum comparison (see :func:`replay`).
+
+    Raises:
+        ValueError: an unknown policy name (before anything runs) or an empty job list.
+    """
+    names = [check_policy(p) for p in policies]
+    if not jobs:
+        raise ValueError("simulate: no jobs to replay")
+    real = Realisation(cluster, stochastic=stochastic, seed=seed)
+    shadow_policies = tuple(shadow_policies)
+    runs: dict[str, PolicyRun] = {}
+    for name in names:
+        pol = make_policy(name, cluster, real, max_group_size=max_group_size, seed=seed, exact_max_jobs=exact_max_jobs)
+        cb = (lambda k, _n=name: on_event(_n, k)) if on_event else None
+        shadow = (OptimalPartition(cluster, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs, time_limit_s=5.0)
+                  if name in shadow_policies else None)
+        runs[name] = replay(jobs, pol, real, on_event=cb, shadow=shadow)
+    m = dict(meta or {}, jobs=len(jobs), stochastic=stochastic, seed=seed, max_group_size=max_group_size,
+             exact_max_jobs=exact_max_jobs)
+    return SimulationResult(runs, summarise(runs, m), real)
+
+
+def gantt_records(run: PolicyRun, real: Realisation, meta_iterations: int = 3) -> list[PhaseRecord]:
+    """Timeline of the largest group the policy formed (first ``meta_iterations`` cycles)."""
+    g = run.gantt_group
+    if g is None:
+        return []
+    if real.stochastic:
+        s = real.schedule(g, record_timeline=True)
+    else:
+        s = simulate_group(g, meta_iterations=max(2, meta_iterations), record_timeline=True)
+    return list(s.timeline)

@@ -1,0 +1,179 @@
+"""RL workload mixes for the simulator: seeded job profiles attached to trace arrivals.
+
+Job types follow the paper's production workloads (RollMux §2 Fig. 2, §7.1 Table 3): Qwen 7B–32B,
+single-turn RLVR and multi-turn agentic rollouts, 4k–32k max response tokens, phases from about
+50 s to over 900 s, multi-turn rollouts 3–4x longer than their training. As in the paper's
+simulation (RollMux §7.5, Appendix Table 6: "each job is defined by its T_roll and T_train, drawn
+from uniform distributions"), each type carries uniform ranges for its worst-case rollout and
+training times; a drawn job carries them as ``JobSpec.measured`` so the policy plans with exactly
+these times. The weight-sync time comes from :func:`rollmux.profiler.estimate` (cross-cluster
+bandwidth model). NR/NT are whole 8-GPU nodes fixed by the type.
+
+Mixes weight three categories by the ratio T_roll / T_train: ``balanced`` (0.67..1.5),
+``rollout`` (> 1.5) and ``training`` (< 0.67).
+
+Source: RollMux §2, §7.1, §7.5 and Appendix (Table 6); issue 2 "Job profiles are drawn, seeded".
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+from rollmux.models import ClusterSpec, JobSpec, PhaseProfile
+from rollmux.traces import TraceJob
+
+Category = Literal["balanced", "rollout", "training"]
+
+
+@dataclass(frozen=True)
+class JobType:
+    """A representative RL post-training job type.
+
+    Attributes:
+        name: short id, e.g. ``"qwen7b-math-s4k"``.
+        model_params_b: Qwen model size, billions of parameters.
+        multi_turn / turns: agentic multi-turn rollout with ``turns`` generation rounds.
+        max_response_tokens: generation cap, tokens (4k–32k).
+        num_prompts / responses_per_prompt: rollout batch.
+        rollout_gpus / train_gpus: NR / NT, GPUs (multiples of 8).
+        t_roll_s / t_train_s: (low, high) of the uniform worst-case phase-time draw, seconds.
+        category: ``balanced`` | ``rollout`` | ``training`` (by the ranges' mid-point ratio).
+    """
+
+    name: str
+    model_params_b: float
+    multi_turn: bool
+    turns: int
+    max_response_tokens: int
+    num_prompts: int
+    responses_per_prompt: int
+    rollout_gpus: int
+    train_gpus: int
+    t_roll_s: tuple[float, float]
+    t_train_s: tuple[float, float]
+    category: Category
+
+
+#: The job-type catalogue (ranges chosen to span the paper's 50–900+ s phases).
+JOB_TYPES: tuple[JobType, ...] = (
+    JobType("qwen7b-math-s4k", 7, False, 1, 4096, 256, 8, 8, 8, (60, 140), (70, 150), "balanced"),
+    JobType("qwen14b-math-s8k", 14, False, 1, 8192, 256, 8, 8, 8, (150, 320), (150, 300), "balanced"),
+    JobType("qwen32b-math-s8k", 32, False, 1, 8192, 256, 8, 16, 16, (250, 450), (250, 450), "balanced"),
+    JobType("qwen7b-math-s16k", 7, False, 1, 16384, 256, 8, 8, 8, (220, 420), (80, 150), "rollout"),
+    JobType("qwen14b-agent-m16k", 14, True, 4, 16384, 128, 8, 8, 8, (450, 750), (120, 220), "rollout"),
+    JobType("qwen32b-agent-m32k", 32, True, 4, 32768, 128, 8, 16, 16, (700, 1000), (200, 320), "rollout"),
+    JobType("qwen7b-math-s4k-bigbatch", 7, False, 1, 4096, 1024, 8, 8, 16, (60, 120), (200, 380), "training"),
+    JobType("qwen14b-math-s4k-bigbatch", 14, False, 1, 4096, 512, 16, 8, 16, (90, 160), (300, 520), "training"),
+    JobType("qwen32b-math-s4k", 32, False, 1, 4096, 512, 8, 8, 16, (120, 220), (500, 900), "training"),
+)
+
+#: Category weights (balanced, rollout, training) of each mix.
+MIXES: dict[str, dict[Category, float]] = {
+    "balanced": {"balanced": 0.6, "rollout": 0.2, "training": 0.2},
+    "rollout-heavy": {"balanced": 0.2, "rollout": 0.6, "training": 0.2},
+    "training-heavy": {"balanced": 0.2, "rollout": 0.2, "training": 0.6},
+    "mixed": {"balanced": 1 / 3, "rollout": 1 / 3, "training": 1 / 3},
+}
+
+
+@dataclass(frozen=True)
+class SimJob:
+    """A trace job with an RL profile: what the simulator replays.
+
+    Attributes:
+        spec: the job spec (``spec.measured`` = worst-case phase times used for planning).
+        job_type: name of the :class:`JobType` drawn.
+        category: its category.
+        arrival_s: arrival, seconds from the replay start.
+        duration_s: trace duration = the job's work at solo speed, seconds.
+    """
+
+    spec: JobSpec
+    job_type: str
+    category: Category
+    arrival_s: float
+    duration_s: float
+
+    @property
+    def profile(self) -> PhaseProfile:
+        assert self.spec.measured is not None
+        return self.spec.measured
+
+    @property
+    def iterations(self) -> float:
+        """Work in RL iterations: trace duration / solo iteration time (fractional)."""
+        return self.duration_s / self.profile.t_solo_s
+
+
+def mix_names() -> list[str]:
+    return sorted(MIXES)
+
+
+def _sync_s(spec: JobSpec, cluster: ClusterSpec) -> float:
+    from rollmux import profiler
+
+    return float(profiler.estimate(spec, cluster).t_sync_s)
+
+
+def draw_jobs(
+    trace: Sequence[TraceJob],
+    cluster: ClusterSpec,
+    *,
+    mix: str = "mixed",
+    seed: int = 0,
+    slo_range: tuple[float, float] = (1.0, 2.0),
+    id_prefix: str = "job",
+) -> list[SimJob]:
+    """Attach a seeded RL profile to every trace job.
+
+    Args:
+        trace: jobs in arrival order (see :func:`rollmux.traces.load_trace`).
+        cluster: used for the weight-sync time (profiler's cross-cluster model).
+        mix: one of :data:`MIXES`.
+        seed: the same seed, trace and mix give the same jobs.
+        slo_range: SLO ~ U(low, high) (default U(1, 2), RollMux §7.5).
+        id_prefix: job ids are ``f"{id_prefix}-{index:05d}"``.
+
+    Returns:
+        One :class:`SimJob` per trace job, same order.
+
+    Raises:
+        ValueError: unknown mix, or a bad SLO range (must satisfy 1 <= low <= high).
+    """
+    if mix not in MIXES:
+        raise ValueError(f"unknown mix {mix!r}; known mixes: {mix_names()}")
+    lo, hi = slo_range
+    if not (1.0 <= lo <= hi):
+        raise ValueError(f"slo_range must satisfy 1 <= low <= high, got {slo_range}")
+    rng = random.Random(seed)
+    weights = MIXES[mix]
+    cats = [c for c in weights if weights[c] > 0]
+    by_cat = {c: [t for t in JOB_TYPES if t.category == c] for c in cats}
+    out: list[SimJob] = []
+    sync_cache: dict[str, float] = {}
+    for tj in trace:
+        cat = rng.choices(cats, weights=[weights[c] for c in cats])[0]
+        jt = rng.choice(by_cat[cat])
+        t_roll = rng.uniform(*jt.t_roll_s)
+        t_train = rng.uniform(*jt.t_train_s)
+        slo = round(rng.uniform(lo, hi), 4)
+        base = JobSpec(
+            job_id=f"{id_prefix}-{tj.index:05d}",
+            model_params_b=jt.model_params_b,
+            num_prompts=jt.num_prompts,
+            responses_per_prompt=jt.responses_per_prompt,
+            max_response_tokens=jt.max_response_tokens,
+            multi_turn=jt.multi_turn,
+            turns=jt.turns,
+            num_rollout_gpus=jt.rollout_gpus,
+            num_train_gpus=jt.train_gpus,
+            slo=slo,
+        )
+        if jt.name not in sync_cache:
+            sync_cache[jt.name] = _sync_s(base, cluster)
+        measured = PhaseProfile(t_roll_s=round(t_roll, 3), t_train_s=round(t_train, 3), t_sync_s=sync_cache[jt.name])
+        spec = base.model_copy(update={"measured": measured})
+        out.append(SimJob(spec=spec, job_type=jt.name, category=jt.category, arrival_s=tj.arrival_s, duration_s=tj.duration_s))
+    return out

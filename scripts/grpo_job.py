@@ -1,0 +1,82 @@
+#!/usr/bin/env python
+"""The user's GRPO script: an ordinary RL loop on the RollMux phase API.
+
+Run solo (plain Python, no scheduler):
+    python scripts/grpo_job.py --config configs/jobs/grpo_balanced.yaml
+Submit to a RollMux cluster (the job registers itself with the GlobalScheduler):
+    ray job submit --address ... --working-dir . --runtime-env-json '{"env_vars": {"ROLLMUX_ATTACH": "1"}}' \\
+        -- python scripts/grpo_job.py --config configs/jobs/grpo_balanced.yaml
+
+Writes a JSON result (``--out``): per-iteration metrics, ``final_reward``, ``weights_sha256``,
+``timeline`` (this job's phase records), ``mode`` (plain | scheduled). Exit code 1 with a one-line
+message on bad input or a failed job (no traceback). Source: issue 3 "A real RL job to run".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description="Tiny GRPO job on the RollMux phase API (solo or scheduled).")
+    ap.add_argument("--config", required=True, help="job file, e.g. configs/jobs/grpo_balanced.yaml")
+    ap.add_argument("--iterations", type=int, default=None, help="override run.iterations")
+    ap.add_argument("--seed", type=int, default=None, help="override run.seed")
+    ap.add_argument("--job-id", default=None, help="override job.job_id (unique id per submission)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--attach", dest="attach", action="store_true", default=None, help="require the RollMux scheduler")
+    mode.add_argument("--solo", dest="attach", action="store_false", help="run plain, in this process")
+    ap.add_argument("--switch", choices=("warm", "cold"), default="warm", help="phase switch kind (scheduled mode)")
+    ap.add_argument("--out", default=None, help="write the result JSON here")
+    ap.add_argument("--quiet", action="store_true")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from rollmux.config import ConfigError
+
+    from examples.grpo.config import load_job_config
+
+    try:
+        cfg = load_job_config(args.config, iterations=args.iterations, seed=args.seed)
+        if args.job_id:
+            cfg = cfg.model_copy(update={"job": cfg.job.model_copy(update={"job_id": args.job_id})})
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    from examples.grpo.job import run_job
+
+    def show(m: dict) -> None:
+        if not args.quiet:
+            print(f"[{cfg.job.job_id}] it={m['iteration']:3d} reward={m['reward_mean']:.3f} "
+                  f"loss={m['loss']:+.4f} len={m['response_len_mean']:.1f}", flush=True)
+
+    result: dict = {"job_id": cfg.job.job_id, "config": str(args.config)}
+    code = 0
+    try:
+        result.update(run_job(cfg, attach=args.attach, switch=args.switch, on_iteration=show))
+        result["ok"] = True
+    except Exception as e:  # the phase API has reported the job failed and released its resources
+        result.update(ok=False, error=f"{type(e).__name__}: {e}")
+        print(f"error: job {cfg.job.job_id} failed: {result['error']}", file=sys.stderr)
+        code = 1
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+    if code == 0 and not args.quiet:
+        print(f"[{cfg.job.job_id}] done: {result['iterations']} iterations, mode={result['mode']}, "
+              f"reward {result['initial_reward']:.3f} -> {result['final_reward']:.3f}, wall {result['wall_s']:.1f}s")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

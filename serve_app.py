@@ -1,0 +1,375 @@
+"""HTTP admission endpoint of RollMux: a Ray Serve deployment with a FastAPI ingress.
+
+Routes (OpenAPI at ``/docs`` and ``/openapi.json``):
+
+- ``POST /v1/jobs`` (token): admit a :class:`rollmux.models.JobSpec` -> 201 with job id, co-execution
+  group id, placement (rollout / training nodes), marginal provisioning cost (USD/h), predicted
+  worst-case slowdown of every group member and the decision's explanation; a refusal (state larger
+  than any node, SLO unreachable even alone, cluster out of GPUs, duplicate job id) -> 409 with the
+  reason; a malformed spec -> 422 naming the field.
+- ``POST /v1/jobs:dry-run`` (token): the same decision and status codes, nothing changed.
+- ``GET /v1/jobs``, ``GET /v1/jobs/{job_id}`` (404 if unknown), ``DELETE /v1/jobs/{job_id}`` (token;
+  departure: nodes released, groups shrink or dissolve), ``GET /v1/groups``, ``GET /healthz``.
+
+Every error is a JSON body ``{"error": <kind>, "detail": <reason>}``; the scheduler being
+unreachable gives 503. The policy lives in :mod:`rollmux.admission` behind the ``GlobalScheduler``
+actor (``actors/global_scheduler.py``); this module only translates HTTP to actor calls.
+Source: RollMux §4.2 (Alg. 1, admission) and issue 5 "The operator's face".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import time
+from typing import Any, Optional
+
+import ray
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+from ray import serve
+
+from rollmux.config import ServeConfig
+from rollmux.models import JobSpec
+
+log = logging.getLogger("rollmux.serve")
+
+API_VERSION = "v1"
+HEAD_RESOURCE = "rollmux_head"
+_JOB_ID = r"^[A-Za-z0-9._-]+$"
+
+
+# ----------------------------------------------------------------------------- response models
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ErrorBody(_Open):
+    """Every non-2xx answer: ``error`` kind (e.g. ``not_admitted``, ``invalid_request``) and a reason."""
+
+    error: str
+    detail: str
+
+
+class PlacementView(_Open):
+    rollout_nodes: list[str] = Field(description="rollout node ids, e.g. rollout-0")
+    train_nodes: list[str] = Field(description="training node ids, e.g. train-0")
+
+
+class Explanation(_Open):
+    """Why the scheduler decided so (RollMux Alg. 1): strategy, candidates compared, groups pruned."""
+
+    code: str = Field(description='"ok" | "never" | "retry_later"')
+    reason: str
+    strategy: Optional[str] = Field(default=None, description='"direct" | "scale_out" | "isolated"')
+    candidates: list[Any] = []
+    pruned: list[Any] = []
+
+
+class AdmissionView(_Open):
+    """An admission decision as returned by ``POST /v1/jobs`` (201) and ``:dry-run`` (200)."""
+
+    job_id: str
+    admitted: bool
+    dry_run: bool
+    group_id: Optional[str] = None
+    placement: Optional[PlacementView] = None
+    marginal_cost_usd_per_h: Optional[float] = Field(default=None, description="Cost(G') - Cost(G), USD/h")
+    predicted_slowdowns: dict[str, float] = Field(
+        default={}, description="worst-case co-executed / solo iteration time per group member"
+    )
+    explanation: Explanation
+    latency_ms: Optional[float] = Field(default=None, description="scheduler decision time, ms")
+
+
+class JobView(_Open):
+    """A job as the scheduler tracks it: state, iterations done, predicted vs measured phase times (s)."""
+
+    job_id: str
+    state: str
+    group_id: Optional[str] = None
+    slo: Optional[float] = None
+    slowdown: Optional[float] = None
+    iterations_done: Optional[int] = None
+    predicted: Optional[dict[str, Any]] = None
+    measured: Optional[dict[str, Any]] = None
+
+
+class DepartureView(_Open):
+    job_id: str
+    released_nodes: list[str] = []
+    group_dissolved: bool = False
+
+
+class GroupView(_Open):
+    """A co-execution group: members, nodes, cost (USD/h), natural cycle, busiest-node load, slack (s)."""
+
+    group_id: str
+    members: list[str] = []
+    rollout_nodes: list[str] = []
+    train_nodes: list[str] = []
+    cost_usd_per_h: Optional[float] = None
+    t_cycle_s: Optional[float] = None
+    t_load_s: Optional[float] = None
+    slack_s: Optional[float] = None
+
+
+class HealthView(_Open):
+    ok: bool
+    jobs: Optional[int] = None
+    groups: Optional[int] = None
+
+
+# ----------------------------------------------------------------------------- settings, client
+class AppSettings(BaseModel):
+    """What a Serve replica needs; the token travels only as its SHA-256."""
+
+    model_config = ConfigDict(frozen=True)
+    token_sha256: str = Field(min_length=64, max_length=64)
+    open_read_routes: bool = True
+    scheduler_name: Optional[str] = None
+    namespace: Optional[str] = None
+    request_timeout_s: float = Field(default=30.0, gt=0)
+
+    @classmethod
+    def from_config(cls, cfg: ServeConfig, token: str) -> "AppSettings":
+        """Raises ValueError when ``token`` is empty (admission must be protected)."""
+        if not token:
+            raise ValueError("an API token is required (set $ROLLMUX_API_TOKEN or token_file in configs/serve.yaml)")
+        return cls(
+            token_sha256=_sha256(token),
+            open_read_routes=cfg.open_read_routes,
+            scheduler_name=cfg.scheduler_name,
+            namespace=cfg.namespace,
+            request_timeout_s=cfg.request_timeout_s,
+        )
+
+
+def _sha256(s: str) -> str:
+    return hashlib.sha256(s.encode()).hexdigest()
+
+
+class ApiError(Exception):
+    """An error answered as ``status`` with JSON ``{"error": kind, "detail": detail, **extra}``."""
+
+    def __init__(self, status: int, kind: str, detail: str, **extra: Any):
+        super().__init__(detail)
+        self.status, self.kind, self.detail, self.extra = status, kind, detail, extra
+
+    def response(self) -> JSONResponse:
+        headers = {"Retry-After": "5"} if self.status == 503 else ({"WWW-Authenticate": "Bearer"} if self.status == 401 else None)
+        return JSONResponse({"error": self.kind, "detail": self.detail, **self.extra}, status_code=self.status, headers=headers)
+
+
+class SchedulerClient:
+    """Calls the named ``GlobalScheduler`` actor; re-resolves the handle after a restart.
+
+    The handle is cached; on ``RayActorError`` / ``ActorUnavailableError`` / "actor not found" it
+    is dropped and looked up again by name and namespace once (after a short pause).
+    Raises :class:`ApiError` 503 when the scheduler stays unreachable or a call exceeds
+    ``timeout_s``; 500 (JSON, no traceback) when the actor raised.
+    """
+
+    def __init__(self, name: Optional[str] = None, namespace: Optional[str] = None, timeout_s: float = 30.0):
+        if name is None or namespace is None:
+            from actors.global_scheduler import NAMESPACE, SCHEDULER_NAME
+
+            name, namespace = name or SCHEDULER_NAME, namespace or NAMESPACE
+        self.name, self.namespace = name, namespace
+        self.timeout_s = timeout_s
+        self._handle = None
+
+    async def call(self, method: str, *args: Any) -> Any:
+        from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+
+        last = ""
+        for attempt in range(2):
+            try:
+                if self._handle is None:
+                    self._handle = await asyncio.to_thread(ray.get_actor, self.name, namespace=self.namespace)
+                ref = getattr(self._handle, method).remote(*args)
+                return await asyncio.wait_for(asyncio.wrap_future(ref.future()), self.timeout_s)
+            except (asyncio.TimeoutError, GetTimeoutError):
+                raise ApiError(503, "scheduler_timeout", f"the scheduler did not answer {method} within {self.timeout_s:g} s")
+            except RayTaskError as e:  # the actor method raised: report it without the traceback
+                cause = e.cause if getattr(e, "cause", None) is not None else e
+                log.error("scheduler.%s raised: %r", method, cause)
+                raise ApiError(500, "scheduler_error", f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}")
+            except (RayActorError, ActorUnavailableError, ValueError) as e:
+                self._handle = None
+                last = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                if attempt == 0:
+                    await asyncio.sleep(0.5)
+        raise ApiError(503, "scheduler_unavailable", f"scheduler {self.namespace}/{self.name} unreachable ({last})")
+
+
+# ----------------------------------------------------------------------------- the FastAPI app
+def _admission_view(d: dict, dry_run: bool) -> dict:
+    return {
+        "job_id": d.get("job_id"),
+        "admitted": bool(d.get("admitted")),
+        "dry_run": dry_run,
+        "group_id": d.get("group_id"),
+        "placement": d.get("placement"),
+        "marginal_cost_usd_per_h": d.get("delta_usd_per_h"),
+        "predicted_slowdowns": d.get("predicted_slowdowns") or {},
+        "explanation": {
+            "code": d.get("code", "ok" if d.get("admitted") else "never"),
+            "reason": d.get("reason", ""),
+            "strategy": d.get("strategy"),
+            "candidates": d.get("candidates") or [],
+            "pruned": d.get("pruned") or [],
+        },
+        "latency_ms": d.get("latency_ms"),
+    }
+
+
+def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) -> FastAPI:
+    """Build the FastAPI app (one per Serve replica). ``client`` defaults to the named scheduler."""
+    client = client or SchedulerClient(settings.scheduler_name, settings.namespace, settings.request_timeout_s)
+    app = FastAPI(
+        title="RollMux admission API",
+        version="0.1.0",
+        description=(
+            "Admit RL post-training jobs into co-execution groups (RollMux §4.2, Alg. 1). "
+            "POST/DELETE need `Authorization: Bearer <token>`."
+        ),
+    )
+    bearer = HTTPBearer(auto_error=False, description="RollMux API token (see `rollmux urls`)")
+    err = {"model": ErrorBody}
+
+    def _check(creds: Optional[HTTPAuthorizationCredentials]) -> None:
+        if creds is None or creds.scheme.lower() != "bearer":
+            raise ApiError(401, "unauthorized", "missing bearer token (Authorization: Bearer <token>)")
+        if not hmac.compare_digest(_sha256(creds.credentials), settings.token_sha256):
+            raise ApiError(401, "unauthorized", "invalid bearer token")
+
+    def need_token(creds: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
+        _check(creds)
+
+    def read_access(creds: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
+        if not settings.open_read_routes:
+            _check(creds)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"field": ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body", "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in exc.errors()
+        ]
+        detail = "; ".join(f"{e['field']}: {e['msg']}" for e in errors) or "invalid request"
+        return JSONResponse({"error": "invalid_request", "detail": detail, "errors": errors}, status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse({"error": "http_error", "detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.middleware("http")
+    async def _never_a_traceback(request: Request, call_next):
+        try:
+            return await call_next(request)
+        except Exception as e:  # a bug: log it, answer JSON without the traceback
+            log.exception("unhandled error on %s %s", request.method, request.url.path)
+            return JSONResponse({"error": "internal", "detail": f"{type(e).__name__}"}, status_code=500)
+
+    async def _admit(spec: JobSpec, dry_run: bool) -> JSONResponse:
+        if await client.call("get_job", spec.job_id) is not None:
+            raise ApiError(409, "duplicate_job_id", f"job_id {spec.job_id!r} is already known to the scheduler")
+        t0 = time.perf_counter()
+        d = await client.call("admit", spec.model_dump(mode="json"), dry_run)
+        view = _admission_view(d, dry_run)
+        view["http_latency_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
+        if not view["admitted"]:
+            code = view["explanation"]["code"]
+            kind = "duplicate_job_id" if "duplicate" in view["explanation"]["reason"].lower() else f"not_admitted:{code}"
+            return JSONResponse({"error": kind, "detail": view["explanation"]["reason"], "decision": view}, status_code=409)
+        return JSONResponse(view, status_code=200 if dry_run else 201)
+
+    @app.get("/healthz", response_model=HealthView, responses={503: err}, tags=["ops"])
+    async def healthz() -> Any:
+        """Liveness of the API and of the GlobalScheduler (503 with a reason if unreachable)."""
+        return await client.call("health")
+
+    @app.post(
+        "/v1/jobs", status_code=201, response_model=AdmissionView, dependencies=[Depends(need_token)],
+        responses={401: err, 409: err, 422: err, 503: err}, tags=["jobs"],
+    )
+    async def admit_job(spec: JobSpec) -> Any:
+        """Admit a job (RollMux Alg. 1): 201 with its group, placement, marginal cost and predicted
+        slowdowns; 409 when it cannot be admitted (the reason says why) or its id is taken."""
+        return await _admit(spec, dry_run=False)
+
+    @app.post(
+        "/v1/jobs:dry-run", response_model=AdmissionView, dependencies=[Depends(need_token)],
+        responses={401: err, 409: err, 422: err, 503: err}, tags=["jobs"],
+    )
+    async def dry_run_job(spec: JobSpec) -> Any:
+        """What-if: the decision ``POST /v1/jobs`` would take now (200 or 409); nothing changes."""
+        return await _admit(spec, dry_run=True)
+
+    @app.get("/v1/jobs", response_model=list[JobView], dependencies=[Depends(read_access)], responses={401: err, 503: err}, tags=["jobs"])
+    async def list_jobs() -> Any:
+        """Every job the scheduler knows: state, group, iterations, slowdown vs SLO."""
+        return await client.call("list_jobs")
+
+    @app.get("/v1/jobs/{job_id}", response_model=JobView, dependencies=[Depends(read_access)], responses={401: err, 404: err, 503: err}, tags=["jobs"])
+    async def get_job(job_id: str = PathParam(max_length=128)) -> Any:
+        """One job: state, iterations done, measured vs predicted phase times (s), slowdown vs SLO."""
+        job = await client.call("get_job", job_id)
+        if job is None:
+            raise ApiError(404, "not_found", f"unknown job_id {job_id!r}")
+        return job
+
+    @app.delete("/v1/jobs/{job_id}", response_model=DepartureView, dependencies=[Depends(need_token)], responses={401: err, 404: err, 503: err}, tags=["jobs"])
+    async def delete_job(job_id: str = PathParam(max_length=128)) -> Any:
+        """Departure: the job leaves its group; nodes it alone used are released, an empty group dissolves."""
+        out = await client.call("depart", job_id)
+        if out is None:
+            raise ApiError(404, "not_found", f"unknown job_id {job_id!r}")
+        return out
+
+    @app.get("/v1/groups", response_model=list[GroupView], dependencies=[Depends(read_access)], responses={401: err, 503: err}, tags=["groups"])
+    async def list_groups() -> Any:
+        """Co-execution groups: members, nodes, cost (USD/h), T_cycle, T_load and slack (s)."""
+        return await client.call("list_groups")
+
+    return app
+
+
+# ----------------------------------------------------------------------------- Serve deployment
+@serve.deployment(name="RollMuxAPI", ray_actor_options={"num_cpus": 0})
+@serve.ingress()
+class RollMuxAPI:
+    """Serve replica of the admission API; the FastAPI app is built per replica from ``settings``."""
+
+    def __init__(self, settings: dict):
+        self._settings = AppSettings.model_validate(settings)
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return create_app(self._settings)
+
+
+def deploy(cfg: ServeConfig, token: str, *, route_prefix: str = "/") -> str:
+    """Start Serve (HTTP on ``cfg.host:cfg.port``, proxy on the head only) and run the API app.
+
+    Needs a connected Ray driver. Replicas are pinned to the head (``rollmux_head`` resource)
+    when the cluster has one. Returns the base URL. Raises ValueError without a token.
+    """
+    settings = AppSettings.from_config(cfg, token)
+    serve.start(http_options={"host": cfg.host, "port": cfg.port}, proxy_location="HeadOnly")
+    opts: dict[str, Any] = {"num_cpus": 0}
+    if ray.cluster_resources().get(HEAD_RESOURCE):
+        opts["resources"] = {HEAD_RESOURCE: 0.001}
+    app = RollMuxAPI.options(num_replicas=cfg.num_replicas, ray_actor_options=opts).bind(settings.model_dump())
+    serve.run(app, name=cfg.app_name, route_prefix=route_prefix)
+    return cfg.base_url

@@ -1,0 +1,122 @@
+"""Baselines on hand-made cases, and the optimum against RollMux on small instances."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollmux import profiler
+from rollmux.admission import InterGroupScheduler
+from rollmux.baselines import (
+    OptimalPartition,
+    check_policy,
+    colocated_profile,
+    colocated_unit,
+    gavel_choice,
+    gavel_options,
+    solo_unit,
+)
+from rollmux.config import CONFIG_DIR, load_cluster
+from rollmux.intra_group import coexec_times
+from rollmux.models import JobSpec, PhaseProfile
+from rollmux.traces import TraceJob
+from rollmux.workloads import draw_jobs
+
+CLUSTER = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
+H20_NODE = 8 * 1.85
+H800_NODE = 8 * 5.2725
+
+
+def job(jid, roll, train, sync=0.0, *, nr=8, nt=8, slo=2.0, b=7):
+    return JobSpec(job_id=jid, model_params_b=b, num_rollout_gpus=nr, num_train_gpus=nt, slo=slo,
+                   measured=PhaseProfile(t_roll_s=roll, t_train_s=train, t_sync_s=sync))
+
+
+def test_solo_unit_hand_case():
+    j = job("a", 100, 200, 10, nr=8, nt=16)
+    u = solo_unit(j, j.measured, CLUSTER)
+    assert u.cost_usd_per_h == pytest.approx(H20_NODE + 2 * H800_NODE)
+    assert (u.rollout_gpus, u.train_gpus) == (8, 16)
+    assert u.iter_time_s == {"a": 310.0}
+    assert u.rollout_busy_gpus == pytest.approx(8 * 100 / 310)
+    assert u.train_busy_gpus == pytest.approx(16 * 210 / 310)
+
+
+def test_colocated_scales_measured_times_by_roofline_ratio():
+    j = job("c", 100, 200, 10)
+    bare = j.model_copy(update={"measured": None})
+    ref = profiler.estimate(bare, CLUSTER)
+    alt = profiler.estimate(bare, CLUSTER, rollout_gpu=CLUSTER.train_pool.node.gpu, num_rollout_gpus=8,
+                            num_train_gpus=8, colocated=True)
+    p = colocated_profile(j, CLUSTER)
+    assert p.t_roll_s == pytest.approx(100 * alt.t_roll_s / ref.t_roll_s)
+    assert p.t_train_s == pytest.approx(200.0)  # same GPUs for training
+    assert p.t_sync_s < 10  # in-cluster resharding instead of the 20 Gbps link
+    u = colocated_unit(j, CLUSTER)
+    assert u.cost_usd_per_h == pytest.approx(H800_NODE) and u.rollout_gpus == 0 and u.train_gpus == 8
+    assert u.iter_time_s["c"] == pytest.approx(p.t_solo_s)
+
+
+def test_gavel_picks_cheapest_per_iteration_within_slo():
+    for slo in (1.0, 1.3, 2.0):
+        j = job(f"g{slo}", 300, 150, 5, slo=slo)
+        opts = gavel_options(j, CLUSTER)
+        assert {o.kind for o in opts} == {"disaggregated", "colocated"}
+        g = gavel_choice(j, CLUSTER)
+        assert g.meets_slo and g.profile.t_solo_s <= slo * j.measured.t_solo_s * (1 + 1e-9)
+        assert g.usd_per_iteration == min(o.usd_per_iteration for o in opts if o.meets_slo)
+        solo_usd = (H20_NODE + H800_NODE) * j.measured.t_solo_s / 3600
+        assert g.usd_per_iteration <= solo_usd + 1e-9  # Solo-D's own allocation is an option
+
+
+def test_optimum_pairs_complementary_jobs():
+    a, b = job("a", 400, 100, slo=1.5), job("b", 100, 380, slo=1.5)
+    res = OptimalPartition(CLUSTER).solve([(a, a.measured), (b, b.measured)])
+    assert res.exact and len(res.groups) == 1
+    assert res.cost_usd_per_h == pytest.approx(H20_NODE + H800_NODE)
+    # two rollout-heavy jobs with tight SLOs share the training node only (rollout scale-out)
+    c, d = job("c", 400, 100, slo=1.05), job("d", 400, 100, slo=1.05)
+    res = OptimalPartition(CLUSTER).solve([(c, c.measured), (d, d.measured)])
+    assert res.exact and len(res.groups) == 1 and len(res.groups[0].rollout_nodes) == 2
+    assert res.cost_usd_per_h == pytest.approx(2 * H20_NODE + H800_NODE)
+    # two training-heavy jobs with tight SLOs cannot share anything: two isolated groups
+    e, f = job("e", 100, 400, slo=1.05), job("f", 100, 400, slo=1.05)
+    res = OptimalPartition(CLUSTER).solve([(e, e.measured), (f, f.measured)])
+    assert res.exact and len(res.groups) == 2
+    assert res.cost_usd_per_h == pytest.approx(2 * (H20_NODE + H800_NODE))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_optimum_never_costlier_than_rollmux(seed):
+    trace = [TraceJob(i, 0.0, 3600.0, 8) for i in range(7)]
+    jobs = draw_jobs(trace, CLUSTER, mix="mixed", seed=seed)
+    sched = InterGroupScheduler(CLUSTER, policy="rollmux")
+    for j in jobs:
+        assert sched.admit(j.spec, j.profile).admitted
+    res = OptimalPartition(CLUSTER).solve([(j.spec, j.profile) for j in jobs])
+    assert res.exact
+    assert res.cost_usd_per_h <= sched.cost_usd_per_h() + 1e-6
+    # a partition: every job exactly once, every group within every member's SLO
+    ids = sorted(m.spec.job_id for g in res.groups for m in g.members)
+    assert ids == sorted(j.spec.job_id for j in jobs)
+    for g in res.groups:
+        tco = coexec_times(g.members)
+        assert len(g.members) <= 5
+        for m in g.members:
+            assert tco[m.spec.job_id] <= m.spec.slo * m.profile.t_solo_s * (1 + 1e-9)
+
+
+def test_optimum_beyond_exact_limit_is_labelled():
+    jobs = [job(f"x{i}", 100 + 30 * i, 200, slo=1.5) for i in range(5)]
+    res = OptimalPartition(CLUSTER, exact_max_jobs=2).solve([(j, j.measured) for j in jobs])
+    assert not res.exact
+    assert sorted(m.spec.job_id for g in res.groups for m in g.members) == [j.job_id for j in jobs]
+    exact = OptimalPartition(CLUSTER).solve([(j, j.measured) for j in jobs])
+    assert exact.exact and exact.cost_usd_per_h <= res.cost_usd_per_h + 1e-9
+    with pytest.raises(ValueError, match="duplicate"):
+        OptimalPartition(CLUSTER).solve([(jobs[0], jobs[0].measured)] * 2)
+
+
+def test_unknown_policy_is_named():
+    assert check_policy("gavel+") == "gavel+"
+    with pytest.raises(ValueError, match="unknown policy 'fifo'.*rollmux"):
+        check_policy("fifo")

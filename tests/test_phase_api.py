@@ -1,0 +1,181 @@
+"""Phase API in plain (solo) mode: no Ray, no scheduler (RollMux §5 "phase API")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rollmux
+from rollmux.phase_api import (AdmissionRefused, PhaseFailed, RuntimeHook, is_resident, split_state,
+                               state_resume, state_suspend)
+
+SPEC = {"job_id": "plain-job", "model_params_b": 0.001, "num_rollout_gpus": 1, "num_train_gpus": 1}
+
+
+def make_job(job_id="plain-job", fail_at=None, **kw):
+    job = rollmux.Job({**SPEC, "job_id": job_id}, attach=False, **kw)
+
+    @job.state("rollout")
+    def build_rollout():
+        torch.manual_seed(0)  # builders may seed; phases must use their own generator
+        return {"policy": torch.nn.Linear(4, 2), "gen": torch.Generator().manual_seed(1), "version": 0}
+
+    @job.state("train")
+    def build_train():
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 2)
+        return {"policy": m, "opt": torch.optim.SGD(m.parameters(), lr=0.1)}
+
+    @job.phase("rollout")
+    def rollout(state, iteration, hook):
+        x = torch.randn(8, 4, generator=state["gen"])
+        for i in range(1, 5):
+            hook.progress(2 * i, 8)
+        return {"x": x, "y": state["policy"](x).detach(), "version": state["version"], "it": iteration}
+
+    @job.phase("train")
+    def train(state, samples):
+        if fail_at is not None and samples["it"] == fail_at:
+            raise ValueError("injected training failure")
+        loss = (state["policy"](samples["x"]) - samples["y"].roll(1, 0)).pow(2).mean()
+        state["opt"].zero_grad()
+        loss.backward()
+        state["opt"].step()
+        return {"loss": float(loss.detach())}
+
+    @job.phase("sync")
+    def publish(state):
+        return {k: v.detach().clone() for k, v in state["policy"].state_dict().items()}
+
+    @job.apply_weights
+    def apply(state, weights):
+        state["policy"].load_state_dict(weights)
+        state["version"] += 1
+
+    return job, rollout, train, publish
+
+
+def run(job, rollout, train, publish, n):
+    out = []
+    with job:
+        for it in range(n):
+            s = rollout(it)
+            out.append((s["version"], train(s)["loss"]))
+            publish()
+    return out
+
+
+def test_plain_loop_runs_phases_in_order_and_counts_iterations():
+    events = []
+    job, r, t, p = make_job("plain-a")
+    job.runtime_hook(events.append)
+    hist = run(job, r, t, p, 3)
+    assert job.mode == "plain" and job.state_name == "finished" and job.iteration == 3
+    assert [v for v, _ in hist] == [0, 1, 2]  # each rollout saw the weights of the previous sync
+    tl = job.timeline
+    assert [x["phase"] for x in tl] == ["rollout", "train", "sync"] * 3
+    assert [x["iteration"] for x in tl] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert tl[0]["switch"] == "cold" and tl[3]["switch"] == "resident"
+    assert all(a["end_s"] <= b["start_s"] + 1e-9 for a, b in zip(tl, tl[1:]))
+    kinds = [e["event"] for e in events]
+    assert kinds.count("granted") == 9 and kinds.count("done") == 9 and kinds.count("progress") == 12
+    assert events[kinds.index("progress")]["done"] == 2
+
+
+def test_same_seed_same_results_and_global_rng_untouched():
+    a = run(*make_job("plain-b"), 3)
+    torch.manual_seed(123)  # global RNG must not matter
+    torch.rand(5)
+    b = run(*make_job("plain-c"), 3)
+    assert a == b
+
+
+def test_failure_inside_training_marks_failed_and_reraises():
+    events = []
+    job, r, t, p = make_job("plain-fail", fail_at=1)
+    job.runtime_hook(events.append)
+    with pytest.raises(ValueError, match="injected"):
+        run(job, r, t, p, 3)
+    assert job.state_name == "failed" and "injected" in job.error
+    assert events[-1]["event"] == "failed"
+    with pytest.raises(PhaseFailed):
+        r(2)
+
+
+def test_module_level_decorators_bind_to_current_job():
+    seen = []
+
+    @rollmux.runtime_hook  # before any job: attached to the next one
+    def hook(ev):
+        seen.append(ev["event"])
+
+    job = rollmux.Job({**SPEC, "job_id": "plain-d"}, attach=False)
+    job.state("rollout")(lambda: {"n": 0})
+
+    @rollmux.phase("rollout")
+    def rollout(state, iteration):  # no hook parameter: not passed
+        state["n"] += 1
+        return state["n"]
+
+    assert rollout(0) == 1 and rollout(1) == 2
+    assert seen.count("granted") == 2
+    job.finish()
+
+
+def test_bad_input_is_rejected_with_field_names():
+    with pytest.raises(Exception, match="slo"):
+        rollmux.Job({**SPEC, "slo": 0.5}, attach=False)
+    job = rollmux.Job(SPEC, attach=False)
+    with pytest.raises(ValueError, match="phase must be one of"):
+        job.phase("eval")
+    with pytest.raises(ValueError, match="switch"):
+        rollmux.Job(SPEC, attach=False, switch="lukewarm")
+    with pytest.raises(PhaseFailed, match="no @job.phase"):
+        job.run_phase("train")
+    job.state("train")(lambda: [1, 2])  # not a dict
+    job.phase("train")(lambda s: s)
+    with pytest.raises(TypeError, match="must be a dict"):
+        job.run_phase("train")
+    with pytest.raises(ValueError, match="done <= total"):
+        RuntimeHook("j", "rollout", 0, lambda e: None).progress(5, 4)
+    assert "refused (never)" in str(AdmissionRefused({"job_id": "x", "code": "never", "reason": "too big"}))
+
+
+def test_attach_from_env_falls_back_to_plain_without_scheduler(monkeypatch):
+    monkeypatch.delenv("ROLLMUX_ATTACH", raising=False)
+    monkeypatch.delenv("ROLLMUX_JOB_ID", raising=False)
+    assert rollmux.Job(SPEC).mode == "plain"
+
+
+class _Engine:
+    def __init__(self):
+        self.calls = []
+
+    def offload(self):
+        self.calls.append("offload")
+
+    def load(self):
+        self.calls.append("load")
+
+
+class _Comm:
+    rollmux_resident = True
+
+    def sleep(self):
+        pass
+
+    def wake(self):
+        pass
+
+
+def test_state_split_and_hooks():
+    eng, comm = _Engine(), _Comm()
+    st = {"engine": eng, "comm": comm, "w": torch.zeros(2), "cfg": {"a": 1}}
+    storable, resident = split_state(st)
+    assert set(storable) == {"engine", "w", "cfg"} and set(resident) == {"comm"}
+    assert is_resident(comm) and not is_resident(eng) and not is_resident({"rollmux_resident": True})
+    state_suspend(st)
+    state_resume(st)
+    assert eng.calls == ["offload", "load"]
+    with pytest.raises(TypeError):
+        split_state([1])

@@ -1,0 +1,221 @@
+"""The Ray execution plane on the session's multi-node local cluster (RollMux §5).
+
+Toy jobs (tiny tensors, short sleeps) run through the real GlobalScheduler, GroupController and
+Rollout/Train workers. Every test uses its own scheduler name and job ids, so other tests' state
+on the shared cluster does not matter.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+import torch
+
+import rollmux
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
+
+SLEEP = {"big": (0.25, 0.25), "small": (0.08, 0.08)}
+
+
+def _uid() -> str:
+    return uuid.uuid4().hex[:6]
+
+
+def toy_spec(job_id: str, kind: str, slo: float = 5.0) -> dict:
+    """Measured profiles that Alg. 1 packs into one group on 1 rollout + 1 training node."""
+    t = {"big": (5.0, 5.0), "small": (2.0, 2.0)}[kind]
+    return {"job_id": job_id, "model_params_b": 0.001, "num_rollout_gpus": 1, "num_train_gpus": 1, "slo": slo, "mem_roll_gb": 0.5, "mem_train_gb": 0.5,
+            "measured": {"t_roll_s": t[0], "t_train_s": t[1], "t_sync_s": 0.0}}
+
+
+def make_toy(job: "rollmux.Job", kind: str, seed: int, fail_at: int | None = None):
+    roll_s, train_s = SLEEP[kind]
+
+    @job.state("rollout")
+    def build_rollout():
+        return {"w": torch.zeros(4), "gen": torch.Generator().manual_seed(seed)}
+
+    @job.state("train")
+    def build_train():
+        return {"w": torch.zeros(4), "gen": torch.Generator().manual_seed(seed + 1)}
+
+    @job.phase("rollout")
+    def rollout(state, iteration, hook):
+        for i in range(1, 6):
+            time.sleep(roll_s / 5)
+            hook.progress(i, 5)
+        return {"x": torch.randn(4, generator=state["gen"]) + state["w"], "it": iteration}
+
+    @job.phase("train")
+    def train(state, samples):
+        time.sleep(train_s)
+        if fail_at is not None and samples["it"] == fail_at:
+            raise RuntimeError(f"injected failure in training, iteration {fail_at}")
+        state["w"] = state["w"] * 0.5 + samples["x"] * torch.rand(4, generator=state["gen"])
+        return {"w": state["w"].clone()}
+
+    @job.phase("sync")
+    def publish(state):
+        return {"w": state["w"].clone()}
+
+    @job.apply_weights
+    def apply(state, weights):
+        state["w"] = weights["w"].clone()
+
+    return rollout, train, publish
+
+
+def loop(job, fns, n, out: dict, key: str):
+    rollout, train, publish = fns
+    try:
+        with job:
+            for it in range(n):
+                m = train(rollout(it))
+                publish()
+                out.setdefault(key, []).append(m["w"])
+    except BaseException as e:  # recorded for the assertions
+        out[key + ":error"] = e
+
+
+@pytest.fixture(scope="module")
+def sched(ray_cluster, local_cluster_spec):
+    import ray
+
+    from actors.global_scheduler import get_or_create_scheduler
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    name = f"test-sched-{_uid()}"
+    h = get_or_create_scheduler(local_cluster_spec, name=name)
+    assert ray.get(h.health.remote())["ok"]
+    yield name, h
+    ray.kill(h, no_restart=True)
+
+
+def run_group(name, kinds, n, *, fail=None, switch=None):
+    ids = [f"{k}-{_uid()}" for k in kinds]
+    jobs, fns = [], []
+    for i, (jid, kind) in enumerate(zip(ids, kinds)):
+        job = rollmux.Job(toy_spec(jid, kind), attach=True, scheduler_name=name,
+                          switch=(switch or {}).get(i, "warm"))
+        jobs.append(job)
+        fns.append(make_toy(job, kind, seed=i, fail_at=(fail or {}).get(i)))
+    out: dict = {}
+    threads = [threading.Thread(target=loop, args=(j, f, n, out, j.job_id)) for j, f in zip(jobs, fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    assert not any(t.is_alive() for t in threads)
+    return ids, jobs, out
+
+
+def test_three_jobs_interleave_round_robin_in_one_group(sched):
+    import ray
+
+    from actors.runtime_client import group_timeline
+
+    name, h = sched
+    n = 3
+    ids, jobs, out = run_group(name, ["big", "small", "small"], n, switch={2: "cold"})
+    assert not [k for k in out if k.endswith(":error")], out
+    gids = {j.info["group_id"] for j in jobs}
+    assert len(gids) == 1, "Alg. 1 should pack the three toy jobs into one co-execution group"
+    tl = [r for r in group_timeline(jobs[0]) if r["job_id"] in ids]
+    assert all(r["ok"] for r in tl)
+    for jid in ids:  # each job: exactly one rollout, one train, one sync per meta-iteration
+        mine = [r for r in tl if r["job_id"] == jid]
+        for ph in ("rollout", "train", "sync"):
+            assert sorted(r["iteration"] for r in mine if r["phase"] == ph) == list(range(n))
+    for pool in ("rollout", "train"):  # round-robin order on each node's FIFO queue
+        seq = [r["job_id"] for r in sorted(tl, key=lambda r: r["start"]) if r["phase"] == pool]
+        assert seq == ids * n, (pool, seq)
+    # interleaving: some rollout overlaps another job's training (a bubble filled)
+    rolls = [r for r in tl if r["phase"] == "rollout"]
+    trains = [r for r in tl if r["phase"] == "train"]
+    assert any(a["job_id"] != b["job_id"] and a["start"] < b["end"] and b["start"] < a["end"]
+               for a in rolls for b in trains)
+    # warm vs cold switches recorded: the cold job is cold every phase; warm jobs warm after the first
+    kinds = {jid: [r["switch"] for r in tl if r["job_id"] == jid] for jid in ids}
+    assert set(kinds[ids[2]]) == {"cold"}
+    assert kinds[ids[0]][:2] == ["cold", "cold"] and set(kinds[ids[0]][2:]) == {"warm"}
+    assert all(r["switch_s"] >= 0 for r in tl)
+    status = ray.get(ray.get_actor(jobs[0].info["controller"], namespace="rollmux").status.remote())
+    assert status["metrics"]["switches"]["warm"] >= 1 and status["metrics"]["switches"]["cold"] >= 3
+    assert any(m["job_id"] in ids for m in status["migrations"])  # progress reached the tail trigger
+    # lifecycle: all finished, group released
+    for jid in ids:
+        rec = ray.get(h.get_job.remote(jid))
+        assert rec["state"] == "finished" and rec["iterations_done"] == n, rec
+    assert all(g["group_id"] not in gids for g in ray.get(h.list_groups.remote()))
+    # on-policy: the co-executed job equals the same job run solo (same seed), bit for bit
+    solo = rollmux.Job(toy_spec(f"solo-{_uid()}", "small"), attach=False)
+    fns = make_toy(solo, "small", seed=1)
+    so: dict = {}
+    loop(solo, fns, n, so, "s")
+    assert all(torch.equal(a, b) for a, b in zip(so["s"], out[ids[1]]))
+
+
+def test_failing_job_is_isolated_and_released(sched):
+    import ray
+
+    from actors.workers import get_or_create_worker
+
+    name, h = sched
+    n = 3
+    ids, jobs, out = run_group(name, ["big", "small", "small"], n, fail={1: 1})
+    err = out.get(ids[1] + ":error")
+    assert isinstance(err, RuntimeError) and "injected failure" in str(err)
+    assert len(out[ids[1]]) == 1  # failed during iteration 1
+    for jid in (ids[0], ids[2]):  # group-mates keep iterating to the end
+        assert len(out[jid]) == n and jid + ":error" not in out
+        assert ray.get(h.get_job.remote(jid))["state"] == "finished"
+    rec = ray.get(h.get_job.remote(ids[1]))
+    assert rec["state"] == "failed" and "injected failure" in rec["error"]
+    tl = ray.get(h.group_timeline.remote(jobs[0].info["group_id"]))
+    failed = [r for r in tl if r["job_id"] == ids[1] and not r["ok"]]
+    assert len(failed) == 1 and failed[0]["phase"] == "train" and failed[0]["iteration"] == 1
+    assert not [r for r in tl if r["job_id"] == ids[1] and r["start"] > failed[0]["end"]]
+    for node in jobs[1].info["placement"]["rollout_nodes"] + jobs[1].info["placement"]["train_nodes"]:
+        hosted = ray.get(get_or_create_worker(node).hosted.remote())
+        assert ids[1] not in hosted  # its state was dropped
+
+
+def test_worker_pinned_to_policy_node(ray_cluster):
+    import ray
+
+    from actors.workers import get_or_create_worker
+
+    for node in ("rollout-1", "train-0"):
+        where = ray.get(get_or_create_worker(node).where.remote())
+        carrying = [n["NodeID"] for n in ray.nodes() if n["Alive"] and f"rollmux_node:{node}" in n["Resources"]]
+        assert carrying == [where["ray_node_id"]]
+        assert where["node"] == node and where["torch_threads"] == 1
+    assert where["pool"] == "train"
+
+
+def test_admission_and_refusals_through_the_actor(sched):
+    import ray
+
+    name, h = sched
+    jid = f"adm-{_uid()}"
+    dry = ray.get(h.admit.remote(toy_spec(jid, "small"), True))
+    assert dry["admitted"] and ray.get(h.get_job.remote(jid)) is None  # dry run changes nothing
+    d = ray.get(h.admit.remote(toy_spec(jid, "small")))
+    assert d["admitted"] and d["placement"]["rollout_nodes"] and d["group_id"]
+    rec = ray.get(h.get_job.remote(jid))
+    assert rec["state"] == "admitted" and rec["predicted"]["t_solo_s"] == pytest.approx(4.0)
+    assert ray.get(h.admit.remote(toy_spec(jid, "small")))["code"] == "duplicate"
+    bad = ray.get(h.admit.remote({**toy_spec(f"bad-{_uid()}", "small"), "slo": 0.2}))
+    assert bad["code"] == "invalid" and "slo" in bad["reason"]
+    huge = ray.get(h.admit.remote({**toy_spec(f"huge-{_uid()}", "small"), "num_rollout_gpus": 64}))
+    assert not huge["admitted"] and huge["code"] == "never"
+    grp = [g for g in ray.get(h.list_groups.remote()) if jid in g["members"]][0]
+    assert grp["cost_usd_per_h"] > 0 and grp["slack_s"] == pytest.approx(grp["t_cycle_s"] - grp["t_load_s"])
+    dep = ray.get(h.depart.remote(jid))
+    assert dep["job_id"] == jid and ray.get(h.get_job.remote(jid))["state"] == "finished"
+    assert ray.get(h.depart.remote(f"nope-{_uid()}")) is None

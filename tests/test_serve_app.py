@@ -1,0 +1,212 @@
+"""The HTTP admission API (serve_app.py) on the real Ray Serve app and the real GlobalScheduler actor.
+
+Cluster: ``configs/cluster_local.yaml`` (2 rollout + 2 training nodes of 1 "GPU" and 4 GB host
+memory; 0.05 USD/h per node). One job of 1+1 GPUs alone costs 0.10 USD/h (RollMux Alg. 1: an
+isolated group pays its full price; direct packing pays 0).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.ray
+
+NODE_USD_PER_H = 0.05  # configs/gpus.yaml "CPU" x 1 GPU per node
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def spec(job_id: str, **kw) -> dict:
+    """A tiny job that fits the local cluster (1+1 GPUs, measured worst-case phase times)."""
+    base = {"job_id": job_id, "model_params_b": 0.01, "num_prompts": 8, "max_response_tokens": 256,
+            "num_rollout_gpus": 1, "num_train_gpus": 1, "slo": 2.0, "mem_roll_gb": 1.0, "mem_train_gb": 1.0,
+            "measured": {"t_roll_s": 10.0, "t_train_s": 10.0, "t_sync_s": 0.0}}
+    base.update(kw)
+    return base
+
+
+@pytest.fixture(scope="module")
+def api(serve_api):
+    with httpx.Client(base_url=serve_api.base_url, timeout=60.0) as c:
+        c.headers["Authorization"] = f"Bearer {serve_api.token}"
+        yield c
+
+
+@pytest.fixture(scope="module")
+def anon(serve_api):
+    with httpx.Client(base_url=serve_api.base_url, timeout=60.0) as c:
+        yield c
+
+
+@pytest.fixture
+def clean(api):
+    """Each test starts and ends with no active job on the test scheduler."""
+    def depart_all():
+        for j in api.get("/v1/jobs").json():
+            if j["state"] in ("admitted", "running"):
+                assert api.delete(f"/v1/jobs/{j['job_id']}").status_code == 200
+    depart_all()
+    yield
+    depart_all()
+
+
+def _active(api) -> list[str]:
+    return sorted(j["job_id"] for j in api.get("/v1/jobs").json() if j["state"] in ("admitted", "running"))
+
+
+def test_openapi_docs_and_health(anon, serve_api):
+    spec_ = anon.get("/openapi.json").json()
+    assert {"/v1/jobs", "/v1/jobs:dry-run", "/v1/jobs/{job_id}", "/v1/groups", "/healthz"} <= set(spec_["paths"])
+    assert "bearer" in str(spec_["components"]["securitySchemes"]).lower()
+    assert anon.get("/docs").status_code == 200
+    h = anon.get("/healthz")
+    assert h.status_code == 200 and h.json()["ok"] is True
+    assert h.json()["name"] == serve_api.scheduler_name  # reached the named actor of this session
+
+
+def test_admit_returns_group_placement_cost_and_slowdowns(api, clean):
+    a = _id("adm")
+    r = api.post("/v1/jobs", json=spec(a))
+    assert r.status_code == 201, r.text
+    d = r.json()
+    assert d["admitted"] is True and d["dry_run"] is False and d["job_id"] == a
+    assert d["group_id"]
+    assert len(d["placement"]["rollout_nodes"]) == 1 and d["placement"]["rollout_nodes"][0] in ("rollout-0", "rollout-1")
+    assert len(d["placement"]["train_nodes"]) == 1 and d["placement"]["train_nodes"][0] in ("train-0", "train-1")
+    assert d["marginal_cost_usd_per_h"] == pytest.approx(2 * NODE_USD_PER_H)  # new isolated group: 1 + 1 nodes
+    assert d["predicted_slowdowns"] == {a: pytest.approx(1.0)}
+    assert d["explanation"]["code"] == "ok" and d["explanation"]["strategy"] == "isolated"
+    # a second small job packs into the first one's dependency bubble: same nodes, zero marginal cost
+    b = _id("adm")
+    r2 = api.post("/v1/jobs", json=spec(b))
+    assert r2.status_code == 201, r2.text
+    d2 = r2.json()
+    assert d2["group_id"] == d["group_id"] and d2["explanation"]["strategy"] == "direct"
+    assert d2["marginal_cost_usd_per_h"] == pytest.approx(0.0)
+    assert set(d2["predicted_slowdowns"]) == {a, b}
+    assert all(1.0 <= s <= 2.0 for s in d2["predicted_slowdowns"].values())  # within both SLOs
+    job = api.get(f"/v1/jobs/{a}").json()
+    assert job["state"] == "admitted" and job["group_id"] == d["group_id"] and job["slo"] == 2.0
+    assert job["predicted"]["t_solo_s"] == pytest.approx(20.0) and job["iterations_done"] == 0
+    groups = {g["group_id"]: g for g in api.get("/v1/groups").json()}
+    g = groups[d["group_id"]]
+    assert sorted(g["members"]) == sorted([a, b])
+    assert g["cost_usd_per_h"] == pytest.approx(2 * NODE_USD_PER_H)
+    assert g["t_cycle_s"] == pytest.approx(20.0) and g["slack_s"] == pytest.approx(g["t_cycle_s"] - g["t_load_s"])
+
+
+def test_dry_run_decides_without_changing_state(api, clean):
+    before_jobs, before_groups = _active(api), api.get("/v1/groups").json()
+    j = _id("dry")
+    r = api.post("/v1/jobs:dry-run", json=spec(j))
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["admitted"] is True and d["dry_run"] is True and d["marginal_cost_usd_per_h"] == pytest.approx(0.1)
+    assert api.get(f"/v1/jobs/{j}").status_code == 404
+    assert _active(api) == before_jobs and api.get("/v1/groups").json() == before_groups
+    # a refusal in dry-run mirrors the real call's 409
+    big = api.post("/v1/jobs:dry-run", json=spec(_id("dry"), mem_roll_gb=100.0))
+    assert big.status_code == 409 and big.json()["decision"]["dry_run"] is True
+
+
+def test_refusals_are_409_with_reason(api, clean):
+    # state larger than any node: never
+    r = api.post("/v1/jobs", json=spec(_id("big"), mem_roll_gb=100.0))
+    assert r.status_code == 409
+    assert r.json()["error"] == "not_admitted:never" and "mem_roll_gb" in r.json()["detail"]
+    # more GPUs than the pool has: never
+    r = api.post("/v1/jobs", json=spec(_id("wide"), num_train_gpus=3))
+    assert r.status_code == 409 and "num_train_gpus=3" in r.json()["detail"]
+    # cluster out of GPUs: jobs whose state fills a node (3 of 4 GB) cannot share; 2+2 nodes hold two
+    fat = [spec(_id("fat"), mem_roll_gb=3.0, mem_train_gb=3.0) for _ in range(3)]
+    assert [api.post("/v1/jobs", json=s).status_code for s in fat] == [201, 201, 409]
+    last = api.post("/v1/jobs", json=fat[2])
+    assert last.json()["error"] == "not_admitted:retry_later" and "out of GPUs" in last.json()["detail"]
+    # departure releases the nodes: the refused job now fits
+    dep = api.delete(f"/v1/jobs/{fat[0]['job_id']}")
+    assert dep.status_code == 200 and dep.json()["group_dissolved"] is True and len(dep.json()["released_nodes"]) == 2
+    assert api.post("/v1/jobs", json=fat[2]).status_code == 201
+
+
+def test_duplicate_job_id_is_409(api, clean):
+    j = _id("dup")
+    assert api.post("/v1/jobs", json=spec(j)).status_code == 201
+    r = api.post("/v1/jobs", json=spec(j))
+    assert r.status_code == 409 and r.json()["error"] == "duplicate_job_id" and j in r.json()["detail"]
+    assert _active(api).count(j) == 1
+
+
+def test_delete_departs_and_groups_shrink_or_dissolve(api, clean):
+    a, b = _id("del"), _id("del")
+    ga = api.post("/v1/jobs", json=spec(a)).json()["group_id"]
+    assert api.post("/v1/jobs", json=spec(b)).json()["group_id"] == ga
+    r = api.delete(f"/v1/jobs/{a}")
+    assert r.status_code == 200 and r.json() == {"job_id": a, "released_nodes": [], "group_dissolved": False}
+    g = {x["group_id"]: x for x in api.get("/v1/groups").json()}[ga]
+    assert g["members"] == [b]  # the group shrank
+    assert api.get(f"/v1/jobs/{a}").json()["state"] == "finished"
+    r = api.delete(f"/v1/jobs/{b}")
+    assert r.status_code == 200 and r.json()["group_dissolved"] is True and len(r.json()["released_nodes"]) == 2
+    assert ga not in {x["group_id"] for x in api.get("/v1/groups").json()}
+    assert api.delete(f"/v1/jobs/{_id('nosuch')}").status_code == 404
+    assert api.get(f"/v1/jobs/{_id('nosuch')}").json()["error"] == "not_found"
+
+
+def test_token_required_for_admission_and_departure(anon, api, serve_api, clean):
+    j = _id("auth")
+    assert anon.post("/v1/jobs", json=spec(j)).status_code == 401
+    r = anon.post("/v1/jobs", json=spec(j), headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401 and r.json()["error"] == "unauthorized" and r.headers["www-authenticate"] == "Bearer"
+    assert anon.post("/v1/jobs", json=spec(j), headers={"Authorization": f"Basic {serve_api.token}"}).status_code == 401
+    assert anon.post("/v1/jobs:dry-run", json=spec(j)).status_code == 401
+    assert anon.post("/v1/jobs", json={"junk": 1}).status_code == 401  # auth is checked before the body
+    assert api.get(f"/v1/jobs/{j}").status_code == 404  # nothing was admitted
+    assert api.post("/v1/jobs", json=spec(j)).status_code == 201
+    assert anon.delete(f"/v1/jobs/{j}").status_code == 401
+    assert api.get(f"/v1/jobs/{j}").json()["state"] == "admitted"
+    assert anon.get("/v1/jobs").status_code == 200 and anon.get("/v1/groups").status_code == 200  # open reads
+
+
+@pytest.mark.parametrize("body,field", [
+    (lambda j: spec(j, slo=0.5), "slo"),
+    (lambda j: {k: v for k, v in spec(j).items() if k != "model_params_b"}, "model_params_b"),
+    (lambda j: spec(j, num_rollout_gpus=0), "num_rollout_gpus"),
+    (lambda j: spec(j, job_id="bad id!"), "job_id"),
+    (lambda j: spec(j, colour="red"), "colour"),
+    (lambda j: spec(j, measured={"t_roll_s": -1, "t_train_s": 1}), "measured.t_roll_s"),
+])
+def test_malformed_spec_is_422_naming_the_field(api, body, field):
+    r = api.post("/v1/jobs", json=body(_id("bad")))
+    assert r.status_code == 422, r.text
+    d = r.json()
+    assert d["error"] == "invalid_request" and field in [e["field"] for e in d["errors"]] and field in d["detail"]
+
+
+def test_non_json_body_is_422_not_500(api):
+    r = api.post("/v1/jobs", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"] == "invalid_request"
+
+
+def test_replicas_find_the_scheduler_again_after_it_restarts(api, serve_api, clean):
+    import ray
+
+    j = _id("restart")
+    assert api.post("/v1/jobs", json=spec(j)).status_code == 201
+    ray.kill(serve_api.scheduler, no_restart=False)  # max_restarts=-1: Ray restarts it, state from the checkpoint
+    deadline, codes = time.monotonic() + 90, []
+    while time.monotonic() < deadline:
+        r = api.get("/healthz")
+        codes.append(r.status_code)
+        if r.status_code == 200 and r.json().get("restored"):
+            break
+        time.sleep(0.5)
+    assert codes[-1] == 200 and set(codes) <= {200, 503}, codes  # unavailable is a 503, never a 500
+    job = api.get(f"/v1/jobs/{j}")
+    assert job.status_code == 200 and job.json()["state"] == "admitted"  # restored from the checkpoint
+    assert api.delete(f"/v1/jobs/{j}").status_code == 200

@@ -1,0 +1,78 @@
+"""Trace reading: Philly format (unsorted, blank lines, naive timestamps), plain CSV, windows."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from rollmux.traces import EXTRACT_TRACE, TraceError, TraceWindow, load_trace, read_raw
+
+PHILLY = """timestamp,duration,num_gpus,gpu_time,cluster
+2017-10-09 07:00:00,7200.0,8,57600.0,ee9e8c
+
+2017-10-09 06:00:00,60.0,1,60.0,6214e9
+2017-10-09 06:30:00,90000.0,2,180000.0,ee9e8c
+
+"""
+
+
+def _write(tmp_path, text, name="t.csv"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_philly_unsorted_with_blanks_is_sorted_and_rebased(tmp_path):
+    jobs = load_trace(_write(tmp_path, PHILLY))
+    assert [j.arrival_s for j in jobs] == [0.0, 1800.0, 3600.0]
+    assert [j.duration_s for j in jobs] == [60.0, 90000.0, 7200.0]
+    assert [j.num_gpus for j in jobs] == [1, 2, 8]
+    assert [j.cluster for j in jobs] == ["6214e9", "ee9e8c", "ee9e8c"]
+    assert [j.index for j in jobs] == [0, 1, 2]
+
+
+def test_plain_format_and_extra_columns(tmp_path):
+    p = _write(tmp_path, "num_gpus,arrival_s,duration_s,note\n4,100,50,x\n\n1,10,20,y\n")
+    jobs = load_trace(p)
+    assert [(j.arrival_s, j.duration_s, j.num_gpus) for j in jobs] == [(0.0, 20.0, 1), (90.0, 50.0, 4)]
+
+
+def test_window_filters_cap_and_count(tmp_path):
+    p = _write(tmp_path, PHILLY)
+    jobs = load_trace(p, TraceWindow(min_duration_s=100, max_duration_s=10000))
+    # the 60 s job is dropped; arrivals are re-based on the first kept job (06:30)
+    assert [(j.arrival_s, j.duration_s) for j in jobs] == [(0.0, 10000.0), (1800.0, 7200.0)]
+    jobs = load_trace(p, TraceWindow(start_hours=0.75))  # from 06:45 on
+    assert [j.num_gpus for j in jobs] == [8]
+    jobs = load_trace(p, TraceWindow(length_hours=0.75, max_jobs=1))
+    assert [j.duration_s for j in jobs] == [60.0]
+    assert [j.cluster for j in load_trace(p, TraceWindow(cluster="ee9e8c", min_gpus=4))] == ["ee9e8c"]
+
+
+def test_real_extract_reads_all_rows():
+    raw = read_raw(EXTRACT_TRACE)
+    assert len(raw) == 215
+    jobs = load_trace(EXTRACT_TRACE, TraceWindow(min_duration_s=3600))
+    assert len(jobs) == 165
+    arrivals = [j.arrival_s for j in jobs]
+    assert arrivals == sorted(arrivals) and arrivals[0] == 0.0
+    assert arrivals[-1] < 12 * 3600
+
+
+def test_bad_inputs_name_the_problem(tmp_path):
+    with pytest.raises(TraceError, match="not found"):
+        load_trace(tmp_path / "missing.csv")
+    with pytest.raises(TraceError, match="unknown header"):
+        load_trace(_write(tmp_path, "a,b\n1,2\n"))
+    with pytest.raises(TraceError, match=r":2: duration_s 'abc'"):
+        load_trace(_write(tmp_path, "arrival_s,duration_s,num_gpus\n0,abc,1\n"))
+    with pytest.raises(TraceError, match="timestamp"):
+        load_trace(_write(tmp_path, "timestamp,duration,num_gpus\n2017/10/09,5,1\n"))
+    with pytest.raises(TraceError, match="num_gpus must be >= 1"):
+        load_trace(_write(tmp_path, "arrival_s,duration_s,num_gpus\n0,5,0\n"))
+    with pytest.raises(TraceError, match="selects no job"):
+        load_trace(_write(tmp_path, PHILLY), TraceWindow(start_hours=5))
+    with pytest.raises(ValidationError, match="max_duration_s"):
+        TraceWindow(min_duration_s=100, max_duration_s=10)
+    with pytest.raises(ValidationError, match="start_hours"):
+        TraceWindow(start_hours=-1)
