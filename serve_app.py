@@ -27,13 +27,14 @@ import time
 from typing import Any, Optional
 
 import ray
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
+from starlette.exceptions import HTTPException
 
 from rollmux.config import ServeConfig
 from rollmux.models import JobSpec

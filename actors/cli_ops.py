@@ -73,12 +73,28 @@ def _write_state(cfg: ServeConfig, state: dict) -> None:
 
 
 def _proc_start_ticks(pid: int) -> Optional[int]:
-    """Start time of ``pid`` (clock ticks since boot, /proc/<pid>/stat field 22); None if gone."""
+    """Start time of ``pid`` (clock ticks since boot, /proc/<pid>/stat field 22); None if gone or a zombie."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat.rsplit(")", 1)[1].split()[19])
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return None if fields[0] in ("Z", "X") else int(fields[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _alive(rec: dict) -> bool:
@@ -245,6 +261,10 @@ def up(
         "dashboard_url": f"http://127.0.0.1:{cfg.dashboard_port}",
         "metrics_url": f"http://127.0.0.1:{cfg.metrics_export_port}/metrics",
     }
+    for what, p in (("port", cfg.port), ("ray_port", cfg.ray_port), ("dashboard_port", cfg.dashboard_port),
+                    ("metrics_export_port", cfg.metrics_export_port)):
+        if not _port_free(p):
+            _fail(f"{what} {p} on 127.0.0.1 is already in use; choose another (--{what.replace('_', '-')} or ROLLMUX_{what.upper()})", 2)
     deadline = time.monotonic() + timeout_s
     try:
         with console.status("starting the Ray head ...") as st:
@@ -252,6 +272,7 @@ def up(
                 "start", "--head", "--block", f"--port={cfg.ray_port}", "--node-ip-address=127.0.0.1",
                 "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={cfg.dashboard_port}",
                 f"--metrics-export-port={cfg.metrics_export_port}", f"--num-cpus={cfg.head_cpus}",
+                f"--dashboard-agent-listen-port={_free_port()}", f"--ray-client-server-port={_free_port()}",
                 f"--resources={json.dumps({HEAD_RESOURCE: 1.0})}", "--disable-usage-stats",
             ], logs / "ray-head.log", env)
             state["processes"].append({**head, "what": "ray head"})
@@ -267,6 +288,7 @@ def up(
                             "start", f"--address={address}", "--block", "--node-ip-address=127.0.0.1",
                             f"--num-cpus={cluster.pool(pool).node.gpus_per_node}",  # type: ignore[arg-type]
                             f"--resources={json.dumps(res)}", "--disable-usage-stats",
+                            f"--dashboard-agent-listen-port={_free_port()}", f"--metrics-export-port={_free_port()}",
                         ], logs / f"ray-{nid}.log", env)
                         state["processes"].append({**rec, "what": f"ray node {nid}"})
                         _write_state(cfg, state)

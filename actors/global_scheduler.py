@@ -56,11 +56,13 @@ class GlobalSchedulerImpl:
         policy / max_group_size / seed: passed to ``InterGroupScheduler``.
         kv: an explicit :class:`actors.kv.KVStore` (unit tests: ``MemoryKV``).
         create_controllers: False for unit tests without Ray (no GroupControllers).
+        controller_kw: keyword arguments of new GroupControllers (e.g. ``lease_s``, ``migrate``).
     """
 
     def __init__(self, cluster: dict | ClusterSpec, checkpoint_path: Optional[str] = None, *,
                  name: str = SCHEDULER_NAME, policy: str = "rollmux", max_group_size: int = 5, seed: int = 0,
-                 kv=None, create_controllers: bool = True, metrics_flush_s: float = 1.0):
+                 kv=None, create_controllers: bool = True, metrics_flush_s: float = 1.0,
+                 controller_kw: Optional[dict] = None):
         from actors.kv import make_kv
         from actors.metrics import RollmuxMetrics
         from rollmux.admission import InterGroupScheduler
@@ -70,6 +72,7 @@ class GlobalSchedulerImpl:
         self.kv = kv if kv is not None else make_kv(checkpoint_path, namespace=NAMESPACE)
         self.key = f"{name}.state"
         self.create_controllers = create_controllers
+        self.controller_kw = dict(controller_kw or {})
         self.metrics = RollmuxMetrics(flush_interval_s=metrics_flush_s, enabled=create_controllers)
         self._policy_args = {"policy": policy, "max_group_size": max_group_size, "seed": seed}
         self.jobs: dict[str, dict] = {}
@@ -112,7 +115,7 @@ class GlobalSchedulerImpl:
             except ValueError:
                 if not create:
                     return None
-                h = create_controller(group_id, self.name)
+                h = create_controller(group_id, self.name, **self.controller_kw)
             self._handles[group_id] = h
         self.controllers[group_id] = name
         return h

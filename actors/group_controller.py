@@ -36,6 +36,8 @@ from rollmux.round_robin import RoundRobinQueues
 NAMESPACE = "rollmux"
 DEFAULT_ACQUIRE_TIMEOUT_S = 3600.0
 MAX_TIMELINE = 100_000
+DEFAULT_LEASE_S = 30.0  # a driver silent this long (no heartbeat, no phase running) is evicted
+HEARTBEAT_S = 2.0  # drivers heart-beat this often
 
 
 def controller_name(group_id: str, scheduler_name: Optional[str] = None) -> str:
@@ -59,10 +61,13 @@ class GroupControllerImpl:
         scheduler_name: the GlobalScheduler to report iterations / failures to (None: no reports).
         migrate: act on long-tail decisions (release the rollout's queue slots) instead of only recording.
         tail_trigger_fraction: fraction of responses done that makes a rollout tail-bound.
+        lease_s: driver lease; an attached job whose driver stops heart-beating this long while
+            none of its phases runs is evicted and reported failed (0 disables).
     """
 
     def __init__(self, group_id: str, scheduler_name: Optional[str] = None, *, migrate: bool = False,
-                 tail_trigger_fraction: float = 0.8, metrics_flush_s: float = 1.0):
+                 tail_trigger_fraction: float = 0.8, metrics_flush_s: float = 1.0,
+                 lease_s: float = DEFAULT_LEASE_S):
         from actors.metrics import RollmuxMetrics
 
         self.group_id = group_id
@@ -80,37 +85,88 @@ class GroupControllerImpl:
         self._node_last_end: dict[str, float] = {}
         self.metrics = RollmuxMetrics(flush_interval_s=metrics_flush_s)
         self.closed = False
+        self.lease_s = float(lease_s)
+        self._watchdog = None
 
     # ---- membership
     async def add_job(self, job_id: str, rollout_nodes: list[str], train_nodes: list[str], *,
                       has_sync: bool = True, slo: Optional[float] = None) -> bool:
-        """Append the job to its nodes' queues (idempotent: False if already a member)."""
-        if job_id in self.rr.job_ids:
+        """Record an admitted member (pending: it joins the queues when its driver attaches, so an
+        admitted job without a running driver never blocks its group-mates). Idempotent."""
+        if job_id in self.members and job_id not in self.gone:
             return False
-        self.rr.add_job(job_id, rollout_nodes, train_nodes, has_sync=has_sync)
         self.gone.pop(job_id, None)
         self.members[job_id] = {"rollout_nodes": list(rollout_nodes), "train_nodes": list(train_nodes),
-                                "slo": slo, "iterations": 0, "iter_start": None, "phase_s": {},
-                                "iter_s": [], "solo_s": []}
+                                "slo": slo, "has_sync": has_sync, "active": False, "heartbeat": None,
+                                "iterations": 0, "iter_start": None, "phase_s": {}, "iter_s": [], "solo_s": []}
         self._wake_all()
         return True
 
+    def _activate(self, job_id: str) -> None:
+        m = self.members.get(job_id)
+        if m is None or job_id in self.gone:
+            why = self.gone.get(job_id, "not a member of this group")
+            raise PermitError(f"group {self.group_id}: job {job_id!r} cannot attach: {why}")
+        if not m["active"]:
+            self.rr.add_job(job_id, m["rollout_nodes"], m["train_nodes"], has_sync=m["has_sync"])
+            m["active"] = True
+        m["heartbeat"] = time.time()
+        self._ensure_watchdog()
+
+    async def attach(self, job_id: str, *, has_sync: Optional[bool] = None) -> dict:
+        """The job's driver attached: the job joins the end of its nodes' queues (round-robin
+        order = attach order). ``has_sync=False``: its empty sync slot ends with training.
+        Raises PermitError for a job that is not a member (or already left)."""
+        m = self.members.get(job_id)
+        if m is not None and has_sync is not None:
+            m["has_sync"] = bool(has_sync)
+        self._activate(job_id)
+        self._wake_all()
+        return {"group_id": self.group_id, "queues": {n: list(self.rr.queue(n)) for n in self.rr.nodes},
+                "lease_s": self.lease_s}
+
     async def configure_job(self, job_id: str, *, has_sync: bool = True) -> bool:
-        """Declare whether the job has a sync phase; without one, its (empty) sync slot is
-        completed right after its training. False if the job is not a member."""
+        """Declare whether the job has a sync phase (False if not a member)."""
         if job_id not in self.members:
             return False
         self.members[job_id]["has_sync"] = bool(has_sync)
         return True
+
+    async def heartbeat(self, job_id: str) -> bool:
+        """Driver liveness (its lease); False when the job is no longer a member."""
+        m = self.members.get(job_id)
+        if m is None or job_id in self.gone:
+            return False
+        m["heartbeat"] = time.time()
+        return True
+
+    def _ensure_watchdog(self) -> None:
+        if self._watchdog is None and self.lease_s > 0:
+            self._watchdog = asyncio.get_event_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        """Evict active jobs whose driver stopped heart-beating for ``lease_s`` while no phase of
+        theirs runs (a crashed driver must not stall its group-mates, DESIGN.md "Isolation")."""
+        while not self.closed:
+            await asyncio.sleep(min(1.0, self.lease_s / 3))
+            now = time.time()
+            for j in list(self.rr.job_ids):
+                m = self.members[j]
+                if j in self.running or m["heartbeat"] is None or now - m["heartbeat"] <= self.lease_s:
+                    continue
+                err = f"driver lost: no heartbeat for {now - m['heartbeat']:.1f}s (lease {self.lease_s:.1f}s)"
+                self._remove(j, f"failed: {err}")
+                self._report(j, {"event": "failed", "error": err})
 
     async def remove_job(self, job_id: str, reason: str = "departed") -> bool:
         """Drop the job from every queue (departure / failure). False if it was not a member."""
         return self._remove(job_id, reason)
 
     def _remove(self, job_id: str, reason: str) -> bool:
-        if job_id not in self.rr.job_ids:
+        if job_id not in self.members or job_id in self.gone:
             return False
-        self.rr.remove_job(job_id)
+        if job_id in self.rr.job_ids:
+            self.rr.remove_job(job_id)
         self.running.pop(job_id, None)
         self.gone[job_id] = reason
         self._wake_all()
@@ -133,8 +189,7 @@ class GroupControllerImpl:
         ev = self._events.setdefault(job_id, asyncio.Event())
         for _ in range(10_000_000):  # bounded; each pass waits for a state change
             if job_id not in self.rr.job_ids:
-                why = self.gone.get(job_id, "not a member of this group")
-                raise PermitError(f"group {self.group_id}: job {job_id!r} cannot run {phase}: {why}")
+                self._activate(job_id)  # raises PermitError for a non-member / a job that left
             nxt = self.rr.next_phase(job_id)
             if nxt != phase:
                 raise PermitError(f"group {self.group_id}: job {job_id!r} asked for {phase} but its next phase is {nxt}")
@@ -275,7 +330,8 @@ class GroupControllerImpl:
                        "iterations": self.rr.iteration(j), "rollout_nodes": m["rollout_nodes"],
                        "train_nodes": m["train_nodes"],
                        "slowdown": (sum(m["iter_s"]) / sum(m["solo_s"])) if sum(m["solo_s"]) > 0 else None}
-        return {"group_id": self.group_id, "jobs": jobs, "gone": dict(self.gone),
+        pending = [j for j, m in self.members.items() if not m["active"] and j not in self.gone]
+        return {"group_id": self.group_id, "jobs": jobs, "pending": pending, "gone": dict(self.gone),
                 "queues": {n: list(self.rr.queue(n)) for n in self.rr.nodes},
                 "migrations": list(self.migrations), "timeline_len": len(self.timeline),
                 "metrics": {k: dict(v) for k, v in self.metrics.totals.items()}}

@@ -76,6 +76,8 @@ class RequestSource(Protocol):
     def policy_version(self) -> int: ...
     def done(self) -> bool: ...
 
+    # optional: ``cancelled() -> list[str]``, queued request ids to drop (polled every window)
+
 
 class ListSource:
     """Releases a fixed list of requests at their ``arrival_s`` (relative to the engine clock)."""
@@ -148,6 +150,8 @@ def serve(
         now = engine.now()
         for r in source.poll(now):
             scheduler.submit(r)
+        for rid in getattr(source, "cancelled", lambda: ())():
+            scheduler.cancel(rid)
         v = source.policy_version()
         if v != version:
             version = v
@@ -241,6 +245,7 @@ class SimulatedEngine(RolloutEngine):
         self.busy_s = 0.0
         self.prefill_tokens = 0
         self.prefill_saved_tokens = 0
+        self.decode_tokens = 0
 
     def now(self) -> float:
         return self.clock
@@ -279,6 +284,7 @@ class SimulatedEngine(RolloutEngine):
                 break
             kv = sum(s.kv for s in self._run)
             t += max(c.decode_base_s + c.decode_s_per_kv_token * kv, c.decode_s_per_seq * len(self._run))
+            self.decode_tokens += len(self._run)
             still = []
             for s in self._run:
                 s.remaining -= 1

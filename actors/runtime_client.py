@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any, Optional
 
 from rollmux.phase_api import AdmissionRefused, PhaseFailed
@@ -104,6 +105,23 @@ class ScheduledRuntime:
         self._rollout_worker_names = [worker_name(self.rollout_nodes[0])]
         self.timeline: list[dict] = []
         self._registered = False
+        self.attach_info = ray.get(self.controller.attach.remote(jid))  # joins its nodes' queues now
+        self._stop = threading.Event()
+        self._hb = threading.Thread(target=self._heartbeat, name=f"rollmux-heartbeat-{jid}", daemon=True)
+        self._hb.start()
+
+    def _heartbeat(self) -> None:
+        """Driver lease: tell the GroupController this driver is alive (every HEARTBEAT_S)."""
+        import ray
+
+        from actors.group_controller import HEARTBEAT_S
+
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                if not ray.get(self.controller.heartbeat.remote(self.job.job_id), timeout=30):
+                    return
+            except Exception:  # controller restarting; keep trying until finish
+                pass
 
     def _register(self) -> None:
         import ray
@@ -161,6 +179,7 @@ class ScheduledRuntime:
         """Report finished / failed to the scheduler (departure releases the job's nodes)."""
         import ray
 
+        self._stop.set()
         try:
             ray.get(self.sched.report.remote(self.job.job_id, {"event": "finished" if ok else "failed",
                                                                "error": error,

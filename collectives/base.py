@@ -101,6 +101,7 @@ class SyncExecutor(abc.ABC):
         self.broken: Optional[str] = None
         self._staging: Optional[dict[str, torch.Tensor]] = None
         self._moved = 0
+        self.last_stats: Optional[SyncStats] = None  # of the last successful sync on this endpoint
 
     # ---- transport primitives (backend-specific) ---------------------------------------------
     @abc.abstractmethod
@@ -129,6 +130,12 @@ class SyncExecutor(abc.ABC):
     @abc.abstractmethod
     def _empty(self, nbytes: int) -> torch.Tensor:
         """A ``uint8`` buffer on this backend's device."""
+
+    def _group_start(self) -> None:
+        """Open a group of point-to-point calls issued together (NCCL: ncclGroupStart)."""
+
+    def _group_end(self) -> None:
+        """Close the group opened by :meth:`_group_start`."""
 
     @abc.abstractmethod
     def _abort(self) -> None:
@@ -209,8 +216,9 @@ class SyncExecutor(abc.ABC):
             self._fail(f"{type(e).__name__}: {e}")
             raise SyncAbortedError(f"job {self.job_id}: sync {self.seq} aborted on {self.role} {self.index}: "
                                    f"{type(e).__name__}: {e}; rollout weights unchanged") from e
-        return out, SyncStats(self.seq, time.perf_counter() - t0, st.cross_sent_bytes, st.cross_recv_bytes,
-                              st.intra_sent_bytes, st.intra_recv_bytes)
+        self.last_stats = SyncStats(self.seq, time.perf_counter() - t0, st.cross_sent_bytes, st.cross_recv_bytes,
+                                    st.intra_sent_bytes, st.intra_recv_bytes)
+        return out, self.last_stats
 
     def _fail(self, why: str) -> None:
         self.broken = why
@@ -291,7 +299,9 @@ class SyncExecutor(abc.ABC):
                 self._hash_update(h, data)
                 for w in pending:  # at most one bucket in flight while the next one is packed
                     self._wait(w)
+                self._group_start()
                 pending = [self._isend(data, plan.num_train + d, b.tag) for d in dsts]
+                self._group_end()
                 sent += data.numel() * len(dsts)
             for w in pending:
                 self._wait(w)
@@ -321,10 +331,12 @@ class SyncExecutor(abc.ABC):
                 live = [(s, s.buckets[r]) for s in plan.shards if r < len(s.buckets)]
                 self._tick()
                 targets = []
+                self._group_start()
                 for s, b in live:
                     tgt = self._bucket_view(flat, b)
                     tgt = bufs[s.index][:b.nbytes] if tgt is None else tgt
                     targets.append((s, b, tgt, self._irecv(tgt, s.sender, b.tag)))
+                self._group_end()
                 for s, b, tgt, w in targets:
                     self._wait(w)
                     self._unpack(flat, b, tgt)

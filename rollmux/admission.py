@@ -37,6 +37,7 @@ Source: RollMux §4.2, Alg. 1; DESIGN.md "Constraints", "Saturation pruning", "B
 from __future__ import annotations
 
 import heapq
+from functools import lru_cache
 import itertools
 import math
 import random
@@ -53,6 +54,7 @@ from rollmux.models import ClusterSpec, CoExecutionGroup, GroupMember, JobSpec, 
 from rollmux.nodes import node_id, node_index
 
 SLO_REL_TOL = 1e-9
+_idx = lru_cache(maxsize=None)(node_index)
 
 PLUGINS = ("saturation", "memory", "slo", "capacity", "group_size")
 
@@ -110,9 +112,19 @@ class Candidate:
     plugin: Optional[str] = None
     reasons: list[str] = field(default_factory=list)
     predicted_slowdowns: dict[str, float] = field(default_factory=dict)
-    placement: Optional[Placement] = None
+    nodes: Optional[tuple[tuple[str, ...], tuple[str, ...]]] = None  # (rollout, train) node ids
+    job_id: str = ""
     new_nodes: tuple[str, ...] = ()
     score: float = 0.0  # max_k slowdown_k / slo_k (tie-break; lower = more slack)
+    bound: float = 0.0  # optimistic (lower-bound) score, before simulating
+    members: list = field(default_factory=list, repr=False)  # G' members (internal)
+    base: tuple = field(default=(), repr=False)  # (existing members, new member's spec, profile) (internal)
+
+    @property
+    def placement(self) -> Optional[Placement]:
+        if self.nodes is None:
+            return None
+        return Placement.model_construct(job_id=self.job_id, rollout_nodes=self.nodes[0], train_nodes=self.nodes[1])
 
     def reject(self, plugin: str, reason: str) -> "Candidate":
         self.verdict, self.plugin = "rejected", plugin
@@ -229,6 +241,7 @@ class _Group:
     t_cycle: float
     t_load: float
     coexec: Optional[dict[str, float]] = None
+    info: list = field(default_factory=list)  # per member: (job_id, t_solo_s, slo, node set, max load of its nodes)
 
     @property
     def idle_fraction(self) -> float:
@@ -254,7 +267,12 @@ def _summarise(group: CoExecutionGroup, cluster: ClusterSpec) -> _Group:
         for n, t, g in _member_loads(m, cluster):
             loads[n] += t
             mem[n] += g
-    return _Group(group, loads, mem, max((m.profile.t_solo_s for m in group.members), default=0.0), max(loads.values(), default=0.0))
+    info = []
+    for m in group.members:
+        nodes = frozenset(m.placement.rollout_nodes + m.placement.train_nodes)
+        info.append((m.spec.job_id, m.profile.t_solo_s, m.spec.slo, nodes, max(loads[n] for n in nodes)))
+    return _Group(group, loads, mem, max((m.profile.t_solo_s for m in group.members), default=0.0),
+                  max(loads.values(), default=0.0), info=info)
 
 
 def _pick_nodes(nodes: Sequence[str], k: int, loads: dict, mem: dict, need_gb: float, cap_gb: float) -> Optional[list[str]]:
@@ -262,20 +280,33 @@ def _pick_nodes(nodes: Sequence[str], k: int, loads: dict, mem: dict, need_gb: f
     fit = [n for n in nodes if mem.get(n, 0.0) + need_gb <= cap_gb + 1e-9]
     if len(fit) < k:
         return None
-    fit.sort(key=lambda n: (loads.get(n, 0.0), mem.get(n, 0.0), node_index(n)))
-    return sorted(fit[:k], key=node_index)
+    fit.sort(key=lambda n: (loads.get(n, 0.0), mem.get(n, 0.0), _idx(n)))
+    return sorted(fit[:k], key=_idx)
 
 
-def _slo_check(cand: Candidate, members: list[GroupMember], loads: dict[str, float]) -> Candidate:
-    """Alg. 1 line 10: every member k of G' needs T_coexec_k <= slo_k * T_solo_k."""
-    # cheap lower bound: k iterates once per meta-iteration on each of its nodes
+def _slo_bound(cand: Candidate, members: list[GroupMember], loads: dict[str, float]) -> Candidate:
+    """Cheap necessary SLO condition: job k iterates once per meta-iteration on each of its nodes,
+    so ``T_coexec_k >= max(T_solo_k, load of k's busiest node)``. Rejects on violation; sets
+    ``cand.bound`` = the optimistic ``max_k slowdown_k / slo_k`` (for branch and bound)."""
     bad = []
+    bound = 0.0
     for m in members:
         lb = max([m.profile.t_solo_s] + [loads[n] for n in m.placement.rollout_nodes + m.placement.train_nodes])
+        bound = max(bound, lb / m.profile.t_solo_s / m.spec.slo)
         if lb > m.spec.slo * m.profile.t_solo_s * (1 + SLO_REL_TOL):
             bad.append(f"{m.spec.job_id}: slowdown >= {lb / m.profile.t_solo_s:.3f} > SLO {m.spec.slo:.3f} (node-load lower bound)")
-    if bad:
-        return cand.reject("slo", "; ".join(bad))
+    cand.bound = bound
+    cand.members = members
+    return cand.reject("slo", "; ".join(bad)) if bad else cand
+
+
+def _slo_sim(cand: Candidate) -> Candidate:
+    """Alg. 1 line 10: every member k of G' needs T_coexec_k <= slo_k * T_solo_k, T_coexec from
+    the simulated round-robin schedule (:func:`rollmux.intra_group.coexec_times`)."""
+    if not cand.members:
+        old, spec, prof = cand.base
+        cand.members = list(old) + [GroupMember.model_construct(spec=spec, profile=prof, placement=cand.placement)]
+    members = cand.members
     tco = coexec_times(members)
     sd = {m.spec.job_id: tco[m.spec.job_id] / m.profile.t_solo_s for m in members}
     cand.predicted_slowdowns = sd
@@ -285,6 +316,12 @@ def _slo_check(cand: Candidate, members: list[GroupMember], loads: dict[str, flo
         return cand.reject("slo", "; ".join(viol))
     cand.score = max(sd[m.spec.job_id] / m.spec.slo for m in members)
     return cand
+
+
+def _slo_check(cand: Candidate, members: list[GroupMember], loads: dict[str, float]) -> Candidate:
+    """Bound, then simulate (both SLO plugins of Alg. 1 line 10)."""
+    _slo_bound(cand, members, loads)
+    return _slo_sim(cand) if cand.ok else cand
 
 
 # --- the scheduler ---------------------------------------------------------------------------------------
@@ -311,10 +348,11 @@ class InterGroupScheduler:
 
     def __init__(self, cluster: ClusterSpec, policy: str = "rollmux", max_group_size: int = 5, seed: int = 0,
                  config: Optional[SchedulerConfig] = None) -> None:
-        if config is not None:
+        if config is not None:  # explicit (non-default) arguments win over the config's values
             policy = policy if policy != "rollmux" else config.policy
             max_group_size = max_group_size if max_group_size != 5 else config.max_group_size
             seed = seed if seed != 0 else config.seed
+            config = config.model_copy(update={"policy": policy, "max_group_size": int(max_group_size), "seed": seed})
         if policy not in POLICIES:
             raise ValueError(f"unknown admission policy {policy!r} (known: {', '.join(POLICIES)})")
         if int(max_group_size) < 1:
@@ -453,7 +491,7 @@ class InterGroupScheduler:
             iso.reject("capacity", "cluster out of GPUs: not enough free nodes for a new group "
                        f"({nr} rollout + {nt} training nodes)")
         else:
-            iso.placement = Placement(job_id=job.job_id, rollout_nodes=tuple(new_r), train_nodes=tuple(new_t))
+            iso.nodes, iso.job_id = (tuple(new_r), tuple(new_t)), job.job_id
             iso.new_nodes = tuple(new_r) + tuple(new_t)
             iso.predicted_slowdowns = {job.job_id: 1.0}
         cands.append(iso)
@@ -461,8 +499,7 @@ class InterGroupScheduler:
         chosen: Optional[Candidate] = None
         if feasible_by_group:
             if self.policy == "rollmux":
-                sign = 1.0 if self.config.tie_break == "most_slack" else -1.0
-                chosen = min((c for _, c in feasible_by_group), key=lambda c: (c.delta_usd_per_h, sign * c.score))
+                chosen = self._choose_rollmux([c for _, c in feasible_by_group])
             elif self.policy == "random":
                 chosen = self._rng.choice(feasible_by_group)[1]
             else:  # most-idle
@@ -472,7 +509,7 @@ class InterGroupScheduler:
                 fits = d is not None and all(g_idle.t_cycle - g_idle.loads.get(n, 0.0) >= prof.t_roll_s
                                              for n in d.placement.rollout_nodes)  # type: ignore[union-attr]
                 chosen = d if (fits or "scale_out" not in opts) else opts["scale_out"]
-            if not slo_check:
+            if not slo_check and chosen is not None:
                 g = self._groups[chosen.group_id]  # type: ignore[index]
                 mems = list(g.group.members) + [GroupMember(spec=job, profile=prof, placement=chosen.placement)]
                 tco = coexec_times(mems)
@@ -511,16 +548,45 @@ class InterGroupScheduler:
                 return c.reject("capacity", f"cluster out of GPUs: no {nr} free rollout nodes")
             rn = list(new_r)
             c.new_nodes = tuple(new_r)
-        c.placement = Placement(job_id=job.job_id, rollout_nodes=tuple(rn), train_nodes=tuple(tn))
+        c.nodes, c.job_id = (tuple(rn), tuple(tn)), job.job_id
+        c.base = (grp.members, job, prof)
         if not slo_check:
             return c
-        members = list(grp.members) + [GroupMember(spec=job, profile=prof, placement=c.placement)]
-        loads = dict(g.loads)
-        for n in rn:
-            loads[n] = loads.get(n, 0.0) + prof.t_roll_s
+        # optimistic bound (no simulation): k iterates once per meta-iteration on each of its nodes
+        add_r, add_t = prof.t_roll_s, prof.t_train_s + prof.t_sync_s
+        new_loads = {n: g.loads.get(n, 0.0) + add_r for n in rn}
         for n in tn:
-            loads[n] += prof.t_train_s + prof.t_sync_s
-        return _slo_check(c, members, loads)
+            new_loads[n] = g.loads[n] + add_t
+        lb = max(prof.t_solo_s, max(new_loads.values()))
+        rows = [(job.job_id, prof.t_solo_s, job.slo, lb)]
+        for jid, ts, slo, nodes, ml in g.info:
+            rows.append((jid, ts, slo, max([ts, ml] + [v for n, v in new_loads.items() if n in nodes])))
+        bad = [f"{jid}: slowdown >= {lb_ / ts:.3f} > SLO {slo:.3f} (node-load lower bound)"
+               for jid, ts, slo, lb_ in rows if lb_ > slo * ts * (1 + SLO_REL_TOL)]
+        c.bound = max(lb_ / ts / slo for _, ts, slo, lb_ in rows)
+        return c.reject("slo", "; ".join(bad)) if bad else c
+
+    def _choose_rollmux(self, feasible: list[Candidate]) -> Optional[Candidate]:
+        """Min marginal cost, tie-break on SLO slack, over bound-feasible candidates; simulates
+        lazily: cheaper tiers first (direct Δ=0, then scale-out), best optimistic bound first, and
+        stops when no remaining candidate can beat the best simulated one (branch and bound).
+        Candidates never simulated get verdict ``"skipped"`` with the reason."""
+        most_slack = self.config.tie_break == "most_slack"
+        chosen: Optional[Candidate] = None
+        for delta in sorted({c.delta_usd_per_h for c in feasible}):
+            tier = sorted((c for c in feasible if c.delta_usd_per_h == delta), key=lambda c: c.bound)
+            if chosen is not None:
+                for c in tier:
+                    c.verdict, c.reasons = "skipped", [f"dominated: a placement with delta {chosen.delta_usd_per_h:.2f} USD/h exists"]
+                continue
+            for c in tier:
+                if chosen is not None and most_slack and c.bound >= chosen.score:
+                    c.verdict, c.reasons = "skipped", [f"bound {c.bound:.3f} >= chosen score {chosen.score:.3f} (branch and bound)"]
+                    continue
+                _slo_sim(c)
+                if c.ok and (chosen is None or (c.score < chosen.score if most_slack else c.score > chosen.score)):
+                    chosen = c
+        return chosen
 
     # --- state changes -------------------------------------------------------------------------------
     def commit(self, decision: AdmissionDecision) -> Optional[CoExecutionGroup]:
@@ -617,8 +683,9 @@ class InterGroupScheduler:
         """Rebuild a scheduler from :meth:`snapshot` output. Raises ValueError on a malformed
         snapshot (pydantic messages name the field)."""
         try:
-            s = cls(cluster, policy=snapshot["policy"], max_group_size=snapshot["max_group_size"], seed=snapshot["seed"],
-                    config=SchedulerConfig.model_validate(snapshot.get("config", {})))
+            cfg = SchedulerConfig.model_validate({**snapshot.get("config", {}), "policy": snapshot["policy"],
+                                                  "max_group_size": snapshot["max_group_size"], "seed": snapshot["seed"]})
+            s = cls(cluster, policy=cfg.policy, max_group_size=cfg.max_group_size, seed=cfg.seed, config=cfg)
             s._next_group = int(snapshot["next_group"])
             for gd in snapshot["groups"]:
                 grp = CoExecutionGroup(group_id=gd["group_id"], rollout_nodes=tuple(gd["rollout_nodes"]),

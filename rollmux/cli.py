@@ -43,7 +43,7 @@ def simulate(
     slo_min: float = typer.Option(1.0, "--slo-min", help="SLO ~ U(slo-min, slo-max)"),
     slo_max: float = typer.Option(2.0, "--slo-max"),
     max_group_size: int = typer.Option(5, "--max-group-size", min=1, max=16),
-    exact_max_jobs: int = typer.Option(10, "--exact-max-jobs", min=1, max=20,
+    exact_max_jobs: int = typer.Option(24, "--exact-max-jobs", min=1, max=64,
                                        help="the optimum is exact up to this many active jobs (best found beyond)"),
     cluster_config: Path = typer.Option(None, "--cluster", help="cluster YAML [default: configs/cluster_sim.yaml]"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),

@@ -305,7 +305,7 @@ def simulate_group(
                 q.release(j)
                 held = long_tail.held_fraction(gpus[j])  # type: ignore[union-attr]
                 end = next(e for e, _, jj, pp in heap if jj == j and pp == "rollout")
-                for nd in q._jobs[j].rollout_nodes:  # noqa: SLF001 - same package
+                for nd in q.nodes_of(j)[0]:
                     tails.setdefault(nd, []).append((end, held))
         else:
             q.on_phase_done(j, ph, now)
@@ -358,20 +358,37 @@ def _canonical(members: Sequence[GroupMember]) -> tuple:
     return tuple(key)
 
 
+def _rr_recurrence(key: tuple, m_it: int) -> tuple[float, ...]:
+    """Deterministic round-robin schedule as a recurrence (no events): with every node's FIFO
+    order fixed to admission order, rollout ``(c, k)`` starts at ``max(end of k's sync of cycle
+    c-1, free time of its rollout nodes)`` and training ``(c, k)`` at ``max(end of its rollout,
+    free time of its training nodes)``; processing cycle by cycle, rollouts then trainings, in
+    admission order respects every FIFO and dependency edge. Identical to :func:`simulate_group`
+    without long tails (property-tested), ~20x cheaper. Returns steady-state t_coexec per job."""
+    n = len(key)
+    free: dict[int, float] = {}
+    last = [0.0] * n
+    done = [[0.0] for _ in range(n)]
+    rend = [0.0] * n
+    for _ in range(m_it):
+        for k, (tr, _tt, _ts, rn, _tn) in enumerate(key):
+            e = max([last[k]] + [free.get(x, 0.0) for x in rn]) + tr
+            for x in rn:
+                free[x] = e
+            rend[k] = e
+        for k, (_tr, tt, ts, _rn, tn) in enumerate(key):
+            e = max([rend[k]] + [free.get(x, 0.0) for x in tn]) + tt + ts
+            for x in tn:
+                free[x] = e
+            last[k] = e
+            done[k].append(e)
+    h = m_it // 2
+    return tuple((c[m_it] - c[h]) / (m_it - h) for c in done)
+
+
 @lru_cache(maxsize=65536)
 def _coexec_cached(key: tuple) -> tuple[float, ...]:
-    from rollmux.models import JobSpec, Placement
-
-    mems = []
-    for i, (tr, tt, ts, r, t) in enumerate(key):
-        jid = f"j{i}"
-        mems.append(GroupMember(
-            spec=JobSpec(job_id=jid, model_params_b=1.0),
-            profile=PhaseProfile(t_roll_s=tr, t_train_s=tt, t_sync_s=ts),
-            placement=Placement(job_id=jid, rollout_nodes=tuple(f"rollout-{x}" for x in r), train_nodes=tuple(f"train-{x}" for x in t)),
-        ))
-    s = simulate_group(mems, record_timeline=False)
-    return tuple(s.t_coexec_s[f"j{i}"] for i in range(len(key)))
+    return _rr_recurrence(key, 2 * len(key) + 4)
 
 
 def coexec_times(members: Sequence[GroupMember]) -> dict[str, float]:

@@ -29,8 +29,10 @@ Model (all constants below, module level, documented and configurable by monkeyp
   node across the slow link. A colocated job reshards over the intra-cluster fabric only.
 
 Calibration: Qwen-7B, 256 prompts x 8 responses, 8k tokens, 8 H20 + 8 H800 gives a worst-case
-rollout of ~355 s and training of ~360 s; 32B jobs with 16k-32k tokens reach ~900-2000 s, in
-line with the 50-900+ s phases of RollMux Fig. 2 (seed 000 §3.2 C1).
+rollout of ~380 s and training of ~360 s (4k tokens: ~110 / ~190 s); 14B-32B jobs with 16k tokens
+reach ~2000-2400 s in the worst case (~600 s at a mean of half the cap). The paper's phases span
+50-900+ s (RollMux Fig. 2, seed 000 §3.2 C1); worst-case planning is deliberately above the typical
+phase, and shorter batches (fewer prompts) bring large models back into that range.
 
 Host memory (for the residency constraint, RollMux §4.2 (1)): see :func:`state_gb`.
 """

@@ -119,6 +119,11 @@ class RoundRobinQueues:
         q = self._queues.get(node)
         return q[self._ptr[node]] if q else None
 
+    def nodes_of(self, job_id: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """``(rollout_nodes, train_nodes)`` of ``job_id`` (KeyError if unknown)."""
+        j = self._jobs[job_id]
+        return j.rollout_nodes, j.train_nodes
+
     def next_phase(self, job_id: str) -> str:
         return self._jobs[job_id].next_phase
 

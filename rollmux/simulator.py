@@ -262,7 +262,7 @@ class OptimalPolicy(SimPolicy):
 
     name = "optimal"
 
-    def __init__(self, cluster: ClusterSpec, real: Realisation, *, max_group_size: int = 5, exact_max_jobs: int = 10,
+    def __init__(self, cluster: ClusterSpec, real: Realisation, *, max_group_size: int = 5, exact_max_jobs: int = 24,
                  time_limit_s: float = 5.0):
         self.real = real
         self.opt = OptimalPartition(cluster, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs,
@@ -298,7 +298,7 @@ class OptimalPolicy(SimPolicy):
 
 
 def make_policy(name: str, cluster: ClusterSpec, real: Realisation, *, max_group_size: int = 5, seed: int = 0,
-                exact_max_jobs: int = 10) -> SimPolicy:
+                exact_max_jobs: int = 24) -> SimPolicy:
     """Policy registry. Raises ValueError for an unknown name (message lists the known ones)."""
     check_policy(name)
     if name in ("rollmux", "random", "most-idle"):
@@ -495,6 +495,7 @@ def replay(
             for jid in done:
                 del remaining[jid]
                 policy.depart(jid)
+                real.forget(jid)
                 if shadow is not None:
                     shadow.forget(jid)
                 sj = by_id[jid]
@@ -551,7 +552,7 @@ def simulate(
     stochastic: bool = False,
     seed: int = 0,
     max_group_size: int = 5,
-    exact_max_jobs: int = 10,
+    exact_max_jobs: int = 24,
     on_event: Optional[Callable[[str, int], None]] = None,
     meta: Optional[dict] = None,
     shadow_policies: Iterable[str] = ("rollmux",),

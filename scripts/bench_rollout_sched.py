@@ -8,10 +8,11 @@ model (wall clock, few prompts).
 The stream (built deterministically from ``--seed``; identical content for every policy):
 
 * a trainer (on-policy RL, closed loop): each step submits a *critical* batch of
-  ``prompts_per_step`` prompts x ``samples_per_prompt`` samples (GRPO groups share the prompt);
-  each finished sample spawns a critical reward query (reward system prompt + response tail);
-  when the whole batch is scored the trainer trains for ``train_s`` (the pool keeps serving
-  background work), then loads the next policy version and submits the next batch;
+  ``prompts_per_step + over_sample_prompts`` prompts x ``samples_per_prompt`` samples (GRPO
+  groups share the prompt); each finished sample spawns a critical reward query (reward system
+  prompt + response tail); when ``prompts_per_step`` groups are fully scored the trainer cancels
+  the rest (over-sampling) and trains for ``train_s`` (the pool keeps serving background work),
+  then loads the next policy version and submits the next batch;
 * task families with Zipf(1) popularity: prompt = one of two shared system prompts + the family's
   template + a few perturbed tokens near its end + a random question tail;
 * long-tailed output lengths (log-normal, capped at max_tokens);
@@ -24,7 +25,10 @@ The stream (built deterministically from ``--seed``; identical content for every
 Metrics per policy: sample_throughput (generation + state-query samples / s), trainer_idle_ratio
 (time the trainer waits for its critical batch / run time), prefix_hit_ratio (prefix-cache hit
 tokens / prompt tokens at dispatch), short_p99_wait_s (p99 queueing delay of reward and state
-queries), diversity (mean normalised entropy of task families over consecutive chunks of 32
+queries), diversity (normalised entropy of the task families of the GRPO groups each trained
+batch consists of, averaged over steps: with over-sampling the trainer trains on the first
+groups to finish, so the scheduling order decides the family mix; diversity_early: the first
+third of the steps; dispatch_diversity: mean normalised entropy over consecutive chunks of 32
 dispatched generations), index_bytes (peak footprint of the prefix index).
 
 Usage:  .venv/bin/python scripts/bench_rollout_sched.py [--quick] [--no-cpu] [--seed 0]
@@ -57,7 +61,8 @@ from rollmux.rollout_sched import (  # noqa: E402
 )
 
 POLICIES = ("fifo", "prefix", "mixed")
-DIVERSITY_CHUNK = 32
+METRIC_KEYS = ("sample_throughput", "trainer_idle_ratio", "prefix_hit_ratio", "short_p99_wait_s", "diversity", "index_bytes")
+DIVERSITY_CHUNK = 32  # generations, in dispatch order
 
 
 def _h(*parts) -> int:
@@ -76,6 +81,7 @@ class StreamSpec:
     tail_len: tuple[int, int] = (16, 48)
     steps: int = 10
     prompts_per_step: int = 16
+    over_sample_prompts: int = 4
     samples_per_prompt: int = 4
     max_tokens: int = 2048
     out_median: float = 300.0
@@ -102,7 +108,7 @@ SIM_QUICK = StreamSpec()
 SIM_FULL = StreamSpec(steps=24, horizon_s=520.0)
 CPU_SPEC = StreamSpec(
     vocab=256, sys_lens=(24, 16), families=4, template_len=24, perturb_max=2, tail_len=(4, 10), steps=3,
-    prompts_per_step=4, samples_per_prompt=2, max_tokens=48, out_median=24.0, out_sigma=0.6, train_s=0.3,
+    prompts_per_step=4, over_sample_prompts=2, samples_per_prompt=2, max_tokens=48, out_median=24.0, out_sigma=0.6, train_s=0.3,
     reward_sys_len=8, reward_tail=12, sweep_every_s=0.6, sweep_size=4, state_rate_per_s=6.0, state_history=(8, 24),
     state_max_tokens=4, replay_every_s=0.8, replay_size=2, replay_len=(64, 160), burst_at_s=0.4, burst_size=24,
     horizon_s=1.6, drift_max_exponent=1.2, drift_per_version=0.4,
@@ -153,7 +159,7 @@ class Stream:
     def critical_batch(self, step: int, t: float) -> list[Request]:
         s, rng = self.s, np.random.default_rng(_h(self.seed, "step", step))
         out = []
-        for i in range(s.prompts_per_step):
+        for i in range(s.prompts_per_step + s.over_sample_prompts):
             fam, prompt = self.prompt(rng)
             for k in range(s.samples_per_prompt):
                 out.append(Request(request_id=f"s{step}-p{i}-k{k}", prompt_token_ids=prompt, max_tokens=s.max_tokens,
@@ -202,20 +208,39 @@ class Stream:
 
 
 class TrainerSource:
-    """Closed-loop on-policy trainer + open-loop background (a ``RequestSource``)."""
+    """Closed-loop on-policy trainer + open-loop background (a ``RequestSource``).
+
+    Each step submits ``prompts_per_step + over_sample_prompts`` GRPO groups and trains on the
+    first ``prompts_per_step`` groups whose samples and rewards are all done (over-sampling, as
+    in DAPO-style dynamic sampling); the other groups' queued requests are cancelled and their
+    running ones are ignored. ``consumed`` records the task families of each trained batch.
+    """
 
     def __init__(self, stream: Stream):
         self.st = stream
         self.bg = stream.background()
         self.bi = 0
         self.step = 0
-        self.state = "rollout"
         self.t_submit = 0.0
         self.train_end: float | None = None
         self.waits: list[float] = []
-        self.outbox = stream.critical_batch(0, 0.0)
-        self.pending = {r.request_id: r for r in self.outbox}
+        self.consumed: list[list[str]] = []
         self.end_s = 0.0
+        self.outbox: list[Request] = []
+        self._cancel: list[str] = []
+        self._start_step(0.0)
+
+    def _start_step(self, t: float) -> None:
+        batch = self.st.critical_batch(self.step, t)
+        self.state, self.t_submit = "rollout", t
+        self.batch = {r.request_id: r for r in batch}
+        self.group_of = {r.request_id: r.request_id.rsplit("-k", 1)[0] for r in batch}
+        self.open: dict[str, set[str]] = {}
+        for r in batch:
+            self.open.setdefault(self.group_of[r.request_id], set()).add(r.request_id)
+        self.family = {self.group_of[r.request_id]: r.task_family for r in batch}
+        self.done_groups: list[str] = []
+        self.outbox.extend(batch)
 
     def poll(self, now_s: float) -> list[Request]:
         out, self.outbox = self.outbox, []
@@ -226,12 +251,15 @@ class TrainerSource:
             self.step += 1
             self.end_s = self.train_end
             if self.step < self.st.s.steps:
-                batch = self.st.critical_batch(self.step, self.train_end)
-                self.pending = {r.request_id: r for r in batch}
-                self.state, self.t_submit = "rollout", self.train_end
-                out.extend(batch)
+                self._start_step(self.train_end)
+                out.extend(self.outbox)
+                self.outbox = []
             else:
                 self.state = "finished"
+        return out
+
+    def cancelled(self) -> list[str]:
+        out, self._cancel = self._cancel, []
         return out
 
     def next_event_s(self) -> float | None:
@@ -245,16 +273,25 @@ class TrainerSource:
         return min(cands) if cands else None
 
     def on_complete(self, c: Completion, now_s: float) -> None:
-        req = self.pending.pop(c.request_id, None)
-        if req is None:
-            return
-        if req.type is RequestType.GENERATION:
-            rw = self.st.reward_for(req, c, now_s, critical=True)
-            self.pending[rw.request_id] = rw
+        rid = c.request_id
+        gen_id = rid[3:] if rid.startswith("rw-") else rid
+        g = self.group_of.get(gen_id) if self.state == "rollout" else None
+        if g is None or g not in self.open or rid not in self.open[g]:
+            return  # background, or a sample of a group the trainer no longer needs
+        self.open[g].discard(rid)
+        if not rid.startswith("rw-"):
+            rw = self.st.reward_for(self.batch[gen_id], c, now_s, critical=True)
+            self.open[g].add(rw.request_id)
             self.outbox.append(rw)
-        if not self.pending and self.state == "rollout":
-            self.waits.append(now_s - self.t_submit)
-            self.state, self.train_end = "training", now_s + self.st.s.train_s
+        if not self.open[g]:
+            del self.open[g]
+            self.done_groups.append(g)
+            if len(self.done_groups) == self.st.s.prompts_per_step:
+                self.waits.append(now_s - self.t_submit)
+                self.consumed.append([self.family[x] for x in self.done_groups])
+                self._cancel = [r for ids in self.open.values() for r in ids]
+                self.open = {}
+                self.state, self.train_end = "training", now_s + self.st.s.train_s
 
     def trainer_waiting(self) -> bool:
         return self.state == "rollout"
@@ -293,8 +330,10 @@ def run_policy(policy: str, spec: StreamSpec, engine_kind: str, seed: int, max_w
     short_waits = [d.wait_s for d in log if d.short]
     gens = [d.task_family for d in log if d.type is RequestType.GENERATION]
     chunks = [gens[i : i + DIVERSITY_CHUNK] for i in range(0, len(gens) - DIVERSITY_CHUNK + 1, DIVERSITY_CHUNK)]
-    div = [_norm_entropy(c, spec.families) for c in chunks]
-    early = div[: max(1, len(div) // 4)]
+    dispatch_div = [_norm_entropy(c, spec.families) for c in chunks]
+    k = min(spec.families, spec.prompts_per_step)
+    div = [_norm_entropy(fams, k) for fams in src.consumed]
+    early = div[: max(1, len(div) // 3)]
     m = sched.metrics()
     crit_waits = [d.wait_s for d in log if d.critical]
     return {
@@ -306,10 +345,14 @@ def run_policy(policy: str, spec: StreamSpec, engine_kind: str, seed: int, max_w
         "index_bytes": int(m["index_peak_bytes"]),
         # context
         "diversity_early": float(np.mean(early)) if div else 0.0,
+        "dispatch_diversity": float(np.mean(dispatch_div)) if dispatch_div else 0.0,
         "critical_p99_wait_s": float(np.percentile(crit_waits, 99)) if crit_waits else 0.0,
         "trainer_wait_s": sum(src.waits),
         "steps_done": len(src.waits),
         "makespan_s": makespan,
+        "mean_step_s": makespan / max(1, len(src.waits)),
+        "engine_compute_busy_ratio": (engine.prefill_tokens + engine.decode_tokens) * engine.cost.prefill_s_per_token / makespan
+        if engine_kind == "sim" else None,
         "samples": samples,
         "short_requests": len(short_waits),
         "dispatched": m["dispatched"],
@@ -331,7 +374,7 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = ["sample_throughput", "trainer_idle_ratio", "prefix_hit_ratio", "short_p99_wait_s", "diversity", "index_bytes"]
+    keys = list(METRIC_KEYS)
     rows = [k for k in ("simulated", "cpu_engine") if k in results]
     fig, axes = plt.subplots(len(rows), len(keys), figsize=(3.1 * len(keys), 2.8 * len(rows)), squeeze=False)
     colors = {"fifo": "#999999", "prefix": "#4c72b0", "mixed": "#dd8452"}

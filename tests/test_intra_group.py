@@ -224,3 +224,18 @@ def test_queues_never_deadlock_under_joins_and_departures(ops):
             break
         q.on_phase_done(*running.pop(0))
     assert all(q.iteration(j) >= t for j, t in target.items())
+
+
+# --- the admission fast path equals the event simulation ---------------------------------------------
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 300), st.integers(1, 300), st.integers(0, 20),
+                          st.sets(st.integers(0, 2), min_size=1), st.sets(st.integers(0, 1), min_size=1)),
+                min_size=1, max_size=5))
+def test_coexec_recurrence_matches_event_simulation(spec):
+    """Multi-node groups (shared and dedicated nodes): coexec_times == simulate_group's t_coexec_s."""
+    g = [mem(f"j{i}", r, t, s, r=tuple(f"rollout-{x}" for x in sorted(rn)), t=tuple(f"train-{x}" for x in sorted(tn)))
+         for i, (r, t, s, rn, tn) in enumerate(spec)]
+    fast = coexec_times(g)
+    slow = simulate_group(g, record_timeline=False).t_coexec_s
+    assert fast == pytest.approx(slow, rel=1e-9)

@@ -16,7 +16,7 @@ from rollmux.config import CONFIG_DIR
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
 N = 3  # iterations
-TINY = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, max_position_embeddings=112)
+TINY = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, max_position_embeddings=176)
 JOBS = ("grpo_balanced", "grpo_rollout_heavy", "grpo_train_heavy")
 
 

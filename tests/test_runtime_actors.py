@@ -219,3 +219,30 @@ def test_admission_and_refusals_through_the_actor(sched):
     dep = ray.get(h.depart.remote(jid))
     assert dep["job_id"] == jid and ray.get(h.get_job.remote(jid))["state"] == "finished"
     assert ray.get(h.depart.remote(f"nope-{_uid()}")) is None
+
+
+def test_lost_driver_is_evicted_and_mates_continue(ray_cluster, local_cluster_spec):
+    """A driver that dies between phases (no heartbeat) must not stall its group-mates."""
+    import ray
+
+    from actors.global_scheduler import get_or_create_scheduler
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    name = f"test-lease-{_uid()}"
+    h = get_or_create_scheduler(local_cluster_spec, name=name, controller_kw={"lease_s": 1.5})
+    try:
+        lost = rollmux.Job(toy_spec(f"lost-{_uid()}", "big"), attach=True, scheduler_name=name)
+        r, t, p = make_toy(lost, "big", seed=0)
+        mate = rollmux.Job(toy_spec(f"mate-{_uid()}", "small"), attach=True, scheduler_name=name)
+        fns = make_toy(mate, "small", seed=1)
+        t(r(0))
+        p()
+        lost._runtime._stop.set()  # the driver "dies": no more heartbeats, no more phases
+        out: dict = {}
+        loop(mate, fns, 3, out, "m")
+        assert len(out["m"]) == 3 and "m:error" not in out
+        rec = ray.get(h.get_job.remote(lost.job_id))
+        assert rec["state"] == "failed" and "driver lost" in rec["error"]
+        assert ray.get(h.get_job.remote(mate.job_id))["state"] == "finished"
+    finally:
+        ray.kill(h, no_restart=True)

@@ -177,7 +177,7 @@ def test_token_required_for_admission_and_departure(anon, api, serve_api, clean)
     (lambda j: spec(j, slo=0.5), "slo"),
     (lambda j: {k: v for k, v in spec(j).items() if k != "model_params_b"}, "model_params_b"),
     (lambda j: spec(j, num_rollout_gpus=0), "num_rollout_gpus"),
-    (lambda j: spec(j, job_id="bad id!"), "job_id"),
+    (lambda j: {**spec(j), "job_id": "bad id!"}, "job_id"),
     (lambda j: spec(j, colour="red"), "colour"),
     (lambda j: spec(j, measured={"t_roll_s": -1, "t_train_s": 1}), "measured.t_roll_s"),
 ])
@@ -210,3 +210,40 @@ def test_replicas_find_the_scheduler_again_after_it_restarts(api, serve_api, cle
     job = api.get(f"/v1/jobs/{j}")
     assert job.status_code == 200 and job.json()["state"] == "admitted"  # restored from the checkpoint
     assert api.delete(f"/v1/jobs/{j}").status_code == 200
+
+
+def _scrape_all_nodes() -> tuple[str, list[str]]:
+    """Concatenated Prometheus text of every node's metrics export port (Ray binds the node IP)."""
+    import ray
+
+    text, urls = "", []
+    for n in ray.nodes():
+        if n.get("Alive") and n.get("MetricsExportPort"):
+            url = f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics"
+            urls.append(url)
+            try:
+                text += httpx.get(url, timeout=10).text
+            except httpx.HTTPError:
+                pass
+    return text, urls
+
+
+def test_admission_metrics_appear_on_the_prometheus_endpoint(api, clean):
+    j = _id("metrics")
+    assert api.post("/v1/jobs", json=spec(j)).status_code == 201
+    assert api.post("/v1/jobs", json=spec(_id("metrics"), mem_roll_gb=100.0)).status_code == 409
+    want = ("ray_rollmux_admission_decisions_total", "ray_rollmux_admission_latency_ms_bucket",
+            "ray_rollmux_group_cost_usd_per_h", "ray_rollmux_job_slo")
+    deadline, text, urls = time.monotonic() + 90, "", []
+    while time.monotonic() < deadline:  # the actor flushes every 1 s; Ray exports every few seconds
+        text, urls = _scrape_all_nodes()
+        if all(w in text for w in want) and f'job_id="{j}"' in text:
+            break
+        time.sleep(2)
+    assert urls, "no node exports metrics"
+    missing = [w for w in want if w not in text]
+    assert not missing, f"{missing} not on {urls}"
+    lines = [ln for ln in text.splitlines() if ln.startswith("ray_rollmux_admission_decisions_total{")]
+    assert any('outcome="admitted"' in ln for ln in lines) and any('outcome="never"' in ln for ln in lines), lines
+    assert any(ln.startswith("ray_rollmux_job_slo{") and f'job_id="{j}"' in ln and ln.rstrip().endswith(" 2.0")
+               for ln in text.splitlines())

@@ -64,8 +64,9 @@ def test_conservation_on_real_extract(extract_jobs):
         ts, cs = run.times_s, run.cost_usd_per_h
         assert run.cost_usd == pytest.approx(sum(c * (t1 - t0) for t0, t1, c in zip(ts, ts[1:], cs)) / 3600, rel=1e-9)
         assert 0 <= run.rollout_busy_gpu_s <= run.rollout_gpu_s + 1e-6 and 0 <= run.train_busy_gpu_s <= run.train_gpu_s + 1e-6
-        for o in run.outcomes.values():
-            assert o.departure_s >= o.arrival_s + o.duration_s * (1 - 1e-9), (name, o)  # never faster than solo
+        if name in ("rollmux", "random", "most-idle", "optimal"):  # co-execution never beats solo speed
+            for o in run.outcomes.values():
+                assert o.departure_s >= o.arrival_s + o.duration_s * (1 - 1e-9), (name, o)
         if name in ("rollmux", "optimal"):
             assert run.metrics()["slo_attainment"] == 1.0, name
             assert run.cost_usd < solo.cost_usd, name
@@ -93,8 +94,10 @@ def test_stochastic_realisation_is_shared_and_seeded(extract_jobs):
     jobs = extract_jobs[:8]
     a, b = Realisation(CLUSTER, stochastic=True, seed=1), Realisation(CLUSTER, stochastic=True, seed=1)
     assert [a.solo_time_s(j.spec) for j in jobs] == [b.solo_time_s(j.spec) for j in jobs]
-    # long-tailed lengths: realised mean rollout below the worst case (every response at max tokens)
-    assert all(a.mean_profile(j.spec).t_roll_s < j.profile.t_roll_s for j in jobs)
+    # long-tailed lengths: realised mean rollout at most the worst case (every response at max tokens);
+    # single-wave rollouts end with their longest response, which hits the cap
+    real = [a.mean_profile(j.spec).t_roll_s / j.profile.t_roll_s for j in jobs]
+    assert all(r <= 1 + 1e-9 for r in real) and min(real) < 0.9
     res = simulate(jobs, CLUSTER, ["rollmux", "solo-d"], stochastic=True, seed=1)
     pol = res.summary["policies"]
     assert 0.0 <= pol["rollmux"]["slo_attainment"] <= 1.0

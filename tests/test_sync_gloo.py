@@ -303,3 +303,41 @@ def test_two_jobs_share_the_same_processes(pool):
         if ra["role"] == "rollout":
             assert ra["syncs"][0]["sums"] == sums(model(61))
             assert rb["syncs"][0]["sums"] == sums(model(62))
+
+
+# ------------------------------------------------------------------------------ benchmark harness
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "bench_sync.py")
+
+
+def test_bench_refuses_without_iproute2(tmp_path):
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PATH=str(tmp_path))  # no `ip` / `tc` on PATH
+    r = subprocess.run([sys.executable, BENCH, "--quick", "--out", str(tmp_path / "x.json")], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "needs root and iproute2" in r.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not __import__("shutil").which("ip"), reason="needs root and iproute2")
+def test_bench_removes_its_namespaces_when_interrupted(tmp_path):
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, BENCH, "--workers", "2", "--ratios", "20", "--sizes-mib", "64",
+                          "--out", str(tmp_path / "x.json")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = p.stdout.readline()  # printed once the namespaces exist
+    names = re.findall(r"rmx-(?:tr|ro)-\d+", line)
+    assert len(names) == 2, line
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert all(n in listed for n in names)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, (p.returncode, err[-3000:])
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(n in listed for n in names)
+    assert not (tmp_path / "x.json").exists()

@@ -125,6 +125,7 @@ def make_train_backend(
     if name == "deepspeed":
         from actors.backends.deepspeed_train import DeepSpeedTrainBackend
 
+        kw.pop("device", None)  # DeepSpeed uses this process's current CUDA device
         return DeepSpeedTrainBackend(model, lr=lr, max_grad_norm=max_grad_norm, **kw)
     raise ValueError(f"train_backend: unknown backend {name!r} (known: torch, deepspeed)")
 

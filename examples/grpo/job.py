@@ -64,10 +64,12 @@ def build_train_state(cfg: GRPOJobConfig) -> dict:
     torch.set_num_threads(r.threads)
     from actors.backends import make_train_backend
 
-    ref = build_model(cfg.model, r.seed, TOK).requires_grad_(False) if r.kl_coef > 0 else None
+    kw = {"micro_batch": r.minibatch_size} if r.train_backend == "deepspeed" else {"device": r.device}
     trainer = make_train_backend(
-        r.train_backend, build_model(cfg.model, r.seed, TOK), lr=r.lr, max_grad_norm=r.max_grad_norm, device=r.device
+        r.train_backend, build_model(cfg.model, r.seed, TOK), lr=r.lr, max_grad_norm=r.max_grad_norm, **kw
     )
+    dev = getattr(trainer, "device", "cpu")
+    ref = build_model(cfg.model, r.seed, TOK).requires_grad_(False).to(dev) if r.kl_coef > 0 else None
     return {"trainer": trainer, "ref": ref, "step": 0}
 
 
@@ -109,9 +111,11 @@ def train_phase(cfg: GRPOJobConfig, state: dict, samples: dict) -> dict:
     if r.fail_in_train_at is not None and state["step"] == r.fail_in_train_at:
         raise InjectedFailure(f"{cfg.job.job_id}: injected failure in training phase at iteration {state['step']}")
     tr = state["trainer"]
-    seq, P = samples["seq"], samples["prompt_len"]
-    mask = algo.response_mask(seq, P, TOK.eos_id)
-    adv = algo.group_advantages(samples["rewards"], r.group_size)
+    dev = getattr(tr, "device", "cpu")
+    P = samples["prompt_len"]
+    seq = samples["seq"].to(dev)
+    mask = algo.response_mask(samples["seq"], P, TOK.eos_id).to(dev)
+    adv = algo.group_advantages(samples["rewards"], r.group_size).to(dev)
     with torch.no_grad():
         old_logp = algo.token_logprobs(tr.forward(seq), seq)
         ref_logp = algo.token_logprobs(state["ref"](input_ids=seq).logits, seq) if state["ref"] is not None else None
@@ -126,8 +130,8 @@ def train_phase(cfg: GRPOJobConfig, state: dict, samples: dict) -> dict:
                 logp, old_logp[mb], adv[mb], mask[mb], r.clip_eps,
                 ref_logp[mb] if ref_logp is not None else None, r.kl_coef,
             )
-            stats["grad_norm"] = tr.backward_step(loss)
             losses.append(float(loss.detach()))
+            stats["grad_norm"] = tr.backward_step(loss)
     state["step"] += 1
     return {
         "iteration": samples["iteration"], "step": state["step"], "loss": sum(losses) / len(losses),

@@ -7,7 +7,8 @@ and three policies (seed 004 §7.2 A/B/C):
 * ``prefix``: longest prefix hit first (SGLang-style longest-prefix-match; baseline 1).
 * ``mixed``: this scheduler (seed 004 §4.3-4.5): a short lane (oldest short requests first,
   bounded wait), then classes critical > reusable > background, each ordered by the weighted
-  score ``w_p*hit/len + w_c*critical + w_w*wait/scale + w_d*(1 - family share) - w_cost*kv/scale``
+  score ``w_p*hit/len + w_c*critical + w_w*wait/scale + w_d*div(family) - w_cost*kv/scale``
+  (``div``: :meth:`WindowContext.diversity`, +1 under-served .. -1 over-served family)
   with a lazy-greedy max-heap (diversity is re-evaluated against the batch being built); background
   only when every higher-class request was admitted (idle capacity); a replay quota.
 
@@ -67,6 +68,11 @@ class WindowContext:
         if total <= 0:
             return 0.0
         return (self.family_hist.get(family, 0.0) + batch_counts.get(family, 0)) / total
+
+    def diversity(self, family: str, batch_counts: dict[str, int], batch_total: int, n_families: int) -> float:
+        """Diversity term in [-1, 1]: ``1 - min(2, share x n_families)``; +1 for a family not
+        served recently, 0 at its fair share ``1 / n_families``, -1 at twice its fair share."""
+        return 1.0 - min(2.0, self.family_share(family, batch_counts, batch_total) * max(1, n_families))
 
 
 class SchedulingPolicy(ABC):
@@ -222,15 +228,16 @@ class MixedPolicy(SchedulingPolicy):
             ]
             if cls is RequestClass.BACKGROUND and blocked:
                 break  # background only fills idle capacity
+            nfam = len({e.req.task_family for e in cands})
             heap = []
             for e in cands:
                 s = static_score(e, ctx)
-                heap.append((-(s + w_d * (1 - ctx.family_share(e.req.task_family, counts, len(out)))), e.seq, s, e))
+                heap.append((-(s + w_d * ctx.diversity(e.req.task_family, counts, len(out), nfam)), e.seq, s, e))
             heapq.heapify(heap)
             misfits = 0
             while heap and len(out) < limit and misfits < MAX_MISFITS:
                 neg, seq, s, e = heapq.heappop(heap)
-                fresh = s + w_d * (1 - ctx.family_share(e.req.task_family, counts, len(out)))
+                fresh = s + w_d * ctx.diversity(e.req.task_family, counts, len(out), nfam)
                 if heap and fresh < -heap[0][0] - 1e-12:  # stale key: diversity fell, re-queue
                     heapq.heappush(heap, (-fresh, seq, s, e))
                     continue

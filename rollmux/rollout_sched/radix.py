@@ -265,8 +265,8 @@ class RadixPrefixIndex:
 
     def _compress(self, node: _Node) -> None:
         """Merge ``node`` with its only child when both carry the same version (path compression)."""
-        if node is self.root or len(node.children) != 1:
-            return
+        if node is self.root or node.parent is None or len(node.children) != 1:
+            return  # the root, a detached (already merged) node, or not a chain
         (child,) = node.children.values()
         if child.version != node.version:
             return
@@ -276,7 +276,7 @@ class RadixPrefixIndex:
             g.parent = node
         node.last_access = max(node.last_access, child.last_access)
         node.hits += child.hits
-        child.parent = None
+        child.parent, child.children = None, {}
         self._bytes -= self.node_overhead_bytes
         self._nodes -= 1
 

@@ -93,6 +93,7 @@ class RolloutRequestScheduler:
             "hit_tokens": 0,
             "prompt_tokens": 0,
             "profile_switches": 0,
+            "cancelled": 0,
         }
 
     # ------------------------------------------------------------------ state
@@ -213,6 +214,16 @@ class RolloutRequestScheduler:
             ic = self.config.index
             self.index.merge_near_duplicates(ic.merge_min_siblings, ic.merge_max_tail_tokens, ic.merge_max_tail_fraction)
         return out
+
+    def cancel(self, request_id: str) -> bool:
+        """Drop a queued request (e.g. the trainer already has enough samples). Returns False if it
+        is not queued (unknown, running or done); a running request is left to its engine."""
+        e = self.queue.pop(request_id, None)
+        if e is None:
+            return False
+        self.shorts.pop(request_id, None)
+        self.counters["cancelled"] += 1
+        return True
 
     def hit_of(self, request_id: str) -> int:
         """Prefix hit (tokens) measured when ``request_id`` was dispatched. Raises KeyError if not running."""

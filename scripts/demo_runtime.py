@@ -1,0 +1,231 @@
+#!/usr/bin/env python
+"""Runtime demo: three tiny GRPO jobs co-executed in one RollMux group vs the same three solo.
+
+1. Starts a local multi-node Ray cluster mirroring ``configs/cluster_local.yaml`` (one Ray node
+   per rollout / training node, custom resources ``rollmux_node:<id>``) and a GlobalScheduler.
+2. Co-executed: submits the three jobs of ``configs/jobs/`` (rollout-heavy, train-heavy,
+   balanced) as three user processes running ``scripts/grpo_job.py --attach``; each admits
+   itself (Alg. 1 packs them into one co-execution group) and iterates round-robin.
+3. Solo: the same three jobs, same seeds, in plain mode (no scheduler), one after the other; as
+   Solo-D each job is charged its own rollout + training node for its whole run.
+4. Cold switch: one job re-run under the scheduler with ``--switch cold`` (state rebuilt from a
+   checkpoint on disk every phase) for the warm-vs-cold start latency.
+Writes ``results/runtime_demo.json`` and Gantt PNGs (both pools, colour per job); prints a table.
+
+    python scripts/demo_runtime.py --quick     # ~2-4 minutes on 2 cores, Ray startup included
+
+Source: issue 3; RollMux §4.3 (meta-iterations), §5 (phase API, warm start), §6 (bubbles, SLO).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+JOBS = ("grpo_balanced", "grpo_rollout_heavy", "grpo_train_heavy")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small run (6 iterations per job)")
+    ap.add_argument("--iterations", type=int, default=None, help="iterations per job (default 20, quick 6)")
+    ap.add_argument("--cold-iterations", type=int, default=3, help="iterations of the cold-switch run")
+    ap.add_argument("--cluster", default=str(ROOT / "configs" / "cluster_local.yaml"))
+    ap.add_argument("--jobs-dir", default=str(ROOT / "configs" / "jobs"))
+    ap.add_argument("--out", default=str(ROOT / "results" / "runtime_demo.json"))
+    ap.add_argument("--timeout-s", type=float, default=900.0, help="limit for each group of job processes")
+    return ap.parse_args(argv)
+
+
+def submit(cfg_path: Path, job_id: str, n: int, out: Path, env: dict, switch: str = "warm") -> subprocess.Popen:
+    """Start one user job process that attaches to the RollMux scheduler (what `ray job submit` runs)."""
+    cmd = [sys.executable, str(ROOT / "scripts" / "grpo_job.py"), "--config", str(cfg_path), "--iterations", str(n),
+           "--job-id", job_id, "--attach", "--switch", switch, "--quiet", "--out", str(out)]
+    return subprocess.Popen(cmd, cwd=str(ROOT), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_all(procs: dict, timeout_s: float) -> dict:
+    """Wait (bounded) for every process; returns {job_id: (returncode, output tail)}."""
+    deadline = time.monotonic() + timeout_s
+    res = {}
+    for jid, p in procs.items():
+        try:
+            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+        res[jid] = (p.returncode, (out or "")[-2000:])
+    return res
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    n = args.iterations or (6 if args.quick else 20)
+    from rich.console import Console
+    from rich.table import Table
+
+    from actors.global_scheduler import get_or_create_scheduler
+    from actors.local_cluster import start_local_cluster
+    from examples.grpo import report
+    from examples.grpo.config import load_job_config
+    from examples.grpo.job import run_job
+    from rollmux.config import load_cluster
+    from rollmux.plots import plot_gantt
+
+    con = Console()
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="rollmux-demo-"))
+    uid = uuid.uuid4().hex[:6]
+    paths = {name: Path(args.jobs_dir) / f"{name}.yaml" for name in JOBS}
+    cfgs = {name: load_job_config(p, iterations=n) for name, p in paths.items()}
+    ids = {name: f"{cfgs[name].job.job_id}-{uid}" for name in JOBS}
+
+    t_start = time.time()
+    con.print(f"[bold]RollMux runtime demo[/]: {len(JOBS)} GRPO jobs x {n} iterations; starting a local Ray cluster")
+    spec = load_cluster(args.cluster)
+    lc = start_local_cluster(spec, head_cpus=2, node_cpus=1, object_store_mb=128)
+    try:
+        sched_name = f"rollmux-demo-{uid}"
+        import ray
+
+        sched = get_or_create_scheduler(spec, name=sched_name)
+        ray.get(sched.health.remote())
+        env = {**os.environ, "RAY_ADDRESS": lc.address, "ROLLMUX_SCHEDULER_NAME": sched_name,
+               "ROLLMUX_CKPT_DIR": str(tmp / "ckpt"), "PYTHONPATH": str(ROOT)}
+        con.print(f"cluster up in {time.time() - t_start:.0f}s ({', '.join(lc.node_ids)}); submitting the jobs")
+
+        # ---- co-executed under RollMux
+        procs = {name: submit(paths[name], ids[name], n, tmp / f"{name}.json", env) for name in JOBS}
+        rcs = wait_all(procs, args.timeout_s)
+        co = {}
+        for name in JOBS:
+            f = tmp / f"{name}.json"
+            co[name] = json.loads(f.read_text()) if f.is_file() else {"ok": False, "error": rcs[name][1]}
+            if not co[name].get("ok"):
+                raise RuntimeError(f"co-executed job {ids[name]} failed (rc {rcs[name][0]}): "
+                                   f"{co[name].get('error')}\n{rcs[name][1]}")
+        groups = {co[name]["info"]["group_id"] for name in JOBS}
+        placement = {name: co[name]["info"]["placement"] for name in JOBS}
+        con.print(f"co-executed run done: group(s) {sorted(groups)}")
+
+        # ---- cold-switch run (warm vs cold start latency)
+        cold_name = "grpo_train_heavy"
+        cold_id = f"{cfgs[cold_name].job.job_id}-cold-{uid}"
+        rc = wait_all({cold_id: submit(paths[cold_name], cold_id, args.cold_iterations, tmp / "cold.json", env,
+                                       switch="cold")}, args.timeout_s)
+        cold = json.loads((tmp / "cold.json").read_text()) if (tmp / "cold.json").is_file() else {}
+        if not cold.get("ok"):
+            con.print(f"[yellow]cold-switch run failed: {cold.get('error') or rc[cold_id][1]}[/]")
+    finally:
+        lc.shutdown()
+
+    # ---- solo (plain mode, same seeds), after the cluster is gone so nothing competes for the cores
+    con.print("solo runs (plain mode, same seeds)")
+    solo = {name: run_job(cfgs[name].model_copy(update={"job": cfgs[name].job.model_copy(
+        update={"job_id": ids[name]})}), attach=False) for name in JOBS}
+
+    # ---- figures from the recorded timelines
+    co_tl = [r for name in JOBS for r in co[name]["timeline"]]
+    rnodes = sorted({x for p in placement.values() for x in p["rollout_nodes"]})
+    tnodes = sorted({x for p in placement.values() for x in p["train_nodes"]})
+    co_jobs = {ids[name]: co[name]["timeline"] for name in JOBS}
+    solo_jobs = {ids[name]: solo[name]["timeline"] for name in JOBS}
+    # steady state: after every job's iteration 0 (cold start incl. the worker's first imports)
+    co_u = report.coexec_utilisation(co_tl, len(rnodes), len(tnodes),
+                                     window=(report.steady_start(co_jobs), report.span(co_tl)[1]))
+    solo_u = report.solo_utilisation(solo_jobs, steady=True)
+    co_u["including_cold_start"] = report.coexec_utilisation(co_tl, len(rnodes), len(tnodes))
+    solo_u["including_cold_start"] = report.solo_utilisation(solo_jobs)
+
+    per_job = {}
+    for name in JOBS:
+        t_co = report.iteration_time_s(co[name]["timeline"])
+        t_solo = report.iteration_time_s(solo[name]["timeline"])
+        slo = cfgs[name].job.slo
+        same = [m["weights_sha256"] for m in co[name]["history"]] == [m["weights_sha256"] for m in solo[name]["history"]]
+        per_job[ids[name]] = {
+            "config": str(paths[name].relative_to(ROOT)) if paths[name].is_relative_to(ROOT) else str(paths[name]),
+            "iterations": co[name]["iterations"], "initial_reward": co[name]["initial_reward"],
+            "final_reward": co[name]["final_reward"], "iteration_s_coexec": t_co, "iteration_s_solo": t_solo,
+            "slowdown_vs_solo": t_co / t_solo, "slo": slo, "slo_met": t_co / t_solo <= slo,
+            "weights_identical_to_solo": same, "placement": placement[name],
+        }
+
+    # ---- Gantt charts
+    png = out_path.with_name("runtime_gantt.png")
+    plot_gantt(report.gantt_records(co_tl), png,
+               title=f"RollMux co-execution group ({n} iterations x 3 jobs): real Ray run")
+    shifted = []
+    for k, name in enumerate(JOBS):
+        recs = solo[name]["timeline"]
+        t0 = report.span(recs)[0]
+        shifted += [dict(r, start=r["start"] - t0, end=r["end"] - t0,
+                         node=f"{r['pool']}-{k}") for r in recs]
+    png_solo = out_path.with_name("runtime_gantt_solo.png")
+    plot_gantt(report.gantt_records(shifted), png_solo, title="Solo-D: each job on its own rollout + training node")
+
+    warm = report.switch_median_s(co_tl, "warm")
+    cold_med = report.switch_median_s(cold.get("timeline", []), "cold") if cold.get("ok") else None
+    result = {
+        "iterations_per_job": n,
+        "cluster": spec.name,
+        "groups": sorted(groups),
+        "group_nodes": {"rollout": rnodes, "train": tnodes},
+        "jobs": per_job,
+        "coexec": co_u,
+        "solo": solo_u,
+        "on_policy_identical": all(j["weights_identical_to_solo"] for j in per_job.values()),
+        "warm_switch_s_median": warm,
+        "cold_switch_s_median": cold_med,
+        "cold_switch_runs": len([r for r in cold.get("timeline", []) if r.get("switch") == "cold"]),
+        "gantt_png": str(png),
+        "gantt_solo_png": str(png_solo),
+        "node_seconds_ratio_solo_over_coexec": solo_u["node_seconds"] / co_u["node_seconds"],
+        "wall_s": time.time() - t_start,
+        "notes": "solo: plain mode, run one after another, each job charged its own rollout+train node (Solo-D); "
+                 "co-executed: three user processes attached to one GlobalScheduler on a local multi-node Ray cluster; "
+                 "makespan / busy fractions / iteration times are steady-state: after every job's iteration 0 (cold start, "
+                 "which includes the worker processes' first imports); the full-run figures are under including_cold_start; "
+                 "busy fraction = phase-seconds / (nodes x span), bubble fraction = 1 - busy.",
+    }
+    out_path.write_text(json.dumps(result, indent=1))
+
+    t = Table(title=f"RollMux runtime demo: 3 GRPO jobs, {n} iterations each")
+    for c in ("job", "iters", "reward (first->last)", "iter s solo", "iter s co-exec", "slowdown", "SLO", "bit-identical"):
+        t.add_column(c)
+    for jid, j in per_job.items():
+        t.add_row(jid, str(j["iterations"]), f"{j['initial_reward']:.2f} -> {j['final_reward']:.2f}",
+                  f"{j['iteration_s_solo']:.2f}", f"{j['iteration_s_coexec']:.2f}", f"{j['slowdown_vs_solo']:.2f}x",
+                  f"{j['slo']:.1f} {'ok' if j['slo_met'] else 'MISSED'}", "yes" if j["weights_identical_to_solo"] else "NO")
+    con.print(t)
+    u = Table(title="Pools, steady state after iteration 0 (from the recorded timeline)")
+    for c in ("run", "nodes", "makespan s", "rollout busy", "train busy", "node-seconds"):
+        u.add_column(c)
+    u.add_row("solo (Solo-D)", "3 + 3", f"{solo_u['makespan_s']:.1f}", f"{solo_u['rollout_busy_fraction']:.0%}",
+              f"{solo_u['train_busy_fraction']:.0%}", f"{solo_u['node_seconds']:.0f}")
+    u.add_row("co-executed", f"{len(rnodes)} + {len(tnodes)}", f"{co_u['makespan_s']:.1f}",
+              f"{co_u['rollout_busy_fraction']:.0%}", f"{co_u['train_busy_fraction']:.0%}", f"{co_u['node_seconds']:.0f}")
+    con.print(u)
+    fmt = lambda x: "n/a" if x is None else f"{x * 1000:.1f} ms"  # noqa: E731
+    con.print(f"warm switch median {fmt(warm)}, cold switch median {fmt(cold_med)}; "
+              f"on-policy identical: {result['on_policy_identical']}")
+    con.print(f"Gantt: {png} (solo: {png_solo}); JSON: {out_path}; total {result['wall_s']:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

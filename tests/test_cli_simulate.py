@@ -1,0 +1,53 @@
+"""`rollmux simulate` on the bundled Philly extract: summary.json keys, plots, clear errors."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from rollmux.cli import app
+from rollmux.traces import EXTRACT_TRACE
+
+KEYS = {
+    "avg_cost_usd_per_h", "peak_cost_usd_per_h", "slo_attainment", "peak_rollout_gpus", "peak_train_gpus",
+    "rollout_bubble_ratio", "train_bubble_ratio", "decision_latency_ms_p50", "decision_latency_ms_p99", "cost_vs_optimal",
+}
+ALL = "rollmux,solo-d,colocated,gavel+,random,most-idle,optimal"
+
+
+def test_simulate_writes_summary_and_plots(tmp_path):
+    out = tmp_path / "sim"
+    r = CliRunner().invoke(app, ["simulate", "--trace", str(EXTRACT_TRACE), "--mix", "mixed", "--policies", ALL,
+                                 "--jobs", "12", "--seed", "1", "--out", str(out), "--max-duration-s", "43200"])
+    assert r.exit_code == 0, r.output
+    s = json.loads((out / "summary.json").read_text())
+    assert list(s["policies"]) == ALL.split(",")
+    for name, m in s["policies"].items():
+        assert KEYS <= set(m), (name, KEYS - set(m))
+        assert 0.0 <= m["slo_attainment"] <= 1.0
+        assert m["avg_cost_usd_per_h"] > 0 and m["peak_cost_usd_per_h"] >= m["avg_cost_usd_per_h"]
+        assert m["decision_latency_ms_p99"] >= m["decision_latency_ms_p50"] >= 0
+    assert s["policies"]["rollmux"]["slo_attainment"] == 1.0
+    assert s["policies"]["optimal"]["cost_vs_optimal"] == 1.0
+    assert s["policies"]["colocated"]["peak_rollout_gpus"] == 0
+    assert s["meta"]["jobs"] == 12 and s["meta"]["mix"] == "mixed"
+    ratios = s["rollmux_cost_ratios"]
+    assert ratios["solo-d_over_rollmux"]["paper"] == 1.84 and ratios["colocated_over_rollmux"]["paper"] == 1.38
+    assert (out / "cost_over_time.png").stat().st_size > 1000
+    assert (out / "gantt_rollmux.png").stat().st_size > 1000
+    assert "rollmux" in r.output and "SLO" in r.output
+
+
+def test_simulate_bad_input_is_a_clear_error(tmp_path):
+    runner = CliRunner()
+    r = runner.invoke(app, ["simulate", "--trace", str(EXTRACT_TRACE), "--policies", "rollmux,fifo", "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "unknown policy 'fifo'" in r.output and "Traceback" not in r.output
+    r = runner.invoke(app, ["simulate", "--trace", str(EXTRACT_TRACE), "--mix", "heavy", "--jobs", "3", "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "unknown mix 'heavy'" in r.output
+    r = runner.invoke(app, ["simulate", "--trace", str(tmp_path / "none.csv"), "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "trace file not found" in r.output
+    r = runner.invoke(app, ["simulate", "--trace", str(EXTRACT_TRACE), "--min-duration-s", "10", "--max-duration-s", "5",
+                            "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "max_duration_s" in r.output
+    assert not (tmp_path / "summary.json").exists()
