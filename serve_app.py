@@ -23,6 +23,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import math
 import time
 from typing import Any, Optional
 
@@ -82,7 +83,7 @@ class AdmissionView(_Open):
     group_id: Optional[str] = None
     placement: Optional[PlacementView] = None
     marginal_cost_usd_per_h: Optional[float] = Field(default=None, description="Cost(G') - Cost(G), USD/h")
-    predicted_slowdowns: dict[str, float] = Field(
+    predicted_slowdowns: dict[str, Optional[float]] = Field(
         default={}, description="worst-case co-executed / solo iteration time per group member"
     )
     explanation: Explanation
@@ -152,6 +153,17 @@ class AppSettings(BaseModel):
         )
 
 
+def _finite(x: Any) -> Any:
+    """JSON-safe copy: non-finite floats (inf / NaN, e.g. an unbounded slowdown) become ``None``."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
 def _sha256(s: str) -> str:
     return hashlib.sha256(s.encode()).hexdigest()
 
@@ -195,7 +207,7 @@ class SchedulerClient:
                 if self._handle is None:
                     self._handle = await asyncio.to_thread(ray.get_actor, self.name, namespace=self.namespace)
                 ref = getattr(self._handle, method).remote(*args)
-                return await asyncio.wait_for(asyncio.wrap_future(ref.future()), self.timeout_s)
+                return _finite(await asyncio.wait_for(asyncio.wrap_future(ref.future()), self.timeout_s))
             except (asyncio.TimeoutError, GetTimeoutError):
                 raise ApiError(503, "scheduler_timeout", f"the scheduler did not answer {method} within {self.timeout_s:g} s")
             except RayTaskError as e:  # the actor method raised: report it without the traceback

@@ -131,28 +131,25 @@ def _wait_port(port: int, rec: dict, timeout_s: float, what: str) -> None:
 
 
 def _stop(recs: list[dict], grace_s: float = 20.0) -> list[str]:
-    """SIGTERM each recorded process group (``ray start --block`` then stops its Ray processes),
-    SIGKILL those still alive after ``grace_s``. Returns a line per process."""
+    """SIGTERM each recorded process group whose leader is still the recorded process (pid and
+    start time match; ``ray start --block`` then stops its Ray processes), SIGKILL the groups
+    still alive after ``grace_s``. Stale records are skipped. Returns a line per record."""
+    live = [r for r in recs if _alive(r)]
+    for rec in live:
+        try:
+            os.killpg(rec["pgid"], signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_alive(r) for r in live):
+        time.sleep(0.25)
     out = []
     for rec in recs:
-        if _alive(rec):
-            try:
-                os.killpg(rec["pgid"], signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_alive(r) for r in recs):
-        time.sleep(0.25)
-    for rec in recs:
-        if _alive(rec):
-            try:
-                os.killpg(rec["pgid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            out.append(f"{rec['what']} (pid {rec['pid']}): killed")
-        else:
-            out.append(f"{rec['what']} (pid {rec['pid']}): stopped")
-        try:  # Ray children of the group that outlived the leader
+        if not any(rec is r for r in live):
+            out.append(f"{rec['what']} (pid {rec['pid']}): not running")
+            continue
+        out.append(f"{rec['what']} (pid {rec['pid']}): {'killed' if _alive(rec) else 'stopped'}")
+        try:  # the leader if it ignored SIGTERM, and Ray children of its group that outlived it
             os.killpg(rec["pgid"], signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
@@ -222,7 +219,7 @@ def up(
     open_read_routes: Optional[bool] = typer.Option(None, "--open-read-routes/--protect-read-routes"),
     pool_nodes: Optional[bool] = typer.Option(None, "--pool-nodes/--no-pool-nodes", help="start one Ray node per pool node"),
     ray_auth: str = typer.Option(os.environ.get("RAY_AUTH_MODE", "disabled"), "--ray-auth", help="Ray token auth: disabled | token"),
-    timeout_s: float = typer.Option(180.0, "--timeout-s", help="bound on the whole start-up"),
+    timeout_s: float = typer.Option(300.0, "--timeout-s", help="bound on the whole start-up"),
 ) -> None:
     """Start a local Ray head, the GlobalScheduler and the HTTP admission API; wait for /healthz."""
     cfg = _config(config, host=host, port=port, cluster_spec=cluster_spec, state_dir=state_dir, ray_port=ray_port,
@@ -278,29 +275,26 @@ def up(
             state["processes"].append({**head, "what": "ray head"})
             _write_state(cfg, state)
             _wait_port(cfg.ray_port, head, max(5.0, deadline - time.monotonic()), "the Ray head")
+            st.update("connecting to the Ray head ...")
+            _connect(cfg, address)
             if cfg.start_pool_nodes and all(cluster.pool(p).num_nodes for p in ("rollout", "train")):
                 for pool in ("rollout", "train"):
                     for i in range(cluster.pool(pool).num_nodes):  # type: ignore[arg-type]
                         nid = node_id(pool, i)  # type: ignore[arg-type]
                         st.update(f"starting Ray node {nid} ...")
-                        res = {node_resource(nid): NODE_RESOURCE_UNITS, pool_resource(pool): 1.0}  # type: ignore[arg-type]
-                        rec = _spawn(_ray_cli() + [
-                            "start", f"--address={address}", "--block", "--node-ip-address=127.0.0.1",
-                            f"--num-cpus={cluster.pool(pool).node.gpus_per_node}",  # type: ignore[arg-type]
-                            f"--resources={json.dumps(res)}", "--disable-usage-stats",
-                            f"--dashboard-agent-listen-port={_free_port()}", f"--metrics-export-port={_free_port()}",
-                        ], logs / f"ray-{nid}.log", env)
-                        state["processes"].append({**rec, "what": f"ray node {nid}"})
-                        _write_state(cfg, state)
+                        _start_pool_node(cfg, state, address, nid, pool, cluster.pool(pool).node.gpus_per_node,  # type: ignore[arg-type]
+                                         logs, env, deadline)
             st.update("starting the GlobalScheduler and the Serve app ...")
-            _start_scheduler_and_app(cfg, address, cluster, token, len(state["processes"]), deadline)
+            _start_scheduler_and_app(cfg, cluster, token, deadline)
             st.update(f"waiting for {cfg.base_url}/healthz ...")
             _wait_healthy(cfg, deadline)
     except typer.Exit:
+        _disconnect()
         _stop(state["processes"])
         _state_path(cfg).unlink(missing_ok=True)
         raise
     except Exception as e:  # start-up failed: stop what we started, clean message
+        _disconnect()
         _stop(state["processes"])
         _state_path(cfg).unlink(missing_ok=True)
         _fail(f"start-up failed: {type(e).__name__}: {e}")
@@ -310,16 +304,60 @@ def up(
     _print_urls(cfg, state)
 
 
-def _start_scheduler_and_app(cfg: ServeConfig, address: str, cluster, token: str, n_nodes: int, deadline: float) -> None:
+def _connect(cfg: ServeConfig, address: str) -> None:
     import ray
 
-    from actors.global_scheduler import NAMESPACE, get_or_create_scheduler
-    from serve_app import deploy
+    from actors.global_scheduler import NAMESPACE
 
     ray.init(address=address, namespace=cfg.namespace or NAMESPACE, log_to_driver=False, logging_level="ERROR")
+
+
+def _disconnect() -> None:
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def _alive_nodes() -> int:
+    import ray
+
+    return sum(1 for n in ray.nodes() if n.get("Alive"))
+
+
+def _start_pool_node(cfg: ServeConfig, state: dict, address: str, nid: str, pool: str, cpus: int, logs: Path,
+                     env: dict, deadline: float, attempts: int = 2) -> None:
+    """Start one pool node (``ray start --address ... --block``) and wait until it registers.
+
+    One at a time: on a small, busy machine several raylets starting together can time out. A
+    node whose process dies during start-up is retried once. Exits with a message otherwise."""
+    res = {node_resource(nid): NODE_RESOURCE_UNITS, pool_resource(pool): 1.0}  # type: ignore[arg-type]
+    for attempt in range(attempts):
+        before = _alive_nodes()
+        rec = _spawn(_ray_cli() + [
+            "start", f"--address={address}", "--block", "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}",
+            f"--resources={json.dumps(res)}", "--disable-usage-stats",
+            f"--dashboard-agent-listen-port={_free_port()}", f"--metrics-export-port={_free_port()}",
+        ], logs / f"ray-{nid}.log", env)
+        state["processes"].append({**rec, "what": f"ray node {nid}"})
+        _write_state(cfg, state)
+        while time.monotonic() < deadline and _alive(rec):
+            if _alive_nodes() > before:
+                return
+            time.sleep(0.5)
+        if time.monotonic() >= deadline:
+            break
+    _fail(f"Ray node {nid} did not join the cluster; see {logs / f'ray-{nid}.log'}")
+
+
+def _start_scheduler_and_app(cfg: ServeConfig, cluster, token: str, deadline: float) -> None:
+    import ray
+
+    from actors.global_scheduler import get_or_create_scheduler
+    from serve_app import deploy
+
     try:
-        while len(ray.nodes()) < n_nodes and time.monotonic() < deadline:  # all raylets registered
-            time.sleep(0.25)
         sched = get_or_create_scheduler(cluster, checkpoint_path=str(cfg.checkpoint))
         ray.get(sched.health.remote(), timeout=max(5.0, deadline - time.monotonic()))
         deploy(cfg, token)
@@ -331,6 +369,7 @@ def _wait_healthy(cfg: ServeConfig, deadline: float) -> None:
     import httpx
 
     last = "no answer"
+    deadline = max(deadline, time.monotonic() + 60.0)  # the app was just deployed: give its proxy a minute
     while time.monotonic() < deadline:
         try:
             r = httpx.get(cfg.base_url + "/healthz", timeout=5.0)

@@ -22,8 +22,10 @@ No Ray here: the RolloutWorker actor wraps an engine and calls :func:`serve`.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import time
+from collections import OrderedDict
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -134,7 +136,8 @@ def serve(
 
     Bounded by ``max_windows`` windows and ``max_wall_s`` seconds of real time.
     ``on_window(now_s, batch, completions)`` is called after each slice (metrics, logging).
-    Raises RuntimeError if a queued request can never be admitted (nothing running, nothing fits).
+    Raises RuntimeError when no progress is possible (queued requests that can never be admitted,
+    nothing running, no next event).
     """
     stats = ServeStats()
     t_wall = time.monotonic()
@@ -170,7 +173,10 @@ def serve(
             elif scheduler.pending and nxt is None:
                 stuck += 1
             if stuck > 1000:
-                raise RuntimeError(f"{scheduler.pending} queued requests cannot be admitted (nothing running)")
+                raise RuntimeError(
+                    f"no progress: {scheduler.pending} queued requests cannot be admitted, nothing is running "
+                    "and the source has no next event"
+                )
             if nxt is not None:
                 engine.idle_until(max(nxt, now))
             stats.windows += 1
@@ -323,7 +329,10 @@ class CPUEngine(RolloutEngine):
 
     Generation: one prefill forward, then a manual decode loop reusing the KV cache
     (``past_key_values``), ``slice_tokens`` tokens per running request per :meth:`step`; stops at
-    ``eos_token_id`` (if set) or ``max_tokens``. Sampling is seeded per request id, so a request's
+    ``eos_token_id`` (if set) or ``max_tokens``. Prefix caching: the KV of the last
+    ``prefix_cache_entries`` prompts is kept; a new prompt copies the entry with the longest common
+    prefix, crops it to that prefix and prefills only the rest (``prefill_tokens_reused`` /
+    ``prefill_tokens_computed`` count it); the cache is dropped on a weight update. Sampling is seeded per request id, so a request's
     output does not depend on what it was batched with. Reward query: score = sigmoid(logit[1] -
     logit[0]) at the last prompt position (one forward). Replay: mean log-probability of the prompt.
 
@@ -347,6 +356,7 @@ class CPUEngine(RolloutEngine):
         eos_token_id: int | None = 0,
         seed: int = 0,
         num_threads: int | None = 1,
+        prefix_cache_entries: int = 16,
     ):
         import inspect
 
@@ -375,6 +385,10 @@ class CPUEngine(RolloutEngine):
         self._done: list[Completion] = []
         self.forward_calls = 0
         self.num_threads = num_threads
+        self.prefix_cache_entries = prefix_cache_entries
+        self._pcache: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+        self.prefill_tokens_reused = 0
+        self.prefill_tokens_computed = 0
         # transformers >= 5 renamed the forward's ``past_key_values`` to ``cache``
         self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
 
@@ -406,6 +420,37 @@ class CPUEngine(RolloutEngine):
         out = self.model(input_ids=torch.tensor([ids]), use_cache=True, **{self._cache_kw: cache})
         return out.logits[0], out[self._cache_kw] if self._cache_kw in out else out.past_key_values
 
+    def _prefill(self, ids: tuple[int, ...]):
+        """Prefill ``ids`` reusing the longest cached prompt prefix; returns (logits, cache)."""
+        best, hit = None, 0
+        for key in self._pcache:
+            n = min(len(key), len(ids))
+            k = 0
+            while k < n and key[k] == ids[k]:
+                k += 1
+            if k > hit:
+                best, hit = key, k
+        hit = min(hit, len(ids) - 1)  # at least one token must run to produce logits
+        if best is not None and hit > 0:
+            self._pcache.move_to_end(best)
+            cache = copy.deepcopy(self._pcache[best])
+            cache.crop(-(cache.get_seq_length() - hit))  # negative: tokens to drop (all versions)
+            logits, cache = self._forward(list(ids[hit:]), cache)
+        else:
+            hit = 0
+            logits, cache = self._forward(list(ids))
+        self.prefill_tokens_reused += hit
+        self.prefill_tokens_computed += len(ids) - hit
+        if self.prefix_cache_entries > 0:
+            self._pcache[ids] = copy.deepcopy(cache)
+            while len(self._pcache) > self.prefix_cache_entries:
+                self._pcache.popitem(last=False)
+        return logits, cache
+
+    def on_weights_updated(self, version: int) -> None:
+        """KV made by the old weights is stale: drop the prefix cache."""
+        self._pcache.clear()
+
     def _sample(self, logits, gen) -> int:
         torch = self._torch
         return int(torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=gen))
@@ -416,17 +461,18 @@ class CPUEngine(RolloutEngine):
             for r in batch:
                 ids = list(r.prompt_token_ids)
                 if r.type is RequestType.REWARD:
-                    logits, _ = self._forward(ids)
+                    logits, _ = self._prefill(r.prompt_token_ids)
                     score = float(torch.sigmoid(logits[-1, 1] - logits[-1, 0]))
                     self._done.append(Completion(r.request_id, (), self.now(), score=score))
-                elif r.type is RequestType.REPLAY:
+                elif r.type is RequestType.REPLAY:  # needs logits at every position: no reuse
                     logits, _ = self._forward(ids)
+                    self.prefill_tokens_computed += len(ids)
                     lp = torch.log_softmax(logits[:-1].float(), -1)
                     score = float(lp.gather(1, torch.tensor(ids[1:]).unsqueeze(1)).mean()) if len(ids) > 1 else 0.0
                     self._done.append(Completion(r.request_id, (), self.now(), score=score))
                 else:
                     gen = torch.Generator().manual_seed(_seed_of(r.request_id, self.seed))
-                    logits, cache = self._forward(ids)
+                    logits, cache = self._prefill(r.prompt_token_ids)
                     self._live.append(_Live(r, cache, self._sample(logits[-1], gen), [], gen))
 
     def step(self) -> list[Completion]:

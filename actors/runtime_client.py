@@ -50,6 +50,57 @@ def scheduler_reachable(name: Optional[str] = None) -> bool:
         return False
 
 
+_RUNTIME_PACKAGES = {"__main__", "builtins", "rollmux", "actors", "collectives", "serve_app"}
+
+
+def ship_by_value(objs) -> list[str]:
+    """Make cloudpickle ship the user's code (the modules defining ``objs``) by value.
+
+    The per-node workers are shared by jobs submitted with different working directories, so a
+    worker may not be able to import a job's own modules (e.g. ``examples.grpo``). Used as a
+    fallback when registration fails with "No module named" (by-value pickling does not suit
+    every module, e.g. pydantic models defined there, so it is not the default); modules
+    outside site-packages / the standard library / RollMux itself are registered with
+    ``cloudpickle.register_pickle_by_value``. Returns the registered top-level module names.
+    Disabled by env ``ROLLMUX_SHIP_BY_VALUE=0``.
+    """
+    import inspect
+    import sys
+    import sysconfig
+
+    from ray import cloudpickle
+
+    if os.environ.get("ROLLMUX_SHIP_BY_VALUE", "1") == "0":
+        return []
+    roots = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sysconfig.get_paths()["stdlib"])}
+    found: set[str] = set()
+    for o in objs:
+        if o is None:
+            continue
+        parts = [o, getattr(o, "func", None)] + [v for v in getattr(o, "__dict__", {}).values() if callable(v)]
+        for c in parts:
+            if c is None:
+                continue
+            name = c.__module__ if (inspect.isfunction(c) or inspect.isclass(c)) else type(c).__module__
+            top = (name or "").split(".")[0]
+            mod = sys.modules.get(top)
+            if not top or top in _RUNTIME_PACKAGES or mod is None:
+                continue
+            path = getattr(mod, "__file__", None) or next(iter(getattr(mod, "__path__", []) or []), None)
+            if path is None:
+                continue
+            path = os.path.realpath(path)
+            if "site-packages" in path or "dist-packages" in path or any(path.startswith(r + os.sep) for r in roots):
+                continue
+            found.add(top)
+    for top in sorted(found):
+        try:
+            cloudpickle.register_pickle_by_value(sys.modules[top])
+        except ValueError:
+            pass
+    return sorted(found)
+
+
 def _unwrap(e: BaseException) -> BaseException:
     """The user's exception out of a RayTaskError (keeps isinstance of the original class)."""
     from ray.exceptions import RayTaskError
@@ -134,15 +185,29 @@ class ScheduledRuntime:
                 raise PhaseFailed(f"job {j.job_id!r}: no @job.state({pool!r}) builder registered")
         common = {"controller": self.info["controller"], "switch": j.switch, "checkpoint_dir": j.checkpoint_dir,
                   "hooks": list(j._hooks), "apply": j._apply}
-        ray.get([
-            self.controller.configure_job.remote(j.job_id, has_sync="sync" in j._phases),
-            self.rollout_worker.register_job.remote(j.job_id, {
-                **common, "builder": j._builders["rollout"],
-                "phases": {k: v for k, v in j._phases.items() if k == "rollout"}}),
-            self.train_worker.register_job.remote(j.job_id, {
-                **common, "builder": j._builders["train"], "rollout_workers": self._rollout_worker_names,
-                "phases": {k: v for k, v in j._phases.items() if k in ("train", "sync")}}),
-        ])
+
+        def register() -> None:
+            ray.get([
+                self.controller.configure_job.remote(j.job_id, has_sync="sync" in j._phases),
+                self.rollout_worker.register_job.remote(j.job_id, {
+                    **common, "builder": j._builders["rollout"],
+                    "phases": {k: v for k, v in j._phases.items() if k == "rollout"}}),
+                self.train_worker.register_job.remote(j.job_id, {
+                    **common, "builder": j._builders["train"], "rollout_workers": self._rollout_worker_names,
+                    "phases": {k: v for k, v in j._phases.items() if k in ("train", "sync")}}),
+            ])
+
+        self.shipped: list[str] = []
+        try:
+            register()
+        except Exception as e:  # a shared worker cannot import this job's code: ship it by value
+            if "No module named" not in str(e):
+                raise
+            self.shipped = ship_by_value([*j._builders.values(), *j._phases.values(), j._apply, *j._hooks])
+            if not self.shipped:
+                raise
+            log.warning("job %s: workers cannot import %s; shipping it by value", j.job_id, self.shipped)
+            register()
         self.sched.report.remote(j.job_id, {"event": "running"})
         self._registered = True
 

@@ -29,8 +29,14 @@ packs directly when its chosen rollout nodes have idle time for the job's rollou
 (``T_cycle - load >= T_roll``), else scales out.
 
 Every decision carries its explanation (candidates with verdicts, pruned groups) and its
-latency. Decisions are linear in the number of groups: per-group ``T_load``/``T_cycle``, node
-loads and memory are cached, and the SLO simulation is memoised on the group's structure.
+latency. Decisions are linear in the number of groups and cheap in practice: groups are classified
+open / pruned when they change (not per decision); per-group ``T_load``/``T_cycle``, node loads and
+memory are cached; the SLO check first applies a node-load lower bound, then simulates lazily by
+branch and bound (cheapest tier first -- direct packing, Δ = 0; the scale-out tier is evaluated
+only when no direct packing is feasible -- best optimistic bound first; candidates that cannot
+win are reported as ``"skipped"``); the simulation is a recurrence memoised on the group's
+structure. The chosen placement has the cost and SLO slack an exhaustive evaluation would pick
+(property-tested).
 Source: RollMux §4.2, Alg. 1; DESIGN.md "Constraints", "Saturation pruning", "Baselines".
 """
 
@@ -55,6 +61,12 @@ from rollmux.nodes import node_id, node_index
 
 SLO_REL_TOL = 1e-9
 _idx = lru_cache(maxsize=None)(node_index)
+
+
+def _gnum(group_id: Optional[str]) -> int:
+    """Creation number of a group id ``group-<n>`` (ordering ties by age)."""
+    tail = (group_id or "").rpartition("-")[2]
+    return int(tail) if tail.isdigit() else -1
 
 PLUGINS = ("saturation", "memory", "slo", "capacity", "group_size")
 
@@ -168,12 +180,18 @@ class AdmissionDecision:
     delta_usd_per_h: float = 0.0
     predicted_slowdowns: dict[str, float] = field(default_factory=dict)
     candidates: list[Candidate] = field(default_factory=list)
-    pruned: list[dict] = field(default_factory=list)
+    _pruned_src: list = field(default_factory=list)  # (group_id, (plugin, reason)) snapshot
     latency_ms: float = 0.0
     profile: Optional[PhaseProfile] = None
     spec: Optional[JobSpec] = None
     _chosen: Optional[Candidate] = None
     _version: int = -1
+
+    @property
+    def pruned(self) -> list[dict]:
+        """Groups discarded before evaluating placements: ``{group_id, plugin, reason}`` with plugin
+        ``"group_size"`` or ``"saturation"`` (Alg. 1 line 4)."""
+        return [{"group_id": g, "plugin": p, "reason": r} for g, (p, r) in self._pruned_src]
 
     def to_dict(self) -> dict:
         """JSON-able form (ARCHITECTURE.md "Policy core")."""
@@ -189,7 +207,7 @@ class AdmissionDecision:
             "delta_usd_per_h": self.delta_usd_per_h,
             "predicted_slowdowns": dict(self.predicted_slowdowns),
             "candidates": [c.to_dict() for c in self.candidates],
-            "pruned": [dict(p) for p in self.pruned],
+            "pruned": self.pruned,
             "latency_ms": self.latency_ms,
             "profile": None if self.profile is None else self.profile.model_dump(),
         }
@@ -364,6 +382,8 @@ class InterGroupScheduler:
         self.config = config or SchedulerConfig(policy=policy, max_group_size=max_group_size, seed=seed)
         self._rng = random.Random(seed)
         self._groups: dict[str, _Group] = {}
+        self._open: dict[str, _Group] = {}  # groups a decision evaluates
+        self._closed: dict[str, tuple[str, str]] = {}  # pruned groups: (plugin, reason)
         self._job_group: dict[str, str] = {}
         self._pools = {"rollout": _NodePool("rollout", cluster.rollout_pool.num_nodes),
                        "train": _NodePool("train", cluster.train_pool.num_nodes)}
@@ -467,24 +487,27 @@ class InterGroupScheduler:
         mr, mt = profiler.state_gb(job, "rollout", cl), profiler.state_gb(job, "train", cl)
         price_r, price_t = cl.rollout_pool.node.price_usd_per_h, cl.train_pool.node.price_usd_per_h
         cands: list[Candidate] = []
-        pruned: list[dict] = []
         new_r = self._pools["rollout"].peek(nr)
         slo_check = self.policy == "rollmux"
         feasible_by_group: list[tuple[_Group, Candidate]] = []
-        for gid, g in self._groups.items():
-            if len(g.group.members) >= self.max_group_size:
-                pruned.append({"group_id": gid, "plugin": "group_size",
-                               "reason": f"group has {len(g.group.members)} jobs (max_group_size={self.max_group_size})"})
-                continue
-            if slo_check and g.t_load >= g.t_cycle:
-                pruned.append({"group_id": gid, "plugin": "saturation",
-                               "reason": f"saturated: T_load {g.t_load:.1f} s >= T_cycle {g.t_cycle:.1f} s"})
-                continue
-            for strategy in ("direct", "scale_out"):
-                c = self._candidate(g, job, prof, strategy, nr, nt, mr, mt, new_r, price_r, slo_check)
-                cands.append(c)
-                if c.ok:
-                    feasible_by_group.append((g, c))
+        pruned = list(self._closed.items())  # kept up to date on every state change (linear scan avoided)
+        # RollMux evaluates the scale-out tier (delta > 0) only when no direct packing (delta = 0)
+        # survives; the baselines draw among every feasible pair, so they see both tiers.
+        tiers = (("direct",), ("scale_out",)) if slo_check else (("direct", "scale_out"),)
+        chosen: Optional[Candidate] = None
+        for strategies in tiers:
+            tier: list[Candidate] = []
+            for g in self._open.values():
+                for strategy in strategies:
+                    c = self._candidate(g, job, prof, strategy, nr, nt, mr, mt, new_r, price_r, slo_check)
+                    cands.append(c)
+                    if c.ok:
+                        feasible_by_group.append((g, c))
+                        tier.append(c)
+            if slo_check:
+                chosen = self._choose_rollmux(tier)
+                if chosen is not None:
+                    break
         iso = Candidate(None, "isolated", nr * price_r + nt * price_t)
         new_t = self._pools["train"].peek(nt)
         if new_r is None or new_t is None:
@@ -496,14 +519,12 @@ class InterGroupScheduler:
             iso.predicted_slowdowns = {job.job_id: 1.0}
         cands.append(iso)
 
-        chosen: Optional[Candidate] = None
-        if feasible_by_group:
-            if self.policy == "rollmux":
-                chosen = self._choose_rollmux([c for _, c in feasible_by_group])
-            elif self.policy == "random":
+        if feasible_by_group and not slo_check:
+            if self.policy == "random":
+                feasible_by_group.sort(key=lambda gc: (_gnum(gc[1].group_id), gc[1].strategy))
                 chosen = self._rng.choice(feasible_by_group)[1]
             else:  # most-idle
-                g_idle = max((g for g, _ in feasible_by_group), key=lambda g: g.idle_fraction)
+                g_idle = max((g for g, _ in feasible_by_group), key=lambda g: (g.idle_fraction, -_gnum(g.group.group_id)))
                 opts = {c.strategy: c for g, c in feasible_by_group if g is g_idle}
                 d = opts.get("direct")
                 fits = d is not None and all(g_idle.t_cycle - g_idle.loads.get(n, 0.0) >= prof.t_roll_s
@@ -518,13 +539,13 @@ class InterGroupScheduler:
             chosen = iso
         if chosen is None:
             return AdmissionDecision(job.job_id, False, "retry_later", "cluster out of GPUs: no feasible placement now",
-                                     self.policy, candidates=cands, pruned=pruned, profile=prof)
+                                     self.policy, candidates=cands, _pruned_src=pruned, profile=prof)
         return AdmissionDecision(
             job.job_id, True, "ok",
             f"{chosen.strategy} into {chosen.group_id or 'a new group'} (delta {chosen.delta_usd_per_h:.2f} USD/h)",
             self.policy, group_id=chosen.group_id, strategy=chosen.strategy, placement=chosen.placement,
             delta_usd_per_h=chosen.delta_usd_per_h, predicted_slowdowns=dict(chosen.predicted_slowdowns),
-            candidates=cands, pruned=pruned, profile=prof, _chosen=chosen,
+            candidates=cands, _pruned_src=pruned, profile=prof, _chosen=chosen,
         )
 
     def _candidate(self, g: _Group, job: JobSpec, prof: PhaseProfile, strategy: str, nr: int, nt: int, mr: float,
@@ -574,7 +595,7 @@ class InterGroupScheduler:
         most_slack = self.config.tie_break == "most_slack"
         chosen: Optional[Candidate] = None
         for delta in sorted({c.delta_usd_per_h for c in feasible}):
-            tier = sorted((c for c in feasible if c.delta_usd_per_h == delta), key=lambda c: c.bound)
+            tier = sorted((c for c in feasible if c.delta_usd_per_h == delta), key=lambda c: (c.bound, _gnum(c.group_id)))
             if chosen is not None:
                 for c in tier:
                     c.verdict, c.reasons = "skipped", [f"dominated: a placement with delta {chosen.delta_usd_per_h:.2f} USD/h exists"]
@@ -589,6 +610,23 @@ class InterGroupScheduler:
         return chosen
 
     # --- state changes -------------------------------------------------------------------------------
+    def _set_group(self, gid: str, g: Optional[_Group]) -> None:
+        """Store / drop a group and classify it as open or pruned (Alg. 1 line 4), so a decision
+        only scans open groups."""
+        self._open.pop(gid, None)
+        self._closed.pop(gid, None)
+        if g is None:
+            del self._groups[gid]
+            return
+        self._groups[gid] = g
+        n = len(g.group.members)
+        if n >= self.max_group_size:
+            self._closed[gid] = ("group_size", f"group has {n} jobs (max_group_size={self.max_group_size})")
+        elif self.policy == "rollmux" and g.t_load >= g.t_cycle:
+            self._closed[gid] = ("saturation", f"saturated: T_load {g.t_load:.1f} s >= T_cycle {g.t_cycle:.1f} s")
+        else:
+            self._open[gid] = g
+
     def commit(self, decision: AdmissionDecision) -> Optional[CoExecutionGroup]:
         """Apply an admitting decision from :meth:`decide` (no-op for a refusal: returns None).
 
@@ -616,7 +654,7 @@ class InterGroupScheduler:
                 self._pools["rollout"].take(c.new_nodes)
                 rn = rn + tuple(c.new_nodes)
             grp = old.model_copy(update={"rollout_nodes": rn, "members": old.members + (member,)})
-        self._groups[gid] = _summarise(grp, self.cluster)
+        self._set_group(gid, _summarise(grp, self.cluster))
         if c.predicted_slowdowns and c.strategy != "isolated":
             self._groups[gid].coexec = {j: s * next(m.profile.t_solo_s for m in grp.members if m.spec.job_id == j)
                                         for j, s in c.predicted_slowdowns.items()}
@@ -651,9 +689,9 @@ class InterGroupScheduler:
                 "rollout_nodes": tuple(n for n in old.rollout_nodes if n in used),
                 "train_nodes": tuple(n for n in old.train_nodes if n in used),
             })
-            self._groups[gid] = _summarise(grp, self.cluster)
+            self._set_group(gid, _summarise(grp, self.cluster))
         else:
-            del self._groups[gid]
+            self._set_group(gid, None)
         self._version += 1
         return sorted(rel_r + rel_t, key=lambda n: (n.split("-")[0], node_index(n)))
 
@@ -693,7 +731,7 @@ class InterGroupScheduler:
                                        members=tuple(GroupMember.model_validate(m) for m in gd["members"]))
                 s._pools["rollout"].take(grp.rollout_nodes)
                 s._pools["train"].take(grp.train_nodes)
-                s._groups[grp.group_id] = _summarise(grp, cluster)
+                s._set_group(grp.group_id, _summarise(grp, cluster))
                 for m in grp.members:
                     s._job_group[m.spec.job_id] = grp.group_id
         except (KeyError, TypeError) as e:

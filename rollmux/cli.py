@@ -43,7 +43,7 @@ def simulate(
     slo_min: float = typer.Option(1.0, "--slo-min", help="SLO ~ U(slo-min, slo-max)"),
     slo_max: float = typer.Option(2.0, "--slo-max"),
     max_group_size: int = typer.Option(5, "--max-group-size", min=1, max=16),
-    exact_max_jobs: int = typer.Option(24, "--exact-max-jobs", min=1, max=64,
+    exact_max_jobs: int = typer.Option(16, "--exact-max-jobs", min=1, max=64,
                                        help="the optimum is exact up to this many active jobs (best found beyond)"),
     cluster_config: Path = typer.Option(None, "--cluster", help="cluster YAML [default: configs/cluster_sim.yaml]"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
@@ -128,7 +128,10 @@ def simulate(
         table.add_row(*row)
     console.print(table)
     for k, v in summary["rollmux_cost_ratios"].items():
-        console.print(f"{k.replace('_', ' ')}: measured {v['measured']:.2f}x (paper {v['paper']:.2f}x)")
+        if "bubble" in k:
+            console.print(f"{k.replace('_', ' ')}: measured {v['measured']:.1%} (paper {v['paper']:.1%})")
+        else:
+            console.print(f"{k.replace('_', ' ')}: measured {v['measured']:.2f}x (paper {v['paper']:.2f}x)")
     if "optimal" in summary["policies"]:
         console.print(f"optimum exact at {summary['policies']['optimal']['optimal_exact_fraction']:.0%} of its decisions "
                       f"(exact up to {exact_max_jobs} active jobs; beyond: best found by exact blocks, an upper bound)")

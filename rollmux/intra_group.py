@@ -386,7 +386,7 @@ def _rr_recurrence(key: tuple, m_it: int) -> tuple[float, ...]:
     return tuple((c[m_it] - c[h]) / (m_it - h) for c in done)
 
 
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=16384)
 def _coexec_cached(key: tuple) -> tuple[float, ...]:
     return _rr_recurrence(key, 2 * len(key) + 4)
 

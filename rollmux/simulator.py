@@ -24,6 +24,19 @@ Model (issue 2 "Simulator on real input"; RollMux §7.4–§7.5):
   compare total spend. Bubble ratio per pool = idle GPU-seconds / provisioned GPU-seconds.
 * Decision latency: wall time of each arrival's placement decision (the scheduler's own
   ``latency_ms``; the optimum's re-partition time; the per-job baselines' allocation time).
+* The optimum re-partitions the active jobs at every event (offline, migrations free); it is
+  exact up to ``exact_max_jobs`` active jobs, a labelled best-found upper bound beyond. Since its
+  job set over time differs from an online policy's (departures depend on slowdowns), the
+  clean comparison is ``cost_vs_optimal_exact``: during the online policy's own replay, the exact
+  optimum of the *same* active jobs at the same instants, integrated where exact.
+
+Differences from the paper's figures (reported, not tuned): job profiles are synthetic
+(Table-6-style uniform phase times, since the paper's production trace is not public), SLOs are
+U(1, 2) so many jobs tolerate little sharing, groups are formed in whole 8-GPU nodes, and
+colocated / Gavel+ phase times come from this project's roofline, under which an H800 decodes
+about as fast as an H20 (3.35 vs 4.0 TB/s HBM), so colocation is not penalised as heavily as
+in the paper's testbed. In this work-conserving fluid model, SLO-blind over-packing (random,
+most-idle) is cheap per unit of work: it trades slowdown for cost.
 """
 
 from __future__ import annotations
@@ -262,7 +275,7 @@ class OptimalPolicy(SimPolicy):
 
     name = "optimal"
 
-    def __init__(self, cluster: ClusterSpec, real: Realisation, *, max_group_size: int = 5, exact_max_jobs: int = 24,
+    def __init__(self, cluster: ClusterSpec, real: Realisation, *, max_group_size: int = 5, exact_max_jobs: int = 16,
                  time_limit_s: float = 5.0):
         self.real = real
         self.opt = OptimalPartition(cluster, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs,
@@ -298,7 +311,7 @@ class OptimalPolicy(SimPolicy):
 
 
 def make_policy(name: str, cluster: ClusterSpec, real: Realisation, *, max_group_size: int = 5, seed: int = 0,
-                exact_max_jobs: int = 24) -> SimPolicy:
+                exact_max_jobs: int = 16) -> SimPolicy:
     """Policy registry. Raises ValueError for an unknown name (message lists the known ones)."""
     check_policy(name)
     if name in ("rollmux", "random", "most-idle"):
@@ -541,6 +554,12 @@ def summarise(runs: dict[str, PolicyRun], meta: Optional[dict] = None) -> dict:
         for other, paper_key in (("solo-d", "solo-d_over_rollmux"), ("colocated", "colocated_over_rollmux")):
             if other in pol:
                 ratios[paper_key] = {"measured": pol[other]["avg_cost_usd_per_h"] / rm, "paper": PAPER_RATIOS[paper_key]}
+        if "solo-d" in pol:  # RollMux §7.4: bubbles -24.4% (rollout) and -43.1% (training) vs Solo-D
+            for pool, paper in (("rollout", 0.244), ("train", 0.431)):
+                sd = pol["solo-d"][f"{pool}_bubble_ratio"]
+                if sd > 0:
+                    ratios[f"{pool}_bubble_reduction_vs_solo-d"] = {
+                        "measured": 1.0 - pol["rollmux"][f"{pool}_bubble_ratio"] / sd, "paper": paper}
     return {"meta": dict(meta or {}, horizon_h=horizon / 3600.0), "policies": pol, "rollmux_cost_ratios": ratios}
 
 
@@ -552,7 +571,7 @@ def simulate(
     stochastic: bool = False,
     seed: int = 0,
     max_group_size: int = 5,
-    exact_max_jobs: int = 24,
+    exact_max_jobs: int = 16,
     on_event: Optional[Callable[[str, int], None]] = None,
     meta: Optional[dict] = None,
     shadow_policies: Iterable[str] = ("rollmux",),

@@ -11,7 +11,7 @@ and replicating the resulting groups (fresh job, group and node ids, phase times
 with ``InterGroupScheduler.restore``: admitting 10,000 jobs one by one is quadratic.
 
 The exact optimum (CP-SAT set partitioning over all feasible candidate groups,
-:class:`rollmux.baselines.OptimalPartition`, empty layout cache) is timed on 4..12 active jobs.
+:class:`rollmux.baselines.OptimalPartition`, empty layout cache) is timed on 4..32 active jobs.
 
 Writes ``results/bench_decision_latency.json``: a list of
 ``{policy, active_jobs, p50_ms, p99_ms, ...}``. Not a test: numbers depend on the machine.
@@ -108,6 +108,8 @@ def bench_admission(policy: str, sizes, probes: int, direct_max: int, seed: int)
 
 def bench_optimum(sizes, reps: int, seed: int) -> list[dict]:
     rows = []
+    warm = _jobs(2, seed + 99, "warm")  # import and warm up CP-SAT outside the timings
+    OptimalPartition(CLUSTER).solve([(j.spec, j.profile) for j in warm])
     for n in sizes:
         lat, cands, exact = [], [], True
         for r in range(reps):
@@ -131,7 +133,7 @@ def main() -> None:
     ap.add_argument("--probes", type=int, default=40, help="timed decisions per size")
     ap.add_argument("--direct-max", type=int, default=1000, help="largest state built by admitting jobs one by one")
     ap.add_argument("--policies", default="rollmux,random,most-idle")
-    ap.add_argument("--opt-sizes", default="4,6,8,10,12")
+    ap.add_argument("--opt-sizes", default="4,8,12,16,24,32")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_decision_latency.json")
     args = ap.parse_args()

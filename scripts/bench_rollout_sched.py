@@ -43,7 +43,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -89,8 +89,8 @@ class StreamSpec:
     train_s: float = 12.0
     reward_sys_len: int = 32
     reward_tail: int = 48
-    sweep_every_s: float = 30.0
-    sweep_size: int = 48
+    sweep_every_s: float = 20.0
+    sweep_size: int = 96
     state_rate_per_s: float = 1.0
     state_history: tuple[int, int] = (64, 256)
     state_max_tokens: int = 16
@@ -108,10 +108,10 @@ SIM_QUICK = StreamSpec()
 SIM_FULL = StreamSpec(steps=24, horizon_s=520.0)
 CPU_SPEC = StreamSpec(
     vocab=256, sys_lens=(24, 16), families=4, template_len=24, perturb_max=2, tail_len=(4, 10), steps=3,
-    prompts_per_step=4, over_sample_prompts=2, samples_per_prompt=2, max_tokens=48, out_median=24.0, out_sigma=0.6, train_s=0.3,
-    reward_sys_len=8, reward_tail=12, sweep_every_s=0.6, sweep_size=4, state_rate_per_s=6.0, state_history=(8, 24),
-    state_max_tokens=4, replay_every_s=0.8, replay_size=2, replay_len=(64, 160), burst_at_s=0.4, burst_size=24,
-    horizon_s=1.6, drift_max_exponent=1.2, drift_per_version=0.4,
+    prompts_per_step=4, over_sample_prompts=2, samples_per_prompt=2, max_tokens=48, out_median=24.0, out_sigma=0.6, train_s=1.5,
+    reward_sys_len=8, reward_tail=12, sweep_every_s=1.5, sweep_size=6, state_rate_per_s=4.0, state_history=(8, 24),
+    state_max_tokens=4, replay_every_s=2.0, replay_size=2, replay_len=(64, 160), burst_at_s=1.0, burst_size=24,
+    horizon_s=6.0, drift_max_exponent=1.2, drift_per_version=0.4,
 )
 
 
@@ -303,6 +303,10 @@ class TrainerSource:
         return self.state == "finished" and self.bi >= len(self.bg) and not self.outbox
 
 
+def _ratio(reused: int, computed: int) -> float:
+    return reused / (reused + computed) if reused + computed else 0.0
+
+
 def _norm_entropy(labels: list[str], k: int) -> float:
     if len(labels) < 2 or k < 2:
         return 0.0
@@ -353,6 +357,8 @@ def run_policy(policy: str, spec: StreamSpec, engine_kind: str, seed: int, max_w
         "mean_step_s": makespan / max(1, len(src.waits)),
         "engine_compute_busy_ratio": (engine.prefill_tokens + engine.decode_tokens) * engine.cost.prefill_s_per_token / makespan
         if engine_kind == "sim" else None,
+        "engine_prefill_reused_ratio": _ratio(engine.prefill_saved_tokens, engine.prefill_tokens) if engine_kind == "sim"
+        else _ratio(engine.prefill_tokens_reused, engine.prefill_tokens_computed),
         "samples": samples,
         "short_requests": len(short_waits),
         "dispatched": m["dispatched"],
@@ -366,6 +372,34 @@ def run_policy(policy: str, spec: StreamSpec, engine_kind: str, seed: int, max_w
         "stopped_by": stats.stopped_by,
         "bench_wall_s": wall,
     }
+
+
+def decision_latency(queue_sizes=(1000, 10000), seed: int = 0, windows: int = 5) -> dict:
+    """Median wall time of one ``next_batch`` (stage 1 + stage 2) on a queue of N requests, ms."""
+    cfg = load_rollout_sched_config()
+    stream = Stream(SIM_QUICK, seed)
+    rng = np.random.default_rng(seed)
+    out: dict = {}
+    for n in queue_sizes:
+        reqs = []
+        for i in range(n):
+            fam, prompt = stream.prompt(rng)
+            reqs.append(Request(request_id=f"q{i}", prompt_token_ids=prompt, max_tokens=512, task_family=fam,
+                                critical=bool(i % 7 == 0), arrival_s=i * 1e-3))
+        out[str(n)] = {}
+        for p in POLICIES:
+            s = RolloutRequestScheduler(cfg, p)
+            for r in reqs:
+                s.submit(r)
+            times = []
+            for w in range(windows):
+                t0 = time.perf_counter()
+                batch = s.next_batch(float(n) * 1e-3 + w)
+                times.append((time.perf_counter() - t0) * 1e3)
+                for r in batch:
+                    s.on_complete(r.request_id, (), 0.0)
+            out[str(n)][p] = {"next_batch_ms_median": float(np.median(times))}
+    return out
 
 
 def plot(results: dict, path: Path) -> None:
@@ -408,6 +442,18 @@ def main(argv: list[str] | None = None) -> int:
         for p in POLICIES:
             results["cpu_engine"][p] = run_policy(p, CPU_SPEC, "cpu", args.seed, max_wall_s=120)
             print(f"cpu  {p:7s}", {k: round(v, 4) if isinstance(v, float) else v for k, v in results["cpu_engine"][p].items()}, flush=True)
+    if not args.quick:
+        # transparency: the A/B/C at other background loads (evaluation sweep size per 20 s)
+        results["load_sweep"] = {}
+        for size in (32, 64, 96, 128):
+            lspec = replace(spec, sweep_size=size, steps=min(spec.steps, 10), horizon_s=min(spec.horizon_s, 220.0))
+            row = {p: run_policy(p, lspec, "sim", args.seed, max_wall_s=300) for p in POLICIES}
+            results["load_sweep"][f"sweep_{size}"] = {
+                p: {k: row[p][k] for k in (*METRIC_KEYS, "engine_compute_busy_ratio")} for p in POLICIES
+            }
+            print(f"load sweep {size}:", {p: round(row[p]["trainer_idle_ratio"], 3) for p in POLICIES}, flush=True)
+    results["decision_latency_ms"] = decision_latency((1000,) if args.quick else (1000, 10000))
+    print("decision latency:", results["decision_latency_ms"], flush=True)
     sim = results["simulated"]
     results["checks"] = {
         "mixed_beats_fifo_trainer_idle": sim["mixed"]["trainer_idle_ratio"] < sim["fifo"]["trainer_idle_ratio"],

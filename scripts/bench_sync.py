@@ -118,14 +118,17 @@ def worker(cfg_path: str, role: str, index: int) -> int:
 
 
 CLONE_NEWNET = 0x40000000
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+_STOPPED: list[int] = []  # signals received; the wait loops check it in case an exception got swallowed
 
 
 def _child(ns: str, cfg_path: str, role: str, index: int) -> None:
     """Forked worker: enter network namespace ``ns`` (setns(2)), then run :func:`worker`."""
     import ctypes
 
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    for s in _STOP_SIGNALS:
+        signal.signal(s, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     work = Path(cfg_path).parent
     sys.stderr = open(work / f"err-{role}-{index}.log", "w", buffering=1)
     os.dup2(sys.stderr.fileno(), 2)  # C++ (gloo / c10d) warnings go to the log too
@@ -204,7 +207,11 @@ def run_config(net: Netns, workers: int, ratios: list[float], sizes: list[int], 
         for role, ns in (("train", net.a), ("rollout", net.b)):
             for i in range(workers):
                 p = ctx.Process(target=_child, args=(ns, str(work / "cfg.json"), role, i), daemon=True)
-                p.start()
+                old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)  # no handler mid-fork
+                try:
+                    p.start()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, old)
                 mine.append(p)
                 procs.append(p)
         for p_idx, ratio in enumerate(ratios):
@@ -213,6 +220,8 @@ def run_config(net: Netns, workers: int, ratios: list[float], sizes: list[int], 
             (work / f"go-{p_idx}").touch()
             deadline = time.monotonic() + STEP_TIMEOUT_S * len(sizes)
             while len(list(work.glob(f"done-{p_idx}-*"))) < 2 * workers:
+                if _STOPPED:
+                    raise KeyboardInterrupt(f"signal {_STOPPED[0]}")
                 dead = [p for p in mine if p.exitcode not in (None, 0)]
                 if dead or time.monotonic() > deadline:
                     logs = "\n".join((work / f).read_text()[-2000:] for f in os.listdir(work) if f.startswith("err-"))
@@ -258,6 +267,22 @@ def run_config(net: Netns, workers: int, ratios: list[float], sizes: list[int], 
     return runs
 
 
+def paper_scale_prediction() -> list[dict]:
+    """The plan's predicted speed-up at the paper's scale (RollMux §6.1, Fig. 12): a 7B bf16 model,
+    20 Gbps cross-cluster Ethernet, 400 Gbps InfiniBand per rollout NIC."""
+    from rollmux.sync_plan import LinkModel, TensorMeta, build_plan
+
+    tensors = [TensorMeta(f"layer{i}", (7 * 10**9 // 64,), "bfloat16", 2 * 7 * 10**9 // 64) for i in range(64)]
+    links = LinkModel(cross_gbps=20.0, intra_gbps=400.0)
+    out = []
+    for w in (8, 16):
+        f = build_plan(tensors, w, w, scheme="flat").predict(links).total_s
+        t = build_plan(tensors, w, w).predict(links).total_s
+        out.append(dict(workers=w, model_bytes=2 * 7 * 10**9, flat_s=round(f, 2), topo_s=round(t, 2),
+                        predicted_speedup=round(f / t, 2)))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", nargs=3, metavar=("CFG", "ROLE", "INDEX"), help=argparse.SUPPRESS)
@@ -288,9 +313,10 @@ def main() -> int:
     import collectives  # noqa: F401  (imported once here; forked workers inherit it)
 
     def on_signal(signum, frame):  # turn SIGTERM/SIGHUP into an exception so `finally` cleans up
+        _STOPPED.append(signum)
         raise KeyboardInterrupt(f"signal {signum}")
 
-    for s in (signal.SIGTERM, signal.SIGHUP):
+    for s in _STOP_SIGNALS:
         signal.signal(s, on_signal)
     t0 = time.time()
     runs: list[dict] = []
@@ -300,6 +326,8 @@ def main() -> int:
               f"ratios {ratios}; workers {workers}; sizes {[s >> 20 for s in sizes]} MiB", flush=True)
         for w in workers:
             runs += run_config(net, w, ratios, sizes, args.intra_mbit, args, procs)
+            if _STOPPED:
+                raise KeyboardInterrupt(f"signal {_STOPPED[0]}")
     except KeyboardInterrupt as e:
         print(f"bench_sync: interrupted ({e}); cleaning up", file=sys.stderr)
         return 130
@@ -311,7 +339,10 @@ def main() -> int:
         net.down()
     out = Path(args.out or ROOT / "results" / ("bench_sync_quick.json" if args.quick else "bench_sync.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = dict(quick=args.quick, wall_s=round(time.time() - t0, 1), cpu_count=os.cpu_count())
+    meta = dict(quick=args.quick, wall_s=round(time.time() - t0, 1), cpu_count=os.cpu_count(),
+                setup=f"netns + veth (tbf cross = intra / ratio) + tbf on the rollout namespace's lo "
+                      f"(intra {args.intra_mbit:g} Mbit/s, shared); gloo; bucket {args.bucket_bytes} B",
+                paper_scale_prediction=paper_scale_prediction())
     out.write_text(json.dumps(runs, indent=1) + "\n")
     out.with_name(out.stem + "_meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"bench_sync: wrote {len(runs)} runs to {out} in {meta['wall_s']} s")

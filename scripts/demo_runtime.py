@@ -3,9 +3,10 @@
 
 1. Starts a local multi-node Ray cluster mirroring ``configs/cluster_local.yaml`` (one Ray node
    per rollout / training node, custom resources ``rollmux_node:<id>``) and a GlobalScheduler.
-2. Co-executed: submits the three jobs of ``configs/jobs/`` (rollout-heavy, train-heavy,
-   balanced) as three user processes running ``scripts/grpo_job.py --attach``; each admits
-   itself (Alg. 1 packs them into one co-execution group) and iterates round-robin.
+2. Co-executed: submits the three jobs of ``configs/jobs/`` (balanced = the long one, rollout-
+   heavy, train-heavy) as three user processes running ``scripts/grpo_job.py --attach``, one after
+   the other; each admits itself (Alg. 1 packs them into one co-execution group), waits at a
+   start barrier, and then they iterate round-robin.
 3. Solo: the same three jobs, same seeds, in plain mode (no scheduler), one after the other; as
    Solo-D each job is charged its own rollout + training node for its whole run.
 4. Cold switch: one job re-run under the scheduler with ``--switch cold`` (state rebuilt from a
@@ -50,10 +51,13 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-def submit(cfg_path: Path, job_id: str, n: int, out: Path, env: dict, switch: str = "warm") -> subprocess.Popen:
+def submit(cfg_path: Path, job_id: str, n: int, out: Path, env: dict, switch: str = "warm",
+           wait_for: Path | None = None) -> subprocess.Popen:
     """Start one user job process that attaches to the RollMux scheduler (what `ray job submit` runs)."""
     cmd = [sys.executable, str(ROOT / "scripts" / "grpo_job.py"), "--config", str(cfg_path), "--iterations", str(n),
            "--job-id", job_id, "--attach", "--switch", switch, "--quiet", "--out", str(out)]
+    if wait_for is not None:
+        cmd += ["--wait-for", str(wait_for)]
     return subprocess.Popen(cmd, cwd=str(ROOT), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -108,8 +112,19 @@ def main(argv=None) -> int:
                "ROLLMUX_CKPT_DIR": str(tmp / "ckpt"), "PYTHONPATH": str(ROOT)}
         con.print(f"cluster up in {time.time() - t_start:.0f}s ({', '.join(lc.node_ids)}); submitting the jobs")
 
-        # ---- co-executed under RollMux
-        procs = {name: submit(paths[name], ids[name], n, tmp / f"{name}.json", env) for name in JOBS}
+        # ---- co-executed under RollMux: admitted one by one (long job first, as jobs arrive over
+        # time); each waits at a start barrier so that the three iterate together
+        barrier = tmp / "start"
+        procs = {}
+        for name in JOBS:
+            procs[name] = submit(paths[name], ids[name], n, tmp / f"{name}.json", env, wait_for=barrier)
+            deadline = time.monotonic() + 300
+            while ray.get(sched.get_job.remote(ids[name])) is None:
+                if procs[name].poll() is not None or time.monotonic() > deadline:
+                    out, _ = procs[name].communicate()
+                    raise RuntimeError(f"job {ids[name]} was not admitted: {(out or '')[-2000:]}")
+                time.sleep(0.2)
+        barrier.touch()
         rcs = wait_all(procs, args.timeout_s)
         co = {}
         for name in JOBS:

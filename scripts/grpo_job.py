@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +36,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     mode.add_argument("--solo", dest="attach", action="store_false", help="run plain, in this process")
     ap.add_argument("--switch", choices=("warm", "cold"), default="warm", help="phase switch kind (scheduled mode)")
     ap.add_argument("--out", default=None, help="write the result JSON here")
+    ap.add_argument("--wait-for", default=None, metavar="PATH",
+                    help="after admission, wait until PATH exists before the first phase (start barrier)")
+    ap.add_argument("--wait-timeout-s", type=float, default=300.0)
     ap.add_argument("--quiet", action="store_true")
     return ap.parse_args(argv)
 
@@ -60,10 +64,18 @@ def main(argv=None) -> int:
             print(f"[{cfg.job.job_id}] it={m['iteration']:3d} reward={m['reward_mean']:.3f} "
                   f"loss={m['loss']:+.4f} len={m['response_len_mean']:.1f}", flush=True)
 
+    def barrier() -> None:
+        deadline = time.monotonic() + args.wait_timeout_s
+        while not Path(args.wait_for).exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"--wait-for {args.wait_for}: not created within {args.wait_timeout_s:.0f}s")
+            time.sleep(0.05)
+
     result: dict = {"job_id": cfg.job.job_id, "config": str(args.config)}
     code = 0
     try:
-        result.update(run_job(cfg, attach=args.attach, switch=args.switch, on_iteration=show))
+        result.update(run_job(cfg, attach=args.attach, switch=args.switch, on_iteration=show,
+                              ready=barrier if args.wait_for else None))
         result["ok"] = True
     except Exception as e:  # the phase API has reported the job failed and released its resources
         result.update(ok=False, error=f"{type(e).__name__}: {e}")

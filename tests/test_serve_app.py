@@ -13,8 +13,6 @@ import uuid
 import httpx
 import pytest
 
-pytestmark = pytest.mark.ray
-
 NODE_USD_PER_H = 0.05  # configs/gpus.yaml "CPU" x 1 GPU per node
 
 
@@ -60,6 +58,7 @@ def _active(api) -> list[str]:
     return sorted(j["job_id"] for j in api.get("/v1/jobs").json() if j["state"] in ("admitted", "running"))
 
 
+@pytest.mark.ray
 def test_openapi_docs_and_health(anon, serve_api):
     spec_ = anon.get("/openapi.json").json()
     assert {"/v1/jobs", "/v1/jobs:dry-run", "/v1/jobs/{job_id}", "/v1/groups", "/healthz"} <= set(spec_["paths"])
@@ -70,6 +69,7 @@ def test_openapi_docs_and_health(anon, serve_api):
     assert h.json()["name"] == serve_api.scheduler_name  # reached the named actor of this session
 
 
+@pytest.mark.ray
 def test_admit_returns_group_placement_cost_and_slowdowns(api, clean):
     a = _id("adm")
     r = api.post("/v1/jobs", json=spec(a))
@@ -101,6 +101,7 @@ def test_admit_returns_group_placement_cost_and_slowdowns(api, clean):
     assert g["t_cycle_s"] == pytest.approx(20.0) and g["slack_s"] == pytest.approx(g["t_cycle_s"] - g["t_load_s"])
 
 
+@pytest.mark.ray
 def test_dry_run_decides_without_changing_state(api, clean):
     before_jobs, before_groups = _active(api), api.get("/v1/groups").json()
     j = _id("dry")
@@ -115,6 +116,7 @@ def test_dry_run_decides_without_changing_state(api, clean):
     assert big.status_code == 409 and big.json()["decision"]["dry_run"] is True
 
 
+@pytest.mark.ray
 def test_refusals_are_409_with_reason(api, clean):
     # state larger than any node: never
     r = api.post("/v1/jobs", json=spec(_id("big"), mem_roll_gb=100.0))
@@ -134,6 +136,7 @@ def test_refusals_are_409_with_reason(api, clean):
     assert api.post("/v1/jobs", json=fat[2]).status_code == 201
 
 
+@pytest.mark.ray
 def test_duplicate_job_id_is_409(api, clean):
     j = _id("dup")
     assert api.post("/v1/jobs", json=spec(j)).status_code == 201
@@ -142,6 +145,7 @@ def test_duplicate_job_id_is_409(api, clean):
     assert _active(api).count(j) == 1
 
 
+@pytest.mark.ray
 def test_delete_departs_and_groups_shrink_or_dissolve(api, clean):
     a, b = _id("del"), _id("del")
     ga = api.post("/v1/jobs", json=spec(a)).json()["group_id"]
@@ -158,6 +162,7 @@ def test_delete_departs_and_groups_shrink_or_dissolve(api, clean):
     assert api.get(f"/v1/jobs/{_id('nosuch')}").json()["error"] == "not_found"
 
 
+@pytest.mark.ray
 def test_token_required_for_admission_and_departure(anon, api, serve_api, clean):
     j = _id("auth")
     assert anon.post("/v1/jobs", json=spec(j)).status_code == 401
@@ -181,6 +186,7 @@ def test_token_required_for_admission_and_departure(anon, api, serve_api, clean)
     (lambda j: spec(j, colour="red"), "colour"),
     (lambda j: spec(j, measured={"t_roll_s": -1, "t_train_s": 1}), "measured.t_roll_s"),
 ])
+@pytest.mark.ray
 def test_malformed_spec_is_422_naming_the_field(api, body, field):
     r = api.post("/v1/jobs", json=body(_id("bad")))
     assert r.status_code == 422, r.text
@@ -188,11 +194,13 @@ def test_malformed_spec_is_422_naming_the_field(api, body, field):
     assert d["error"] == "invalid_request" and field in [e["field"] for e in d["errors"]] and field in d["detail"]
 
 
+@pytest.mark.ray
 def test_non_json_body_is_422_not_500(api):
     r = api.post("/v1/jobs", content=b"{not json", headers={"Content-Type": "application/json"})
     assert r.status_code == 422 and r.json()["error"] == "invalid_request"
 
 
+@pytest.mark.ray
 def test_replicas_find_the_scheduler_again_after_it_restarts(api, serve_api, clean):
     import ray
 
@@ -228,6 +236,7 @@ def _scrape_all_nodes() -> tuple[str, list[str]]:
     return text, urls
 
 
+@pytest.mark.ray
 def test_admission_metrics_appear_on_the_prometheus_endpoint(api, clean):
     j = _id("metrics")
     assert api.post("/v1/jobs", json=spec(j)).status_code == 201
@@ -247,3 +256,108 @@ def test_admission_metrics_appear_on_the_prometheus_endpoint(api, clean):
     assert any('outcome="admitted"' in ln for ln in lines) and any('outcome="never"' in ln for ln in lines), lines
     assert any(ln.startswith("ray_rollmux_job_slo{") and f'job_id="{j}"' in ln and ln.rstrip().endswith(" 2.0")
                for ln in text.splitlines())
+
+
+# ----------------------------------------------------------------------------- configuration and CLI
+def test_serve_config_precedence_and_errors(tmp_path):
+    from rollmux.config import ConfigError, load_serve_config
+
+    y = tmp_path / "serve.yaml"
+    y.write_text("port: 8100\nopen_read_routes: true\nstate_dir: /tmp/rollmux-x\n")
+    cfg = load_serve_config(y, env={})
+    assert (cfg.host, cfg.port, cfg.open_read_routes) == ("127.0.0.1", 8100, True)
+    cfg = load_serve_config(y, env={"ROLLMUX_PORT": "8200", "ROLLMUX_OPEN_READ_ROUTES": "false"})
+    assert (cfg.port, cfg.open_read_routes) == (8200, False)
+    cfg = load_serve_config(y, {"port": 8300, "host": None}, env={"ROLLMUX_PORT": "8200"})
+    assert cfg.port == 8300 and cfg.base_url == "http://127.0.0.1:8300"
+    assert cfg.token_path.parent.name == "rollmux-x" and cfg.cluster_spec.is_absolute()
+    with pytest.raises(ConfigError, match="port"):
+        load_serve_config(y, env={"ROLLMUX_PORT": "eighty"})
+    y.write_text("prot: 1\n")
+    with pytest.raises(ConfigError, match="prot"):
+        load_serve_config(y, env={})
+
+
+def test_token_resolution_order(tmp_path):
+    from rollmux.config import ServeConfig
+
+    cfg = ServeConfig(state_dir=tmp_path)
+    assert cfg.resolve_token(env={}) is None
+    (tmp_path / "api_token").write_text("from-file\n")
+    assert cfg.resolve_token(env={}) == "from-file"
+    assert cfg.resolve_token(env={"ROLLMUX_API_TOKEN": "from-env"}) == "from-env"
+    assert ServeConfig(state_dir=tmp_path, token="inline").resolve_token(env={"ROLLMUX_API_TOKEN": "x"}) == "inline"
+
+
+def test_app_refuses_to_run_without_a_token():
+    import serve_app
+    from rollmux.config import ServeConfig
+
+    with pytest.raises(ValueError, match="token"):
+        serve_app.AppSettings.from_config(ServeConfig(), "")
+
+
+def test_down_stops_only_recorded_processes(tmp_path):
+    """`rollmux down` signals the process groups in its state file, checks pid identity, and
+    leaves everything else alone."""
+    import json
+    import os
+    import subprocess
+
+    from typer.testing import CliRunner
+
+    from actors import cli_ops
+    from rollmux.cli import app
+
+    ours = cli_ops._spawn(["sleep", "60"], tmp_path / "a.log", dict(os.environ))
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)  # not recorded: must survive
+    stale = {"pid": other.pid, "pgid": other.pid, "start_ticks": -1, "what": "stale record (pid reused)"}
+    (tmp_path / "state.json").write_text(json.dumps({"processes": [{**ours, "what": "sleep"}, stale]}))
+    try:
+        r = CliRunner().invoke(app, ["down", "--state-dir", str(tmp_path), "--grace-s", "5"])
+        assert r.exit_code == 0, r.output
+        assert "sleep (pid" in r.output and "stopped" in r.output
+        assert not cli_ops._alive({**ours})
+        assert other.poll() is None  # the unrelated process is untouched
+        assert not (tmp_path / "state.json").exists()
+        r = CliRunner().invoke(app, ["down", "--state-dir", str(tmp_path)])
+        assert r.exit_code == 0 and "nothing to stop" in r.output
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_cli_reports_bad_config_without_traceback(tmp_path):
+    from typer.testing import CliRunner
+
+    from rollmux.cli import app
+
+    r = CliRunner().invoke(app, ["urls", "--config", str(tmp_path / "missing.yaml")])
+    assert r.exit_code == 2 and "config file not found" in r.output and "Traceback" not in r.output
+    bad = tmp_path / "job.yaml"
+    bad.write_text("job: {job_id: x, model_params_b: -1}\n")
+    r = CliRunner().invoke(app, ["submit", str(bad)], env={"ROLLMUX_API_TOKEN": "t"})
+    assert r.exit_code == 2 and "model_params_b" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.ray
+def test_cli_submit_and_status_through_the_api(serve_api, tmp_path, clean):
+    from typer.testing import CliRunner
+
+    from rollmux.cli import app
+
+    job = tmp_path / "job.yaml"
+    jid = _id("cli")
+    job.write_text("job:\n" + "".join(f"  {k}: {v}\n" for k, v in spec(jid, measured=None).items() if v is not None))
+    env = {"ROLLMUX_PORT": str(serve_api.config.port), "ROLLMUX_API_TOKEN": serve_api.token,
+           "ROLLMUX_STATE_DIR": str(tmp_path), "COLUMNS": "200"}
+    r = CliRunner().invoke(app, ["submit", str(job), "--dry-run"], env=env)
+    assert r.exit_code == 0 and "admissible" in r.output, r.output
+    r = CliRunner().invoke(app, ["submit", str(job)], env=env)
+    assert r.exit_code == 0 and "admitted" in r.output and "USD/h" in r.output, r.output
+    r = CliRunner().invoke(app, ["submit", str(job)], env=env)
+    assert r.exit_code == 1 and "duplicate_job_id" in r.output
+    r = CliRunner().invoke(app, ["status"], env=env)
+    assert r.exit_code == 0 and jid in r.output and "co-execution groups" in r.output, r.output
+    r = CliRunner().invoke(app, ["urls"], env=env)
+    assert r.exit_code == 0 and f"http://127.0.0.1:{serve_api.config.port}/docs" in r.output

@@ -116,3 +116,20 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="no jobs"):
         simulate([], CLUSTER, ["rollmux"])
     assert summarise({})["policies"] == {}
+
+
+def test_plots_write_pngs_and_reject_bad_series(tmp_path):
+    from rollmux.plots import plot_cost_over_time, plot_gantt
+    from rollmux.simulator import gantt_records
+
+    jobs = [sj("r", 0, 36000, 400, 100), sj("t", 0, 36000, 100, 400)]
+    real = Realisation(CLUSTER)
+    run = replay(jobs, make_policy("rollmux", CLUSTER, real), real)
+    recs = gantt_records(run, real)
+    assert {r.job_id for r in recs} == {"r", "t"} and {r.pool for r in recs} == {"rollout", "train"}
+    assert plot_gantt(recs, tmp_path / "g.png").stat().st_size > 1000
+    assert plot_cost_over_time({"rollmux": (run.times_s, run.cost_usd_per_h)}, tmp_path / "c.png").stat().st_size > 1000
+    with pytest.raises(ValueError, match="2 times but 1 costs"):
+        plot_cost_over_time({"x": ([0, 1], [1.0])}, tmp_path / "bad.png")
+    with pytest.raises(ValueError, match="no phase records"):
+        plot_gantt([], tmp_path / "none.png")

@@ -1,9 +1,10 @@
-"""Gloo executor of the sync plan across real processes (spawn, gloo on 127.0.0.1).
+"""Gloo executor of the sync plan across real processes (gloo on 127.0.0.1).
 
 Checks RollMux §5.2 end to end: rollout weights bit-identical to the trainers' (sha256 per tensor)
 for several layouts and uneven shards, models much larger than one bucket, all-or-nothing on an
 injected failure (raised fault and a sender process that dies mid-sync), refused mismatches, and
-two jobs sharing the same processes. A module-scoped pool of spawned processes keeps it fast.
+two jobs sharing the same processes, and Ray actors. A module-scoped pool of processes (forked from
+a clean forkserver that pre-imported torch) keeps it fast.
 """
 
 from __future__ import annotations
@@ -106,8 +107,11 @@ def _worker_main(wid: int, inbox: Any, outbox: Any) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch  # noqa: F401  (pay the import once per process)
 
-    while True:
-        item = inbox.get()
+    for _ in range(10_000):  # bounded: a worker idle for 10 minutes exits
+        try:
+            item = inbox.get(timeout=600)
+        except queue.Empty:
+            return
         if item is None:
             return
         run_id, specs = item
@@ -132,7 +136,10 @@ class Pool:
     """Spawned worker processes; ``run`` hands one list of endpoint specs to each worker."""
 
     def __init__(self, n: int) -> None:
-        self.ctx = mp.get_context("spawn")
+        # forkserver: a clean server process (started like spawn, never a fork of pytest) imports
+        # torch once; workers fork from it, which saves N torch imports on a small machine
+        self.ctx = mp.get_context("forkserver")
+        self.ctx.set_forkserver_preload(["torch", "collectives"])
         self.outbox = self.ctx.Queue()
         self.procs: list[Any] = [None] * n
         self.inboxes: list[Any] = [None] * n
@@ -341,3 +348,62 @@ def test_bench_removes_its_namespaces_when_interrupted(tmp_path):
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(n in listed for n in names)
     assert not (tmp_path / "x.json").exists()
+
+
+# ------------------------------------------------------------------------------ inside Ray actors
+class SyncActor:
+    """What a TrainWorker / RolloutWorker does: one endpoint per job, kept across syncs."""
+
+    def __init__(self) -> None:
+        self.eps: dict = {}
+
+    def pick_addr(self) -> str:
+        from collectives import free_port
+
+        return f"127.0.0.1:{free_port()}"
+
+    def open(self, plan, role: str, index: int, addr: str, job: str) -> int:
+        from collectives import open_endpoint
+
+        self.eps[job] = open_endpoint(plan, role, index, addr=addr, job_id=job, bind_host="127.0.0.1", timeout_s=30)
+        return os.getpid()
+
+    def sync(self, job: str, seed: int) -> dict:
+        ep = self.eps[job]
+        if ep.role == "train":
+            ep.send(model(seed))
+            return {}
+        return sums(ep.receive(model(999)))
+
+    def close(self, job: str) -> None:
+        self.eps.pop(job).close()
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(240)
+def test_endpoints_inside_ray_actors_on_their_pool_nodes(ray_cluster):
+    import sys
+    import uuid
+
+    import ray
+
+    from rollmux.nodes import node_resource
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    job = f"ray-{uuid.uuid4().hex[:8]}"
+    Actor = ray.remote(num_cpus=0)(SyncActor)
+    trainers = [Actor.options(resources={node_resource(f"train-{i}"): 1}).remote() for i in range(2)]
+    rollouts = [Actor.options(resources={node_resource(f"rollout-{j}"): 1}).remote() for j in range(2)]
+    plan = plan_for(2, 2)
+    try:
+        addr = ray.get(trainers[0].pick_addr.remote(), timeout=60)
+        pids = ray.get([a.open.remote(plan, "train", i, addr, job) for i, a in enumerate(trainers)]
+                       + [a.open.remote(plan, "rollout", j, addr, job) for j, a in enumerate(rollouts)], timeout=120)
+        assert len(set(pids)) == 4  # four worker processes, one endpoint each
+        for seed in (71, 72):  # two syncs over the same communicators
+            out = ray.get([a.sync.remote(job, seed) for a in trainers + rollouts], timeout=120)
+            assert out[2] == out[3] == sums(model(seed))
+        ray.get([a.close.remote(job) for a in trainers + rollouts], timeout=60)
+    finally:
+        for a in trainers + rollouts:
+            ray.kill(a)

@@ -43,12 +43,13 @@ class RolloutBackend(ABC):
         eos_id: int,
         pad_id: int,
         progress: Optional[ProgressFn] = None,
+        min_new_tokens: int = 0,
     ) -> torch.Tensor:
         """Sample one response per prompt row.
 
         Args:
             prompt_ids: LongTensor ``[B, P]`` (equal-length prompts).
-            max_new_tokens: generation cap ``N``.
+            max_new_tokens: generation cap ``N``; min_new_tokens: ``<eos>`` is suppressed before this many.
             seed: seeds this call's sampling (from the job's own generator; no global RNG).
             progress: called ``progress(done, total)`` as responses finish (long-tail migration).
         Returns:

@@ -40,7 +40,8 @@ class HFRolloutBackend(RolloutBackend):
         self.loads = 0
 
     @torch.no_grad()
-    def generate(self, prompt_ids, *, max_new_tokens, temperature, seed, eos_id, pad_id, progress: Optional[ProgressFn] = None):
+    def generate(self, prompt_ids, *, max_new_tokens, temperature, seed, eos_id, pad_id,
+                 progress: Optional[ProgressFn] = None, min_new_tokens: int = 0):
         from transformers import StoppingCriteriaList
 
         B, P = prompt_ids.shape
@@ -56,6 +57,7 @@ class HFRolloutBackend(RolloutBackend):
                 top_k=0,
                 top_p=1.0,
                 max_new_tokens=int(max_new_tokens),
+                min_new_tokens=int(min_new_tokens),
                 eos_token_id=eos_id,
                 pad_token_id=pad_id,
                 stopping_criteria=crit,

@@ -66,12 +66,12 @@ class VLLMRolloutBackend(RolloutBackend):
         self.asleep = False
 
     def generate(self, prompt_ids, *, max_new_tokens, temperature, seed, eos_id, pad_id,
-                 progress: Optional[ProgressFn] = None):
+                 progress: Optional[ProgressFn] = None, min_new_tokens: int = 0):
         B, P = prompt_ids.shape
         rows = prompt_ids.tolist()
         prompts = [TokensPrompt(prompt_token_ids=r) if TokensPrompt else {"prompt_token_ids": r} for r in rows]
         params = [SamplingParams(n=1, temperature=float(temperature), top_k=-1, top_p=1.0, max_tokens=int(max_new_tokens),
-                                 seed=int(seed) + i, stop_token_ids=[eos_id], detokenize=False) for i in range(B)]
+                                 min_tokens=int(min_new_tokens), seed=int(seed) + i, stop_token_ids=[eos_id], detokenize=False) for i in range(B)]
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         seq = torch.full((B, P + max_new_tokens), pad_id, dtype=torch.long)
         seq[:, :P] = prompt_ids

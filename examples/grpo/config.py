@@ -49,6 +49,7 @@ class RunConfig(_Strict):
         num_prompts / group_size: prompts per iteration and samples per prompt (GRPO group).
         answer_len: digits in each answer (task difficulty and response length).
         max_new_tokens: generation cap, tokens (>= answer_len; sets the rollout phase's length).
+        min_new_tokens: ``<eos>`` suppressed before this many tokens (a long rollout, e.g. reasoning).
         temperature: sampling temperature (> 0).
         lr: AdamW learning rate; ppo_epochs / minibatch_size: passes and minibatch per training phase.
         clip_eps: PPO clip range; kl_coef: weight of the k3 KL to the frozen reference (0 = off).
@@ -65,7 +66,8 @@ class RunConfig(_Strict):
     num_prompts: int = Field(default=16, gt=0)
     group_size: int = Field(default=8, ge=2)
     answer_len: int = Field(default=1, gt=0, le=64)
-    max_new_tokens: int = Field(default=2, gt=0, le=256)
+    max_new_tokens: int = Field(default=2, gt=0, le=4096)
+    min_new_tokens: int = Field(default=0, ge=0)
     temperature: float = Field(default=1.0, gt=0)
     lr: float = Field(default=1e-3, gt=0, le=1.0)
     ppo_epochs: int = Field(default=1, gt=0, le=64)
@@ -83,6 +85,8 @@ class RunConfig(_Strict):
     def _lens(self) -> "RunConfig":
         if self.max_new_tokens < self.answer_len:
             raise ValueError(f"max_new_tokens ({self.max_new_tokens}) must be >= answer_len ({self.answer_len})")
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(f"min_new_tokens ({self.min_new_tokens}) exceeds max_new_tokens ({self.max_new_tokens})")
         if self.task == "add" and self.answer_len != 1:
             raise ValueError("answer_len must be 1 for task 'add'")
         return self

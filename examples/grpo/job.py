@@ -88,7 +88,7 @@ def rollout_phase(cfg: GRPOJobConfig, state: dict, iteration: int, hook: Any = N
     progress: Optional[Callable[[int, int], None]] = getattr(hook, "progress", None)
     seq = state["engine"].generate(
         prompts, max_new_tokens=r.max_new_tokens, temperature=r.temperature, seed=seed,
-        eos_id=TOK.eos_id, pad_id=TOK.pad_id, progress=progress,
+        eos_id=TOK.eos_id, pad_id=TOK.pad_id, progress=progress, min_new_tokens=r.min_new_tokens,
     )
     P = prompts.shape[1]
     rew = reward(seq[:, P:], answers, TOK)
@@ -196,6 +196,7 @@ def run_job(
     *,
     attach: Optional[bool] = None,
     on_iteration: Optional[Callable[[dict], None]] = None,
+    ready: Optional[Callable[[], None]] = None,
     **job_kw,
 ) -> dict:
     """The user's RL loop (rollout -> training -> sync) through the phase API.
@@ -203,9 +204,16 @@ def run_job(
     Returns ``{"job_id", "iterations", "history": [metrics...], "final_reward", "initial_reward",
     "weights_sha256", "wall_s", "mode", "timeline", "info"}``; ``final_reward`` is the mean rollout reward of the last
     ``max(1, iterations // 5)`` iterations. Exceptions inside a phase propagate (the job is
-    reported failed by the phase API).
+    reported failed by the phase API). ``ready()`` is called once the job exists (admitted, in
+    scheduled mode) and before its first phase, e.g. to wait for group-mates to be admitted.
     """
     g = make_job(cfg, attach=attach, **job_kw)
+    if ready is not None:
+        try:
+            ready()
+        except BaseException as e:
+            g.job.fail(e)
+            raise
     history: list[dict] = []
     t0 = time.perf_counter()
     with g.job:

@@ -238,7 +238,9 @@ class MixedPolicy(SchedulingPolicy):
             while heap and len(out) < limit and misfits < MAX_MISFITS:
                 neg, seq, s, e = heapq.heappop(heap)
                 fresh = s + w_d * ctx.diversity(e.req.task_family, counts, len(out), nfam)
-                if heap and fresh < -heap[0][0] - 1e-12:  # stale key: diversity fell, re-queue
+                # lazy greedy: a popped key whose diversity fell below the next key is re-queued. Keys
+                # of families not picked can only rise a little meanwhile; that staleness is accepted.
+                if heap and fresh < -heap[0][0] - 1e-12:
                     heapq.heappush(heap, (-fresh, seq, s, e))
                     continue
                 kv, is_replay = e.req.kv_tokens, e.req.type is RequestType.REPLAY

@@ -141,13 +141,14 @@ class RolloutRequestScheduler:
         prefix entries older than the TTL. Raises ValueError on a negative version."""
         if version < 0:
             raise ValueError(f"policy version must be >= 0, got {version}")
-        if version == self.policy_version and version > 0:
-            return
+        changed = version != self.policy_version
         self.policy_version = version
-        if self.coldstart.on_step(version) and self.policy.adaptive:
+        switched = self.coldstart.on_step(version) and self.policy.adaptive
+        if switched:
             self.counters["profile_switches"] += 1
         self.index.ttl_versions = self.profile.prefix_ttl_versions
-        self.index.expire(version)
+        if changed or switched:
+            self.index.expire(version)
 
     def set_trainer_waiting(self, waiting: bool) -> None:
         """Whether the trainer is waiting on critical rollout data (drives the stage-1 budget)."""
