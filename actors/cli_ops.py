@@ -246,6 +246,8 @@ def up(
             f.write(token + "\n")
 
     env = dict(os.environ, RAY_AUTH_MODE=ray_auth, RAY_USAGE_STATS_ENABLED="0")
+    # `rollmux down` tears the whole local cluster down: no need for Ray's 30 s drain on SIGTERM
+    env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
     os.environ.update(RAY_AUTH_MODE=ray_auth, RAY_USAGE_STATS_ENABLED="0")
     if ray_auth == "token":
         subprocess.run(_ray_cli() + ["get-auth-token", "--generate"], env=env, check=False,

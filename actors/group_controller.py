@@ -63,11 +63,12 @@ class GroupControllerImpl:
         tail_trigger_fraction: fraction of responses done that makes a rollout tail-bound.
         lease_s: driver lease; an attached job whose driver stops heart-beating this long while
             none of its phases runs is evicted and reported failed (0 disables).
+        metrics_enabled: False records metric totals only (unit tests without Ray).
     """
 
     def __init__(self, group_id: str, scheduler_name: Optional[str] = None, *, migrate: bool = False,
                  tail_trigger_fraction: float = 0.8, metrics_flush_s: float = 1.0,
-                 lease_s: float = DEFAULT_LEASE_S):
+                 lease_s: float = DEFAULT_LEASE_S, metrics_enabled: bool = True):
         from actors.metrics import RollmuxMetrics
 
         self.group_id = group_id
@@ -83,7 +84,7 @@ class GroupControllerImpl:
         self.migrations: list[dict] = []
         self._events: dict[str, asyncio.Event] = {}
         self._node_last_end: dict[str, float] = {}
-        self.metrics = RollmuxMetrics(flush_interval_s=metrics_flush_s)
+        self.metrics = RollmuxMetrics(flush_interval_s=metrics_flush_s, enabled=metrics_enabled)
         self.closed = False
         self.lease_s = float(lease_s)
         self._watchdog = None
@@ -145,18 +146,28 @@ class GroupControllerImpl:
             self._watchdog = asyncio.get_event_loop().create_task(self._watch())
 
     async def _watch(self) -> None:
-        """Evict active jobs whose driver stopped heart-beating for ``lease_s`` while no phase of
-        theirs runs (a crashed driver must not stall its group-mates, DESIGN.md "Isolation")."""
+        """Evict active jobs whose driver stopped heart-beating for ``lease_s`` unless a worker is
+        running one of their phases (a crashed driver must not stall its group-mates, DESIGN.md
+        "Isolation"); this also frees a permit granted to a driver that died before using it."""
         while not self.closed:
             await asyncio.sleep(min(1.0, self.lease_s / 3))
             now = time.time()
             for j in list(self.rr.job_ids):
                 m = self.members[j]
-                if j in self.running or m["heartbeat"] is None or now - m["heartbeat"] <= self.lease_s:
-                    continue
+                if self.running.get(j, {}).get("started") or m["heartbeat"] is None \
+                        or now - m["heartbeat"] <= self.lease_s:
+                    continue  # a phase running on a worker always ends with a release
                 err = f"driver lost: no heartbeat for {now - m['heartbeat']:.1f}s (lease {self.lease_s:.1f}s)"
                 self._remove(j, f"failed: {err}")
                 self._report(j, {"event": "failed", "error": err})
+
+    async def phase_started(self, job_id: str, phase: str) -> bool:
+        """The worker began the granted phase (the lease then waits for its release)."""
+        g = self.running.get(job_id)
+        if g is None or g["phase"] != phase:
+            return False
+        g["started"] = True
+        return True
 
     async def remove_job(self, job_id: str, reason: str = "departed") -> bool:
         """Drop the job from every queue (departure / failure). False if it was not a member."""

@@ -12,7 +12,8 @@ submitted jobs) selects the cluster.
 
 Limits: a phase runs on the first node of its pool in the placement (the phase function is one
 process); the permit covers every node of the placement. The sync weights travel through the
-object store (TrainWorker -> RolloutWorker), not yet through collectives/.
+object store (TrainWorker -> RolloutWorker) by default, or through collectives/ (gloo) with
+``Job(sync_backend="gloo")``.
 """
 
 from __future__ import annotations
@@ -184,17 +185,20 @@ class ScheduledRuntime:
             if pool not in j._builders:
                 raise PhaseFailed(f"job {j.job_id!r}: no @job.state({pool!r}) builder registered")
         common = {"controller": self.info["controller"], "switch": j.switch, "checkpoint_dir": j.checkpoint_dir,
+                  "sync_backend": j.sync_backend,
                   "hooks": list(j._hooks), "apply": j._apply}
 
         def register() -> None:
+            from ray import cloudpickle  # pickled here, unpickled under the worker's lock
+
             ray.get([
                 self.controller.configure_job.remote(j.job_id, has_sync="sync" in j._phases),
-                self.rollout_worker.register_job.remote(j.job_id, {
+                self.rollout_worker.register_job.remote(j.job_id, cloudpickle.dumps({
                     **common, "builder": j._builders["rollout"],
-                    "phases": {k: v for k, v in j._phases.items() if k == "rollout"}}),
-                self.train_worker.register_job.remote(j.job_id, {
+                    "phases": {k: v for k, v in j._phases.items() if k == "rollout"}})),
+                self.train_worker.register_job.remote(j.job_id, cloudpickle.dumps({
                     **common, "builder": j._builders["train"], "rollout_workers": self._rollout_worker_names,
-                    "phases": {k: v for k, v in j._phases.items() if k in ("train", "sync")}}),
+                    "phases": {k: v for k, v in j._phases.items() if k in ("train", "sync")}})),
             ])
 
         self.shipped: list[str] = []

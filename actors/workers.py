@@ -18,8 +18,9 @@ thread (``torch.set_num_threads(1)``). It hosts every job pinned to its node:
 Weight sync (scheduled mode): the TrainWorker runs the job's ``sync`` function, puts the weights
 in its object store and hands the reference to the job's RolloutWorker(s) (``receive_weights``
 pulls the object to the rollout node); the rollout side applies them at the start of the job's
-next rollout (RoundRobinQueues models sync as holding the training nodes only). This is the
-object-store path; the collectives/ executor is not wired in yet.
+next rollout (RoundRobinQueues models sync as holding the training nodes only). With
+``sync_backend="gloo"`` the weights go through the :mod:`collectives` executor instead (RollMux
+§5.2 plan; endpoints opened at the first sync and kept alive in both workers).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from rollmux.nodes import node_resource, pool_of
 from rollmux.phase_api import RuntimeHook, call_phase, split_state, state_resume, state_suspend
 
 NAMESPACE = "rollmux"
+SYNC_TIMEOUT_S = 120.0
 PROGRESS_BUCKETS = 20  # progress is forwarded to the controller at most once per 1/20 of the responses
 
 
@@ -72,7 +74,10 @@ class _Hosted:
             f"{job_id}-{cfg['pool']}.pt"
         self.ref: Any = None  # ObjectRef of the stored (storable) state
         self.resident: dict = {}
-        self.pending_weights: Optional[list] = None
+        self.pending_weights: Optional[dict] = None  # {"ref": [ObjectRef]} | {"dict": {name: tensor}}
+        self.sync_backend: str = cfg.get("sync_backend") or "object_store"
+        self.endpoint: Any = None  # collectives endpoint (control plane, alive across phases)
+        self.plan: Any = None
         self.switches: list[dict] = []
 
 
@@ -90,16 +95,38 @@ class _PoolWorker:
         self._lock = threading.Lock()
 
     # ---- hosting
-    def register_job(self, job_id: str, cfg: dict) -> bool:
-        """Host ``job_id`` (builder, phase functions, switch mode, controller name). Idempotent."""
-        if job_id in self.jobs:
-            return False
-        self.jobs[job_id] = _Hosted(job_id, {**cfg, "pool": self.pool})
-        return True
+    def _hosted(self, job_id: str) -> _Hosted:
+        h = self.jobs.get(job_id)
+        if h is None:
+            raise KeyError(f"job {job_id!r} is not hosted on {worker_name(self.node)}")
+        return h
+
+    def register_job(self, job_id: str, cfg: dict | bytes) -> bool:
+        """Host ``job_id`` (builder, phase functions, switch mode, controller name). Idempotent.
+
+        ``cfg`` may arrive cloudpickled (bytes): it is then unpickled here under the worker's lock,
+        so that several jobs registering at once never import / build user classes concurrently.
+        """
+        with self._lock:
+            if job_id in self.jobs:
+                return False
+            if isinstance(cfg, bytes):
+                from ray import cloudpickle
+
+                cfg = cloudpickle.loads(cfg)
+            self.jobs[job_id] = _Hosted(job_id, {**cfg, "pool": self.pool})
+            return True
 
     def unregister_job(self, job_id: str) -> bool:
-        """Drop a job's state (departure / failure); its object-store state is freed."""
-        return self.jobs.pop(job_id, None) is not None
+        """Drop a job's state (departure / failure); its object-store state is freed and its
+        sync endpoint closed."""
+        h = self.jobs.pop(job_id, None)
+        if h is not None and h.endpoint is not None:
+            try:
+                h.endpoint.close()
+            except Exception:
+                pass
+        return h is not None
 
     def hosted(self) -> dict:
         return {j: {"stored": h.ref is not None, "resident": sorted(h.resident), "switches": list(h.switches),
@@ -111,6 +138,7 @@ class _PoolWorker:
         import torch
 
         return {"ray_node_id": ray.get_runtime_context().get_node_id(), "node": self.node, "pool": self.pool,
+                "ip": ray.util.get_node_ip_address(),
                 "pid": os.getpid(), "torch_threads": torch.get_num_threads()}
 
     # ---- warm / cold start
@@ -182,6 +210,8 @@ class _PoolWorker:
         rec: dict = {"node": self.node, "iteration": grant.get("iteration"), "start": time.time(),
                      "switch": None, "switch_s": None, "ok": False, "error": None}
         result = None
+        ctrl = ray.get_actor(h.controller, namespace=NAMESPACE)
+        ctrl.phase_started.remote(job_id, phase)
         try:
             state, kind, sw = self._materialise(h)
             rec.update(switch=kind, switch_s=sw)
@@ -189,11 +219,13 @@ class _PoolWorker:
             t1 = time.perf_counter()
             if phase == "sync":
                 result = self._sync(h, state)
+                rec["sync_backend"] = h.sync_backend
+                rec["sync_receivers"] = result.get("receivers")
             else:
                 if h.pending_weights is not None and h.apply is not None:
-                    h.apply(state, ray.get(h.pending_weights[0]))
+                    pw = h.pending_weights
+                    h.apply(state, pw["dict"] if "dict" in pw else ray.get(pw["ref"][0]))
                     h.pending_weights = None
-                ctrl = ray.get_actor(h.controller, namespace=NAMESPACE)
                 last = [-1]
                 hook = RuntimeHook(job_id, phase, grant.get("iteration", 0), lambda e: self._emit(h, ctrl, e, last))
                 result = call_phase(h.phases[phase], phase, state, tuple(args), dict(kwargs), hook)
@@ -228,8 +260,32 @@ class RolloutWorkerImpl(_PoolWorker):
             raise KeyError(f"job {job_id!r} is not hosted on {worker_name(self.node)}")
         t0 = time.perf_counter()
         ray.wait(list(refs), fetch_local=True, timeout=600)
-        h.pending_weights = list(refs)
-        return {"node": self.node, "fetch_s": time.perf_counter() - t0}
+        h.pending_weights = {"ref": list(refs)}
+        return {"node": self.node, "fetch_s": time.perf_counter() - t0, "backend": "object_store"}
+
+    def open_sync_endpoint(self, job_id: str, plan, addr: str, index: int, host: str) -> dict:
+        """Join the job's collectives group as rollout worker ``index`` (kept for the job's life)."""
+        from collectives import open_endpoint
+
+        h = self._hosted(job_id)
+        if h.endpoint is not None:
+            h.endpoint.close()
+        h.plan = plan
+        h.endpoint = open_endpoint(plan, "rollout", index, addr=addr, job_id=job_id, bind_host=host,
+                                   timeout_s=SYNC_TIMEOUT_S)
+        return {"node": self.node, "index": index}
+
+    def receive_sync(self, job_id: str) -> dict:
+        """Sync receive side over collectives/ (atomic); applied at the job's next rollout."""
+        import torch
+
+        h = self._hosted(job_id)
+        t0 = time.perf_counter()
+        template = {m.name: torch.empty(m.shape, dtype=getattr(torch, m.dtype)) for m in h.plan.tensors}
+        h.pending_weights = {"dict": h.endpoint.receive(template)}
+        st = h.endpoint.last_stats
+        return {"node": self.node, "fetch_s": time.perf_counter() - t0, "backend": "gloo",
+                "cross_recv_bytes": getattr(st, "cross_recv_bytes", None)}
 
 
 class TrainWorkerImpl(_PoolWorker):
@@ -244,11 +300,40 @@ class TrainWorkerImpl(_PoolWorker):
         if fn is None:
             raise KeyError(f"job {h.job_id!r} has no sync phase")
         weights = fn(state)
+        if h.sync_backend == "gloo":
+            return {"receivers": self._sync_collective(h, weights)}
         ref = ray.put(weights)
         del weights
         acks = ray.get([ray.get_actor(w, namespace=NAMESPACE).receive_weights.remote(h.job_id, [ref])
                         for w in h.rollout_workers], timeout=600)
         return {"receivers": acks}
+
+    def _sync_collective(self, h: _Hosted, weights: dict) -> list:
+        """RollMux §5.2 through collectives/ (gloo): the plan and endpoints are built at the first
+        sync and kept alive in the worker processes; each sync sends the shards and the rollout
+        workers receive atomically. Endpoints bind to 127.0.0.1 when all of the job's workers
+        share this machine, else to the node IP (env ROLLMUX_SYNC_HOST overrides)."""
+        import ray
+
+        from collectives import free_port, open_endpoint
+        from rollmux.sync_plan import build_plan, metas_of
+
+        peers = [ray.get_actor(w, namespace=NAMESPACE) for w in h.rollout_workers]
+        if h.endpoint is None or getattr(h.endpoint, "broken", None):
+            if h.endpoint is not None:
+                h.endpoint.close()
+            ip = ray.util.get_node_ip_address()
+            ips = {w["ip"] for w in ray.get([p.where.remote() for p in peers])}
+            host = os.environ.get("ROLLMUX_SYNC_HOST") or ("127.0.0.1" if ips <= {ip} else ip)
+            plan = build_plan(metas_of(weights), 1, len(peers), scheme="topo")
+            addr = f"{host}:{free_port(host)}"
+            opening = [p.open_sync_endpoint.remote(h.job_id, plan, addr, j, host) for j, p in enumerate(peers)]
+            h.endpoint = open_endpoint(plan, "train", 0, addr=addr, job_id=h.job_id, bind_host=host,
+                                       timeout_s=SYNC_TIMEOUT_S)
+            ray.get(opening, timeout=SYNC_TIMEOUT_S)
+        receiving = [p.receive_sync.remote(h.job_id) for p in peers]
+        h.endpoint.send(weights)
+        return ray.get(receiving, timeout=SYNC_TIMEOUT_S)
 
 
 def get_or_create_worker(node: str):

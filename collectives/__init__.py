@@ -24,7 +24,9 @@ API used by the runtime's sync phase (``TrainWorker`` / ``RolloutWorker`` Ray ac
        ep = open_endpoint(plan, "rollout", j, addr=addr, job_id=job_id, bind_host=node_ip)  # rollout
 
    All N + M endpoints of the job must be constructed concurrently (rendezvous); the constructor
-   checks that every endpoint holds the same plan (SyncMismatchError otherwise).
+   checks that every endpoint holds the same plan (SyncMismatchError otherwise). An endpoint has
+   ``rollmux_resident = True``, so kept in a job's phase state it stays alive in the process
+   between phases (``rollmux.phase_api``) instead of being stored.
 3. Every sync phase, concurrently on all endpoints of the job::
 
        ep.send(trainer_state_dict)                      # trainer i; returns SyncStats

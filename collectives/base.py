@@ -86,6 +86,8 @@ class SyncExecutor(abc.ABC):
     """
 
     backend: ClassVar[str] = ""
+    # control plane: rollmux.phase_api keeps it alive in the worker process between phases (§5.1)
+    rollmux_resident: ClassVar[bool] = True
 
     def __init__(self, plan: SyncPlan, role: Role, index: int, *, job_id: str, timeout_s: float = 60.0,
                  fault_after_buckets: Optional[int] = None) -> None:

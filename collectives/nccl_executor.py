@@ -45,6 +45,15 @@ def available() -> tuple[bool, str]:
     return True, "ok"
 
 
+class _Handle:
+    """Completion handle of a call issued inside an NCCL group (its event exists after groupEnd)."""
+
+    ev: Any = None
+
+    def query(self) -> bool:
+        return self.ev is not None and self.ev.query()
+
+
 @register("nccl")
 class NcclExecutor(SyncExecutor):
     """Sync endpoint over cupy-NCCL (CUDA tensors on ``device``, default the current device).
@@ -68,6 +77,7 @@ class NcclExecutor(SyncExecutor):
         if device is not None:
             torch.cuda.set_device(device)
         self._dev = torch.device("cuda", torch.cuda.current_device())
+        self._grouped: Optional[list] = None
         td = timedelta(seconds=self.timeout_s)
         if store is None:
             if addr is None:
@@ -98,6 +108,10 @@ class NcclExecutor(SyncExecutor):
         stream.wait_stream(torch.cuda.current_stream(self._dev))  # buffers were written on the compute stream
         with torch.cuda.stream(stream):
             call(stream.cuda_stream)
+            if self._grouped is not None:  # grouped calls are launched at groupEnd: record then
+                h = _Handle()
+                self._grouped.append((h, stream))
+                return h
             ev = torch.cuda.Event()
             ev.record(stream)
         return ev
@@ -117,9 +131,14 @@ class NcclExecutor(SyncExecutor):
 
     def _group_start(self) -> None:
         nccl.groupStart()
+        self._grouped = []
 
     def _group_end(self) -> None:
         nccl.groupEnd()
+        grouped, self._grouped = self._grouped or [], None
+        for h, stream in grouped:
+            h.ev = torch.cuda.Event()
+            h.ev.record(stream)
 
     def _wait(self, handle: Any) -> None:
         deadline = time.monotonic() + self.timeout_s

@@ -260,6 +260,8 @@ class _Group:
     t_load: float
     coexec: Optional[dict[str, float]] = None
     info: list = field(default_factory=list)  # per member: (job_id, t_solo_s, slo, node set, max load of its nodes)
+    r_sorted: list = field(default_factory=list)  # rollout-node loads, ascending
+    t_sorted: list = field(default_factory=list)  # training-node loads, ascending
 
     @property
     def idle_fraction(self) -> float:
@@ -290,7 +292,8 @@ def _summarise(group: CoExecutionGroup, cluster: ClusterSpec) -> _Group:
         nodes = frozenset(m.placement.rollout_nodes + m.placement.train_nodes)
         info.append((m.spec.job_id, m.profile.t_solo_s, m.spec.slo, nodes, max(loads[n] for n in nodes)))
     return _Group(group, loads, mem, max((m.profile.t_solo_s for m in group.members), default=0.0),
-                  max(loads.values(), default=0.0), info=info)
+                  max(loads.values(), default=0.0), info=info,
+                  r_sorted=sorted(loads[n] for n in group.rollout_nodes), t_sorted=sorted(loads[n] for n in group.train_nodes))
 
 
 def _pick_nodes(nodes: Sequence[str], k: int, loads: dict, mem: dict, need_gb: float, cap_gb: float) -> Optional[list[str]]:
@@ -555,6 +558,14 @@ class InterGroupScheduler:
         c = Candidate(grp.group_id, strategy, 0.0 if strategy == "direct" else nr * price_r)
         if nt > len(grp.train_nodes):
             return c.reject("capacity", f"job needs {nt} training nodes, group has {len(grp.train_nodes)}")
+        if slo_check:  # O(1) necessary condition before picking nodes: the newcomer's own SLO
+            cap = job.slo * prof.t_solo_s * (1 + SLO_REL_TOL)
+            lb = g.t_sorted[nt - 1] + prof.t_train_s + prof.t_sync_s
+            if strategy == "direct" and nr <= len(g.r_sorted):
+                lb = max(lb, g.r_sorted[nr - 1] + prof.t_roll_s)
+            if lb > cap:
+                return c.reject("slo", f"{job.job_id}: slowdown >= {lb / prof.t_solo_s:.3f} > SLO {job.slo:.3f} "
+                                       "(load of the least-loaded nodes, lower bound)")
         tn = _pick_nodes(grp.train_nodes, nt, g.loads, g.mem, mt, cl.train_pool.node.host_mem_gb)
         if tn is None:
             return c.reject("memory", f"fewer than {nt} training nodes with {mt:.1f} GB of host memory free")

@@ -96,9 +96,13 @@ def simulate(
         def on_event(name: str, k: int) -> None:
             bar.update(task, advance=k, description=f"replay [cyan]{name}[/]")
 
-        res = run_sim(sjobs, cluster, names, stochastic=stochastic, seed=seed, max_group_size=max_group_size,
-                      exact_max_jobs=exact_max_jobs, on_event=on_event,
-                      meta={"trace": str(trace), "mix": mix, "window": window.model_dump(), "cluster": cluster.name})
+        try:
+            res = run_sim(sjobs, cluster, names, stochastic=stochastic, seed=seed, max_group_size=max_group_size,
+                          exact_max_jobs=exact_max_jobs, on_event=on_event,
+                          meta={"trace": str(trace), "mix": mix, "window": window.model_dump(), "cluster": cluster.name})
+        except (ValueError, RuntimeError) as e:  # e.g. a bounded --cluster refusing a job
+            fail(str(e))
+            return
     out.mkdir(parents=True, exist_ok=True)
     summary = res.summary
     files = {"summary": str(out / "summary.json")}

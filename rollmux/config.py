@@ -102,7 +102,7 @@ class ServeConfig(BaseModel):
         open_read_routes: GET routes answer without a token when true.
         cluster_spec: cluster YAML the GlobalScheduler plans for.
         state_dir: where ``rollmux up`` keeps its state file, token and checkpoint.
-        checkpoint_path: scheduler checkpoint (default ``<state_dir>/scheduler_checkpoint.json``).
+        checkpoint_path: scheduler checkpoint directory (default ``<state_dir>/checkpoint``).
         scheduler_name / namespace: Ray name and namespace of the GlobalScheduler actor
             (``None`` = the contract's defaults in :mod:`actors.global_scheduler`).
         request_timeout_s: bound on one call from a Serve replica to the scheduler.
@@ -153,7 +153,7 @@ class ServeConfig(BaseModel):
 
     @property
     def checkpoint(self) -> Path:
-        return self.checkpoint_path or self.state_dir / "scheduler_checkpoint.json"
+        return self.checkpoint_path or self.state_dir / "checkpoint"
 
     @property
     def base_url(self) -> str:

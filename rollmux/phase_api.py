@@ -269,6 +269,9 @@ class Job:
             temp dir); must be on a path every node sees for multi-machine clusters.
         scheduler_name: the GlobalScheduler actor name (default the contract's fixed name).
         job_id: attach to this already admitted job id instead of admitting ``spec``.
+        sync_backend: scheduled-mode weight transport: ``"object_store"`` (default; env
+            ``ROLLMUX_SYNC_BACKEND``) or ``"gloo"`` (the collectives/ executor of the RollMux §5.2
+            plan, CPU). The cupy-NCCL executor is not wired into the workers yet.
     Raises:
         pydantic.ValidationError: invalid spec. AdmissionRefused: the scheduler refused the job.
         ValueError: unknown ``switch``.
@@ -276,12 +279,15 @@ class Job:
 
     def __init__(self, spec: JobSpec | dict, *, attach: Optional[bool] = None, switch: SwitchKind = "warm",
                  checkpoint_dir: Optional[str] = None, scheduler_name: Optional[str] = None,
-                 job_id: Optional[str] = None):
+                 job_id: Optional[str] = None, sync_backend: Optional[str] = None):
         global _CURRENT
         self.spec = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec)
         if switch not in ("warm", "cold"):
             raise ValueError(f"switch must be 'warm' or 'cold', got {switch!r}")
         self.switch: SwitchKind = switch
+        self.sync_backend = sync_backend or os.environ.get("ROLLMUX_SYNC_BACKEND") or "object_store"
+        if self.sync_backend not in ("object_store", "gloo"):
+            raise ValueError(f"sync_backend must be 'object_store' or 'gloo', got {self.sync_backend!r}")
         self.checkpoint_dir = checkpoint_dir or os.environ.get("ROLLMUX_CKPT_DIR")
         self.scheduler_name = scheduler_name or os.environ.get("ROLLMUX_SCHEDULER_NAME")
         self.attach_job_id = job_id or os.environ.get("ROLLMUX_JOB_ID") or None

@@ -6,7 +6,8 @@ pre-loads ``--preload`` jobs directly through the actor, deploys the Serve admis
 127.0.0.1 and fires ``POST /v1/jobs`` (each a new job id) at 1, 8 and 32 concurrent clients.
 Every level is bounded in request count and wall time. Writes ``results/bench_admission.json``:
 one entry per level with ``clients``, ``requests``, ``requests_per_s``, ``p50_ms``, ``p99_ms``
-(client-side HTTP round trip), ``status_counts`` and the scheduler's own decision latency.
+(client-side HTTP round trip), ``status_counts`` and the scheduler's own decision latency; then
+the same levels for ``POST /v1/jobs:dry-run`` (``dry_run_levels``: no commit, no checkpoint).
 
 Usage: ``python scripts/bench_admission.py [--preload 1000] [--requests 200] [--levels 1,8,32]``
 Source: issue 5 "Tests and measurements"; RollMux §7 "decision latency".
@@ -50,7 +51,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def run_level(base_url: str, token: str, clients: int, n_requests: int, time_cap_s: float, rng: random.Random, tag: str) -> dict:
+async def run_level(base_url: str, token: str, clients: int, n_requests: int, time_cap_s: float, rng: random.Random, tag: str,
+                    path: str = "/v1/jobs") -> dict:
     import httpx
 
     specs = [make_spec(rng, f"bench-{tag}-c{clients}-{i:05d}").model_dump(mode="json") for i in range(n_requests)]
@@ -71,9 +73,9 @@ async def run_level(base_url: str, token: str, clients: int, n_requests: int, ti
                 return
             t0 = time.perf_counter()
             try:
-                r = await client.post("/v1/jobs", json=spec, headers=headers)
+                r = await client.post(path, json=spec, headers=headers)
                 code = str(r.status_code)
-                if r.status_code in (201, 409):
+                if r.status_code in (200, 201, 409):
                     body = r.json()
                     d = body.get("decision", body)
                     if d.get("latency_ms") is not None:
@@ -129,7 +131,10 @@ def main() -> None:
     ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE,
              object_store_memory=128 * 2**20, log_to_driver=False, logging_level="ERROR")
     try:
-        sched = get_or_create_scheduler(cluster, checkpoint_path=str(tmp / "checkpoint.json"))
+        # no GroupController actors: ~hundreds of groups would each start a process on this small host;
+        # the measured path is HTTP -> Serve replica -> scheduler actor -> policy (Alg. 1) -> checkpoint
+        sched = get_or_create_scheduler(cluster, checkpoint_path=str(tmp / "checkpoint"), name="rollmux-bench-scheduler",
+                                        create_controllers=False)
         t0 = time.perf_counter()
         admitted = 0
         batch = 50
@@ -141,23 +146,31 @@ def main() -> None:
         health = ray.get(sched.health.remote(), timeout=60)
         print(f"pre-loaded {admitted}/{args.preload} jobs in {preload_s:.1f} s: {health}", flush=True)
 
-        cfg = ServeConfig(port=free_port(), state_dir=tmp, request_timeout_s=120)
+        cfg = ServeConfig(port=free_port(), state_dir=tmp, request_timeout_s=120, scheduler_name="rollmux-bench-scheduler")
         base = deploy(cfg, token)
         levels = []
         for clients in (int(x) for x in args.levels.split(",")):
             res = asyncio.run(run_level(base, token, clients, args.requests, args.time_cap_s, rng, tag=str(args.seed)))
             print(json.dumps(res), flush=True)
             levels.append(res)
+        dry = []  # the same decision without commit and checkpoint: HTTP + Serve + policy only
+        for clients in (int(x) for x in args.levels.split(",")):
+            res = asyncio.run(run_level(base, token, clients, args.requests, args.time_cap_s, rng,
+                                        tag=f"dry{args.seed}", path="/v1/jobs:dry-run"))
+            print("dry-run", json.dumps(res), flush=True)
+            dry.append(res)
         out = {
             "benchmark": "admission through HTTP (Ray Serve + FastAPI -> GlobalScheduler actor)",
             "endpoint": "POST /v1/jobs on 127.0.0.1",
             "cluster_spec": Path(args.cluster).name,
+            "scheduler": "GlobalScheduler actor (real policy + file checkpoint per admission), no GroupControllers",
             "preloaded_jobs": admitted,
             "preload_s": round(preload_s, 2),
             "scheduler_health_before": health,
             "scheduler_health_after": ray.get(sched.health.remote(), timeout=60),
             "machine": {"cpus": os.cpu_count(), "note": "shared 2-core CPU host; numbers are lower bounds"},
             "levels": levels,
+            "dry_run_levels": dry,
             "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

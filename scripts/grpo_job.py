@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -40,11 +41,26 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="after admission, wait until PATH exists before the first phase (start barrier)")
     ap.add_argument("--wait-timeout-s", type=float, default=300.0)
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--log-events", action="store_true", help="log runtime events (phase granted/done/failed)")
     return ap.parse_args(argv)
+
+
+def on_event(event: dict) -> None:
+    """Runtime hook: logs phase grants, completions and failures (progress events are frequent: skipped).
+
+    In scheduled mode it runs where the phase runs (the pool worker's log)."""
+    if event.get("event") != "progress":
+        logging.getLogger("grpo_job").info("%s %s %s it=%s", event.get("job_id"), event.get("event"),
+                                           event.get("phase", ""), event.get("iteration", ""))
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.log_events:
+        import rollmux
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+        rollmux.runtime_hook(on_event)  # attached to the job created next
     from rollmux.config import ConfigError
 
     from examples.grpo.config import load_job_config

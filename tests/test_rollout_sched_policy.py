@@ -338,3 +338,29 @@ def test_metrics_export_to_prometheus():
     assert "rollmux_rollout_sched_dispatched 1.0" in text
     assert "rollmux_rollout_sched_coldstart_stable 1.0" in text  # max_cold_steps=0: stable at once
     assert "rollmux_rollout_sched_index_bytes" in gauges
+
+
+def test_cancel_drops_only_queued_requests():
+    s = RolloutRequestScheduler(config(), "mixed")
+    s.submit(req("keep", [1, 2], max_tokens=4))
+    s.submit(req("drop", [3, 4], type="reward", max_tokens=1))
+    assert s.cancel("drop") and not s.cancel("drop") and not s.cancel("nope")
+    assert ids(s.next_batch(0.0)) == ["keep"]
+    assert not s.cancel("keep")  # running: left to the engine
+    assert s.metrics()["cancelled"] == 1 and s.metrics()["queue_short"] == 0
+
+
+def test_cached_prefix_hits_are_refreshed_before_dispatch():
+    cfg = config(stable=profile(max_batch_requests=1)).model_copy(update={"hit_refresh_windows": 100})
+    s = RolloutRequestScheduler(cfg, "prefix")
+    a, b = [1] * 30, [2] * 30
+    s.submit(req("a", a + [5], max_tokens=4))
+    s.submit(req("b", b + [5], max_tokens=4))
+    s.submit(req("warmup", [9], max_tokens=1))
+    s.index.insert([9])
+    assert ids(s.next_batch(0.0)) == ["warmup"]  # caches hit 0 for "a" and "b"
+    s.index.insert(b)  # "b" now shares 30 tokens; its cached hit (0) is stale
+    assert ids(s.next_batch(1.0)) == ["a"]  # order by the (stale) cache: "a" first by arrival...
+    assert s.hit_of("a") == 0
+    out = s.next_batch(2.0)
+    assert ids(out) == ["b"] and s.hit_of("b") == 30  # ...but dispatch measures the fresh hit

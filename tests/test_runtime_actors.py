@@ -17,7 +17,8 @@ import torch
 
 import rollmux
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.timeout(240)]
+ray_test = pytest.mark.ray
 
 SLEEP = {"big": (0.25, 0.25), "small": (0.08, 0.08)}
 
@@ -96,12 +97,12 @@ def sched(ray_cluster, local_cluster_spec):
     ray.kill(h, no_restart=True)
 
 
-def run_group(name, kinds, n, *, fail=None, switch=None):
+def run_group(name, kinds, n, *, fail=None, switch=None, sync_backend=None):
     ids = [f"{k}-{_uid()}" for k in kinds]
     jobs, fns = [], []
     for i, (jid, kind) in enumerate(zip(ids, kinds)):
         job = rollmux.Job(toy_spec(jid, kind), attach=True, scheduler_name=name,
-                          switch=(switch or {}).get(i, "warm"))
+                          switch=(switch or {}).get(i, "warm"), sync_backend=sync_backend)
         jobs.append(job)
         fns.append(make_toy(job, kind, seed=i, fail_at=(fail or {}).get(i)))
     out: dict = {}
@@ -114,19 +115,24 @@ def run_group(name, kinds, n, *, fail=None, switch=None):
     return ids, jobs, out
 
 
-def test_three_jobs_interleave_round_robin_in_one_group(sched):
+@ray_test
+@pytest.mark.parametrize("sync_backend", ["object_store", "gloo"])
+def test_three_jobs_interleave_round_robin_in_one_group(sched, sync_backend):
     import ray
 
     from actors.runtime_client import group_timeline
 
     name, h = sched
     n = 3
-    ids, jobs, out = run_group(name, ["big", "small", "small"], n, switch={2: "cold"})
+    ids, jobs, out = run_group(name, ["big", "small", "small"], n, switch={2: "cold"}, sync_backend=sync_backend)
     assert not [k for k in out if k.endswith(":error")], out
     gids = {j.info["group_id"] for j in jobs}
     assert len(gids) == 1, "Alg. 1 should pack the three toy jobs into one co-execution group"
     tl = [r for r in group_timeline(jobs[0]) if r["job_id"] in ids]
     assert all(r["ok"] for r in tl)
+    syncs = [r for r in tl if r["phase"] == "sync"]
+    assert {r["sync_backend"] for r in syncs} == {sync_backend}
+    assert all(a["backend"] == sync_backend for r in syncs for a in r["sync_receivers"])
     for jid in ids:  # each job: exactly one rollout, one train, one sync per meta-iteration
         mine = [r for r in tl if r["job_id"] == jid]
         for ph in ("rollout", "train", "sync"):
@@ -160,6 +166,7 @@ def test_three_jobs_interleave_round_robin_in_one_group(sched):
     assert all(torch.equal(a, b) for a, b in zip(so["s"], out[ids[1]]))
 
 
+@ray_test
 def test_failing_job_is_isolated_and_released(sched):
     import ray
 
@@ -185,6 +192,7 @@ def test_failing_job_is_isolated_and_released(sched):
         assert ids[1] not in hosted  # its state was dropped
 
 
+@ray_test
 def test_worker_pinned_to_policy_node(ray_cluster):
     import ray
 
@@ -198,6 +206,7 @@ def test_worker_pinned_to_policy_node(ray_cluster):
     assert where["pool"] == "train"
 
 
+@ray_test
 def test_admission_and_refusals_through_the_actor(sched):
     import ray
 
@@ -221,6 +230,7 @@ def test_admission_and_refusals_through_the_actor(sched):
     assert ray.get(h.depart.remote(f"nope-{_uid()}")) is None
 
 
+@ray_test
 def test_lost_driver_is_evicted_and_mates_continue(ray_cluster, local_cluster_spec):
     """A driver that dies between phases (no heartbeat) must not stall its group-mates."""
     import ray
@@ -246,3 +256,110 @@ def test_lost_driver_is_evicted_and_mates_continue(ray_cluster, local_cluster_sp
         assert ray.get(h.get_job.remote(mate.job_id))["state"] == "finished"
     finally:
         ray.kill(h, no_restart=True)
+
+
+# ---- GroupController logic without Ray (the actor's class driven directly on an event loop)
+def _ctrl(**kw):
+    from actors.group_controller import GroupControllerImpl
+
+    return GroupControllerImpl("group-u", None, metrics_flush_s=0, metrics_enabled=False, **kw)
+
+
+def _rec(node, t0, t1, ok=True, switch="warm"):
+    return {"node": node, "start": t0, "end": t1, "switch": switch, "switch_s": 0.01, "ok": ok,
+            "error": None if ok else "RuntimeError: boom"}
+
+
+def test_controller_grants_round_robin_and_removes_failed_jobs():
+    import asyncio
+
+    from actors.group_controller import PermitError
+
+    async def scenario():
+        c = _ctrl(lease_s=0)
+        for j in ("a", "b", "c"):
+            await c.add_job(j, ["rollout-0"], ["train-0"])
+        assert (await c.status())["pending"] == ["a", "b", "c"]  # no driver yet: nobody blocked
+        for j in ("a", "b", "c"):
+            await c.attach(j)
+        order = []
+
+        async def job(j, fail_train_at=None):
+            for it in range(2):
+                for ph in ("rollout", "train", "sync"):
+                    g = await c.acquire(j, ph, timeout_s=10)
+                    assert g["iteration"] == it
+                    order.append((j, ph, it))
+                    await asyncio.sleep(0.001)
+                    ok = not (ph == "train" and it == fail_train_at)
+                    await c.release(j, ph, _rec("rollout-0" if ph == "rollout" else "train-0", 0, 0, ok))
+                    if not ok:
+                        return
+
+        t = [asyncio.create_task(job("a")), asyncio.create_task(job("b", fail_train_at=0)),
+             asyncio.create_task(job("c"))]
+        await asyncio.wait_for(asyncio.gather(*t), 20)
+        rolls = [j for j, ph, _ in order if ph == "rollout"]
+        assert rolls == ["a", "b", "c", "a", "c"]  # round-robin; b left after its failed training
+        st = await c.status()
+        assert set(st["jobs"]) == {"a", "c"} and st["gone"]["b"].startswith("failed")
+        assert st["jobs"]["a"]["iterations"] == 2 and st["queues"]["rollout-0"] == ["a", "c"]
+        with pytest.raises(PermitError, match="failed"):
+            await c.acquire("b", "rollout", timeout_s=1)
+        with pytest.raises(PermitError, match="next phase is rollout"):
+            await c.acquire("a", "train", timeout_s=1)
+        assert st["metrics"]["switches"]["warm"] == 14  # a, c: 6 phases each; b: rollout + failed train
+        return c
+
+    c = asyncio.run(scenario())
+    failed = [r for r in c.timeline if not r["ok"]]
+    assert [(r["job_id"], r["phase"], r["iteration"]) for r in failed] == [("b", "train", 0)]
+
+
+def test_controller_long_tail_decision_and_migration():
+    import asyncio
+
+    async def scenario(migrate):
+        c = _ctrl(lease_s=0, migrate=migrate)
+        for j in ("a", "b"):
+            await c.add_job(j, ["rollout-0"], ["train-0"])
+            await c.attach(j)
+        await c.acquire("a", "rollout", timeout_s=1)
+        assert await c.progress("a", 3, 5) is None  # 60% < 80% trigger
+        d = await c.progress("a", 4, 5)
+        assert d["next_rollout"] == "b" and d["acted"] is migrate and d["tail_workers"] == ["rollout-0"]
+        assert await c.progress("a", 5, 5) is None  # one decision per rollout
+        got = None
+        try:
+            got = await c.acquire("b", "rollout", timeout_s=0.3)
+        except TimeoutError:
+            pass
+        return got
+
+    assert asyncio.run(scenario(False)) is None  # decision recorded only: b still waits for a
+    assert asyncio.run(scenario(True))["job_id"] == "b"  # migrated: b's rollout starts beside a's tail
+
+
+def test_controller_evicts_silent_driver():
+    import asyncio
+
+    async def scenario():
+        c = _ctrl(lease_s=0.3)
+        for j in ("a", "b"):
+            await c.add_job(j, ["rollout-0"], ["train-0"])
+            await c.attach(j)
+        async def beat():  # b's driver is alive (its heartbeat thread runs while it waits)
+            for _ in range(100):
+                await c.heartbeat("b")
+                await asyncio.sleep(0.05)
+
+        hb = asyncio.create_task(beat())
+        await c.acquire("a", "rollout", timeout_s=1)  # granted, then a's driver dies before using it
+        g = await c.acquire("b", "rollout", timeout_s=5)  # a is evicted (lease), then b runs
+        hb.cancel()
+        st = await c.status()
+        c.closed = True
+        return g, st
+
+    g, st = asyncio.run(scenario())
+    assert g["job_id"] == "b" and "driver lost" in st["gone"]["a"]

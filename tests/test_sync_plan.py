@@ -150,3 +150,12 @@ def test_plan_digest_is_stable_and_sensitive():
     assert build_plan(ts, 2, 2).digest() == build_plan(ts, 2, 2).digest()
     assert build_plan(ts, 2, 2).digest() != build_plan(ts, 2, 3).digest()
     assert build_plan(ts, 2, 2).digest() != build_plan(ts, 2, 2, bucket_bytes=64).digest()
+
+
+def test_endpoints_are_resident_control_plane():
+    """A sync endpoint stays alive between phases (RollMux §5.1) under the phase API's rule."""
+    from collectives import GlooExecutor, SyncEndpoint
+    from rollmux.phase_api import is_resident
+
+    assert SyncEndpoint.rollmux_resident is True and GlooExecutor.rollmux_resident is True
+    assert is_resident(object.__new__(GlooExecutor))

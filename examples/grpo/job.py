@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from examples.grpo import algo
+from examples.grpo.bind import Bound
 from examples.grpo.config import GRPOJobConfig
 from examples.grpo.model import build_model
 from examples.grpo.task import PromptSampler, reward
@@ -161,19 +162,6 @@ class GRPOJob:
     publish: Callable
 
 
-class _Bind:
-    """Picklable ``functools.partial``-like binding of the job config to a phase function."""
-
-    def __init__(self, fn: Callable, cfg: GRPOJobConfig) -> None:
-        self.fn, self.cfg = fn, cfg
-        self.__name__ = fn.__name__
-        self.__qualname__ = fn.__qualname__
-        self.__doc__ = fn.__doc__
-
-    def __call__(self, *args, **kwargs):
-        return self.fn(self.cfg, *args, **kwargs)
-
-
 def make_job(cfg: GRPOJobConfig, *, attach: Optional[bool] = None, **job_kw) -> GRPOJob:
     """Register the GRPO phases on a ``rollmux.Job`` (plain mode or attached to the scheduler).
 
@@ -182,12 +170,12 @@ def make_job(cfg: GRPOJobConfig, *, attach: Optional[bool] = None, **job_kw) -> 
     import rollmux
 
     job = rollmux.Job(cfg.job, attach=attach, **job_kw)
-    job.state("rollout")(_Bind(build_rollout_state, cfg))
-    job.state("train")(_Bind(build_train_state, cfg))
-    rollout = job.phase("rollout")(_Bind(rollout_phase, cfg))
-    train = job.phase("train")(_Bind(train_phase, cfg))
-    publish = job.phase("sync")(_Bind(publish_weights, cfg))
-    job.apply_weights(_Bind(apply_weights, cfg))
+    job.state("rollout")(Bound(build_rollout_state, cfg))
+    job.state("train")(Bound(build_train_state, cfg))
+    rollout = job.phase("rollout")(Bound(rollout_phase, cfg))
+    train = job.phase("train")(Bound(train_phase, cfg))
+    publish = job.phase("sync")(Bound(publish_weights, cfg))
+    job.apply_weights(Bound(apply_weights, cfg))
     return GRPOJob(job, rollout, train, publish)
 
 

@@ -129,14 +129,16 @@ class RolloutSchedConfig(_Cfg):
         waiting_scale_s: seconds of queueing that add ``waiting_weight`` to a score.
         cost_scale_tokens: KV tokens that subtract ``cost_weight`` from a score.
         diversity_decay: per-window decay of the recent family histogram (0..1).
-        heap_min_queue: queues at least this long are ordered with a heap (top-k); shorter ones too,
-            the threshold only documents the design (sorting is never used).
+        hit_refresh_windows: a queued request's cached prefix hit is looked up again at least
+            every this many windows (and whenever the index lost entries); candidates are always
+            refreshed before being taken. 1 = exact every window, O(queue) index lookups.
     """
 
     slice_tokens: int = Field(default=32, gt=0)
     waiting_scale_s: float = Field(default=10.0, gt=0)
     cost_scale_tokens: int = Field(default=4096, gt=0)
     diversity_decay: float = Field(default=0.9, ge=0, le=1)
+    hit_refresh_windows: int = Field(default=8, ge=1)
     budget: BudgetConfig
     index: IndexConfig = IndexConfig()
     coldstart: ColdStartConfig

@@ -38,6 +38,9 @@ class QueueEntry:
     seq: int
     short: bool
     cls: RequestClass
+    hit: int = -1  # cached prefix hit, tokens (-1: unknown)
+    hit_window: int = -1  # window of the last refresh
+    hit_epoch: int = -1  # index epoch of the last refresh
 
 
 @dataclass
@@ -49,14 +52,27 @@ class WindowContext:
     config: RolloutSchedConfig
     index: RadixPrefixIndex
     family_hist: dict[str, float] = field(default_factory=dict)
+    window: int = 0
+    refresh_windows: int = 1
     _picked_prompts: set = field(default_factory=set)
+    _hist_total: float | None = None
 
-    def prefill_cost(self, req: Request) -> int:
-        """Uncached prompt tokens ``req`` would add: 0 if the same prompt is already in this
-        window's batch (GRPO samples of one prompt), else prompt length - index hit."""
-        if req.prompt_token_ids in self._picked_prompts:
+    def hit(self, e: QueueEntry, fresh: bool = False) -> int:
+        """Prefix hit of a queued request, tokens. Cached per entry; looked up again when
+        ``fresh``, when the index lost entries since (its ``epoch`` moved: hits may have shrunk)
+        or every ``refresh_windows`` windows (inserts may have grown it). Policies refresh a
+        candidate before taking it, so the cache only affects the order of evaluation."""
+        if fresh or e.hit < 0 or e.hit_epoch != self.index.epoch or self.window - e.hit_window >= self.refresh_windows:
+            e.hit = self.index.match(e.req.prompt_token_ids, touch=False)
+            e.hit_window, e.hit_epoch = self.window, self.index.epoch
+        return e.hit
+
+    def prefill_cost(self, e: QueueEntry) -> int:
+        """Uncached prompt tokens ``e`` would add: 0 if the same prompt is already in this
+        window's batch (GRPO samples of one prompt), else prompt length - (fresh) index hit."""
+        if e.req.prompt_token_ids in self._picked_prompts:
             return 0
-        return len(req.prompt_token_ids) - self.index.match(req.prompt_token_ids, touch=False)
+        return len(e.req.prompt_token_ids) - self.hit(e, fresh=True)
 
     def picked(self, req: Request) -> None:
         """Record that ``req`` joins this window's batch."""
@@ -64,7 +80,9 @@ class WindowContext:
 
     def family_share(self, family: str, batch_counts: dict[str, int], batch_total: int) -> float:
         """Share of ``family`` among recently dispatched requests plus the batch being built."""
-        total = sum(self.family_hist.values()) + batch_total
+        if self._hist_total is None:
+            self._hist_total = sum(self.family_hist.values())
+        total = self._hist_total + batch_total
         if total <= 0:
             return 0.0
         return (self.family_hist.get(family, 0.0) + batch_counts.get(family, 0)) / total
@@ -126,7 +144,7 @@ class FifoPolicy(SchedulingPolicy):
         for e in queue.values():
             if len(out) >= budget.max_requests or e.req.kv_tokens > free:
                 break
-            cost = ctx.prefill_cost(e.req)
+            cost = ctx.prefill_cost(e)
             if cost > prefill and out:
                 break
             out.append(e)
@@ -143,13 +161,17 @@ class PrefixPolicy(SchedulingPolicy):
     name = "prefix"
 
     def select(self, queue, shorts, budget, ctx):
-        heap = [(-ctx.index.match(e.req.prompt_token_ids, touch=False), e.seq, e) for e in queue.values()]
+        heap = [(-ctx.hit(e), e.seq, e) for e in queue.values()]
         heapq.heapify(heap)
         out: list[QueueEntry] = []
         free, prefill, misfits = budget.free_kv_tokens, budget.prefill_tokens, 0
         while heap and len(out) < budget.max_requests and misfits < MAX_MISFITS:
-            _, _, e = heapq.heappop(heap)
-            cost = ctx.prefill_cost(e.req)
+            _, seq, e = heapq.heappop(heap)
+            h = ctx.hit(e, fresh=True)
+            if heap and -h > heap[0][0]:  # the cached hit was stale (too high): re-queue
+                heapq.heappush(heap, (-h, seq, e))
+                continue
+            cost = ctx.prefill_cost(e)
             if e.req.kv_tokens > free or (cost > prefill and out):
                 misfits += 1
                 continue
@@ -160,10 +182,10 @@ class PrefixPolicy(SchedulingPolicy):
         return out
 
 
-def static_score(e: QueueEntry, ctx: WindowContext) -> float:
+def static_score(e: QueueEntry, ctx: WindowContext, fresh: bool = False) -> float:
     """Score terms that do not depend on the batch: prefix reuse, criticality, waiting, cost."""
     p, cfg, r = ctx.profile, ctx.config, e.req
-    hit = ctx.index.match(r.prompt_token_ids, touch=False) if p.prefix_weight > 0 else 0
+    hit = ctx.hit(e, fresh) if p.prefix_weight > 0 else 0
     return (
         p.prefix_weight * hit / len(r.prompt_token_ids)
         + p.critical_weight * (1.0 if r.critical else 0.0)
@@ -203,7 +225,7 @@ class MixedPolicy(SchedulingPolicy):
         for e in shorts.values():
             if len(out) >= budget.short_slots:
                 break
-            cost = ctx.prefill_cost(e.req)
+            cost = ctx.prefill_cost(e)
             if e.req.kv_tokens <= lane and (cost <= prefill or not out):
                 out.append(e)
                 ctx.picked(e.req)
@@ -220,23 +242,26 @@ class MixedPolicy(SchedulingPolicy):
             counts[e.req.task_family] = counts.get(e.req.task_family, 0) + 1
         replay_n, replay_kv = 0, budget.replay_kv_tokens
         blocked = False
+        buckets: dict[RequestClass, list[QueueEntry]] = {c: [] for c in RequestClass}
+        for e in queue.values():
+            if e.req.request_id not in taken and (e.short or not shorts_waiting or e.cls is RequestClass.CRITICAL):
+                buckets[e.cls].append(e)
         for cls in (RequestClass.CRITICAL, RequestClass.REUSABLE, RequestClass.BACKGROUND):
-            cands = [
-                e for e in queue.values()
-                if e.cls is cls and e.req.request_id not in taken
-                and (e.short or not shorts_waiting or cls is RequestClass.CRITICAL)
-            ]
+            cands = buckets[cls]
             if cls is RequestClass.BACKGROUND and blocked:
                 break  # background only fills idle capacity
-            nfam = len({e.req.task_family for e in cands})
+            fams = {e.req.task_family for e in cands}
+            nfam = len(fams)
+            div0 = {f: w_d * ctx.diversity(f, counts, len(out), nfam) for f in fams}
             heap = []
             for e in cands:
                 s = static_score(e, ctx)
-                heap.append((-(s + w_d * ctx.diversity(e.req.task_family, counts, len(out), nfam)), e.seq, s, e))
+                heap.append((-(s + div0[e.req.task_family]), e.seq, s, e))
             heapq.heapify(heap)
             misfits = 0
             while heap and len(out) < limit and misfits < MAX_MISFITS:
                 neg, seq, s, e = heapq.heappop(heap)
+                s = static_score(e, ctx, fresh=True)
                 fresh = s + w_d * ctx.diversity(e.req.task_family, counts, len(out), nfam)
                 # lazy greedy: a popped key whose diversity fell below the next key is re-queued. Keys
                 # of families not picked can only rise a little meanwhile; that staleness is accepted.
@@ -247,7 +272,7 @@ class MixedPolicy(SchedulingPolicy):
                 if is_replay and (replay_n >= budget.replay_max_requests or kv > replay_kv):
                     misfits += 1
                     continue
-                cost = ctx.prefill_cost(e.req)
+                cost = ctx.prefill_cost(e)
                 if cost > prefill and out:
                     misfits += 1
                     continue

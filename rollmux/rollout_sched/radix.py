@@ -85,6 +85,7 @@ class RadixPrefixIndex:
         self.current_version = 0
         self._clock = 0
         self._merge_mark = 0
+        self.epoch = 0  # bumped whenever entries are removed (hits may shrink)
         self.root = _Node((), None, version=1 << 62, last_access=1 << 62)
         self._bytes = node_overhead_bytes
         self._nodes = 1
@@ -185,6 +186,7 @@ class RadixPrefixIndex:
         for node in touched:
             self._compress(node)
         self.stats["expired_nodes"] += removed
+        self.epoch += bool(removed)
         return removed
 
     def merge_near_duplicates(self, min_siblings: int = 4, max_tail_tokens: int = 8, max_tail_fraction: float = 0.0) -> int:
@@ -210,6 +212,7 @@ class RadixPrefixIndex:
                 self._compress(node)
             stack.extend((c, depth + len(c.edge)) for c in node.children.values())
         self.stats["merged_tails"] += folded
+        self.epoch += bool(folded)
         return folded
 
     def evict_to(self, target_bytes: int) -> int:
@@ -226,12 +229,14 @@ class RadixPrefixIndex:
             if parent is not self.root and not parent.children:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         self.stats["evicted_nodes"] += evicted
+        self.epoch += bool(evicted)
         return evicted
 
     def clear(self) -> None:
         """Drop every entry (e.g. an engine that resets its prefix cache on a weight load)."""
         self.root.children.clear()
         self._bytes, self._nodes = self.node_overhead_bytes, 1
+        self.epoch += 1
 
     # ------------------------------------------------------------------ helpers
     def _add_bytes(self, b: int, nodes: int) -> None:

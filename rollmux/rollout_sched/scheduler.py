@@ -8,6 +8,7 @@ API (one object per engine / rollout worker)::
     sched.set_trainer_waiting(True)              # the trainer waits on critical rollout data
     batch = sched.next_batch(now_s)              # stage 1 budget + stage 2 ordering, one window
     sched.on_complete(request_id, output_ids, now_s)
+    sched.cancel(request_id)                     # drop a queued request (over-sampling, aborts)
     sched.metrics()                              # dict; export_prometheus(sched.metrics()) optional
 
 The scheduler tracks the KV it dispatched (worst case, prompt + max_tokens) until ``on_complete``,
@@ -184,7 +185,8 @@ class RolloutRequestScheduler:
         if not self.queue:
             return []
         b = budget or self.budget(engine)
-        ctx = WindowContext(now_s, self.profile, self.config, self.index, self._family_hist)
+        ctx = WindowContext(now_s, self.profile, self.config, self.index, self._family_hist, self.window,
+                            self.config.hit_refresh_windows)
         picked = self.policy.select(self.queue, self.shorts, b, ctx)
         out = []
         for e in picked:
