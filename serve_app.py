@@ -67,7 +67,7 @@ class PlacementView(_Open):
 class Explanation(_Open):
     """Why the scheduler decided so (RollMux Alg. 1): strategy, candidates compared, groups pruned."""
 
-    code: str = Field(description='"ok" | "never" | "retry_later"')
+    code: str = Field(description='"ok" | "never" | "retry_later" | "duplicate" | "invalid"')
     reason: str
     strategy: Optional[str] = Field(default=None, description='"direct" | "scale_out" | "isolated"')
     candidates: list[Any] = []
@@ -198,15 +198,19 @@ class SchedulerClient:
         self.timeout_s = timeout_s
         self._handle = None
 
-    async def call(self, method: str, *args: Any) -> Any:
+    async def call(self, method: str, *args: Any, retry: bool = True) -> Any:
+        """``scheduler.<method>(*args)``. ``retry=False`` (a commit): if the actor dies after the call
+        was sent, answer 503 "outcome unknown" instead of sending it twice."""
         from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
         last = ""
         for attempt in range(2):
+            sent = False
             try:
                 if self._handle is None:
                     self._handle = await asyncio.to_thread(ray.get_actor, self.name, namespace=self.namespace)
                 ref = getattr(self._handle, method).remote(*args)
+                sent = True
                 return _finite(await asyncio.wait_for(asyncio.wrap_future(ref.future()), self.timeout_s))
             except (asyncio.TimeoutError, GetTimeoutError):
                 raise ApiError(503, "scheduler_timeout", f"the scheduler did not answer {method} within {self.timeout_s:g} s")
@@ -217,6 +221,9 @@ class SchedulerClient:
             except (RayActorError, ActorUnavailableError, ValueError) as e:
                 self._handle = None
                 last = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                if sent and not retry:
+                    raise ApiError(503, "scheduler_restarted",
+                                   f"the scheduler failed during {method}; the outcome is unknown: check GET /v1/jobs/<job_id>")
                 if attempt == 0:
                     await asyncio.sleep(0.5)
         raise ApiError(503, "scheduler_unavailable", f"scheduler {self.namespace}/{self.name} unreachable ({last})")
@@ -297,7 +304,7 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
 
     async def _admit(spec: JobSpec, dry_run: bool) -> JSONResponse:
         t0 = time.perf_counter()
-        d = await client.call("admit", spec.model_dump(mode="json"), dry_run)
+        d = await client.call("admit", spec.model_dump(mode="json"), dry_run, retry=dry_run)
         view = _admission_view(d, dry_run)
         view["scheduler_call_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
         if not view["admitted"]:

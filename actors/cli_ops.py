@@ -103,6 +103,14 @@ def _alive(rec: dict) -> bool:
     return ticks is not None and ticks == rec.get("start_ticks")
 
 
+def _ray_token_available(env: dict) -> bool:
+    """A Ray auth token exists: ``$RAY_AUTH_TOKEN``, the file ``$RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``."""
+    if env.get("RAY_AUTH_TOKEN"):
+        return True
+    path = Path(env["RAY_AUTH_TOKEN_PATH"]) if env.get("RAY_AUTH_TOKEN_PATH") else Path.home() / ".ray" / "auth_token"
+    return path.is_file() and bool(path.read_text().strip())
+
+
 def _ray_cli() -> list[str]:
     exe = Path(sys.executable).with_name("ray")
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "ray.scripts.scripts"]
@@ -249,9 +257,12 @@ def up(
     # `rollmux down` tears the whole local cluster down: no need for Ray's 30 s drain on SIGTERM
     env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
     os.environ.update(RAY_AUTH_MODE=ray_auth, RAY_USAGE_STATS_ENABLED="0")
-    if ray_auth == "token":
+    if ray_auth == "token" and not _ray_token_available(env):
+        # Ray's own generator: writes ~/.ray/auth_token (RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH win when set)
         subprocess.run(_ray_cli() + ["get-auth-token", "--generate"], env=env, check=False,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+        if not _ray_token_available(env):
+            _fail("--ray-auth token: no Ray token (set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, or run `ray get-auth-token --generate`)", 2)
     address = f"127.0.0.1:{cfg.ray_port}"
     logs = cfg.state_dir / "logs"
     state = {

@@ -3,7 +3,7 @@
 One named, detached actor (``rollmux-global-scheduler`` in namespace ``rollmux``, get-if-exists,
 ``max_restarts=-1``). It admits jobs by calling the policy (:class:`rollmux.admission.
 InterGroupScheduler`, Alg. 1; no second copy here), creates one named GroupController per
-co-execution group, tracks each job's lifecycle (admitted -> running -> finished | failed) and
+co-execution group (lazily, when its first driver attaches: ``ensure_controller``), tracks each job's lifecycle (admitted -> running -> finished | failed) and
 releases nodes on departure or failure.
 
 Fault tolerance (Ray Serve controller pattern, STYLE.md §3): the *target state* (job records +
@@ -125,12 +125,34 @@ class GlobalSchedulerImpl:
         import ray
 
         for gid, members in self._active_by_group().items():
-            h = self._controller(gid)
+            h = self._controller(gid, create=False)  # created lazily when a driver attaches
             if h is None:
                 continue
             for rec in members:
                 pl = rec["placement"]
                 ray.get(h.add_job.remote(rec["job_id"], pl["rollout_nodes"], pl["train_nodes"], slo=rec["slo"]))
+
+    def group_members(self, group_id: str) -> list[dict]:
+        """Active members of a group: ``job_id, rollout_nodes, train_nodes, slo`` (admission order)."""
+        return [{"job_id": r["job_id"], "rollout_nodes": r["placement"]["rollout_nodes"],
+                 "train_nodes": r["placement"]["train_nodes"], "slo": r["slo"]}
+                for r in self._active_by_group().get(group_id, [])]
+
+    def ensure_controller(self, group_id: str) -> str:
+        """Create (if needed) the group's GroupController with every active member; its name.
+
+        Controllers are created lazily, when a job's driver attaches, so admissions that never run
+        (HTTP what-if traffic, benchmarks) start no actors. Raises KeyError for an unknown group."""
+        import ray
+
+        members = self._active_by_group().get(group_id)
+        if not members:
+            raise KeyError(f"no active job in group {group_id!r}")
+        h = self._controller(group_id)
+        ray.get([h.add_job.remote(r["job_id"], r["placement"]["rollout_nodes"], r["placement"]["train_nodes"],
+                                  slo=r["slo"]) for r in members])
+        self._checkpoint()
+        return self.controllers[group_id]
 
     def _active_by_group(self) -> dict[str, list[dict]]:
         out: dict[str, list[dict]] = {}
@@ -179,7 +201,7 @@ class GlobalSchedulerImpl:
         }
         self.controllers[gid] = self._controller_name(gid)
         self._checkpoint()  # target state first, then act
-        h = self._controller(gid)
+        h = self._handles.get(gid)  # an existing group's controller learns the newcomer (no lookup)
         if h is not None:
             import ray
 
@@ -234,7 +256,7 @@ class GlobalSchedulerImpl:
         dissolved = gid not in _groups(self.igs)
         rec.update(state=state, error=error, ended_at=time.time())
         self._checkpoint()
-        h = self._controller(gid, create=False)
+        h = self._handles.get(gid)
         if h is not None:
             import ray
 

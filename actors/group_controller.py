@@ -20,8 +20,10 @@ Timeline records: ``job_id, phase, pool, node, iteration, start, end`` (epoch se
 ``switch_s``, ``run_s``, ``offload_s``, ``ok``, ``error``. Metrics: pool busy / bubble seconds,
 phase switches (kind), job iterations / slowdown (see :mod:`actors.metrics`).
 
-State is soft: a restarted controller starts with empty queues; the GlobalScheduler re-adds the
-group's members when it re-finds the group (its checkpoint is the source of truth).
+State is soft: a restarted controller (``max_restarts=-1``) starts with empty queues and re-reads
+the group's members from the GlobalScheduler (whose checkpoint is the source of truth) when an
+unknown job calls; drivers re-join the queues on their next call. Permits granted before the
+restart are forgotten (their late releases are recorded but change nothing).
 """
 
 from __future__ import annotations
@@ -103,6 +105,21 @@ class GroupControllerImpl:
         self._wake_all()
         return True
 
+    async def _recover_members(self, job_id: str) -> None:
+        """A job this controller does not know (e.g. after a restart: its state is soft): ask the
+        GlobalScheduler for the group's active members and re-add them (pending)."""
+        if job_id in self.members or not self.scheduler_name:
+            return
+        try:
+            import ray
+
+            sched = ray.get_actor(self.scheduler_name, namespace=NAMESPACE)
+            for r in await sched.group_members.remote(self.group_id):
+                if r["job_id"] not in self.members:
+                    await self.add_job(r["job_id"], r["rollout_nodes"], r["train_nodes"], slo=r.get("slo"))
+        except Exception:  # scheduler unreachable: the caller reports "not a member"
+            pass
+
     def _activate(self, job_id: str) -> None:
         m = self.members.get(job_id)
         if m is None or job_id in self.gone:
@@ -118,6 +135,7 @@ class GroupControllerImpl:
         """The job's driver attached: the job joins the end of its nodes' queues (round-robin
         order = attach order). ``has_sync=False``: its empty sync slot ends with training.
         Raises PermitError for a job that is not a member (or already left)."""
+        await self._recover_members(job_id)
         m = self.members.get(job_id)
         if m is not None and has_sync is not None:
             m["has_sync"] = bool(has_sync)
@@ -128,6 +146,7 @@ class GroupControllerImpl:
 
     async def configure_job(self, job_id: str, *, has_sync: bool = True) -> bool:
         """Declare whether the job has a sync phase (False if not a member)."""
+        await self._recover_members(job_id)
         if job_id not in self.members:
             return False
         self.members[job_id]["has_sync"] = bool(has_sync)
@@ -135,6 +154,7 @@ class GroupControllerImpl:
 
     async def heartbeat(self, job_id: str) -> bool:
         """Driver liveness (its lease); False when the job is no longer a member."""
+        await self._recover_members(job_id)
         m = self.members.get(job_id)
         if m is None or job_id in self.gone:
             return False
@@ -188,10 +208,14 @@ class GroupControllerImpl:
             ev.set()
 
     # ---- permits
-    async def acquire(self, job_id: str, phase: str, timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S) -> dict:
+    async def acquire(self, job_id: str, phase: str, timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S,
+                      iteration: Optional[int] = None, has_sync: Optional[bool] = None) -> dict:
         """Block until ``phase`` of ``job_id`` may run, then grant it.
 
-        Returns ``{job_id, phase, pool, nodes, iteration, granted_at, waited_s}``.
+        ``iteration``: the driver's own iteration index (kept in the records; the queues' count
+        restarts with a restarted controller); ``has_sync``: whether the job has a sync phase
+        (re-declared on every call so a restarted controller knows it). Returns ``{job_id, phase, pool, nodes, iteration,
+        granted_at, waited_s, group_id}``.
         Raises PermitError: the job is not (or no longer) a member, or asks a phase out of order;
         TimeoutError after ``timeout_s``.
         """
@@ -200,6 +224,9 @@ class GroupControllerImpl:
         ev = self._events.setdefault(job_id, asyncio.Event())
         for _ in range(10_000_000):  # bounded; each pass waits for a state change
             if job_id not in self.rr.job_ids:
+                await self._recover_members(job_id)
+                if has_sync is not None and job_id in self.members:
+                    self.members[job_id]["has_sync"] = bool(has_sync)
                 self._activate(job_id)  # raises PermitError for a non-member / a job that left
             nxt = self.rr.next_phase(job_id)
             if nxt != phase:
@@ -207,8 +234,9 @@ class GroupControllerImpl:
             if any(r.job_id == job_id for r in self.rr.ready()):
                 rp = self.rr.grant(job_id, phase)
                 grant = {"job_id": job_id, "phase": phase, "pool": rp.pool, "nodes": list(rp.nodes),
-                         "iteration": rp.iteration, "granted_at": time.time(), "waited_s": time.time() - t_start,
-                         "group_id": self.group_id}
+                         "iteration": rp.iteration if iteration is None else int(iteration),
+                         "rr_iteration": rp.iteration, "granted_at": time.time(),
+                         "waited_s": time.time() - t_start, "group_id": self.group_id}
                 self.running[job_id] = grant
                 m = self.members[job_id]
                 if phase == "rollout" and m["iter_start"] is None:
@@ -241,16 +269,17 @@ class GroupControllerImpl:
         if len(self.timeline) < MAX_TIMELINE:
             self.timeline.append(rec)
         self._account(rec, grant)
-        if job_id in self.rr.job_ids:
+        if grant is not None and job_id in self.rr.job_ids:  # a release without our grant changes nothing
             if ok:
                 try:
                     self.rr.on_phase_done(job_id, phase)
-                    if phase == "train" and not self.members[job_id].get("has_sync", True):
+                    if phase == "train" and not self.members[job_id].get("has_sync", True) \
+                            and self.rr.next_phase(job_id) == "sync":
                         self.rr.grant(job_id, "sync")  # no sync phase: its slot ends with training
                         self.rr.on_phase_done(job_id, "sync")
                 except ValueError:
                     pass  # a stale or duplicate release must not break the group
-                if rec.get("iteration") is not None and self.rr.iteration(job_id) > rec["iteration"]:
+                if self.rr.iteration(job_id) > grant["rr_iteration"]:
                     self._iteration_done(job_id, rec)
             else:
                 self._remove(job_id, f"failed: {record.get('error')}")
@@ -277,7 +306,7 @@ class GroupControllerImpl:
 
     def _iteration_done(self, job_id: str, rec: dict) -> None:
         m = self.members[job_id]
-        m["iterations"] = self.rr.iteration(job_id)
+        m["iterations"] = int(rec["iteration"]) + 1 if rec.get("iteration") is not None else m["iterations"] + 1
         end = rec.get("end", time.time())
         iter_s = end - (m["iter_start"] or end)
         solo_s = sum(m["phase_s"].values())  # the job's own phase time: its iteration alone
@@ -357,5 +386,5 @@ def create_controller(group_id: str, scheduler_name: Optional[str] = None, **kw)
 
     cls = ray.remote(GroupControllerImpl)
     return cls.options(name=controller_name(group_id, scheduler_name), namespace=NAMESPACE,
-                       lifetime="detached", get_if_exists=True, num_cpus=0,
+                       lifetime="detached", get_if_exists=True, num_cpus=0, max_restarts=-1,
                        max_concurrency=1000).remote(group_id, scheduler_name, **kw)

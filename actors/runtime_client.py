@@ -21,12 +21,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any, Optional
 
 from rollmux.phase_api import AdmissionRefused, PhaseFailed
 
 log = logging.getLogger("rollmux.runtime")
 NAMESPACE = "rollmux"
+CONTROLLER_RETRIES = 60  # x 1 s: how long a driver waits for a restarting GroupController
 
 
 def ensure_ray(address: Optional[str] = None) -> None:
@@ -147,7 +149,8 @@ class ScheduledRuntime:
                 raise AdmissionRefused(dec)
             rec = ray.get(self.sched.get_job.remote(jid))
         self.info: dict = rec
-        self.controller = ray.get_actor(rec["controller"], namespace=NAMESPACE)
+        name = ray.get(self.sched.ensure_controller.remote(rec["group_id"]))
+        self.controller = ray.get_actor(name, namespace=NAMESPACE)
         from actors.workers import get_or_create_worker, worker_name
 
         pl = rec["placement"]
@@ -226,10 +229,18 @@ class ScheduledRuntime:
 
         self._register()
         j = self.job
-        try:
-            grant = ray.get(self.controller.acquire.remote(j.job_id, phase))
-        except RayTaskError as e:
-            raise PhaseFailed(str(_unwrap(e))) from None
+        grant = None
+        for attempt in range(CONTROLLER_RETRIES):  # bounded: a restarting controller comes back
+            try:
+                grant = ray.get(self.controller.acquire.remote(j.job_id, phase, iteration=j.iteration,
+                                                              has_sync="sync" in j._phases))
+                break
+            except RayTaskError as e:
+                raise PhaseFailed(str(_unwrap(e))) from None
+            except RayActorError:
+                if attempt == CONTROLLER_RETRIES - 1:
+                    raise PhaseFailed(f"job {j.job_id!r}: the group controller is unavailable") from None
+                time.sleep(1.0)
         j._emit({"event": "granted", "job_id": j.job_id, "phase": phase, "iteration": grant["iteration"],
                  "nodes": grant["nodes"], "waited_s": grant["waited_s"]})
         worker = self.rollout_worker if phase == "rollout" else self.train_worker

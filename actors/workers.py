@@ -180,8 +180,11 @@ class _PoolWorker:
     def _release(self, h: _Hosted, phase: str, record: dict) -> None:
         import ray
 
-        ctrl = ray.get_actor(h.controller, namespace=NAMESPACE)
-        ray.get(ctrl.release.remote(h.job_id, phase, record))
+        try:
+            ctrl = ray.get_actor(h.controller, namespace=NAMESPACE)
+            ray.get(ctrl.release.remote(h.job_id, phase, record), timeout=120)
+        except Exception as e:  # a restarted controller forgot the grant: nothing to release
+            record["release_error"] = f"{type(e).__name__}: {e}"
 
     def _emit(self, h: _Hosted, ctrl, event: dict, last: list) -> None:
         for fn in h.hooks:

@@ -44,13 +44,11 @@ from __future__ import annotations
 
 import heapq
 from functools import lru_cache
-import itertools
-import math
 import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Optional, Sequence, Union
+from typing import Iterable, Literal, Optional, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -96,7 +94,7 @@ class SchedulerConfig(BaseModel):
     tail_gpus: int = Field(default=1, ge=1)
     migration_overhead_s: float = Field(default=2.0, ge=0.0)
     seed: int = 0
-    tie_break: Literal["best_fit", "most_slack"] = "most_slack"
+    tie_break: Literal["best_fit", "most_slack"] = "best_fit"
 
     def long_tail_policy(self) -> LongTailPolicy:
         return LongTailPolicy(self.tail_trigger_fraction, self.tail_gpus, self.migration_overhead_s)
@@ -558,6 +556,10 @@ class InterGroupScheduler:
         c = Candidate(grp.group_id, strategy, 0.0 if strategy == "direct" else nr * price_r)
         if nt > len(grp.train_nodes):
             return c.reject("capacity", f"job needs {nt} training nodes, group has {len(grp.train_nodes)}")
+        if strategy == "direct" and nr > len(grp.rollout_nodes):
+            return c.reject("capacity", f"job needs {nr} rollout nodes, group has {len(grp.rollout_nodes)}")
+        if strategy == "scale_out" and new_r is None:
+            return c.reject("capacity", f"cluster out of GPUs: no {nr} free rollout nodes")
         if slo_check:  # O(1) necessary condition before picking nodes: the newcomer's own SLO
             cap = job.slo * prof.t_solo_s * (1 + SLO_REL_TOL)
             lb = g.t_sorted[nt - 1] + prof.t_train_s + prof.t_sync_s

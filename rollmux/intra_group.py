@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Callable, Mapping, Optional, Sequence, Union
 
 from rollmux.models import CoExecutionGroup, GroupMember, PhaseProfile
 from rollmux.round_robin import RoundRobinQueues
@@ -43,6 +43,8 @@ class IterationTimes:
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a finite number >= 0, got {v}")
+        if self.t_trigger_s is not None and not (0 <= self.t_trigger_s <= self.t_roll_s):
+            raise ValueError(f"t_trigger_s must lie in [0, t_roll_s={self.t_roll_s}], got {self.t_trigger_s}")
 
 
 @dataclass(frozen=True)

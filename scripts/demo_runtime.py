@@ -7,8 +7,9 @@
    heavy, train-heavy) as three user processes running ``scripts/grpo_job.py --attach``, one after
    the other; each admits itself (Alg. 1 packs them into one co-execution group), waits at a
    start barrier, and then they iterate round-robin.
-3. Solo: the same three jobs, same seeds, in plain mode (no scheduler), one after the other; as
-   Solo-D each job is charged its own rollout + training node for its whole run.
+3. Solo: the same three jobs, same seeds, the same script with ``--solo`` (plain mode, no
+   scheduler, one compute thread), one after the other; as Solo-D each job is charged its own
+   rollout + training node for its whole run.
 4. Cold switch: one job re-run under the scheduler with ``--switch cold`` (state rebuilt from a
    checkpoint on disk every phase) for the warm-vs-cold start latency.
 Writes ``results/runtime_demo.json`` and Gantt PNGs (both pools, colour per job); prints a table.
@@ -85,7 +86,6 @@ def main(argv=None) -> int:
     from actors.local_cluster import start_local_cluster
     from examples.grpo import report
     from examples.grpo.config import load_job_config
-    from examples.grpo.job import run_job
     from rollmux.config import load_cluster
     from rollmux.plots import plot_gantt
 
@@ -148,10 +148,19 @@ def main(argv=None) -> int:
     finally:
         lc.shutdown()
 
-    # ---- solo (plain mode, same seeds), after the cluster is gone so nothing competes for the cores
+    # ---- solo (plain mode, same seeds): the same user script with --solo, one job at a time, after
+    # the cluster is gone so nothing competes for the cores
     con.print("solo runs (plain mode, same seeds)")
-    solo = {name: run_job(cfgs[name].model_copy(update={"job": cfgs[name].job.model_copy(
-        update={"job_id": ids[name]})}), attach=False) for name in JOBS}
+    solo = {}
+    for name in JOBS:
+        cmd = [sys.executable, str(ROOT / "scripts" / "grpo_job.py"), "--config", str(paths[name]), "--iterations",
+               str(n), "--job-id", ids[name], "--solo", "--quiet", "--out", str(tmp / f"solo-{name}.json")]
+        p = subprocess.run(cmd, cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                           text=True, timeout=args.timeout_s)
+        f = tmp / f"solo-{name}.json"
+        solo[name] = json.loads(f.read_text()) if f.is_file() else {"ok": False}
+        if not solo[name].get("ok"):
+            raise RuntimeError(f"solo run of {ids[name]} failed: {(p.stdout + p.stderr)[-2000:]}")
 
     # ---- figures from the recorded timelines
     co_tl = [r for name in JOBS for r in co[name]["timeline"]]

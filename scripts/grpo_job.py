@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -73,6 +74,9 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
+    # one compute thread per "GPU": OpenMP / MKL pools sized before torch starts them (Ray workers do the same)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, str(cfg.run.threads))
     from examples.grpo.job import run_job
 
     def show(m: dict) -> None:

@@ -73,7 +73,7 @@ def test_memory_breaking_placement_never_chosen():
     assert verdicts(d)[("group-0", "direct")] == ("rejected", "memory")
     assert (d.strategy, d.delta_usd_per_h) == ("scale_out", pytest.approx(R_PRICE))
     assert d.placement.rollout_nodes == ("rollout-1",) and d.placement.train_nodes == ("train-0",)
-    e = s.admit(job("E", 10, 10, mr=10, mt=85))  # no training node holds 85 GB more
+    e = s.admit(job("E", 10, 10, mr=10, mt=85, slo=100))  # no training node holds 85 GB more
     assert e.strategy == "isolated"
     assert {verdicts(e)[("group-0", k)] for k in ("direct", "scale_out")} == {("rejected", "memory")}
 

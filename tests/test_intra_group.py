@@ -146,6 +146,8 @@ def test_phase_times_mapping_and_callable():
     assert [r.end_s - r.start_s for r in s2.timeline if r.phase == "rollout"] == [10, 11, 12, 13]
     with pytest.raises(ValueError, match="t_roll_s"):
         IterationTimes(-1, 1)
+    with pytest.raises(ValueError, match="t_trigger_s"):
+        IterationTimes(10, 1, t_trigger_s=11)
 
 
 def test_simulate_group_input_errors():
