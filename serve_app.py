@@ -388,6 +388,7 @@ def deploy(cfg: ServeConfig, token: str, *, route_prefix: str = "/") -> str:
     opts: dict[str, Any] = {"num_cpus": 0}
     if ray.cluster_resources().get(HEAD_RESOURCE):
         opts["resources"] = {HEAD_RESOURCE: 0.001}
-    app = RollMuxAPI.options(num_replicas=cfg.num_replicas, ray_actor_options=opts).bind(settings.model_dump())
+    app = RollMuxAPI.options(num_replicas=cfg.num_replicas, max_ongoing_requests=cfg.max_ongoing_requests,
+                             ray_actor_options=opts).bind(settings.model_dump())
     serve.run(app, name=cfg.app_name, route_prefix=route_prefix)
     return cfg.base_url

@@ -35,6 +35,8 @@ console = Console()
 err_console = Console(stderr=True)
 
 STATE_FILE = "state.json"
+PROM_TARGETS = "prometheus_targets.json"
+MAX_LOCAL_POOL_NODES = 16  # `rollmux up` starts at most this many local Ray nodes for pool nodes
 HEAD_RESOURCE = "rollmux_head"
 _CFG_HELP = "serve config YAML (default: configs/serve.yaml or $ROLLMUX_SERVE_CONFIG)"
 
@@ -101,6 +103,13 @@ def _alive(rec: dict) -> bool:
     """True while the recorded process still exists and is the same process (pid not reused)."""
     ticks = _proc_start_ticks(rec["pid"])
     return ticks is not None and ticks == rec.get("start_ticks")
+
+
+def _ray_temp_dir(cfg: ServeConfig) -> Path:
+    """This cluster's own Ray temp dir. Ray's job supervisor finds "its" cluster through the temp
+    dir's address file (default ``/tmp/ray``, shared by every cluster on the host): with a private
+    one, ``ray job submit`` drivers attach to this cluster even when others run on the machine."""
+    return (cfg.state_dir / "ray").absolute()
 
 
 def _ray_token_available(env: dict) -> bool:
@@ -174,7 +183,17 @@ def _urls(cfg: ServeConfig, state: Optional[dict]) -> dict[str, str]:
         "Ray address": s.get("ray_address", f"127.0.0.1:{cfg.ray_port}"),
         "Job submission": s.get("dashboard_url", f"http://127.0.0.1:{cfg.dashboard_port}"),
         "API token file": str(cfg.token_path),
+        **{f"Metrics (node {nid})": url for nid, url in s.get("node_metrics", {}).items()},
+        **({"Prometheus targets": str(cfg.state_dir / PROM_TARGETS)} if s.get("node_metrics") else {}),
     }
+
+
+def _write_prometheus_targets(cfg: ServeConfig, state: dict) -> None:
+    """Prometheus ``file_sd_configs`` file with every node's metrics endpoint (RollMux's actors may
+    run on any node; their metrics are exported by the node that hosts them)."""
+    urls = [state["metrics_url"], *state.get("node_metrics", {}).values()]
+    targets = [u.split("//", 1)[1].split("/", 1)[0] for u in urls]
+    (cfg.state_dir / PROM_TARGETS).write_text(json.dumps([{"targets": targets, "labels": {"job": "rollmux"}}], indent=2))
 
 
 def _print_urls(cfg: ServeConfig, state: Optional[dict]) -> None:
@@ -283,14 +302,19 @@ def up(
                 "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={cfg.dashboard_port}",
                 f"--metrics-export-port={cfg.metrics_export_port}", f"--num-cpus={cfg.head_cpus}",
                 f"--dashboard-agent-listen-port={_free_port()}", f"--ray-client-server-port={_free_port()}",
-                f"--resources={json.dumps({HEAD_RESOURCE: 1.0})}", "--disable-usage-stats",
+                f"--resources={json.dumps({HEAD_RESOURCE: 1.0})}", "--disable-usage-stats", f"--temp-dir={_ray_temp_dir(cfg)}",
             ], logs / "ray-head.log", env)
             state["processes"].append({**head, "what": "ray head"})
             _write_state(cfg, state)
             _wait_port(cfg.ray_port, head, max(5.0, deadline - time.monotonic()), "the Ray head")
             st.update("connecting to the Ray head ...")
             _connect(cfg, address)
-            if cfg.start_pool_nodes and all(cluster.pool(p).num_nodes for p in ("rollout", "train")):
+            n_pool = sum(cluster.pool(p).num_nodes or 0 for p in ("rollout", "train"))  # type: ignore[arg-type]
+            bounded = all(cluster.pool(p).num_nodes for p in ("rollout", "train"))  # type: ignore[arg-type]
+            if cfg.start_pool_nodes and bounded and n_pool > MAX_LOCAL_POOL_NODES:
+                console.print(f"[yellow]not starting {n_pool} local pool nodes (> {MAX_LOCAL_POOL_NODES}); "
+                              "the scheduler plans for the spec, jobs need a real cluster[/]")
+            if cfg.start_pool_nodes and bounded and n_pool <= MAX_LOCAL_POOL_NODES:
                 for pool in ("rollout", "train"):
                     for i in range(cluster.pool(pool).num_nodes):  # type: ignore[arg-type]
                         nid = node_id(pool, i)  # type: ignore[arg-type]
@@ -311,7 +335,9 @@ def up(
         _stop(state["processes"])
         _state_path(cfg).unlink(missing_ok=True)
         _fail(f"start-up failed: {type(e).__name__}: {e}")
-    console.print(f"[bold green]RollMux is up[/]: {len(state['processes'])} Ray node(s), scheduler and API ready.")
+    _write_prometheus_targets(cfg, state)
+    n_up = sum(_alive(r) for r in state["processes"])
+    console.print(f"[bold green]RollMux is up[/]: {n_up} Ray node(s), scheduler and API ready.")
     if generated:
         console.print(f"generated a new API token in {cfg.token_path} (mode 0600)")
     _print_urls(cfg, state)
@@ -348,15 +374,18 @@ def _start_pool_node(cfg: ServeConfig, state: dict, address: str, nid: str, pool
     res = {node_resource(nid): NODE_RESOURCE_UNITS, pool_resource(pool): 1.0}  # type: ignore[arg-type]
     for attempt in range(attempts):
         before = _alive_nodes()
+        metrics_port = _free_port()
         rec = _spawn(_ray_cli() + [
             "start", f"--address={address}", "--block", "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}",
-            f"--resources={json.dumps(res)}", "--disable-usage-stats",
-            f"--dashboard-agent-listen-port={_free_port()}", f"--metrics-export-port={_free_port()}",
+            f"--resources={json.dumps(res)}", "--disable-usage-stats", f"--temp-dir={_ray_temp_dir(cfg)}",
+            f"--dashboard-agent-listen-port={_free_port()}", f"--metrics-export-port={metrics_port}",
         ], logs / f"ray-{nid}.log", env)
         state["processes"].append({**rec, "what": f"ray node {nid}"})
         _write_state(cfg, state)
         while time.monotonic() < deadline and _alive(rec):
             if _alive_nodes() > before:
+                state.setdefault("node_metrics", {})[nid] = f"http://127.0.0.1:{metrics_port}/metrics"
+                _write_state(cfg, state)
                 return
             time.sleep(0.5)
         if time.monotonic() >= deadline:
@@ -371,7 +400,8 @@ def _start_scheduler_and_app(cfg: ServeConfig, cluster, token: str, deadline: fl
     from serve_app import deploy
 
     try:
-        sched = get_or_create_scheduler(cluster, checkpoint_path=str(cfg.checkpoint))
+        kw = {"name": cfg.scheduler_name} if cfg.scheduler_name else {}
+        sched = get_or_create_scheduler(cluster, checkpoint_path=str(cfg.checkpoint), **kw)
         ray.get(sched.health.remote(), timeout=max(5.0, deadline - time.monotonic()))
         deploy(cfg, token)
     finally:

@@ -39,6 +39,14 @@ ACTIVE = ("admitted", "running")
 PROGRESS_CHECKPOINT_S = 2.0  # iteration progress (soft state) is checkpointed at most this often
 
 
+def _group(igs, gid: str):
+    """The policy's group ``gid`` or None (no full-table copy)."""
+    try:
+        return igs.group(gid)
+    except KeyError:
+        return None
+
+
 def _groups(igs) -> dict[str, Any]:
     g = igs.groups
     if isinstance(g, dict):
@@ -70,7 +78,7 @@ class GlobalSchedulerImpl:
         self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec.model_validate(cluster)
         self.name = name
         self.kv = kv if kv is not None else make_kv(checkpoint_path, namespace=NAMESPACE)
-        self.key = f"{name}.state"
+        self.key = f"{name}.meta"  # header; groups under <name>.g.<gid>, jobs under <name>.j.<job_id>
         self.create_controllers = create_controllers
         self.controller_kw = dict(controller_kw or {})
         self.metrics = RollmuxMetrics(flush_interval_s=metrics_flush_s, enabled=create_controllers)
@@ -80,24 +88,79 @@ class GlobalSchedulerImpl:
         self._handles: dict[str, Any] = {}
         self.restored = False
         self._last_checkpoint = 0.0
-        ck = self.kv.get(self.key)
-        if ck and ck.get("version") == CHECKPOINT_VERSION:
-            self.igs = InterGroupScheduler.restore(self.cluster, ck["groups"])
-            self.jobs = ck["jobs"]
-            self.controllers = ck["controllers"]
-            self.restored = True
+        meta = self.kv.get(self.key)
+        if meta and meta.get("version") == CHECKPOINT_VERSION:
+            self._restore(meta)
             self._refind_controllers()
         else:
             self.igs = InterGroupScheduler(self.cluster, **self._policy_args)
+            snap = self.igs.snapshot()
+            self._header = {k: v for k, v in snap.items() if k != "groups"}
+            self._checkpoint()
 
-    # ---- checkpoint
-    def _checkpoint(self) -> None:
+    # ---- checkpoint (incremental: only the changed job records and groups are rewritten)
+    def _gkey(self, gid: str) -> str:
+        return f"{self.name}.g.{gid}"
+
+    def _jkey(self, job_id: str) -> str:
+        return f"{self.name}.j.{job_id}"
+
+    def _group_entry(self, gid: str) -> Optional[dict]:
+        """One group in ``InterGroupScheduler.snapshot()``'s format (None once dissolved)."""
+        g = _group(self.igs, gid)
+        if g is None:
+            return None
+        return {"group_id": gid, "rollout_nodes": list(g.rollout_nodes), "train_nodes": list(g.train_nodes),
+                "members": [m.model_dump(mode="json") for m in g.members]}
+
+    def _checkpoint(self, jobs: tuple = (), groups: tuple = ()) -> None:
+        """Write the target state: the given job records and groups, then the header (group ids,
+        next group number, controllers). Records of finished jobs beyond MAX_FINISHED_RECORDS are
+        dropped. Crash between writes: see :meth:`_restore` (an uncommitted job is marked failed)."""
+        self._last_checkpoint = time.time()
         done = [j for j, r in self.jobs.items() if r["state"] not in ACTIVE]
         for j in done[: max(0, len(done) - MAX_FINISHED_RECORDS)]:
             del self.jobs[j]
-        self._last_checkpoint = time.time()
-        self.kv.put(self.key, {"version": CHECKPOINT_VERSION, "jobs": self.jobs, "groups": self.igs.snapshot(),
-                               "controllers": self.controllers, "t": time.time()})
+            self.kv.delete(self._jkey(j))
+        for j in jobs:
+            if j in self.jobs:
+                self.kv.put(self._jkey(j), self.jobs[j])
+        for gid in groups:
+            entry = self._group_entry(gid)
+            if entry is None:
+                self.kv.delete(self._gkey(gid))
+            else:
+                self.kv.put(self._gkey(gid), entry)
+        nxt = getattr(self.igs, "_next_group", None)  # the policy's group counter (ids never reused)
+        if nxt is not None:
+            self._header["next_group"] = int(nxt)
+        self.kv.put(self.key, {"version": CHECKPOINT_VERSION, "snapshot": self._header,
+                               "group_ids": [g.group_id for g in self.igs.groups], "controllers": self.controllers,
+                               "t": time.time()})
+
+    def _restore(self, meta: dict) -> None:
+        """Rebuild the group table and job records from the checkpoint (RollMux fault tolerance).
+
+        Jobs whose admission was not committed to the table before a crash are marked failed."""
+        from rollmux.admission import InterGroupScheduler
+
+        self._header = dict(meta["snapshot"])
+        groups = [g for g in (self.kv.get(self._gkey(gid)) for gid in meta["group_ids"]) if g]
+        self.igs = InterGroupScheduler.restore(self.cluster, {**self._header, "groups": groups})
+        self.controllers = dict(meta.get("controllers", {}))
+        prefix = f"{self.name}.j."
+        for key in self.kv.keys(prefix):
+            rec = self.kv.get(key)
+            if rec:
+                self.jobs[rec["job_id"]] = rec
+        members = {m["spec"]["job_id"] for g in groups for m in g["members"]}
+        for jid, rec in self.jobs.items():
+            if rec["state"] in ACTIVE and jid not in members:
+                rec.update(state="failed", error="lost: admission not committed before a scheduler restart",
+                           ended_at=time.time())
+                self.kv.put(self._jkey(jid), rec)
+        self.jobs = dict(sorted(self.jobs.items(), key=lambda kv: kv[1].get("admitted_at") or 0.0))
+        self.restored = True
 
     # ---- controllers (every Ray call to a controller goes through here)
     def _controller(self, group_id: str, create: bool = True):
@@ -151,7 +214,7 @@ class GlobalSchedulerImpl:
         h = self._controller(group_id)
         ray.get([h.add_job.remote(r["job_id"], r["placement"]["rollout_nodes"], r["placement"]["train_nodes"],
                                   slo=r["slo"]) for r in members])
-        self._checkpoint()
+        self._checkpoint()  # header: controller names
         return self.controllers[group_id]
 
     def _active_by_group(self) -> dict[str, list[dict]]:
@@ -195,12 +258,12 @@ class GlobalSchedulerImpl:
             "predicted": None if prof is None else {"t_roll_s": prof.t_roll_s, "t_train_s": prof.t_train_s,
                                                     "t_sync_s": prof.t_sync_s, "t_solo_s": prof.t_solo_s},
             "predicted_slowdown": (out.get("predicted_slowdowns") or {}).get(job.job_id),
-            "measured": None, "slowdown": None, "error": None, "spec": job.model_dump(mode="json"),
+            "measured": None, "slowdown": None, "error": None,
             "admitted_at": time.time(), "ended_at": None,
             "controller": self._controller_name(gid),
         }
         self.controllers[gid] = self._controller_name(gid)
-        self._checkpoint()  # target state first, then act
+        self._checkpoint(jobs=(job.job_id,), groups=(gid,))  # target state first, then act
         h = self._handles.get(gid)  # an existing group's controller learns the newcomer (no lookup)
         if h is not None:
             import ray
@@ -209,7 +272,7 @@ class GlobalSchedulerImpl:
             ray.get(h.add_job.remote(job.job_id, pl["rollout_nodes"], pl["train_nodes"], slo=job.slo))
         self.metrics.admission("admitted", out.get("latency_ms", (time.perf_counter() - t0) * 1e3))
         self.metrics.job(job.job_id, slo=job.slo, iterations=0)
-        self._cost_metrics()
+        self._cost_metrics(gid)
         out["latency_ms"] = out.get("latency_ms", (time.perf_counter() - t0) * 1e3)
         return out
 
@@ -219,7 +282,7 @@ class GlobalSchedulerImpl:
         return self.controllers.get(gid) or controller_name(gid, self.name)
 
     def _member(self, gid: str, job_id: str):
-        g = _groups(self.igs).get(gid)
+        g = _group(self.igs, gid)
         for m in getattr(g, "members", ()):
             if m.spec.job_id == job_id:
                 return m
@@ -233,8 +296,9 @@ class GlobalSchedulerImpl:
                 "strategy": None, "placement": None, "delta_usd_per_h": None, "predicted_slowdowns": {},
                 "candidates": [], "pruned": [], "latency_ms": ms}
 
-    def _cost_metrics(self) -> None:
-        for gid, g in _groups(self.igs).items():
+    def _cost_metrics(self, gid: str) -> None:
+        g = _group(self.igs, gid)
+        if g is not None:
             self.metrics.group_cost(gid, g.cost_usd_per_h(self.cluster))
 
     # ---- departure / lifecycle
@@ -253,9 +317,9 @@ class GlobalSchedulerImpl:
             return {"job_id": job_id, "released_nodes": [], "group_dissolved": False}
         gid = rec["group_id"]
         released = list(self.igs.depart(job_id))
-        dissolved = gid not in _groups(self.igs)
+        dissolved = _group(self.igs, gid) is None
         rec.update(state=state, error=error, ended_at=time.time())
-        self._checkpoint()
+        self._checkpoint(jobs=(job_id,), groups=(gid,))
         h = self._handles.get(gid)
         if h is not None:
             import ray
@@ -267,7 +331,8 @@ class GlobalSchedulerImpl:
         if dissolved:
             self.metrics.group_cost(gid, 0.0)
             self._handles.pop(gid, None)
-        self._cost_metrics()
+        else:
+            self._cost_metrics(gid)
         return {"job_id": job_id, "released_nodes": released, "group_dissolved": dissolved}
 
     def report(self, job_id: str, event: dict) -> Optional[dict]:
@@ -279,7 +344,7 @@ class GlobalSchedulerImpl:
         kind = event.get("event")
         if kind == "running" and rec["state"] == "admitted":
             rec["state"] = "running"
-            self._checkpoint()
+            self._checkpoint(jobs=(job_id,))
         elif kind == "iteration":  # also after the end: events from controller and driver may cross
             if rec["state"] == "admitted":
                 rec["state"] = "running"
@@ -293,7 +358,7 @@ class GlobalSchedulerImpl:
             rec["slowdown"] = event.get("slowdown")
             self.metrics.job(job_id, iterations=n, slowdown=rec["slowdown"])
             if time.time() - self._last_checkpoint > PROGRESS_CHECKPOINT_S:
-                self._checkpoint()
+                self._checkpoint(jobs=(job_id,))
         elif kind in ("finished", "failed"):
             if event.get("iterations_done") is not None:
                 rec["iterations_done"] = max(rec["iterations_done"], int(event["iterations_done"]))
@@ -303,7 +368,7 @@ class GlobalSchedulerImpl:
     # ---- queries
     @staticmethod
     def _public(rec: dict) -> dict:
-        return {k: v for k, v in rec.items() if k != "spec"}
+        return dict(rec)
 
     def list_jobs(self) -> list[dict]:
         return [self._public(r) for r in self.jobs.values()]

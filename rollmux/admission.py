@@ -12,11 +12,12 @@ arriving job, which group and exact nodes it is pinned to:
 3. Reject a candidate that breaks *memory residency* (per node, the sum of the pinned jobs'
    :func:`rollmux.profiler.state_gb` must fit ``host_mem_gb``) or any member's *SLO*
    (``T_coexec_k <= slo_k * T_solo_k``, T_coexec from :func:`rollmux.intra_group.coexec_times`,
-   i.e. the round-robin schedule simulated on worst-case profiles; a cheap lower bound
-   ``max(T_solo_k, load of k's busiest node)`` rejects first without simulating).
+   i.e. the steady-state mean iteration time of the round-robin schedule simulated on worst-case
+   profiles; a cheap lower bound ``max(T_solo_k, load of k's busiest node)`` rejects first
+   without simulating).
 4. Pick the minimum marginal cost; ties go to the most SLO slack (lowest
-   ``max_k slowdown_k / slo_k``; ``SchedulerConfig.tie_break``), then to the earliest group. Compare with an isolated new group
-   (its full price) and take the cheaper.
+   ``max_k slowdown_k / slo_k``; ``SchedulerConfig.tie_break``), then to the earliest group.
+   Compare with an isolated new group (its full price) and take the cheaper.
 
 Refusals are values: ``code="never"`` (the job can never fit: state larger than every node of a
 pool, more GPUs than the pool has, weights not fitting HBM, duplicate id) or
@@ -94,7 +95,7 @@ class SchedulerConfig(BaseModel):
     tail_gpus: int = Field(default=1, ge=1)
     migration_overhead_s: float = Field(default=2.0, ge=0.0)
     seed: int = 0
-    tie_break: Literal["best_fit", "most_slack"] = "best_fit"
+    tie_break: Literal["best_fit", "most_slack"] = "most_slack"
 
     def long_tail_policy(self) -> LongTailPolicy:
         return LongTailPolicy(self.tail_trigger_fraction, self.tail_gpus, self.migration_overhead_s)
@@ -112,8 +113,9 @@ def load_scheduler_config(path: Union[str, Path, None] = None) -> SchedulerConfi
 
 @dataclass
 class Candidate:
-    """One evaluated placement: ``verdict`` is ``"ok"`` or ``"rejected"`` with the ``plugin``
-    (one of :data:`PLUGINS`) and human-readable ``reasons``."""
+    """One placement of the newcomer: ``verdict`` is ``"ok"`` (feasible), ``"rejected"`` (with the
+    ``plugin``, one of :data:`PLUGINS`, and human-readable ``reasons``) or ``"skipped"`` (feasible
+    by the lower bound but provably unable to beat the chosen one, so never simulated)."""
 
     group_id: Optional[str]
     strategy: str

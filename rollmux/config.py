@@ -105,6 +105,7 @@ class ServeConfig(BaseModel):
         checkpoint_path: scheduler checkpoint directory (default ``<state_dir>/checkpoint``).
         scheduler_name / namespace: Ray name and namespace of the GlobalScheduler actor
             (``None`` = the contract's defaults in :mod:`actors.global_scheduler`).
+        num_replicas / max_ongoing_requests: Serve replicas of the API and concurrent requests each.
         request_timeout_s: bound on one call from a Serve replica to the scheduler.
         ray_port / dashboard_port / metrics_export_port: Ray head ports used by ``rollmux up``.
         head_cpus: logical CPUs of the Ray head started by ``rollmux up``.
@@ -129,6 +130,7 @@ class ServeConfig(BaseModel):
     namespace: Optional[str] = None
     app_name: str = Field(default="rollmux", min_length=1)
     num_replicas: int = Field(default=1, ge=1, le=64)
+    max_ongoing_requests: int = Field(default=64, ge=1, le=10_000)
     request_timeout_s: float = Field(default=30.0, gt=0, le=600)
     ray_port: int = Field(default=6390, ge=1, le=65535)
     dashboard_port: int = Field(default=8265, ge=1, le=65535)

@@ -8,7 +8,7 @@ reads every phase's start-up latency (``switch_s``: object store -> process for 
 ``torch.load`` of the checkpoint for cold) and offload latency from the recorded timeline.
 Writes the medians to ``results/bench_switch.json``.
 
-    python scripts/bench_switch.py [--iterations 6] [--config configs/jobs/grpo_train_heavy.yaml]
+    python scripts/bench_switch.py [--iterations 6] [--config configs/jobs/grpo_train_heavy.yaml] [--sizes config,256x4]
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default=str(ROOT / "configs" / "jobs" / "grpo_train_heavy.yaml"))
     ap.add_argument("--iterations", type=int, default=6)
     ap.add_argument("--out", default=str(ROOT / "results" / "bench_switch.json"))
+    ap.add_argument("--sizes", default="config,256x4",
+                    help="model sizes: 'config' (the job file's model) and/or HIDDENxLAYERS entries")
     args = ap.parse_args(argv)
 
     import ray
@@ -60,6 +62,7 @@ def main(argv=None) -> int:
     from actors.local_cluster import start_local_cluster
     from examples.grpo.config import load_job_config
     from examples.grpo.job import run_job
+    from examples.grpo.model import build_model
     from rollmux.config import CONFIG_DIR, load_cluster
 
     spec = load_cluster(CONFIG_DIR / "cluster_local.yaml")
@@ -73,29 +76,43 @@ def main(argv=None) -> int:
         h = get_or_create_scheduler(spec, name=name)
         ray.get(h.health.remote())
         ckpt = tempfile.mkdtemp(prefix="rollmux-bench-ckpt-")
-        for kind in ("warm", "cold"):
-            c = cfg.model_copy(update={"job": cfg.job.model_copy(update={"job_id": f"{cfg.job.job_id}-{kind}-{uid}"})})
-            res = run_job(c, attach=True, scheduler_name=name, switch=kind, checkpoint_dir=ckpt)
-            runs[kind] = {"timeline": res["timeline"], "weights_sha256": res["weights_sha256"]}
+        for size in args.sizes.split(","):
+            c0 = cfg
+            if size != "config":
+                hidden, layers = (int(x) for x in size.lower().split("x"))
+                c0 = cfg.model_copy(update={"model": cfg.model.model_copy(update={
+                    "hidden_size": hidden, "num_layers": layers, "intermediate_size": 2 * hidden})})
+            for kind in ("warm", "cold"):
+                jid = f"{cfg.job.job_id}-{size}-{kind}-{uid}".replace("x", "-")
+                c = c0.model_copy(update={"job": c0.job.model_copy(update={"job_id": jid})})
+                res = run_job(c, attach=True, scheduler_name=name, switch=kind, checkpoint_dir=ckpt)
+                runs[(size, kind)] = {"timeline": res["timeline"], "weights_sha256": res["weights_sha256"]}
+            runs[(size, "params")] = sum(p.numel() for p in build_model(c0.model, 0).parameters())
     finally:
         lc.shutdown()
-    warm, cold = summarise(runs["warm"]["timeline"], "warm"), summarise(runs["cold"]["timeline"], "cold")
-    wm, cm = warm["startup"].get("median_s"), cold["startup"].get("median_s")
+    sizes = []
+    for size in args.sizes.split(","):
+        warm, cold = summarise(runs[(size, "warm")]["timeline"], "warm"), summarise(runs[(size, "cold")]["timeline"], "cold")
+        wm, cm = warm["startup"].get("median_s"), cold["startup"].get("median_s")
+        sizes.append({"model": size, "params": runs[(size, "params")], "warm": warm, "cold": cold,
+                      "warm_switch_s_median": wm, "cold_switch_s_median": cm,
+                      "cold_over_warm": (cm / wm) if wm and cm else None,
+                      "same_weights_warm_vs_cold": runs[(size, "warm")]["weights_sha256"] == runs[(size, "cold")]["weights_sha256"]})
     result = {
-        "config": str(args.config), "iterations": args.iterations, "cluster": spec.name,
-        "warm": warm, "cold": cold,
-        "warm_switch_s_median": wm, "cold_switch_s_median": cm,
-        "cold_over_warm": (cm / wm) if wm and cm else None,
-        "same_weights_warm_vs_cold": runs["warm"]["weights_sha256"] == runs["cold"]["weights_sha256"],
+        "config": str(args.config), "iterations": args.iterations, "cluster": spec.name, "sizes": sizes,
+        "warm_switch_s_median": sizes[0]["warm_switch_s_median"], "cold_switch_s_median": sizes[0]["cold_switch_s_median"],
         "wall_s": time.time() - t0,
         "notes": "switch_s = phase state start-up on the worker (warm: Ray object store -> process; cold: state builder "
                  "+ checkpoint load from disk); the first phase of the warm run is a cold build and is excluded from warm.",
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"warm start median {wm * 1e3:.1f} ms (n={warm['startup']['n']}), cold start median {cm * 1e3:.1f} ms "
-          f"(n={cold['startup']['n']}), cold/warm {result['cold_over_warm']:.1f}x; "
-          f"warm == cold weights: {result['same_weights_warm_vs_cold']} -> {args.out}")
+    for z in sizes:
+        print(f"model {z['model']} ({z['params'] / 1e6:.2f} M params): warm start median "
+              f"{z['warm_switch_s_median'] * 1e3:.1f} ms (n={z['warm']['startup']['n']}), cold start median "
+              f"{z['cold_switch_s_median'] * 1e3:.1f} ms (n={z['cold']['startup']['n']}), cold/warm "
+              f"{z['cold_over_warm']:.1f}x; warm == cold weights: {z['same_weights_warm_vs_cold']}")
+    print(f"-> {args.out}")
     return 0
 
 

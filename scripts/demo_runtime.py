@@ -1,15 +1,15 @@
 #!/usr/bin/env python
 """Runtime demo: three tiny GRPO jobs co-executed in one RollMux group vs the same three solo.
 
-1. Starts a local multi-node Ray cluster mirroring ``configs/cluster_local.yaml`` (one Ray node
+1. Solo (first): the three jobs, the same script with ``--solo`` (plain mode, no scheduler, one
+   compute thread), one after the other; as Solo-D each job is charged its own rollout + training
+   node for its whole run. Their median phase times are the jobs' profiles for admission.
+2. Starts a local multi-node Ray cluster mirroring ``configs/cluster_local.yaml`` (one Ray node
    per rollout / training node, custom resources ``rollmux_node:<id>``) and a GlobalScheduler.
-2. Co-executed: submits the three jobs of ``configs/jobs/`` (balanced = the long one, rollout-
+3. Co-executed: submits the three jobs of ``configs/jobs/`` (balanced = the long one, rollout-
    heavy, train-heavy) as three user processes running ``scripts/grpo_job.py --attach``, one after
    the other; each admits itself (Alg. 1 packs them into one co-execution group), waits at a
    start barrier, and then they iterate round-robin.
-3. Solo: the same three jobs, same seeds, the same script with ``--solo`` (plain mode, no
-   scheduler, one compute thread), one after the other; as Solo-D each job is charged its own
-   rollout + training node for its whole run.
 4. Cold switch: one job re-run under the scheduler with ``--switch cold`` (state rebuilt from a
    checkpoint on disk every phase) for the warm-vs-cold start latency.
 Writes ``results/runtime_demo.json`` and Gantt PNGs (both pools, colour per job); prints a table.
@@ -99,7 +99,39 @@ def main(argv=None) -> int:
     ids = {name: f"{cfgs[name].job.job_id}-{uid}" for name in JOBS}
 
     t_start = time.time()
-    con.print(f"[bold]RollMux runtime demo[/]: {len(JOBS)} GRPO jobs x {n} iterations; starting a local Ray cluster")
+    con.print(f"[bold]RollMux runtime demo[/]: {len(JOBS)} GRPO jobs x {n} iterations")
+    # ---- solo (plain mode, same seeds): the same user script with --solo, one job at a time, before
+    # the cluster starts so nothing competes for the cores; they also profile the jobs
+    con.print("solo runs (plain mode, same seeds); they also profile each job's phase times")
+    solo = {}
+    for name in JOBS:
+        cmd = [sys.executable, str(ROOT / "scripts" / "grpo_job.py"), "--config", str(paths[name]), "--iterations",
+               str(n), "--job-id", ids[name], "--solo", "--quiet", "--out", str(tmp / f"solo-{name}.json")]
+        p = subprocess.run(cmd, cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                           text=True, timeout=args.timeout_s)
+        f = tmp / f"solo-{name}.json"
+        solo[name] = json.loads(f.read_text()) if f.is_file() else {"ok": False}
+        if not solo[name].get("ok"):
+            raise RuntimeError(f"solo run of {ids[name]} failed: {(p.stdout + p.stderr)[-2000:]}")
+
+    # ---- profile: median solo phase times become the JobSpec's `measured` used by admission (Alg. 1)
+    import statistics
+
+    import yaml
+
+    prof_paths = {}
+    for name in JOBS:
+        tl = [r for r in solo[name]["timeline"] if r["iteration"] > 0] or solo[name]["timeline"]
+        med = {ph: statistics.median([r["end"] - r["start"] for r in tl if r["phase"] == ph]) for ph in
+               ("rollout", "train", "sync")}
+        data = yaml.safe_load(paths[name].read_text())
+        data["job"]["measured"] = {"t_roll_s": round(med["rollout"], 4), "t_train_s": round(med["train"], 4),
+                                   # scheduled sync moves weights through the object store: at least 50 ms
+                                   "t_sync_s": round(max(med["sync"], 0.05), 4)}
+        prof_paths[name] = tmp / f"{name}.profiled.yaml"
+        prof_paths[name].write_text(yaml.safe_dump(data))
+
+    con.print("starting a local multi-node Ray cluster")
     spec = load_cluster(args.cluster)
     lc = start_local_cluster(spec, head_cpus=2, node_cpus=1, object_store_mb=128)
     try:
@@ -117,7 +149,7 @@ def main(argv=None) -> int:
         barrier = tmp / "start"
         procs = {}
         for name in JOBS:
-            procs[name] = submit(paths[name], ids[name], n, tmp / f"{name}.json", env, wait_for=barrier)
+            procs[name] = submit(prof_paths[name], ids[name], n, tmp / f"{name}.json", env, wait_for=barrier)
             deadline = time.monotonic() + 300
             while ray.get(sched.get_job.remote(ids[name])) is None:
                 if procs[name].poll() is not None or time.monotonic() > deadline:
@@ -148,20 +180,6 @@ def main(argv=None) -> int:
     finally:
         lc.shutdown()
 
-    # ---- solo (plain mode, same seeds): the same user script with --solo, one job at a time, after
-    # the cluster is gone so nothing competes for the cores
-    con.print("solo runs (plain mode, same seeds)")
-    solo = {}
-    for name in JOBS:
-        cmd = [sys.executable, str(ROOT / "scripts" / "grpo_job.py"), "--config", str(paths[name]), "--iterations",
-               str(n), "--job-id", ids[name], "--solo", "--quiet", "--out", str(tmp / f"solo-{name}.json")]
-        p = subprocess.run(cmd, cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-                           text=True, timeout=args.timeout_s)
-        f = tmp / f"solo-{name}.json"
-        solo[name] = json.loads(f.read_text()) if f.is_file() else {"ok": False}
-        if not solo[name].get("ok"):
-            raise RuntimeError(f"solo run of {ids[name]} failed: {(p.stdout + p.stderr)[-2000:]}")
-
     # ---- figures from the recorded timelines
     co_tl = [r for name in JOBS for r in co[name]["timeline"]]
     rnodes = sorted({x for p in placement.values() for x in p["rollout_nodes"]})
@@ -187,6 +205,8 @@ def main(argv=None) -> int:
             "final_reward": co[name]["final_reward"], "iteration_s_coexec": t_co, "iteration_s_solo": t_solo,
             "slowdown_vs_solo": t_co / t_solo, "slo": slo, "slo_met": t_co / t_solo <= slo,
             "weights_identical_to_solo": same, "placement": placement[name],
+            "profile_from_solo": yaml.safe_load(prof_paths[name].read_text())["job"]["measured"],
+            "predicted_slowdown": co[name]["info"].get("predicted_slowdown"),
         }
 
     # ---- Gantt charts

@@ -211,3 +211,34 @@ def test_script_runs_solo_and_writes_json(tmp_path):
     res = json.loads(out.read_text())
     assert res["ok"] and res["mode"] == "plain" and res["iterations"] == 2
     assert res["weights_sha256"] == run_job(cfg, attach=False)["weights_sha256"]
+
+
+# ---- timeline figures (examples/grpo/report.py) -------------------------------------------------
+
+def _rec(job, phase, it, a, b, **kw):
+    return {"job_id": job, "phase": phase, "pool": "rollout" if phase == "rollout" else "train",
+            "node": "x", "iteration": it, "start": a, "end": b, **kw}
+
+
+def test_report_busy_fractions_iteration_time_and_switches():
+    from examples.grpo import report
+
+    # two jobs interleaved on 1 rollout + 1 train node over [0, 4]
+    co = [_rec("a", "rollout", 0, 0, 1, switch="cold", switch_s=0.5), _rec("a", "train", 0, 1, 2),
+          _rec("b", "rollout", 0, 1, 2), _rec("b", "train", 0, 2, 3),
+          _rec("a", "rollout", 1, 2, 3, switch="warm", switch_s=0.01), _rec("a", "train", 1, 3, 4, switch="warm",
+                                                                           switch_s=0.03)]
+    u = report.coexec_utilisation(co, 1, 1)
+    assert u["makespan_s"] == 4 and u["rollout_busy_fraction"] == 0.75 and u["train_busy_fraction"] == 0.75
+    assert u["rollout_bubble_fraction"] == 0.25 and u["node_seconds"] == 8
+    w = report.coexec_utilisation(co, 1, 1, window=(2, 4))  # clipped to the window
+    assert w["makespan_s"] == 2 and w["rollout_busy_fraction"] == 0.5 and w["train_busy_fraction"] == 1.0
+    assert report.steady_start({"a": co[:2] + co[4:], "b": co[2:4]}) == 3
+    assert report.iteration_time_s(co[:2] + co[4:]) == 2.0  # from end of it 0 (2) to 4, one iteration
+    assert report.switch_median_s(co, "warm") == pytest.approx(0.02)
+    assert report.switch_median_s(co, "cold") == 0.5 and report.switch_median_s(co, "none") is None
+    # solo: each job on its own nodes; job a alone 0..4 with 2 s rollout, 1 s train busy
+    s = report.solo_utilisation({"a": [_rec("a", "rollout", 0, 0, 2), _rec("a", "train", 0, 2, 3)],
+                                 "b": [_rec("b", "rollout", 0, 10, 11), _rec("b", "train", 0, 11, 12)]})
+    assert s["makespan_s"] == 3 and s["node_seconds"] == 10
+    assert s["rollout_busy_fraction"] == pytest.approx(3 / 5) and s["train_busy_fraction"] == pytest.approx(2 / 5)

@@ -22,8 +22,11 @@ JOBS = ("grpo_balanced", "grpo_rollout_heavy", "grpo_train_heavy")
 
 def tiny(name: str, uid: str):
     cfg = load_job_config(CONFIG_DIR / "jobs" / f"{name}.yaml", iterations=N)
-    job = cfg.job.model_copy(update={"job_id": f"{cfg.job.job_id}-{uid}"})
-    return cfg.model_copy(update={"job": job, "model": TINY})
+    job = cfg.job.model_copy(update={"job_id": f"{cfg.job.job_id}-{uid}"})  # admission profile kept
+    run = cfg.run.model_copy(update={"max_new_tokens": min(cfg.run.max_new_tokens, 48),
+                                     "min_new_tokens": min(cfg.run.min_new_tokens, 16),
+                                     "num_prompts": min(cfg.run.num_prompts, 4)})
+    return cfg.model_copy(update={"job": job, "run": run, "model": TINY})
 
 
 @pytest.fixture(scope="module")

@@ -64,6 +64,12 @@ def test_restore_from_checkpoint_without_ray(local_cluster_spec):
     assert out["group_dissolved"] and sorted(out["released_nodes"]) == ["rollout-0", "train-0"]
     assert b.list_groups() == [] and b.health()["jobs"] == 0
     assert b.metrics.totals["decisions"]["duplicate"] == 1
+    # a crash between writing a job record and committing its group: the job is marked failed
+    ghost = {**a.get_job("r1"), "job_id": "ghost", "state": "admitted"}
+    kv.put("rollmux-global-scheduler.j.ghost", ghost)
+    c = GlobalSchedulerImpl(local_cluster_spec, kv=kv, create_controllers=False, metrics_flush_s=0)
+    assert c.get_job("ghost")["state"] == "failed" and "not committed" in c.get_job("ghost")["error"]
+    assert c.list_groups() == [] and c.get_job("r3")["state"] == "finished"
 
 
 @pytest.mark.ray
