@@ -309,6 +309,8 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
         view["scheduler_call_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
         if not view["admitted"]:
             code = view["explanation"]["code"]
+            if code == "invalid":  # the scheduler's own validation (the API validated first)
+                return JSONResponse({"error": "invalid_request", "detail": view["explanation"]["reason"]}, status_code=422)
             kind = "duplicate_job_id" if code == "duplicate" else f"not_admitted:{code}"
             return JSONResponse({"error": kind, "detail": view["explanation"]["reason"], "decision": view}, status_code=409)
         return JSONResponse(view, status_code=200 if dry_run else 201)

@@ -259,6 +259,10 @@ def up(
         console.print(f"[yellow]RollMux is already up[/] (state {_state_path(cfg)}); `rollmux down` stops it.")
         _print_urls(cfg, state)
         return
+    for what, p in (("port", cfg.port), ("ray_port", cfg.ray_port), ("dashboard_port", cfg.dashboard_port),
+                    ("metrics_export_port", cfg.metrics_export_port)):
+        if not _port_free(p):
+            _fail(f"{what} {p} on 127.0.0.1 is already in use; choose another (--{what.replace('_', '-')} or ROLLMUX_{what.upper()})", 2)
     try:
         cluster = load_cluster(cfg.cluster_spec)
     except ConfigError as e:
@@ -290,10 +294,6 @@ def up(
         "dashboard_url": f"http://127.0.0.1:{cfg.dashboard_port}",
         "metrics_url": f"http://127.0.0.1:{cfg.metrics_export_port}/metrics",
     }
-    for what, p in (("port", cfg.port), ("ray_port", cfg.ray_port), ("dashboard_port", cfg.dashboard_port),
-                    ("metrics_export_port", cfg.metrics_export_port)):
-        if not _port_free(p):
-            _fail(f"{what} {p} on 127.0.0.1 is already in use; choose another (--{what.replace('_', '-')} or ROLLMUX_{what.upper()})", 2)
     deadline = time.monotonic() + timeout_s
     try:
         with console.status("starting the Ray head ...") as st:
@@ -429,18 +429,27 @@ def down(
     config: Optional[Path] = typer.Option(None, "--config", help=_CFG_HELP),
     state_dir: Optional[Path] = typer.Option(None, "--state-dir"),
     grace_s: float = typer.Option(20.0, "--grace-s", help="seconds to wait after SIGTERM before SIGKILL"),
+    purge: bool = typer.Option(False, "--purge", help="also delete the scheduler checkpoint and Ray's session files"),
 ) -> None:
-    """Stop every process `rollmux up` started (recorded in <state_dir>/state.json), nothing else."""
+    """Stop every process `rollmux up` started (recorded in <state_dir>/state.json), nothing else.
+
+    The scheduler checkpoint is kept (the next `up` restores admitted jobs) unless ``--purge``."""
+    import shutil
+
     cfg = _config(config, state_dir=state_dir)
     state = _read_state(cfg)
     if not state:
         console.print(f"nothing to stop (no state file at {_state_path(cfg)})")
-        return
-    recs = list(reversed(state.get("processes", [])))  # pool nodes first, then the head
-    for line in _stop(recs, grace_s):
-        console.print(line)
-    _state_path(cfg).unlink(missing_ok=True)
-    console.print("[bold]RollMux is down.[/]")
+    else:
+        recs = list(reversed(state.get("processes", [])))  # pool nodes first, then the head
+        for line in _stop(recs, grace_s):
+            console.print(line)
+        _state_path(cfg).unlink(missing_ok=True)
+        console.print("[bold]RollMux is down.[/]")
+    if purge:
+        for d in (cfg.checkpoint, _ray_temp_dir(cfg), cfg.state_dir / "logs"):
+            shutil.rmtree(d, ignore_errors=True)
+        console.print(f"purged {cfg.checkpoint}, {_ray_temp_dir(cfg)} and the logs")
 
 
 def submit(

@@ -118,15 +118,18 @@ class _PoolWorker:
             return True
 
     def unregister_job(self, job_id: str) -> bool:
-        """Drop a job's state (departure / failure); its object-store state is freed and its
-        sync endpoint closed."""
+        """Drop a job's state (departure / failure): its object-store state is freed, its sync
+        endpoint closed and its cold-start checkpoint file on this node deleted."""
         h = self.jobs.pop(job_id, None)
-        if h is not None and h.endpoint is not None:
+        if h is None:
+            return False
+        if h.endpoint is not None:
             try:
                 h.endpoint.close()
             except Exception:
                 pass
-        return h is not None
+        h.ckpt.unlink(missing_ok=True)
+        return True
 
     def hosted(self) -> dict:
         return {j: {"stored": h.ref is not None, "resident": sorted(h.resident), "switches": list(h.switches),

@@ -177,8 +177,13 @@ def _accepts_hook(fn: Callable) -> bool:
 
 
 def one_thread():
-    """Context manager: torch computes on one thread inside (no-op without torch)."""
+    """Context manager: torch computes on one thread inside (no-op without torch). Re-entrant and
+    thread-safe: the previous thread count is restored when the last concurrent user exits."""
     return _OneThread()
+
+
+_THREADS_LOCK = threading.Lock()
+_THREADS_STATE = {"users": 0, "prev": None}
 
 
 class _OneThread:
@@ -186,17 +191,23 @@ class _OneThread:
         try:
             import torch
         except ImportError:  # pragma: no cover
-            self._prev = None
             return self
-        self._prev = torch.get_num_threads()
-        torch.set_num_threads(1)
+        with _THREADS_LOCK:
+            if _THREADS_STATE["users"] == 0:
+                _THREADS_STATE["prev"] = torch.get_num_threads()
+                torch.set_num_threads(1)
+            _THREADS_STATE["users"] += 1
         return self
 
     def __exit__(self, *exc):
-        if self._prev is not None:
+        try:
             import torch
-
-            torch.set_num_threads(self._prev)
+        except ImportError:  # pragma: no cover
+            return False
+        with _THREADS_LOCK:
+            _THREADS_STATE["users"] -= 1
+            if _THREADS_STATE["users"] == 0 and _THREADS_STATE["prev"] is not None:
+                torch.set_num_threads(_THREADS_STATE["prev"])
         return False
 
 

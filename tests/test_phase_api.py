@@ -179,3 +179,29 @@ def test_state_split_and_hooks():
     assert eng.calls == ["offload", "load"]
     with pytest.raises(TypeError):
         split_state([1])
+
+
+def test_one_thread_is_reentrant_across_threads():
+    import threading
+
+    from rollmux.phase_api import one_thread
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    inside = []
+    gate = threading.Barrier(2)
+
+    def work():
+        with one_thread():
+            gate.wait(timeout=10)
+            inside.append(torch.get_num_threads())
+            gate.wait(timeout=10)
+
+    ts = [threading.Thread(target=work) for _ in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=20)
+    after = torch.get_num_threads()
+    torch.set_num_threads(before)
+    assert inside == [1, 1] and after == 2

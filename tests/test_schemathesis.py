@@ -9,6 +9,8 @@ the strategies are driven by hypothesis directly.)
 
 from __future__ import annotations
 
+import os
+
 import httpx
 import pytest
 import schemathesis
@@ -18,7 +20,7 @@ from schemathesis.checks import not_a_server_error
 
 pytestmark = pytest.mark.ray
 
-MAX_EXAMPLES = 20
+MAX_EXAMPLES = int(os.environ.get("ROLLMUX_FUZZ_EXAMPLES", "20"))  # per operation and mode
 OPERATIONS = [
     ("/healthz", "GET"), ("/v1/jobs", "POST"), ("/v1/jobs:dry-run", "POST"), ("/v1/jobs", "GET"),
     ("/v1/jobs/{job_id}", "GET"), ("/v1/jobs/{job_id}", "DELETE"), ("/v1/groups", "GET"),

@@ -320,8 +320,12 @@ def test_down_stops_only_recorded_processes(tmp_path):
         assert not cli_ops._alive({**ours})
         assert other.poll() is None  # the unrelated process is untouched
         assert not (tmp_path / "state.json").exists()
+        (tmp_path / "checkpoint").mkdir()
+        (tmp_path / "checkpoint" / "x.state.json").write_text("{}")
         r = CliRunner().invoke(app, ["down", "--state-dir", str(tmp_path)])
-        assert r.exit_code == 0 and "nothing to stop" in r.output
+        assert r.exit_code == 0 and "nothing to stop" in r.output and (tmp_path / "checkpoint").exists()
+        r = CliRunner().invoke(app, ["down", "--state-dir", str(tmp_path), "--purge"])
+        assert r.exit_code == 0 and not (tmp_path / "checkpoint").exists() and (tmp_path / "a.log").exists()
     finally:
         other.kill()
         other.wait()
@@ -361,3 +365,37 @@ def test_cli_submit_and_status_through_the_api(serve_api, tmp_path, clean):
     assert r.exit_code == 0 and jid in r.output and "co-execution groups" in r.output, r.output
     r = CliRunner().invoke(app, ["urls"], env=env)
     assert r.exit_code == 0 and f"http://127.0.0.1:{serve_api.config.port}/docs" in r.output
+
+
+def test_up_refuses_a_busy_port_before_starting_anything(tmp_path):
+    import socket
+
+    from typer.testing import CliRunner
+
+    from rollmux.cli import app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        busy = s.getsockname()[1]
+        r = CliRunner().invoke(app, ["up", "--state-dir", str(tmp_path), "--dashboard-port", str(busy)])
+    assert r.exit_code == 2, r.output
+    assert f"dashboard_port {busy}" in r.output and "--dashboard-port" in r.output
+    assert not (tmp_path / "state.json").exists() and not (tmp_path / "logs").exists()  # nothing was started
+
+
+@pytest.mark.ray
+def test_read_routes_can_be_protected(serve_api):
+    """open_read_routes=false: the same app (in process, real scheduler actor) needs the token for GETs."""
+    from fastapi.testclient import TestClient
+
+    import serve_app
+    from rollmux.config import ServeConfig
+
+    cfg = ServeConfig(open_read_routes=False, scheduler_name=serve_api.scheduler_name, namespace="rollmux")
+    app = serve_app.create_app(serve_app.AppSettings.from_config(cfg, serve_api.token))
+    with TestClient(app) as c:
+        assert c.get("/v1/jobs").status_code == 401 and c.get("/v1/groups").status_code == 401
+        auth = {"Authorization": f"Bearer {serve_api.token}"}
+        assert c.get("/v1/groups", headers=auth).status_code == 200
+        assert c.get("/healthz").json()["name"] == serve_api.scheduler_name  # health stays open
