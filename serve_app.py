@@ -43,7 +43,7 @@ from rollmux.models import JobSpec
 log = logging.getLogger("rollmux.serve")
 
 API_VERSION = "v1"
-HEAD_RESOURCE = "rollmux_head"
+from rollmux.nodes import HEAD_RESOURCE
 _JOB_ID = r"^[A-Za-z0-9._-]+$"
 
 

@@ -37,7 +37,7 @@ err_console = Console(stderr=True)
 STATE_FILE = "state.json"
 PROM_TARGETS = "prometheus_targets.json"
 MAX_LOCAL_POOL_NODES = 16  # `rollmux up` starts at most this many local Ray nodes for pool nodes
-HEAD_RESOURCE = "rollmux_head"
+from rollmux.nodes import HEAD_RESOURCE
 _CFG_HELP = "serve config YAML (default: configs/serve.yaml or $ROLLMUX_SERVE_CONFIG)"
 
 

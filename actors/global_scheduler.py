@@ -415,7 +415,7 @@ def get_or_create_scheduler(cluster: Optional[ClusterSpec | dict] = None, *, che
     """
     import ray
 
-    from actors.runtime_client import ensure_ray
+    from actors.runtime_client import control_plane_resources, ensure_ray
 
     ensure_ray()
     if cluster is None:
@@ -425,7 +425,7 @@ def get_or_create_scheduler(cluster: Optional[ClusterSpec | dict] = None, *, che
     spec = cluster.model_dump(mode="json") if isinstance(cluster, ClusterSpec) else cluster
     cls = ray.remote(GlobalSchedulerImpl)
     return cls.options(name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
-                       max_restarts=-1, max_task_retries=0).remote(spec, checkpoint_path, name=name, **kw)
+                       resources=control_plane_resources(), max_restarts=-1, max_task_retries=0).remote(spec, checkpoint_path, name=name, **kw)
 
 
 def get_scheduler(name: Optional[str] = None):

@@ -64,7 +64,8 @@ class GroupControllerImpl:
         migrate: act on long-tail decisions (release the rollout's queue slots) instead of only recording.
         tail_trigger_fraction: fraction of responses done that makes a rollout tail-bound.
         lease_s: driver lease; an attached job whose driver stops heart-beating this long while
-            none of its phases runs is evicted and reported failed (0 disables).
+            none of its phases runs is evicted and reported failed (0 disables). Keep it several
+            heartbeat periods (``HEARTBEAT_S``) long.
         metrics_enabled: False records metric totals only (unit tests without Ray).
     """
 
@@ -221,6 +222,8 @@ class GroupControllerImpl:
         """
         t_start = time.time()
         deadline = t_start + timeout_s
+        if job_id in self.members:
+            self.members[job_id]["heartbeat"] = t_start  # a calling driver is alive
         ev = self._events.setdefault(job_id, asyncio.Event())
         for _ in range(10_000_000):  # bounded; each pass waits for a state change
             if job_id not in self.rr.job_ids:
@@ -384,7 +387,9 @@ def create_controller(group_id: str, scheduler_name: Optional[str] = None, **kw)
     """Get or create the named, detached controller of ``group_id`` (async actor, 0 CPUs)."""
     import ray
 
+    from actors.runtime_client import control_plane_resources
+
     cls = ray.remote(GroupControllerImpl)
     return cls.options(name=controller_name(group_id, scheduler_name), namespace=NAMESPACE,
                        lifetime="detached", get_if_exists=True, num_cpus=0, max_restarts=-1,
-                       max_concurrency=1000).remote(group_id, scheduler_name, **kw)
+                       resources=control_plane_resources(), max_concurrency=1000).remote(group_id, scheduler_name, **kw)

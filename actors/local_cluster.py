@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from rollmux.models import ClusterSpec
-from rollmux.nodes import NODE_RESOURCE_UNITS, node_id, node_resource, pool_resource
+from rollmux.nodes import HEAD_RESOURCE, NODE_RESOURCE_UNITS, node_id, node_resource, pool_resource
 
 NAMESPACE = "rollmux"
 
@@ -62,7 +62,7 @@ def start_local_cluster(
         "num_cpus": head_cpus,
         "object_store_memory": object_store_mb * 2**20,
         "include_dashboard": include_dashboard,
-        "resources": {"rollmux_head": 1.0},
+        "resources": {HEAD_RESOURCE: 1.0},
     }
     head_args.update(head_extra or {})
     cluster = Cluster(initialize_head=True, head_node_args=head_args)

@@ -41,6 +41,21 @@ def ensure_ray(address: Optional[str] = None) -> None:
                  log_to_driver=False)
 
 
+from rollmux.nodes import HEAD_RESOURCE
+
+
+def control_plane_resources() -> dict[str, float]:
+    """Custom resources that pin control-plane actors (scheduler, group controllers) to the head.
+
+    The head node started by ``rollmux up`` / ``start_local_cluster`` carries ``rollmux_head``;
+    pinning the control plane there puts its metrics on the head's Prometheus endpoint. Returns
+    ``{}`` on clusters without that resource (e.g. a plain ``ray start`` cluster).
+    """
+    import ray
+
+    return {HEAD_RESOURCE: 0.001} if ray.cluster_resources().get(HEAD_RESOURCE) else {}
+
+
 def scheduler_reachable(name: Optional[str] = None) -> bool:
     """True when a Ray cluster is reachable and the GlobalScheduler actor ``name`` exists there."""
     try:

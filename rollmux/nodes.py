@@ -10,6 +10,8 @@ from __future__ import annotations
 from rollmux.models import PoolName
 
 NODE_RESOURCE_UNITS = 1000.0
+# Custom resource carried by the head node: control-plane actors and Serve replicas pin to it.
+HEAD_RESOURCE = "rollmux_head"
 
 
 def node_id(pool: PoolName, index: int) -> str:

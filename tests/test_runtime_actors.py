@@ -239,7 +239,7 @@ def test_lost_driver_is_evicted_and_mates_continue(ray_cluster, local_cluster_sp
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     name = f"test-lease-{_uid()}"
-    h = get_or_create_scheduler(local_cluster_spec, name=name, controller_kw={"lease_s": 1.5})
+    h = get_or_create_scheduler(local_cluster_spec, name=name, controller_kw={"lease_s": 5.0})  # > 2 heartbeats
     try:
         lost = rollmux.Job(toy_spec(f"lost-{_uid()}", "big"), attach=True, scheduler_name=name)
         r, t, p = make_toy(lost, "big", seed=0)
