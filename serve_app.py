@@ -250,6 +250,25 @@ def _admission_view(d: dict, dry_run: bool) -> dict:
     }
 
 
+def _mount_offline_docs(app: FastAPI) -> None:
+    """Serve ``/docs`` (Swagger UI) from the ``swagger-ui-bundle`` package instead of a CDN."""
+    import swagger_ui_bundle
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.staticfiles import StaticFiles
+
+    app.mount("/static/swagger", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="swagger")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_docs():
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title=f"{app.title} - docs",
+            swagger_js_url="/static/swagger/swagger-ui-bundle.js",
+            swagger_css_url="/static/swagger/swagger-ui.css",
+            swagger_favicon_url="/static/swagger/favicon-32x32.png",
+        )
+
+
 def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) -> FastAPI:
     """Build the FastAPI app (one per Serve replica). ``client`` defaults to the named scheduler."""
     client = client or SchedulerClient(settings.scheduler_name, settings.namespace, settings.request_timeout_s)
@@ -260,7 +279,9 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
             "Admit RL post-training jobs into co-execution groups (RollMux §4.2, Alg. 1). "
             "POST/DELETE need `Authorization: Bearer <token>`."
         ),
+        docs_url=None,  # served below from the bundled Swagger UI assets (no CDN: works offline)
     )
+    _mount_offline_docs(app)
     bearer = HTTPBearer(auto_error=False, description="RollMux API token (see `rollmux urls`)")
     err = {"model": ErrorBody}
 

@@ -341,6 +341,8 @@ class CPUEngine(RolloutEngine):
         slice_tokens: decode steps per request per window.
         eos_token_id: stop token (None: always run to max_tokens).
         seed: weight-init and sampling seed.
+        model: an existing transformers causal LM to serve instead of building one (the rollout
+            backend ``sched`` passes the job's policy); the shape arguments are then ignored.
     """
 
     def __init__(
@@ -357,6 +359,7 @@ class CPUEngine(RolloutEngine):
         seed: int = 0,
         num_threads: int | None = 1,
         prefix_cache_entries: int = 16,
+        model: Any = None,
     ):
         import inspect
 
@@ -373,9 +376,13 @@ class CPUEngine(RolloutEngine):
             num_key_value_heads=num_kv_heads,
             max_position_embeddings=max_positions,
         )
-        with torch.random.fork_rng():
-            torch.manual_seed(seed)
-            self.model = LlamaForCausalLM(cfg).eval()
+        if model is not None:  # an existing causal LM (e.g. a job's policy); shape args are ignored
+            self.model = model.eval()
+            vocab_size = int(model.config.vocab_size)
+        else:
+            with torch.random.fork_rng():
+                torch.manual_seed(seed)
+                self.model = LlamaForCausalLM(cfg).eval()
         self.vocab_size = vocab_size
         self.slice_tokens = slice_tokens
         self.eos = eos_token_id

@@ -63,7 +63,10 @@ def test_openapi_docs_and_health(anon, serve_api):
     spec_ = anon.get("/openapi.json").json()
     assert {"/v1/jobs", "/v1/jobs:dry-run", "/v1/jobs/{job_id}", "/v1/groups", "/healthz"} <= set(spec_["paths"])
     assert "bearer" in str(spec_["components"]["securitySchemes"]).lower()
-    assert anon.get("/docs").status_code == 200
+    docs = anon.get("/docs")
+    assert docs.status_code == 200 and "/static/swagger/swagger-ui-bundle.js" in docs.text  # no CDN
+    js = anon.get("/static/swagger/swagger-ui-bundle.js")
+    assert js.status_code == 200 and "SwaggerUIBundle" in js.text
     h = anon.get("/healthz")
     assert h.status_code == 200 and h.json()["ok"] is True
     assert h.json()["name"] == serve_api.scheduler_name  # reached the named actor of this session
