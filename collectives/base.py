@@ -71,6 +71,30 @@ def flat_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
+def open_job_store(addr: Optional[str], store: Any, *, is_master: bool, prefix: str, timeout_s: float) -> Any:
+    """The job's rendezvous store (``torch.distributed.PrefixStore`` under ``prefix``).
+
+    Uses ``store`` when given, else a ``TCPStore`` at ``addr`` (``"host:port"``) hosted by
+    ``is_master``. Raises :class:`SyncPlanError` on a missing or malformed ``addr``.
+    """
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    td = timedelta(seconds=timeout_s)
+    if store is None:
+        if addr is None:
+            raise SyncPlanError("addr: required when no store is given")
+        host, _, port = addr.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise SyncPlanError(f"addr: expected 'host:port' with a port in 1..65535, got {addr!r}")
+        store = dist.TCPStore(host, int(port), world_size=None, is_master=is_master, timeout=td,
+                              wait_for_workers=False)
+    prefixed = dist.PrefixStore(prefix, store)
+    prefixed.set_timeout(td)
+    return prefixed
+
+
 class SyncExecutor(abc.ABC):
     """One endpoint (role ``"train"`` or ``"rollout"``, worker ``index``) of one job's weight sync.
 

@@ -18,8 +18,8 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from collectives.base import SyncExecutor, register
-from rollmux.sync_plan import Role, SyncAbortedError, SyncPlan, SyncPlanError
+from collectives.base import SyncExecutor, open_job_store, register
+from rollmux.sync_plan import Role, SyncAbortedError, SyncPlan
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -27,13 +27,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-def _parse_addr(addr: str) -> tuple[str, int]:
-    host, _, port = addr.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise SyncPlanError(f"addr: expected 'host:port' with a port in 1..65535, got {addr!r}")
-    return host, int(port)
 
 
 @register("gloo")
@@ -57,14 +50,8 @@ class GlooExecutor(SyncExecutor):
         super().__init__(plan, role, index, job_id=job_id, timeout_s=timeout_s,
                          fault_after_buckets=fault_after_buckets)
         td = timedelta(seconds=self.timeout_s)
-        if store is None:
-            if addr is None:
-                raise SyncPlanError("addr: required when no store is given")
-            host, port = _parse_addr(addr)
-            store = dist.TCPStore(host, port, world_size=None, is_master=self.rank == 0, timeout=td,
-                                  wait_for_workers=False)
-        self._store = dist.PrefixStore(f"rollmux-sync/{job_id}/", store)
-        self._store.set_timeout(td)
+        self._store = open_job_store(addr, store, is_master=self.rank == 0, prefix=f"rollmux-sync/{job_id}/",
+                                     timeout_s=self.timeout_s)
 
         def group(prefix: str, rank: int, size: int) -> dist.ProcessGroupGloo:
             opts = dist.ProcessGroupGloo._Options()

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import pickle
 import time
-from datetime import timedelta
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
-from collectives.base import SyncExecutor, register
-from rollmux.sync_plan import Role, SyncAbortedError, SyncError, SyncPlan, SyncPlanError
+from collectives.base import SyncExecutor, open_job_store, register
+from rollmux.sync_plan import Role, SyncAbortedError, SyncError, SyncPlan
 
 try:  # GPU-only dependency
     from cupy.cuda import nccl  # type: ignore[import-not-found]
@@ -72,21 +71,13 @@ class NcclExecutor(SyncExecutor):
             raise SyncError(f"nccl sync backend unavailable: {why}")
         super().__init__(plan, role, index, job_id=job_id, timeout_s=timeout_s,
                          fault_after_buckets=fault_after_buckets)
-        from collectives.gloo_executor import _parse_addr
 
         if device is not None:
             torch.cuda.set_device(device)
         self._dev = torch.device("cuda", torch.cuda.current_device())
         self._grouped: Optional[list] = None
-        td = timedelta(seconds=self.timeout_s)
-        if store is None:
-            if addr is None:
-                raise SyncPlanError("addr: required when no store is given")
-            host, port = _parse_addr(addr)
-            store = dist.TCPStore(host, port, world_size=None, is_master=self.rank == 0, timeout=td,
-                                  wait_for_workers=False)
-        self._store = dist.PrefixStore(f"rollmux-sync-nccl/{job_id}/", store)
-        self._store.set_timeout(td)
+        self._store = open_job_store(addr, store, is_master=self.rank == 0, prefix=f"rollmux-sync-nccl/{job_id}/",
+                                     timeout_s=self.timeout_s)
         self._world = self._communicator("world", self.rank, plan.world_size, creator=self.rank == 0)
         self._roll = None
         if role == "rollout" and plan.num_rollout > 1:

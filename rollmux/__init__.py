@@ -8,3 +8,5 @@ __version__ = "0.1.0"
 
 # Phase API (RollMux §5): the user-facing decorators; scheduled mode imports actors/ lazily.
 from rollmux.phase_api import Job, phase, runtime_hook  # noqa: E402,F401
+
+__all__ = ["Job", "phase", "runtime_hook", "__version__"]

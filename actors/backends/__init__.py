@@ -95,7 +95,8 @@ class TrainBackend(ABC):
 
 
 def make_rollout_backend(name: str, model: torch.nn.Module, *, device: str = "cpu", **kw) -> RolloutBackend:
-    """Rollout backend by name: ``hf`` (transformers generate) or ``vllm`` (GPU only).
+    """Rollout backend by name: ``hf`` (transformers generate), ``vllm`` (GPU only) or ``sched``
+    (generation as requests through the rollout request scheduler, CPU; ``kw``: ``task_family``, ``policy``).
 
     Raises:
         ValueError: unknown name. BackendUnavailable: vLLM or CUDA missing.
@@ -108,7 +109,11 @@ def make_rollout_backend(name: str, model: torch.nn.Module, *, device: str = "cp
         from actors.backends.vllm_rollout import VLLMRolloutBackend
 
         return VLLMRolloutBackend(model, **kw)
-    raise ValueError(f"rollout_backend: unknown backend {name!r} (known: hf, vllm)")
+    if name == "sched":
+        from actors.backends.sched_rollout import SchedRolloutBackend
+
+        return SchedRolloutBackend(model, device=device, **kw)
+    raise ValueError(f"rollout_backend: unknown backend {name!r} (known: hf, vllm, sched)")
 
 
 def make_train_backend(

@@ -55,7 +55,7 @@ class RunConfig(_Strict):
         clip_eps: PPO clip range; kl_coef: weight of the k3 KL to the frozen reference (0 = off).
         max_grad_norm: gradient clipping (L2 norm).
         threads: torch threads per worker (1 = one core per "GPU").
-        rollout_backend / train_backend: names in :mod:`actors.backends` (``hf``/``vllm``, ``torch``/``deepspeed``).
+        rollout_backend / train_backend: names in :mod:`actors.backends` (``hf``/``vllm``/``sched``, ``torch``/``deepspeed``).
         device: ``cpu`` or ``cuda``.
         fail_in_train_at: raise inside the training phase of this iteration (failure-isolation demo).
     """
@@ -76,7 +76,7 @@ class RunConfig(_Strict):
     kl_coef: float = Field(default=0.0, ge=0)
     max_grad_norm: float = Field(default=1.0, gt=0)
     threads: int = Field(default=1, gt=0, le=256)
-    rollout_backend: Literal["hf", "vllm"] = "hf"
+    rollout_backend: Literal["hf", "vllm", "sched"] = "hf"
     train_backend: Literal["torch", "deepspeed"] = "torch"
     device: Literal["cpu", "cuda"] = "cpu"
     fail_in_train_at: Optional[int] = Field(default=None, ge=0)
