@@ -16,7 +16,7 @@ from examples.grpo.model import build_model
 from examples.grpo.tokenizer import CharTokenizer
 from rollmux.config import CONFIG_DIR, load_job
 from rollmux.models import JobSpec
-from rollmux.rollout_sched import Request, RequestType
+from rollmux.rollout_sched import Request, RequestType, load_rollout_sched_config
 
 TOK = CharTokenizer()
 TINY = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, max_position_embeddings=40)
@@ -77,17 +77,30 @@ def test_weight_update_bumps_policy_version_and_metrics_report_the_scheduler():
     m = be.metrics()
     assert m["policy"] == "mixed" and m["dispatched"] == m["completed"] == 8 and m["backend_calls"] == 1
     assert 0.0 < m["prefix_hit_ratio"] <= 1.0  # group members share their prompt
-    assert m["index_bytes"] > 0 and m["coldstart_phase"] in ("cold", "stable")
+    assert m["index_bytes"] > 0 and m["coldstart_phase"] == "cold" and m["policy_version"] == 0
     be.load_weights(build_model(TINY, 1, TOK).state_dict())
     assert be.version == 1 and be.metrics()["policy_version"] == 1
     rows = be.model.state_dict()
     assert torch.equal(rows["lm_head.weight"], build_model(TINY, 1, TOK).state_dict()["lm_head.weight"])
     with pytest.raises(ValueError, match="device"):
         SchedRolloutBackend(build_model(TINY, 0, TOK), device="cuda")
+    with pytest.raises(ValueError, match="kv_capacity_tokens"):
+        gen(be, prompts(1, 1), n=be.config.budget.kv_capacity_tokens)
+    assert be.scheduler.pending == 0 and be.scheduler.running == 0
+
+
+def test_a_call_stopped_by_its_window_bound_leaves_the_scheduler_clean():
+    be = backend(max_windows=2)
+    with pytest.raises(RuntimeError, match="max_windows"):
+        gen(be, prompts(1, 2), n=30, min_new=30)
+    assert be.scheduler.pending == 0 and be.scheduler.running == 0
+    be.max_windows = 1000
+    assert gen(be, prompts(1, 2), n=30, min_new=30).shape == (2, 33)  # the scheduler is usable again
 
 
 def test_reward_query_is_answered_while_long_generations_run():
-    be = backend()
+    cfg = load_rollout_sched_config(section="cpu_engine")
+    be = backend(config=cfg.model_copy(update={"slice_tokens": cfg.budget.short_max_tokens}))
     slice_tokens = be.config.slice_tokens
     n = 4 * slice_tokens  # each generation needs >= 4 windows
     be.submit_side(Request(request_id="rq-1", prompt_token_ids=(1, 4, 16, 5), type=RequestType.REWARD,
@@ -102,7 +115,7 @@ def test_reward_query_is_answered_while_long_generations_run():
 
 
 def test_grpo_plain_run_with_sched_backend_completes_and_is_deterministic():
-    run = RunConfig(task="next", answer_len=1, max_new_tokens=3, num_prompts=4, group_size=4, iterations=3,
+    run = RunConfig(task="next", answer_len=1, max_new_tokens=3, num_prompts=2, group_size=4, iterations=3,
                     seed=2, lr=3e-3, rollout_backend="sched")
     cfg = GRPOJobConfig(job=JobSpec(job_id="t-grpo-sched", model_params_b=0.0001), run=run, model=TINY)
     a = run_job(cfg, attach=False)
@@ -119,3 +132,31 @@ def test_grpo_sched_job_file_loads_and_agrees_with_its_jobspec():
     spec = load_job(path)
     assert cfg.run.rollout_backend == "sched" and spec == cfg.job
     assert spec.max_response_tokens == cfg.run.max_new_tokens and spec.responses_per_prompt == cfg.run.group_size
+
+
+def test_phases_with_pickled_state_and_an_interleaved_job_match_the_plain_run():
+    """The runtime's state convention (state pickled between phases, another job's phases in between,
+    as in a co-execution group) leaves a ``sched``-backend job bit-identical to its plain run."""
+    from examples.grpo.job import (apply_weights, build_rollout_state, build_train_state, publish_weights,
+                                   rollout_phase, train_phase)
+
+    def cfg_of(job_id, seed):
+        run = RunConfig(task="next", answer_len=1, max_new_tokens=3, num_prompts=2, group_size=4, iterations=3,
+                        seed=seed, lr=3e-3, rollout_backend="sched")
+        return GRPOJobConfig(job=JobSpec(job_id=job_id, model_params_b=0.0001), run=run, model=TINY)
+
+    a, b = cfg_of("t-sched-a", 4), cfg_of("t-sched-b", 9)
+    solo = run_job(a, attach=False)
+    ra, ta = build_rollout_state(a), build_train_state(a)
+    rb = build_rollout_state(b)
+    hop = lambda s: pickle.loads(pickle.dumps(s))  # noqa: E731 - object-store round trip
+    for it in range(3):
+        samples = rollout_phase(a, ra, it)
+        rollout_phase(b, rb, it)  # the group-mate's rollout on the same process between a's phases
+        ra, ta = hop(ra), hop(ta)
+        m = train_phase(a, ta, hop(samples))
+        apply_weights(a, ra, publish_weights(a, ta))
+        assert m["reward_mean"] == solo["history"][it]["reward_mean"]
+    assert m["weights_sha256"] == solo["weights_sha256"] and ra["engine"].version == 3
+    em = ra["engine"].metrics()  # cold start ended by max_cold_steps (2) at the latest
+    assert em["policy_version"] == 3 and em["coldstart_phase"] == "stable" and em["backend_calls"] == 3

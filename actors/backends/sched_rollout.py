@@ -50,9 +50,9 @@ class _JobEngine(CPUEngine):
     """
 
     def __init__(self, model: torch.nn.Module, *, temperature: float, min_new_tokens: int, eos_id: int,
-                 slice_tokens: int, seed: int) -> None:
+                 slice_tokens: int, seed: int, num_threads: int) -> None:
         super().__init__(model=model, slice_tokens=slice_tokens, eos_token_id=eos_id, seed=seed,
-                         num_threads=None, prefix_cache_entries=16)
+                         num_threads=num_threads, prefix_cache_entries=16)
         self.temperature = float(temperature)
         self.min_new_tokens = int(min_new_tokens)
         self._drawn: dict[int, int] = {}  # id(generator) -> tokens sampled so far for that request
@@ -81,16 +81,17 @@ class _JobEngine(CPUEngine):
 
 
 class _CallSource(ListSource):
-    """The call's generation requests at t=0 plus side requests released at their window (``arrival_s``)."""
+    """The call's generation requests at t=0 plus side requests released at their window (``arrival_s``);
+    records the window (engine clock after the slice) each request finished in. The trainer waits."""
 
-    def __init__(self, requests: list[Request], version: int):
+    def __init__(self, requests: list[Request], version: int, clock):
         super().__init__(requests, version=version, waiting=True)
         self.window_of: dict[str, int] = {}
-        self.now = 0.0
+        self._clock = clock
 
     def on_complete(self, completion: Completion, now_s: float) -> None:
         super().on_complete(completion, now_s)
-        self.window_of[completion.request_id] = int(self.now)
+        self.window_of[completion.request_id] = int(self._clock())
 
 
 class SchedRolloutBackend(RolloutBackend):
@@ -103,6 +104,8 @@ class SchedRolloutBackend(RolloutBackend):
         policy: scheduler policy name (``mixed`` | ``prefix`` | ``fifo``).
         config: a :class:`RolloutSchedConfig`, or None to load ``config_path`` / ``config_section``.
         max_windows: bound on scheduling windows per :meth:`generate` call.
+        num_threads: torch intra-op threads while decoding (batch-1 decode steps of a tiny model run
+            fastest on one thread; the process's setting is restored after each call).
     Raises:
         ValueError: ``device`` is not ``cpu``; unknown policy.
         rollmux.config.ConfigError: bad scheduler config (names the field).
@@ -113,16 +116,23 @@ class SchedRolloutBackend(RolloutBackend):
     def __init__(self, model: torch.nn.Module, *, device: str = "cpu", task_family: str = "default",
                  policy: str = "mixed", config: Optional[RolloutSchedConfig] = None,
                  config_path: str | Path = DEFAULT_CONFIG_PATH, config_section: str = "cpu_engine",
-                 max_windows: int = 100_000) -> None:
+                 max_windows: int = 100_000, num_threads: int = 1) -> None:
         if device != "cpu":
             raise ValueError(f"device: rollout_backend 'sched' runs on CPU (got {device!r}); use 'vllm' on GPUs")
         self.device = device
         self.model = model.to("cpu").eval()
         self.task_family = task_family
-        self.config = config or load_rollout_sched_config(config_path, config_section)
+        cfg = config or load_rollout_sched_config(config_path, config_section)
+        vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+        if vocab:  # the cold-start output entropy is normalised by the served model's vocabulary
+            cfg = cfg.model_copy(update={"coldstart": cfg.coldstart.model_copy(update={"vocab_size": int(vocab)})})
+        self.config = cfg
         self.scheduler = RolloutRequestScheduler(self.config, policy, log_limit=4096)
         self.version = 0
         self.max_windows = int(max_windows)
+        if num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        self.num_threads = int(num_threads)
         self.calls = 0
         self.offloads = 0
         self.loads = 0
@@ -149,10 +159,18 @@ class SchedRolloutBackend(RolloutBackend):
     def generate(self, prompt_ids, *, max_new_tokens, temperature, seed, eos_id, pad_id,
                  progress: Optional[ProgressFn] = None, min_new_tokens: int = 0):
         """See :meth:`RolloutBackend.generate`: LongTensor ``[B, P + N]``, rows padded with
-        ``pad_id`` after ``<eos>``. Raises ValueError when ``P + N`` exceeds the scheduler's
-        ``budget.kv_capacity_tokens``."""
+        ``pad_id`` after ``<eos>``. Queued side requests (:meth:`submit_side`) run in the same call.
+
+        Raises:
+            ValueError: ``P + N`` exceeds the scheduler's ``budget.kv_capacity_tokens``.
+            RuntimeError: the call hit ``max_windows`` (its requests are dropped from the scheduler).
+        """
         B, P = prompt_ids.shape
         N = int(max_new_tokens)
+        cap = self.config.budget.kv_capacity_tokens
+        if P + N > cap:
+            raise ValueError(f"max_new_tokens: prompt ({P}) + max_new_tokens ({N}) tokens exceed the rollout "
+                             f"scheduler's budget.kv_capacity_tokens ({cap})")
         rows = prompt_ids.tolist()
         ids = [f"s{int(seed)}-v{self.version}-r{i}" for i in range(B)]
         reqs = [Request(request_id=ids[i], prompt_token_ids=tuple(rows[i]), type=RequestType.GENERATION,
@@ -160,8 +178,8 @@ class SchedRolloutBackend(RolloutBackend):
                         task_family=self.task_family) for i in range(B)]
         side, self._side = self._side, []
         engine = _JobEngine(self.model, temperature=temperature, min_new_tokens=min_new_tokens, eos_id=eos_id,
-                            slice_tokens=self.config.slice_tokens, seed=int(seed))
-        source = _CallSource(reqs + side, self.version)
+                            slice_tokens=self.config.slice_tokens, seed=int(seed), num_threads=self.num_threads)
+        source = _CallSource(reqs + side, self.version, engine.now)
         want = set(ids)
         state = {"done": 0}
 
@@ -171,17 +189,13 @@ class SchedRolloutBackend(RolloutBackend):
                 state["done"] += n
                 progress(state["done"], B)
 
-        # stamp completions with the window they finished in (the clock after the slice)
-        orig_step = engine.step
-
-        def step_and_stamp() -> list[Completion]:
-            out = orig_step()
-            source.now = engine.now()
-            return out
-
-        engine.step = step_and_stamp  # type: ignore[method-assign]
-        stats = serve(self.scheduler, engine, source, max_windows=self.max_windows, on_window=on_window)
+        try:
+            stats = serve(self.scheduler, engine, source, max_windows=self.max_windows, on_window=on_window)
+        except BaseException:
+            self._forget(ids + [r.request_id for r in side])
+            raise
         if stats.stopped_by != "drained":
+            self._forget(ids + [r.request_id for r in side])
             raise RuntimeError(f"rollout_backend 'sched': generation stopped by {stats.stopped_by} after "
                                f"{stats.windows} windows (max_windows={self.max_windows})")
         self.calls += 1
@@ -196,6 +210,12 @@ class SchedRolloutBackend(RolloutBackend):
         for r in side:
             self.side_completions[r.request_id] = source.completions[r.request_id]
         return pad_to(out, P + N, pad_id)
+
+    def _forget(self, request_ids: list[str]) -> None:
+        """Drop a failed call's requests from the scheduler (queued: cancel; running: release KV)."""
+        for rid in request_ids:
+            if not self.scheduler.cancel(rid) and rid in self.scheduler.inflight:
+                self.scheduler.on_complete(rid)
 
     @torch.no_grad()
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
