@@ -20,6 +20,9 @@ rollmux_phase_switch_seconds        gauge      kind          last switch latency
 Updates are buffered and applied by a background thread every ``flush_interval_s`` so that the
 admission hot path only appends to a deque (STYLE.md "keep metric ingestion off the admission
 path"). Cumulative seconds are gauges holding running totals (exact names on the endpoint).
+Gauges are re-set from their last values every ``refresh_interval_s``: Ray's exporter drops a
+gauge that was not recorded within about two export intervals, so a value set once (a job's SLO,
+a group's cost) would otherwise vanish from the endpoint between Prometheus scrapes.
 """
 
 from __future__ import annotations
@@ -40,11 +43,15 @@ class RollmuxMetrics:
     Args:
         flush_interval_s: period of the background flush; ``0`` flushes synchronously (tests).
         enabled: ``False`` records into ``totals`` only (no Ray metric objects).
+        refresh_interval_s: period at which every gauge is re-recorded from ``totals``, s.
     """
 
-    def __init__(self, flush_interval_s: float = 1.0, enabled: bool = True):
+    GAUGES = ("busy", "bubble", "slowdown", "slo", "iters", "cost", "switch_s")
+
+    def __init__(self, flush_interval_s: float = 1.0, enabled: bool = True, refresh_interval_s: float = 5.0):
         self.enabled = enabled
         self.flush_interval_s = flush_interval_s
+        self.refresh_interval_s = refresh_interval_s
         self._q: collections.deque[tuple[str, tuple]] = collections.deque(maxlen=100_000)
         self._m: Optional[dict[str, Any]] = None
         self.totals: dict[str, dict] = collections.defaultdict(dict)  # name -> {tag: value}
@@ -147,9 +154,31 @@ class RollmuxMetrics:
                 m["switches"].inc(1.0, tags={"kind": k})
                 m["switch_s"].set(s, tags={"kind": k})
 
+    def refresh(self) -> int:
+        """Re-record every gauge at its last value (keeps it on the endpoint); returns the count."""
+        if not self.enabled:
+            return 0
+        m, n = self._metrics(), 0
+        tag = {"busy": "pool", "bubble": "pool", "slowdown": "job_id", "slo": "job_id", "iters": "job_id",
+               "cost": "group_id", "switch_s": "kind"}
+        for key in self.GAUGES:
+            for label, v in list(self.totals.get(key, {}).items()):
+                try:
+                    m[key].set(float(v), tags={tag[key]: label})
+                    n += 1
+                except Exception:  # metrics must never break the control plane
+                    log.exception("gauge refresh %s{%s} failed", key, label)
+        return n
+
     def _loop(self) -> None:
+        import time
+
+        last = time.monotonic()
         while not self._stop.wait(self.flush_interval_s):
             self.flush()
+            if time.monotonic() - last >= self.refresh_interval_s:
+                last = time.monotonic()
+                self.refresh()
 
     def close(self) -> None:
         self._stop.set()

@@ -4,6 +4,8 @@
 #     (rollmux, solo-d, colocated, gavel+, random, most-idle, optimal) and print the table;
 #  2. run the local Ray demo: three tiny GRPO jobs co-executed in one group vs solo.
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
+# rich tables: full width also when the output is piped to a file
+export COLUMNS="${COLUMNS:-160}"
 TRACE="${ROLLMUX_TRACE:-$ROOT/../shared/traces/philly-adaptdl-philly.csv}"
 if [ ! -f "$TRACE" ]; then
   echo "[rollmux] $TRACE not found; using the bundled extract data/philly_extract.csv"

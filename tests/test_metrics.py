@@ -1,0 +1,58 @@
+"""RollmuxMetrics buffering and gauge refresh, without Ray (fake metric objects)."""
+
+from __future__ import annotations
+
+from actors.metrics import RollmuxMetrics
+
+
+class _Fake:
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def set(self, v, tags=None):
+        self.calls.append(("set", v, tags))
+
+    def inc(self, v=1.0, tags=None):
+        self.calls.append(("inc", v, tags))
+
+    def observe(self, v, tags=None):
+        self.calls.append(("observe", v, tags))
+
+
+def _metrics() -> tuple[RollmuxMetrics, dict]:
+    m = RollmuxMetrics(flush_interval_s=0, enabled=True)
+    fakes = {k: _Fake() for k in RollmuxMetrics.GAUGES + ("decisions", "latency", "switches")}
+    m._m = fakes
+    return m, fakes
+
+
+def test_updates_apply_and_pool_seconds_accumulate():
+    m, f = _metrics()
+    m.pool_time("rollout", busy_s=2.0, bubble_s=1.0)
+    m.pool_time("rollout", busy_s=3.0)
+    m.admission("admitted", 1.5)
+    assert m.totals["busy"]["rollout"] == 5.0 and m.totals["bubble"]["rollout"] == 1.0
+    assert f["busy"].calls[-1] == ("set", 5.0, {"pool": "rollout"})
+    assert f["decisions"].calls == [("inc", 1.0, {"outcome": "admitted"})]
+    assert f["latency"].calls == [("observe", 1.5, None)]
+
+
+def test_refresh_rerecords_every_gauge_at_its_last_value():
+    m, f = _metrics()
+    m.job("j1", slo=1.5, iterations=3)
+    m.group_cost("g1", 2.0)
+    m.phase_switch("warm", 0.01)
+    for fake in f.values():
+        fake.calls.clear()
+    assert m.refresh() == 4  # slo, iters, cost, switch_s
+    assert f["slo"].calls == [("set", 1.5, {"job_id": "j1"})]
+    assert f["iters"].calls == [("set", 3.0, {"job_id": "j1"})]
+    assert f["cost"].calls == [("set", 2.0, {"group_id": "g1"})]
+    assert f["switch_s"].calls == [("set", 0.01, {"kind": "warm"})]
+    assert f["switches"].calls == []  # counters are not re-incremented
+
+
+def test_disabled_recorder_keeps_totals_only():
+    m = RollmuxMetrics(flush_interval_s=0, enabled=False)
+    m.group_cost("g", 1.0)
+    assert m.totals["cost"]["g"] == 1.0 and m.refresh() == 0
