@@ -517,7 +517,9 @@ def status(
                    _fmt(j.get("slowdown")), _fmt(j.get("slo")), _fmt(j.get("error")))
     console.print(tg)
     console.print(tj)
-    console.print(f"scheduler: {h.json()}")
+    hj = h.json()
+    console.print(f"scheduler {hj.get('name', '?')}: {'ok' if hj.get('ok') else 'NOT ok'}, {hj.get('jobs', 0)} jobs, "
+                  f"{hj.get('groups', 0)} groups" + (" (restored from its checkpoint)" if hj.get("restored") else ""))
 
 
 def urls(
