@@ -14,7 +14,7 @@
    checkpoint on disk every phase) for the warm-vs-cold start latency.
 Writes ``results/runtime_demo.json`` and Gantt PNGs (both pools, colour per job); prints a table.
 
-    python scripts/demo_runtime.py --quick     # ~2-4 minutes on 2 cores, Ray startup included
+    python scripts/demo_runtime.py --quick     # ~1-1.5 minutes on 2 cores, Ray startup included (full: ~2 min)
 
 Source: issue 3; RollMux §4.3 (meta-iterations), §5 (phase API, warm start), §6 (bubbles, SLO).
 """
@@ -76,6 +76,15 @@ def wait_all(procs: dict, timeout_s: float) -> dict:
     return res
 
 
+def report_phase_medians(timeline: list) -> dict:
+    """Median seconds of each phase over iterations > 0 (all iterations if there is only one)."""
+    import statistics
+
+    tl = [r for r in timeline if r["iteration"] > 0] or timeline
+    return {ph: round(statistics.median(d), 4) for ph in ("rollout", "train", "sync")
+            if (d := [r["end"] - r["start"] for r in tl if r["phase"] == ph])}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     n = args.iterations or (6 if args.quick else 20)
@@ -89,7 +98,7 @@ def main(argv=None) -> int:
     from rollmux.config import load_cluster
     from rollmux.plots import plot_gantt
 
-    con = Console()
+    con = Console(width=None if sys.stdout.isatty() else 150)  # wide table in logs too
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="rollmux-demo-"))
@@ -99,6 +108,7 @@ def main(argv=None) -> int:
     ids = {name: f"{cfgs[name].job.job_id}-{uid}" for name in JOBS}
 
     t_start = time.time()
+    load_start = os.getloadavg()  # the 2-core machine is shared: its load skews co-executed phase times
     con.print(f"[bold]RollMux runtime demo[/]: {len(JOBS)} GRPO jobs x {n} iterations")
     # ---- solo (plain mode, same seeds): the same user script with --solo, one job at a time, before
     # the cluster starts so nothing competes for the cores; they also profile the jobs
@@ -195,6 +205,15 @@ def main(argv=None) -> int:
     co_u["including_cold_start"] = report.coexec_utilisation(co_tl, len(rnodes), len(tnodes))
     solo_u["including_cold_start"] = report.solo_utilisation(solo_jobs)
 
+    # the group's predicted slowdowns once all three are in (Alg. 1 replayed on the same specs, in the
+    # same arrival order; each job's own admission-time prediction is `predicted_slowdown`)
+    from rollmux.admission import InterGroupScheduler
+
+    replay = InterGroupScheduler(spec, policy="rollmux")
+    for name in JOBS:
+        decision = replay.admit(cfgs[name].job.model_copy(update={"job_id": ids[name]}))
+    group_pred = dict(decision.predicted_slowdowns)
+
     per_job = {}
     for name in JOBS:
         t_co = report.iteration_time_s(co[name]["timeline"])
@@ -210,6 +229,16 @@ def main(argv=None) -> int:
             "profile_from_solo": yaml.safe_load(prof_paths[name].read_text())["job"]["measured"],
             "profile_for_admission": cfgs[name].job.measured.model_dump() if cfgs[name].job.measured else None,
             "predicted_slowdown": co[name]["info"].get("predicted_slowdown"),
+            "predicted_slowdown_in_group": group_pred.get(ids[name]),
+            # median phase seconds (iterations > 0): co-executed phases share the cores with the other pool
+            "phase_s_solo": report_phase_medians(solo[name]["timeline"]),
+            "phase_s_coexec": report_phase_medians(co[name]["timeline"]),
+            # slowdown = contention x queueing: co-executed phases run slower than solo ones (the two
+            # pool threads and other load share the cores), and a job waits for its permits in the
+            # round-robin (what Alg. 1 predicts: `predicted_slowdown_in_group`)
+            "contention_factor": sum(report_phase_medians(co[name]["timeline"]).values())
+            / sum(report_phase_medians(solo[name]["timeline"]).values()),
+            "slowdown_from_queueing": t_co / sum(report_phase_medians(co[name]["timeline"]).values()),
         }
 
     # ---- Gantt charts
@@ -243,6 +272,7 @@ def main(argv=None) -> int:
         "gantt_solo_png": str(png_solo),
         "node_seconds_ratio_solo_over_coexec": solo_u["node_seconds"] / co_u["node_seconds"],
         "wall_s": time.time() - t_start,
+        "load_average_1m_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
         "notes": "solo: plain mode, run one after another, each job charged its own rollout+train node (Solo-D); "
                  "co-executed: three user processes attached to one GlobalScheduler on a local multi-node Ray cluster; "
                  "makespan / busy fractions / iteration times are steady-state: after every job's iteration 0 (cold start, "
@@ -252,11 +282,12 @@ def main(argv=None) -> int:
     out_path.write_text(json.dumps(result, indent=1))
 
     t = Table(title=f"RollMux runtime demo: 3 GRPO jobs, {n} iterations each")
-    for c in ("job", "iters", "reward (first->last)", "iter s solo", "iter s co-exec", "slowdown", "SLO", "bit-identical"):
+    for c in ("job", "iters", "reward (first->last)", "iter s solo", "iter s co-exec", "slowdown", "queueing", "predicted", "SLO", "bit-identical"):
         t.add_column(c)
     for jid, j in per_job.items():
         t.add_row(jid, str(j["iterations"]), f"{j['initial_reward']:.2f} -> {j['final_reward']:.2f}",
-                  f"{j['iteration_s_solo']:.2f}", f"{j['iteration_s_coexec']:.2f}", f"{j['slowdown_vs_solo']:.2f}x",
+                  f"{j['iteration_s_solo']:.2f}", f"{j['iteration_s_coexec']:.2f}", f"{j['slowdown_vs_solo']:.2f}x", f"{j['slowdown_from_queueing']:.2f}x",
+                  "n/a" if j["predicted_slowdown_in_group"] is None else f"{j['predicted_slowdown_in_group']:.2f}x",
                   f"{j['slo']:.1f} {'ok' if j['slo_met'] else 'MISSED'}", "yes" if j["weights_identical_to_solo"] else "NO")
     con.print(t)
     u = Table(title="Pools, steady state after iteration 0 (from the recorded timeline)")
