@@ -87,7 +87,7 @@ def plot_gantt(records: Iterable, path: str | Path, *, title: str = "Co-executio
     cmap = plt.get_cmap("tab10")
     colour = {j: cmap(i % 10) for i, j in enumerate(jobs)}
     row = {n: i for i, n in enumerate(nodes)}
-    fig, ax = plt.subplots(figsize=(10, 1.0 + 0.45 * len(nodes)))
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.45 * len(nodes)))
     for r in recs:
         ax.barh(
             row[r.node],
@@ -105,9 +105,11 @@ def plot_gantt(records: Iterable, path: str | Path, *, title: str = "Co-executio
     ax.set_xlabel("time (s)")
     ax.set_title(title)
     handles = [plt.Rectangle((0, 0), 1, 1, color=colour[j]) for j in jobs]
-    ax.legend(handles, jobs, fontsize=7, loc="upper right", ncol=min(5, len(jobs)))
+    # legend below the axes, so that it never hides a phase bar
+    ax.legend(handles, jobs, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22 - 0.5 / len(nodes)),
+              ncol=min(5, len(jobs)), frameon=False)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
