@@ -324,7 +324,19 @@ class _Live:
     gen: Any
 
 
-class CPUEngine(RolloutEngine):
+class _WallClockEngine(RolloutEngine):
+    """Real engines: ``now()`` is wall time since ``_t0``; idling sleeps, at most 50 ms a call."""
+
+    _t0: float
+
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def idle_until(self, t_s: float) -> None:
+        time.sleep(min(0.05, max(0.0, t_s - self.now())))
+
+
+class CPUEngine(_WallClockEngine):
     """A tiny transformers causal LM on CPU (built from a ``LlamaConfig``; random weights, no download).
 
     Generation: one prefill forward, then a manual decode loop reusing the KV cache
@@ -398,12 +410,6 @@ class CPUEngine(RolloutEngine):
         self.prefill_tokens_computed = 0
         # transformers >= 5 renamed the forward's ``past_key_values`` to ``cache``
         self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
-
-    def now(self) -> float:
-        return time.monotonic() - self._t0
-
-    def idle_until(self, t_s: float) -> None:
-        time.sleep(min(0.05, max(0.0, t_s - self.now())))
 
     @property
     def running(self) -> int:
@@ -503,7 +509,7 @@ class CPUEngine(RolloutEngine):
 
 
 # ----------------------------------------------------------------------------- vLLM engine
-class VLLMEngine(RolloutEngine):
+class VLLMEngine(_WallClockEngine):
     """vLLM ``LLMEngine`` adapter with automatic prefix caching (GPU hosts; import-guarded).
 
     Each window adds the scheduler's batch with ``LLMEngine.add_request`` and runs
@@ -527,12 +533,6 @@ class VLLMEngine(RolloutEngine):
         self.slice_steps = slice_steps
         self._t0 = time.monotonic()
         self._types: dict[str, RequestType] = {}
-
-    def now(self) -> float:
-        return time.monotonic() - self._t0
-
-    def idle_until(self, t_s: float) -> None:
-        time.sleep(min(0.05, max(0.0, t_s - self.now())))
 
     @property
     def running(self) -> int:
