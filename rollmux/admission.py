@@ -309,15 +309,19 @@ def _slo_bound(cand: Candidate, members: list[GroupMember], loads: dict[str, flo
     """Cheap necessary SLO condition: job k iterates once per meta-iteration on each of its nodes,
     so ``T_coexec_k >= max(T_solo_k, load of k's busiest node)``. Rejects on violation; sets
     ``cand.bound`` = the optimistic ``max_k slowdown_k / slo_k`` (for branch and bound)."""
-    bad = []
-    bound = 0.0
-    for m in members:
-        lb = max([m.profile.t_solo_s] + [loads[n] for n in m.placement.rollout_nodes + m.placement.train_nodes])
-        bound = max(bound, lb / m.profile.t_solo_s / m.spec.slo)
-        if lb > m.spec.slo * m.profile.t_solo_s * (1 + SLO_REL_TOL):
-            bad.append(f"{m.spec.job_id}: slowdown >= {lb / m.profile.t_solo_s:.3f} > SLO {m.spec.slo:.3f} (node-load lower bound)")
-    cand.bound = bound
+    rows = [(m.spec.job_id, m.profile.t_solo_s, m.spec.slo,
+             max([m.profile.t_solo_s] + [loads[n] for n in m.placement.rollout_nodes + m.placement.train_nodes]))
+            for m in members]
     cand.members = members
+    return _bound_rows(cand, rows)
+
+
+def _bound_rows(cand: Candidate, rows: list[tuple[str, float, float, float]]) -> Candidate:
+    """Apply the node-load lower bound: ``rows`` = (job_id, T_solo_s, slo, lower bound of T_coexec_s)
+    per member of G'. Sets ``cand.bound`` (max optimistic slowdown / SLO); rejects on violation."""
+    bad = [f"{jid}: slowdown >= {lb / ts:.3f} > SLO {slo:.3f} (node-load lower bound)"
+           for jid, ts, slo, lb in rows if lb > slo * ts * (1 + SLO_REL_TOL)]
+    cand.bound = max((lb / ts / slo for _, ts, slo, lb in rows), default=0.0)
     return cand.reject("slo", "; ".join(bad)) if bad else cand
 
 
@@ -574,14 +578,10 @@ class InterGroupScheduler:
         if tn is None:
             return c.reject("memory", f"fewer than {nt} training nodes with {mt:.1f} GB of host memory free")
         if strategy == "direct":
-            if nr > len(grp.rollout_nodes):
-                return c.reject("capacity", f"job needs {nr} rollout nodes, group has {len(grp.rollout_nodes)}")
             rn = _pick_nodes(grp.rollout_nodes, nr, g.loads, g.mem, mr, cl.rollout_pool.node.host_mem_gb)
             if rn is None:
                 return c.reject("memory", f"fewer than {nr} rollout nodes with {mr:.1f} GB of host memory free")
-        else:
-            if new_r is None:
-                return c.reject("capacity", f"cluster out of GPUs: no {nr} free rollout nodes")
+        else:  # scale_out: new_r is not None (checked above)
             rn = list(new_r)
             c.new_nodes = tuple(new_r)
         c.nodes, c.job_id = (tuple(rn), tuple(tn)), job.job_id
@@ -597,10 +597,7 @@ class InterGroupScheduler:
         rows = [(job.job_id, prof.t_solo_s, job.slo, lb)]
         for jid, ts, slo, nodes, ml in g.info:
             rows.append((jid, ts, slo, max([ts, ml] + [v for n, v in new_loads.items() if n in nodes])))
-        bad = [f"{jid}: slowdown >= {lb_ / ts:.3f} > SLO {slo:.3f} (node-load lower bound)"
-               for jid, ts, slo, lb_ in rows if lb_ > slo * ts * (1 + SLO_REL_TOL)]
-        c.bound = max(lb_ / ts / slo for _, ts, slo, lb_ in rows)
-        return c.reject("slo", "; ".join(bad)) if bad else c
+        return _bound_rows(c, rows)
 
     def _choose_rollmux(self, feasible: list[Candidate]) -> Optional[Candidate]:
         """Min marginal cost, tie-break on SLO slack, over bound-feasible candidates; simulates

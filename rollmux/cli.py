@@ -15,10 +15,11 @@ from typing import Optional
 
 import typer
 
+from rollmux.baselines import POLICY_NAMES
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RollMux: co-execution scheduler for disaggregated RL post-training.")
 
 #: Defaults of ``rollmux simulate`` (the quickstart's run): a window of the Philly trace.
-DEFAULT_POLICIES = ("rollmux", "solo-d", "colocated", "gavel+", "random", "most-idle", "optimal")
 DEFAULT_JOBS = 200
 DEFAULT_WINDOW_START_H = 0.0
 DEFAULT_MIN_DURATION_S = 3600.0
@@ -30,7 +31,7 @@ def simulate(
     trace: Path = typer.Option(None, "--trace", help="Philly CSV or plain arrival_s,duration_s,num_gpus CSV "
                                "[default: ../shared/traces/philly-adaptdl-philly.csv, else data/philly_extract.csv]"),
     mix: str = typer.Option("mixed", "--mix", help="workload mix: balanced | rollout-heavy | training-heavy | mixed"),
-    policies: str = typer.Option(",".join(DEFAULT_POLICIES), "--policies", help="comma-separated policies"),
+    policies: str = typer.Option(",".join(POLICY_NAMES), "--policies", help="comma-separated policies"),
     jobs: int = typer.Option(DEFAULT_JOBS, "--jobs", min=1, help="jobs replayed (first N of the window)"),
     seed: int = typer.Option(0, "--seed", help="seed of the workload draw and of stochastic phase times"),
     out: Path = typer.Option(Path("results/sim"), "--out", help="output folder (summary.json, PNG plots)"),

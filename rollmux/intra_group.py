@@ -262,9 +262,10 @@ def simulate_group(
     now = 0.0
     migrations = 0
 
-    def start_ready() -> None:
+    def start_ready(ready: Optional[list] = None) -> None:
+        """Grant the ready phases (``ready``: a list ``q`` just returned, else ``q.ready()``)."""
         nonlocal seq, migrations
-        for rp in q.ready():
+        for rp in q.ready() if ready is None else ready:
             j, ph = rp.job_id, rp.phase
             if ph == "rollout":
                 if q.iteration(j) >= m_it and min(len(v) - 1 for v in done_at.values()) >= m_it:
@@ -309,11 +310,12 @@ def simulate_group(
                 end = next(e for e, _, jj, pp in heap if jj == j and pp == "rollout")
                 for nd in q.nodes_of(j)[0]:
                     tails.setdefault(nd, []).append((end, held))
+            start_ready()
         else:
-            q.on_phase_done(j, ph, now)
+            ready = q.on_phase_done(j, ph, now)
             if ph == "sync":
                 done_at[j].append(now)
-        start_ready()
+            start_ready(ready)
         if all(len(v) - 1 >= m_it for v in done_at.values()) and not any(p in ("train", "sync") for _, _, _, p in heap):
             break
     if any(len(v) - 1 < m_it for v in done_at.values()):

@@ -27,7 +27,7 @@ turn of every node); removing a job drops it from every queue.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from rollmux.models import PhaseName, PoolName
@@ -44,7 +44,6 @@ class _Job:
     running: bool = False
     released: bool = False  # rollout released its queue slots (long-tail migration)
     iteration: int = 0  # completed iterations
-    phase_started_s: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

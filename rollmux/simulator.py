@@ -53,6 +53,7 @@ from rollmux import profiler
 from rollmux.baselines import (
     PER_JOB_UNITS,
     POLICY_NAMES,
+    SCHEDULER_POLICIES,
     OptimalPartition,
     Unit,
     check_policy,
@@ -122,18 +123,6 @@ class Realisation:
     def solo_time_s(self, spec: JobSpec) -> float:
         """Realised solo iteration time (mean over the samples), seconds."""
         return self.mean_profile(spec).t_solo_s
-
-    def scale(self, spec: JobSpec, other: PhaseProfile) -> PhaseProfile:
-        """Realise a profile of the job on other hardware: each phase scaled by the job's
-        realised / worst-case ratio on its own hardware (1 in deterministic mode)."""
-        if not self.stochastic:
-            return other
-        w, m = profiler.estimate(spec, self.cluster), self.mean_profile(spec)
-        return PhaseProfile(
-            t_roll_s=other.t_roll_s * m.t_roll_s / w.t_roll_s,
-            t_train_s=other.t_train_s * m.t_train_s / w.t_train_s,
-            t_sync_s=other.t_sync_s,
-        )
 
     @staticmethod
     def _group_key(group: CoExecutionGroup) -> tuple:
@@ -216,24 +205,19 @@ class SchedulerPolicy(SimPolicy):
         self.name = name
         self.real = real
         self.sched = InterGroupScheduler(cluster, policy=name, max_group_size=max_group_size, seed=seed)
-        self.rejected: list[str] = []
 
     def arrive(self, job: SimJob) -> float:
-        t0 = time.perf_counter()
         d = self.sched.admit(job.spec, job.profile)
-        ms = getattr(d, "latency_ms", None)
         if not d.admitted:
-            self.rejected.append(job.spec.job_id)
             raise RuntimeError(f"{self.name}: job {job.spec.job_id} was refused ({d.code}: {d.reason}); "
                                "the simulation cluster must be unbounded")
-        return float(ms) if ms is not None else (time.perf_counter() - t0) * 1000.0
+        return float(d.latency_ms)
 
     def depart(self, job_id: str) -> None:
         self.sched.depart(job_id)
 
     def groups(self) -> list[CoExecutionGroup]:
-        gs = self.sched.groups
-        return list(gs.values()) if isinstance(gs, dict) else list(gs)
+        return list(self.sched.groups)
 
     def units(self) -> list[Unit]:
         return [self.real.group_unit(g) for g in self.groups() if g.members]
@@ -284,14 +268,12 @@ class OptimalPolicy(SimPolicy):
         self._groups: list[CoExecutionGroup] = []
         self.exact_events = 0
         self.events = 0
-        self.last_exact = True
 
     def _resolve(self) -> float:
         res = self.opt.solve([(j.spec, j.profile) for j in self._active.values()])
         self._groups = res.groups
         self.events += 1
         self.exact_events += int(res.exact)
-        self.last_exact = res.exact
         return res.solve_ms
 
     def arrive(self, job: SimJob) -> float:
@@ -314,7 +296,7 @@ def make_policy(name: str, cluster: ClusterSpec, real: Realisation, *, max_group
                 exact_max_jobs: int = 16) -> SimPolicy:
     """Policy registry. Raises ValueError for an unknown name (message lists the known ones)."""
     check_policy(name)
-    if name in ("rollmux", "random", "most-idle"):
+    if name in SCHEDULER_POLICIES:
         return SchedulerPolicy(name, cluster, real, max_group_size=max_group_size, seed=seed)
     if name == "optimal":
         return OptimalPolicy(cluster, real, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs)
