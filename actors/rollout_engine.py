@@ -464,7 +464,8 @@ class CPUEngine(_WallClockEngine):
         """KV made by the old weights is stale: drop the prefix cache."""
         self._pcache.clear()
 
-    def _sample(self, logits, gen) -> int:
+    def _sample(self, logits, gen, drawn: int) -> int:
+        """Sample one token; ``drawn`` = tokens this request has sampled before (hook for subclasses)."""
         torch = self._torch
         return int(torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=gen))
 
@@ -486,7 +487,7 @@ class CPUEngine(_WallClockEngine):
                 else:
                     gen = torch.Generator().manual_seed(_seed_of(r.request_id, self.seed))
                     logits, cache = self._prefill(r.prompt_token_ids)
-                    self._live.append(_Live(r, cache, self._sample(logits[-1], gen), [], gen))
+                    self._live.append(_Live(r, cache, self._sample(logits[-1], gen, 0), [], gen))
 
     def step(self) -> list[Completion]:
         torch = self._torch
@@ -500,7 +501,7 @@ class CPUEngine(_WallClockEngine):
                         done.append(Completion(s.req.request_id, tuple(s.out), self.now()))
                         continue
                     logits, s.cache = self._forward([s.next_token], s.cache)
-                    s.next_token = self._sample(logits[-1], s.gen)
+                    s.next_token = self._sample(logits[-1], s.gen, len(s.out))
                     still.append(s)
                 self._live = still
                 if not self._live:

@@ -71,6 +71,14 @@ def test_min_new_tokens_suppresses_eos_and_rows_sample_independently():
     assert len({tuple(r) for r in out.tolist()}) > 1  # identical prompts, different per-request streams
 
 
+def test_min_new_tokens_holds_across_admission_waves():
+    # 32 rows need several admission waves (cold profile batches 8): a finished request's
+    # generator must not lend its sample count to a later one (it once did, via id(generator))
+    for seed in range(8):  # the old id(generator) bookkeeping let <eos> through in 7 of these 256 rows
+        out = gen(backend(), prompts(4, 8), seed=seed, n=24, min_new=24)
+        assert not (out[:, 3:] == TOK.eos_id).any()
+
+
 def test_weight_update_bumps_policy_version_and_metrics_report_the_scheduler():
     be = backend()
     gen(be, prompts(2, 4), n=4)

@@ -55,7 +55,6 @@ class _JobEngine(CPUEngine):
                          num_threads=num_threads, prefix_cache_entries=16)
         self.temperature = float(temperature)
         self.min_new_tokens = int(min_new_tokens)
-        self._drawn: dict[int, int] = {}  # id(generator) -> tokens sampled so far for that request
         self.clock = 0.0
 
     def now(self) -> float:
@@ -69,12 +68,10 @@ class _JobEngine(CPUEngine):
         self.clock += 1.0
         return done
 
-    def _sample(self, logits, gen) -> int:
+    def _sample(self, logits, gen, drawn: int) -> int:
         torch_ = self._torch
-        k = self._drawn.get(id(gen), 0)
-        self._drawn[id(gen)] = k + 1
         z = logits.float() / self.temperature
-        if k < self.min_new_tokens and self.eos is not None:
+        if drawn < self.min_new_tokens and self.eos is not None:
             z = z.clone()
             z[self.eos] = float("-inf")
         return int(torch_.multinomial(torch_.softmax(z, -1), 1, generator=gen))
