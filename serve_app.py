@@ -43,7 +43,6 @@ from rollmux.models import JobSpec
 log = logging.getLogger("rollmux.serve")
 
 API_VERSION = "v1"
-from rollmux.nodes import HEAD_RESOURCE
 _JOB_ID = r"^[A-Za-z0-9._-]+$"
 
 
@@ -136,7 +135,6 @@ class AppSettings(BaseModel):
     token_sha256: str = Field(min_length=64, max_length=64)
     open_read_routes: bool = True
     scheduler_name: Optional[str] = None
-    namespace: Optional[str] = None
     request_timeout_s: float = Field(default=30.0, gt=0)
 
     @classmethod
@@ -148,7 +146,6 @@ class AppSettings(BaseModel):
             token_sha256=_sha256(token),
             open_read_routes=cfg.open_read_routes,
             scheduler_name=cfg.scheduler_name,
-            namespace=cfg.namespace,
             request_timeout_s=cfg.request_timeout_s,
         )
 
@@ -189,12 +186,11 @@ class SchedulerClient:
     ``timeout_s``; 500 (JSON, no traceback) when the actor raised.
     """
 
-    def __init__(self, name: Optional[str] = None, namespace: Optional[str] = None, timeout_s: float = 30.0):
-        if name is None or namespace is None:
-            from actors.global_scheduler import NAMESPACE, SCHEDULER_NAME
+    def __init__(self, name: Optional[str] = None, timeout_s: float = 30.0):
+        from actors import NAMESPACE
+        from actors.global_scheduler import SCHEDULER_NAME
 
-            name, namespace = name or SCHEDULER_NAME, namespace or NAMESPACE
-        self.name, self.namespace = name, namespace
+        self.name, self.namespace = name or SCHEDULER_NAME, NAMESPACE
         self.timeout_s = timeout_s
         self._handle = None
 
@@ -271,7 +267,7 @@ def _mount_offline_docs(app: FastAPI) -> None:
 
 def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) -> FastAPI:
     """Build the FastAPI app (one per Serve replica). ``client`` defaults to the named scheduler."""
-    client = client or SchedulerClient(settings.scheduler_name, settings.namespace, settings.request_timeout_s)
+    client = client or SchedulerClient(settings.scheduler_name, settings.request_timeout_s)
     app = FastAPI(
         title="RollMux admission API",
         version="0.1.0",
@@ -408,9 +404,11 @@ def deploy(cfg: ServeConfig, token: str, *, route_prefix: str = "/") -> str:
     """
     settings = AppSettings.from_config(cfg, token)
     serve.start(http_options={"host": cfg.host, "port": cfg.port}, proxy_location="HeadOnly")
+    from actors.runtime_client import control_plane_resources
+
     opts: dict[str, Any] = {"num_cpus": 0}
-    if ray.cluster_resources().get(HEAD_RESOURCE):
-        opts["resources"] = {HEAD_RESOURCE: 0.001}
+    if res := control_plane_resources():
+        opts["resources"] = res
     app = RollMuxAPI.options(num_replicas=cfg.num_replicas, max_ongoing_requests=cfg.max_ongoing_requests,
                              ray_actor_options=opts).bind(settings.model_dump())
     serve.run(app, name=cfg.app_name, route_prefix=route_prefix)

@@ -346,9 +346,9 @@ def up(
 def _connect(cfg: ServeConfig, address: str) -> None:
     import ray
 
-    from actors.global_scheduler import NAMESPACE
+    from actors import NAMESPACE
 
-    ray.init(address=address, namespace=cfg.namespace or NAMESPACE, log_to_driver=False, logging_level="ERROR")
+    ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
 
 
 def _disconnect() -> None:

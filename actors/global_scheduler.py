@@ -31,7 +31,7 @@ from rollmux.models import ClusterSpec, JobSpec
 
 log = logging.getLogger("rollmux.scheduler")
 
-NAMESPACE = "rollmux"
+from actors import NAMESPACE  # noqa: E402  (re-exported)
 SCHEDULER_NAME = "rollmux-global-scheduler"
 CHECKPOINT_VERSION = 1
 MAX_FINISHED_RECORDS = 5000

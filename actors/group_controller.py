@@ -35,7 +35,7 @@ from typing import Optional
 from rollmux.intra_group import LongTailPolicy
 from rollmux.round_robin import RoundRobinQueues
 
-NAMESPACE = "rollmux"
+from actors import NAMESPACE  # noqa: E402  (re-exported)
 DEFAULT_ACQUIRE_TIMEOUT_S = 3600.0
 MAX_TIMELINE = 100_000
 DEFAULT_LEASE_S = 30.0  # a driver silent this long (no heartbeat, no phase running) is evicted

@@ -14,7 +14,7 @@ from typing import Optional
 from rollmux.models import ClusterSpec
 from rollmux.nodes import HEAD_RESOURCE, NODE_RESOURCE_UNITS, node_id, node_resource, pool_resource
 
-NAMESPACE = "rollmux"
+from actors import NAMESPACE  # noqa: E402  (re-exported)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from typing import Any, Optional
 from rollmux.phase_api import AdmissionRefused, PhaseFailed
 
 log = logging.getLogger("rollmux.runtime")
-NAMESPACE = "rollmux"
+from actors import NAMESPACE  # noqa: E402  (re-exported)
 CONTROLLER_RETRIES = 60  # x 1 s: how long a driver waits for a restarting GroupController
 
 

@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional
 from rollmux.nodes import node_resource, pool_of
 from rollmux.phase_api import RuntimeHook, call_phase, split_state, state_resume, state_suspend
 
-NAMESPACE = "rollmux"
+from actors import NAMESPACE  # noqa: E402  (re-exported)
 SYNC_TIMEOUT_S = 120.0
 PROGRESS_BUCKETS = 20  # progress is forwarded to the controller at most once per 1/20 of the responses
 

@@ -103,8 +103,8 @@ class ServeConfig(BaseModel):
         cluster_spec: cluster YAML the GlobalScheduler plans for.
         state_dir: where ``rollmux up`` keeps its state file, token and checkpoint.
         checkpoint_path: scheduler checkpoint directory (default ``<state_dir>/checkpoint``).
-        scheduler_name / namespace: Ray name and namespace of the GlobalScheduler actor
-            (``None`` = the contract's defaults in :mod:`actors.global_scheduler`).
+        scheduler_name: Ray name of the GlobalScheduler actor (``None`` = the contract's default in
+            :mod:`actors.global_scheduler`; its namespace is always ``rollmux``).
         num_replicas / max_ongoing_requests: Serve replicas of the API and concurrent requests each.
         request_timeout_s: bound on one call from a Serve replica to the scheduler.
         ray_port / dashboard_port / metrics_export_port: Ray head ports used by ``rollmux up``.
@@ -127,7 +127,6 @@ class ServeConfig(BaseModel):
     state_dir: Path = Path("~/.rollmux")
     checkpoint_path: Optional[Path] = None
     scheduler_name: Optional[str] = None
-    namespace: Optional[str] = None
     app_name: str = Field(default="rollmux", min_length=1)
     num_replicas: int = Field(default=1, ge=1, le=64)
     max_ongoing_requests: int = Field(default=64, ge=1, le=10_000)

@@ -70,7 +70,7 @@ def serve_api(ray_cluster, local_cluster_spec, tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     token = uuid.uuid4().hex
-    cfg = ServeConfig(port=port, scheduler_name=name, namespace=NAMESPACE, state_dir=ckpt, request_timeout_s=60,
+    cfg = ServeConfig(port=port, scheduler_name=name, state_dir=ckpt, request_timeout_s=60,
                       app_name=f"rollmux-test-{name[-8:]}")
     base = serve_app.deploy(cfg, token)
     yield SimpleNamespace(base_url=base, token=token, scheduler=sched, scheduler_name=name, config=cfg)

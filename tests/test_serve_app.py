@@ -395,7 +395,7 @@ def test_read_routes_can_be_protected(serve_api):
     import serve_app
     from rollmux.config import ServeConfig
 
-    cfg = ServeConfig(open_read_routes=False, scheduler_name=serve_api.scheduler_name, namespace="rollmux")
+    cfg = ServeConfig(open_read_routes=False, scheduler_name=serve_api.scheduler_name)
     app = serve_app.create_app(serve_app.AppSettings.from_config(cfg, serve_api.token))
     with TestClient(app) as c:
         assert c.get("/v1/jobs").status_code == 401 and c.get("/v1/groups").status_code == 401
