@@ -241,9 +241,12 @@ def run_config(net: Netns, workers: int, ratios: list[float], sizes: list[int], 
             metas = metas_of(make_model(size, 0))
             t = {}
             plans = {}
+            identical = True
             for scheme in ("flat", "topo"):
                 rr = [r for r in recs if r["phase"] == p_idx and r["size"] == size and r["scheme"] == scheme]
-                assert all(r["ok"] for r in rr), f"{scheme}: a rollout worker is not bit-identical"
+                identical = identical and bool(rr) and all(r["ok"] for r in rr)
+                if not identical:  # explicit (not an assert: python -O must not drop it)
+                    raise RuntimeError(f"{scheme}: a rollout worker is not bit-identical to the trainer")
                 per_rep = [max(r["wall_s"] for r in rr if r["rep"] == k and r["role"] == "rollout")
                            for k in range(args.repeats)]
                 t[scheme] = statistics.median(per_rep)
@@ -257,7 +260,7 @@ def run_config(net: Netns, workers: int, ratios: list[float], sizes: list[int], 
                 predicted_speedup=round(pf.total_s / pt.total_s, 3),
                 predicted_flat_s=round(pf.total_s, 4), predicted_topo_s=round(pt.total_s, 4),
                 cross_mbit_per_s=cross, intra_mbit_per_s=intra_mbit, bucket_bytes=args.bucket_bytes,
-                topo_intra_bytes=plans["topo"].intra_bytes, all_bit_identical=True,
+                topo_intra_bytes=plans["topo"].intra_bytes, all_bit_identical=identical,
                 effective_cross_mbit_per_s=round(plans["flat"].cross_bytes * 8 / t["flat"] / 1e6, 1),
             ))
             r = runs[-1]
@@ -285,7 +288,6 @@ def paper_scale_prediction() -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--worker", nargs=3, metavar=("CFG", "ROLE", "INDEX"), help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="8->8, 20:1, one model size")
     ap.add_argument("--workers", default="2,4,8", help="worker counts N (N trainers -> N rollout workers)")
     ap.add_argument("--ratios", default="20,5", help="fast:slow bandwidth ratios")
@@ -296,8 +298,6 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="default results/bench_sync.json "
                     "(--quick: results/bench_sync_quick.json)")
     args = ap.parse_args()
-    if args.worker:
-        return worker(args.worker[0], args.worker[1], int(args.worker[2]))
     if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
         print("bench_sync: needs root and iproute2 ('ip', 'tc') to build network namespaces and shape "
               "the cross-cluster link; not running (no figures produced).", file=sys.stderr)
