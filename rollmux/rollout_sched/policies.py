@@ -56,15 +56,19 @@ class WindowContext:
     refresh_windows: int = 1
     _picked_prompts: set = field(default_factory=set)
     _hist_total: float | None = None
+    _fresh: set = field(default_factory=set)  # request ids looked up in this window (index is fixed during select)
 
     def hit(self, e: QueueEntry, fresh: bool = False) -> int:
         """Prefix hit of a queued request, tokens. Cached per entry; looked up again when
         ``fresh``, when the index lost entries since (its ``epoch`` moved: hits may have shrunk)
         or every ``refresh_windows`` windows (inserts may have grown it). Policies refresh a
         candidate before taking it, so the cache only affects the order of evaluation."""
+        if fresh and e.req.request_id in self._fresh:
+            return e.hit  # already looked up in this window: the index does not change during select
         if fresh or e.hit < 0 or e.hit_epoch != self.index.epoch or self.window - e.hit_window >= self.refresh_windows:
             e.hit = self.index.match(e.req.prompt_token_ids, touch=False)
             e.hit_window, e.hit_epoch = self.window, self.index.epoch
+            self._fresh.add(e.req.request_id)
         return e.hit
 
     def prefill_cost(self, e: QueueEntry) -> int:
