@@ -127,21 +127,13 @@ def main(argv=None) -> int:
     # ---- profile: median solo phase times of this run, reported next to the configured `measured`
     # profile that admission (Alg. 1) uses (on a shared 2-core machine they vary with its load, so the
     # configured profile keeps the grouping deterministic)
-    import statistics
-
-    import yaml
-
-    prof_paths = {}
+    profile_from_solo = {}
     for name in JOBS:
-        tl = [r for r in solo[name]["timeline"] if r["iteration"] > 0] or solo[name]["timeline"]
-        med = {ph: statistics.median([r["end"] - r["start"] for r in tl if r["phase"] == ph]) for ph in
-               ("rollout", "train", "sync")}
-        data = yaml.safe_load(paths[name].read_text())
-        data["job"]["measured"] = {"t_roll_s": round(med["rollout"], 4), "t_train_s": round(med["train"], 4),
-                                   # scheduled sync moves weights through the object store: at least 50 ms
-                                   "t_sync_s": round(max(med["sync"], 0.05), 4)}
-        prof_paths[name] = tmp / f"{name}.profiled.yaml"
-        prof_paths[name].write_text(yaml.safe_dump(data))
+        med = report_phase_medians(solo[name]["timeline"])
+        profile_from_solo[name] = {
+            "t_roll_s": med["rollout"], "t_train_s": med["train"],
+            # scheduled sync moves weights through the object store: at least 50 ms
+            "t_sync_s": max(med.get("sync", 0.0), 0.05)}
 
     con.print("starting a local multi-node Ray cluster")
     spec = load_cluster(args.cluster)
@@ -220,25 +212,25 @@ def main(argv=None) -> int:
         t_solo = report.iteration_time_s(solo[name]["timeline"])
         slo = cfgs[name].job.slo
         same = [m["weights_sha256"] for m in co[name]["history"]] == [m["weights_sha256"] for m in solo[name]["history"]]
+        med_solo, med_co = report_phase_medians(solo[name]["timeline"]), report_phase_medians(co[name]["timeline"])
         per_job[ids[name]] = {
             "config": str(paths[name].relative_to(ROOT)) if paths[name].is_relative_to(ROOT) else str(paths[name]),
             "iterations": co[name]["iterations"], "initial_reward": co[name]["initial_reward"],
             "final_reward": co[name]["final_reward"], "iteration_s_coexec": t_co, "iteration_s_solo": t_solo,
             "slowdown_vs_solo": t_co / t_solo, "slo": slo, "slo_met": t_co / t_solo <= slo,
             "weights_identical_to_solo": same, "placement": placement[name],
-            "profile_from_solo": yaml.safe_load(prof_paths[name].read_text())["job"]["measured"],
+            "profile_from_solo": profile_from_solo[name],
             "profile_for_admission": cfgs[name].job.measured.model_dump() if cfgs[name].job.measured else None,
             "predicted_slowdown": co[name]["info"].get("predicted_slowdown"),
             "predicted_slowdown_in_group": group_pred.get(ids[name]),
             # median phase seconds (iterations > 0): co-executed phases share the cores with the other pool
-            "phase_s_solo": report_phase_medians(solo[name]["timeline"]),
-            "phase_s_coexec": report_phase_medians(co[name]["timeline"]),
+            "phase_s_solo": med_solo,
+            "phase_s_coexec": med_co,
             # slowdown = contention x queueing: co-executed phases run slower than solo ones (the two
             # pool threads and other load share the cores), and a job waits for its permits in the
             # round-robin (what Alg. 1 predicts: `predicted_slowdown_in_group`)
-            "contention_factor": sum(report_phase_medians(co[name]["timeline"]).values())
-            / sum(report_phase_medians(solo[name]["timeline"]).values()),
-            "slowdown_from_queueing": t_co / sum(report_phase_medians(co[name]["timeline"]).values()),
+            "contention_factor": sum(med_co.values()) / sum(med_solo.values()),
+            "slowdown_from_queueing": t_co / sum(med_co.values()),
         }
 
     # ---- Gantt charts
