@@ -137,9 +137,8 @@ class GroupControllerImpl:
         order = attach order). ``has_sync=False``: its empty sync slot ends with training.
         Raises PermitError for a job that is not a member (or already left)."""
         await self._recover_members(job_id)
-        m = self.members.get(job_id)
-        if m is not None and has_sync is not None:
-            m["has_sync"] = bool(has_sync)
+        if has_sync is not None:
+            self._set_has_sync(job_id, has_sync)
         self._activate(job_id)
         self._wake_all()
         return {"group_id": self.group_id, "queues": {n: list(self.rr.queue(n)) for n in self.rr.nodes},
@@ -150,8 +149,16 @@ class GroupControllerImpl:
         await self._recover_members(job_id)
         if job_id not in self.members:
             return False
-        self.members[job_id]["has_sync"] = bool(has_sync)
+        self._set_has_sync(job_id, has_sync)
         return True
+
+    def _set_has_sync(self, job_id: str, has_sync: bool) -> None:
+        """Record whether the job has a sync phase, in the member table and (if it is in them)
+        in the round-robin queues, which end a sync-less job's turn with its training."""
+        if job_id in self.members:
+            self.members[job_id]["has_sync"] = bool(has_sync)
+        if job_id in self.rr.job_ids:
+            self.rr.set_has_sync(job_id, has_sync)
 
     async def heartbeat(self, job_id: str) -> bool:
         """Driver liveness (its lease); False when the job is no longer a member."""
@@ -228,8 +235,8 @@ class GroupControllerImpl:
         for _ in range(10_000_000):  # bounded; each pass waits for a state change
             if job_id not in self.rr.job_ids:
                 await self._recover_members(job_id)
-                if has_sync is not None and job_id in self.members:
-                    self.members[job_id]["has_sync"] = bool(has_sync)
+                if has_sync is not None:
+                    self._set_has_sync(job_id, has_sync)
                 self._activate(job_id)  # raises PermitError for a non-member / a job that left
             nxt = self.rr.next_phase(job_id)
             if nxt != phase:
@@ -276,10 +283,6 @@ class GroupControllerImpl:
             if ok:
                 try:
                     self.rr.on_phase_done(job_id, phase)
-                    if phase == "train" and not self.members[job_id].get("has_sync", True) \
-                            and self.rr.next_phase(job_id) == "sync":
-                        self.rr.grant(job_id, "sync")  # no sync phase: its slot ends with training
-                        self.rr.on_phase_done(job_id, "sync")
                 except ValueError:
                     pass  # a stale or duplicate release must not break the group
                 if self.rr.iteration(job_id) > grant["rr_iteration"]:

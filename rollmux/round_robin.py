@@ -196,15 +196,23 @@ class RoundRobinQueues:
                 self._advance(job.rollout_nodes, job_id)
             job.released = False
             job.next_phase = "train"
-        elif phase == "train":
-            if job.has_sync:
-                job.next_phase = "sync"
-            else:
-                self._advance(job.train_nodes, job_id)
-                job.next_phase = "rollout"
-                job.iteration += 1
-        else:
-            self._advance(job.train_nodes, job_id)
-            job.next_phase = "rollout"
-            job.iteration += 1
+        elif phase == "train" and job.has_sync:
+            job.next_phase = "sync"
+        else:  # sync done, or training done for a job without a sync phase: its turn ends
+            self._end_turn(job_id)
         return self.ready()
+
+    def set_has_sync(self, job_id: str, has_sync: bool) -> None:
+        """Declare whether ``job_id`` has a sync phase. A job without one ends its turn on the
+        training nodes when training finishes (also if it is waiting for its sync slot now).
+        Raises KeyError if unknown."""
+        job = self._jobs[job_id]
+        job.has_sync = bool(has_sync)
+        if not job.has_sync and job.next_phase == "sync" and not job.running:
+            self._end_turn(job_id)
+
+    def _end_turn(self, job_id: str) -> None:
+        job = self._jobs[job_id]
+        self._advance(job.train_nodes, job_id)
+        job.next_phase = "rollout"
+        job.iteration += 1

@@ -45,6 +45,29 @@ def test_queue_order_and_dependencies():
     assert q.queue("rollout-0") == ("A", "B") and q.queue("train-0") == ("B", "A")
 
 
+def test_declaring_no_sync_ends_the_turn_with_training():
+    q = RoundRobinQueues()
+    q.add_job("A", ["rollout-0"], ["train-0"])
+    q.add_job("B", ["rollout-0"], ["train-0"])
+    q.grant("A", "rollout")
+    q.on_phase_done("A", "rollout")
+    q.grant("A", "train")
+    q.on_phase_done("A", "train")
+    assert q.next_phase("A") == "sync" and q.iteration("A") == 0
+    q.set_has_sync("A", False)  # declared late (e.g. by a restarted driver): the empty sync slot ends
+    assert q.next_phase("A") == "rollout" and q.iteration("A") == 1
+    q.set_has_sync("B", False)  # B has not trained yet: nothing ends now
+    assert q.next_phase("B") == "rollout" and q.iteration("B") == 0
+    q.grant("B", "rollout")
+    q.on_phase_done("B", "rollout")
+    q.grant("B", "train")
+    q.on_phase_done("B", "train")
+    assert q.next_phase("B") == "rollout" and q.iteration("B") == 1
+    assert q.queue("train-0") == ("A", "B")  # both turns ended on the training node
+    with pytest.raises(KeyError):
+        q.set_has_sync("C", False)
+
+
 def test_queue_errors():
     q = RoundRobinQueues()
     q.add_job("A", ["rollout-0"], ["train-0"], has_sync=False)

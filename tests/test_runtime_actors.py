@@ -316,6 +316,28 @@ def test_controller_grants_round_robin_and_removes_failed_jobs():
     assert [(r["job_id"], r["phase"], r["iteration"]) for r in failed] == [("b", "train", 0)]
 
 
+def test_controller_job_without_sync_iterates_on_training():
+    import asyncio
+
+    async def scenario():
+        c = _ctrl(lease_s=0)
+        for j in ("a", "b"):
+            await c.add_job(j, ["rollout-0"], ["train-0"])
+            await c.attach(j)  # attached before its phases are known: has_sync defaults to True
+        assert await c.configure_job("a", has_sync=False)  # a registers no sync phase
+        for it in range(2):
+            for j, phases in (("a", ("rollout", "train")), ("b", ("rollout", "train", "sync"))):
+                for ph in phases:
+                    g = await c.acquire(j, ph, timeout_s=5)
+                    assert g["iteration"] == it
+                    await c.release(j, ph, _rec("rollout-0" if ph == "rollout" else "train-0", 0, 0))
+        st = await c.status()
+        assert st["jobs"]["a"]["iterations"] == 2 and st["jobs"]["b"]["iterations"] == 2
+        assert not [r for r in c.timeline if r["job_id"] == "a" and r["phase"] == "sync"]
+
+    asyncio.run(scenario())
+
+
 def test_controller_long_tail_decision_and_migration():
     import asyncio
 
