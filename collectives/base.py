@@ -147,15 +147,17 @@ class SyncExecutor(abc.ABC):
     def _allreduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         """Sum of ``t`` (int64, host) over the world group."""
 
-    @abc.abstractmethod
-    def _kv_set(self, key: str, value: str) -> None: ...
+    def _kv_set(self, key: str, value: str) -> None:
+        """Publish ``value`` under ``key`` in the job's rendezvous store (``self._store``)."""
+        self._store.set(key, value)
 
-    @abc.abstractmethod
-    def _kv_get(self, key: str) -> str: ...
+    def _kv_get(self, key: str) -> str:
+        """Read ``key`` from the job's rendezvous store (blocks until set, up to its timeout)."""
+        return self._store.get(key).decode()
 
-    @abc.abstractmethod
     def _empty(self, nbytes: int) -> torch.Tensor:
         """A ``uint8`` buffer on this backend's device."""
+        return torch.empty(nbytes, dtype=torch.uint8, device=self._device())
 
     def _group_start(self) -> None:
         """Open a group of point-to-point calls issued together (NCCL: ncclGroupStart)."""

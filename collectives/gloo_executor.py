@@ -89,15 +89,6 @@ class GlooExecutor(SyncExecutor):
         self._wait(self._world.allreduce([t]))
         return t
 
-    def _kv_set(self, key: str, value: str) -> None:
-        self._store.set(key, value)
-
-    def _kv_get(self, key: str) -> str:
-        return self._store.get(key).decode()
-
-    def _empty(self, nbytes: int) -> torch.Tensor:
-        return torch.empty(nbytes, dtype=torch.uint8)
-
     def _abort(self) -> None:
         for g in (self._world, self._roll):
             if g is not None:

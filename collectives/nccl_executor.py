@@ -149,15 +149,6 @@ class NcclExecutor(SyncExecutor):
             d.data_ptr(), d.data_ptr(), d.numel(), nccl.NCCL_INT64, nccl.NCCL_SUM, s)))
         return d.cpu()
 
-    def _kv_set(self, key: str, value: str) -> None:
-        self._store.set(key, value)
-
-    def _kv_get(self, key: str) -> str:
-        return self._store.get(key).decode()
-
-    def _empty(self, nbytes: int) -> torch.Tensor:
-        return torch.empty(nbytes, dtype=torch.uint8, device=self._dev)
-
     def _device(self) -> torch.device:
         return self._dev
 
