@@ -44,6 +44,7 @@ Source: RollMux §4.2, Alg. 1; DESIGN.md "Constraints", "Saturation pruning", "B
 from __future__ import annotations
 
 import heapq
+import math
 from functools import lru_cache
 import random
 import time
@@ -96,6 +97,9 @@ class SchedulerConfig(BaseModel):
     migration_overhead_s: float = Field(default=2.0, ge=0.0)
     seed: int = 0
     tie_break: Literal["best_fit", "most_slack"] = "most_slack"
+    repack_on_departure: bool = True
+    repack_max_groups: int = Field(default=4, ge=0)
+    repack_max_members: int = Field(default=2, ge=1)
 
     def long_tail_policy(self) -> LongTailPolicy:
         return LongTailPolicy(self.tail_trigger_fraction, self.tail_gpus, self.migration_overhead_s)
@@ -706,6 +710,58 @@ class InterGroupScheduler:
             self._set_group(gid, None)
         self._version += 1
         return sorted(rel_r + rel_t, key=lambda n: (n.split("-")[0], node_index(n)))
+
+    # --- departure re-packing -------------------------------------------------------------------------
+    def _save(self) -> tuple:
+        return (dict(self._groups), dict(self._open), dict(self._closed), dict(self._job_group),
+                {k: (list(p.free), p.next, p.used) for k, p in self._pools.items()},
+                self._next_group, self._version, self._rng.getstate())
+
+    def _load(self, saved: tuple) -> None:
+        g, o, c, jg, pools, ng, v, rng = saved
+        self._groups, self._open, self._closed, self._job_group = g, o, c, jg
+        for k, (free, nxt, used) in pools.items():
+            p = self._pools[k]
+            p.free, p.next, p.used = free, nxt, used
+        self._next_group, self._rng = ng, self._rng
+        self._rng.setstate(rng)
+        self._version = v + 1
+
+    def repack(self, trigger_group: Optional[str] = None) -> list[dict]:
+        """Try to dissolve small groups into the others (departure re-packing).
+
+        Returns the moves made: ``{job_id, from_group, to_group, placement, move_s}``.
+        """
+        if self.policy != "rollmux" or not self.config.repack_on_departure or self.config.repack_max_groups == 0:
+            return []
+        cands = [gid for gid, g in self._groups.items() if len(g.group.members) <= self.config.repack_max_members]
+        cands.sort(key=lambda gid: (gid != trigger_group, len(self._groups[gid].group.members),
+                                    self._groups[gid].group.cost_usd_per_h(self.cluster)))
+        moves: list[dict] = []
+        for gid in cands[: self.config.repack_max_groups]:
+            if gid not in self._groups:
+                continue
+            before = self.cost_usd_per_h()
+            saved = self._save()
+            members = list(self._groups[gid].group.members)
+            for m in members:
+                self.depart(m.spec.job_id)
+            plan, ok = [], True
+            for m in sorted(members, key=lambda m: -m.profile.t_solo_s):
+                d = self.decide(m.spec, m.profile)
+                mv = profiler.move_time_s(m.spec, self.cluster)
+                if (not d.admitted or d.strategy == "isolated"
+                        or d.predicted_slowdowns.get(m.spec.job_id, math.inf) + mv / m.profile.t_solo_s > m.spec.slo * (1 + SLO_REL_TOL)):
+                    ok = False
+                    break
+                self.commit(d)
+                plan.append({"job_id": m.spec.job_id, "from_group": gid, "to_group": d.group_id,
+                             "placement": _placement_dict(d.placement), "move_s": mv})
+            if ok and self.cost_usd_per_h() < before - 1e-9:
+                moves += plan
+            else:
+                self._load(saved)
+        return moves
 
     # --- checkpointing ------------------------------------------------------------------------------
     def snapshot(self) -> dict:

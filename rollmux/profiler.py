@@ -248,6 +248,13 @@ def state_gb(job: JobSpec, pool: PoolName, cluster: Optional[ClusterSpec] = None
     raise ValueError(f"unknown pool {pool!r} (known: 'rollout', 'train')")
 
 
+def move_time_s(job: JobSpec, cluster: ClusterSpec) -> float:
+    """Seconds to copy the job's pinned host state to other nodes of the same pools (both pools,
+    one after the other, at ``intra_cluster_gbps``)."""
+    gb = state_gb(job, "rollout", cluster) + state_gb(job, "train", cluster)
+    return gb * 8.0 / cluster.intra_cluster_gbps
+
+
 # --- stochastic rollouts ------------------------------------------------------------------------
 
 def sample_response_lengths(job: JobSpec, rng: np.random.Generator, n: Optional[int] = None,

@@ -205,6 +205,7 @@ class SchedulerPolicy(SimPolicy):
         self.name = name
         self.real = real
         self.sched = InterGroupScheduler(cluster, policy=name, max_group_size=max_group_size, seed=seed)
+        self.moves = 0
 
     def arrive(self, job: SimJob) -> float:
         d = self.sched.admit(job.spec, job.profile)
@@ -213,8 +214,12 @@ class SchedulerPolicy(SimPolicy):
                                "the simulation cluster must be unbounded")
         return float(d.latency_ms)
 
-    def depart(self, job_id: str) -> None:
+    def depart(self, job_id: str) -> Optional[dict[str, float]]:
+        gid = self.sched.group_of(job_id).group_id
         self.sched.depart(job_id)
+        moves = self.sched.repack(gid)
+        self.moves += len(moves)
+        return {m["job_id"]: m["move_s"] for m in moves}
 
     def groups(self) -> list[CoExecutionGroup]:
         return list(self.sched.groups)
@@ -429,6 +434,7 @@ def replay(
     t, i, events = 0.0, 0, 0
     best_group_size = 0
     shadow_cost: Optional[float] = None
+    stalls: dict[str, float] = {}
 
     def refresh() -> None:
         nonlocal cost, rg, tg, rb, tb, best_group_size, shadow_cost
@@ -489,7 +495,8 @@ def replay(
             done = [jid for jid, left in remaining.items() if left <= _EPS * max(1.0, by_id[jid].iterations) or jid == j_dep]
             for jid in done:
                 del remaining[jid]
-                policy.depart(jid)
+                for mj, ms in (policy.depart(jid) or {}).items():
+                    stalls[mj] = stalls.get(mj, 0.0) + ms
                 real.forget(jid)
                 if shadow is not None:
                     shadow.forget(jid)
@@ -505,6 +512,10 @@ def replay(
             if on_event:
                 on_event(1)
         refresh()
+        for jid, st in stalls.items():  # a moved job's state copy: lost progress at its new speed
+            if jid in remaining:
+                remaining[jid] += st * rate[jid]
+        stalls.clear()
     run.end_s = t
     run.wall_s = time.perf_counter() - t_wall
     if isinstance(policy, OptimalPolicy):
