@@ -28,6 +28,7 @@ from typing import Any, Optional
 from pydantic import ValidationError
 
 from rollmux.models import ClusterSpec, JobSpec
+from rollmux.nodes import node_index
 
 log = logging.getLogger("rollmux.scheduler")
 
@@ -184,9 +185,16 @@ class GlobalSchedulerImpl:
         return h
 
     def _refind_controllers(self) -> None:
-        """After a restart: re-find each active group's controller; re-add members it lacks."""
+        """After a restart: re-find each active group's controller; re-add members it lacks.
+        Moves are replayed (idempotent): the last move of each active job is carried out again,
+        so a crash between the checkpoint and the controllers' update loses no move."""
         import ray
 
+        for rec in [r for r in self.jobs.values() if r["state"] in ACTIVE and r.get("moves")]:
+            last = rec["moves"][-1]
+            self._carry_out_move(rec["job_id"], last["from_group"], last["to_group"])
+        for g in [g for g in self._handles if _group(self.igs, g) is None]:
+            self._handles.pop(g, None)
         for gid, members in self._active_by_group().items():
             h = self._controller(gid, create=False)  # created lazily when a driver attaches
             if h is None:
@@ -305,21 +313,42 @@ class GlobalSchedulerImpl:
     def depart(self, job_id: str) -> Optional[dict]:
         """The job leaves its group (finished, or removed by an operator): nodes are released.
 
-        Returns ``{job_id, released_nodes, group_dissolved}``; None for an unknown job id.
+        Returns ``{job_id, released_nodes, group_dissolved, moves}`` (``moves``: the departure
+        re-packing moves carried out, ``{job_id, from_group, to_group, placement, move_s}``);
+        None for an unknown job id.
         """
         return self._end(job_id, "finished", None)
 
     def _end(self, job_id: str, state: str, error: Optional[str]) -> Optional[dict]:
+        """Departure or failure of ``job_id``: the policy releases its nodes, then re-packs
+        (:meth:`rollmux.admission.InterGroupScheduler.repack`, departure re-packing) and the moves
+        it committed are carried out: records and checkpoint first (target state), then the
+        controllers (:meth:`_carry_out_move`). ``released_nodes`` is the net set of nodes the
+        cluster no longer uses (the departed job's and those of groups dissolved by moves)."""
         rec = self.jobs.get(job_id)
         if rec is None:
             return None
         if rec["state"] not in ACTIVE:
-            return {"job_id": job_id, "released_nodes": [], "group_dissolved": False}
+            return {"job_id": job_id, "released_nodes": [], "group_dissolved": False, "moves": []}
         gid = rec["group_id"]
-        released = list(self.igs.depart(job_id))
+        before = self._nodes_in_use()
+        self.igs.depart(job_id)
+        moves = list(self.igs.repack(gid))
+        released = sorted(before - self._nodes_in_use(), key=lambda n: (n.split("-")[0], node_index(n)))
         dissolved = _group(self.igs, gid) is None
-        rec.update(state=state, error=error, ended_at=time.time())
-        self._checkpoint(jobs=(job_id,), groups=(gid,))
+        now = time.time()
+        rec.update(state=state, error=error, ended_at=now)
+        for mv in moves:  # target state: the moved jobs' records follow the policy's table
+            r = self.jobs[mv["job_id"]]
+            to = mv["to_group"]
+            r.update(group_id=to, placement={"rollout_nodes": list(mv["placement"]["rollout_nodes"]),
+                                             "train_nodes": list(mv["placement"]["train_nodes"])},
+                     controller=self._controller_name(to))
+            self.controllers[to] = r["controller"]
+            r.setdefault("moves", []).append({"from_group": mv["from_group"], "to_group": to, "at": now,
+                                              "move_s": mv.get("move_s"), "trigger": job_id})
+        touched = list(dict.fromkeys([gid] + [g for mv in moves for g in (mv["from_group"], mv["to_group"])]))
+        self._checkpoint(jobs=(job_id, *[mv["job_id"] for mv in moves]), groups=tuple(touched))
         h = self._handles.get(gid)
         if h is not None:
             import ray
@@ -328,12 +357,46 @@ class GlobalSchedulerImpl:
                 ray.get(h.remove_job.remote(job_id, "failed" if state == "failed" else "departed"), timeout=30)
             except Exception as e:  # the controller is soft state
                 log.warning("controller of %s: remove_job(%s) failed: %s", gid, job_id, e)
-        if dissolved:
-            self.metrics.group_cost(gid, 0.0)
-            self._handles.pop(gid, None)
-        else:
-            self._cost_metrics(gid)
-        return {"job_id": job_id, "released_nodes": released, "group_dissolved": dissolved}
+        for mv in moves:
+            self._carry_out_move(mv["job_id"], mv["from_group"], mv["to_group"])
+        for g in touched:
+            if _group(self.igs, g) is None:
+                self.metrics.group_cost(g, 0.0)
+                self._handles.pop(g, None)
+            else:
+                self._cost_metrics(g)
+        return {"job_id": job_id, "released_nodes": released, "group_dissolved": dissolved,
+                "moves": [{"job_id": mv["job_id"], "from_group": mv["from_group"], "to_group": mv["to_group"],
+                           "placement": mv["placement"], "move_s": mv.get("move_s")} for mv in moves]}
+
+    def _nodes_in_use(self) -> set[str]:
+        return {n for g in _groups(self.igs).values() for n in (*g.rollout_nodes, *g.train_nodes)}
+
+    def _carry_out_move(self, job_id: str, from_group: str, to_group: str) -> None:
+        """Tell the controllers about a committed move (their state is soft; the checkpointed
+        records are the truth). The old group's controller drops the job with reason
+        ``"moved to <group>"``, effective at the job's iteration boundary (a running iteration
+        finishes there, see ``GroupController.remove_job``); the new group's controller, if it
+        exists, learns the member (pending until the driver re-attaches; otherwise
+        ``ensure_controller`` creates it then). Idempotent (also used after a restart)."""
+        if not self.create_controllers:
+            return
+        import ray
+
+        rec = self.jobs[job_id]
+        old = self._handles.get(from_group) or self._controller(from_group, create=False)
+        if old is not None:
+            try:
+                ray.get(old.remove_job.remote(job_id, f"moved to {to_group}"), timeout=30)
+            except Exception as e:
+                log.warning("controller of %s: remove_job(%s, moved) failed: %s", from_group, job_id, e)
+        new = self._handles.get(to_group) or self._controller(to_group, create=False)
+        if new is not None:
+            pl = rec["placement"]
+            try:
+                ray.get(new.add_job.remote(job_id, pl["rollout_nodes"], pl["train_nodes"], slo=rec["slo"]), timeout=30)
+            except Exception as e:
+                log.warning("controller of %s: add_job(%s) failed: %s", to_group, job_id, e)
 
     def report(self, job_id: str, event: dict) -> Optional[dict]:
         """Runtime events: ``running``, ``iteration`` (iterations_done, t_iter_s, t_solo_s,

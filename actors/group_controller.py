@@ -17,7 +17,8 @@ order) with real events:
 
 Timeline records: ``job_id, phase, pool, node, iteration, start, end`` (epoch seconds),
 ``start_s, end_s`` (seconds since the controller started), ``switch`` (warm | cold),
-``switch_s``, ``run_s``, ``offload_s``, ``ok``, ``error``. Metrics: pool busy / bubble seconds,
+``switch_s``, ``run_s``, ``offload_s``, ``ok``, ``error``. ``switch`` is ``moved`` for a job's first
+phase on a node after departure re-packing moved it there (builder + the state carried over). Metrics: pool busy / bubble seconds,
 phase switches (kind), job iterations / slowdown (see :mod:`actors.metrics`).
 
 State is soft: a restarted controller (``max_restarts=-1``) starts with empty queues and re-reads
@@ -84,6 +85,7 @@ class GroupControllerImpl:
         self.members: dict[str, dict] = {}
         self.gone: dict[str, str] = {}  # job_id -> reason it left (failed: ..., departed)
         self.running: dict[str, dict] = {}  # job_id -> grant
+        self.moving: dict[str, str] = {}  # job_id -> "moved to <group>" (removal due at its iteration boundary)
         self.migrations: list[dict] = []
         self._events: dict[str, asyncio.Event] = {}
         self._node_last_end: dict[str, float] = {}
@@ -98,7 +100,7 @@ class GroupControllerImpl:
         """Record an admitted member (pending: it joins the queues when its driver attaches, so an
         admitted job without a running driver never blocks its group-mates). Idempotent."""
         if job_id in self.members and job_id not in self.gone:
-            return False
+            return self.moving.pop(job_id, None) is not None  # moved back before it left: it stays
         self.gone.pop(job_id, None)
         self.members[job_id] = {"rollout_nodes": list(rollout_nodes), "train_nodes": list(train_nodes),
                                 "slo": slo, "has_sync": has_sync, "active": False, "heartbeat": None,
@@ -125,6 +127,9 @@ class GroupControllerImpl:
         m = self.members.get(job_id)
         if m is None or job_id in self.gone:
             why = self.gone.get(job_id, "not a member of this group")
+            if why.startswith("moved"):
+                raise PermitError(f"group {self.group_id}: job {job_id!r} moved to another group ({why}); "
+                                  "re-attach to the group in its scheduler record")
             raise PermitError(f"group {self.group_id}: job {job_id!r} cannot attach: {why}")
         if not m["active"]:
             self.rr.add_job(job_id, m["rollout_nodes"], m["train_nodes"], has_sync=m["has_sync"])
@@ -198,12 +203,24 @@ class GroupControllerImpl:
         return True
 
     async def remove_job(self, job_id: str, reason: str = "departed") -> bool:
-        """Drop the job from every queue (departure / failure). False if it was not a member."""
+        """Drop the job from every queue (departure / failure). False if it was not a member.
+
+        ``reason`` starting with ``"moved"`` (departure re-packing moved the job to another group):
+        the removal takes effect at the job's *iteration boundary*. A job in the middle of a
+        meta-iteration (a phase granted or running, or its next phase is training / sync) keeps
+        its slots here until its iteration's last phase is released; its later ``acquire`` then
+        raises PermitError saying it moved. A job between iterations (or never attached) leaves now.
+        """
         return self._remove(job_id, reason)
 
     def _remove(self, job_id: str, reason: str) -> bool:
         if job_id not in self.members or job_id in self.gone:
             return False
+        if reason.startswith("moved") and job_id in self.rr.job_ids and \
+                (self.rr.is_running(job_id) or self.rr.next_phase(job_id) != "rollout"):
+            self.moving[job_id] = reason  # mid-iteration: leave at the boundary (see remove_job)
+            return True
+        self.moving.pop(job_id, None)
         if job_id in self.rr.job_ids:
             self.rr.remove_job(job_id)
         self.running.pop(job_id, None)
@@ -287,6 +304,8 @@ class GroupControllerImpl:
                     pass  # a stale or duplicate release must not break the group
                 if self.rr.iteration(job_id) > grant["rr_iteration"]:
                     self._iteration_done(job_id, rec)
+                    if job_id in self.moving:  # iteration boundary: a deferred move takes effect
+                        self._remove(job_id, self.moving.pop(job_id))
             else:
                 self._remove(job_id, f"failed: {record.get('error')}")
                 self._report(job_id, {"event": "failed", "error": record.get("error"), "phase": phase})
@@ -304,7 +323,7 @@ class GroupControllerImpl:
                 bubble += rec["start"] - last
             self._node_last_end[node] = max(last or 0.0, rec.get("end", 0.0))
         self.metrics.pool_time(rec["pool"], busy_s=dur, bubble_s=bubble)
-        if rec.get("switch") in ("warm", "cold"):
+        if rec.get("switch") in ("warm", "cold", "moved"):
             self.metrics.phase_switch(rec["switch"], float(rec.get("switch_s") or 0.0))
         m = self.members.get(rec["job_id"])
         if m is not None and rec["ok"]:
@@ -378,6 +397,7 @@ class GroupControllerImpl:
                        "slowdown": (sum(m["iter_s"]) / sum(m["solo_s"])) if sum(m["solo_s"]) > 0 else None}
         pending = [j for j, m in self.members.items() if not m["active"] and j not in self.gone]
         return {"group_id": self.group_id, "jobs": jobs, "pending": pending, "gone": dict(self.gone),
+                "moving": dict(self.moving),
                 "queues": {n: list(self.rr.queue(n)) for n in self.rr.nodes},
                 "migrations": list(self.migrations), "timeline_len": len(self.timeline),
                 "metrics": {k: dict(v) for k, v in self.metrics.totals.items()}}

@@ -13,7 +13,13 @@ thread (``torch.set_num_threads(1)``). It hosts every job pinned to its node:
   releases the permit to the GroupController;
 - a *cold start* rebuilds the state from the builder plus, when one exists, the checkpoint on disk
   (first phase of a job, or every phase with ``switch="cold"``). Both are timed (``switch_s``)
-  and reported in the timeline and metrics.
+  and reported in the timeline and metrics;
+- a *move* (departure re-packing put the job in another group on other nodes): ``export_job`` on
+  the old node's worker hands over the stored state (ObjectRef, or the cold-start checkpoint's
+  bytes) and pending weights and drops the job; ``register_job(..., moved=payload)`` on the new
+  node's worker makes the job's first phase there start from it (builder() + ``restore_state``,
+  switch kind ``"moved"``; the copy to the new node is part of its ``switch_s``). Resident values
+  stay behind: they are control plane and the builder recreates them on the new node.
 
 Weight sync (scheduled mode): the TrainWorker runs the job's ``sync`` function, puts the weights
 in its object store and hands the reference to the job's RolloutWorker(s) (``receive_weights``
@@ -79,6 +85,7 @@ class _Hosted:
         self.endpoint: Any = None  # collectives endpoint (control plane, alive across phases)
         self.plan: Any = None
         self.switches: list[dict] = []
+        self.moved: Optional[dict] = None  # state carried over by a move: {"ref"} | {"ckpt": bytes}
 
 
 class _PoolWorker:
@@ -101,11 +108,14 @@ class _PoolWorker:
             raise KeyError(f"job {job_id!r} is not hosted on {worker_name(self.node)}")
         return h
 
-    def register_job(self, job_id: str, cfg: dict | bytes) -> bool:
+    def register_job(self, job_id: str, cfg: dict | bytes, moved: Optional[dict] = None) -> bool:
         """Host ``job_id`` (builder, phase functions, switch mode, controller name). Idempotent.
 
         ``cfg`` may arrive cloudpickled (bytes): it is then unpickled here under the worker's lock,
         so that several jobs registering at once never import / build user classes concurrently.
+        ``moved``: the :meth:`export_job` payload of the node the job moved from; the job's first
+        phase here then starts from it (builder() + :func:`restore_state`, switch kind
+        ``"moved"``) and its pending weights are applied at its next rollout.
         """
         with self._lock:
             if job_id in self.jobs:
@@ -114,8 +124,36 @@ class _PoolWorker:
                 from ray import cloudpickle
 
                 cfg = cloudpickle.loads(cfg)
-            self.jobs[job_id] = _Hosted(job_id, {**cfg, "pool": self.pool})
+            h = self.jobs[job_id] = _Hosted(job_id, {**cfg, "pool": self.pool})
+            if moved:
+                if moved.get("ref") is not None or moved.get("ckpt") is not None:
+                    h.moved = {"ref": moved.get("ref"), "ckpt": moved.get("ckpt")}
+                h.pending_weights = moved.get("pending_weights")
             return True
+
+    def export_job(self, job_id: str) -> Optional[dict]:
+        """Hand a job's stored state over for a move (departure re-packing) and stop hosting it.
+
+        Returns ``{job_id, node, pool, ref, ckpt, pending_weights, bytes}`` (None if the job is not
+        hosted here): ``ref`` is the ObjectRef of the storable state (warm switch), ``ckpt`` the
+        bytes of the cold-start checkpoint file (cold switch), ``pending_weights`` the synced
+        weights not yet applied (rollout side); ``bytes`` the size of ``ckpt`` (None for a ref).
+        Resident values (``rollmux_resident``: engines, communicators, the sync endpoint) stay
+        behind by design: they are control plane, rebuilt by the builder on the new node. The
+        job is unregistered here (endpoint closed, checkpoint file deleted) after the read.
+        """
+        with self._lock:
+            h = self.jobs.get(job_id)
+            if h is None:
+                return None
+            carried = h.moved or {}  # moved here but never ran: pass the carried state on
+            ref, ckpt = (h.ref, None) if h.ref is not None else (carried.get("ref"), carried.get("ckpt"))
+            if ref is None and ckpt is None and h.ckpt.is_file():
+                ckpt = h.ckpt.read_bytes()
+            out = {"job_id": job_id, "node": self.node, "pool": self.pool, "ref": ref, "ckpt": ckpt,
+                   "pending_weights": h.pending_weights, "bytes": None if ckpt is None else len(ckpt)}
+        self.unregister_job(job_id)
+        return out
 
     def unregister_job(self, job_id: str) -> bool:
         """Drop a job's state (departure / failure): its object-store state is freed, its sync
@@ -150,7 +188,20 @@ class _PoolWorker:
         import torch
 
         t0 = time.perf_counter()
-        if h.ref is not None and h.switch == "warm":
+        if h.moved is not None:  # first phase after a move: builder + the state carried over
+            state = h.builder()
+            if not isinstance(state, dict):
+                raise TypeError(f"job {h.job_id}: the {self.pool} state builder must return a dict")
+            mv = h.moved
+            if mv.get("ref") is not None:
+                saved = ray.get(mv["ref"])
+            else:
+                import io
+
+                saved = torch.load(io.BytesIO(mv["ckpt"]), weights_only=False)
+            state, kind = restore_state(state, dict(saved)), "moved"
+            h.moved = None
+        elif h.ref is not None and h.switch == "warm":
             state, kind = dict(ray.get(h.ref)), "warm"
         else:
             state = h.builder()

@@ -86,6 +86,10 @@ class SchedulerConfig(BaseModel):
             ``max_k slowdown_k / slo_k``: leaves SLO headroom for stochastic phase times) or
             ``"best_fit"`` (the tightest feasible group). The paper does not say; measured on the
             default mix the two differ by ~1-2% in cost either way.
+        repack_on_departure: after a departure, try to dissolve small groups into the others
+            (:meth:`InterGroupScheduler.repack`); moved jobs pay one host-state copy.
+        repack_max_groups: groups tried per departure (bounds the work of a departure).
+        repack_max_members: only groups with at most this many members are dissolved.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -728,9 +732,27 @@ class InterGroupScheduler:
         self._version = v + 1
 
     def repack(self, trigger_group: Optional[str] = None) -> list[dict]:
-        """Try to dissolve small groups into the others (departure re-packing).
+        """Departure re-packing: dissolve small groups into the others when that lowers the $/h.
 
-        Returns the moves made: ``{job_id, from_group, to_group, placement, move_s}``.
+        Called after :meth:`depart` (``trigger_group``: the group the job left, tried first).
+        Candidates are the groups with at most ``config.repack_max_members`` members (at most
+        ``config.repack_max_groups`` of them, fewest members and cheapest first). For each, its
+        members are re-admitted one by one (longest solo time first) through the same Alg. 1
+        decision as an arrival (saturation pruning, memory residency, every member's SLO on the
+        simulated round-robin schedule, minimum marginal cost), restricted to existing groups;
+        the mover's own SLO must also absorb copying its host state once
+        (:func:`rollmux.profiler.move_time_s`): ``slowdown + move_s / T_solo <= slo``. The
+        dissolution is kept only if every member found a place and the cluster's total $/h
+        dropped; otherwise the state is rolled back exactly. Only the ``"rollmux"`` policy
+        re-packs (the baselines are the paper's greedy placements); ``repack_on_departure:
+        false`` turns it off (plain Alg. 1).
+
+        Returns:
+            the moves committed, in order: ``{job_id, from_group, to_group, placement
+            {rollout_nodes, train_nodes}, move_s, saved_usd_per_h}`` (``saved_usd_per_h``: the
+            $/h the dissolution of ``from_group`` saved, repeated on each of its moves).
+        Source: extension of RollMux §4.2 Alg. 1 (the paper only admits; its offline optimum
+        re-partitions at every event, DESIGN.md "Optimum"); DESIGN.md "Job departure".
         """
         if self.policy != "rollmux" or not self.config.repack_on_departure or self.config.repack_max_groups == 0:
             return []
@@ -757,8 +779,9 @@ class InterGroupScheduler:
                 self.commit(d)
                 plan.append({"job_id": m.spec.job_id, "from_group": gid, "to_group": d.group_id,
                              "placement": _placement_dict(d.placement), "move_s": mv})
-            if ok and self.cost_usd_per_h() < before - 1e-9:
-                moves += plan
+            after = self.cost_usd_per_h()
+            if ok and after < before - 1e-9:
+                moves += [dict(mv, saved_usd_per_h=before - after) for mv in plan]
             else:
                 self._load(saved)
         return moves

@@ -47,6 +47,8 @@ def simulate(
     exact_max_jobs: int = typer.Option(16, "--exact-max-jobs", min=1, max=64,
                                        help="the optimum is exact up to this many active jobs (best found beyond)"),
     cluster_config: Path = typer.Option(None, "--cluster", help="cluster YAML [default: configs/cluster_sim.yaml]"),
+    repack: bool = typer.Option(True, "--repack/--no-repack", help="RollMux re-packs small groups after departures "
+                                "(--no-repack: the paper's admission-only Alg. 1)"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ) -> None:
     """Replay a real cluster trace through the scheduling policies; write summary.json and plots.
@@ -99,7 +101,7 @@ def simulate(
 
         try:
             res = run_sim(sjobs, cluster, names, stochastic=stochastic, seed=seed, max_group_size=max_group_size,
-                          exact_max_jobs=exact_max_jobs, on_event=on_event,
+                          exact_max_jobs=exact_max_jobs, on_event=on_event, repack=repack,
                           meta={"trace": str(trace), "mix": mix, "window": window.model_dump(), "cluster": cluster.name})
         except (ValueError, RuntimeError) as e:  # e.g. a bounded --cluster refusing a job
             fail(str(e))

@@ -184,8 +184,14 @@ class SimPolicy:
     def arrive(self, job: SimJob) -> float:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def depart(self, job_id: str) -> None:  # pragma: no cover - interface
+    def depart(self, job_id: str) -> Optional[dict[str, float]]:  # pragma: no cover - interface
+        """Remove a finished job. May return ``{job_id: stall_s}`` for other jobs the policy
+        moved as a consequence (departure re-packing): each loses ``stall_s`` of progress."""
         raise NotImplementedError
+
+    def extra(self) -> dict:
+        """Policy-specific facts for summary.json."""
+        return {}
 
     def units(self) -> list[Unit]:  # pragma: no cover - interface
         raise NotImplementedError
@@ -197,15 +203,20 @@ class SimPolicy:
 
 class SchedulerPolicy(SimPolicy):
     """RollMux / random / most-idle: :class:`rollmux.admission.InterGroupScheduler` (Alg. 1 or
-    the greedy baselines), one admission per arrival, departures release GPUs."""
+    the greedy baselines), one admission per arrival, departures release GPUs; RollMux then
+    re-packs (``repack``, :meth:`InterGroupScheduler.repack`), and each moved job stalls for its
+    host-state copy (``move_s``)."""
 
-    def __init__(self, name: str, cluster: ClusterSpec, real: Realisation, *, max_group_size: int = 5, seed: int = 0):
-        from rollmux.admission import InterGroupScheduler
+    def __init__(self, name: str, cluster: ClusterSpec, real: Realisation, *, max_group_size: int = 5, seed: int = 0,
+                 repack: bool = True):
+        from rollmux.admission import InterGroupScheduler, SchedulerConfig
 
         self.name = name
         self.real = real
-        self.sched = InterGroupScheduler(cluster, policy=name, max_group_size=max_group_size, seed=seed)
+        cfg = SchedulerConfig(policy=name, max_group_size=max_group_size, seed=seed, repack_on_departure=repack)
+        self.sched = InterGroupScheduler(cluster, policy=name, max_group_size=max_group_size, seed=seed, config=cfg)
         self.moves = 0
+        self.move_s = 0.0
 
     def arrive(self, job: SimJob) -> float:
         d = self.sched.admit(job.spec, job.profile)
@@ -219,7 +230,14 @@ class SchedulerPolicy(SimPolicy):
         self.sched.depart(job_id)
         moves = self.sched.repack(gid)
         self.moves += len(moves)
+        self.move_s += sum(m["move_s"] for m in moves)
         return {m["job_id"]: m["move_s"] for m in moves}
+
+    def extra(self) -> dict:
+        if self.name != "rollmux":
+            return {}
+        return {"repack_on_departure": self.sched.config.repack_on_departure, "jobs_moved": self.moves,
+                "move_stall_h": self.move_s / 3600.0}
 
     def groups(self) -> list[CoExecutionGroup]:
         return list(self.sched.groups)
@@ -298,11 +316,12 @@ class OptimalPolicy(SimPolicy):
 
 
 def make_policy(name: str, cluster: ClusterSpec, real: Realisation, *, max_group_size: int = 5, seed: int = 0,
-                exact_max_jobs: int = 16) -> SimPolicy:
-    """Policy registry. Raises ValueError for an unknown name (message lists the known ones)."""
+                exact_max_jobs: int = 16, repack: bool = True) -> SimPolicy:
+    """Policy registry (``repack``: RollMux's departure re-packing). Raises ValueError for an
+    unknown name (message lists the known ones)."""
     check_policy(name)
     if name in SCHEDULER_POLICIES:
-        return SchedulerPolicy(name, cluster, real, max_group_size=max_group_size, seed=seed)
+        return SchedulerPolicy(name, cluster, real, max_group_size=max_group_size, seed=seed, repack=repack)
     if name == "optimal":
         return OptimalPolicy(cluster, real, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs)
     return PerJobPolicy(name, cluster, real)
@@ -518,6 +537,7 @@ def replay(
         stalls.clear()
     run.end_s = t
     run.wall_s = time.perf_counter() - t_wall
+    run.extra.update(policy.extra())
     if isinstance(policy, OptimalPolicy):
         run.extra["optimal_exact_fraction"] = policy.exact_events / max(1, policy.events)
     return run
@@ -568,10 +588,12 @@ def simulate(
     on_event: Optional[Callable[[str, int], None]] = None,
     meta: Optional[dict] = None,
     shadow_policies: Iterable[str] = ("rollmux",),
+    repack: bool = True,
 ) -> SimulationResult:
     """Replay the same jobs through every policy with one shared realisation.
 
-    ``shadow_policies`` also get the same-instant exact-optimum comparison (see :func:`replay`).
+    ``shadow_policies`` also get the same-instant exact-optimum comparison (see :func:`replay`);
+    ``repack=False`` runs RollMux as the paper's admission-only Alg. 1 (no departure re-packing).
 
     Raises:
         ValueError: an unknown policy name (before anything runs) or an empty job list.
@@ -583,13 +605,14 @@ def simulate(
     shadow_policies = tuple(shadow_policies)
     runs: dict[str, PolicyRun] = {}
     for name in names:
-        pol = make_policy(name, cluster, real, max_group_size=max_group_size, seed=seed, exact_max_jobs=exact_max_jobs)
+        pol = make_policy(name, cluster, real, max_group_size=max_group_size, seed=seed, exact_max_jobs=exact_max_jobs,
+                          repack=repack)
         cb = (lambda k, _n=name: on_event(_n, k)) if on_event else None
         shadow = (OptimalPartition(cluster, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs, time_limit_s=5.0)
                   if name in shadow_policies else None)
         runs[name] = replay(jobs, pol, real, on_event=cb, shadow=shadow)
     m = dict(meta or {}, jobs=len(jobs), stochastic=stochastic, seed=seed, max_group_size=max_group_size,
-             exact_max_jobs=exact_max_jobs)
+             exact_max_jobs=exact_max_jobs, repack_on_departure=repack)
     return SimulationResult(runs, summarise(runs, m), real)
 
 

@@ -13,6 +13,9 @@ with ``InterGroupScheduler.restore``: admitting 10,000 jobs one by one is quadra
 The exact optimum (CP-SAT set partitioning over all feasible candidate groups,
 :class:`rollmux.baselines.OptimalPartition`, empty layout cache) is timed on 4..32 active jobs.
 
+For RollMux, the latency of a departure (``depart`` + departure re-packing, ``repack``) is
+timed too, on ``--probes`` random active jobs (row policy ``rollmux-departure+repack``).
+
 Writes ``results/bench_decision_latency.json``: a list of
 ``{policy, active_jobs, p50_ms, p99_ms, ...}``. Not a test: numbers depend on the machine.
 """
@@ -103,7 +106,32 @@ def bench_admission(policy: str, sizes, probes: int, direct_max: int, seed: int)
                      "p99_ms": float(np.percentile(a, 99)), "probes": len(lat), "groups": len(sched.groups),
                      "state": how, "build_s": round(build_s, 2)})
         print(json.dumps(rows[-1]), flush=True)
+        if policy == "rollmux" and sched.config.repack_on_departure:
+            rows.append(bench_departure(sched, probes, seed))
+            print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def bench_departure(sched: InterGroupScheduler, probes: int, seed: int) -> dict:
+    """Latency of a departure: ``depart`` + departure re-packing (``repack``) of ``probes``
+    random active jobs, one after the other, on a copy of ``sched`` (the copy shrinks by
+    ``probes`` jobs)."""
+    rng = random.Random(seed + 2)
+    sched = InterGroupScheduler.restore(sched.cluster, sched.snapshot())  # the caller's state stays intact
+    n = len(sched.job_ids)
+    lat, moves = [], 0
+    t_budget = time.perf_counter() + 120.0
+    for jid in rng.sample(sorted(sched.job_ids), min(probes, n)):
+        t0 = time.perf_counter()
+        gid = sched.group_of(jid).group_id
+        sched.depart(jid)
+        moves += len(sched.repack(gid))
+        lat.append((time.perf_counter() - t0) * 1e3)
+        if time.perf_counter() > t_budget:
+            break
+    a = np.asarray(lat)
+    return {"policy": "rollmux-departure+repack", "active_jobs": n, "p50_ms": float(np.percentile(a, 50)),
+            "p99_ms": float(np.percentile(a, 99)), "probes": len(lat), "jobs_moved": moves}
 
 
 def bench_optimum(sizes, reps: int, seed: int) -> list[dict]:

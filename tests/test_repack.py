@@ -1,0 +1,129 @@
+"""Departure re-packing (InterGroupScheduler.repack): a departure lets a small group dissolve into
+another one when every member keeps its SLO (including one host-state copy) and the $/h drops;
+otherwise the scheduler state is rolled back exactly. Policy core and simulator."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollmux import profiler
+from rollmux.admission import InterGroupScheduler, SchedulerConfig
+from rollmux.config import CONFIG_DIR, load_cluster
+from rollmux.models import JobSpec, PhaseProfile
+from rollmux.simulator import Realisation, make_policy, replay
+from rollmux.workloads import SimJob
+from tests.test_admission import R_PRICE, T_PRICE, job, make_cluster
+
+PAIR = R_PRICE + T_PRICE
+
+
+def three_groups_scenario(slo=1.05, **cfg):
+    """A and B interleave perfectly in group-0 (saturated: T_load = T_cycle = 200 s), so C opens
+    group-1; when A leaves, B alone in group-0 could join C."""
+    s = InterGroupScheduler(make_cluster(), config=SchedulerConfig(**cfg) if cfg else None)
+    assert s.admit(job("A", 100, 100, slo=slo)).strategy == "isolated"
+    assert s.admit(job("B", 100, 100, slo=slo)).group_id == "group-0"
+    c = s.admit(job("C", 100, 100, slo=slo))
+    assert c.strategy == "isolated" and c.pruned == [{"group_id": "group-0", "plugin": "saturation",
+                                                       "reason": "saturated: T_load 200.0 s >= T_cycle 200.0 s"}]
+    assert s.cost_usd_per_h() == pytest.approx(2 * PAIR)
+    return s
+
+
+def test_departure_dissolves_a_small_group_into_another():
+    s = three_groups_scenario()
+    s.depart("A")
+    moves = s.repack("group-0")
+    mv = profiler.move_time_s(job("B", 100, 100), s.cluster)
+    assert mv == pytest.approx((10 + 10) * 8 / 400)  # 20 GB of host state at 400 Gbit/s
+    assert moves == [{"job_id": "B", "from_group": "group-0", "to_group": "group-1",
+                      "placement": {"rollout_nodes": ["rollout-1"], "train_nodes": ["train-1"]},
+                      "move_s": pytest.approx(mv), "saved_usd_per_h": pytest.approx(PAIR)}]
+    assert s.cost_usd_per_h() == pytest.approx(PAIR)
+    assert [g.group_id for g in s.groups] == ["group-1"] and s.group_of("B").job_ids == ("C", "B")
+    assert s.group_stats("group-1")["predicted_slowdowns"] == pytest.approx({"C": 1.0, "B": 1.0})
+    # the freed node pair is reused by the next isolated group
+    d = s.admit(job("D", 300, 300, slo=1.0))
+    assert d.strategy == "isolated" and d.placement.rollout_nodes == ("rollout-0",)
+    # a restored snapshot is the re-packed state
+    r = InterGroupScheduler.restore(s.cluster, s.snapshot())
+    assert r.snapshot() == s.snapshot()
+
+
+def test_move_that_cannot_absorb_the_state_copy_is_rolled_back():
+    # SLO exactly 1.0: B would iterate at solo speed with C, but copying its state breaks the SLO
+    s = three_groups_scenario(slo=1.0)
+    s.depart("A")
+    before = s.snapshot()
+    assert s.repack("group-0") == []
+    assert s.snapshot() == before  # exact rollback, pools included
+    assert s.admit(job("D", 300, 300, slo=1.0)).placement.rollout_nodes == ("rollout-2",)
+    assert s.cost_usd_per_h() == pytest.approx(3 * PAIR)
+
+
+def test_repack_switched_off_and_baselines_never_move():
+    s = three_groups_scenario(repack_on_departure=False)
+    s.depart("A")
+    assert s.repack("group-0") == [] and s.cost_usd_per_h() == pytest.approx(2 * PAIR)
+    for policy in ("random", "most-idle"):
+        b = InterGroupScheduler(make_cluster(), policy=policy)
+        for jid in "ABC":
+            b.admit(job(jid, 100, 100, slo=1.05))
+        n = len(b.groups)
+        b.depart("A")
+        assert b.repack(None) == [] and len(b.groups) <= n
+
+
+def test_partial_dissolution_is_rolled_back_and_the_next_candidate_tried():
+    s = InterGroupScheduler(make_cluster())
+    s.admit(job("A", 100, 100, slo=1.05))
+    s.admit(job("B", 50, 50, slo=2.1))
+    s.admit(job("E", 40, 40, slo=2.5))  # group-0 = {A, B, E}: loads 190 s, T_cycle 200 s
+    assert s.admit(job("C", 100, 100, slo=1.05)).strategy == "isolated"  # group-1: A's SLO forbids sharing
+    s.depart("A")
+    before = s.snapshot()
+    # group-0 first: B fits beside C (slowdown 2.0 + copy <= 2.1) but E cannot absorb its state
+    # copy (2.5 + copy > 2.5), so group-0 stays as it was; then group-1 dissolves into group-0
+    moves = s.repack("group-0")
+    assert [(m["job_id"], m["from_group"], m["to_group"]) for m in moves] == [("C", "group-1", "group-0")]
+    assert s.group_of("B").job_ids == ("B", "E", "C") and s.cost_usd_per_h() == pytest.approx(PAIR)
+    assert s.group_stats("group-0")["predicted_slowdowns"] == pytest.approx({"B": 2.0, "E": 2.5, "C": 1.0})
+    assert before["groups"][0]["members"] == s.snapshot()["groups"][0]["members"][:2]
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="repack_max_groups"):
+        SchedulerConfig(repack_max_groups=-1)
+    with pytest.raises(ValueError, match="repack_max_members"):
+        SchedulerConfig(repack_max_members=0)
+
+
+# --- in the simulator -------------------------------------------------------------------------
+
+SIM = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
+
+
+def sim_job(jid, arrival, duration, slo=1.05):
+    spec = JobSpec(job_id=jid, model_params_b=7, slo=slo, measured=PhaseProfile(t_roll_s=100, t_train_s=100, t_sync_s=0))
+    return SimJob(spec=spec, job_type="hand", category="balanced", arrival_s=arrival, duration_s=duration)
+
+
+@pytest.mark.parametrize("repack", [True, False])
+def test_replay_moves_jobs_and_charges_the_state_copy(repack):
+    jobs = [sim_job("A", 0, 2000), sim_job("B", 0, 20000), sim_job("C", 10, 20000)]
+    real = Realisation(SIM)
+    run = replay(jobs, make_policy("rollmux", SIM, real, repack=repack), real)
+    pair = SIM.rollout_pool.node.price_usd_per_h + SIM.train_pool.node.price_usd_per_h
+    mv = profiler.move_time_s(jobs[1].spec, SIM)
+    assert 5 < mv < 10  # 7B: ~91 GB rollout + ~268 GB training state at 400 Gbit/s
+    dep = {k: o.departure_s for k, o in run.outcomes.items()}
+    m = run.metrics()
+    if repack:
+        assert dep == pytest.approx({"A": 2000, "B": 20000 + mv, "C": 20010})
+        assert run.cost_usd == pytest.approx(pair * (10 + 2 * 1990 + (20010 - 2000)) / 3600)
+        assert m["jobs_moved"] == 1 and m["move_stall_h"] == pytest.approx(mv / 3600)
+    else:
+        assert dep == pytest.approx({"A": 2000, "B": 20000, "C": 20010})
+        assert run.cost_usd == pytest.approx(pair * (10 + 2 * 19990 + 10) / 3600)
+        assert m["jobs_moved"] == 0
+    assert m["slo_attainment"] == 1.0
