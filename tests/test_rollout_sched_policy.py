@@ -315,6 +315,22 @@ def test_scheduler_profile_switch_changes_batch_size_and_ttl():
     assert f.profile.max_batch_requests == 16
 
 
+def test_entropy_triggered_switch_between_versions_is_counted_and_applied():
+    # the step threshold is met first (version 2) while entropy is high; the switch then happens
+    # inside next_batch once completions collapse the output distribution (no version change)
+    cfg = config(cold=cold_cfg().cold, stable=cold_cfg().stable, switch_step=2, switch_entropy=0.5, max_cold_steps=20)
+    s = RolloutRequestScheduler(cfg, "mixed")
+    s.set_policy_version(2)
+    assert s.metrics()["coldstart_phase"] == "cold" and s.index.ttl_versions == 0  # no tokens yet: entropy 1.0
+    s.submit(req("a", [1] * 5, max_tokens=10))
+    (r,) = s.next_batch(0.0)
+    s.on_complete(r.request_id, [7] * 10, 0.1)
+    s.next_batch(0.2)
+    m = s.metrics()
+    assert m["coldstart_phase"] == "stable" and m["coldstart_switched_at_step"] == 2 and m["profile_switches"] == 1
+    assert s.index.ttl_versions == 3
+
+
 def test_cold_ttl_expires_prefixes_on_version_change():
     cfg = config(cold=cold_cfg().cold, stable=cold_cfg().stable, switch_step=5, max_cold_steps=5)
     s = RolloutRequestScheduler(cfg, "mixed")

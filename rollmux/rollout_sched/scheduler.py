@@ -145,11 +145,16 @@ class RolloutRequestScheduler:
         changed = version != self.policy_version
         self.policy_version = version
         switched = self.coldstart.on_step(version) and self.policy.adaptive
+        self._apply_profile(expire=changed or switched, switched=switched)
+
+    def _apply_profile(self, *, expire: bool, switched: bool) -> None:
+        """After a possible cold -> stable switch: count it, take the active profile's prefix TTL
+        and (when asked) expire index entries older than it."""
         if switched:
             self.counters["profile_switches"] += 1
         self.index.ttl_versions = self.profile.prefix_ttl_versions
-        if changed or switched:
-            self.index.expire(version)
+        if expire:
+            self.index.expire(self.policy_version)
 
     def set_trainer_waiting(self, waiting: bool) -> None:
         """Whether the trainer is waiting on critical rollout data (drives the stage-1 budget)."""
@@ -176,9 +181,9 @@ class RolloutRequestScheduler:
         inserted (the engine now holds its KV). Returns an empty list when nothing fits.
         """
         self.window += 1
-        if self.policy.adaptive:
-            self.coldstart.maybe_switch()
-            self.index.ttl_versions = self.profile.prefix_ttl_versions
+        if self.policy.adaptive:  # output entropy may have fallen since the last version change
+            switched = self.coldstart.maybe_switch()
+            self._apply_profile(expire=switched, switched=switched)
         decay = self.config.diversity_decay
         for f in list(self._family_hist):
             self._family_hist[f] *= decay
