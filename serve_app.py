@@ -106,6 +106,7 @@ class DepartureView(_Open):
     job_id: str
     released_nodes: list[str] = []
     group_dissolved: bool = False
+    moves: list[dict[str, Any]] = []  # departure re-packing: {job_id, from_group, to_group, placement, move_s}
 
 
 class GroupView(_Open):

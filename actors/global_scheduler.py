@@ -4,7 +4,11 @@ One named, detached actor (``rollmux-global-scheduler`` in namespace ``rollmux``
 ``max_restarts=-1``). It admits jobs by calling the policy (:class:`rollmux.admission.
 InterGroupScheduler`, Alg. 1; no second copy here), creates one named GroupController per
 co-execution group (lazily, when its first driver attaches: ``ensure_controller``), tracks each job's lifecycle (admitted -> running -> finished | failed) and
-releases nodes on departure or failure.
+releases nodes on departure or failure. After a departure it calls the policy's departure
+re-packing (``InterGroupScheduler.repack``) and carries out the moves it commits: the moved jobs'
+records (``group_id``, ``placement``, ``controller``, ``moves``) are checkpointed, then the old
+group's controller drops the job at its iteration boundary and the new one learns it; the job's
+driver follows on its next permit (:meth:`actors.runtime_client.ScheduledRuntime._rehome`).
 
 Fault tolerance (Ray Serve controller pattern, STYLE.md §3): the *target state* (job records +
 ``InterGroupScheduler.snapshot()`` + controller names) is checkpointed to a KV store
@@ -66,12 +70,14 @@ class GlobalSchedulerImpl:
         kv: an explicit :class:`actors.kv.KVStore` (unit tests: ``MemoryKV``).
         create_controllers: False for unit tests without Ray (no GroupControllers).
         controller_kw: keyword arguments of new GroupControllers (e.g. ``lease_s``, ``migrate``).
+        repack_on_departure: departure re-packing (``SchedulerConfig.repack_on_departure``); kept
+            in the checkpoint (a restored scheduler keeps the setting it was created with).
     """
 
     def __init__(self, cluster: dict | ClusterSpec, checkpoint_path: Optional[str] = None, *,
                  name: str = SCHEDULER_NAME, policy: str = "rollmux", max_group_size: int = 5, seed: int = 0,
                  kv=None, create_controllers: bool = True, metrics_flush_s: float = 1.0,
-                 controller_kw: Optional[dict] = None):
+                 controller_kw: Optional[dict] = None, repack_on_departure: bool = True):
         from actors.kv import make_kv
         from actors.metrics import RollmuxMetrics
         from rollmux.admission import InterGroupScheduler
@@ -94,7 +100,10 @@ class GlobalSchedulerImpl:
             self._restore(meta)
             self._refind_controllers()
         else:
-            self.igs = InterGroupScheduler(self.cluster, **self._policy_args)
+            from rollmux.admission import SchedulerConfig
+
+            cfg = SchedulerConfig(**self._policy_args, repack_on_departure=repack_on_departure)
+            self.igs = InterGroupScheduler(self.cluster, **self._policy_args, config=cfg)
             snap = self.igs.snapshot()
             self._header = {k: v for k, v in snap.items() if k != "groups"}
             self._checkpoint()
@@ -333,7 +342,11 @@ class GlobalSchedulerImpl:
         gid = rec["group_id"]
         before = self._nodes_in_use()
         self.igs.depart(job_id)
-        moves = list(self.igs.repack(gid))
+        try:
+            moves = list(self.igs.repack(gid))
+        except Exception:  # the policy rolls a failed attempt back; the departure itself stands
+            log.exception("departure re-packing after %s failed; no job moved", job_id)
+            moves = []
         released = sorted(before - self._nodes_in_use(), key=lambda n: (n.split("-")[0], node_index(n)))
         dissolved = _group(self.igs, gid) is None
         now = time.time()
@@ -345,6 +358,10 @@ class GlobalSchedulerImpl:
                                              "train_nodes": list(mv["placement"]["train_nodes"])},
                      controller=self._controller_name(to))
             self.controllers[to] = r["controller"]
+            try:  # the policy's prediction in the new group (cached by the commit)
+                r["predicted_slowdown"] = self.igs.group_stats(to)["predicted_slowdowns"].get(mv["job_id"])
+            except (AttributeError, KeyError):
+                pass
             r.setdefault("moves", []).append({"from_group": mv["from_group"], "to_group": to, "at": now,
                                               "move_s": mv.get("move_s"), "trigger": job_id})
         touched = list(dict.fromkeys([gid] + [g for mv in moves for g in (mv["from_group"], mv["to_group"])]))

@@ -9,6 +9,9 @@ order) with real events:
 - ``release(job_id, phase, record)`` (called by the worker that ran the phase) records the phase
   in the timeline and enqueues the job's next phase (``on_phase_done``); a failed phase removes
   the job from the queues so its group-mates keep iterating, and tells the GlobalScheduler;
+- ``remove_job(job_id, "moved to <group>")`` (departure re-packing moved the job): the removal
+  waits for the job's iteration boundary; afterwards its ``acquire`` raises PermitError saying
+  it moved, which tells the driver to re-attach to its new group;
 - ``progress(job_id, done, total)`` (runtime hook) decides long-tail migration with the policy's
   :class:`rollmux.intra_group.LongTailPolicy` (trigger fraction, default 0.8, DESIGN.md
   "Long-tail migration"); the decision (with the policy's tail / freed worker split) is recorded,

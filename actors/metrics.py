@@ -13,8 +13,8 @@ rollmux_job_iterations              gauge      job_id        iterations done
 rollmux_group_cost_usd_per_h        gauge      group_id      Cost(G), USD/h (0 once dissolved)
 rollmux_admission_decisions_total   counter    outcome       admitted | retry_later | never | ...
 rollmux_admission_latency_ms        histogram  -             policy decision latency, ms
-rollmux_phase_switch_total          counter    kind          warm | cold phase switches
-rollmux_phase_switch_seconds        gauge      kind          last switch latency, s (warm | cold)
+rollmux_phase_switch_total          counter    kind          warm | cold | moved phase switches
+rollmux_phase_switch_seconds        gauge      kind          last switch latency, s (warm | cold | moved)
 ==================================  =========  ============  ==========================================
 
 Updates are buffered and applied by a background thread every ``flush_interval_s`` so that the

@@ -10,6 +10,11 @@ attaches when env ``ROLLMUX_ATTACH=1`` (admit its own spec) or ``ROLLMUX_JOB_ID=
 a job admitted earlier, e.g. through the HTTP API) is set; ``RAY_ADDRESS`` (set by Ray for
 submitted jobs) selects the cluster.
 
+Departure re-packing (``GlobalScheduler._end``) may move a job to another group between two of its
+meta-iterations. The driver learns it when a permit is refused (no extra round trip per phase):
+it then reads its record, moves its stored state to the new nodes' workers, attaches to the new
+group's controller and retries the permit once (:meth:`ScheduledRuntime._rehome`).
+
 Limits: a phase runs on the first node of its pool in the placement (the phase function is one
 process); the permit covers every node of the placement. The sync weights travel through the
 object store (TrainWorker -> RolloutWorker) by default, or through collectives/ (gloo) with
@@ -142,8 +147,10 @@ class ScheduledRuntime:
 
     def __init__(self, job):
         import ray
+        from ray.exceptions import RayTaskError
 
         from actors.global_scheduler import get_scheduler
+        from actors.group_controller import PermitError
 
         ensure_ray()
         self.job = job
@@ -163,37 +170,86 @@ class ScheduledRuntime:
             if not dec.get("admitted"):
                 raise AdmissionRefused(dec)
             rec = ray.get(self.sched.get_job.remote(jid))
-        self.info: dict = rec
-        name = ray.get(self.sched.ensure_controller.remote(rec["group_id"]))
-        self.controller = ray.get_actor(name, namespace=NAMESPACE)
+        self.timeline: list[dict] = []
+        self.moves: list[dict] = []  # departure re-packing moves this driver carried out
+        self._registered = False
+        try:
+            self._home(rec)
+            self.attach_info = ray.get(self.controller.attach.remote(jid))  # joins its nodes' queues now
+        except RayTaskError as e:  # moved between reading the record and attaching
+            if not (isinstance(_unwrap(e), (PermitError, KeyError)) and self._rehome()):
+                raise
+        self._stop = threading.Event()
+        self._hb = threading.Thread(target=self._heartbeat, name=f"rollmux-heartbeat-{jid}", daemon=True)
+        self._hb.start()
+
+    def _home(self, rec: dict) -> None:
+        """Point this driver at the group, controller and node workers of the job record ``rec``."""
+        import ray
+
         from actors.workers import get_or_create_worker, worker_name
 
+        self.info = rec
         pl = rec["placement"]
         self.rollout_nodes, self.train_nodes = list(pl["rollout_nodes"]), list(pl["train_nodes"])
         self.rollout_worker = get_or_create_worker(self.rollout_nodes[0])
         self.train_worker = get_or_create_worker(self.train_nodes[0])
         self._rollout_worker_names = [worker_name(self.rollout_nodes[0])]
-        self.timeline: list[dict] = []
-        self._registered = False
-        self.attach_info = ray.get(self.controller.attach.remote(jid))  # joins its nodes' queues now
-        self._stop = threading.Event()
-        self._hb = threading.Thread(target=self._heartbeat, name=f"rollmux-heartbeat-{jid}", daemon=True)
-        self._hb.start()
+        name = ray.get(self.sched.ensure_controller.remote(rec["group_id"]))  # KeyError if no active member
+        self.controller = ray.get_actor(name, namespace=NAMESPACE)
+
+    def _rehome(self) -> bool:
+        """Departure re-packing moved this job (its permit was refused): follow it.
+
+        Reads the job's record from the GlobalScheduler (one round trip, only after a refused
+        permit); if its group changed, moves the job's stored state from the old node workers to
+        the new ones (``export_job`` -> ``register_job(moved=...)``; resident state stays behind),
+        attaches to the new group's controller (created if needed) and returns True. False when
+        the job did not move (the refusal stands: failed, departed, out of order).
+        """
+        import ray
+
+        jid = self.job.job_id
+        rec = ray.get(self.sched.get_job.remote(jid))
+        if rec is None or rec["state"] not in ("admitted", "running") or rec["group_id"] == self.info["group_id"]:
+            return False
+        t0 = time.perf_counter()
+        old = {"group_id": self.info["group_id"], "rollout_nodes": self.rollout_nodes, "train_nodes": self.train_nodes}
+        payload = None
+        if self._registered:
+            payload = dict(zip(("rollout", "train"), ray.get([self.rollout_worker.export_job.remote(jid),
+                                                               self.train_worker.export_job.remote(jid)])))
+        self._home(rec)
+        self.attach_info = ray.get(self.controller.attach.remote(jid, has_sync="sync" in self.job._phases))
+        if self._registered:
+            self._registered = False
+            self._register(moved=payload)
+        mv = {"from_group": old["group_id"], "to_group": rec["group_id"], "iteration": self.job.iteration,
+              "from_nodes": old["rollout_nodes"] + old["train_nodes"],
+              "to_nodes": self.rollout_nodes + self.train_nodes, "handover_s": time.perf_counter() - t0,
+              "state_bytes": {p: (x or {}).get("bytes") for p, x in (payload or {}).items()}}
+        self.moves.append(mv)
+        self.job._emit({"event": "moved", "job_id": jid, **mv})
+        log.info("job %s moved %s -> %s at iteration %d", jid, mv["from_group"], mv["to_group"], mv["iteration"])
+        return True
 
     def _heartbeat(self) -> None:
-        """Driver lease: tell the GroupController this driver is alive (every HEARTBEAT_S)."""
+        """Driver lease: tell the current GroupController this driver is alive (every HEARTBEAT_S).
+        ``self.controller`` changes when the job moves; a refused heartbeat (the job left this
+        controller, e.g. moved) does not stop the thread (``finish`` does)."""
         import ray
 
         from actors.group_controller import HEARTBEAT_S
 
         while not self._stop.wait(HEARTBEAT_S):
             try:
-                if not ray.get(self.controller.heartbeat.remote(self.job.job_id), timeout=30):
-                    return
+                ray.get(self.controller.heartbeat.remote(self.job.job_id), timeout=30)
             except Exception:  # controller restarting; keep trying until finish
                 pass
 
-    def _register(self) -> None:
+    def _register(self, moved: Optional[dict] = None) -> None:
+        """Register the job's builders and phases on its node workers (``moved``: the state each
+        pool's old worker exported, see :meth:`_rehome`)."""
         import ray
 
         if self._registered:
@@ -213,10 +269,11 @@ class ScheduledRuntime:
                 self.controller.configure_job.remote(j.job_id, has_sync="sync" in j._phases),
                 self.rollout_worker.register_job.remote(j.job_id, cloudpickle.dumps({
                     **common, "builder": j._builders["rollout"],
-                    "phases": {k: v for k, v in j._phases.items() if k == "rollout"}})),
+                    "phases": {k: v for k, v in j._phases.items() if k == "rollout"}}), (moved or {}).get("rollout")),
                 self.train_worker.register_job.remote(j.job_id, cloudpickle.dumps({
                     **common, "builder": j._builders["train"], "rollout_workers": self._rollout_worker_names,
-                    "phases": {k: v for k, v in j._phases.items() if k in ("train", "sync")}})),
+                    "phases": {k: v for k, v in j._phases.items() if k in ("train", "sync")}}),
+                    (moved or {}).get("train")),
             ])
 
         self.shipped: list[str] = []
@@ -242,16 +299,23 @@ class ScheduledRuntime:
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
+        from actors.group_controller import PermitError
+
         self._register()
         j = self.job
         grant = None
+        rehomed = False
         for attempt in range(CONTROLLER_RETRIES):  # bounded: a restarting controller comes back
             try:
                 grant = ray.get(self.controller.acquire.remote(j.job_id, phase, iteration=j.iteration,
                                                               has_sync="sync" in j._phases))
                 break
             except RayTaskError as e:
-                raise PhaseFailed(str(_unwrap(e))) from None
+                err = _unwrap(e)
+                if isinstance(err, PermitError) and not rehomed and self._rehome():
+                    rehomed = True  # moved by departure re-packing: retry once on the new group
+                    continue
+                raise PhaseFailed(str(err)) from None
             except RayActorError:
                 if attempt == CONTROLLER_RETRIES - 1:
                     raise PhaseFailed(f"job {j.job_id!r}: the group controller is unavailable") from None

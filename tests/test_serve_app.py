@@ -154,7 +154,7 @@ def test_delete_departs_and_groups_shrink_or_dissolve(api, clean):
     ga = api.post("/v1/jobs", json=spec(a)).json()["group_id"]
     assert api.post("/v1/jobs", json=spec(b)).json()["group_id"] == ga
     r = api.delete(f"/v1/jobs/{a}")
-    assert r.status_code == 200 and r.json() == {"job_id": a, "released_nodes": [], "group_dissolved": False}
+    assert r.status_code == 200 and r.json() == {"job_id": a, "released_nodes": [], "group_dissolved": False, "moves": []}
     g = {x["group_id"]: x for x in api.get("/v1/groups").json()}[ga]
     assert g["members"] == [b]  # the group shrank
     assert api.get(f"/v1/jobs/{a}").json()["state"] == "finished"

@@ -1,0 +1,304 @@
+"""Departure re-packing carried out by the Ray runtime: job moves (GlobalScheduler, GroupController,
+workers, ScheduledRuntime).
+
+Scenario (deterministic, ``max_group_size=2`` on the local 2+2-node cluster): A (big) and B
+(small) share group-0 on rollout-0/train-0; C (small) finds group-0 full and opens group-1 on
+rollout-1/train-1. When A departs, the policy dissolves group-0 by moving B into group-1
+(cost drops by one node pair; B's and C's SLOs hold).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+import torch
+
+import rollmux
+from actors.kv import MemoryKV
+from test_runtime_actors import loop, make_toy, toy_spec
+
+pytestmark = [pytest.mark.timeout(180)]
+
+
+def _kill_all(h, name: str) -> None:
+    """Kill a test's scheduler and its two group controllers (no restart)."""
+    import ray
+
+    for g in ("group-0", "group-1"):
+        try:
+            ray.kill(ray.get_actor(f"{name}-{g}", namespace="rollmux"), no_restart=True)
+        except ValueError:
+            pass
+    ray.kill(h, no_restart=True)
+
+
+def _uid() -> str:
+    return uuid.uuid4().hex[:6]
+
+
+def _admit_three(admit, tag: str) -> tuple[str, str, str]:
+    a, b, c = (f"{x}-{tag}" for x in ("A", "B", "C"))
+    got = [admit(toy_spec(a, "big")), admit(toy_spec(b, "small")), admit(toy_spec(c, "small"))]
+    assert [(d["group_id"], d["strategy"]) for d in got] == [("group-0", "isolated"), ("group-0", "direct"),
+                                                             ("group-1", "isolated")], got
+    return a, b, c
+
+
+def test_departure_moves_job_record_and_checkpoint_without_ray(local_cluster_spec):
+    """Unit level (no Ray): the move is in the departure's result, the moved job's record, the
+    group table and the checkpoint a restarted scheduler restores."""
+    from actors.global_scheduler import GlobalSchedulerImpl
+
+    kv = MemoryKV()
+    s = GlobalSchedulerImpl(local_cluster_spec, kv=kv, create_controllers=False, metrics_flush_s=0, max_group_size=2)
+    a, b, c = _admit_three(s.admit, "u")
+    assert s.get_job(b)["predicted_slowdown"] == pytest.approx(2.5)  # B waits on big A's 10 s cycle
+    out = s.depart(a)
+    assert out["group_dissolved"] and out["released_nodes"] == ["rollout-0", "train-0"]
+    assert out["moves"] == [{"job_id": b, "from_group": "group-0", "to_group": "group-1",
+                             "placement": {"rollout_nodes": ["rollout-1"], "train_nodes": ["train-1"]},
+                             "move_s": pytest.approx(0.4)}]  # (0.5 + 0.5) GB * 8 / 20 Gb/s
+    rec = s.get_job(b)
+    assert rec["group_id"] == "group-1" and rec["controller"] == "rollmux-group-1"
+    assert rec["placement"] == {"rollout_nodes": ["rollout-1"], "train_nodes": ["train-1"]}
+    assert [(m["from_group"], m["to_group"], m["trigger"]) for m in rec["moves"]] == [("group-0", "group-1", a)]
+    assert rec["state"] == "admitted" and rec["predicted_slowdown"] == pytest.approx(1.0)  # B, C interleave
+    assert [(g["group_id"], sorted(g["members"])) for g in s.list_groups()] == [("group-1", sorted([b, c]))]
+    assert [m["job_id"] for m in s.group_members("group-1")] == [b, c]  # admission order of the records
+    # a restarted scheduler (same KV) has the moved record and the new table
+    r = GlobalSchedulerImpl(local_cluster_spec, kv=kv, create_controllers=False, metrics_flush_s=0, max_group_size=2)
+    assert r.restored and r.get_job(b) == rec and r.list_groups() == s.list_groups()
+    assert r.igs.group_of(b).group_id == "group-1"
+    # the moved job departs normally from its new group; nothing left to re-pack
+    out = r.depart(b)
+    assert out == {"job_id": b, "released_nodes": [], "group_dissolved": False, "moves": []}
+    assert r.depart(c)["released_nodes"] == ["rollout-1", "train-1"] and r.list_groups() == []
+    # switched off: plain Alg. 1, B stays where it was admitted (also after a restore)
+    kv = MemoryKV()
+    off = GlobalSchedulerImpl(local_cluster_spec, kv=kv, create_controllers=False, metrics_flush_s=0,
+                              max_group_size=2, repack_on_departure=False)
+    a, b, c = _admit_three(off.admit, "off")
+    off = GlobalSchedulerImpl(local_cluster_spec, kv=kv, create_controllers=False, metrics_flush_s=0)
+    assert off.depart(a) == {"job_id": a, "released_nodes": [], "group_dissolved": False, "moves": []}
+    assert off.get_job(b)["group_id"] == "group-0" and "moves" not in off.get_job(b)
+
+
+def _ctrl():
+    from actors.group_controller import GroupControllerImpl
+
+    return GroupControllerImpl("group-m", None, metrics_flush_s=0, metrics_enabled=False, lease_s=0)
+
+
+def _rec(node):
+    return {"node": node, "start": time.time(), "end": time.time(), "switch": "warm", "switch_s": 0.0, "ok": True}
+
+
+def test_controller_moved_removal_waits_for_the_iteration_boundary():
+    """A "moved" removal mid-iteration lets the job finish its iteration (its grants and
+    releases are honoured), then drops it; a job between iterations leaves at once; later
+    permits say the job moved."""
+    from actors.group_controller import PermitError
+
+    async def scenario():
+        c = _ctrl()
+        for j in ("a", "b"):
+            await c.add_job(j, ["rollout-0"], ["train-0"])
+            await c.attach(j)
+        for j in ("a", "b"):  # iteration 0 of both
+            for ph in ("rollout", "train", "sync"):
+                await c.acquire(j, ph, timeout_s=5)
+                await c.release(j, ph, _rec("rollout-0" if ph == "rollout" else "train-0"))
+        await c.acquire("a", "rollout", timeout_s=5)  # a holds a grant now
+        assert await c.remove_job("a", "moved to group-9")
+        assert await c.remove_job("b", "moved to group-9")  # b is between iterations: leaves now
+        st = await c.status()
+        assert list(st["jobs"]) == ["a"] and st["moving"] == {"a": "moved to group-9"}
+        assert st["gone"] == {"b": "moved to group-9"}
+        assert not await c.remove_job("b", "moved to group-9")  # idempotent
+        await c.release("a", "rollout", _rec("rollout-0"))  # the running phase completes normally
+        for ph in ("train", "sync"):  # ... and so does the rest of a's iteration
+            g = await c.acquire("a", ph, timeout_s=5)
+            assert g["rr_iteration"] == 1
+            await c.release("a", ph, _rec("train-0"))
+        st = await c.status()
+        assert st["jobs"] == {} and st["moving"] == {} and st["gone"]["a"] == "moved to group-9"
+        assert [(r["job_id"], r["phase"], r["iteration"]) for r in c.timeline if r["job_id"] == "a"][-3:] == \
+            [("a", "rollout", 1), ("a", "train", 1), ("a", "sync", 1)]
+        for j in ("a", "b"):
+            with pytest.raises(PermitError, match="moved to another group"):
+                await c.acquire(j, "rollout", timeout_s=1)
+        assert not await c.heartbeat("a")
+        # moved back before it left: the deferred removal is cancelled
+        await c.add_job("x", ["rollout-0"], ["train-0"])
+        await c.attach("x")
+        await c.acquire("x", "rollout", timeout_s=5)
+        await c.remove_job("x", "moved to group-9")
+        assert await c.add_job("x", ["rollout-0"], ["train-0"]) and (await c.status())["moving"] == {}
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.ray
+def test_move_updates_controllers_and_survives_scheduler_restart(ray_cluster, local_cluster_spec, tmp_path):
+    """Ray actors, no drivers: the old controller drops the moved job, the new one learns it
+    (pending); a restarted scheduler restores the record and replays the move idempotently."""
+    import ray
+
+    from actors.global_scheduler import get_or_create_scheduler
+
+    name = f"test-moves-{_uid()}"
+    h = get_or_create_scheduler(local_cluster_spec, name=name, checkpoint_path=str(tmp_path / "ck"), max_group_size=2)
+    try:
+        a, b, c = _admit_three(lambda sp: ray.get(h.admit.remote(sp)), _uid())
+        ctrl = {g: ray.get_actor(ray.get(h.ensure_controller.remote(g)), namespace="rollmux")
+                for g in ("group-0", "group-1")}
+        out = ray.get(h.depart.remote(a))
+        assert [(m["job_id"], m["from_group"], m["to_group"]) for m in out["moves"]] == [(b, "group-0", "group-1")]
+        old, new = ray.get([ctrl["group-0"].status.remote(), ctrl["group-1"].status.remote()])
+        assert old["gone"] == {a: "departed", b: "moved to group-1"} and old["pending"] == []
+        assert sorted(new["pending"]) == sorted([b, c]) and new["gone"] == {}
+        rec = ray.get(h.get_job.remote(b))
+        assert rec["group_id"] == "group-1" and rec["controller"] == f"{name}-group-1"
+        assert [g["group_id"] for g in ray.get(h.list_groups.remote())] == ["group-1"]
+
+        ray.kill(h, no_restart=False)  # Ray restarts it; it restores from the file checkpoint
+        health = None
+        for _ in range(120):
+            try:
+                health = ray.get(h.health.remote(), timeout=10)
+                if health["restored"]:
+                    break
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                time.sleep(0.5)
+        assert health is not None and health["restored"] and health["jobs"] == 2
+        assert ray.get(h.get_job.remote(b)) == rec
+        assert [m["job_id"] for m in ray.get(h.group_members.remote("group-1"))] == [b, c]
+        old, new = ray.get([ctrl["group-0"].status.remote(), ctrl["group-1"].status.remote()])
+        assert old["gone"][b] == "moved to group-1" and sorted(new["pending"]) == sorted([b, c])
+        for j in (b, c):
+            ray.get(h.depart.remote(j))
+    finally:
+        _kill_all(h, name)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("switch,sync_backend", [("warm", "object_store"), ("cold", "gloo")])
+def test_job_moved_mid_run_finishes_on_policy(ray_cluster, local_cluster_spec, switch, sync_backend):
+    """End to end with real drivers: B is moved while its iteration 1 is half done (after its
+    rollout). It finishes iteration 1 on the old group (iteration-boundary rule), re-homes on its
+    next permit, carries its state and pending weights to the new nodes and runs iterations 2-3
+    beside C; its weights equal a solo run's bit for bit, as do C's."""
+    import ray
+
+    import test_runtime_actors
+    from actors.global_scheduler import get_or_create_scheduler
+    from actors.workers import get_or_create_worker
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.cloudpickle.register_pickle_by_value(test_runtime_actors)
+    name = f"test-move-e2e-{_uid()}"
+    h = get_or_create_scheduler(local_cluster_spec, name=name, max_group_size=2)
+    n = 4
+    try:
+        a, b, c = _admit_three(lambda sp: ray.get(h.admit.remote(sp)), _uid())
+        jb = rollmux.Job(toy_spec(b, "small"), attach=True, scheduler_name=name, job_id=b, switch=switch,
+                         sync_backend=sync_backend)
+        rb, tb, pb = make_toy(jb, "small", seed=3)
+        jc = rollmux.Job(toy_spec(c, "small"), attach=True, scheduler_name=name, job_id=c,
+                         sync_backend=sync_backend)
+        fc = make_toy(jc, "small", seed=5)
+        out: dict = {}
+        c_first = threading.Event()  # C's iteration 0 is done
+        ctrl1 = ray.get_actor(ray.get(h.ensure_controller.remote("group-1")), namespace="rollmux")
+
+        def run_c():  # one iteration, then wait until B has joined group-1's queues, then the rest
+            r, t, p = fc
+            try:
+                t(r(0))
+                p()
+                out.setdefault("c", []).append(None)
+                c_first.set()
+                for _ in range(1200):  # bounded: 60 s
+                    if b in ray.get(ctrl1.status.remote())["jobs"]:
+                        break
+                    time.sleep(0.05)
+                for it in range(1, n):
+                    out["c"].append(t(r(it))["w"])
+                    p()
+                jc.finish()
+            except BaseException as e:
+                out["c:error"] = e
+                c_first.set()
+                jc.fail(e)
+
+        tc = threading.Thread(target=run_c)
+        tc.start()
+        # C's first iteration (its first sync opens its gloo endpoints) completes before B starts, so no
+        # two first syncs race; B's iteration 0 then runs while C waits for it to join group-1
+        assert c_first.wait(120) and "c:error" not in out, (out.get("c:error"), ray.get(ctrl1.status.remote()))
+        ws = []
+        ws.append(tb(rb(0))["w"])
+        pb()
+        x = rb(1)  # B is mid-iteration 1 when A departs
+        dep = ray.get(h.depart.remote(a))
+        assert [(m["job_id"], m["from_group"], m["to_group"]) for m in dep["moves"]] == [(b, "group-0", "group-1")]
+        old_ctrl = ray.get_actor(f"{name}-group-0", namespace="rollmux")
+        assert ray.get(old_ctrl.status.remote())["moving"] == {b: "moved to group-1"}
+        ws.append(tb(x)["w"])  # iteration 1 completes on group-0
+        pb()
+        assert ray.get(old_ctrl.status.remote())["gone"][b] == "moved to group-1"
+        for it in range(2, n):  # the first permit is refused -> re-home -> group-1
+            ws.append(tb(rb(it))["w"])
+            pb()
+        jb.finish()
+        tc.join(timeout=120)
+        assert not tc.is_alive() and "c:error" not in out, out.get("c:error")
+
+        rt = jb._runtime
+        assert jb.info["group_id"] == "group-1" and rt.rollout_nodes == ["rollout-1"] and rt.train_nodes == ["train-1"]
+        assert [(m["from_group"], m["to_group"], m["iteration"]) for m in rt.moves] == [("group-0", "group-1", 2)]
+        rec = ray.get(h.get_job.remote(b))
+        assert rec["state"] == "finished" and rec["iterations_done"] == n and len(rec["moves"]) == 1
+        # phase order: iterations 0-1 on group-0's nodes, 2-3 on group-1's, first phase per pool "moved"
+        tl0 = [r for r in ray.get(h.group_timeline.remote("group-0")) if r["job_id"] == b]
+        tl1 = [r for r in ray.get(h.group_timeline.remote("group-1")) if r["job_id"] == b]
+        seq = [(r["phase"], r["iteration"]) for r in sorted(tl0 + tl1, key=lambda r: r["start"])]
+        assert seq == [(ph, it) for it in range(n) for ph in ("rollout", "train", "sync")]
+        assert {r["iteration"] for r in tl0} == {0, 1} and {r["iteration"] for r in tl1} == {2, 3}
+        assert {r["node"] for r in tl0} == {"rollout-0", "train-0"} and {r["node"] for r in tl1} == {"rollout-1", "train-1"}
+        assert all(r["ok"] for r in tl0 + tl1)
+        first = {(r["phase"], r["iteration"]): r["switch"] for r in tl1}
+        assert first[("rollout", 2)] == "moved" and first[("train", 2)] == "moved"
+        assert first[("sync", 2)] == ("warm" if switch == "warm" else "cold")
+        assert {r["sync_backend"] for r in tl0 + tl1 if r["phase"] == "sync"} == {sync_backend}
+        # C's group-1 queues took B in: on rollout-1, C then B, round-robin after the move
+        tlc = [r for r in ray.get(h.group_timeline.remote("group-1")) if r["phase"] == "rollout"]
+        assert [r["job_id"] for r in sorted(tlc, key=lambda r: r["start"])] == [c] * 2 + [b, c] * 2, \
+            [(r["job_id"], r["iteration"], r["start"], r["end"]) for r in sorted(tlc, key=lambda r: r["start"])]
+        for _ in range(100):  # metric totals are flushed by a background thread every 1 s
+            switches = ray.get(ctrl1.status.remote())["metrics"]["switches"]
+            if switches.get("moved") == 2:
+                break
+            time.sleep(0.1)
+        assert switches.get("moved") == 2  # B's first rollout and first training on group-1
+        for node in ("rollout-0", "train-0"):  # exported by the move
+            assert b not in ray.get(get_or_create_worker(node).hosted.remote())
+        for node in ("rollout-1", "train-1"):  # finish() unregisters asynchronously
+            for _ in range(100):
+                if b not in ray.get(get_or_create_worker(node).hosted.remote()):
+                    break
+                time.sleep(0.05)
+            assert b not in ray.get(get_or_create_worker(node).hosted.remote())
+        # on-policy: B (moved mid-run) and C equal solo runs with the same seeds, bit for bit
+        for seed, got, skip in ((3, ws, 0), (5, out["c"], 1)):
+            solo = rollmux.Job(toy_spec(f"solo-{_uid()}", "small"), attach=False)
+            so: dict = {}
+            loop(solo, make_toy(solo, "small", seed=seed), n, so, "s")
+            assert len(got) == n and all(torch.equal(u, v) for u, v in zip(so["s"][skip:], got[skip:]))
+    finally:
+        _kill_all(h, name)
