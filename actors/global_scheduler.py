@@ -66,18 +66,22 @@ class GlobalSchedulerImpl:
         cluster: the cluster spec (dict or :class:`ClusterSpec`).
         checkpoint_path: directory for a :class:`actors.kv.FileKV`; ``None`` uses Ray's GCS KV.
         name: this actor's name (checkpoint key and controller-name prefix).
-        policy / max_group_size / seed: passed to ``InterGroupScheduler``.
+        config: the scheduler settings (:class:`rollmux.admission.SchedulerConfig` or its dict);
+            default ``configs/scheduler.yaml`` (tie-break, long-tail migration, departure
+            re-packing, ...). Raises :class:`rollmux.config.ConfigError` for a bad file.
+        policy / max_group_size / seed: override the config's values when given.
         kv: an explicit :class:`actors.kv.KVStore` (unit tests: ``MemoryKV``).
         create_controllers: False for unit tests without Ray (no GroupControllers).
         controller_kw: keyword arguments of new GroupControllers (e.g. ``lease_s``, ``migrate``).
-        repack_on_departure: departure re-packing (``SchedulerConfig.repack_on_departure``); kept
-            in the checkpoint (a restored scheduler keeps the setting it was created with).
+        repack_on_departure: overrides ``SchedulerConfig.repack_on_departure`` when given. The
+            whole config is kept in the checkpoint (a restored scheduler keeps its settings).
     """
 
     def __init__(self, cluster: dict | ClusterSpec, checkpoint_path: Optional[str] = None, *,
-                 name: str = SCHEDULER_NAME, policy: str = "rollmux", max_group_size: int = 5, seed: int = 0,
-                 kv=None, create_controllers: bool = True, metrics_flush_s: float = 1.0,
-                 controller_kw: Optional[dict] = None, repack_on_departure: bool = True):
+                 name: str = SCHEDULER_NAME, policy: Optional[str] = None, max_group_size: Optional[int] = None,
+                 seed: Optional[int] = None, kv=None, create_controllers: bool = True, metrics_flush_s: float = 1.0,
+                 controller_kw: Optional[dict] = None, repack_on_departure: Optional[bool] = None,
+                 config: Optional[dict] = None):
         from actors.kv import make_kv
         from actors.metrics import RollmuxMetrics
         from rollmux.admission import InterGroupScheduler
@@ -89,7 +93,8 @@ class GlobalSchedulerImpl:
         self.create_controllers = create_controllers
         self.controller_kw = dict(controller_kw or {})
         self.metrics = RollmuxMetrics(flush_interval_s=metrics_flush_s, enabled=create_controllers)
-        self._policy_args = {"policy": policy, "max_group_size": max_group_size, "seed": seed}
+        overrides = {k: v for k, v in {"policy": policy, "max_group_size": max_group_size, "seed": seed,
+                                       "repack_on_departure": repack_on_departure}.items() if v is not None}
         self.jobs: dict[str, dict] = {}
         self.controllers: dict[str, str] = {}  # group_id -> actor name
         self._handles: dict[str, Any] = {}
@@ -100,10 +105,12 @@ class GlobalSchedulerImpl:
             self._restore(meta)
             self._refind_controllers()
         else:
-            from rollmux.admission import SchedulerConfig
+            from rollmux.admission import SchedulerConfig, load_scheduler_config
 
-            cfg = SchedulerConfig(**self._policy_args, repack_on_departure=repack_on_departure)
-            self.igs = InterGroupScheduler(self.cluster, **self._policy_args, config=cfg)
+            base = load_scheduler_config() if config is None else SchedulerConfig.model_validate(config)
+            cfg = SchedulerConfig.model_validate({**base.model_dump(), **overrides})
+            self.igs = InterGroupScheduler(self.cluster, policy=cfg.policy, max_group_size=cfg.max_group_size,
+                                           seed=cfg.seed, config=cfg)
             snap = self.igs.snapshot()
             self._header = {k: v for k, v in snap.items() if k != "groups"}
             self._checkpoint()

@@ -72,6 +72,24 @@ def test_restore_from_checkpoint_without_ray(local_cluster_spec):
     assert c.list_groups() == [] and c.get_job("r3")["state"] == "finished"
 
 
+def test_scheduler_settings_come_from_configs_scheduler_yaml_and_survive_restore(local_cluster_spec):
+    from actors.global_scheduler import GlobalSchedulerImpl
+    from rollmux.admission import load_scheduler_config
+
+    d = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), create_controllers=False, metrics_flush_s=0)
+    assert d.igs.config == load_scheduler_config() and d.igs.config.repack_on_departure
+    kv = MemoryKV()
+    a = GlobalSchedulerImpl(local_cluster_spec, kv=kv, create_controllers=False, metrics_flush_s=0, max_group_size=2,
+                            config={"tie_break": "best_fit", "repack_max_groups": 1}, repack_on_departure=False)
+    cfg = a.igs.config
+    assert (cfg.tie_break, cfg.repack_max_groups, cfg.repack_on_departure, cfg.max_group_size) == ("best_fit", 1, False, 2)
+    assert a.igs.max_group_size == 2
+    b = GlobalSchedulerImpl(local_cluster_spec, kv=kv, create_controllers=False, metrics_flush_s=0)  # restored
+    assert b.restored and b.igs.config == cfg
+    with pytest.raises(ValueError, match="tie_break"):
+        GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), create_controllers=False, config={"tie_break": "worst"})
+
+
 @pytest.mark.ray
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("store", ["gcs", "file"])
