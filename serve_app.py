@@ -89,24 +89,48 @@ class AdmissionView(_Open):
     latency_ms: Optional[float] = Field(default=None, description="scheduler decision time, ms")
 
 
+class MoveView(_Open):
+    """One departure re-packing move (RollMux §4.2 extension, ``InterGroupScheduler.repack``)."""
+
+    job_id: Optional[str] = Field(default=None, description="the moved job (in a departure answer)")
+    from_group: str
+    to_group: str
+    placement: Optional[PlacementView] = Field(default=None, description="its nodes in the new group")
+    move_s: Optional[float] = Field(default=None, description="predicted host-state copy time, s")
+    at: Optional[float] = Field(default=None, description="when the move was decided, Unix time, s")
+    trigger: Optional[str] = Field(default=None, description="the job whose departure triggered it")
+
+
 class JobView(_Open):
-    """A job as the scheduler tracks it: state, iterations done, predicted vs measured phase times (s)."""
+    """A job as the scheduler tracks it: state, group and placement, iterations done, predicted vs
+    measured phase times (s), slowdown vs SLO, and the departure re-packing moves it went through."""
 
     job_id: str
-    state: str
-    group_id: Optional[str] = None
+    state: str = Field(description='"admitted" | "running" | "finished" | "failed"')
+    group_id: Optional[str] = Field(default=None, description="current group (the last one once ended)")
+    placement: Optional[PlacementView] = None
+    controller: Optional[str] = Field(default=None, description="the group's GroupController actor name")
     slo: Optional[float] = None
-    slowdown: Optional[float] = None
+    predicted_slowdown: Optional[float] = Field(default=None, description="worst-case co-executed / solo iteration time")
+    slowdown: Optional[float] = Field(default=None, description="measured co-executed / solo iteration time")
     iterations_done: Optional[int] = None
     predicted: Optional[dict[str, Any]] = None
     measured: Optional[dict[str, Any]] = None
+    moves: list[MoveView] = []
+    error: Optional[str] = None
+    admitted_at: Optional[float] = Field(default=None, description="Unix time, s")
+    ended_at: Optional[float] = Field(default=None, description="Unix time, s")
 
 
 class DepartureView(_Open):
+    """``DELETE /v1/jobs/{id}``: what the departure released and which jobs departure re-packing moved."""
+
     job_id: str
-    released_nodes: list[str] = []
-    group_dissolved: bool = False
-    moves: list[dict[str, Any]] = []  # departure re-packing: {job_id, from_group, to_group, placement, move_s}
+    state: str = Field(description='the job\'s state now: "finished"')
+    released_nodes: list[str] = Field(default=[], description="nodes the cluster no longer uses (incl. dissolved groups')")
+    group_dissolved: bool = Field(default=False, description="the job's own group ceased to exist")
+    dissolved_groups: list[str] = Field(default=[], description="every group that ceased to exist")
+    moves: list[MoveView] = Field(default=[], description="jobs moved into other groups to lower the $/h")
 
 
 class GroupView(_Open):
@@ -368,12 +392,17 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
             raise ApiError(404, "not_found", f"unknown job_id {job_id!r}")
         return job
 
-    @app.delete("/v1/jobs/{job_id}", response_model=DepartureView, dependencies=[Depends(need_token)], responses={401: err, 404: err, 503: err}, tags=["jobs"])
+    @app.delete("/v1/jobs/{job_id}", response_model=DepartureView, dependencies=[Depends(need_token)], responses={401: err, 404: err, 409: err, 503: err}, tags=["jobs"])
     async def delete_job(job_id: str = PathParam(max_length=128)) -> Any:
-        """Departure: the job leaves its group; nodes it alone used are released, an empty group dissolves."""
+        """Departure: the job leaves its group; nodes no remaining member uses are released, an
+        empty group dissolves; then departure re-packing may move jobs of small groups into other
+        groups when every SLO still holds and the $/h drops (``moves``). 404 for an unknown id,
+        409 ``already_ended`` for a job that already finished or failed."""
         out = await client.call("depart", job_id)
         if out is None:
             raise ApiError(404, "not_found", f"unknown job_id {job_id!r}")
+        if out.get("already_ended"):
+            raise ApiError(409, "already_ended", f"job {job_id!r} is already {out.get('state')}")
         return out
 
     @app.get("/v1/groups", response_model=list[GroupView], dependencies=[Depends(read_access)], responses={401: err, 503: err}, tags=["groups"])

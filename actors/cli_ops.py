@@ -449,7 +449,8 @@ def down(
     if purge:
         for d in (cfg.checkpoint, _ray_temp_dir(cfg), cfg.state_dir / "logs"):
             shutil.rmtree(d, ignore_errors=True)
-        console.print(f"purged {cfg.checkpoint}, {_ray_temp_dir(cfg)} and the logs")
+        (cfg.state_dir / PROM_TARGETS).unlink(missing_ok=True)  # it names ports of the stopped nodes
+        console.print(f"purged {cfg.checkpoint}, {_ray_temp_dir(cfg)}, the logs and {PROM_TARGETS}")
 
 
 def submit(

@@ -340,12 +340,15 @@ class GlobalSchedulerImpl:
         (:meth:`rollmux.admission.InterGroupScheduler.repack`, departure re-packing) and the moves
         it committed are carried out: records and checkpoint first (target state), then the
         controllers (:meth:`_carry_out_move`). ``released_nodes`` is the net set of nodes the
-        cluster no longer uses (the departed job's and those of groups dissolved by moves)."""
+        cluster no longer uses (the departed job's and those of groups dissolved by moves);
+        ``dissolved_groups`` every group that ceased to exist (``group_dissolved``: the job's own).
+        A job that already ended gets ``already_ended: True`` and its ``state`` (nothing changes)."""
         rec = self.jobs.get(job_id)
         if rec is None:
             return None
         if rec["state"] not in ACTIVE:
-            return {"job_id": job_id, "released_nodes": [], "group_dissolved": False, "moves": []}
+            return {"job_id": job_id, "state": rec["state"], "already_ended": True, "released_nodes": [],
+                    "group_dissolved": False, "dissolved_groups": [], "moves": []}
         gid = rec["group_id"]
         before = self._nodes_in_use()
         self.igs.depart(job_id)
@@ -383,15 +386,18 @@ class GlobalSchedulerImpl:
                 log.warning("controller of %s: remove_job(%s) failed: %s", gid, job_id, e)
         for mv in moves:
             self._carry_out_move(mv["job_id"], mv["from_group"], mv["to_group"])
+        self.metrics.job_moves(len(moves))
         for g in touched:
             if _group(self.igs, g) is None:
-                self.metrics.group_cost(g, 0.0)
+                self.metrics.group_dissolved(g)
                 self._handles.pop(g, None)
             else:
                 self._cost_metrics(g)
-        return {"job_id": job_id, "released_nodes": released, "group_dissolved": dissolved,
+        return {"job_id": job_id, "state": state, "released_nodes": released, "group_dissolved": dissolved,
+                "dissolved_groups": [g for g in touched if _group(self.igs, g) is None],
                 "moves": [{"job_id": mv["job_id"], "from_group": mv["from_group"], "to_group": mv["to_group"],
-                           "placement": mv["placement"], "move_s": mv.get("move_s")} for mv in moves]}
+                           "placement": mv["placement"], "move_s": mv.get("move_s"), "at": now, "trigger": job_id}
+                          for mv in moves]}
 
     def _nodes_in_use(self) -> set[str]:
         return {n for g in _groups(self.igs).values() for n in (*g.rollout_nodes, *g.train_nodes)}

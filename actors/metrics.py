@@ -10,10 +10,11 @@ rollmux_pool_bubble_seconds         gauge      pool          cumulative idle (de
 rollmux_job_slowdown                gauge      job_id        measured co-exec iteration / solo time
 rollmux_job_slo                     gauge      job_id        the job's slowdown SLO
 rollmux_job_iterations              gauge      job_id        iterations done
-rollmux_group_cost_usd_per_h        gauge      group_id      Cost(G), USD/h (0 once dissolved)
+rollmux_group_cost_usd_per_h        gauge      group_id      Cost(G), USD/h (0 once dissolved, then dropped)
 rollmux_admission_decisions_total   counter    outcome       admitted | retry_later | never | ...
 rollmux_admission_latency_ms        histogram  -             policy decision latency, ms
 rollmux_phase_switch_total          counter    kind          warm | cold | moved phase switches
+rollmux_job_moves_total             counter    -             jobs moved by departure re-packing
 rollmux_phase_switch_seconds        gauge      kind          last switch latency, s (warm | cold | moved)
 ==================================  =========  ============  ==========================================
 
@@ -72,6 +73,16 @@ class RollmuxMetrics:
     def group_cost(self, group_id: str, usd_per_h: float) -> None:
         self._push("group_cost", (group_id, float(usd_per_h)))
 
+    def group_dissolved(self, group_id: str) -> None:
+        """The group ceased to exist: its cost gauge reads 0, then is no longer refreshed (Ray's
+        exporter drops it after about two export intervals, so dissolved groups do not pile up)."""
+        self._push("group_gone", (group_id,))
+
+    def job_moves(self, n: int) -> None:
+        """``n`` jobs were moved by departure re-packing."""
+        if n:
+            self._push("moves", (int(n),))
+
     def pool_time(self, pool: str, busy_s: float = 0.0, bubble_s: float = 0.0) -> None:
         self._push("pool_time", (pool, float(busy_s), float(bubble_s)))
 
@@ -103,6 +114,7 @@ class RollmuxMetrics:
                 "switches": Counter("rollmux_phase_switch_total", description="Phase switches",
                                     tag_keys=("kind",)),
                 "switch_s": g("rollmux_phase_switch_seconds", "Last phase switch latency, s", "kind"),
+                "moves": Counter("rollmux_job_moves_total", description="Jobs moved by departure re-packing"),
             }
         return self._m
 
@@ -139,6 +151,15 @@ class RollmuxMetrics:
             t["cost"][gid] = usd
             if m:
                 m["cost"].set(usd, tags={"group_id": gid})
+        elif kind == "group_gone":
+            (gid,) = a
+            t["cost"].pop(gid, None)
+            if m:
+                m["cost"].set(0.0, tags={"group_id": gid})
+        elif kind == "moves":
+            t["moves"] = t.get("moves", 0) + a[0]
+            if m:
+                m["moves"].inc(float(a[0]))
         elif kind == "pool_time":
             pool, busy, bubble = a
             t["busy"][pool] = t["busy"].get(pool, 0.0) + busy

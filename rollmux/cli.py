@@ -120,20 +120,25 @@ def simulate(
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
 
     table = Table(title=f"RollMux trace replay: {len(sjobs)} jobs, mix {mix}")
-    cols = [("policy", None), ("avg $/h", "avg_cost_usd_per_h"), ("peak $/h", "peak_cost_usd_per_h"),
+    cols = [("policy", None), ("avg $/h", "avg_cost_usd_per_h"), ("total k$", "total_cost_usd"), ("peak $/h", "peak_cost_usd_per_h"),
             ("SLO att.", "slo_attainment"), ("peak H20", "peak_rollout_gpus"), ("peak H800", "peak_train_gpus"),
             ("roll. bubble", "rollout_bubble_ratio"), ("train bubble", "train_bubble_ratio"),
-            ("p50 ms", "decision_latency_ms_p50"), ("p99 ms", "decision_latency_ms_p99"), ("vs opt", "cost_vs_optimal")]
+            ("p50 ms", "decision_latency_ms_p50"), ("p99 ms", "decision_latency_ms_p99"), ("vs opt. run", "cost_vs_optimal")]
     for c, _ in cols:
         table.add_column(c, justify="left" if c == "policy" else "right")
     for name, m in summary["policies"].items():
         row = [name]
         for _, k in cols[1:]:
             v = m.get(k)
-            row.append("-" if v is None else (f"{v:.0%}" if k in ("slo_attainment",) or k.endswith("bubble_ratio")
+            if k == "total_cost_usd" and v is not None:
+                v = v / 1e3
+            row.append("-" if v is None else (f"{v:.1%}" if k == "slo_attainment" else f"{v:.0%}" if k.endswith("bubble_ratio")
                                              else f"{v:.2f}x" if k == "cost_vs_optimal" else f"{v:,.1f}" if isinstance(v, float) else str(v)))
         table.add_row(*row)
     console.print(table)
+    console.print(f"avg $/h = total cost / {summary['meta']['horizon_h']:.1f} h, the common horizon of the policies run "
+                  "together (the last departure among them), so it depends on the policy set; total k$ does not. "
+                  "'vs opt. run' = avg $/h over the optimal policy's")
     for k, v in summary["rollmux_cost_ratios"].items():
         if "bubble" in k:
             console.print(f"{k.replace('_', ' ')}: measured {v['measured']:.1%} (paper {v['paper']:.1%})")

@@ -21,7 +21,7 @@ class _Fake:
 
 def _metrics() -> tuple[RollmuxMetrics, dict]:
     m = RollmuxMetrics(flush_interval_s=0, enabled=True)
-    fakes = {k: _Fake() for k in RollmuxMetrics.GAUGES + ("decisions", "latency", "switches")}
+    fakes = {k: _Fake() for k in RollmuxMetrics.GAUGES + ("decisions", "latency", "switches", "moves")}
     m._m = fakes
     return m, fakes
 
@@ -56,3 +56,16 @@ def test_disabled_recorder_keeps_totals_only():
     m = RollmuxMetrics(flush_interval_s=0, enabled=False)
     m.group_cost("g", 1.0)
     assert m.totals["cost"]["g"] == 1.0 and m.refresh() == 0
+
+
+def test_dissolved_group_reads_zero_then_stops_being_refreshed_and_moves_are_counted():
+    m, f = _metrics()
+    m.group_cost("g1", 2.0)
+    m.group_cost("g2", 3.0)
+    m.group_dissolved("g1")
+    assert f["cost"].calls[-1] == ("set", 0.0, {"group_id": "g1"}) and m.totals["cost"] == {"g2": 3.0}
+    f["cost"].calls.clear()
+    assert m.refresh() == 1 and f["cost"].calls == [("set", 3.0, {"group_id": "g2"})]
+    m.job_moves(0)
+    m.job_moves(2)
+    assert f["moves"].calls == [("inc", 2.0, None)] and m.totals["moves"] == 2

@@ -60,9 +60,11 @@ def test_departure_moves_job_record_and_checkpoint_without_ray(local_cluster_spe
     assert s.get_job(b)["predicted_slowdown"] == pytest.approx(2.5)  # B waits on big A's 10 s cycle
     out = s.depart(a)
     assert out["group_dissolved"] and out["released_nodes"] == ["rollout-0", "train-0"]
+    assert out["state"] == "finished" and out["dissolved_groups"] == ["group-0"]
     assert out["moves"] == [{"job_id": b, "from_group": "group-0", "to_group": "group-1",
                              "placement": {"rollout_nodes": ["rollout-1"], "train_nodes": ["train-1"]},
-                             "move_s": pytest.approx(0.4)}]  # (0.5 + 0.5) GB * 8 / 20 Gb/s
+                             "move_s": pytest.approx(0.4), "at": pytest.approx(time.time(), abs=60),
+                             "trigger": a}]  # (0.5 + 0.5) GB * 8 / 20 Gb/s
     rec = s.get_job(b)
     assert rec["group_id"] == "group-1" and rec["controller"] == "rollmux-group-1"
     assert rec["placement"] == {"rollout_nodes": ["rollout-1"], "train_nodes": ["train-1"]}
@@ -76,7 +78,10 @@ def test_departure_moves_job_record_and_checkpoint_without_ray(local_cluster_spe
     assert r.igs.group_of(b).group_id == "group-1"
     # the moved job departs normally from its new group; nothing left to re-pack
     out = r.depart(b)
-    assert out == {"job_id": b, "released_nodes": [], "group_dissolved": False, "moves": []}
+    assert out == {"job_id": b, "state": "finished", "released_nodes": [], "group_dissolved": False,
+                   "dissolved_groups": [], "moves": []}
+    assert r.depart(b) == {"job_id": b, "state": "finished", "already_ended": True, "released_nodes": [],
+                           "group_dissolved": False, "dissolved_groups": [], "moves": []}
     assert r.depart(c)["released_nodes"] == ["rollout-1", "train-1"] and r.list_groups() == []
     # switched off: plain Alg. 1, B stays where it was admitted (also after a restore)
     kv = MemoryKV()
@@ -84,7 +89,8 @@ def test_departure_moves_job_record_and_checkpoint_without_ray(local_cluster_spe
                               max_group_size=2, repack_on_departure=False)
     a, b, c = _admit_three(off.admit, "off")
     off = GlobalSchedulerImpl(local_cluster_spec, kv=kv, create_controllers=False, metrics_flush_s=0)
-    assert off.depart(a) == {"job_id": a, "released_nodes": [], "group_dissolved": False, "moves": []}
+    assert off.depart(a) == {"job_id": a, "state": "finished", "released_nodes": [], "group_dissolved": False,
+                             "dissolved_groups": [], "moves": []}
     assert off.get_job(b)["group_id"] == "group-0" and "moves" not in off.get_job(b)
 
 

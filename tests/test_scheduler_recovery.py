@@ -59,7 +59,8 @@ def test_restore_from_checkpoint_without_ray(local_cluster_spec):
     assert dep["state"] == "failed" and dep["error"] == "boom"
     assert "r2" not in b.list_groups()[0]["members"]
     out = b.depart("r1")
-    assert out == {"job_id": "r1", "released_nodes": [], "group_dissolved": False, "moves": []}
+    assert out == {"job_id": "r1", "state": "finished", "released_nodes": [], "group_dissolved": False,
+                   "dissolved_groups": [], "moves": []}
     out = b.depart("r3")
     assert out["group_dissolved"] and sorted(out["released_nodes"]) == ["rollout-0", "train-0"]
     assert b.list_groups() == [] and b.health()["jobs"] == 0
