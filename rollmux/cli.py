@@ -53,7 +53,7 @@ def simulate(
 ) -> None:
     """Replay a real cluster trace through the scheduling policies; write summary.json and plots.
 
-    Source: issue 2 "Simulator on real input"; RollMux §7.4-§7.5.
+    Source: RollMux §7.4-§7.5 (trace-driven simulation against the baselines).
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
