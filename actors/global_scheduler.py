@@ -414,13 +414,13 @@ class GlobalSchedulerImpl:
         import ray
 
         rec = self.jobs[job_id]
-        old = self._handles.get(from_group) or self._controller(from_group, create=False)
+        old = self._controller(from_group, create=False)  # the cached handle, else a lookup by name
         if old is not None:
             try:
                 ray.get(old.remove_job.remote(job_id, f"moved to {to_group}"), timeout=30)
             except Exception as e:
                 log.warning("controller of %s: remove_job(%s, moved) failed: %s", from_group, job_id, e)
-        new = self._handles.get(to_group) or self._controller(to_group, create=False)
+        new = self._controller(to_group, create=False)
         if new is not None:
             pl = rec["placement"]
             try:

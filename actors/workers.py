@@ -188,28 +188,25 @@ class _PoolWorker:
         import torch
 
         t0 = time.perf_counter()
-        if h.moved is not None:  # first phase after a move: builder + the state carried over
-            state = h.builder()
-            if not isinstance(state, dict):
-                raise TypeError(f"job {h.job_id}: the {self.pool} state builder must return a dict")
-            mv = h.moved
-            if mv.get("ref") is not None:
-                saved = ray.get(mv["ref"])
-            else:
-                import io
-
-                saved = torch.load(io.BytesIO(mv["ckpt"]), weights_only=False)
-            state, kind = restore_state(state, dict(saved)), "moved"
-            h.moved = None
-        elif h.ref is not None and h.switch == "warm":
+        if h.moved is None and h.ref is not None and h.switch == "warm":
             state, kind = dict(ray.get(h.ref)), "warm"
-        else:
+        else:  # cold start, or the first phase after a move: builder + the saved / carried state
             state = h.builder()
             if not isinstance(state, dict):
                 raise TypeError(f"job {h.job_id}: the {self.pool} state builder must return a dict")
-            if h.ckpt.is_file():
-                state = restore_state(state, torch.load(h.ckpt, weights_only=False))
-            kind = "cold"
+            mv, saved = h.moved, None
+            if mv is not None:
+                if mv.get("ref") is not None:
+                    saved = ray.get(mv["ref"])
+                else:
+                    import io
+
+                    saved = torch.load(io.BytesIO(mv["ckpt"]), weights_only=False)
+            elif h.ckpt.is_file():
+                saved = torch.load(h.ckpt, weights_only=False)
+            if saved is not None:
+                state = restore_state(state, dict(saved))
+            kind, h.moved = ("cold" if mv is None else "moved"), None
         state.update(h.resident)
         state_resume(state)
         return state, kind, time.perf_counter() - t0

@@ -727,7 +727,7 @@ class InterGroupScheduler:
         for k, (free, nxt, used) in pools.items():
             p = self._pools[k]
             p.free, p.next, p.used = free, nxt, used
-        self._next_group, self._rng = ng, self._rng
+        self._next_group = ng
         self._rng.setstate(rng)
         self._version = v + 1
 
