@@ -14,7 +14,7 @@ Routes (OpenAPI at ``/docs`` and ``/openapi.json``):
 Every error is a JSON body ``{"error": <kind>, "detail": <reason>}``; the scheduler being
 unreachable gives 503. The policy lives in :mod:`rollmux.admission` behind the ``GlobalScheduler``
 actor (``actors/global_scheduler.py``); this module only translates HTTP to actor calls.
-Source: RollMux §4.2 (Alg. 1, admission) and issue 5 "The operator's face".
+Source: RollMux §4.2 (Alg. 1, admission).
 """
 
 from __future__ import annotations
@@ -37,8 +37,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from starlette.exceptions import HTTPException
 
+from actors.naming import NAMESPACE, SCHEDULER_NAME, control_plane_resources
 from rollmux.config import ServeConfig
 from rollmux.models import JobSpec
+from rollmux.records import JobRecord, MoveRecord
 
 log = logging.getLogger("rollmux.serve")
 
@@ -89,37 +91,12 @@ class AdmissionView(_Open):
     latency_ms: Optional[float] = Field(default=None, description="scheduler decision time, ms")
 
 
-class MoveView(_Open):
-    """One departure re-packing move (RollMux §4.2 extension, ``InterGroupScheduler.repack``)."""
-
-    job_id: Optional[str] = Field(default=None, description="the moved job (in a departure answer)")
-    from_group: str
-    to_group: str
-    placement: Optional[PlacementView] = Field(default=None, description="its nodes in the new group")
-    move_s: Optional[float] = Field(default=None, description="predicted host-state copy time, s")
-    at: Optional[float] = Field(default=None, description="when the move was decided, Unix time, s")
-    trigger: Optional[str] = Field(default=None, description="the job whose departure triggered it")
-
-
-class JobView(_Open):
-    """A job as the scheduler tracks it: state, group and placement, iterations done, predicted vs
-    measured phase times (s), slowdown vs SLO, and the departure re-packing moves it went through."""
-
-    job_id: str
-    state: str = Field(description='"admitted" | "running" | "finished" | "failed"')
-    group_id: Optional[str] = Field(default=None, description="current group (the last one once ended)")
-    placement: Optional[PlacementView] = None
-    controller: Optional[str] = Field(default=None, description="the group's GroupController actor name")
-    slo: Optional[float] = None
-    predicted_slowdown: Optional[float] = Field(default=None, description="worst-case co-executed / solo iteration time")
-    slowdown: Optional[float] = Field(default=None, description="measured co-executed / solo iteration time")
-    iterations_done: Optional[int] = None
-    predicted: Optional[dict[str, Any]] = None
-    measured: Optional[dict[str, Any]] = None
-    moves: list[MoveView] = []
-    error: Optional[str] = None
-    admitted_at: Optional[float] = Field(default=None, description="Unix time, s")
-    ended_at: Optional[float] = Field(default=None, description="Unix time, s")
+#: One departure re-packing move: the scheduler's own record type (validated on the way out).
+MoveView = MoveRecord
+#: A job as the scheduler tracks it: the scheduler's own :class:`rollmux.records.JobRecord`
+#: (state, group and placement, iterations, predicted vs measured phase times, slowdown vs SLO,
+#: moves). ``GET /v1/jobs`` replies are validated against it.
+JobView = JobRecord
 
 
 class DepartureView(_Open):
@@ -212,9 +189,6 @@ class SchedulerClient:
     """
 
     def __init__(self, name: Optional[str] = None, timeout_s: float = 30.0):
-        from actors import NAMESPACE
-        from actors.global_scheduler import SCHEDULER_NAME
-
         self.name, self.namespace = name or SCHEDULER_NAME, NAMESPACE
         self.timeout_s = timeout_s
         self._handle = None
@@ -355,7 +329,8 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
                 return JSONResponse({"error": "invalid_request", "detail": view["explanation"]["reason"]}, status_code=422)
             kind = "duplicate_job_id" if code == "duplicate" else f"not_admitted:{code}"
             return JSONResponse({"error": kind, "detail": view["explanation"]["reason"], "decision": view}, status_code=409)
-        return JSONResponse(view, status_code=200 if dry_run else 201)
+        checked = AdmissionView.model_validate(view)  # a 2xx reply is validated against its model
+        return JSONResponse(checked.model_dump(mode="json"), status_code=200 if dry_run else 201)
 
     @app.get("/healthz", response_model=HealthView, responses={503: err}, tags=["ops"])
     async def healthz() -> Any:
@@ -434,8 +409,6 @@ def deploy(cfg: ServeConfig, token: str, *, route_prefix: str = "/") -> str:
     """
     settings = AppSettings.from_config(cfg, token)
     serve.start(http_options={"host": cfg.host, "port": cfg.port}, proxy_location="HeadOnly")
-    from actors.runtime_client import control_plane_resources
-
     opts: dict[str, Any] = {"num_cpus": 0}
     if res := control_plane_resources():
         opts["resources"] = res

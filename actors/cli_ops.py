@@ -8,7 +8,10 @@ process it starts is recorded (pid, process-group id, start time) in ``<state_di
 ``rollmux down`` signals exactly those process groups and nothing else.
 Configuration: ``configs/serve.yaml`` (:class:`rollmux.config.ServeConfig`), ``ROLLMUX_*``
 environment, flags. Ray is imported only inside the commands.
-Source: issue 5 "The operator's face".
+
+This module does not import the HTTP app: the CLI is assembled at the top of the import graph
+(:mod:`rollmux_cli`), which registers these commands with the app's ``deploy`` function
+(:func:`register`).
 """
 
 from __future__ import annotations
@@ -22,14 +25,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from rollmux.config import ConfigError, ServeConfig, load_cluster, load_job, load_serve_config
-from rollmux.nodes import NODE_RESOURCE_UNITS, node_id, node_resource, pool_resource
+from rollmux.nodes import HEAD_RESOURCE, NODE_RESOURCE_UNITS, node_id, node_resource, pool_resource
+
+#: ``deploy(cfg, token) -> base URL`` of the HTTP admission app, given by :func:`register`.
+_DEPLOY: Optional[Callable[[ServeConfig, str], str]] = None
 
 console = Console()
 err_console = Console(stderr=True)
@@ -37,7 +43,6 @@ err_console = Console(stderr=True)
 STATE_FILE = "state.json"
 PROM_TARGETS = "prometheus_targets.json"
 MAX_LOCAL_POOL_NODES = 16  # `rollmux up` starts at most this many local Ray nodes for pool nodes
-from rollmux.nodes import HEAD_RESOURCE
 _CFG_HELP = "serve config YAML (default: configs/serve.yaml or $ROLLMUX_SERVE_CONFIG)"
 
 
@@ -346,7 +351,7 @@ def up(
 def _connect(cfg: ServeConfig, address: str) -> None:
     import ray
 
-    from actors import NAMESPACE
+    from actors.naming import NAMESPACE
 
     ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
 
@@ -397,13 +402,14 @@ def _start_scheduler_and_app(cfg: ServeConfig, cluster, token: str, deadline: fl
     import ray
 
     from actors.global_scheduler import get_or_create_scheduler
-    from serve_app import deploy
 
+    if _DEPLOY is None:
+        _fail("the HTTP app is not wired into this CLI (use the `rollmux` command, rollmux_cli.app)")
     try:
         kw = {"name": cfg.scheduler_name} if cfg.scheduler_name else {}
         sched = get_or_create_scheduler(cluster, checkpoint_path=str(cfg.checkpoint), **kw)
         ray.get(sched.health.remote(), timeout=max(5.0, deadline - time.monotonic()))
-        deploy(cfg, token)
+        _DEPLOY(cfg, token)
     finally:
         ray.shutdown()
 
@@ -535,7 +541,10 @@ def urls(
     _print_urls(cfg, state)
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``up``, ``down``, ``submit``, ``status`` and ``urls`` to the ``rollmux`` typer app."""
+def register(app: typer.Typer, deploy: Callable[[ServeConfig, str], str]) -> None:
+    """Add ``up``, ``down``, ``submit``, ``status`` and ``urls`` to the ``rollmux`` typer app;
+    ``deploy(cfg, token)`` starts the HTTP admission app (``serve_app.deploy``)."""
+    global _DEPLOY
+    _DEPLOY = deploy
     for fn in (up, down, submit, status, urls):
         app.command(fn.__name__)(fn)

@@ -10,7 +10,7 @@ A four-method interface (``get``/``put``/``delete``/``keys``) with three impleme
   actor restarts (the default), and GCS restarts only with GCS fault tolerance (Redis).
 
 Values are JSON-able objects (dicts / lists); keys are short strings. Source: the Ray Serve
-controller's checkpoint-before-act pattern (STYLE.md §3).
+controller's checkpoint-before-act pattern.
 """
 
 from __future__ import annotations

@@ -16,11 +16,12 @@ rollmux_admission_latency_ms        histogram  -             policy decision lat
 rollmux_phase_switch_total          counter    kind          warm | cold | moved phase switches
 rollmux_job_moves_total             counter    -             jobs moved by departure re-packing
 rollmux_phase_switch_seconds        gauge      kind          last switch latency, s (warm | cold | moved)
+rollmux_reconcile_seconds           gauge      loop          duration of the last reconcile pass, s
 ==================================  =========  ============  ==========================================
 
 Updates are buffered and applied by a background thread every ``flush_interval_s`` so that the
-admission hot path only appends to a deque (STYLE.md "keep metric ingestion off the admission
-path"). Cumulative seconds are gauges holding running totals (exact names on the endpoint).
+admission hot path only appends to a deque (metric ingestion stays off the admission
+path). Cumulative seconds are gauges holding running totals (exact names on the endpoint).
 Gauges are re-set from their last values every ``refresh_interval_s``: Ray's exporter drops a
 gauge that was not recorded within about two export intervals, so a value set once (a job's SLO,
 a group's cost) would otherwise vanish from the endpoint between Prometheus scrapes.
@@ -89,6 +90,10 @@ class RollmuxMetrics:
     def phase_switch(self, kind: str, seconds: float) -> None:
         self._push("switch", (kind, float(seconds)))
 
+    def reconcile(self, seconds: float, loop: str = "controllers") -> None:
+        """Duration of the last pass of a reconcile loop (the GlobalScheduler's), s."""
+        self._push("reconcile", (loop, float(seconds)))
+
     def _push(self, kind: str, args: tuple) -> None:
         self._q.append((kind, args))
         if self.flush_interval_s <= 0:
@@ -115,6 +120,7 @@ class RollmuxMetrics:
                                     tag_keys=("kind",)),
                 "switch_s": g("rollmux_phase_switch_seconds", "Last phase switch latency, s", "kind"),
                 "moves": Counter("rollmux_job_moves_total", description="Jobs moved by departure re-packing"),
+                "reconcile_s": g("rollmux_reconcile_seconds", "Duration of the last reconcile pass, s", "loop"),
             }
         return self._m
 
@@ -167,6 +173,11 @@ class RollmuxMetrics:
             if m:
                 m["busy"].set(t["busy"][pool], tags={"pool": pool})
                 m["bubble"].set(t["bubble"][pool], tags={"pool": pool})
+        elif kind == "reconcile":
+            loop, sec = a
+            t["reconcile_s"][loop] = sec
+            if m:
+                m["reconcile_s"].set(sec, tags={"loop": loop})
         elif kind == "switch":
             k, s = a
             t["switches"][k] = t["switches"].get(k, 0) + 1

@@ -29,44 +29,22 @@ import threading
 import time
 from typing import Any, Optional
 
-from rollmux.phase_api import AdmissionRefused, PhaseFailed
+from actors.naming import (  # noqa: F401  (ensure_ray, control_plane_resources re-exported)
+    NAMESPACE, control_plane_resources, ensure_ray, get_actor, get_scheduler, worker_name,
+)
+from actors.workers import get_or_create_worker
+from rollmux.group_ledger import HEARTBEAT_S, PermitError
+from rollmux.models import pool_of_phase
+from rollmux.phase_state import AdmissionRefused, PhaseFailed
+from rollmux.records import JobState
 
 log = logging.getLogger("rollmux.runtime")
-from actors import NAMESPACE  # noqa: E402  (re-exported)
 CONTROLLER_RETRIES = 60  # x 1 s: how long a driver waits for a restarting GroupController
-
-
-def ensure_ray(address: Optional[str] = None) -> None:
-    """Connect this process to Ray (``address`` / ``RAY_ADDRESS`` / ``"auto"``) in namespace ``rollmux``."""
-    import ray
-
-    if not ray.is_initialized():
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", namespace=NAMESPACE,
-                 log_to_driver=False)
-
-
-from rollmux.nodes import HEAD_RESOURCE
-
-
-def control_plane_resources() -> dict[str, float]:
-    """Custom resources that pin control-plane actors (scheduler, group controllers) to the head.
-
-    The head node started by ``rollmux up`` / ``start_local_cluster`` carries ``rollmux_head``;
-    pinning the control plane there puts its metrics on the head's Prometheus endpoint. Returns
-    ``{}`` on clusters without that resource (e.g. a plain ``ray start`` cluster).
-    """
-    import ray
-
-    return {HEAD_RESOURCE: 0.001} if ray.cluster_resources().get(HEAD_RESOURCE) else {}
 
 
 def scheduler_reachable(name: Optional[str] = None) -> bool:
     """True when a Ray cluster is reachable and the GlobalScheduler actor ``name`` exists there."""
     try:
-        ensure_ray()
-        from actors.global_scheduler import get_scheduler
-
         get_scheduler(name)
         return True
     except Exception:
@@ -149,9 +127,6 @@ class ScheduledRuntime:
         import ray
         from ray.exceptions import RayTaskError
 
-        from actors.global_scheduler import get_scheduler
-        from actors.group_controller import PermitError
-
         ensure_ray()
         self.job = job
         try:
@@ -163,7 +138,7 @@ class ScheduledRuntime:
             rec = ray.get(self.sched.get_job.remote(jid))
             if rec is None:
                 raise PhaseFailed(f"cannot attach: job {jid!r} is not admitted by the RollMux scheduler")
-            if rec["state"] in ("finished", "failed"):
+            if JobState(rec["state"]).is_ended():
                 raise PhaseFailed(f"cannot attach: job {jid!r} is already {rec['state']}")
         else:
             dec = ray.get(self.sched.admit.remote(job.spec.model_dump(mode="json")))
@@ -187,8 +162,6 @@ class ScheduledRuntime:
         """Point this driver at the group, controller and node workers of the job record ``rec``."""
         import ray
 
-        from actors.workers import get_or_create_worker, worker_name
-
         self.info = rec
         pl = rec["placement"]
         self.rollout_nodes, self.train_nodes = list(pl["rollout_nodes"]), list(pl["train_nodes"])
@@ -196,7 +169,7 @@ class ScheduledRuntime:
         self.train_worker = get_or_create_worker(self.train_nodes[0])
         self._rollout_worker_names = [worker_name(self.rollout_nodes[0])]
         name = ray.get(self.sched.ensure_controller.remote(rec["group_id"]))  # KeyError if no active member
-        self.controller = ray.get_actor(name, namespace=NAMESPACE)
+        self.controller = get_actor(name)
 
     def _rehome(self) -> bool:
         """Departure re-packing moved this job (its permit was refused): follow it.
@@ -211,7 +184,7 @@ class ScheduledRuntime:
 
         jid = self.job.job_id
         rec = ray.get(self.sched.get_job.remote(jid))
-        if rec is None or rec["state"] not in ("admitted", "running") or rec["group_id"] == self.info["group_id"]:
+        if rec is None or not JobState(rec["state"]).is_active() or rec["group_id"] == self.info["group_id"]:
             return False
         t0 = time.perf_counter()
         old = {"group_id": self.info["group_id"], "rollout_nodes": self.rollout_nodes, "train_nodes": self.train_nodes}
@@ -238,8 +211,6 @@ class ScheduledRuntime:
         ``self.controller`` changes when the job moves; a refused heartbeat (the job left this
         controller, e.g. moved) does not stop the thread (``finish`` does)."""
         import ray
-
-        from actors.group_controller import HEARTBEAT_S
 
         while not self._stop.wait(HEARTBEAT_S):
             try:
@@ -299,8 +270,6 @@ class ScheduledRuntime:
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
-        from actors.group_controller import PermitError
-
         self._register()
         j = self.job
         grant = None
@@ -322,7 +291,7 @@ class ScheduledRuntime:
                 time.sleep(1.0)
         j._emit({"event": "granted", "job_id": j.job_id, "phase": phase, "iteration": grant["iteration"],
                  "nodes": grant["nodes"], "waited_s": grant["waited_s"]})
-        worker = self.rollout_worker if phase == "rollout" else self.train_worker
+        worker = self.rollout_worker if pool_of_phase(phase) == "rollout" else self.train_worker
         try:
             out = ray.get(worker.run.remote(j.job_id, phase, args, kwargs, grant))
         except RayTaskError as e:
@@ -330,7 +299,7 @@ class ScheduledRuntime:
         except RayActorError as e:
             self.controller.release.remote(j.job_id, phase, {"ok": False, "error": f"worker died: {e}"})
             raise PhaseFailed(f"job {j.job_id!r}: worker died during {phase}: {e}") from None
-        rec = dict(out["record"], job_id=j.job_id, phase=phase, pool="rollout" if phase == "rollout" else "train")
+        rec = dict(out["record"], job_id=j.job_id, phase=phase, pool=pool_of_phase(phase))
         self.timeline.append(rec)
         return None if phase == "sync" else out["result"]
 

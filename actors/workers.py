@@ -39,29 +39,14 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from actors.naming import NAMESPACE, get_actor, worker_name  # noqa: F401  (re-exported)
 from rollmux.nodes import node_resource, pool_of
-from rollmux.phase_api import RuntimeHook, call_phase, split_state, state_resume, state_suspend
+from rollmux.phase_state import (  # noqa: F401  (restore_state re-exported)
+    RuntimeHook, call_phase, restore_state, split_state, state_resume, state_suspend,
+)
 
-from actors import NAMESPACE  # noqa: E402  (re-exported)
 SYNC_TIMEOUT_S = 120.0
 PROGRESS_BUCKETS = 20  # progress is forwarded to the controller at most once per 1/20 of the responses
-
-
-def worker_name(node: str) -> str:
-    """Actor name of the worker hosting jobs on ``node``."""
-    return f"rollmux-worker-{node}"
-
-
-def restore_state(fresh: dict, saved: dict) -> dict:
-    """Cold start: builder's fresh state + the saved state. Modules/optimizers load the saved
-    ``state_dict``; other values are replaced by the saved ones. Returns ``fresh`` updated."""
-    for k, v in saved.items():
-        cur = fresh.get(k)
-        if hasattr(cur, "load_state_dict") and hasattr(v, "state_dict"):
-            cur.load_state_dict(v.state_dict())
-        else:
-            fresh[k] = v
-    return fresh
 
 
 class _Hosted:
@@ -75,6 +60,7 @@ class _Hosted:
         self.hooks: list[Callable] = cfg.get("hooks", [])
         self.switch: str = cfg.get("switch", "warm")
         self.controller: str = cfg["controller"]
+        self.ctrl: Any = None  # cached handle of the controller (looked up again only when it died)
         self.rollout_workers: list[str] = cfg.get("rollout_workers", [])
         self.ckpt: Path = Path(cfg.get("checkpoint_dir") or os.path.join(tempfile.gettempdir(), "rollmux-ckpt")) / \
             f"{job_id}-{cfg['pool']}.pt"
@@ -228,14 +214,26 @@ class _PoolWorker:
             h.ref = None
         return time.perf_counter() - t0
 
+    def _controller(self, h: _Hosted, fresh: bool = False):
+        """The job's controller handle: cached per hosted job, looked up by name only the first
+        time and after the actor died (``fresh``)."""
+        if h.ctrl is None or fresh:
+            h.ctrl = get_actor(h.controller)
+        return h.ctrl
+
     def _release(self, h: _Hosted, phase: str, record: dict) -> None:
         import ray
+        from ray.exceptions import RayActorError
 
-        try:
-            ctrl = ray.get_actor(h.controller, namespace=NAMESPACE)
-            ray.get(ctrl.release.remote(h.job_id, phase, record), timeout=120)
-        except Exception as e:  # a restarted controller forgot the grant: nothing to release
-            record["release_error"] = f"{type(e).__name__}: {e}"
+        for attempt in range(2):
+            try:
+                ray.get(self._controller(h, fresh=attempt > 0).release.remote(h.job_id, phase, record), timeout=120)
+                return
+            except (RayActorError, ValueError) as e:  # the controller died: look it up again once
+                record["release_error"] = f"{type(e).__name__}: {e}"
+            except Exception as e:  # a restarted controller forgot the grant: nothing to release
+                record["release_error"] = f"{type(e).__name__}: {e}"
+                return
 
     def _emit(self, h: _Hosted, ctrl, event: dict, last: list) -> None:
         for fn in h.hooks:
@@ -264,8 +262,12 @@ class _PoolWorker:
         rec: dict = {"node": self.node, "iteration": grant.get("iteration"), "start": time.time(),
                      "switch": None, "switch_s": None, "ok": False, "error": None}
         result = None
-        ctrl = ray.get_actor(h.controller, namespace=NAMESPACE)
-        ctrl.phase_started.remote(job_id, phase)
+        try:
+            ctrl = self._controller(h)
+            ctrl.phase_started.remote(job_id, phase)
+        except Exception:  # the controller died: look it up again (it restarts with max_restarts=-1)
+            ctrl = self._controller(h, fresh=True)
+            ctrl.phase_started.remote(job_id, phase)
         try:
             state, kind, sw = self._materialise(h)
             rec.update(switch=kind, switch_s=sw)

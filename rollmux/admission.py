@@ -374,17 +374,20 @@ class InterGroupScheduler:
         policy: a key of :data:`POLICIES`; ValueError names the known ones otherwise.
         max_group_size: most jobs per group (>= 1).
         seed: seed of the random baseline.
-        config: a :class:`SchedulerConfig` (its policy / max_group_size / seed are used when the
-            corresponding arguments are left at their defaults).
+        config: a :class:`SchedulerConfig` (default: its defaults). ``policy`` /
+            ``max_group_size`` / ``seed`` override the config's values when given (not None).
     Source: RollMux §4.2, Alg. 1.
     """
 
-    def __init__(self, cluster: ClusterSpec, policy: str = "rollmux", max_group_size: int = 5, seed: int = 0,
-                 config: Optional[SchedulerConfig] = None) -> None:
-        if config is not None:  # explicit (non-default) arguments win over the config's values
-            policy = policy if policy != "rollmux" else config.policy
-            max_group_size = max_group_size if max_group_size != 5 else config.max_group_size
-            seed = seed if seed != 0 else config.seed
+    def __init__(self, cluster: ClusterSpec, policy: Optional[str] = None, max_group_size: Optional[int] = None,
+                 seed: Optional[int] = None, config: Optional[SchedulerConfig] = None) -> None:
+        base = config if config is not None else SchedulerConfig()
+        # an argument given explicitly (not None) overrides the config's value, also when it
+        # equals the default (policy="rollmux" over a config saying "random")
+        policy = base.policy if policy is None else policy
+        max_group_size = base.max_group_size if max_group_size is None else max_group_size
+        seed = base.seed if seed is None else seed
+        if config is not None:
             config = config.model_copy(update={"policy": policy, "max_group_size": int(max_group_size), "seed": seed})
         if policy not in POLICIES:
             raise ValueError(f"unknown admission policy {policy!r} (known: {', '.join(POLICIES)})")
@@ -788,7 +791,13 @@ class InterGroupScheduler:
 
     # --- checkpointing ------------------------------------------------------------------------------
     def snapshot(self) -> dict:
-        """JSON-able state: policy, settings, groups with members (spec, profile, placement)."""
+        """JSON-able state: policy, settings, groups with members (spec, profile, placement).
+        The policy owns this format: ``{**snapshot_header(), "groups": [group_snapshot(g), ...]}``."""
+        return {**self.snapshot_header(), "groups": [self.group_snapshot(gid) for gid in self._groups]}
+
+    def snapshot_header(self) -> dict:
+        """The snapshot without its groups: version, policy, settings and the next group number
+        (group ids are never reused). A checkpoint may store it apart from the groups."""
         return {
             "version": 1,
             "policy": self.policy,
@@ -796,15 +805,19 @@ class InterGroupScheduler:
             "seed": self.seed,
             "config": self.config.model_dump(),
             "next_group": self._next_group,
-            "groups": [
-                {
-                    "group_id": g.group.group_id,
-                    "rollout_nodes": list(g.group.rollout_nodes),
-                    "train_nodes": list(g.group.train_nodes),
-                    "members": [m.model_dump(mode="json") for m in g.group.members],
-                }
-                for g in self._groups.values()
-            ],
+        }
+
+    def group_snapshot(self, group_id: str) -> Optional[dict]:
+        """One group of :meth:`snapshot` (``group_id, rollout_nodes, train_nodes, members``), None
+        once the group is gone."""
+        g = self._groups.get(group_id)
+        if g is None:
+            return None
+        return {
+            "group_id": g.group.group_id,
+            "rollout_nodes": list(g.group.rollout_nodes),
+            "train_nodes": list(g.group.train_nodes),
+            "members": [m.model_dump(mode="json") for m in g.group.members],
         }
 
     @classmethod

@@ -1,9 +1,9 @@
-"""The ``rollmux`` command line (typer).
+"""The pure part of the ``rollmux`` command line (typer): ``rollmux simulate``.
 
-``rollmux simulate`` replays a trace through the policies (pure, no Ray). The cluster
-operation commands (``up``, ``down``, ``submit``, ``status``, ``urls``) live with the Ray
-mechanism in :mod:`actors.cli_ops` and are registered onto this app; they import Ray only
-when run.
+``rollmux simulate`` replays a trace through the policies (pure, no Ray). This module imports
+nothing from ``actors/``: the full ``rollmux`` command (this app plus the cluster operation
+commands of :mod:`actors.cli_ops`) is assembled at the top of the import graph, in
+:mod:`rollmux_cli`. ``python -m rollmux.cli simulate ...`` runs the replay alone.
 """
 
 from __future__ import annotations
@@ -18,6 +18,11 @@ import typer
 from rollmux.baselines import POLICY_NAMES
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RollMux: co-execution scheduler for disaggregated RL post-training.")
+
+
+@app.callback()
+def _commands() -> None:
+    """RollMux: co-execution scheduler for disaggregated RL post-training."""
 
 #: Defaults of ``rollmux simulate`` (the quickstart's run): a window of the Philly trace.
 DEFAULT_JOBS = 200
@@ -153,16 +158,6 @@ def simulate(
                       f"over the {rm['optimal_exact_time_fraction']:.0%} of its replay with <= {exact_max_jobs} active jobs")
     console.print(f"wrote {out / 'summary.json'} and plots in {out}")
 
-
-def _register_ops() -> None:
-    try:
-        from actors.cli_ops import register
-    except ImportError:  # the actors package is not importable (policy-only install)
-        return
-    register(app)
-
-
-_register_ops()
 
 if __name__ == "__main__":  # pragma: no cover
     app()

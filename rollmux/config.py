@@ -74,11 +74,38 @@ def load_cluster(path: str | Path = CONFIG_DIR / "cluster_paper.yaml") -> Cluste
         raise ConfigError(f"{path}: missing or malformed section {e}") from e
 
 
+#: Facts a job file could state twice: (``job:`` field of the admission spec, ``run:`` field of the
+#: RL loop). A file states each once (the other side is filled in) or both equal.
+JOB_RUN_SAME_FACTS = (("num_prompts", "num_prompts"), ("responses_per_prompt", "group_size"),
+                      ("max_response_tokens", "max_new_tokens"))
+
+
+def unify_job_file(data: Mapping[str, Any], path: str | Path = "job file") -> dict:
+    """One value per fact in a job file with ``job:`` and ``run:`` sections: a fact stated on one
+    side is copied to the other (:data:`JOB_RUN_SAME_FACTS`), so admission plans for the job that
+    runs. Raises :class:`ConfigError` naming both fields when the two sides disagree. A mapping
+    without both sections is returned unchanged."""
+    job, run = data.get("job"), data.get("run")
+    if not isinstance(job, dict) or not isinstance(run, dict):
+        return dict(data)
+    job, run = dict(job), dict(run)
+    for jk, rk in JOB_RUN_SAME_FACTS:
+        if jk in job and rk in run and job[jk] != run[rk]:
+            raise ConfigError(f"{path}: job.{jk} ({job[jk]}) and run.{rk} ({run[rk]}) state the same fact "
+                              "differently; give it once")
+        if jk in job:
+            run[rk] = job[jk]
+        elif rk in run:
+            job[jk] = run[rk]
+    return {**data, "job": job, "run": run}
+
+
 def load_job(path: str | Path) -> JobSpec:
-    """A job spec from YAML (``configs/jobs/*.yaml``); a top-level ``job:`` key is accepted."""
+    """A job spec from YAML (``configs/jobs/*.yaml``); a top-level ``job:`` key is accepted (with a
+    ``run:`` section, the facts both state are unified first, :func:`unify_job_file`)."""
     data = read_yaml(path)
     if isinstance(data, dict) and "job" in data and isinstance(data["job"], dict):
-        data = data["job"]
+        data = unify_job_file(data, path)["job"]
     try:
         return JobSpec.model_validate(data)
     except ValidationError as e:

@@ -16,6 +16,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 PoolName = Literal["rollout", "train"]
 PhaseName = Literal["rollout", "train", "sync"]
+#: The pool each phase runs on: sync holds the training nodes (RollMux §4.3). The one copy of
+#: this mapping; everything else calls :func:`pool_of_phase`.
+POOL_OF_PHASE: dict[str, PoolName] = {"rollout": "rollout", "train": "train", "sync": "train"}
+
+
+def pool_of_phase(phase: str) -> PoolName:
+    """The pool of ``phase`` ("rollout" | "train" | "sync"). Raises KeyError for another name."""
+    return POOL_OF_PHASE[phase]
 
 
 class _Frozen(BaseModel):

@@ -26,7 +26,7 @@ the RollMux ``GlobalScheduler`` on a Ray cluster) without change::
 Calling a decorated phase blocks for the phase permit of the job's co-execution group (scheduled
 mode), warm-starts the phase state (Ray object store -> "device": the worker process heap),
 runs the function, offloads the state back and releases the permit (RollMux §5 "phase API",
-DESIGN.md "Execution plane"). In plain mode the state simply stays in this process.
+docs/ARCHITECTURE.md "Runtime conventions"). In plain mode the state simply stays in this process.
 
 State conventions (both modes):
 - A builder returns a ``dict``; it runs once (the cold start) where the state lives.
@@ -49,7 +49,6 @@ lives in :mod:`actors.runtime_client`, imported lazily.
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import os
 import threading
@@ -58,12 +57,15 @@ import warnings
 from typing import Any, Callable, Literal, Optional
 
 from rollmux.models import JobSpec, PhaseName, PoolName
+from rollmux.phase_state import (  # noqa: F401  (re-exported: the phase API's public names)
+    PHASES, POOL_OF_PHASE, AdmissionRefused, PhaseFailed, RuntimeHook, call_phase, is_resident, one_thread,
+    restore_state, split_state, state_resume, state_suspend,
+)
 
 log = logging.getLogger("rollmux.phase_api")
 
 SwitchKind = Literal["warm", "cold"]
-POOL_OF_PHASE: dict[str, PoolName] = {"rollout": "rollout", "train": "train", "sync": "train"}
-_PHASES = ("rollout", "train", "sync")
+_PHASES = PHASES
 
 __all__ = [
     "Job",
@@ -78,137 +80,6 @@ __all__ = [
     "state_suspend",
     "state_resume",
 ]
-
-
-class AdmissionRefused(RuntimeError):
-    """The scheduler refused the job. ``decision`` is ``AdmissionDecision.to_dict()`` (code, reason)."""
-
-    def __init__(self, decision: dict):
-        self.decision = decision
-        super().__init__(
-            f"job {decision.get('job_id')!r} refused ({decision.get('code')}): {decision.get('reason')}"
-        )
-
-
-class PhaseFailed(RuntimeError):
-    """A phase could not run (job already finished/failed, permit lost, worker died)."""
-
-
-def is_resident(value: Any) -> bool:
-    """True for control-plane objects that stay in the worker process between phases.
-
-    Only values carrying a truthy ``rollmux_resident`` attribute (e.g. a vLLM engine, a
-    collectives endpoint, an environment handle) are resident; everything else is stored.
-    """
-    return bool(getattr(value, "rollmux_resident", False))
-
-
-def split_state(state: dict) -> tuple[dict, dict]:
-    """Split a phase-state dict into (storable, resident) parts. Raises TypeError if not a dict."""
-    if not isinstance(state, dict):
-        raise TypeError(f"a phase state must be a dict, got {type(state).__name__}")
-    resident = {k: v for k, v in state.items() if is_resident(v)}
-    return {k: v for k, v in state.items() if k not in resident}, resident
-
-
-def _hook_of(value: Any, names: tuple[str, ...]) -> Optional[Callable[[], None]]:
-    if isinstance(value, (dict, list, tuple, str, bytes)):
-        return None
-    for n in names:
-        fn = getattr(value, n, None)
-        if callable(fn):
-            return fn
-    return None
-
-
-def state_suspend(state: dict) -> None:
-    """End of a phase: call ``offload()`` (else ``sleep()``) on every state value that has one."""
-    for v in state.values():
-        fn = _hook_of(v, ("offload", "sleep"))
-        if fn is not None:
-            fn()
-
-
-def state_resume(state: dict) -> None:
-    """Start of a phase (warm start): call ``load()`` (else ``wake()``/``wake_up()``) on every value."""
-    for v in state.values():
-        fn = _hook_of(v, ("load", "wake_up", "wake"))
-        if fn is not None:
-            fn()
-
-
-class RuntimeHook:
-    """The runtime hook handed to a rollout phase (RollMux §5: progress drives long-tail migration).
-
-    ``progress(done, total)``: ``done`` of ``total`` responses of this rollout have finished.
-    Raises ValueError when ``0 <= done <= total`` and ``total > 0`` do not hold.
-    """
-
-    def __init__(self, job_id: str, phase: str, iteration: int, emit: Callable[[dict], None]):
-        self.job_id, self.phase, self.iteration = job_id, phase, iteration
-        self._emit = emit
-        self.last_progress: Optional[tuple[int, int]] = None
-
-    def progress(self, done: int, total: int) -> None:
-        if total <= 0 or not 0 <= done <= total:
-            raise ValueError(f"progress: need 0 <= done <= total and total > 0, got done={done}, total={total}")
-        self.last_progress = (int(done), int(total))
-        self._emit({"event": "progress", "job_id": self.job_id, "phase": self.phase,
-                    "iteration": self.iteration, "done": int(done), "total": int(total), "t": time.time()})
-
-
-def call_phase(fn: Callable, phase: str, state: dict, args: tuple, kwargs: dict, hook: Optional[RuntimeHook]):
-    """Invoke a user phase function with the contract's signature (shared by both modes).
-
-    rollout: ``fn(state, *args, hook=hook)`` if ``fn`` has a ``hook`` parameter, else ``fn(state, *args)``;
-    train / sync: ``fn(state, *args, **kwargs)``.
-    """
-    if phase == "rollout" and hook is not None and _accepts_hook(fn):
-        kwargs = {**kwargs, "hook": hook}
-    return fn(state, *args, **kwargs)
-
-
-def _accepts_hook(fn: Callable) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return "hook" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
-def one_thread():
-    """Context manager: torch computes on one thread inside (no-op without torch). Re-entrant and
-    thread-safe: the previous thread count is restored when the last concurrent user exits."""
-    return _OneThread()
-
-
-_THREADS_LOCK = threading.Lock()
-_THREADS_STATE = {"users": 0, "prev": None}
-
-
-class _OneThread:
-    def __enter__(self):
-        try:
-            import torch
-        except ImportError:  # pragma: no cover
-            return self
-        with _THREADS_LOCK:
-            if _THREADS_STATE["users"] == 0:
-                _THREADS_STATE["prev"] = torch.get_num_threads()
-                torch.set_num_threads(1)
-            _THREADS_STATE["users"] += 1
-        return self
-
-    def __exit__(self, *exc):
-        try:
-            import torch
-        except ImportError:  # pragma: no cover
-            return False
-        with _THREADS_LOCK:
-            _THREADS_STATE["users"] -= 1
-            if _THREADS_STATE["users"] == 0 and _THREADS_STATE["prev"] is not None:
-                torch.set_num_threads(_THREADS_STATE["prev"])
-        return False
 
 
 class _PlainRuntime:

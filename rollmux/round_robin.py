@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from rollmux.models import PhaseName, PoolName
+from rollmux.models import PhaseName, PoolName, pool_of_phase
 
 _NEXT: dict[str, str] = {"rollout": "train", "train": "sync", "sync": "rollout"}
 
@@ -135,7 +135,7 @@ class RoundRobinQueues:
 
     # --- scheduling -------------------------------------------------------------------------
     def _nodes_of(self, job: _Job, phase: str) -> tuple[str, ...]:
-        return job.rollout_nodes if phase == "rollout" else job.train_nodes
+        return job.rollout_nodes if pool_of_phase(phase) == "rollout" else job.train_nodes
 
     def _is_ready(self, job_id: str, job: _Job) -> bool:
         if job.running:
@@ -150,7 +150,7 @@ class RoundRobinQueues:
         for jid, job in self._jobs.items():
             if self._is_ready(jid, job):
                 ph = job.next_phase
-                out.append(ReadyPhase(jid, ph, "rollout" if ph == "rollout" else "train", self._nodes_of(job, ph), job.iteration))  # type: ignore[arg-type]
+                out.append(ReadyPhase(jid, ph, pool_of_phase(ph), self._nodes_of(job, ph), job.iteration))  # type: ignore[arg-type]
         return out
 
     def grant(self, job_id: str, phase: str) -> ReadyPhase:
@@ -160,7 +160,7 @@ class RoundRobinQueues:
             raise ValueError(f"phase {phase!r} of job {job_id!r} is not ready (next: {job.next_phase}, running: {job.running})")
         job.running = True
         job.released = False
-        return ReadyPhase(job_id, phase, "rollout" if phase == "rollout" else "train", self._nodes_of(job, phase), job.iteration)  # type: ignore[arg-type]
+        return ReadyPhase(job_id, phase, pool_of_phase(phase), self._nodes_of(job, phase), job.iteration)  # type: ignore[arg-type]
 
     def _advance(self, nodes: tuple[str, ...], job_id: str) -> None:
         for n in nodes:
@@ -201,6 +201,10 @@ class RoundRobinQueues:
         else:  # sync done, or training done for a job without a sync phase: its turn ends
             self._end_turn(job_id)
         return self.ready()
+
+    def has_sync(self, job_id: str) -> bool:
+        """Whether ``job_id`` has a sync phase. Raises KeyError if unknown."""
+        return self._jobs[job_id].has_sync
 
     def set_has_sync(self, job_id: str, has_sync: bool) -> None:
         """Declare whether ``job_id`` has a sync phase. A job without one ends its turn on the

@@ -10,7 +10,7 @@ one entry per level with ``clients``, ``requests``, ``requests_per_s``, ``p50_ms
 the same levels for ``POST /v1/jobs:dry-run`` (``dry_run_levels``: no commit, no checkpoint).
 
 Usage: ``python scripts/bench_admission.py [--preload 1000] [--requests 200] [--levels 1,8,32]``
-Source: issue 5 "Tests and measurements"; RollMux §7 "decision latency".
+Source: RollMux §7 "decision latency".
 """
 
 from __future__ import annotations

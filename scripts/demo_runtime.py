@@ -16,7 +16,7 @@ Writes ``results/runtime_demo.json`` and Gantt PNGs (both pools, colour per job)
 
     python scripts/demo_runtime.py --quick     # ~1-1.5 minutes on 2 cores, Ray startup included (full: ~2 min)
 
-Source: issue 3; RollMux §4.3 (meta-iterations), §5 (phase API, warm start), §6 (bubbles, SLO).
+Source: RollMux §4.3 (meta-iterations), §5 (phase API, warm start), §6 (bubbles, SLO).
 """
 
 from __future__ import annotations

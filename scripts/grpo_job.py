@@ -9,7 +9,7 @@ Submit to a RollMux cluster (the job registers itself with the GlobalScheduler):
 
 Writes a JSON result (``--out``): per-iteration metrics, ``final_reward``, ``weights_sha256``,
 ``timeline`` (this job's phase records), ``mode`` (plain | scheduled). Exit code 1 with a one-line
-message on bad input or a failed job (no traceback). Source: issue 3 "A real RL job to run".
+message on bad input or a failed job (no traceback).
 """
 
 from __future__ import annotations

@@ -41,6 +41,11 @@ def ray_cluster(local_cluster_spec):
     from actors.local_cluster import start_local_cluster
 
     lc = start_local_cluster(local_cluster_spec, head_cpus=2, node_cpus=1, object_store_mb=96)
+    import ray
+
+    import factories
+
+    ray.cloudpickle.register_pickle_by_value(factories)  # the toy jobs' phases run on the workers
     yield lc
     lc.shutdown()
 

@@ -31,7 +31,10 @@ def script_main():
 
 def tiny_cfg(job_id="t-grpo", **run) -> GRPOJobConfig:
     base = dict(task="next", answer_len=1, max_new_tokens=2, num_prompts=16, group_size=8, iterations=6, seed=0, lr=3e-3)
-    return GRPOJobConfig(job=JobSpec(job_id=job_id, model_params_b=0.0001), run=RunConfig(**{**base, **run}), model=TINY)
+    r = RunConfig(**{**base, **run})
+    job = JobSpec(job_id=job_id, model_params_b=0.0001, num_prompts=r.num_prompts,  # admission plans this job
+                  responses_per_prompt=r.group_size, max_response_tokens=r.max_new_tokens)
+    return GRPOJobConfig(job=job, run=r, model=TINY)
 
 
 # ---- GRPO math ---------------------------------------------------------------------------
@@ -242,3 +245,25 @@ def test_report_busy_fractions_iteration_time_and_switches():
                                  "b": [_rec("b", "rollout", 0, 10, 11), _rec("b", "train", 0, 11, 12)]})
     assert s["makespan_s"] == 3 and s["node_seconds"] == 10
     assert s["rollout_busy_fraction"] == pytest.approx(3 / 5) and s["train_busy_fraction"] == pytest.approx(2 / 5)
+
+
+def test_a_job_file_states_each_shared_fact_once_or_equal(tmp_path):
+    """num_prompts, the GRPO group size and the max response tokens: admission (``job:``) and the
+    RL loop (``run:``) read one value; two different values are refused, naming both fields."""
+    from rollmux.config import ConfigError
+
+    base = (CONFIG_DIR / "jobs" / "grpo_balanced.yaml").read_text()
+    cfg, spec = load_job_config(CONFIG_DIR / "jobs" / "grpo_balanced.yaml"), load_job(CONFIG_DIR / "jobs" / "grpo_balanced.yaml")
+    assert (cfg.run.num_prompts, cfg.run.group_size, cfg.run.max_new_tokens) == (4, 4, 224)
+    assert (spec.num_prompts, spec.responses_per_prompt, spec.max_response_tokens) == (4, 4, 224)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(base.replace("run:\n", "run:\n  group_size: 8\n", 1))
+    for load in (load_job_config, load_job):
+        with pytest.raises(ConfigError, match=r"job.responses_per_prompt \(4\) and run.group_size \(8\)"):
+            load(bad)
+    same = tmp_path / "same.yaml"
+    same.write_text(base.replace("run:\n", "run:\n  num_prompts: 4\n", 1))
+    assert load_job_config(same).run.num_prompts == 4
+    only_run = tmp_path / "only_run.yaml"  # stated on the run side only: admission plans with it too
+    only_run.write_text(base.replace("  num_prompts: 4\n", "", 1).replace("run:\n", "run:\n  num_prompts: 6\n", 1))
+    assert load_job(only_run).num_prompts == 6 and load_job_config(only_run).job.num_prompts == 6

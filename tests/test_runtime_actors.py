@@ -16,59 +16,13 @@ import pytest
 import torch
 
 import rollmux
+from factories import SLEEP, make_toy, toy_spec, wait_until  # noqa: F401  (re-exported for other tests)
 
 pytestmark = [pytest.mark.timeout(240)]
 ray_test = pytest.mark.ray
 
-SLEEP = {"big": (0.25, 0.25), "small": (0.08, 0.08)}
-
-
 def _uid() -> str:
     return uuid.uuid4().hex[:6]
-
-
-def toy_spec(job_id: str, kind: str, slo: float = 5.0) -> dict:
-    """Measured profiles that Alg. 1 packs into one group on 1 rollout + 1 training node."""
-    t = {"big": (5.0, 5.0), "small": (2.0, 2.0)}[kind]
-    return {"job_id": job_id, "model_params_b": 0.001, "num_rollout_gpus": 1, "num_train_gpus": 1, "slo": slo, "mem_roll_gb": 0.5, "mem_train_gb": 0.5,
-            "measured": {"t_roll_s": t[0], "t_train_s": t[1], "t_sync_s": 0.0}}
-
-
-def make_toy(job: "rollmux.Job", kind: str, seed: int, fail_at: int | None = None):
-    roll_s, train_s = SLEEP[kind]
-
-    @job.state("rollout")
-    def build_rollout():
-        return {"w": torch.zeros(4), "gen": torch.Generator().manual_seed(seed)}
-
-    @job.state("train")
-    def build_train():
-        return {"w": torch.zeros(4), "gen": torch.Generator().manual_seed(seed + 1)}
-
-    @job.phase("rollout")
-    def rollout(state, iteration, hook):
-        for i in range(1, 6):
-            time.sleep(roll_s / 5)
-            hook.progress(i, 5)
-        return {"x": torch.randn(4, generator=state["gen"]) + state["w"], "it": iteration}
-
-    @job.phase("train")
-    def train(state, samples):
-        time.sleep(train_s)
-        if fail_at is not None and samples["it"] == fail_at:
-            raise RuntimeError(f"injected failure in training, iteration {fail_at}")
-        state["w"] = state["w"] * 0.5 + samples["x"] * torch.rand(4, generator=state["gen"])
-        return {"w": state["w"].clone()}
-
-    @job.phase("sync")
-    def publish(state):
-        return {"w": state["w"].clone()}
-
-    @job.apply_weights
-    def apply(state, weights):
-        state["w"] = weights["w"].clone()
-
-    return rollout, train, publish
 
 
 def loop(job, fns, n, out: dict, key: str):

@@ -20,7 +20,8 @@ import torch
 
 import rollmux
 from actors.kv import MemoryKV
-from test_runtime_actors import loop, make_toy, toy_spec
+from factories import make_toy, toy_spec, wait_until
+from test_runtime_actors import loop
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -165,7 +166,12 @@ def test_move_updates_controllers_and_survives_scheduler_restart(ray_cluster, lo
                 for g in ("group-0", "group-1")}
         out = ray.get(h.depart.remote(a))
         assert [(m["job_id"], m["from_group"], m["to_group"]) for m in out["moves"]] == [(b, "group-0", "group-1")]
-        old, new = ray.get([ctrl["group-0"].status.remote(), ctrl["group-1"].status.remote()])
+
+        def pushed():  # the scheduler pushes to controllers asynchronously (never waits on them)
+            old, new = ray.get([ctrl["group-0"].status.remote(), ctrl["group-1"].status.remote()])
+            return (old, new) if len(old["gone"]) == 2 and len(new["pending"]) == 2 else None
+
+        old, new = wait_until(pushed, timeout_s=30, what="controllers converged")
         assert old["gone"] == {a: "departed", b: "moved to group-1"} and old["pending"] == []
         assert sorted(new["pending"]) == sorted([b, c]) and new["gone"] == {}
         rec = ray.get(h.get_job.remote(b))
@@ -173,14 +179,9 @@ def test_move_updates_controllers_and_survives_scheduler_restart(ray_cluster, lo
         assert [g["group_id"] for g in ray.get(h.list_groups.remote())] == ["group-1"]
 
         ray.kill(h, no_restart=False)  # Ray restarts it; it restores from the file checkpoint
-        health = None
-        for _ in range(120):
-            try:
-                health = ray.get(h.health.remote(), timeout=10)
-                if health["restored"]:
-                    break
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                time.sleep(0.5)
+        health = wait_until(lambda: (lambda x: x if x["restored"] else None)(ray.get(h.health.remote(), timeout=10)),
+                            timeout_s=120, interval_s=0.5, what="scheduler restored",
+                            ignore=(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError))
         assert health is not None and health["restored"] and health["jobs"] == 2
         assert ray.get(h.get_job.remote(b)) == rec
         assert [m["job_id"] for m in ray.get(h.group_members.remote("group-1"))] == [b, c]
@@ -229,10 +230,11 @@ def test_job_moved_mid_run_finishes_on_policy(ray_cluster, local_cluster_spec, s
                 p()
                 out.setdefault("c", []).append(None)
                 c_first.set()
-                for _ in range(1200):  # bounded: 60 s
-                    if b in ray.get(ctrl1.status.remote())["jobs"]:
-                        break
-                    time.sleep(0.05)
+                try:
+                    wait_until(lambda: b in ray.get(ctrl1.status.remote())["jobs"], timeout_s=60, interval_s=0.05,
+                               what="B in group-1's queues")
+                except TimeoutError:
+                    pass  # C goes on; the assertions below tell what happened
                 for it in range(1, n):
                     out["c"].append(t(r(it))["w"])
                     p()
@@ -286,19 +288,21 @@ def test_job_moved_mid_run_finishes_on_policy(ray_cluster, local_cluster_spec, s
         tlc = [r for r in ray.get(h.group_timeline.remote("group-1")) if r["phase"] == "rollout"]
         assert [r["job_id"] for r in sorted(tlc, key=lambda r: r["start"])] == [c] * 2 + [b, c] * 2, \
             [(r["job_id"], r["iteration"], r["start"], r["end"]) for r in sorted(tlc, key=lambda r: r["start"])]
-        for _ in range(100):  # metric totals are flushed by a background thread every 1 s
-            switches = ray.get(ctrl1.status.remote())["metrics"]["switches"]
-            if switches.get("moved") == 2:
-                break
-            time.sleep(0.1)
+        try:  # metric totals are flushed by a background thread every 1 s
+            wait_until(lambda: ray.get(ctrl1.status.remote())["metrics"]["switches"].get("moved") == 2, timeout_s=10,
+                       what="moved switches counted")
+        except TimeoutError:
+            pass
+        switches = ray.get(ctrl1.status.remote())["metrics"]["switches"]
         assert switches.get("moved") == 2  # B's first rollout and first training on group-1
         for node in ("rollout-0", "train-0"):  # exported by the move
             assert b not in ray.get(get_or_create_worker(node).hosted.remote())
         for node in ("rollout-1", "train-1"):  # finish() unregisters asynchronously
-            for _ in range(100):
-                if b not in ray.get(get_or_create_worker(node).hosted.remote()):
-                    break
-                time.sleep(0.05)
+            try:
+                wait_until(lambda: b not in ray.get(get_or_create_worker(node).hosted.remote()), timeout_s=5,
+                           interval_s=0.05, what=f"{b} unregistered on {node}")
+            except TimeoutError:
+                pass
             assert b not in ray.get(get_or_create_worker(node).hosted.remote())
         # on-policy: B (moved mid-run) and C equal solo runs with the same seeds, bit for bit
         for seed, got, skip in ((3, ws, 0), (5, out["c"], 1)):

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import sys
-import time
 import uuid
 
 import pytest
 
 from actors.kv import FileKV, MemoryKV, RayInternalKV, make_kv
+from factories import wait_until
 
 
 def _uid() -> str:
@@ -128,14 +128,10 @@ def test_scheduler_actor_restart_restores_state(ray_cluster, local_cluster_spec,
 
     ray.kill(h, no_restart=False)  # both actors die; Ray restarts them (max_restarts=-1)
     ray.kill(ctrl, no_restart=False)
-    health = None
-    for _ in range(120):
-        try:
-            health = ray.get(h.health.remote(), timeout=10)
-            if health["restored"]:  # ray.kill is asynchronous: the old instance may answer first
-                break
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            time.sleep(0.5)
+    # ray.kill is asynchronous: the old instance may answer first
+    health = wait_until(lambda: (lambda x: x if x["restored"] else None)(ray.get(h.health.remote(), timeout=10)),
+                        timeout_s=120, interval_s=0.5, what="scheduler restored",
+                        ignore=(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError))
     assert health is not None and health["restored"] and health["jobs"] == 2
     soft = ("iterations_done", "measured", "slowdown")
     hard = lambda js: [{k: v for k, v in x.items() if k not in soft} for x in js]  # noqa: E731

@@ -7,11 +7,12 @@ isolated group pays its full price; direct packing pays 0).
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import httpx
 import pytest
+
+from factories import wait_until
 
 NODE_USD_PER_H = 0.05  # configs/gpus.yaml "CPU" x 1 GPU per node
 
@@ -216,13 +217,17 @@ def test_replicas_find_the_scheduler_again_after_it_restarts(api, serve_api, cle
     j = _id("restart")
     assert api.post("/v1/jobs", json=spec(j)).status_code == 201
     ray.kill(serve_api.scheduler, no_restart=False)  # max_restarts=-1: Ray restarts it, state from the checkpoint
-    deadline, codes = time.monotonic() + 90, []
-    while time.monotonic() < deadline:
+    codes = []
+
+    def restored() -> bool:
         r = api.get("/healthz")
         codes.append(r.status_code)
-        if r.status_code == 200 and r.json().get("restored"):
-            break
-        time.sleep(0.5)
+        return r.status_code == 200 and bool(r.json().get("restored"))
+
+    try:
+        wait_until(restored, timeout_s=90, interval_s=0.5, what="API answers from the restored scheduler")
+    except TimeoutError:
+        pass
     assert codes[-1] == 200 and set(codes) <= {200, 503}, codes  # unavailable is a 503, never a 500
     job = api.get(f"/v1/jobs/{j}")
     assert job.status_code == 200 and job.json()["state"] == "admitted"  # restored from the checkpoint
@@ -252,12 +257,17 @@ def test_admission_metrics_appear_on_the_prometheus_endpoint(api, clean):
     assert api.post("/v1/jobs", json=spec(_id("metrics"), mem_roll_gb=100.0)).status_code == 409
     want = ("ray_rollmux_admission_decisions_total", "ray_rollmux_admission_latency_ms_bucket",
             "ray_rollmux_group_cost_usd_per_h", "ray_rollmux_job_slo")
-    deadline, text, urls = time.monotonic() + 90, "", []
-    while time.monotonic() < deadline:  # the actor flushes every 1 s; Ray exports every few seconds
-        text, urls = _scrape_all_nodes()
-        if all(w in text for w in want) and f'job_id="{j}"' in text:
-            break
-        time.sleep(2)
+    seen = {"text": "", "urls": []}
+
+    def scraped() -> bool:  # the actor flushes every 1 s; Ray exports every few seconds
+        seen["text"], seen["urls"] = _scrape_all_nodes()
+        return all(w in seen["text"] for w in want) and f'job_id="{j}"' in seen["text"]
+
+    try:
+        wait_until(scraped, timeout_s=90, interval_s=2, what="metrics on the endpoint")
+    except TimeoutError:
+        pass
+    text, urls = seen["text"], seen["urls"]
     assert urls, "no node exports metrics"
     missing = [w for w in want if w not in text]
     assert not missing, f"{missing} not on {urls}"
@@ -316,7 +326,7 @@ def test_down_stops_only_recorded_processes(tmp_path):
     from typer.testing import CliRunner
 
     from actors import cli_ops
-    from rollmux.cli import app
+    from rollmux_cli import app
 
     ours = cli_ops._spawn(["sleep", "60"], tmp_path / "a.log", dict(os.environ))
     other = subprocess.Popen(["sleep", "60"], start_new_session=True)  # not recorded: must survive
@@ -343,7 +353,7 @@ def test_down_stops_only_recorded_processes(tmp_path):
 def test_cli_reports_bad_config_without_traceback(tmp_path):
     from typer.testing import CliRunner
 
-    from rollmux.cli import app
+    from rollmux_cli import app
 
     r = CliRunner().invoke(app, ["urls", "--config", str(tmp_path / "missing.yaml")])
     assert r.exit_code == 2 and "config file not found" in r.output and "Traceback" not in r.output
@@ -357,7 +367,7 @@ def test_cli_reports_bad_config_without_traceback(tmp_path):
 def test_cli_submit_and_status_through_the_api(serve_api, tmp_path, clean):
     from typer.testing import CliRunner
 
-    from rollmux.cli import app
+    from rollmux_cli import app
 
     job = tmp_path / "job.yaml"
     jid = _id("cli")
@@ -381,7 +391,7 @@ def test_up_refuses_a_busy_port_before_starting_anything(tmp_path):
 
     from typer.testing import CliRunner
 
-    from rollmux.cli import app
+    from rollmux_cli import app
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

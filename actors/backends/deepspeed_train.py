@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from actors.backends import BackendUnavailable, TrainBackend
+from actors.backends.base import BackendUnavailable, TrainBackend
 
 try:  # import guard: DeepSpeed exists on GPU hosts only
     import deepspeed

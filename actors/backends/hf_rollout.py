@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from actors.backends import ProgressFn, RolloutBackend, pad_to
+from actors.backends.base import ProgressFn, RolloutBackend, pad_to
 
 
 class _Progress:

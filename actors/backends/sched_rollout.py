@@ -1,6 +1,6 @@
 """Rollout backend ``sched``: generation runs as requests through the rollout request scheduler.
 
-Integration of issue 6 (seed 004): :meth:`SchedRolloutBackend.generate` turns each prompt row
+Integration of the rollout request scheduler: :meth:`SchedRolloutBackend.generate` turns each prompt row
 into a generation :class:`~rollmux.rollout_sched.Request` (``critical=True``: the training step
 waits on the batch; ``task_family`` = the job's task; ``policy_version`` = the weights' version),
 submits them to a :class:`~rollmux.rollout_sched.RolloutRequestScheduler` (``mixed`` policy by
@@ -30,7 +30,7 @@ from typing import Any, Optional
 
 import torch
 
-from actors.backends import ProgressFn, RolloutBackend, pad_to
+from actors.backends.base import ProgressFn, RolloutBackend, pad_to
 from actors.rollout_engine import CPUEngine, ListSource, serve
 from rollmux.rollout_sched import (
     Completion,
@@ -92,7 +92,7 @@ class _CallSource(ListSource):
 
 
 class SchedRolloutBackend(RolloutBackend):
-    """Rollout backend whose batches come from the rollout request scheduler (issue 6 integration).
+    """Rollout backend whose batches come from the rollout request scheduler (integration of :mod:`rollmux.rollout_sched`).
 
     Args:
         model: the policy (a transformers causal LM, e.g. ``examples.grpo.model.build_model``).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from actors.backends import TrainBackend
+from actors.backends.base import TrainBackend
 
 
 class TorchTrainBackend(TrainBackend):

@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from actors.backends import BackendUnavailable, ProgressFn, RolloutBackend, pad_to
+from actors.backends.base import BackendUnavailable, ProgressFn, RolloutBackend, pad_to
 
 try:  # import guard: vLLM exists on GPU hosts only
     import vllm  # noqa: F401

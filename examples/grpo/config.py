@@ -15,7 +15,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rollmux.config import ConfigError, read_yaml
+from rollmux.config import ConfigError, read_yaml, unify_job_file
 from rollmux.models import JobSpec
 
 
@@ -129,6 +129,7 @@ def load_job_config(path: str | Path, **run_overrides) -> GRPOJobConfig:
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a job file is a mapping with sections job, run, model")
+    data = unify_job_file(data, path)  # num_prompts, group size, max tokens: one value each
     over = {k: v for k, v in run_overrides.items() if v is not None}
     if over:
         data = dict(data)

@@ -1,6 +1,6 @@
 """Build the tiny causal LM of the example GRPO job from a transformers config (no download).
 
-Source: issue 3 "A real RL job to run" (a few-million-parameter model built from a config).
+A few-million-parameter model built from a config.
 """
 
 from __future__ import annotations

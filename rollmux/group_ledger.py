@@ -1,0 +1,369 @@
+"""The bookkeeping of one co-execution group at run time (RollMux §4.3, §5.1), pure and typed.
+
+:class:`GroupLedger` is everything the ``GroupController`` actor (:mod:`actors.group_controller`)
+decides, without asyncio or Ray: it owns
+
+- the members (:class:`Member`: nodes, SLO, driver heartbeat, per-iteration phase times) and the
+  jobs that left (``gone``: reason) or leave at their iteration boundary (``moving``);
+- the phase grants (``grants``: the one answer to "is a phase of job X running here");
+- the round-robin queues (:class:`rollmux.round_robin.RoundRobinQueues`), which own the phase
+  order, the queue iteration count and whether a queued job has a sync phase;
+- the iteration-boundary rule for a job moved by departure re-packing (:meth:`remove`);
+- the long-tail choice (:class:`rollmux.intra_group.LongTailPolicy`, :meth:`progress`);
+- the slowdown accounting (measured co-executed / solo iteration time, :meth:`slowdown`) and the
+  timeline of phase records.
+
+Time comes from an injected ``clock`` (seconds, epoch by default), so tests drive it directly.
+Mutating methods return :class:`Effect` values (a report to the GlobalScheduler, a metric) that
+the actor carries out; the ledger itself calls nothing outside this package.
+
+Errors: :class:`PermitError` when a permit cannot be granted (not a member, left, moved, out of
+order).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from rollmux.intra_group import LongTailPolicy
+from rollmux.models import pool_of_phase
+from rollmux.round_robin import RoundRobinQueues
+
+__all__ = ["GroupLedger", "Member", "Effect", "PermitError", "MAX_TIMELINE", "HEARTBEAT_S", "DEFAULT_LEASE_S"]
+
+MAX_TIMELINE = 100_000
+DEFAULT_LEASE_S = 30.0  # a driver silent this long (no heartbeat, no phase running) is evicted
+HEARTBEAT_S = 2.0  # drivers heart-beat this often
+MOVED_PREFIX = "moved"
+
+
+class PermitError(RuntimeError):
+    """A permit cannot be granted: the job left the group (failed / departed / moved) or asked
+    out of order."""
+
+
+@dataclass
+class Member:
+    """One member of the group as its controller sees it.
+
+    ``has_sync`` is the declared value while the job is pending; once it joined the queues
+    (``active``) the queues own it (:meth:`GroupLedger.has_sync`). ``phase_s``: seconds of the
+    job's own phases in the current iteration; ``iter_s`` / ``solo_s``: per finished iteration,
+    wall time from its rollout grant to its last phase's end, and the sum of its phases (s).
+    """
+
+    rollout_nodes: list[str]
+    train_nodes: list[str]
+    slo: Optional[float] = None
+    has_sync: bool = True
+    active: bool = False
+    heartbeat: Optional[float] = None
+    iterations_done: int = 0
+    iter_start: Optional[float] = None
+    phase_s: dict[str, float] = field(default_factory=dict)
+    iter_s: list[float] = field(default_factory=list)
+    solo_s: list[float] = field(default_factory=list)
+
+    def slowdown(self) -> Optional[float]:
+        """Measured co-executed / solo iteration time over the finished iterations (None before one)."""
+        solo = sum(self.solo_s)
+        return sum(self.iter_s) / solo if solo > 0 else None
+
+
+@dataclass(frozen=True)
+class Effect:
+    """Something the actor must do for the ledger.
+
+    ``kind`` ``"report"``: send ``event`` about ``job_id`` to the GlobalScheduler (fire and forget);
+    ``kind`` ``"metric"``: call ``metrics.<name>(*args, **kwargs)`` on the actor's metrics sink.
+    """
+
+    kind: str
+    job_id: Optional[str] = None
+    event: Optional[dict] = None
+    name: Optional[str] = None
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+
+def _report(job_id: str, event: dict) -> Effect:
+    return Effect("report", job_id=job_id, event=event)
+
+
+def _metric(name: str, *args: Any, **kwargs: Any) -> Effect:
+    return Effect("metric", name=name, args=args, kwargs=kwargs)
+
+
+class GroupLedger:
+    """Membership, grants and accounting of one co-execution group (see the module docstring).
+
+    Args:
+        group_id: the group's id.
+        long_tail: the long-tail migration policy (RollMux §4.3; trigger at 80% by default).
+        migrate: act on a long-tail decision (release the rollout's queue slots) instead of only
+            recording it.
+        lease_s: driver lease (s); 0 disables eviction.
+        clock: seconds now (``time.time`` by default).
+    """
+
+    def __init__(self, group_id: str, *, long_tail: Optional[LongTailPolicy] = None, migrate: bool = False,
+                 lease_s: float = DEFAULT_LEASE_S, clock: Callable[[], float] = time.time):
+        self.group_id = group_id
+        self.long_tail = long_tail or LongTailPolicy()
+        self.migrate = migrate
+        self.lease_s = float(lease_s)
+        self.clock = clock
+        self.rr = RoundRobinQueues()
+        self.t0 = clock()
+        self.members: dict[str, Member] = {}
+        self.gone: dict[str, str] = {}  # job_id -> why it left ("failed: ...", "departed", "moved to <g>")
+        self.moving: dict[str, str] = {}  # job_id -> "moved to <g>" (due at its iteration boundary)
+        self.grants: dict[str, dict] = {}  # job_id -> the grant of its running phase
+        self.migrations: list[dict] = []
+        self.timeline: list[dict] = []
+        self._node_last_end: dict[str, float] = {}
+
+    # ---- membership
+    def is_member(self, job_id: str) -> bool:
+        """Known and not gone."""
+        return job_id in self.members and job_id not in self.gone
+
+    def is_queued(self, job_id: str) -> bool:
+        return job_id in self.rr.job_ids
+
+    def add(self, job_id: str, rollout_nodes: list[str], train_nodes: list[str], *, has_sync: bool = True,
+            slo: Optional[float] = None) -> bool:
+        """Record an admitted member (pending until its driver attaches). Idempotent: for a current
+        member, True only when a deferred move of it is cancelled (it moved back)."""
+        if self.is_member(job_id):
+            return self.moving.pop(job_id, None) is not None
+        self.gone.pop(job_id, None)
+        self.members[job_id] = Member(list(rollout_nodes), list(train_nodes), slo=slo, has_sync=has_sync)
+        return True
+
+    def activate(self, job_id: str) -> None:
+        """The job's driver is here: it joins the end of its nodes' queues (once) and its lease
+        starts. Raises PermitError for a non-member or a job that left (saying so if it moved)."""
+        m = self.members.get(job_id)
+        if m is None or job_id in self.gone:
+            why = self.gone.get(job_id, "not a member of this group")
+            if why.startswith(MOVED_PREFIX):
+                raise PermitError(f"group {self.group_id}: job {job_id!r} moved to another group ({why}); "
+                                  "re-attach to the group in its scheduler record")
+            raise PermitError(f"group {self.group_id}: job {job_id!r} cannot attach: {why}")
+        if not m.active:
+            self.rr.add_job(job_id, m.rollout_nodes, m.train_nodes, has_sync=m.has_sync)
+            m.active = True
+        m.heartbeat = self.clock()
+
+    def has_sync(self, job_id: str) -> bool:
+        """Whether the job has a sync phase (the queues' value once it is queued)."""
+        if self.is_queued(job_id):
+            return self.rr.has_sync(job_id)
+        return self.members[job_id].has_sync
+
+    def set_has_sync(self, job_id: str, has_sync: bool) -> bool:
+        """Declare whether the job has a sync phase (False if not a member)."""
+        if job_id not in self.members:
+            return False
+        self.members[job_id].has_sync = bool(has_sync)
+        if self.is_queued(job_id):
+            self.rr.set_has_sync(job_id, has_sync)
+        return True
+
+    def heartbeat(self, job_id: str) -> bool:
+        """Driver liveness; False when the job is no longer a member."""
+        if not self.is_member(job_id):
+            return False
+        self.members[job_id].heartbeat = self.clock()
+        return True
+
+    def remove(self, job_id: str, reason: str = "departed") -> bool:
+        """Drop the job from every queue (departure / failure). False if it was not a member.
+
+        ``reason`` starting with ``"moved"`` (departure re-packing moved the job): the removal
+        takes effect at the job's *iteration boundary*: a job in the middle of a meta-iteration
+        (a phase granted or running, or its next phase is training / sync) keeps its slots until
+        its iteration's last phase is released. A job between iterations leaves now.
+        """
+        if not self.is_member(job_id):
+            return False
+        if reason.startswith(MOVED_PREFIX) and self.is_queued(job_id) and \
+                (self.rr.is_running(job_id) or self.rr.next_phase(job_id) != "rollout"):
+            self.moving[job_id] = reason
+            return True
+        self.moving.pop(job_id, None)
+        if self.is_queued(job_id):
+            self.rr.remove_job(job_id)
+        self.grants.pop(job_id, None)
+        self.gone[job_id] = reason
+        return True
+
+    def expired(self) -> tuple[list[str], list[Effect]]:
+        """Evict queued jobs whose driver has not heart-beaten for ``lease_s`` while none of their
+        phases runs on a worker (a crashed driver must not stall its group-mates); also frees a
+        permit granted to a driver that died before using it. Returns (evicted ids, effects)."""
+        if self.lease_s <= 0:
+            return [], []
+        now = self.clock()
+        out, effects = [], []
+        for j in list(self.rr.job_ids):
+            m = self.members[j]
+            if self.grants.get(j, {}).get("started") or m.heartbeat is None or now - m.heartbeat <= self.lease_s:
+                continue  # a phase running on a worker always ends with a release
+            err = f"driver lost: no heartbeat for {now - m.heartbeat:.1f}s (lease {self.lease_s:.1f}s)"
+            self.remove(j, f"failed: {err}")
+            out.append(j)
+            effects.append(_report(j, {"event": "failed", "error": err}))
+        return out, effects
+
+    # ---- permits
+    def try_grant(self, job_id: str, phase: str, iteration: Optional[int], waited_since: float) -> Optional[dict]:
+        """Grant ``phase`` of a queued ``job_id`` if the queues let it start now, else None.
+
+        ``iteration``: the driver's own iteration index (the record keeps it; the queue count
+        restarts with a restarted controller). Returns ``{job_id, phase, pool, nodes, iteration,
+        rr_iteration, granted_at, waited_s, group_id}``. Raises PermitError when the job is not
+        queued here or asks a phase out of order.
+        """
+        if not self.is_queued(job_id):
+            self.activate(job_id)
+        nxt = self.rr.next_phase(job_id)
+        if nxt != phase:
+            raise PermitError(f"group {self.group_id}: job {job_id!r} asked for {phase} but its next phase is {nxt}")
+        if not any(r.job_id == job_id for r in self.rr.ready()):
+            return None
+        rp = self.rr.grant(job_id, phase)
+        now = self.clock()
+        grant = {"job_id": job_id, "phase": phase, "pool": rp.pool, "nodes": list(rp.nodes),
+                 "iteration": rp.iteration if iteration is None else int(iteration),
+                 "rr_iteration": rp.iteration, "granted_at": now, "waited_s": now - waited_since,
+                 "group_id": self.group_id}
+        self.grants[job_id] = grant
+        m = self.members[job_id]
+        if phase == "rollout" and m.iter_start is None:
+            m.iter_start = now
+        return grant
+
+    def phase_started(self, job_id: str, phase: str) -> bool:
+        """The worker began the granted phase (the lease then waits for its release)."""
+        g = self.grants.get(job_id)
+        if g is None or g["phase"] != phase:
+            return False
+        g["started"] = True
+        return True
+
+    def release(self, job_id: str, phase: str, record: dict) -> tuple[dict, list[Effect]]:
+        """The worker finished ``phase`` (``record``: node, start, end, switch, switch_s, ok, error).
+
+        A successful phase moves the job on in the queues (at its iteration's end: the iteration
+        is accounted, a deferred move takes effect); a failed one removes the job (group-mates
+        continue) and reports the failure. A release without this ledger's grant (e.g. granted
+        before a controller restart) is recorded but changes nothing. Returns (the timeline
+        record, effects).
+        """
+        grant = self.grants.pop(job_id, None)
+        ok = bool(record.get("ok", True))
+        now = self.clock()
+        rec = {"job_id": job_id, "phase": phase, "group_id": self.group_id, "pool": pool_of_phase(phase),
+               "iteration": grant["iteration"] if grant else record.get("iteration"), **record, "ok": ok}
+        rec["start_s"] = rec.get("start", self.t0) - self.t0
+        rec["end_s"] = rec.get("end", now) - self.t0
+        if len(self.timeline) < MAX_TIMELINE:
+            self.timeline.append(rec)
+        effects = self._account(rec, grant)
+        if grant is not None and self.is_queued(job_id):
+            if ok:
+                try:
+                    self.rr.on_phase_done(job_id, phase)
+                except ValueError:
+                    pass  # a stale or duplicate release must not break the group
+                if self.rr.iteration(job_id) > grant["rr_iteration"]:
+                    effects += self._iteration_done(job_id, rec)
+                    if job_id in self.moving:  # iteration boundary: a deferred move takes effect
+                        self.remove(job_id, self.moving.pop(job_id))
+            else:
+                self.remove(job_id, f"failed: {record.get('error')}")
+                effects.append(_report(job_id, {"event": "failed", "error": record.get("error"), "phase": phase}))
+        return rec, effects
+
+    def _account(self, rec: dict, grant: Optional[dict]) -> list[Effect]:
+        dur = max(0.0, rec["end_s"] - rec["start_s"])
+        bubble = 0.0
+        for node in (grant or {}).get("nodes", [rec.get("node")]):
+            if node is None:
+                continue
+            last = self._node_last_end.get(node)
+            if last is not None and rec.get("start", 0) > last:
+                bubble += rec["start"] - last
+            self._node_last_end[node] = max(last or 0.0, rec.get("end", 0.0))
+        effects = [_metric("pool_time", rec["pool"], busy_s=dur, bubble_s=bubble)]
+        if rec.get("switch") in ("warm", "cold", "moved"):
+            effects.append(_metric("phase_switch", rec["switch"], float(rec.get("switch_s") or 0.0)))
+        m = self.members.get(rec["job_id"])
+        if m is not None and rec["ok"]:
+            m.phase_s[rec["phase"]] = m.phase_s.get(rec["phase"], 0.0) + dur
+        return effects
+
+    def _iteration_done(self, job_id: str, rec: dict) -> list[Effect]:
+        m = self.members[job_id]
+        m.iterations_done = int(rec["iteration"]) + 1 if rec.get("iteration") is not None else m.iterations_done + 1
+        end = rec.get("end", self.clock())
+        iter_s = end - (m.iter_start or end)
+        solo_s = sum(m.phase_s.values())  # the job's own phase time: its iteration alone
+        m.iter_s.append(iter_s)
+        m.solo_s.append(solo_s)
+        m.iter_start, m.phase_s = end, {}
+        slowdown = m.slowdown()
+        return [_metric("job", job_id, iterations=m.iterations_done, slowdown=slowdown, slo=m.slo),
+                _report(job_id, {"event": "iteration", "iterations_done": m.iterations_done, "t_iter_s": iter_s,
+                                 "t_solo_s": solo_s, "slowdown": slowdown})]
+
+    def slowdown(self, job_id: str) -> Optional[float]:
+        m = self.members.get(job_id)
+        return None if m is None else m.slowdown()
+
+    # ---- runtime hook: long-tail migration
+    def progress(self, job_id: str, done: int, total: int) -> Optional[dict]:
+        """Generation progress of the running rollout; a migration decision once per rollout
+        (``LongTailPolicy.should_migrate``, RollMux §4.3): the tail / freed worker split, the next
+        rollout waiting, and whether the queue slots were released (``acted``)."""
+        grant = self.grants.get(job_id)
+        if grant is None or grant["phase"] != "rollout" or grant.get("migrated"):
+            return None
+        if not self.long_tail.should_migrate(done, total):
+            return None
+        tail, freed = self.long_tail.split_workers(grant["nodes"])
+        waiting = [r.job_id for r in self.rr.ready() if r.phase == "rollout" and r.job_id != job_id]
+        queued = [j for n in grant["nodes"] for j in self.rr.queue(n)[1:2]]
+        decision = {"job_id": job_id, "iteration": grant["iteration"], "done": done, "total": total,
+                    "t": self.clock(), "next_rollout": (waiting or queued or [None])[0],
+                    "tail_workers": list(tail), "freed_workers": list(freed), "acted": False}
+        grant["migrated"] = True
+        if self.migrate and decision["next_rollout"] is not None:
+            try:
+                self.rr.release(job_id)
+                decision["acted"] = True
+            except ValueError:
+                pass
+        self.migrations.append(decision)
+        return decision
+
+    # ---- queries
+    def queues(self) -> dict[str, list[str]]:
+        return {n: list(self.rr.queue(n)) for n in self.rr.nodes}
+
+    def status(self) -> dict:
+        """Members, per-node queues, next phases, iterations, departed/failed jobs, migrations."""
+        jobs = {}
+        for j in self.rr.job_ids:
+            m = self.members[j]
+            jobs[j] = {"next_phase": self.rr.next_phase(j), "running": self.rr.is_running(j),
+                       "iterations": self.rr.iteration(j), "rollout_nodes": m.rollout_nodes,
+                       "train_nodes": m.train_nodes, "slowdown": m.slowdown()}
+        pending = [j for j, m in self.members.items() if not m.active and j not in self.gone]
+        return {"group_id": self.group_id, "jobs": jobs, "pending": pending, "gone": dict(self.gone),
+                "moving": dict(self.moving), "queues": self.queues(),
+                "migrations": list(self.migrations), "timeline_len": len(self.timeline)}

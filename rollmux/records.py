@@ -1,0 +1,147 @@
+"""Typed records of the runtime control plane: job lifecycle, job and move records (RollMux §4.2, §5).
+
+One owner each (docs/ARCHITECTURE.md "Who owns what"):
+
+- :class:`JobState` is the job lifecycle, an ordered enum: ``admitted < running < finished |
+  failed``; :meth:`JobState.is_active` says whether the job holds nodes.
+- :class:`JobRecord` is what the GlobalScheduler keeps per job, checkpoints, and what the HTTP
+  API returns (``GET /v1/jobs``; the app validates its 2xx replies against this model). The
+  group a job is in and its nodes are the policy's (``InterGroupScheduler``); the record's
+  ``group_id`` / ``placement`` fields are written from the policy's table when it changes
+  (admission, departure re-packing) and never edited elsewhere.
+- :class:`MoveRecord` is one departure re-packing move (``InterGroupScheduler.repack``), kept in
+  the moved job's record and listed in the departure answer.
+- :data:`REFUSAL_CODES`: the scheduler's own refusal codes, besides the policy's
+  ``ok | never | retry_later`` (:class:`rollmux.admission.AdmissionDecision`).
+
+Pure: no Ray import; every value here is JSON-able through ``model_dump(mode="json")``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["JobState", "NodePlacement", "MoveRecord", "JobRecord", "REFUSAL_CODES", "ACTIVE_STATES"]
+
+
+class JobState(str, enum.Enum):
+    """A job's lifecycle at the GlobalScheduler, in order: admitted -> running -> finished | failed.
+
+    Members compare by that order (``JobState.ADMITTED < JobState.RUNNING``); a record's state
+    only moves forward (:meth:`advance`). ``str`` valued, so ``JobState.RUNNING == "running"``.
+    """
+
+    ADMITTED = "admitted"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+    def is_active(self) -> bool:
+        """True while the job holds nodes in a co-execution group (admitted or running)."""
+        return self.rank < _RANK[JobState.FINISHED]
+
+    def is_ended(self) -> bool:
+        return not self.is_active()
+
+    def advance(self, to: "JobState") -> "JobState":
+        """The state after an event saying ``to``: never backwards, never out of an ended state."""
+        to = JobState(to)
+        return self if self.is_ended() or to.rank <= self.rank else to
+
+    def __lt__(self, other: object) -> bool:  # type: ignore[override]
+        if not isinstance(other, JobState):
+            return NotImplemented
+        return self.rank < other.rank
+
+    def __le__(self, other: object) -> bool:  # type: ignore[override]
+        if not isinstance(other, JobState):
+            return NotImplemented
+        return self.rank <= other.rank
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_RANK = {JobState.ADMITTED: 0, JobState.RUNNING: 1, JobState.FINISHED: 2, JobState.FAILED: 2}
+ACTIVE_STATES: tuple[JobState, ...] = (JobState.ADMITTED, JobState.RUNNING)
+
+#: Refusal codes of the GlobalScheduler itself (the policy's are ok | never | retry_later).
+REFUSAL_CODES = ("invalid", "duplicate")
+
+
+class NodePlacement(BaseModel):
+    """A job's nodes: rollout node ids (e.g. ``rollout-0``) and training node ids (``train-0``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rollout_nodes: list[str] = Field(description="rollout node ids, e.g. rollout-0")
+    train_nodes: list[str] = Field(description="training node ids, e.g. train-0")
+
+
+class MoveRecord(BaseModel):
+    """One departure re-packing move (RollMux §4.2 extension, ``InterGroupScheduler.repack``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: Optional[str] = Field(default=None, description="the moved job")
+    from_group: str
+    to_group: str
+    placement: Optional[NodePlacement] = Field(default=None, description="its nodes in the new group")
+    move_s: Optional[float] = Field(default=None, description="predicted host-state copy time, s")
+    at: Optional[float] = Field(default=None, description="when the move was decided, Unix time, s")
+    trigger: Optional[str] = Field(default=None, description="the job whose departure triggered it")
+
+
+class JobRecord(BaseModel):
+    """A job as the GlobalScheduler tracks it: state, group and placement, iterations done,
+    predicted vs measured phase times (s), slowdown vs SLO, and the moves it went through.
+
+    ``predicted``: the policy's profile, ``{t_roll_s, t_train_s, t_sync_s, t_solo_s}`` (s).
+    ``measured``: running means over iterations, ``{t_iter_s, t_solo_s}`` (s), reported by the
+    group's controller. ``slowdown``: measured co-executed / solo iteration time.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    job_id: str
+    state: JobState = Field(description='"admitted" | "running" | "finished" | "failed"')
+    group_id: Optional[str] = Field(default=None, description="current group (the last one once ended)")
+    placement: Optional[NodePlacement] = None
+    controller: Optional[str] = Field(default=None, description="the group's GroupController actor name")
+    slo: Optional[float] = None
+    iterations_done: int = 0
+    predicted: Optional[dict[str, Optional[float]]] = None
+    predicted_slowdown: Optional[float] = Field(default=None, description="worst-case co-executed / solo iteration time")
+    measured: Optional[dict[str, Optional[float]]] = None
+    slowdown: Optional[float] = Field(default=None, description="measured co-executed / solo iteration time")
+    error: Optional[str] = None
+    admitted_at: Optional[float] = Field(default=None, description="Unix time, s")
+    ended_at: Optional[float] = Field(default=None, description="Unix time, s")
+    moves: list[MoveRecord] = []
+
+    def is_active(self) -> bool:
+        return self.state.is_active()
+
+    def public(self) -> dict[str, Any]:
+        """The JSON-able form the scheduler answers and checkpoints (``moves`` only once moved)."""
+        return self.model_dump(mode="json", exclude=None if self.moves else {"moves"})
+
+    def note_iteration(self, iterations_done: int, t_iter_s: Optional[float], t_solo_s: Optional[float],
+                       slowdown: Optional[float]) -> None:
+        """Fold one ``iteration`` report in: the count never goes back; ``measured`` keeps running
+        means of ``t_iter_s`` / ``t_solo_s`` over the iterations (s)."""
+        self.iterations_done = max(self.iterations_done, int(iterations_done))
+        n = max(1, self.iterations_done)
+        m = dict(self.measured or {"t_iter_s": 0.0, "t_solo_s": 0.0})
+        for k, v in (("t_iter_s", t_iter_s), ("t_solo_s", t_solo_s)):
+            if v is not None:
+                m[k] = m[k] + (float(v) - m[k]) / n
+        self.measured = m
+        self.slowdown = slowdown

@@ -1,0 +1,211 @@
+"""The runtime control plane's typed records, pure group ledger and asynchronous pushes (no Ray)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from actors.kv import MemoryKV
+from factories import small_spec
+from rollmux.group_ledger import GroupLedger, PermitError
+from rollmux.records import JobRecord, JobState, MoveRecord
+
+
+class Clock:
+    """An injected clock (seconds)."""
+
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+# ---- records
+def test_job_state_is_an_ordered_lifecycle():
+    A, R, F, X = JobState.ADMITTED, JobState.RUNNING, JobState.FINISHED, JobState.FAILED
+    assert A < R < F and R < X and not (F < X) and sorted([F, A, R]) == [A, R, F]
+    assert [s.is_active() for s in (A, R, F, X)] == [True, True, False, False]
+    assert A.advance(R) == R and R.advance(A) == R and F.advance(R) == F and X.advance(F) == X
+    assert JobState("running") == "running" and str(JobState.FAILED) == "failed"
+
+
+def test_job_record_folds_iterations_and_hides_moves_until_moved():
+    r = JobRecord(job_id="j", state="admitted", slo=2.0)
+    r.note_iteration(1, t_iter_s=3.0, t_solo_s=2.0, slowdown=1.5)
+    r.note_iteration(2, t_iter_s=5.0, t_solo_s=2.0, slowdown=2.0)
+    r.note_iteration(1, t_iter_s=None, t_solo_s=None, slowdown=2.0)  # a late, older report
+    assert r.iterations_done == 2 and r.measured == {"t_iter_s": 4.0, "t_solo_s": 2.0}
+    assert "moves" not in r.public() and r.public()["state"] == "admitted"
+    r.moves = [MoveRecord(job_id="j", from_group="group-0", to_group="group-1", trigger="x")]
+    assert r.public()["moves"][0]["to_group"] == "group-1"
+    with pytest.raises(ValueError, match="extra"):
+        JobRecord.model_validate({"job_id": "j", "state": "admitted", "bogus": 1})
+    with pytest.raises(ValueError, match="state"):
+        JobRecord(job_id="j", state="lost")
+
+
+# ---- the pure group ledger (injected clock)
+def _rec(ledger, node, t0, t1):
+    return {"node": node, "start": t0, "end": t1, "switch": "warm", "switch_s": 0.0, "ok": True}
+
+
+def test_ledger_accounts_slowdown_from_its_clock_and_reports_iterations():
+    clk = Clock()
+    g = GroupLedger("group-t", lease_s=0, clock=clk)
+    for j in ("a", "b"):
+        g.add(j, ["rollout-0"], ["train-0"], slo=2.0)
+        g.activate(j)
+    reports = []
+    for j in ("a", "b"):  # a: rollout 1000-1002, train 1002-1004, sync 1004-1005; b waits for the nodes
+        for ph, dur in (("rollout", 2.0), ("train", 2.0), ("sync", 1.0)):
+            grant = g.try_grant(j, ph, None, clk.t)
+            assert grant is not None and grant["pool"] == ("rollout" if ph == "rollout" else "train")
+            t0 = clk.t
+            clk.t += dur
+            _, eff = g.release(j, ph, _rec(g, grant["nodes"][0], t0, clk.t))
+            reports += [e.event for e in eff if e.kind == "report"]
+    assert [r["iterations_done"] for r in reports] == [1, 1]
+    a, b = reports
+    assert (a["t_iter_s"], a["t_solo_s"], a["slowdown"]) == (5.0, 5.0, 1.0)
+    assert (b["t_iter_s"], b["t_solo_s"], b["slowdown"]) == (5.0, 5.0, 1.0)  # b's clock starts at its grant
+    assert g.slowdown("a") == 1.0 and g.status()["jobs"]["a"]["iterations"] == 1
+
+
+def test_ledger_lease_evicts_only_silent_drivers_without_a_running_phase():
+    clk = Clock()
+    g = GroupLedger("group-t", lease_s=30.0, clock=clk)
+    for j in ("a", "b"):
+        g.add(j, ["rollout-0"], ["train-0"])
+        g.activate(j)
+    grant = g.try_grant("a", "rollout", None, clk.t)
+    assert g.phase_started("a", "rollout") and grant["job_id"] == "a"
+    clk.t += 31.0
+    assert g.heartbeat("b") and g.expired() == ([], [])  # a runs a phase; b just heart-beat
+    clk.t += 31.0
+    evicted, eff = g.expired()
+    assert evicted == ["b"] and eff[0].event["event"] == "failed" and "no heartbeat for 31.0s" in eff[0].event["error"]
+    with pytest.raises(PermitError, match="failed: driver lost"):
+        g.activate("b")
+
+
+def test_ledger_moved_job_leaves_at_its_iteration_boundary():
+    clk = Clock()
+    g = GroupLedger("group-t", lease_s=0, clock=clk)
+    g.add("a", ["rollout-0"], ["train-0"])
+    g.activate("a")
+    g.try_grant("a", "rollout", None, clk.t)
+    assert g.remove("a", "moved to group-9") and g.moving == {"a": "moved to group-9"} and g.is_member("a")
+    for ph in ("rollout", "train", "sync"):
+        if ph != "rollout":
+            assert g.try_grant("a", ph, None, clk.t) is not None
+        g.release("a", ph, _rec(g, "train-0", clk.t, clk.t))
+    assert g.gone == {"a": "moved to group-9"} and g.moving == {}
+    with pytest.raises(PermitError, match="moved to another group"):
+        g.try_grant("a", "rollout", None, clk.t)
+
+
+# ---- the controller actor's class: reconcile pushes and a watchdog that never dies silently
+def _ctrl(**kw):
+    from actors.group_controller import GroupControllerImpl
+
+    return GroupControllerImpl("group-u", None, metrics_flush_s=0, metrics_enabled=False, **kw)
+
+
+def test_controller_applies_pushes_in_sequence_and_ignores_stale_ones():
+    async def scenario():
+        c = _ctrl(lease_s=0)
+        m = [{"job_id": "a", "rollout_nodes": ["rollout-0"], "train_nodes": ["train-0"], "slo": 2.0}]
+        assert (await c.sync_members(m, {}, seq=5))["added"] == ["a"]
+        assert (await c.sync_members([], {"a": "departed"}, seq=7))["removed"] == ["a"]
+        assert (await c.sync_members(m, {}, seq=6))["stale"]  # late: would re-add a departed job
+        return await c.status()
+
+    st = asyncio.run(scenario())
+    assert st["gone"] == {"a": "departed"} and st["pending"] == []
+
+
+def test_controller_watchdog_logs_a_failing_pass_and_goes_on(caplog):
+    async def scenario():
+        c = _ctrl(lease_s=0.3)
+        calls = {"n": 0}
+        real = c.ledger.expired
+
+        def flaky():
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("boom")
+            return real()
+
+        c.ledger.expired = flaky
+        await c.add_job("a", ["rollout-0"], ["train-0"])
+        await c.attach("a")  # starts the watchdog; a's driver then goes silent
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if "a" in c.ledger.gone:
+                break
+        c.closed = True
+        return c, calls["n"]
+
+    with caplog.at_level(logging.ERROR, logger="rollmux.controller"):
+        c, n = asyncio.run(scenario())
+    assert n >= 2 and c.ledger.gone["a"].startswith("failed: driver lost")
+    assert any("lease watchdog pass failed" in r.getMessage() for r in caplog.records)
+
+
+# ---- the scheduler pushes target state and never waits on a controller
+class _Ref:
+    pass
+
+
+class _FakeController:
+    """Records pushes; ``.remote`` returns at once (the scheduler never reads the result here)."""
+
+    def __init__(self, log):
+        self.log = log
+        outer = self
+
+        class _M:
+            @staticmethod
+            def remote(members, gone, seq):
+                outer.log.append(([m["job_id"] for m in members], dict(gone), seq))
+                return _Ref()
+
+        self.sync_members = _M()
+
+
+def test_scheduler_pushes_target_state_to_controllers_without_waiting(local_cluster_spec):
+    from actors.global_scheduler import GlobalSchedulerImpl
+
+    s = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), create_controllers=False, metrics_flush_s=0,
+                            max_group_size=2)
+    logs = {"group-0": [], "group-1": []}
+    s.create_controllers = True  # fake handles stand in for the actors
+    s._handles = {g: _FakeController(v) for g, v in logs.items()}
+    a, b, c = "A", "B", "C"
+    for j, kind in ((a, "big"), (b, "small"), (c, "small")):
+        assert s.admit(small_spec(j, kind))["admitted"]
+    assert logs["group-0"][-1][:2] == ([a, b], {}) and logs["group-1"][-1][:2] == ([c], {})
+    out = s.depart(a)
+    assert [(m["job_id"], m["to_group"]) for m in out["moves"]] == [(b, "group-1")]
+    assert logs["group-0"][-1][:2] == ([], {a: "departed", b: "moved to group-1"})
+    assert logs["group-1"][-1][:2] == ([b, c], {})
+    seqs = [x[2] for v in logs.values() for x in v]
+    assert len(set(seqs)) == len(seqs) and s.health()["unacked_pushes"] == 2
+    assert s.get_job(b)["placement"] == {"rollout_nodes": ["rollout-1"], "train_nodes": ["train-1"]}
+    assert s.get_job(a)["group_id"] == "group-0" and s.get_job(a)["placement"]["rollout_nodes"] == ["rollout-0"]
+
+
+def test_an_explicit_policy_overrides_the_config(local_cluster_spec):
+    from actors.global_scheduler import GlobalSchedulerImpl
+    from rollmux.admission import InterGroupScheduler, SchedulerConfig
+
+    cfg = SchedulerConfig(policy="random", max_group_size=3, seed=4)
+    assert InterGroupScheduler(local_cluster_spec, policy="rollmux", config=cfg).policy == "rollmux"
+    igs = InterGroupScheduler(local_cluster_spec, config=cfg)
+    assert (igs.policy, igs.max_group_size, igs.seed) == ("random", 3, 4)
+    s = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), create_controllers=False, metrics_flush_s=0,
+                            config={"policy": "random"}, policy="rollmux", max_group_size=5)
+    assert (s.igs.policy, s.igs.config.policy, s.igs.max_group_size) == ("rollmux", "rollmux", 5)
