@@ -520,14 +520,19 @@ class GlobalSchedulerImpl:
                 "groups": len(self.igs.groups), "restored": self.restored, "name": self.name,
                 "unacked_pushes": len(self._dirty)}
 
-    def group_timeline(self, group_id: str) -> list[dict]:
+    async def group_timeline(self, group_id: str) -> list[dict]:
         """The timeline recorded by a group's controller (also after the group dissolved). An
-        operator query, off the admission / departure path; bounded by QUERY_TIMEOUT_S."""
-        import ray
+        operator query: awaited (the actor keeps serving other calls meanwhile), bounded by
+        QUERY_TIMEOUT_S. This ``async`` method makes the actor an async actor: its other methods
+        are plain functions that run to completion on its event loop and never wait on a
+        controller."""
+        import asyncio
 
         with self._lock:
             h = self._controller(group_id)
-        return [] if h is None else ray.get(h.get_timeline.remote(), timeout=QUERY_TIMEOUT_S)
+        if h is None:
+            return []
+        return await asyncio.wait_for(h.get_timeline.remote(), timeout=QUERY_TIMEOUT_S)
 
     def cluster_spec(self) -> dict:
         return self.cluster.model_dump(mode="json")

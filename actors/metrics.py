@@ -207,10 +207,13 @@ class RollmuxMetrics:
 
         last = time.monotonic()
         while not self._stop.wait(self.flush_interval_s):
-            self.flush()
-            if time.monotonic() - last >= self.refresh_interval_s:
-                last = time.monotonic()
-                self.refresh()
+            try:
+                self.flush()
+                if time.monotonic() - last >= self.refresh_interval_s:
+                    last = time.monotonic()
+                    self.refresh()
+            except Exception:  # the flush thread never dies silently: log and go on
+                log.exception("metrics flush pass failed; continuing")
 
     def close(self) -> None:
         self._stop.set()

@@ -212,11 +212,16 @@ class ScheduledRuntime:
         controller, e.g. moved) does not stop the thread (``finish`` does)."""
         import ray
 
+        failures = 0
         while not self._stop.wait(HEARTBEAT_S):
             try:
                 ray.get(self.controller.heartbeat.remote(self.job.job_id), timeout=30)
-            except Exception:  # controller restarting; keep trying until finish
-                pass
+                failures = 0
+            except Exception as e:  # controller restarting; keep trying until finish (logged, never silent)
+                failures += 1
+                if failures in (1, 10) or failures % 100 == 0:
+                    log.warning("job %s: heartbeat to its controller failed %d time(s): %s",
+                                self.job.job_id, failures, e)
 
     def _register(self, moved: Optional[dict] = None) -> None:
         """Register the job's builders and phases on its node workers (``moved``: the state each

@@ -256,6 +256,10 @@ def test_job_moved_mid_run_finishes_on_policy(ray_cluster, local_cluster_spec, s
         dep = ray.get(h.depart.remote(a))
         assert [(m["job_id"], m["from_group"], m["to_group"]) for m in dep["moves"]] == [(b, "group-0", "group-1")]
         old_ctrl = ray.get_actor(f"{name}-group-0", namespace="rollmux")
+        try:  # the scheduler's push reaches the controller asynchronously
+            wait_until(lambda: ray.get(old_ctrl.status.remote())["moving"], timeout_s=30, what="the move pushed")
+        except TimeoutError:
+            pass
         assert ray.get(old_ctrl.status.remote())["moving"] == {b: "moved to group-1"}
         ws.append(tb(x)["w"])  # iteration 1 completes on group-0
         pb()
