@@ -305,9 +305,7 @@ def test_branch_and_bound_matches_exhaustive_choice(jobs, newcomer):
     best = None
     for g in s._open.values():
         for strategy in ("direct", "scale_out"):
-            cand = s._candidate(g, new, prof, strategy, new.nodes_needed("rollout", c.rollout_pool.node),
-                                new.nodes_needed("train", c.train_pool.node), mr, mt, s._pools["rollout"].peek(nr // 8),
-                                R_PRICE, True)
+            cand = s._candidate(g, s._newcomer(new, prof), strategy)
             if cand.ok:
                 _slo_sim(cand)
             if cand.ok and (best is None or (cand.delta_usd_per_h, cand.score) < best):
