@@ -391,9 +391,14 @@ def realised(unit_fn: Callable[[JobSpec, ClusterSpec], Unit]) -> Callable[..., U
     return unit
 
 
-def check_policy(name: str) -> str:
-    """Return ``name`` if it is a known policy (:data:`rollmux.policies.REGISTRY`), else raise
-    ValueError listing the known ones."""
-    from rollmux.policies import policy_spec
+def _solo(job: JobSpec, cluster: ClusterSpec, real) -> Unit:
+    return solo_unit(job, real.mean_profile(job), cluster)
 
-    return policy_spec(name).name
+
+#: The per-job baselines' allocations by the ``unit`` name of their :class:`rollmux.policies.PolicySpec`:
+#: ``unit(job, cluster, realisation) -> Unit``.
+PER_JOB_UNITS: dict[str, Callable[..., Unit]] = {
+    "solo-d": _solo,
+    "colocated": realised(colocated_unit),
+    "gavel+": realised(gavel_unit),
+}

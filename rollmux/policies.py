@@ -16,8 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
-from rollmux import baselines
-
 PolicyKind = Literal["scheduler", "per_job", "optimal"]
 
 
@@ -77,7 +75,9 @@ class PolicySpec:
             predicted slowdowns are computed for the chosen placement only.
         prune_saturated: saturated groups (``T_load >= T_cycle``) take no newcomer (Alg. 1 line 4).
         repacks: re-packs small groups after departures (``InterGroupScheduler.repack``).
-        unit: per_job kind: ``unit(job, cluster, realisation) -> baselines.Unit``.
+        unit: per_job kind: the key of its allocation in :data:`rollmux.baselines.PER_JOB_UNITS`
+            (``unit(job, cluster, realisation) -> baselines.Unit``); a name, so this registry stays
+            below the baselines in the import graph.
         gantt_rank: order in which the replay looks for a group to draw (lower first; None: never).
     """
 
@@ -89,23 +89,19 @@ class PolicySpec:
     slo_check: bool = False
     prune_saturated: bool = False
     repacks: bool = False
-    unit: Optional[Callable[..., "baselines.Unit"]] = None
+    unit: Optional[str] = None
     gantt_rank: Optional[int] = None
-
-
-def _solo(job, cluster, real) -> "baselines.Unit":
-    return baselines.solo_unit(job, real.mean_profile(job), cluster)
 
 
 REGISTRY: dict[str, PolicySpec] = {s.name: s for s in (
     PolicySpec("rollmux", "RollMux Alg. 1: prune saturated groups, direct packing / rollout scale-out, memory + SLO checks, "
                "min marginal cost", "scheduler", choose=choose_min_cost, tiers=(("direct",), ("scale_out",)),
                slo_check=True, prune_saturated=True, repacks=True, gantt_rank=0),
-    PolicySpec("solo-d", "Solo-D: each job alone on its own rollout and training nodes (RollMux §7.1)", "per_job", unit=_solo),
+    PolicySpec("solo-d", "Solo-D: each job alone on its own rollout and training nodes (RollMux §7.1)", "per_job", unit="solo-d"),
     PolicySpec("colocated", "veRL-style colocation: each job alone on its training GPUs (RollMux §7.1)", "per_job",
-               unit=baselines.realised(baselines.colocated_unit)),
+               unit="colocated"),
     PolicySpec("gavel+", "Gavel+: per-job cheapest GPU type and count meeting the SLO, no interleaving (RollMux §7.1)",
-               "per_job", unit=baselines.realised(baselines.gavel_unit)),
+               "per_job", unit="gavel+"),
     PolicySpec("random", "baseline: a random memory-feasible (group, direct|scale-out) placement, no SLO check; new group "
                "only if none fits", "scheduler", choose=choose_random, gantt_rank=3),
     PolicySpec("most-idle", "baseline: the most idle memory-feasible group (direct if its idle rollout time fits, else "
@@ -118,6 +114,12 @@ REGISTRY: dict[str, PolicySpec] = {s.name: s for s in (
 POLICY_NAMES: tuple[str, ...] = tuple(REGISTRY)
 #: The group-forming policies (InterGroupScheduler's ``policy``).
 SCHEDULER_POLICIES: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.kind == "scheduler")
+
+
+def check_policy(name: str) -> str:
+    """Return ``name`` if it is a known policy (:data:`REGISTRY`), else raise ValueError listing
+    the known ones."""
+    return policy_spec(name).name
 
 
 def policy_spec(name: str, kind: Optional[PolicyKind] = None) -> PolicySpec:

@@ -41,7 +41,7 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
         names = [p.strip() for p in policies.split(",") if p.strip()]
         if not names:
             fail("--policies: give at least one policy")
-        from rollmux.baselines import check_policy
+        from rollmux.policies import check_policy
 
         for n in names:
             check_policy(n)

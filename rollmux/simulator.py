@@ -50,8 +50,8 @@ from typing import Callable, Iterable, Optional, Sequence
 import numpy as np
 
 from rollmux import profiler
-from rollmux.baselines import OptimalPartition, Unit, check_policy
-from rollmux.policies import POLICY_NAMES, policy_spec
+from rollmux.baselines import PER_JOB_UNITS, OptimalPartition, Unit
+from rollmux.policies import POLICY_NAMES, check_policy, policy_spec
 from rollmux.intra_group import IterationTimes, LongTailPolicy, PhaseRecord, simulate_group
 from rollmux.models import ClusterSpec, CoExecutionGroup, JobSpec, PhaseProfile
 from rollmux.workloads import SimJob
@@ -251,7 +251,7 @@ class PerJobPolicy(SimPolicy):
     def arrive(self, job: SimJob) -> float:
         t0 = time.perf_counter()
         spec = job.spec
-        u = self.spec.unit(spec, self.cluster, self.real)  # type: ignore[misc]
+        u = PER_JOB_UNITS[self.spec.unit](spec, self.cluster, self.real)  # type: ignore[index]
         self._units[spec.job_id] = u
         return (time.perf_counter() - t0) * 1000.0
 

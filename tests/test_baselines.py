@@ -8,7 +8,6 @@ from rollmux import profiler
 from rollmux.admission import InterGroupScheduler
 from rollmux.baselines import (
     OptimalPartition,
-    check_policy,
     colocated_profile,
     colocated_unit,
     gavel_choice,
@@ -16,6 +15,7 @@ from rollmux.baselines import (
     solo_unit,
 )
 from rollmux.config import CONFIG_DIR, load_cluster
+from rollmux.policies import check_policy
 from rollmux.intra_group import coexec_times
 from rollmux.models import JobSpec, PhaseProfile
 from rollmux.traces import TraceJob
