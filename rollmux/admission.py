@@ -130,6 +130,13 @@ class SchedulerConfig(BaseModel):
     repack_max_groups: int = Field(default=4, ge=0)
     repack_max_members: int = Field(default=2, ge=1)
 
+    def overridden(self, **values) -> "SchedulerConfig":
+        """A validated copy with the given values; ``None`` values are ignored (an option not
+        given keeps the config's value). How the cluster and ``rollmux simulate`` apply explicit
+        arguments / flags over ``configs/scheduler.yaml``."""
+        upd = {k: v for k, v in values.items() if v is not None}
+        return SchedulerConfig.model_validate({**self.model_dump(), **upd}) if upd else self
+
     def long_tail_policy(self) -> LongTailPolicy:
         return LongTailPolicy(self.tail_trigger_fraction, self.tail_gpus, self.migration_overhead_s)
 

@@ -37,7 +37,8 @@ def simulate(
     mix: str = typer.Option("mixed", "--mix", help="workload mix: balanced | rollout-heavy | training-heavy | mixed"),
     policies: str = typer.Option(",".join(POLICY_NAMES), "--policies", help="comma-separated policies"),
     jobs: int = typer.Option(DEFAULT_JOBS, "--jobs", min=1, help="jobs replayed (first N of the window)"),
-    seed: int = typer.Option(0, "--seed", help="seed of the workload draw and of stochastic phase times"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="seed of the workload draw, of stochastic phase times and of "
+                                       "the random baseline [default: the config's seed]"),
     out: Path = typer.Option(Path("results/sim"), "--out", help="output folder (summary.json, PNG plots)"),
     stochastic: bool = typer.Option(False, "--stochastic", help="long-tailed rollout lengths per iteration (long-tail migration on)"),
     window_start: float = typer.Option(DEFAULT_WINDOW_START_H, "--window-start", min=0, help="window start, hours after the first (filtered) arrival"),
@@ -47,12 +48,15 @@ def simulate(
     vc: Optional[str] = typer.Option(None, "--vc", help="keep one Philly virtual cluster (cluster column)"),
     slo_min: float = typer.Option(1.0, "--slo-min", help="SLO ~ U(slo-min, slo-max)"),
     slo_max: float = typer.Option(2.0, "--slo-max"),
-    max_group_size: int = typer.Option(5, "--max-group-size", min=1, max=16),
+    config: Path = typer.Option(None, "--config", help="scheduler settings YAML, the file the cluster's GlobalScheduler "
+                                "reads [default: configs/scheduler.yaml]; the flags below override a copy"),
+    max_group_size: Optional[int] = typer.Option(None, "--max-group-size", min=1, max=16,
+                                                 help="jobs per co-execution group [default: the config's]"),
     exact_max_jobs: int = typer.Option(16, "--exact-max-jobs", min=1, max=64,
                                        help="the optimum is exact up to this many active jobs (best found beyond)"),
     cluster_config: Path = typer.Option(None, "--cluster", help="cluster YAML [default: configs/cluster_sim.yaml]"),
-    repack: bool = typer.Option(True, "--repack/--no-repack", help="RollMux re-packs small groups after departures "
-                                "(--no-repack: the paper's admission-only Alg. 1)"),
+    repack: Optional[bool] = typer.Option(None, "--repack/--no-repack", help="RollMux re-packs small groups after "
+                                          "departures (--no-repack: the paper's admission-only Alg. 1) [default: the config's]"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ) -> None:
     """Replay a real cluster trace through the scheduling policies; write summary.json and plots.
@@ -62,7 +66,8 @@ def simulate(
     run_simulate(trace=trace, mix=mix, policies=policies, jobs=jobs, seed=seed, out=out, stochastic=stochastic,
                  window_start=window_start, window_hours=window_hours, min_duration_s=min_duration_s,
                  max_duration_s=max_duration_s, vc=vc, slo_min=slo_min, slo_max=slo_max, max_group_size=max_group_size,
-                 exact_max_jobs=exact_max_jobs, cluster_config=cluster_config, repack=repack, progress=progress)
+                 exact_max_jobs=exact_max_jobs, cluster_config=cluster_config, repack=repack, progress=progress,
+                 config=config)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,13 +14,17 @@ from typing import Optional
 import typer
 
 
-def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, seed: int, out: Path, stochastic: bool,
-                 window_start: float, window_hours: Optional[float], min_duration_s: float,
+def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, seed: Optional[int], out: Path,
+                 stochastic: bool, window_start: float, window_hours: Optional[float], min_duration_s: float,
                  max_duration_s: Optional[float], vc: Optional[str], slo_min: float, slo_max: float,
-                 max_group_size: int, exact_max_jobs: int, cluster_config: Optional[Path], repack: bool,
-                 progress: bool) -> None:
+                 max_group_size: Optional[int], exact_max_jobs: int, cluster_config: Optional[Path],
+                 repack: Optional[bool], progress: bool, config: Optional[Path] = None) -> None:
     """Run ``rollmux simulate`` with parsed options: load the trace, replay, write summary.json and
-    plots, print the table. Exits with code 2 and a one-line error on bad input."""
+    plots, print the table. Exits with code 2 and a one-line error on bad input.
+
+    The scheduler settings come from ``config`` (default ``configs/scheduler.yaml``, the file the
+    cluster's GlobalScheduler reads: one :class:`rollmux.admission.SchedulerConfig`); ``seed``,
+    ``max_group_size`` and ``repack`` override a copy of it when given."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -50,6 +54,11 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
         window = TraceWindow(start_hours=window_start, length_hours=window_hours, max_jobs=jobs,
                              min_duration_s=min_duration_s, max_duration_s=max_duration_s, cluster=vc)
         cluster = load_cluster(cluster_config or CONFIG_DIR / "cluster_sim.yaml")
+        from rollmux.admission import load_scheduler_config
+
+        sched_cfg = load_scheduler_config(config)
+        seed = sched_cfg.seed if seed is None else seed
+        sched_cfg = sched_cfg.overridden(seed=seed, max_group_size=max_group_size, repack_on_departure=repack)
         tjobs = load_trace(trace, window)
         sjobs = draw_jobs(tjobs, cluster, mix=mix, seed=seed, slo_range=(slo_min, slo_max))
     except (ValueError, TraceError, ConfigError) as e:  # pydantic ValidationError is a ValueError
@@ -66,8 +75,8 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
             bar.update(task, advance=k, description=f"replay [cyan]{name}[/]")
 
         try:
-            res = run_sim(sjobs, cluster, names, stochastic=stochastic, seed=seed, max_group_size=max_group_size,
-                          exact_max_jobs=exact_max_jobs, on_event=on_event, repack=repack,
+            res = run_sim(sjobs, cluster, names, stochastic=stochastic, seed=seed, config=sched_cfg,
+                          exact_max_jobs=exact_max_jobs, on_event=on_event,
                           meta={"trace": str(trace), "mix": mix, "window": window.model_dump(), "cluster": cluster.name})
         except (ValueError, RuntimeError) as e:  # e.g. a bounded --cluster refusing a job
             fail(str(e))

@@ -200,15 +200,18 @@ class SchedulerPolicy(SimPolicy):
     re-packs (``repack``, :meth:`InterGroupScheduler.repack`), and each moved job stalls for its
     host-state copy (``move_s``)."""
 
-    def __init__(self, name: str, cluster: ClusterSpec, real: Realisation, *, max_group_size: int = 5, seed: int = 0,
-                 repack: bool = True):
+    def __init__(self, name: str, cluster: ClusterSpec, real: Realisation, *, max_group_size: Optional[int] = None,
+                 seed: Optional[int] = None, repack: Optional[bool] = None, config=None):
         from rollmux.admission import InterGroupScheduler, SchedulerConfig
 
         self.name = name
         self.spec = policy_spec(name, "scheduler")
         self.real = real
-        cfg = SchedulerConfig(policy=name, max_group_size=max_group_size, seed=seed, repack_on_departure=repack)
-        self.sched = InterGroupScheduler(cluster, policy=name, max_group_size=max_group_size, seed=seed, config=cfg)
+        # the same SchedulerConfig the cluster's GlobalScheduler builds its policy from; arguments
+        # given here override a copy of it, the policy is this one
+        cfg = (config or SchedulerConfig()).overridden(policy=name, max_group_size=max_group_size, seed=seed,
+                                                      repack_on_departure=repack)
+        self.sched = InterGroupScheduler(cluster, config=cfg)
         self.moves = 0
         self.move_s = 0.0
 
@@ -302,16 +305,21 @@ class OptimalPolicy(SimPolicy):
         return [self.real.group_unit(g) for g in self._groups]
 
 
-def make_policy(name: str, cluster: ClusterSpec, real: Realisation, *, max_group_size: int = 5, seed: int = 0,
-                exact_max_jobs: int = 16, repack: bool = True) -> SimPolicy:
-    """The replay's view of the policy ``name`` (:data:`rollmux.policies.REGISTRY`, by its ``kind``;
-    ``repack``: departure re-packing for policies that re-pack). Raises ValueError for an unknown
-    name (message lists the known ones)."""
+def make_policy(name: str, cluster: ClusterSpec, real: Realisation, *, max_group_size: Optional[int] = None,
+                seed: Optional[int] = None, exact_max_jobs: int = 16, repack: Optional[bool] = None,
+                config=None) -> SimPolicy:
+    """The replay's view of the policy ``name`` (:data:`rollmux.policies.REGISTRY`, by its ``kind``).
+    ``config``: the :class:`rollmux.admission.SchedulerConfig` (default: its defaults);
+    ``max_group_size`` / ``seed`` / ``repack`` (departure re-packing) override a copy of it when
+    given. Raises ValueError for an unknown name (message lists the known ones)."""
+    from rollmux.admission import SchedulerConfig
+
+    cfg = (config or SchedulerConfig()).overridden(max_group_size=max_group_size, seed=seed, repack_on_departure=repack)
     kind = policy_spec(name).kind
     if kind == "scheduler":
-        return SchedulerPolicy(name, cluster, real, max_group_size=max_group_size, seed=seed, repack=repack)
+        return SchedulerPolicy(name, cluster, real, config=cfg)
     if kind == "optimal":
-        return OptimalPolicy(cluster, real, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs)
+        return OptimalPolicy(cluster, real, max_group_size=cfg.max_group_size, exact_max_jobs=exact_max_jobs)
     return PerJobPolicy(name, cluster, real)
 
 
@@ -571,30 +579,37 @@ def simulate(
     *,
     stochastic: bool = False,
     seed: int = 0,
-    max_group_size: int = 5,
+    max_group_size: Optional[int] = None,
     exact_max_jobs: int = 16,
     on_event: Optional[Callable[[str, int], None]] = None,
     meta: Optional[dict] = None,
     shadow_policies: Iterable[str] = ("rollmux",),
-    repack: bool = True,
+    repack: Optional[bool] = None,
+    config=None,
 ) -> SimulationResult:
     """Replay the same jobs through every policy with one shared realisation.
 
+    ``config``: the scheduler settings (:class:`rollmux.admission.SchedulerConfig`, the model the
+    cluster's GlobalScheduler uses; default: its defaults); ``max_group_size`` / ``repack`` override
+    a copy of it when given, ``seed`` (realisation) is also the random baseline's seed.
     ``shadow_policies`` also get the same-instant exact-optimum comparison (see :func:`replay`);
     ``repack=False`` runs RollMux as the paper's admission-only Alg. 1 (no departure re-packing).
 
     Raises:
         ValueError: an unknown policy name (before anything runs) or an empty job list.
     """
+    from rollmux.admission import SchedulerConfig
+
     names = [check_policy(p) for p in policies]
     if not jobs:
         raise ValueError("simulate: no jobs to replay")
+    cfg = (config or SchedulerConfig()).overridden(max_group_size=max_group_size, seed=seed, repack_on_departure=repack)
+    max_group_size, repack = cfg.max_group_size, cfg.repack_on_departure
     real = Realisation(cluster, stochastic=stochastic, seed=seed)
     shadow_policies = tuple(shadow_policies)
     runs: dict[str, PolicyRun] = {}
     for name in names:
-        pol = make_policy(name, cluster, real, max_group_size=max_group_size, seed=seed, exact_max_jobs=exact_max_jobs,
-                          repack=repack)
+        pol = make_policy(name, cluster, real, exact_max_jobs=exact_max_jobs, config=cfg)
         cb = (lambda k, _n=name: on_event(_n, k)) if on_event else None
         shadow = (OptimalPartition(cluster, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs, time_limit_s=5.0)
                   if name in shadow_policies else None)

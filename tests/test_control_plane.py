@@ -209,3 +209,52 @@ def test_an_explicit_policy_overrides_the_config(local_cluster_spec):
     s = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), create_controllers=False, metrics_flush_s=0,
                             config={"policy": "random"}, policy="rollmux", max_group_size=5)
     assert (s.igs.policy, s.igs.config.policy, s.igs.max_group_size) == ("rollmux", "rollmux", 5)
+
+
+# ---- one configuration for the replay and the cluster
+def test_simulate_reads_the_scheduler_config_and_flags_override_a_copy(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from rollmux.admission import load_scheduler_config
+    from rollmux.cli import app
+    from rollmux.config import CONFIG_DIR
+    from rollmux.traces import EXTRACT_TRACE
+
+    cfg = tmp_path / "scheduler.yaml"
+    cfg.write_text((CONFIG_DIR / "scheduler.yaml").read_text().replace("max_group_size: 5", "max_group_size: 2")
+                   .replace("repack_on_departure: true", "repack_on_departure: false").replace("seed: 0", "seed: 3"))
+    assert load_scheduler_config(cfg).max_group_size == 2
+    base = ["simulate", "--trace", str(EXTRACT_TRACE), "--policies", "rollmux,random", "--jobs", "8",
+            "--max-duration-s", "43200", "--no-progress", "--config", str(cfg)]
+    r = CliRunner().invoke(app, base + ["--out", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    meta = json.loads((tmp_path / "a" / "summary.json").read_text())["meta"]
+    assert (meta["max_group_size"], meta["repack_on_departure"], meta["seed"]) == (2, False, 3)
+    r = CliRunner().invoke(app, base + ["--out", str(tmp_path / "b"), "--max-group-size", "4", "--repack", "--seed", "0"])
+    assert r.exit_code == 0, r.output
+    meta = json.loads((tmp_path / "b" / "summary.json").read_text())["meta"]
+    assert (meta["max_group_size"], meta["repack_on_departure"], meta["seed"]) == (4, True, 0)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tie_break: worst\n")
+    r = CliRunner().invoke(app, base[:-1] + [str(bad), "--out", str(tmp_path / "c")])
+    assert r.exit_code == 2 and "tie_break" in r.output
+
+
+def test_every_scheduler_yaml_key_is_a_setting_of_both(local_cluster_spec):
+    """configs/scheduler.yaml: each key is a SchedulerConfig field (extra keys are refused), which
+    the GlobalScheduler and the replay both build their InterGroupScheduler from."""
+    import yaml
+
+    from actors.global_scheduler import GlobalSchedulerImpl
+    from rollmux.admission import SchedulerConfig, load_scheduler_config
+    from rollmux.config import CONFIG_DIR
+    from rollmux.simulator import Realisation, make_policy
+
+    keys = set(yaml.safe_load((CONFIG_DIR / "scheduler.yaml").read_text()))
+    assert keys <= set(SchedulerConfig.model_fields)
+    cfg = load_scheduler_config()
+    s = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), create_controllers=False, metrics_flush_s=0)
+    sim = make_policy("rollmux", local_cluster_spec, Realisation(local_cluster_spec), config=cfg)
+    assert s.igs.config == cfg == sim.sched.config
