@@ -15,7 +15,7 @@ Engines (one interface, :class:`RolloutEngine`):
 :func:`serve` runs scheduling windows: poll arrivals -> stage-1 budget + stage-2 ordering ->
 admit the batch -> run one time slice -> report completions. Because long generations advance one
 slice per window, a short reward query submitted while they run enters at the next slice boundary
-(seed 004 §8.3 "time slices"), and its wait is bounded (``MixedPolicy`` starvation bound).
+(time slices), and its wait is bounded (``MixedPolicy`` starvation bound).
 No Ray here: the RolloutWorker actor wraps an engine and calls :func:`serve`.
 """
 

@@ -29,7 +29,7 @@ re-packing) is read from their :class:`rollmux.policies.PolicySpec`, never from 
 Refusals are values: ``code="never"`` (the job can never fit: state larger than every node of a
 pool, more GPUs than the pool has, weights not fitting HBM, duplicate id) or
 ``code="retry_later"`` (cluster out of GPUs now). The ``random`` and ``most-idle`` baselines
-(DESIGN.md "Baselines") place into a random / the most idle memory-feasible, non-full group with
+(RollMux §7.1) place into a random / the most idle memory-feasible, non-full group with
 no SLO check, opening a new group only when none fits. Their placement inside the chosen group
 (no simulation, only memory and node counts): *random* draws uniformly among all feasible
 (group, strategy) pairs; *most-idle* takes the group with the largest idle node-time fraction and
@@ -45,7 +45,7 @@ only when no direct packing is feasible -- best optimistic bound first; candidat
 win are reported as ``"skipped"``); the simulation is a recurrence memoised on the group's
 structure. The chosen placement has the cost and SLO slack an exhaustive evaluation would pick
 (property-tested).
-Source: RollMux §4.2, Alg. 1; DESIGN.md "Constraints", "Saturation pruning", "Baselines".
+Source: RollMux §4.2, Alg. 1; §7.1 (baselines).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def node_load_bound(t_solo_s: float, node_loads_s: Iterable[float]) -> float:
     rollout nodes and its training + sync once on each of its training nodes, and a node runs one
     phase at a time, so ``T_coexec_k >= max(T_solo_k, load of each of k's nodes)`` (seconds; the
     load of a node = the phase times pinned to it). Used by the SLO bound filters, the optimum's
-    layouts and group pruning (``T_load``). Source: RollMux §4.2; DESIGN.md "Saturation pruning"."""
+    layouts and group pruning (``T_load``). Source: RollMux §4.2."""
     return max(t_solo_s, max(node_loads_s, default=0.0))
 
 
@@ -853,7 +853,6 @@ class InterGroupScheduler:
         scale-out rollout nodes) and the whole group when it becomes empty.
 
         Returns the released node ids (sorted). Raises KeyError for an unknown job.
-        Source: DESIGN.md "Job departure".
         """
         gid = self._job_group.pop(job_id)
         old = self._groups[gid].group
@@ -912,7 +911,7 @@ class InterGroupScheduler:
             {rollout_nodes, train_nodes}, move_s, saved_usd_per_h}`` (``saved_usd_per_h``: the
             $/h the dissolution of ``from_group`` saved, repeated on each of its moves).
         Source: extension of RollMux §4.2 Alg. 1 (the paper only admits; its offline optimum
-        re-partitions at every event, DESIGN.md "Optimum"); DESIGN.md "Job departure".
+        re-partitions at every event, RollMux §7.5 "Opt").
         """
         if not self.spec.repacks or not self.config.repack_on_departure or self.config.repack_max_groups == 0:
             return []

@@ -266,7 +266,7 @@ class OptimalPartition:
     jobs and within ``time_limit_s``; beyond, a labelled best-found upper bound, see
     :class:`PartitionResult`. Measured (``scripts/bench_decision_latency.py``): ~0.1 s at 12-16
     jobs, ~2 s at 32, ~14 s at 48 from an empty cache; the simulator's incremental use (cached
-    layouts) defaults to 16. Source: RollMux §7.5 ("Opt", Table 5), DESIGN.md "Optimum".
+    layouts) defaults to 16. Source: RollMux §7.5 ("Opt", Table 5).
     """
 
     cluster: ClusterSpec

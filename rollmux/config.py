@@ -139,7 +139,6 @@ class ServeConfig(BaseModel):
         start_pool_nodes: ``rollmux up`` also starts one Ray node per pool node of a bounded spec.
     Raises:
         pydantic.ValidationError: a field out of range (message names it).
-    Source: issue 5 "The operator's face".
     """
 
     model_config = ConfigDict(extra="forbid")

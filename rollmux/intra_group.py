@@ -7,7 +7,7 @@ per-pool busy / bubble fractions. The admission SLO check (Alg. 1 line 10) calls
 profiles; the simulator's ``--stochastic`` mode passes per-iteration :class:`IterationTimes`
 (with ``t_trigger_s``) and a :class:`LongTailPolicy` to model long-tail migration.
 
-Group-level quantities (DESIGN.md "Saturation pruning"; the seed has the inequality reversed):
+Group-level quantities (RollMux §4.2, saturation pruning):
 ``T_cycle(G) = max_j T_solo_j``; ``T_load(G)`` = max over nodes of the phase times pinned to the
 node (rollout nodes: rollouts; training nodes: training + sync, which holds the training slot);
 ``G`` is saturated iff ``T_load >= T_cycle``.
@@ -148,7 +148,7 @@ def _members_of(g: Union[CoExecutionGroup, Sequence[GroupMember]]) -> Sequence[G
 
 def node_loads(group: Union[CoExecutionGroup, Sequence[GroupMember]]) -> dict[str, float]:
     """Seconds of work per meta-iteration pinned to each node (rollout nodes: ``t_roll``;
-    training nodes: ``t_train + t_sync``). Source: RollMux §4.2 (3), DESIGN.md T_load."""
+    training nodes: ``t_train + t_sync``). Source: RollMux §4.2 (3)."""
     loads: dict[str, float] = {}
     for m in _members_of(group):
         for n in m.placement.rollout_nodes:
@@ -170,7 +170,7 @@ def t_load(group: Union[CoExecutionGroup, Sequence[GroupMember]]) -> float:
 
 def is_saturated(group: Union[CoExecutionGroup, Sequence[GroupMember]]) -> bool:
     """``T_load(G) >= T_cycle(G)``: no slack left to absorb another job (RollMux §4.2 (3),
-    with the inequality as in DESIGN.md). An empty group is not saturated."""
+    with the inequality as stated here). An empty group is not saturated."""
     members = _members_of(group)
     return bool(members) and t_load(members) >= t_cycle(members)
 

@@ -4,7 +4,7 @@ Every quantity carries its unit in its name (``_s`` seconds, ``_gb`` gigabytes, 
 US dollars per hour, ``_gbps`` gigabits per second). All models are pydantic v2 models; invalid
 input raises :class:`pydantic.ValidationError` whose message names the field and the reason.
 
-Source: RollMux (arXiv 2512.11306) §3 "Problem formulation" and DESIGN.md "Model".
+Source: RollMux (arXiv 2512.11306) §3 "Problem formulation".
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class PhaseProfile(_Frozen):
 
     For admission these are *worst-case* times (every response at max tokens, RollMux §4.2
     "conservative planning"); measured times may be supplied instead.
-    ``t_solo_s = t_roll_s + t_train_s + t_sync_s`` (DESIGN.md "Phase times").
+    ``t_solo_s = t_roll_s + t_train_s + t_sync_s``.
     """
 
     t_roll_s: float = Field(gt=0)
@@ -137,7 +137,7 @@ class JobSpec(_Frozen):
 
     Raises:
         pydantic.ValidationError: non-positive sizes, SLO < 1, mean > max tokens, ...
-    Source: DESIGN.md "Model"; RollMux §3.
+    Source: RollMux §3.
     """
 
     job_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$")
@@ -210,7 +210,7 @@ class CoExecutionGroup(_Frozen):
     """A co-execution group G = (jobs, rollout nodes R_G, training nodes T_G, placements).
 
     Cost(G) is the hourly price of every GPU of ``rollout_nodes`` and ``train_nodes``
-    (DESIGN.md "Cost"). Members are kept in admission order, which is the round-robin order.
+    (RollMux §3). Members are kept in admission order, which is the round-robin order.
     """
 
     group_id: str

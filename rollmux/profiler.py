@@ -31,7 +31,7 @@ Model (all constants below, module level, documented and configurable by monkeyp
 Calibration: Qwen-7B, 256 prompts x 8 responses, 8k tokens, 8 H20 + 8 H800 gives a worst-case
 rollout of ~380 s and training of ~360 s (4k tokens: ~110 / ~190 s); 14B-32B jobs with 16k tokens
 reach ~2000-2400 s in the worst case (~600 s at a mean of half the cap). The paper's phases span
-50-900+ s (RollMux Fig. 2, seed 000 §3.2 C1); worst-case planning is deliberately above the typical
+50-900+ s (RollMux Fig. 2); worst-case planning is deliberately above the typical
 phase, and shorter batches (fewer prompts) bring large models back into that range.
 
 Host memory (for the residency constraint, RollMux §4.2 (1)): see :func:`state_gb`.
@@ -172,7 +172,7 @@ def sync_time(job: JobSpec, cluster: ClusterSpec, *, scheme: str = "rollmux", nu
     GPUs), then an intra-rollout-cluster broadcast when the job spans several rollout nodes.
     ``scheme="flat"``: every rollout node pulls a full copy over the slow link (veRL baseline).
     ``colocated=True``: in-cluster resharding only. Raises ValueError on an unknown scheme.
-    Source: RollMux §5 weight sync; DESIGN.md "Weight sync".
+    Source: RollMux §5 weight sync.
     """
     bits = 2.0 * job.model_params_b * 1e9 * 8.0
     nr = num_rollout_gpus if num_rollout_gpus is not None else job.num_rollout_gpus
@@ -231,7 +231,7 @@ def state_gb(job: JobSpec, pool: PoolName, cluster: Optional[ClusterSpec] = None
     ``job.mem_train_gb`` override. Without ``cluster`` the paper's nodes (8 x H20 96 GB,
     8 x H800 80 GB) are assumed. Paper-scale result: 7B ~ 91 GB (rollout) / 268 GB (training) per
     node; 32B on 2 training nodes ~ 141 / 448 GB.
-    Source: DESIGN.md "Model" (hundreds of GB per job, 2-5 jobs per 1-2 TB node); RollMux §4.2 (1).
+    Source: RollMux §4.2 (1) (hundreds of GB per job, 2-5 jobs per 1-2 TB node).
     Raises ValueError for an unknown pool.
     """
     if pool == "rollout":

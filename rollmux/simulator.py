@@ -1,6 +1,6 @@
 """Trace-driven, event-driven simulator: replays job arrivals through a scheduling policy.
 
-Model (issue 2 "Simulator on real input"; RollMux §7.4–§7.5):
+Model (RollMux §7.4–§7.5):
 
 * A job's work is its trace duration at solo speed: ``iterations = duration_s / T_solo``, with
   ``T_solo`` its solo iteration time under the *realised* phase times.
@@ -381,7 +381,7 @@ class PolicyRun:
     shadow_optimal_usd: float = 0.0
 
     def metrics(self, horizon_s: Optional[float] = None) -> dict:
-        """The summary.json entry of this policy (keys fixed by issue 2)."""
+        """The summary.json entry of this policy (its keys are a stable interface)."""
         h = horizon_s if horizon_s is not None else self.end_s
         lat = np.asarray(self.decision_ms or [0.0])
         outs = list(self.outcomes.values())

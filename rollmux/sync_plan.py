@@ -424,7 +424,7 @@ def _bucketize(shard: int, segments: list[Segment], bucket_bytes: int, tag0: int
 def build_plan(tensors: Iterable[TensorMeta], train: ParallelLayout | int, rollout: ParallelLayout | int, *,
                scheme: Scheme = "topo", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                split_tensors: bool = True) -> SyncPlan:
-    """Build the sync plan of one job (RollMux §5.2, Fig. 8; DESIGN.md "Weight sync").
+    """Build the sync plan of one job (RollMux §5.2, Fig. 8).
 
     Args:
         tensors: the trainer model's tensor metadata (e.g. :func:`metas_of`), canonical order.

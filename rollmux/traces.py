@@ -4,7 +4,7 @@ Two input formats are read, detected from the header row:
 
 * the Microsoft Philly job log as flattened by the Pollux artifact
   (``timestamp,duration,num_gpus,gpu_time,cluster``; rows unsorted, blank lines, naive
-  timestamps ``YYYY-MM-DD HH:MM:SS``; see ``../shared/traces/README.md``);
+  timestamps ``YYYY-MM-DD HH:MM:SS``; see ``data/README.md``);
 * a plain CSV ``arrival_s,duration_s,num_gpus`` (any extra columns are ignored), so that other
   traces can be replayed.
 
@@ -12,7 +12,7 @@ A :class:`TraceWindow` picks a slice: a start offset and a length (hours, from t
 arrival of the filtered trace), a job count, duration filters (minimum, cap) and an optional
 Philly virtual-cluster filter. Arrivals are re-based so the first selected job arrives at 0 s.
 
-Source: issue 2 "Simulator on real input"; RollMux §7.5 (Philly arrival pattern); Pollux
+Source: RollMux §7.5 (Philly arrival pattern); Pollux
 ``simulator/workload.py`` filters described in the trace README.
 """
 

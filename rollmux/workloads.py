@@ -12,7 +12,7 @@ bandwidth model). NR/NT are whole 8-GPU nodes fixed by the type.
 Mixes weight three categories by the ratio T_roll / T_train: ``balanced`` (0.67..1.5),
 ``rollout`` (> 1.5) and ``training`` (< 0.67).
 
-Source: RollMux §2, §7.1, §7.5 and Appendix (Table 6); issue 2 "Job profiles are drawn, seeded".
+Source: RollMux §2, §7.1, §7.5 and Appendix (Table 6).
 """
 
 from __future__ import annotations

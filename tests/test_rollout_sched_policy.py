@@ -1,4 +1,4 @@
-"""Rollout request scheduler: ordering, starvation bound, quotas, budget, cold start (seed 004 §4.3-4.5)."""
+"""Rollout request scheduler: ordering, starvation bound, quotas, budget, cold start."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Radix prefix index: hit lengths vs brute force, version expiry, LRU eviction, merging (seed 004 §4.2)."""
+"""Radix prefix index: hit lengths vs brute force, version expiry, LRU eviction, merging."""
 
 from __future__ import annotations
 

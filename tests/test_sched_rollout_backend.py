@@ -1,4 +1,4 @@
-"""Rollout backend ``sched``: generation through the rollout request scheduler (issue 6 integration)."""
+"""Rollout backend ``sched``: generation through the rollout request scheduler (integration)."""
 
 from __future__ import annotations
 

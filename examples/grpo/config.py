@@ -5,7 +5,6 @@ so ``rollmux.config.load_job`` reads the same file), ``run`` (iterations, seed, 
 and ``model`` (the tiny causal LM built from a transformers config, no download).
 
 Raises :class:`rollmux.config.ConfigError` naming the field on bad input.
-Source: issue 3 "A real RL job to run".
 """
 
 from __future__ import annotations

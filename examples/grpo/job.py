@@ -9,7 +9,7 @@ The phase functions are plain functions of a state dict, so they run identically
   job re-run solo with the same seed is bit-identical to its co-executed run (RollMux §5).
 * :func:`make_job` registers them on a :class:`rollmux.Job`; :func:`run_job` is the user's loop.
 
-Source: issue 3 "A real RL job to run"; GRPO (DeepSeekMath) for the algorithm.
+Source: GRPO (DeepSeekMath) for the algorithm.
 """
 
 from __future__ import annotations

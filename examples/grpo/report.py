@@ -3,7 +3,7 @@
 A timeline record is a dict with ``job_id, phase, pool, node, iteration, start, end`` (epoch
 seconds) and, from RollMux's workers, ``switch`` (``warm`` | ``cold`` | ``resident``) and
 ``switch_s`` (state start-up seconds). Busy fraction of a pool = phase-seconds on its nodes /
-(nodes x span); the rest is dependency bubble (RollMux §2, DESIGN.md "Intra-group schedule").
+(nodes x span); the rest is dependency bubble (RollMux §2).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Tasks (prompt -> answer of n digits):
     ``add``:  ``"a+b="`` -> ``(a + b) mod 10`` (n = 1 only).
 
 Reward: fraction of the first n response tokens equal to the answer digits (0.0 - 1.0).
-Source: issue 3 "A real RL job to run" (verifiable task, reward a random policy gets sometimes).
+A verifiable task whose reward a random policy gets sometimes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Rollout request scheduling inside the rollout pool (seed 004; issue 6).
+"""Rollout request scheduling inside the rollout pool.
 
 Pure policy, no Ray: request model (:mod:`.requests`), radix prefix index (:mod:`.radix`),
 stage-1 resource budget (:mod:`.budget`), cold-start switch (:mod:`.coldstart`), policies

@@ -1,4 +1,4 @@
-"""Stage 1 of a scheduling window: the resource budget (seed 004 §4.4, §6.1 ``budget``).
+"""Stage 1 of a scheduling window: the resource budget (``budget``).
 
 Given the engine's KV occupancy and whether the trainer is waiting on critical rollout data,
 decide how many KV tokens and requests new work may take in this window, how much is kept for
@@ -68,7 +68,7 @@ class ResourceBudget:
     KV in use, share = ``waiting_noncritical_fraction`` while the trainer waits, else
     1 - ``critical_reserve_fraction``; prefill = ``max_prefill_tokens_per_window``;
     replay = ``replay_quota`` x (requests, long tokens).
-    Source: seed 004 §4.4 (budget from trainer state), §8.3 (slots for short requests).
+    The budget follows the trainer state; short requests get reserved slots.
     """
 
     def __init__(self, config: BudgetConfig):

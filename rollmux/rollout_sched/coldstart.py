@@ -1,4 +1,4 @@
-"""Cold-start policy: which scheduling profile is active (seed 004 §2.2 scene 3, §4.5, §10).
+"""Cold-start policy: which scheduling profile is active.
 
 Early in training the policy is near random: outputs have high entropy, prefixes rarely repeat,
 so the scheduler uses the ``cold`` profile (low prefix weight, small batches, short TTL, high

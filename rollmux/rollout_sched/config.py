@@ -2,7 +2,7 @@
 
 All models are pydantic v2, ``extra="forbid"``: a typo or a bad value raises
 :class:`pydantic.ValidationError` naming the field. Units are in the names (``_tokens``,
-``_bytes``, ``_s``). Source: seed 004 §4.3-4.5, §6.1 (scheduler config), §8.1-8.3.
+``_bytes``, ``_s``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ class _Cfg(BaseModel):
 
 
 class SchedProfile(_Cfg):
-    """Weights and knobs of one scheduling profile (cold start or stable), seed 004 §4.5 table.
+    """Weights and knobs of one scheduling profile (cold start or stable).
 
     Attributes:
         prefix_weight: weight of prefix reuse, hit length / prompt length in [0, 1].
@@ -39,7 +39,7 @@ class SchedProfile(_Cfg):
 
 
 class ColdStartConfig(_Cfg):
-    """Cold-start switch (seed 004 §4.5, §10 "step and entropy double threshold").
+    """Cold-start switch (step and entropy double threshold).
 
     The scheduler starts in ``cold`` and switches (once) to ``stable`` when the training step is
     at least ``switch_step`` AND the normalised output entropy (over the last
@@ -63,7 +63,7 @@ class ColdStartConfig(_Cfg):
 
 
 class BudgetConfig(_Cfg):
-    """Stage-1 resource budget (seed 004 §4.4, §6.1 ``budget``).
+    """Stage-1 resource budget (``budget``).
 
     Attributes:
         kv_capacity_tokens: KV-cache slots of the inference engine, tokens.
@@ -99,7 +99,7 @@ class BudgetConfig(_Cfg):
 
 
 class IndexConfig(_Cfg):
-    """Prefix index bounds and maintenance (seed 004 §4.2, §8.1).
+    """Prefix index bounds and maintenance.
 
     Memory figure of a node = ``node_overhead_bytes + bytes_per_token * len(edge)``.
     When the figure exceeds ``max_bytes`` least-recently-used leaves are evicted down to

@@ -1,11 +1,11 @@
 """Stage 2 of a scheduling window: which queued requests run now, in what order.
 
 One interface (:class:`SchedulingPolicy`), a registry (:data:`POLICIES`, :func:`make_policy`)
-and three policies (seed 004 §7.2 A/B/C):
+and three policies:
 
 * ``fifo``: arrival order, head-of-line blocking, no classes (baseline 2).
 * ``prefix``: longest prefix hit first (SGLang-style longest-prefix-match; baseline 1).
-* ``mixed``: this scheduler (seed 004 §4.3-4.5): a short lane (oldest short requests first,
+* ``mixed``: this scheduler: a short lane (oldest short requests first,
   bounded wait), then classes critical > reusable > background, each ordered by the weighted
   score ``w_p*hit/len + w_c*critical + w_w*wait/scale + w_d*div(family) - w_cost*kv/scale``
   (``div``: :meth:`WindowContext.diversity`, +1 under-served .. -1 over-served family)
@@ -200,7 +200,7 @@ def static_score(e: QueueEntry, ctx: WindowContext, fresh: bool = False) -> floa
 
 @register_policy
 class MixedPolicy(SchedulingPolicy):
-    """RollMux's mixed rollout policy (seed 004 §4.3-4.5); see the module doc.
+    """RollMux's mixed rollout policy; see the module doc.
 
     Stage-1 budget use: the lane (``short_slots_per_window`` oldest shorts, own KV, not counted in
     ``max_batch_requests``); non-critical long requests also respect ``noncritical_kv_tokens``

@@ -3,7 +3,7 @@
 Used to estimate how much of a prompt's KV cache an engine with prefix caching (vLLM automatic
 prefix caching, SGLang RadixAttention) can reuse, and to order requests by reuse.
 
-Features (seed 004 §2.2 "fragmentation", §4.2 "dynamic prefix index", §8.1 "memory"):
+Features:
 
 * ``match(tokens)``: hit length, the longest common prefix of ``tokens`` with any live entry.
 * policy-version expiry: every node carries the newest policy version of the sequences through
@@ -59,7 +59,6 @@ class RadixPrefixIndex:
 
     Raises:
         ValueError: negative ttl, non-positive bound.
-    Source: seed 004 §4.2, §5.3 (a radix tree instead of the dict-of-dicts sketch), §8.1.
     """
 
     def __init__(
@@ -190,7 +189,7 @@ class RadixPrefixIndex:
         return removed
 
     def merge_near_duplicates(self, min_siblings: int = 4, max_tail_tokens: int = 8, max_tail_fraction: float = 0.0) -> int:
-        """Fold near-duplicate branches (seed 004 §4.2 "merge and prune").
+        """Fold near-duplicate branches (merge and prune).
 
         At any non-root node with >= ``min_siblings`` leaf children whose edges are short
         (<= ``max_tail_tokens``, or <= ``max_tail_fraction`` x the node's depth in tokens) and that

@@ -1,8 +1,8 @@
 """Request model of the rollout request scheduler.
 
-A rollout phase is a stream of requests of four types (seed 004 §3.1): long generations,
+A rollout phase is a stream of requests of four types: long generations,
 tiny reward queries, multi-turn state queries and replay items (prefill-only re-scoring of old
-samples). Each belongs to one priority class (seed 004 §4.3): critical > reusable > background.
+samples). Each belongs to one priority class: critical > reusable > background.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 
 class RequestType(str, Enum):
-    """Request types of a mixed RL rollout (seed 004 §3.1 table)."""
+    """Request types of a mixed RL rollout."""
 
     GENERATION = "generation"
     REWARD = "reward"
@@ -23,7 +23,7 @@ class RequestType(str, Enum):
 
 
 class RequestClass(IntEnum):
-    """Priority classes, lower value first (seed 004 §4.3).
+    """Priority classes, lower value first.
 
     CRITICAL: the current training step waits on it. BACKGROUND: replay items and requests
     flagged ``background`` (evaluation, logging); they only fill idle capacity. REUSABLE: every
@@ -52,7 +52,6 @@ class Request(BaseModel):
 
     Raises:
         pydantic.ValidationError: empty prompt, negative token id, max_tokens out of range, ...
-    Source: seed 004 §5.2 "RLRequest".
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -13,8 +13,8 @@ API (one object per engine / rollout worker)::
 
 The scheduler tracks the KV it dispatched (worst case, prompt + max_tokens) until ``on_complete``,
 so ``next_batch`` needs no engine state; an engine that knows better may pass an
-:class:`EngineState`. Source: seed 004 §4-§5 (modules: receiver, prefix indexer, budget
-controller, priority queue; the executor is ``actors.rollout_engine``).
+:class:`EngineState`. Modules: receiver, prefix indexer, budget
+controller, priority queue; the executor is ``actors.rollout_engine``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class DispatchRecord:
 
 
 class RolloutRequestScheduler:
-    """Two-stage rollout request scheduler (seed 004 §4.4) over one policy of the registry.
+    """Two-stage rollout request scheduler over one policy of the registry.
 
     Args:
         config: :class:`RolloutSchedConfig`.
@@ -166,7 +166,7 @@ class RolloutRequestScheduler:
 
     # ------------------------------------------------------------------ the two stages
     def budget(self, engine: EngineState | None = None) -> WindowBudget:
-        """Stage 1: the window's :class:`WindowBudget` (seed 004 §4.4)."""
+        """Stage 1: the window's :class:`WindowBudget`."""
         return self.budgeter.compute(
             engine or self.engine_state(),
             trainer_waiting=self.trainer_waiting,
