@@ -385,14 +385,14 @@ def simulate_group(
 
 # --- cached steady state for admission ---------------------------------------------------------
 
-def _canonical(members: Sequence[GroupMember]) -> tuple:
+def _canonical(members: Sequence[GroupMember], rollout_overhead_s: float = 0.0) -> tuple:
     names: dict[str, int] = {}
     key = []
     for mb in members:
         p = mb.profile
         r = tuple(names.setdefault(x, len(names)) for x in mb.placement.rollout_nodes)
         t = tuple(names.setdefault(x, len(names)) for x in mb.placement.train_nodes)
-        key.append((p.t_roll_s, p.t_train_s, p.t_sync_s, r, t))
+        key.append((p.t_roll_s + rollout_overhead_s, p.t_train_s, p.t_sync_s, r, t))
     return tuple(key)
 
 
@@ -429,10 +429,22 @@ def _coexec_cached(key: tuple) -> tuple[float, ...]:
     return _rr_recurrence(key, 2 * len(key) + 4)
 
 
-def coexec_times(members: Sequence[GroupMember]) -> dict[str, float]:
+def coexec_times(members: Sequence[GroupMember], *, rollout_overhead_s: float = 0.0) -> dict[str, float]:
     """Steady-state ``t_coexec_s`` per job on the members' planning profiles, memoised on the
     group's structure (profiles and node sharing pattern), so unchanged groups are never
-    re-simulated. Used by admission's SLO check (Alg. 1 line 10)."""
+    re-simulated. Used by admission's SLO check (Alg. 1 line 10).
+
+    ``rollout_overhead_s``: run-time time added to the end of every rollout of a co-executed
+    group, seconds: with long-tail migration on, a migrated rollout ends ``migration_overhead_s``
+    later than its responses do (the stragglers' re-prefill, :class:`LongTailPolicy`), so the
+    prediction plans every rollout with it (the worst case: every rollout migrates). A job alone
+    has nobody to hand its GPUs to, so a one-member group plans without it; the solo time the
+    slowdown is taken against stays the plain profile.
+    """
+    if not (rollout_overhead_s >= 0 and math.isfinite(rollout_overhead_s)):
+        raise ValueError(f"rollout_overhead_s must be a finite number >= 0, got {rollout_overhead_s}")
     members = list(members)
-    vals = _coexec_cached(_canonical(members))
+    if len(members) < 2:
+        rollout_overhead_s = 0.0
+    vals = _coexec_cached(_canonical(members, rollout_overhead_s))
     return {mb.spec.job_id: v for mb, v in zip(members, vals)}
