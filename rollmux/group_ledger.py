@@ -123,7 +123,8 @@ class GroupLedger:
         self.grants: dict[str, dict] = {}  # job_id -> the grant of its running phase
         self.migrations: list[dict] = []
         self.timeline: list[dict] = []
-        self._node_last_end: dict[str, float] = {}
+        self._occ_records: list[dict] = []  # one per phase and node, seconds since t0 (occupancy)
+        self._occ_nodes: dict[str, dict[str, float]] = {"rollout": {}, "train": {}}
 
     # ---- membership
     def is_member(self, job_id: str) -> bool:
@@ -290,16 +291,19 @@ class GroupLedger:
         return rec, effects
 
     def _account(self, rec: dict, grant: Optional[dict]) -> list[Effect]:
+        """Per-node occupancy records of the phase (busy / bubble seconds are computed from the
+        group's timeline over its lifetime so far, :func:`rollmux.occupancy.occupancy`, by the
+        metrics sink), the phase switch, and the job's own phase time of this iteration."""
         dur = max(0.0, rec["end_s"] - rec["start_s"])
-        bubble = 0.0
+        pool = rec["pool"]
         for node in (grant or {}).get("nodes", [rec.get("node")]):
-            if node is None:
+            if node is None or len(self._occ_records) >= MAX_TIMELINE:
                 continue
-            last = self._node_last_end.get(node)
-            if last is not None and rec.get("start", 0) > last:
-                bubble += rec["start"] - last
-            self._node_last_end[node] = max(last or 0.0, rec.get("end", 0.0))
-        effects = [_metric("pool_time", rec["pool"], busy_s=dur, bubble_s=bubble)]
+            self._occ_nodes[pool].setdefault(str(node), 1.0)
+            self._occ_records.append({"pool": pool, "node": str(node), "start_s": rec["start_s"],
+                                      "end_s": rec["end_s"], "gpus": rec.get("gpus")})
+        effects = [_metric("group_timeline", self.group_id, self._occ_records,
+                           {p: dict(n) for p, n in self._occ_nodes.items()}, (0.0, self.clock() - self.t0))]
         if rec.get("switch") in ("warm", "cold", "moved"):
             effects.append(_metric("phase_switch", rec["switch"], float(rec.get("switch_s") or 0.0)))
         m = self.members.get(rec["job_id"])
