@@ -213,12 +213,13 @@ class GlobalSchedulerImpl:
         self.restored = True
 
     # ---- controllers: handles, asynchronous pushes, the reconcile loop
-    def _controller(self, group_id: str, create: bool = False):
-        """The group's controller handle (cached; a lookup by name; created when ``create``)."""
+    def _controller(self, group_id: str, create: bool = False, lookup: bool = True):
+        """The group's controller handle: cached; else looked up by name (``lookup``; off on the
+        admission / departure path, where only cached handles are used); created when ``create``."""
         if not self.create_controllers:
             return None
         h = self._handles.get(group_id)
-        if h is None:
+        if h is None and (lookup or create):
             try:
                 h = get_actor(controller_name(group_id, self.name))
             except ValueError:
@@ -247,11 +248,14 @@ class GlobalSchedulerImpl:
                 gone[rec.job_id] = f"moved to {gid}"
         return members, gone
 
-    def _push(self, groups) -> None:
-        """Send each group's target membership to its controller, if it has one; never waits."""
+    def _push(self, groups, lookup: bool = False) -> None:
+        """Send each group's target membership to its controller, if it has one; never waits.
+        ``lookup``: also find controllers not cached yet by name (restart, reconcile thread)."""
         for gid in dict.fromkeys(groups):
-            h = self._controller(gid)
-            if h is None:
+            h = self._controller(gid, lookup=lookup)
+            if h is None:  # no controller (yet, or any more): nothing to converge until one is created
+                self._dirty.pop(gid, None)
+                self._inflight.pop(gid, None)
                 continue
             self._seq += 1
             members, gone = self._target(gid)
@@ -299,7 +303,7 @@ class GlobalSchedulerImpl:
             for gid in redo:
                 self._handles.pop(gid, None)
             again = [g for g in self._dirty if g not in self._inflight or g in redo]
-            self._push(again)
+            self._push(again, lookup=True)
         return {"pushed": again, "acked": [g for g, _ in acked]}
 
     def _reconcile_loop(self) -> None:
@@ -310,8 +314,9 @@ class GlobalSchedulerImpl:
             try:
                 if time.monotonic() - last_full >= RECONCILE_FULL_S:
                     last_full = time.monotonic()
+                    # every group with a controller (a restarted controller keeps its handle)
                     with self._lock:
-                        self._push(list(self._active_by_group()))
+                        self._push([g for g in self._active_by_group() if g in self._handles])
                 self.reconcile_once()
             except Exception:
                 log.exception("reconcile pass failed; continuing")
@@ -322,7 +327,7 @@ class GlobalSchedulerImpl:
         groups jobs moved out of, so a crash between the checkpoint and a push loses no move)."""
         groups = set(self._active_by_group())
         groups |= {m.from_group for r in self.jobs.values() if r.state.is_active() for m in r.moves}
-        self._push(sorted(groups))
+        self._push(sorted(groups), lookup=True)
 
     def close(self) -> None:
         """Stop the reconcile thread (tests; the actor otherwise lives until killed)."""
