@@ -171,7 +171,7 @@ def test_move_updates_controllers_and_survives_scheduler_restart(ray_cluster, lo
             old, new = ray.get([ctrl["group-0"].status.remote(), ctrl["group-1"].status.remote()])
             return (old, new) if len(old["gone"]) == 2 and len(new["pending"]) == 2 else None
 
-        old, new = wait_until(pushed, timeout_s=30, what="controllers converged")
+        old, new = wait_until(pushed, timeout_s=90, what="controllers converged")
         assert old["gone"] == {a: "departed", b: "moved to group-1"} and old["pending"] == []
         assert sorted(new["pending"]) == sorted([b, c]) and new["gone"] == {}
         rec = ray.get(h.get_job.remote(b))
@@ -257,7 +257,7 @@ def test_job_moved_mid_run_finishes_on_policy(ray_cluster, local_cluster_spec, s
         assert [(m["job_id"], m["from_group"], m["to_group"]) for m in dep["moves"]] == [(b, "group-0", "group-1")]
         old_ctrl = ray.get_actor(f"{name}-group-0", namespace="rollmux")
         try:  # the scheduler's push reaches the controller asynchronously
-            wait_until(lambda: ray.get(old_ctrl.status.remote())["moving"], timeout_s=30, what="the move pushed")
+            wait_until(lambda: ray.get(old_ctrl.status.remote())["moving"], timeout_s=90, what="the move pushed")
         except TimeoutError:
             pass
         assert ray.get(old_ctrl.status.remote())["moving"] == {b: "moved to group-1"}
