@@ -176,8 +176,16 @@ class _FakeController:
         self.sync_members = _M()
 
 
-def test_scheduler_pushes_target_state_to_controllers_without_waiting(local_cluster_spec):
+def test_scheduler_pushes_target_state_to_controllers_without_waiting(local_cluster_spec, monkeypatch):
+    import ray
+
     from actors.global_scheduler import GlobalSchedulerImpl
+
+    def never(*a, **k):  # admission and departure must not wait on any controller
+        raise AssertionError("the scheduler waited on a Ray call")
+
+    monkeypatch.setattr(ray, "get", never)
+    monkeypatch.setattr(ray, "wait", never)
 
     s = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), create_controllers=False, metrics_flush_s=0,
                             max_group_size=2)
