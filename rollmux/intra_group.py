@@ -31,12 +31,17 @@ class IterationTimes:
 
     ``t_trigger_s`` (optional, relative to the rollout's start): when the trigger fraction of
     the rollout's responses is done, i.e. when long-tail migration may fire.
+    ``tail_load`` (optional, >= 0): the unfinished responses at the trigger as a fraction of the
+    job's concurrent decode slots over all its rollout GPUs (``None``: ``1 - trigger_fraction``,
+    i.e. a rollout that started with every slot full). It sets how much the tail stretches
+    when its stragglers are packed onto fewer GPUs (:meth:`LongTailPolicy.tail_stretch`).
     """
 
     t_roll_s: float
     t_train_s: float
     t_sync_s: float = 0.0
     t_trigger_s: Optional[float] = None
+    tail_load: Optional[float] = None
 
     def __post_init__(self) -> None:
         for name in ("t_roll_s", "t_train_s", "t_sync_s"):
@@ -45,6 +50,8 @@ class IterationTimes:
                 raise ValueError(f"{name} must be a finite number >= 0, got {v}")
         if self.t_trigger_s is not None and not (0 <= self.t_trigger_s <= self.t_roll_s):
             raise ValueError(f"t_trigger_s must lie in [0, t_roll_s={self.t_roll_s}], got {self.t_trigger_s}")
+        if self.tail_load is not None and not (self.tail_load >= 0 and math.isfinite(self.tail_load)):
+            raise ValueError(f"tail_load must be a finite number >= 0, got {self.tail_load}")
 
 
 @dataclass(frozen=True)
@@ -64,11 +71,15 @@ class PhaseRecord:
 class LongTailPolicy:
     """Long-tail migration (RollMux §4.3, Fig. 7).
 
-    When ``trigger_fraction`` of a rollout's responses are done, its unfinished responses are
-    consolidated onto ``tail_gpus`` GPUs of the job and the other GPUs are released to the next
-    queued rollout; the migration costs ``migration_overhead_s`` (re-prefill of the stragglers'
-    context), added to the migrated rollout's end. While the tail runs, a rollout started on the
-    same nodes progresses at the freed fraction of the nodes' speed.
+    When ``trigger_fraction`` of a rollout's responses are done *and another member of the group
+    waits for the rollout's nodes* (:meth:`rollmux.round_robin.RoundRobinQueues.waiting_for`),
+    its unfinished responses are consolidated onto ``tail_gpus`` GPUs of the job and the other
+    GPUs are released to the waiting rollout; nobody waiting, nothing moves (a lone job never
+    pays the overhead). The migration costs ``migration_overhead_s`` (re-prefill of the
+    stragglers' context), added to the migrated rollout's end, and the tail stretches with the
+    stragglers packed per tail GPU (:meth:`tail_stretch`), so an early trigger that packs many
+    stragglers onto few GPUs lengthens the job's rollout. While the tail runs, a rollout
+    started on the same nodes progresses at the freed fraction of the nodes' speed.
     """
 
     trigger_fraction: float = 0.8
@@ -98,6 +109,21 @@ class LongTailPolicy:
     def held_fraction(self, job_gpus: int) -> float:
         """Fraction of the job's rollout capacity kept by the tail."""
         return min(1.0, self.tail_gpus / max(1, job_gpus))
+
+    def tail_stretch(self, job_gpus: int, tail_load: Optional[float] = None) -> float:
+        """Factor (>= 1) by which the rest of a migrated rollout lengthens.
+
+        A GPU decodes up to its share of the job's concurrent slots at full per-token speed
+        (decode is memory-bound); more stragglers than that share make it throughput-bound. With
+        ``tail_load`` = unfinished responses / the job's slots (default ``1 - trigger_fraction``)
+        the ``tail_gpus`` tail GPUs carry ``tail_load * job_gpus / tail_gpus`` of a GPU's share:
+        stretch = ``max(1, tail_load * job_gpus / tail_gpus)``. Source: RollMux §4.3 Fig. 7
+        (stragglers consolidated onto few GPUs); the fluid model of
+        :func:`rollmux.profiler.sample_iteration`.
+        """
+        load = (1.0 - self.trigger_fraction) if tail_load is None else tail_load
+        k = max(1, min(self.tail_gpus, job_gpus))
+        return max(1.0, load * max(1, job_gpus) / k)
 
     def worthwhile(self, t_roll_s: float, t_trigger_s: Optional[float]) -> bool:
         """Migrate only if the tail lasts longer than the migration overhead."""
@@ -253,10 +279,11 @@ def simulate_group(
         pool_nodes["train"].update(mb.placement.train_nodes)
 
     timeline: list[PhaseRecord] = []
-    busy: list[tuple[str, float, float, int]] = []  # (pool, start, end, nodes)
+    busy: list[tuple[str, float, float, int, tuple]] = []  # (pool, start, end, nodes, (job, phase))
     done_at: dict[str, list[float]] = {j: [0.0] for j in gpus}
     cur: dict[str, IterationTimes] = {}
     tails: dict[str, list[tuple[float, float]]] = {}
+    rollout_end: dict[str, tuple[float, int]] = {}  # job -> (end of its running rollout, heap key)
     heap: list[tuple[float, int, str, str]] = []
     seq = 0
     now = 0.0
@@ -274,24 +301,19 @@ def simulate_group(
                 if isinstance(it, PhaseProfile):
                     it = IterationTimes(it.t_roll_s, it.t_train_s, it.t_sync_s)
                 cur[j] = it
-                dur = it.t_roll_s
-                migrate = long_tail is not None and long_tail.worthwhile(it.t_roll_s, it.t_trigger_s)
-                if migrate:
-                    dur += long_tail.migration_overhead_s
                 ts = [x for nd in rp.nodes for x in tails.get(nd, ()) if x[0] > now]
-                end = _finish(now, dur, ts) if ts else now + dur
-                if migrate:
-                    rel = now + it.t_trigger_s + long_tail.migration_overhead_s
-                    heapq.heappush(heap, (rel, seq, j, "release"))
-                    seq += 1
-                    migrations += 1
+                end = _finish(now, it.t_roll_s, ts) if ts else now + it.t_roll_s
+                rollout_end[j] = (end, seq)
+                if (long_tail is not None and gpus[j] > long_tail.tail_gpus
+                        and long_tail.worthwhile(it.t_roll_s, it.t_trigger_s)):
+                    heapq.heappush(heap, (now + it.t_trigger_s, seq, j, "trigger"))
             else:
                 it = cur[j]
                 end = now + (it.t_train_s if ph == "train" else it.t_sync_s)
             q.grant(j, ph)
             heapq.heappush(heap, (end, seq, j, ph))
             seq += 1
-            busy.append((rp.pool, now, end, len(rp.nodes)))
+            busy.append((rp.pool, now, end, len(rp.nodes), (j, ph)))
             if record_timeline:
                 for nd in rp.nodes:
                     timeline.append(PhaseRecord(j, ph, rp.pool, nd, rp.iteration, now, end))
@@ -302,12 +324,42 @@ def simulate_group(
         events += 1
         if events > max_events:
             raise RuntimeError(f"simulate_group: more than {max_events} events")
-        now, _, j, ph = heapq.heappop(heap)
+        now, key, j, ph = heapq.heappop(heap)
+        if ph == "trigger":
+            # the trigger fraction of j's responses is done: migrate only if another member waits
+            # for j's rollout nodes (RollMux §4.3); the tail then stretches with the stragglers
+            # packed per tail GPU and pays the migration overhead
+            end, tok = rollout_end.get(j, (None, None))
+            if tok == key and q.is_running(j) and q.next_phase(j) == "rollout" and q.waiting_for(j):
+                lt = long_tail  # type: ignore[assignment]
+                it = cur[j]
+                new_end = now + lt.migration_overhead_s + (end - now) * lt.tail_stretch(gpus[j], it.tail_load)
+                rollout_end[j] = (new_end, seq)
+                heapq.heappush(heap, (new_end, seq, j, "rollout"))
+                seq += 1
+                heapq.heappush(heap, (now + lt.migration_overhead_s, seq, j, "release"))
+                seq += 1
+                migrations += 1
+                if record_timeline:  # the rollout's records end at the (new) end of its tail
+                    for i in range(len(timeline) - 1, -1, -1):
+                        r = timeline[i]
+                        if r.job_id == j and r.phase == "rollout" and r.iteration == q.iteration(j):
+                            timeline[i] = PhaseRecord(r.job_id, r.phase, r.pool, r.node, r.iteration, r.start_s, new_end)
+                        elif r.job_id == j:
+                            break
+                for i in range(len(busy) - 1, -1, -1):
+                    if busy[i][4] == (j, "rollout"):
+                        p_, s_, _e, k_, tag = busy[i]
+                        busy[i] = (p_, s_, new_end, k_, tag)
+                        break
+            continue
+        if ph == "rollout" and rollout_end.get(j, (None, key))[1] != key:
+            continue  # superseded by the migrated tail's end
         if ph == "release":
             if q.next_phase(j) == "rollout" and q.is_running(j):
                 q.release(j)
                 held = long_tail.held_fraction(gpus[j])  # type: ignore[union-attr]
-                end = next(e for e, _, jj, pp in heap if jj == j and pp == "rollout")
+                end = rollout_end[j][0]
                 for nd in q.nodes_of(j)[0]:
                     tails.setdefault(nd, []).append((end, held))
             start_ready()
@@ -330,7 +382,7 @@ def simulate_group(
     w0, w1 = ref[h], ref[m_it]
     busy_frac, bubble = {}, {}
     for pool in ("rollout", "train"):
-        tot = sum(max(0.0, min(e, w1) - max(s, w0)) * k for p, s, e, k in busy if p == pool)
+        tot = sum(max(0.0, min(e, w1) - max(s, w0)) * k for p, s, e, k, _ in busy if p == pool)
         cap = len(pool_nodes[pool]) * (w1 - w0)
         busy_frac[pool] = min(1.0, tot / cap) if cap > 0 else 0.0
         bubble[pool] = 1.0 - busy_frac[pool]
