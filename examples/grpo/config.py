@@ -56,6 +56,8 @@ class RunConfig(_Strict):
         max_grad_norm: gradient clipping (L2 norm).
         threads: torch threads per worker (1 = one core per "GPU").
         rollout_backend / train_backend: names in :mod:`actors.backends` (``hf``/``vllm``/``sched``, ``torch``/``deepspeed``).
+        zero_stage: DeepSpeed ZeRO stage (``train_backend: deepspeed`` only; CPU: 1 or 2 tested).
+        torch_adam: DeepSpeed uses ``torch.optim.AdamW`` (no Adam op build; ``deepspeed`` only).
         device: ``cpu`` or ``cuda``.
         fail_in_train_at: raise inside the training phase of this iteration (failure-isolation demo).
     """
@@ -78,6 +80,8 @@ class RunConfig(_Strict):
     threads: int = Field(default=1, gt=0, le=256)
     rollout_backend: Literal["hf", "vllm", "sched"] = "hf"
     train_backend: Literal["torch", "deepspeed"] = "torch"
+    zero_stage: int = Field(default=2, ge=0, le=3)
+    torch_adam: bool = True
     device: Literal["cpu", "cuda"] = "cpu"
     fail_in_train_at: Optional[int] = Field(default=None, ge=0)
 

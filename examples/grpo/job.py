@@ -66,7 +66,10 @@ def build_train_state(cfg: GRPOJobConfig) -> dict:
     torch.set_num_threads(r.threads)
     from actors.backends import make_train_backend
 
-    kw = {"micro_batch": r.minibatch_size} if r.train_backend == "deepspeed" else {"device": r.device}
+    if r.train_backend == "deepspeed":
+        kw = {"micro_batch": r.minibatch_size, "stage": r.zero_stage, "torch_adam": r.torch_adam}
+    else:
+        kw = {"device": r.device}
     trainer = make_train_backend(
         r.train_backend, build_model(cfg.model, r.seed, TOK), lr=r.lr, max_grad_norm=r.max_grad_norm, **kw
     )
