@@ -154,8 +154,10 @@ def test_three_jobs_interleave_round_robin_in_one_group(sched, sync_backend):
     assert all(r["switch_s"] >= 0 for r in tl)
     status = ray.get(ray.get_actor(jobs[0].info["controller"], namespace="rollmux").status.remote())
     assert status["metrics"]["switches"]["warm"] >= 1 and status["metrics"]["switches"]["cold"] >= 3
-    assert {j: status["metrics"]["sync_cross_bytes"][j] for j in ids} == {
-        j: sum(r["sync_cross_bytes"] for r in syncs if r["job_id"] == j) for j in ids}
+    for j in ids:  # the exported counter (flushed periodically: whole syncs so far) adds the records' bytes
+        per = [r["sync_cross_bytes"] for r in syncs if r["job_id"] == j]
+        got = status["metrics"].get("sync_cross_bytes", {}).get(j, 0)
+        assert got in {per[0] * k for k in range(len(per) + 1)}, (j, got, per)
     assert any(m["job_id"] in ids for m in status["migrations"])  # progress reached the tail trigger
     # lifecycle: all finished, group released
     for jid in ids:
