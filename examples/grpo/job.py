@@ -78,6 +78,15 @@ def build_train_state(cfg: GRPOJobConfig) -> dict:
     return {"trainer": trainer, "ref": ref, "step": 0}
 
 
+def response_minimums(n: int, mean_tokens: int, cap: int, sigma: float, seed: int) -> torch.Tensor:
+    """Per-response minimum lengths, LongTensor ``[n]``: log-normal with shape ``sigma`` and mean
+    ``mean_tokens``, clipped to ``[1, cap]`` (a long tail of stragglers; RollMux Fig. 11)."""
+    g = torch.Generator().manual_seed(int(seed) % (2**63 - 1))
+    z = torch.randn(n, generator=g, dtype=torch.float64)
+    lens = torch.exp(z * sigma + (torch.log(torch.tensor(float(mean_tokens), dtype=torch.float64)) - sigma * sigma / 2))
+    return lens.round().clamp(1, cap).long()
+
+
 def rollout_phase(cfg: GRPOJobConfig, state: dict, iteration: int, hook: Any = None) -> dict:
     """Rollout: sample ``num_prompts`` prompts, ``group_size`` responses each, score them.
 
@@ -91,9 +100,12 @@ def rollout_phase(cfg: GRPOJobConfig, state: dict, iteration: int, hook: Any = N
     answers = answers.repeat_interleave(r.group_size, dim=0)
     seed = int(torch.randint(0, 2**62, (1,), generator=state["rng"]))
     progress: Optional[Callable[[int, int], None]] = getattr(hook, "progress", None)
+    min_new: Any = r.min_new_tokens
+    if r.response_tail_sigma > 0:  # long-tailed lengths, seeded from this call's seed
+        min_new = response_minimums(prompts.shape[0], r.min_new_tokens, r.max_new_tokens, r.response_tail_sigma, seed)
     seq = state["engine"].generate(
         prompts, max_new_tokens=r.max_new_tokens, temperature=r.temperature, seed=seed,
-        eos_id=TOK.eos_id, pad_id=TOK.pad_id, progress=progress, min_new_tokens=r.min_new_tokens,
+        eos_id=TOK.eos_id, pad_id=TOK.pad_id, progress=progress, min_new_tokens=min_new,
     )
     P = prompts.shape[1]
     rew = reward(seq[:, P:], answers, TOK)
