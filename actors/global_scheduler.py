@@ -121,6 +121,8 @@ class GlobalSchedulerImpl:
             cfg = SchedulerConfig.model_validate({**base.model_dump(), **overrides})
             self.igs = InterGroupScheduler(self.cluster, config=cfg)
             self._checkpoint()
+        # new GroupControllers carry the config's long-tail settings; explicit controller_kw wins
+        self.controller_kw = {**self.igs.config.controller_settings(), **self.controller_kw}
         self._stop = threading.Event()
         self._reconciler: Optional[threading.Thread] = None
         if self.create_controllers:

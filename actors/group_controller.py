@@ -53,7 +53,9 @@ class GroupControllerImpl:
         group_id: the co-execution group id.
         scheduler_name: the GlobalScheduler to report iterations / failures to (None: no reports).
         migrate: act on long-tail decisions (release the rollout's queue slots) instead of only recording.
-        tail_trigger_fraction: fraction of responses done that makes a rollout tail-bound.
+        tail_trigger_fraction / tail_gpus / migration_overhead_s: the long-tail settings
+            (:class:`rollmux.intra_group.LongTailPolicy`; the scheduler passes
+            ``configs/scheduler.yaml``'s via ``SchedulerConfig.controller_settings``).
         lease_s: driver lease; an attached job whose driver stops heart-beating this long while
             none of its phases runs is evicted and reported failed (0 disables). Keep it several
             heartbeat periods (``HEARTBEAT_S``) long.
@@ -62,13 +64,14 @@ class GroupControllerImpl:
     """
 
     def __init__(self, group_id: str, scheduler_name: Optional[str] = None, *, migrate: bool = False,
-                 tail_trigger_fraction: float = 0.8, metrics_flush_s: float = 1.0,
-                 lease_s: float = DEFAULT_LEASE_S, metrics_enabled: bool = True, clock=time.time):
+                 tail_trigger_fraction: float = 0.8, tail_gpus: int = 1, migration_overhead_s: float = 2.0,
+                 metrics_flush_s: float = 1.0, lease_s: float = DEFAULT_LEASE_S, metrics_enabled: bool = True,
+                 clock=time.time):
         from actors.metrics import RollmuxMetrics
 
         self.group_id = group_id
         self.scheduler_name = scheduler_name
-        self.ledger = GroupLedger(group_id, long_tail=LongTailPolicy(trigger_fraction=tail_trigger_fraction),
+        self.ledger = GroupLedger(group_id, long_tail=LongTailPolicy(tail_trigger_fraction, tail_gpus, migration_overhead_s),
                                   migrate=migrate, lease_s=lease_s, clock=clock)
         self.metrics = RollmuxMetrics(flush_interval_s=metrics_flush_s, enabled=metrics_enabled)
         self._events: dict[str, asyncio.Event] = {}
@@ -80,6 +83,16 @@ class GroupControllerImpl:
     @property
     def timeline(self) -> list[dict]:
         return self.ledger.timeline
+
+    @property
+    def long_tail(self) -> LongTailPolicy:
+        """The ledger's long-tail migration settings."""
+        return self.ledger.long_tail
+
+    @property
+    def migrate(self) -> bool:
+        """Whether long-tail decisions release the rollout's queue slots."""
+        return self.ledger.migrate
 
     # ---- effects of the ledger (the only Ray calls besides member recovery)
     def _apply(self, effects: list[Effect]) -> None:

@@ -306,6 +306,8 @@ class GroupLedger:
                            {p: dict(n) for p, n in self._occ_nodes.items()}, (0.0, self.clock() - self.t0))]
         if rec.get("switch") in ("warm", "cold", "moved"):
             effects.append(_metric("phase_switch", rec["switch"], float(rec.get("switch_s") or 0.0)))
+        if rec.get("sync_cross_bytes") is not None:
+            effects.append(_metric("sync_cross_bytes", rec["job_id"], int(rec["sync_cross_bytes"])))
         m = self.members.get(rec["job_id"])
         if m is not None and rec["ok"]:
             m.phase_s[rec["phase"]] = m.phase_s.get(rec["phase"], 0.0) + dur
@@ -340,10 +342,10 @@ class GroupLedger:
         if not self.long_tail.should_migrate(done, total):
             return None
         tail, freed = self.long_tail.split_workers(grant["nodes"])
-        waiting = [r.job_id for r in self.rr.ready() if r.phase == "rollout" and r.job_id != job_id]
-        queued = [j for n in grant["nodes"] for j in self.rr.queue(n)[1:2]]
+        # the same rule as the simulator's model: act only if another member waits for these nodes
+        waiting = list(self.rr.waiting_for(job_id))
         decision = {"job_id": job_id, "iteration": grant["iteration"], "done": done, "total": total,
-                    "t": self.clock(), "next_rollout": (waiting or queued or [None])[0],
+                    "t": self.clock(), "next_rollout": (waiting or [None])[0],
                     "tail_workers": list(tail), "freed_workers": list(freed), "acted": False}
         grant["migrated"] = True
         if self.migrate and decision["next_rollout"] is not None:

@@ -267,3 +267,31 @@ def test_a_job_file_states_each_shared_fact_once_or_equal(tmp_path):
     only_run = tmp_path / "only_run.yaml"  # stated on the run side only: admission plans with it too
     only_run.write_text(base.replace("  num_prompts: 4\n", "", 1).replace("run:\n", "run:\n  num_prompts: 6\n", 1))
     assert load_job(only_run).num_prompts == 6 and load_job_config(only_run).job.num_prompts == 6
+
+
+def test_long_tailed_response_lengths_option():
+    """``response_tail_sigma``: seeded log-normal per-row minimum lengths; the HF backend keeps
+    ``<eos>`` away from each row until its own minimum."""
+    import pydantic
+
+    from actors.backends import make_rollout_backend
+    from examples.grpo.config import ModelConfig, RunConfig
+    from examples.grpo.job import response_minimums
+    from examples.grpo.model import build_model
+
+    m = response_minimums(2000, 40, 400, 1.0, seed=3)
+    assert torch.equal(m, response_minimums(2000, 40, 400, 1.0, seed=3)) and m.min() >= 1 and m.max() <= 400
+    assert float(m.double().mean()) == pytest.approx(40, rel=0.1)  # the mean is min_new_tokens
+    assert float(m.double().quantile(0.99)) > 4 * float(m.double().median())  # a long tail
+    tok = CharTokenizer()
+    b = make_rollout_backend("hf", build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=4,
+                                                           intermediate_size=64, max_position_embeddings=64), 0, tok))
+    prompts = tok.encode_batch(["3>", "7>", "1>", "0>"])
+    mins = torch.tensor([1, 5, 20, 40])
+    out = b.generate(prompts, max_new_tokens=48, temperature=1.0, seed=1, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                     min_new_tokens=mins)
+    P = prompts.shape[1]
+    first_eos = [next((i for i, t in enumerate(row) if t == tok.eos_id), 48) for row in out[:, P:].tolist()]
+    assert all(e >= int(k) for e, k in zip(first_eos, mins))
+    with pytest.raises(pydantic.ValidationError, match="response_tail_sigma"):
+        RunConfig(response_tail_sigma=1.0, rollout_backend="sched", min_new_tokens=4, max_new_tokens=8)

@@ -41,7 +41,8 @@ class RolloutBackend(ABC):
 
         Args:
             prompt_ids: LongTensor ``[B, P]`` (equal-length prompts).
-            max_new_tokens: generation cap ``N``; min_new_tokens: ``<eos>`` is suppressed before this many.
+            max_new_tokens: generation cap ``N``; min_new_tokens: ``<eos>`` is suppressed before this many
+                (an int, or a LongTensor ``[B]`` of per-row minimums: ``hf`` and ``vllm`` backends).
             seed: seeds this call's sampling (from the job's own generator; no global RNG).
             progress: called ``progress(done, total)`` as responses finish (long-tail migration).
         Returns:
