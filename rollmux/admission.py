@@ -121,6 +121,9 @@ class SchedulerConfig(BaseModel):
             (:meth:`InterGroupScheduler.repack`); moved jobs pay one host-state copy.
         repack_max_groups: groups tried per departure (bounds the work of a departure).
         repack_max_members: only groups with at most this many members are dissolved.
+        attach_timeout_s: an admitted job whose driver has not attached (reported ``running``)
+            after this many seconds expires: its nodes are released and its record says
+            ``expired`` (the GlobalScheduler's reconcile loop checks; 0 disables).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -137,6 +140,7 @@ class SchedulerConfig(BaseModel):
     repack_on_departure: bool = True
     repack_max_groups: int = Field(default=4, ge=0)
     repack_max_members: int = Field(default=2, ge=1)
+    attach_timeout_s: float = Field(default=600.0, ge=0.0)
 
     def overridden(self, **values) -> "SchedulerConfig":
         """A validated copy with the given values; ``None`` values are ignored (an option not

@@ -28,7 +28,8 @@ __all__ = ["JobState", "NodePlacement", "MoveRecord", "JobRecord", "REFUSAL_CODE
 
 
 class JobState(str, enum.Enum):
-    """A job's lifecycle at the GlobalScheduler, in order: admitted -> running -> finished | failed.
+    """A job's lifecycle at the GlobalScheduler, in order: admitted -> running -> finished | failed
+    (admitted -> expired when no driver attaches within the scheduler's ``attach_timeout_s``).
 
     Members compare by that order (``JobState.ADMITTED < JobState.RUNNING``); a record's state
     only moves forward (:meth:`advance`). ``str`` valued, so ``JobState.RUNNING == "running"``.
@@ -38,6 +39,7 @@ class JobState(str, enum.Enum):
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
+    EXPIRED = "expired"  # admitted, but no driver attached within the attach timeout
 
     @property
     def rank(self) -> int:
@@ -69,7 +71,7 @@ class JobState(str, enum.Enum):
         return self.value
 
 
-_RANK = {JobState.ADMITTED: 0, JobState.RUNNING: 1, JobState.FINISHED: 2, JobState.FAILED: 2}
+_RANK = {JobState.ADMITTED: 0, JobState.RUNNING: 1, JobState.FINISHED: 2, JobState.FAILED: 2, JobState.EXPIRED: 2}
 ACTIVE_STATES: tuple[JobState, ...] = (JobState.ADMITTED, JobState.RUNNING)
 
 #: Refusal codes of the GlobalScheduler itself (the policy's are ok | never | retry_later).
@@ -111,7 +113,7 @@ class JobRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     job_id: str
-    state: JobState = Field(description='"admitted" | "running" | "finished" | "failed"')
+    state: JobState = Field(description='"admitted" | "running" | "finished" | "failed" | "expired"')
     group_id: Optional[str] = Field(default=None, description="current group (the last one once ended)")
     placement: Optional[NodePlacement] = None
     controller: Optional[str] = Field(default=None, description="the group's GroupController actor name")
@@ -125,12 +127,20 @@ class JobRecord(BaseModel):
     admitted_at: Optional[float] = Field(default=None, description="Unix time, s")
     ended_at: Optional[float] = Field(default=None, description="Unix time, s")
     moves: list[MoveRecord] = []
+    spec_sha256: Optional[str] = Field(default=None, description="SHA-256 of the admitted spec (checkpoint only)")
+    decision: Optional[dict[str, Any]] = Field(
+        default=None, description="the admission decision as first answered, replayed to a retry (checkpoint only)")
 
     def is_active(self) -> bool:
         return self.state.is_active()
 
     def public(self) -> dict[str, Any]:
-        """The JSON-able form the scheduler answers and checkpoints (``moves`` only once moved)."""
+        """The JSON-able form the scheduler answers (``moves`` only once moved; without the
+        checkpoint-only ``spec_sha256`` / ``decision``)."""
+        return self.model_dump(mode="json", exclude={"spec_sha256", "decision", *(() if self.moves else ("moves",))})
+
+    def stored(self) -> dict[str, Any]:
+        """The JSON-able form the checkpoint keeps: :meth:`public` plus the checkpoint-only fields."""
         return self.model_dump(mode="json", exclude=None if self.moves else {"moves"})
 
     def note_iteration(self, iterations_done: int, t_iter_s: Optional[float], t_solo_s: Optional[float],
