@@ -256,7 +256,7 @@ class SchedulerPolicy(SimPolicy):
         # stochastic replays migrate long tails: admission plans the migration overhead of every rollout
         cfg = SchedulerConfig(policy=name, max_group_size=max_group_size, seed=seed, repack_on_departure=repack,
                               migration_overhead_s=real.long_tail.migration_overhead_s,
-                              plan_migration_overhead=real.stochastic)
+                              plan_migration_overhead=real.stochastic and real.migrate)
         self.sched = InterGroupScheduler(cluster, policy=name, max_group_size=max_group_size, seed=seed, config=cfg)
         self.moves = 0
         self.move_s = 0.0
