@@ -295,6 +295,7 @@ class _PoolWorker:
                 result = self._sync(h, state)
                 rec["sync_backend"] = h.sync_backend
                 rec["sync_receivers"] = result.get("receivers")
+                rec["sync_cross_bytes"] = result.get("cross_bytes")
             else:
                 if h.pending_weights is not None and h.apply is not None:
                     pw = h.pending_weights
@@ -377,12 +378,16 @@ class TrainWorkerImpl(_PoolWorker):
             raise KeyError(f"job {h.job_id!r} has no sync phase")
         weights = fn(state)
         if h.sync_backend == "gloo":
-            return {"receivers": self._sync_collective(h, weights)}
+            acks = self._sync_collective(h, weights)
+            st = h.endpoint.last_stats  # what the executor sent across the boundary
+            return {"receivers": acks, "cross_bytes": int(getattr(st, "cross_sent_bytes", 0) or 0)}
+        nbytes = sum(int(v.numel() * v.element_size()) for v in weights.values() if hasattr(v, "element_size"))
         ref = ray.put(weights)
         del weights
         acks = ray.get([ray.get_actor(w, namespace=NAMESPACE).receive_weights.remote(h.job_id, [ref])
                         for w in h.rollout_workers], timeout=600)
-        return {"receivers": acks}
+        # object store: every rollout node pulls the whole object across the boundary
+        return {"receivers": acks, "cross_bytes": nbytes * len(acks)}
 
     def _sync_collective(self, h: _Hosted, weights: dict) -> list:
         """RollMux §5.2 through collectives/ (gloo): the plan and endpoints are built at the first
