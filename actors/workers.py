@@ -49,6 +49,21 @@ SYNC_TIMEOUT_S = 120.0
 PROGRESS_BUCKETS = 20  # progress is forwarded to the controller at most once per 1/20 of the responses
 
 
+def pin_to_cpus(node: str) -> Optional[list[int]]:
+    """Pin this process to ``node``'s CPUs from env ``ROLLMUX_CPU_PIN`` (JSON ``{node: [cpu]}``,
+    set by ``start_local_cluster(pin_cpus=True)``); returns the CPUs, or None when unpinned."""
+    raw = os.environ.get("ROLLMUX_CPU_PIN")
+    if not raw:
+        return None
+    import json
+
+    cpus = json.loads(raw).get(node)
+    if not cpus:
+        return None
+    os.sched_setaffinity(0, set(int(c) for c in cpus))
+    return sorted(os.sched_getaffinity(0))
+
+
 class _Hosted:
     """One job hosted on this worker."""
 
@@ -85,6 +100,7 @@ class _PoolWorker:
 
         torch.set_num_threads(1)
         self.node = node
+        self.cpus = pin_to_cpus(node)
         self.jobs: dict[str, _Hosted] = {}
         self._lock = threading.Lock()
 
@@ -167,7 +183,7 @@ class _PoolWorker:
 
         return {"ray_node_id": ray.get_runtime_context().get_node_id(), "node": self.node, "pool": self.pool,
                 "ip": ray.util.get_node_ip_address(),
-                "pid": os.getpid(), "torch_threads": torch.get_num_threads()}
+                "pid": os.getpid(), "torch_threads": torch.get_num_threads(), "cpus": self.cpus}
 
     # ---- warm / cold start
     def _materialise(self, h: _Hosted) -> tuple[dict, str, float]:
@@ -248,6 +264,7 @@ class _PoolWorker:
         for attempt in range(2):
             try:
                 ray.get(self._controller(h, fresh=attempt > 0).release.remote(h.job_id, phase, record), timeout=120)
+                record.pop("release_error", None)
                 return
             except (RayActorError, ValueError) as e:  # the controller died: look it up again once
                 record["release_error"] = f"{type(e).__name__}: {e}"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from actors.backends.base import (  # noqa: F401  (the interfaces, re-exported)
-    BackendUnavailable, ProgressFn, RolloutBackend, TrainBackend, pad_to,
+    GLOBAL_RNG_LOCK, BackendUnavailable, ProgressFn, RolloutBackend, TrainBackend, pad_to,
 )
 
 

@@ -7,12 +7,19 @@ imports the implementations. Imports no Ray.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from typing import Callable, Optional
 
 import torch
 
 ProgressFn = Callable[[int, int], None]
+
+#: torch's global RNG is process-wide. Code that seeds it (``fork_rng`` + ``manual_seed``: HF
+#: sampling, seeded model init) holds this lock, so that phases of different jobs running at the
+#: same time in one worker process (long-tail migration starts a rollout beside another job's
+#: tail) stay reproducible: co-executed == solo, bit for bit.
+GLOBAL_RNG_LOCK = threading.RLock()
 
 
 class BackendUnavailable(RuntimeError):
