@@ -52,7 +52,7 @@ from actors.naming import (  # noqa: F401  (NAMESPACE, SCHEDULER_NAME, get_sched
 from rollmux.admission import AdmissionDecision, InterGroupScheduler, SchedulerConfig, load_scheduler_config
 from rollmux.models import ClusterSpec, JobSpec
 from rollmux.nodes import node_index
-from rollmux.records import JobRecord, JobState, MoveRecord, NodePlacement
+from rollmux.records import JobRecord, JobState, MoveRecord, NodePlacement, explain_failure
 
 log = logging.getLogger("rollmux.scheduler")
 
@@ -466,7 +466,13 @@ class GlobalSchedulerImpl:
             released = sorted(before - self._nodes_in_use(), key=lambda n: (n.split("-")[0], node_index(n)))
             now = time.time()
             rec.group_id, rec.placement, rec.controller = final.group_id, final.placement, final.controller
-            rec.state, rec.error, rec.ended_at = state, error, now
+            rec.state, rec.ended_at = state, now
+            if state == JobState.FAILED:  # a reason for people; the raw error kept apart
+                pl = final.placement
+                rec.error = explain_failure(error, tuple(pl.rollout_nodes + pl.train_nodes) if pl else ())
+                rec.error_detail = error
+            else:
+                rec.error = error
             done = []
             for mv in moves:  # the moved jobs' records: the move, and the policy's prediction in the new group
                 r = self.jobs[mv["job_id"]]

@@ -20,11 +20,13 @@ Pure: no Ray import; every value here is JSON-able through ``model_dump(mode="js
 from __future__ import annotations
 
 import enum
+import re
 from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["JobState", "NodePlacement", "MoveRecord", "JobRecord", "REFUSAL_CODES", "ACTIVE_STATES"]
+__all__ = ["JobState", "NodePlacement", "MoveRecord", "JobRecord", "REFUSAL_CODES", "ACTIVE_STATES",
+           "explain_failure"]
 
 
 class JobState(str, enum.Enum):
@@ -123,7 +125,9 @@ class JobRecord(BaseModel):
     predicted_slowdown: Optional[float] = Field(default=None, description="worst-case co-executed / solo iteration time")
     measured: Optional[dict[str, Optional[float]]] = None
     slowdown: Optional[float] = Field(default=None, description="measured co-executed / solo iteration time")
-    error: Optional[str] = None
+    error: Optional[str] = Field(default=None, description="why the job failed, for people: what was lost, what "
+                                 "happened to its state, what to do (:func:`explain_failure`)")
+    error_detail: Optional[str] = Field(default=None, description="the raw error the failure was reported with")
     admitted_at: Optional[float] = Field(default=None, description="Unix time, s")
     ended_at: Optional[float] = Field(default=None, description="Unix time, s")
     moves: list[MoveRecord] = []
@@ -155,3 +159,38 @@ class JobRecord(BaseModel):
                 m[k] = m[k] + (float(v) - m[k]) / n
         self.measured = m
         self.slowdown = slowdown
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_NODE = re.compile(r"\b((?:rollout|train)-\d+)\b")
+_IDS = re.compile(r"\(?\b(?:actor_id|ActorID|Actor ID|pid|ip|node_id)[=: ]+[^\s,)]+[,)]?", re.I)
+
+
+def explain_failure(raw: Optional[str], nodes: tuple[str, ...] = ()) -> str:
+    """A failure reason for people from a raw error (a Ray traceback, a controller message):
+    what was lost (the node or actor), what happened to the job's state, what to do. Colour
+    codes and actor / process ids are dropped; the raw text belongs in ``error_detail``.
+
+    ``nodes``: the job's nodes (named when the error does not say which node was lost)."""
+    text = _ANSI.sub("", raw or "").strip()
+    low = text.lower()
+    named = _NODE.findall(text)
+    where = named[0] if named else (", ".join(nodes) if nodes else "one of its nodes")
+    resubmit = "Submit the job again to start it from step 1."
+    if "driver lost" in low or "no heartbeat" in low:
+        lease = re.search(r"lease ([0-9.]+)s", text)
+        return ("the job's driver stopped reporting" + (f" for longer than its {lease.group(1)} s lease" if lease else "")
+                + " (killed, or its host was lost) and the job was evicted; its nodes were released and its "
+                "stored state discarded. " + resubmit)
+    if "worker died" in low or "actordied" in low or "actor died" in low or "rayactorerror" in low \
+            or "worker on" in low and "lost" in low:
+        return (f"the worker on {where} was lost; the job's state went with it. {resubmit}")
+    if "out of memory" in low or "outofmemory" in low or "oom" in low.split():
+        return (f"a worker on {where} ran out of memory; the job's state on it is lost. Lower the job's memory "
+                f"(batch, model) or give it more nodes. {resubmit}")
+    if "controller is unavailable" in low:
+        return ("the job's group controller stayed unavailable; the job stopped between phases (its stored state "
+                f"on the workers was released). {resubmit}")
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith((" ", "Traceback"))), "")
+    first = " ".join(_IDS.sub("", first).split()).strip(" ,;:") or "unknown error"
+    return f"the job failed: {first[:300]}. " + resubmit

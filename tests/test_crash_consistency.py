@@ -375,3 +375,105 @@ def test_scheduler_killed_at_every_write_gcs_store(ray_cluster, op):
         check_invariants(r)
         for key in r.store.keys():
             RayInternalKV().delete(key)
+
+
+def test_failure_reasons_are_for_people_and_keep_the_raw_error():
+    from rollmux.records import explain_failure
+
+    raw = ("\x1b[36mray::RolloutWorker.run()\x1b[39m (pid=4242, ip=10.0.0.7, actor_id=8f3e2a1b0c) "
+           "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
+           "  class_name: RolloutWorker\n  actor_id: 8f3e2a1b0c")
+    why = explain_failure(f"worker died: {raw}", ("rollout-0", "train-0"))
+    assert why == "the worker on rollout-0, train-0 was lost; the job's state went with it. " \
+                  "Submit the job again to start it from step 1."
+    assert explain_failure("phase failed on rollout-1: RayActorError: actor_id=ab12") .startswith(
+        "the worker on rollout-1 was lost")
+    lease = explain_failure("driver lost: no heartbeat for 31.0s (lease 30.0s)")
+    assert "longer than its 30.0 s lease" in lease and "evicted" in lease
+    other = explain_failure("\x1b[31mRuntimeError: injected failure (pid=7)\x1b[0m")
+    assert other.startswith("the job failed: RuntimeError: injected failure") and "\x1b" not in other
+    assert "pid" not in other
+    g = scenario(MemoryKV())
+    rec = g.report("b", {"event": "failed", "error": f"worker died: {raw}"})
+    assert rec["state"] == "failed" and rec["error"].startswith("the worker on rollout-0")
+    assert rec["error_detail"] == f"worker died: {raw}"
+    assert sched(g.kv).get_job("b") == g.get_job("b")
+
+
+# ---- GroupController restarts: the ledger is rebuilt from the target membership, positions from the drivers
+
+def _drive_with_restarts(kills: set[int], iterations: int = 3) -> dict:
+    """Three drivers (two share a rollout node, all share the training node) run ``iterations``
+    meta-iterations against a GroupLedger that is replaced by a fresh one (a restarted
+    controller: members pushed again in admission order, no grants, no positions) at the steps
+    in ``kills``. Drivers keep their own position and report it on their next permit request.
+    Returns {job: completed iterations}; raises PermitError when a job would fail."""
+    from rollmux.group_ledger import GroupLedger
+
+    members = {"a": (["rollout-0"], ["train-0"]), "b": (["rollout-0"], ["train-0"]), "c": (["rollout-1"], ["train-0"])}
+    phases = ["rollout", "train", "sync"]
+
+    def fresh():
+        led = GroupLedger("group-0", lease_s=0)
+        for j, (r, t) in members.items():
+            if it[j] < iterations:  # a finished job departed: the target membership lacks it
+                led.add(j, r, t, has_sync=True)
+        return led
+
+    pos = {j: 0 for j in members}
+    it = {j: 0 for j in members}
+    led = fresh()
+    flight: dict[str, tuple] = {}  # job -> (phase, the ledger that granted it)
+    step = 0
+    while any(it[j] < iterations for j in members) and step < 500:
+        step += 1
+        if step in kills:
+            led = fresh()
+        for j in members:
+            if it[j] >= iterations:
+                continue
+            ph = phases[pos[j]]
+            if j in flight:
+                led.release(j, ph, {"ok": True, "node": members[j][0][0]})
+                del flight[j]
+                pos[j] = (pos[j] + 1) % 3
+                it[j] += pos[j] == 0
+                if it[j] >= iterations:
+                    led.remove(j, "departed")
+                continue
+            g = led.try_grant(j, ph, it[j], 0.0)
+            if g is not None:
+                led.phase_started(j, ph)
+                # no node held by two phases granted by the same ledger
+                for k, (kph, kled) in flight.items():
+                    if kled is led:
+                        kn = members[k][0] if kph == "rollout" else members[k][1]
+                        assert not set(kn) & set(g["nodes"]), (j, ph, k, kph)
+                flight[j] = (ph, led)
+    return it
+
+
+@pytest.mark.parametrize("kills", [set(), {3}, {4, 9}, {2, 5, 7, 11, 13}, set(range(2, 40, 3))],
+                         ids=["none", "mid-phase", "twice", "mid-sync", "every-third-step"])
+def test_group_ledger_restarted_any_number_of_times_fails_no_job(kills):
+    assert _drive_with_restarts(kills) == {"a": 3, "b": 3, "c": 3}
+
+
+def test_round_robin_resume_puts_a_training_job_at_the_head_only_when_free():
+    from rollmux.round_robin import RoundRobinQueues
+
+    q = RoundRobinQueues()
+    q.add_job("a", ["r0"], ["t0"])
+    q.add_job("b", ["r1"], ["t0"])
+    q.resume("b", "train", iteration=4)  # a's next phase is rollout: b takes the training head
+    assert q.next_phase("b") == "train" and q.iteration("b") == 4 and q.head("t0") == "b"
+    assert [r.job_id for r in q.ready()] == ["a", "b"]
+    q.grant("b", "train")
+    with pytest.raises(ValueError, match="running"):
+        q.resume("b", "sync")
+    q.resume("a", "sync")  # b holds the training node: a waits for its turn there
+    assert q.head("t0") == "b" and "a" not in [r.job_id for r in q.ready()]
+    q.on_phase_done("b", "train")
+    q.grant("b", "sync")
+    q.on_phase_done("b", "sync")
+    assert q.head("t0") == "a" and [r.job_id for r in q.ready()] == ["a", "b"]

@@ -178,7 +178,9 @@ def test_admission_and_refusals_through_the_actor(sched):
     assert d["admitted"] and d["placement"]["rollout_nodes"] and d["group_id"]
     rec = ray.get(h.get_job.remote(jid))
     assert rec["state"] == "admitted" and rec["predicted"]["t_solo_s"] == pytest.approx(4.0)
-    assert ray.get(h.admit.remote(toy_spec(jid, "small")))["code"] == "duplicate"
+    again = ray.get(h.admit.remote(toy_spec(jid, "small")))  # a retry: the original decision
+    assert again["admitted"] and again["replayed"] and again["group_id"] == d["group_id"]
+    assert ray.get(h.admit.remote(toy_spec(jid, "small", slo=6.0)))["code"] == "duplicate"  # another spec
     bad = ray.get(h.admit.remote({**toy_spec(f"bad-{_uid()}", "small"), "slo": 0.2}))
     assert bad["code"] == "invalid" and "slo" in bad["reason"]
     huge = ray.get(h.admit.remote({**toy_spec(f"huge-{_uid()}", "small"), "num_rollout_gpus": 64}))
@@ -212,7 +214,8 @@ def test_lost_driver_is_evicted_and_mates_continue(ray_cluster, local_cluster_sp
         loop(mate, fns, 3, out, "m")
         assert len(out["m"]) == 3 and "m:error" not in out
         rec = ray.get(h.get_job.remote(lost.job_id))
-        assert rec["state"] == "failed" and "driver lost" in rec["error"]
+        assert rec["state"] == "failed" and "driver lost" in rec["error_detail"]
+        assert "driver stopped reporting" in rec["error"] and "step 1" in rec["error"]
         assert ray.get(h.get_job.remote(mate.job_id))["state"] == "finished"
     finally:
         ray.kill(h, no_restart=True)
