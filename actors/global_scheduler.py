@@ -191,8 +191,11 @@ class GlobalSchedulerImpl:
         for j in drop:
             self.jobs.pop(j, None)
         self._last_checkpoint = time.time()
-        if self.store.wants_compaction():
-            self.store.compact(self._full_state())
+        if self.store.wants_compaction():  # the change is committed: a failing compaction is retried later
+            try:
+                self.store.compact(self._full_state())
+            except Exception:
+                log.exception("checkpoint compaction failed; the write-ahead records stay and it is retried")
 
     def _full_state(self) -> dict:
         return {"header": self.igs.snapshot_header(), "group_ids": [g.group_id for g in self.igs.groups],

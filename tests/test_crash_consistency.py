@@ -477,3 +477,19 @@ def test_round_robin_resume_puts_a_training_job_at_the_head_only_when_free():
     q.grant("b", "sync")
     q.on_phase_done("b", "sync")
     assert q.head("t0") == "a" and [r.job_id for r in q.ready()] == ["a", "b"]
+
+
+def test_failed_compaction_keeps_the_committed_change():
+    class NoBase(MemoryKV):
+        def put(self, key, value):
+            if key.endswith(".base"):
+                raise OSError("disk full")
+            super().put(key, value)
+
+    kv = MemoryKV()
+    g = sched(kv)
+    g.kv = g.store.kv = NoBase()
+    g.kv._d = kv._d
+    g.store.compact_every = 1
+    assert g.admit(SPECS["a"])["admitted"]  # the record is written; the base is not, and that is fine
+    assert sched(kv).get_job("a")["state"] == "admitted" and g.get_job("a")["state"] == "admitted"

@@ -406,3 +406,40 @@ def test_cpu_pinning_gives_each_node_its_cpu(local_cluster_spec):
     env = {**__import__("os").environ, "ROLLMUX_CPU_PIN": json.dumps({"train-0": [0]})}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60).stdout
     assert out.split() == ["[0]", "[0]"]
+
+
+@ray_test
+def test_killing_the_group_controller_twice_fails_no_job(sched):
+    """A three-job run whose GroupController is killed twice (Ray restarts it): the restarted
+    controller re-reads the membership from the scheduler and takes each job's position in its
+    meta-iteration from the driver's next permit request; every job finishes all iterations."""
+    import ray
+
+    from actors.naming import NAMESPACE
+
+    name, h = sched
+    n = 4
+    kinds = ["big", "small", "small"]
+    ids = [f"{k}-{_uid()}" for k in kinds]
+    jobs = [rollmux.Job(toy_spec(jid, kind), attach=True, scheduler_name=name) for jid, kind in zip(ids, kinds)]
+    fns = [make_toy(job, kind, seed=i) for i, (job, kind) in enumerate(zip(jobs, kinds))]
+    out: dict = {}
+    threads = [threading.Thread(target=loop, args=(j, f, n, out, j.job_id)) for j, f in zip(jobs, fns)]
+    for t in threads:
+        t.start()
+    ctl = wait_until(lambda: (getattr(jobs[0], "info", None) or {}).get("controller"), timeout_s=60, interval_s=0.1,
+                     what="controller attached")
+    kills = 0
+    for at_iter in (1, 2):  # kill while jobs are mid-iteration
+        wait_until(lambda: len(out.get(ids[0], [])) >= at_iter or out.get(ids[0] + ":error"), timeout_s=120,
+                   interval_s=0.05, what=f"iteration {at_iter}")
+        time.sleep(0.1)  # inside the next iteration's phases
+        ray.kill(ray.get_actor(ctl, namespace=NAMESPACE), no_restart=False)
+        kills += 1
+    for t in threads:
+        t.join(timeout=180)
+    assert kills == 2 and not any(t.is_alive() for t in threads)
+    assert not [k for k in out if k.endswith(":error")], {k: v for k, v in out.items() if k.endswith(":error")}
+    for jid in ids:
+        rec = ray.get(h.get_job.remote(jid))
+        assert rec["state"] == "finished" and rec["iterations_done"] == n, rec
