@@ -39,6 +39,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from typing import Any, Optional
 
 from pydantic import ValidationError
@@ -403,7 +404,7 @@ class GlobalSchedulerImpl:
             prof = member.profile if member is not None else None
             self.jobs.pop(job.job_id, None)  # a re-admitted id goes to the end (admission order)
             self.jobs[job.job_id] = JobRecord(
-                job_id=job.job_id, state=JobState.ADMITTED, slo=job.slo,
+                job_id=job.job_id, state=JobState.ADMITTED, slo=job.slo, admission_id=uuid.uuid4().hex,
                 predicted=None if prof is None else {"t_roll_s": prof.t_roll_s, "t_train_s": prof.t_train_s,
                                                      "t_sync_s": prof.t_sync_s, "t_solo_s": prof.t_solo_s},
                 predicted_slowdown=(out.get("predicted_slowdowns") or {}).get(job.job_id), admitted_at=time.time(),

@@ -125,6 +125,8 @@ class JobRecord(BaseModel):
     predicted_slowdown: Optional[float] = Field(default=None, description="worst-case co-executed / solo iteration time")
     measured: Optional[dict[str, Optional[float]]] = None
     slowdown: Optional[float] = Field(default=None, description="measured co-executed / solo iteration time")
+    admission_id: Optional[str] = Field(default=None, description="token of this admission: a re-used job id "
+                                        "gets a new one, so workers never resume a previous run's state")
     error: Optional[str] = Field(default=None, description="why the job failed, for people: what was lost, what "
                                  "happened to its state, what to do (:func:`explain_failure`)")
     error_detail: Optional[str] = Field(default=None, description="the raw error the failure was reported with")

@@ -493,3 +493,28 @@ def test_failed_compaction_keeps_the_committed_change():
     g.store.compact_every = 1
     assert g.admit(SPECS["a"])["admitted"]  # the record is written; the base is not, and that is fine
     assert sched(kv).get_job("a")["state"] == "admitted" and g.get_job("a")["state"] == "admitted"
+
+
+def test_readmitted_job_id_starts_fresh_on_a_worker_that_hosted_the_dead_run(tmp_path):
+    """The scheduler gives every admission its own token; a worker that still hosts a job id
+    from a previous admission (its driver was killed) drops that run's state when the new
+    admission registers, so the new run starts from step 1 (no warm start from the dead run)."""
+    from actors.workers import RolloutWorkerImpl
+
+    g = sched(MemoryKV())
+    t1 = g.admit(SPECS["a"]) and g.get_job("a")["admission_id"]
+    g.report("a", {"event": "failed", "error": "driver lost: no heartbeat for 31.0s (lease 30.0s)"})
+    t2 = g.admit(SPECS["a"]) and g.get_job("a")["admission_id"]
+    assert t1 and t2 and t1 != t2
+    w = RolloutWorkerImpl("rollout-0")
+    cfg = {"builder": dict, "controller": "c", "checkpoint_dir": str(tmp_path)}
+    assert w.register_job("a", {**cfg, "admission": t1})
+    h = w.jobs["a"]
+    h.ref, h.pending_weights = "state-of-step-14", {"dict": {"w": 1}}
+    h.ckpt.write_bytes(b"step 14")
+    assert not w.register_job("a", {**cfg, "admission": t1})  # the same admission: idempotent
+    assert w.jobs["a"] is h
+    assert w.register_job("a", {**cfg, "admission": t2})  # a new admission: fresh state
+    new = w.jobs["a"]
+    assert new is not h and new.ref is None and new.pending_weights is None and not h.ckpt.exists()
+    assert new.ckpt != h.ckpt and t2[:16] in new.ckpt.name
