@@ -363,9 +363,11 @@ def test_long_tail_settings_reach_controllers_and_simulator():
 
     sim = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
     g = GlobalSchedulerImpl(sim, kv=MemoryKV(), create_controllers=False,
-                            config={"tail_trigger_fraction": 0.5, "tail_gpus": 2, "migration_overhead_s": 3.0})
+                            config={"tail_trigger_fraction": 0.5, "tail_gpus": 2, "migration_overhead_s": 3.0,
+                                    "driver_lease_s": 7.0})
     c = GroupControllerImpl("group-0", None, **g.controller_kw, metrics_enabled=False)
     assert c.long_tail == LongTailPolicy(0.5, 2, 3.0) and c.migrate is True
+    assert c.ledger.lease_s == 7.0  # the driver lease comes from configs/scheduler.yaml too
     off = GlobalSchedulerImpl(sim, kv=MemoryKV(), create_controllers=False, config={"tail_migration": False})
     assert GroupControllerImpl("group-1", None, **off.controller_kw, metrics_enabled=False).migrate is False
     # an explicit controller_kw still wins
