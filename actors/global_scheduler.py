@@ -112,6 +112,8 @@ class GlobalSchedulerImpl:
         self._dirty: dict[str, int] = {}  # group_id -> seq of the push not yet acknowledged
         self._inflight: dict[str, tuple[int, Any, float]] = {}  # group_id -> (seq, ObjectRef, sent at)
         self._seq = time.time_ns()  # push sequence (increasing across restarts)
+        self._releases: list[tuple[str, Optional[str], list[str]]] = []  # (job, admission, nodes) to release
+        self.release_workers = create_controllers  # ended jobs' workers are told to drop their state
         self.store = Checkpoint(self.kv, name)
         state = self.store.load()  # raises CheckpointError (naming the store) for a bad checkpoint
         if state is not None:
@@ -321,6 +323,29 @@ class GlobalSchedulerImpl:
             self._push(again, lookup=True)
         return {"pushed": again, "acked": [g for g, _ in acked]}
 
+    def release_workers_once(self, lookup=None) -> list[tuple[str, str]]:
+        """Tell the workers of jobs that ended (finished, failed, evicted, expired) to drop their
+        state (``unregister_job``: stored state, pending weights, sync endpoint, cold-start file),
+        also when the driver died and never said goodbye. Fire and forget; a worker that does not
+        exist hosts nothing. ``lookup``: name -> handle (default :func:`actors.naming.get_actor`).
+        Returns the (job, node) pairs sent."""
+        from actors.naming import worker_name
+
+        lookup = lookup or get_actor
+        with self._lock:
+            todo, self._releases = self._releases, []
+        sent = []
+        for job_id, admission, nodes in todo:
+            for node in dict.fromkeys(nodes):
+                try:
+                    lookup(worker_name(node)).unregister_job.remote(job_id, admission)
+                    sent.append((job_id, node))
+                except ValueError:
+                    continue
+                except Exception as e:
+                    log.warning("release of %s on %s failed: %s", job_id, node, e)
+        return sent
+
     def _reconcile_loop(self) -> None:
         """Converge every controller to the target state; a failing pass is logged, never fatal."""
         last_full = time.monotonic()
@@ -334,6 +359,7 @@ class GlobalSchedulerImpl:
                         self._push([g for g in self._active_by_group() if g in self._handles])
                 self.reconcile_once()
                 self.expire_unattached()
+                self.release_workers_once()
             except Exception:
                 log.exception("reconcile pass failed; continuing")
             self.metrics.reconcile(time.perf_counter() - t0)
@@ -470,6 +496,9 @@ class GlobalSchedulerImpl:
             released = sorted(before - self._nodes_in_use(), key=lambda n: (n.split("-")[0], node_index(n)))
             now = time.time()
             rec.group_id, rec.placement, rec.controller = final.group_id, final.placement, final.controller
+            if self.release_workers and final.placement is not None:  # its workers drop its state (reconcile loop)
+                self._releases.append((job_id, rec.admission_id,
+                                       [*final.placement.rollout_nodes, *final.placement.train_nodes]))
             rec.state, rec.ended_at = state, now
             if state == JobState.FAILED:  # a reason for people; the raw error kept apart
                 pl = final.placement

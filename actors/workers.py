@@ -166,12 +166,16 @@ class _PoolWorker:
         self.unregister_job(job_id)
         return out
 
-    def unregister_job(self, job_id: str) -> bool:
-        """Drop a job's state (departure / failure): its object-store state is freed, its sync
-        endpoint closed and its cold-start checkpoint file on this node deleted."""
-        h = self.jobs.pop(job_id, None)
-        if h is None:
+    def unregister_job(self, job_id: str, admission: Optional[str] = None) -> bool:
+        """Drop a job's state (departure / failure / eviction): its object-store state is freed,
+        its pending weights dropped, its sync endpoint closed and its cold-start checkpoint file
+        on this node deleted. ``admission``: only when the hosted run is that admission (a late
+        release of an earlier run never drops a re-admitted one). False if nothing was dropped."""
+        h = self.jobs.get(job_id)
+        if h is None or (admission is not None and h.admission is not None and h.admission != admission):
             return False
+        self.jobs.pop(job_id, None)
+        h.ref = h.pending_weights = h.last_weights = h.moved = None
         if h.endpoint is not None:
             try:
                 h.endpoint.close()

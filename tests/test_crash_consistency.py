@@ -518,3 +518,48 @@ def test_readmitted_job_id_starts_fresh_on_a_worker_that_hosted_the_dead_run(tmp
     new = w.jobs["a"]
     assert new is not h and new.ref is None and new.pending_weights is None and not h.ckpt.exists()
     assert new.ckpt != h.ckpt and t2[:16] in new.ckpt.name
+
+
+def test_ended_jobs_state_is_released_on_every_worker(tmp_path):
+    """A job that fails (e.g. its driver was killed and it was evicted) or expires has its state
+    dropped on each of its workers by the scheduler, not only by a driver that says goodbye; a
+    late release of an earlier admission never drops a re-admitted run."""
+    from actors.workers import RolloutWorkerImpl, TrainWorkerImpl
+
+    g = sched(MemoryKV())
+    g.release_workers = True
+    g.admit(SPECS["a"])
+    rec = g.get_job("a")
+    workers = {f"rollmux-worker-{n}": (RolloutWorkerImpl if n.startswith("rollout") else TrainWorkerImpl)(n)
+               for n in (*rec["placement"]["rollout_nodes"], *rec["placement"]["train_nodes"])}
+    cfg = {"builder": dict, "controller": "c", "checkpoint_dir": str(tmp_path), "admission": rec["admission_id"]}
+    for w in workers.values():
+        w.register_job("a", cfg)
+        w.jobs["a"].ckpt.write_bytes(b"state")
+        w.jobs["a"].pending_weights = {"dict": {}}
+    files = [w.jobs["a"].ckpt for w in workers.values()]
+
+    class Direct:  # a handle whose .remote calls the worker in-process
+        def __init__(self, w):
+            self.w = w
+
+        def __getattr__(self, n):
+            return type("M", (), {"remote": staticmethod(getattr(self.w, n))})
+
+    def lookup(name):
+        if name not in workers:
+            raise ValueError(name)
+        return Direct(workers[name])
+
+    g.report("a", {"event": "failed", "error": "driver lost: no heartbeat for 31.0s (lease 30.0s)"})
+    assert sorted(n for _, n in g.release_workers_once(lookup)) == sorted(w.node for w in workers.values())
+    assert all("a" not in w.jobs for w in workers.values()) and not any(f.exists() for f in files)
+    # re-admitted: a late release carrying the old token leaves the new run alone
+    g.admit(SPECS["a"])
+    new = g.get_job("a")["admission_id"]
+    for w in workers.values():
+        assert w.register_job("a", {**cfg, "admission": new})
+        assert not w.unregister_job("a", rec["admission_id"]) and "a" in w.jobs
+    g.expire_unattached(now=time.time() + 3600)
+    assert g.get_job("a")["state"] == "expired" and g.release_workers_once(lookup)
+    assert all("a" not in w.jobs for w in workers.values())
