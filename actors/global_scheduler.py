@@ -14,7 +14,9 @@ record when it ends. Controller names derive from the group id (:func:`actors.na
 
 The singleton never waits on a controller. The *target state* (job records + the policy's
 snapshot) is checkpointed to a KV store (:mod:`actors.kv`; Ray GCS internal KV by default, a
-file directory with ``checkpoint_path``) first; then each touched group's controller gets the
+file directory with ``checkpoint_path``) first, as ONE write-ahead record per state change
+(:mod:`actors.checkpoint`: a crash before the write means the change never happened, after it
+that it did; a failed write rolls the change back; a bad checkpoint refuses to start); then each touched group's controller gets the
 group's target membership pushed asynchronously (``GroupController.sync_members``, stamped with
 an increasing sequence number so a late push never undoes a newer one), and a reconcile thread
 re-pushes until each push is acknowledged and, every ``RECONCILE_FULL_S``, re-pushes every
@@ -27,7 +29,11 @@ dies.
 Contract (docs/ARCHITECTURE.md "GlobalScheduler actor contract"): every method returns
 JSON-able dicts / lists; refusals are values (``AdmissionDecision.to_dict()`` with ``admitted:
 False`` and a ``code``), not exceptions. Codes besides the policy's (ok | never | retry_later):
-``invalid`` (spec fails validation) and ``duplicate`` (the job id is already admitted or running).
+``invalid`` (spec fails validation) and ``duplicate`` (the job id is admitted or running with a
+different spec; the same spec again gets the original decision, ``replayed: True``). Ended jobs'
+workers are told to drop the job's state (:meth:`release_workers_once`); admitted jobs that no
+driver attaches to expire (:meth:`expire_unattached`); a failed job's ``error`` is written for
+people (:func:`rollmux.records.explain_failure`), the raw error kept in ``error_detail``.
 """
 
 from __future__ import annotations
