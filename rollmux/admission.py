@@ -92,18 +92,18 @@ class SchedulerConfig(BaseModel):
         repack_max_members: only groups with at most this many members are dissolved.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     policy: str = "rollmux"
     max_group_size: int = Field(default=5, ge=1, le=64)
     tail_trigger_fraction: float = Field(default=0.8, gt=0.0, le=1.0)
-    tail_gpus: int = Field(default=1, ge=1)
-    migration_overhead_s: float = Field(default=2.0, ge=0.0)
-    seed: int = 0
+    tail_gpus: int = Field(default=1, ge=1, le=1024)
+    migration_overhead_s: float = Field(default=2.0, ge=0.0, le=3600.0)
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
     tie_break: Literal["best_fit", "most_slack"] = "most_slack"
     repack_on_departure: bool = True
-    repack_max_groups: int = Field(default=4, ge=0)
-    repack_max_members: int = Field(default=2, ge=1)
+    repack_max_groups: int = Field(default=4, ge=0, le=1024)
+    repack_max_members: int = Field(default=2, ge=1, le=64)
 
     def long_tail_policy(self) -> LongTailPolicy:
         return LongTailPolicy(self.tail_trigger_fraction, self.tail_gpus, self.migration_overhead_s)
@@ -313,6 +313,39 @@ def _pick_nodes(nodes: Sequence[str], k: int, loads: dict, mem: dict, need_gb: f
     return sorted(fit[:k], key=_idx)
 
 
+def _within(value: float, limit: float) -> bool:
+    """``value <= limit`` within :data:`SLO_REL_TOL`, and False when either is NaN or infinite: a
+    non-finite slowdown or phase time is infeasible, never a pass (``nan > x`` is False)."""
+    return math.isfinite(value) and math.isfinite(limit) and value <= limit * (1 + SLO_REL_TOL)
+
+
+def _non_finite_profile(prof: PhaseProfile) -> Optional[str]:
+    """Defence in depth behind the input bounds: a phase time that is NaN, infinite or not > 0
+    (rollout, training) / < 0 (sync) makes every cycle, load and slack meaningless: refuse."""
+    for name in ("t_roll_s", "t_train_s", "t_sync_s"):
+        t = getattr(prof, name)
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and (t >= 0 if name == "t_sync_s" else t > 0)):
+            return f"phase time {name} = {t!r} s is not a finite positive number"
+    return None
+
+
+def train_gpu_memory_filter(job: JobSpec, cluster: ClusterSpec) -> Optional[str]:
+    """Training-GPU memory residency: the job's weights, gradients and optimizer state per training
+    GPU (:func:`rollmux.profiler.train_gpu_state_gb`, at its precision and ZeRO stage) must fit one
+    GPU's HBM. Returns the refusal reason with the numbers, or None when it fits."""
+    need = profiler.train_gpu_state_gb(job)
+    gpu = cluster.train_pool.node.gpu
+    if need <= gpu.hbm_gb:
+        return None
+    w, g, o = profiler.TRAIN_GPU_BYTES_PER_PARAM[job.train_precision]
+    return (f"training GPU memory: {job.model_params_b:g}B params x {w + g + o:g} B/param "
+            f"({job.train_precision}, AdamW, ZeRO-{job.zero_stage} over num_train_gpus={job.num_train_gpus}) = "
+            f"{need:.1f} GB per training GPU exceeds the {gpu.hbm_gb:.1f} GB HBM of one {gpu.name} "
+            f"(total {(w + g + o) * job.model_params_b:.0f} GB vs {gpu.hbm_gb * job.num_train_gpus:.0f} GB); "
+            + ("ask for more num_train_gpus or a smaller model" if job.zero_stage == 3
+               else "ask for more num_train_gpus, a higher zero_stage or a smaller model"))
+
+
 def _slo_bound(cand: Candidate, members: list[GroupMember], loads: dict[str, float]) -> Candidate:
     """Cheap necessary SLO condition: job k iterates once per meta-iteration on each of its nodes,
     so ``T_coexec_k >= max(T_solo_k, load of k's busiest node)``. Rejects on violation; sets
@@ -328,7 +361,7 @@ def _bound_rows(cand: Candidate, rows: list[tuple[str, float, float, float]]) ->
     """Apply the node-load lower bound: ``rows`` = (job_id, T_solo_s, slo, lower bound of T_coexec_s)
     per member of G'. Sets ``cand.bound`` (max optimistic slowdown / SLO); rejects on violation."""
     bad = [f"{jid}: slowdown >= {lb / ts:.3f} > SLO {slo:.3f} (node-load lower bound)"
-           for jid, ts, slo, lb in rows if lb > slo * ts * (1 + SLO_REL_TOL)]
+           for jid, ts, slo, lb in rows if not _within(lb, slo * ts)]
     cand.bound = max((lb / ts / slo for _, ts, slo, lb in rows), default=0.0)
     return cand.reject("slo", "; ".join(bad)) if bad else cand
 
@@ -344,7 +377,7 @@ def _slo_sim(cand: Candidate) -> Candidate:
     sd = {m.spec.job_id: tco[m.spec.job_id] / m.profile.t_solo_s for m in members}
     cand.predicted_slowdowns = sd
     viol = [f"{m.spec.job_id}: predicted slowdown {sd[m.spec.job_id]:.3f} > SLO {m.spec.slo:.3f}"
-            for m in members if sd[m.spec.job_id] > m.spec.slo * (1 + SLO_REL_TOL)]
+            for m in members if not _within(sd[m.spec.job_id], m.spec.slo)]
     if viol:
         return cand.reject("slo", "; ".join(viol))
     cand.score = max(sd[m.spec.job_id] / m.spec.slo for m in members)
@@ -460,6 +493,8 @@ class InterGroupScheduler:
     def _never(self, job: JobSpec, prof: Optional[PhaseProfile]) -> Optional[str]:
         if job.job_id in self._job_group:
             return f"job id {job.job_id!r} is already admitted"
+        if prof is not None and (bad := _non_finite_profile(prof)):
+            return bad
         for pool in ("rollout", "train"):
             ps = self.cluster.pool(pool)  # type: ignore[arg-type]
             gpus = job.num_rollout_gpus if pool == "rollout" else job.num_train_gpus
@@ -472,7 +507,7 @@ class InterGroupScheduler:
                 field_ = "mem_roll_gb" if pool == "rollout" else "mem_train_gb"
                 return (f"{pool} state {st:.1f} GB per node ({field_}) exceeds the host memory of every {pool} node "
                         f"({ps.node.host_mem_gb:.1f} GB)")
-        return None
+        return train_gpu_memory_filter(job, self.cluster)
 
     def decide(self, job: JobSpec, profile: Optional[PhaseProfile] = None) -> AdmissionDecision:
         """Evaluate admitting ``job`` (no state change; the random baseline advances its RNG).
@@ -575,11 +610,10 @@ class InterGroupScheduler:
         if strategy == "scale_out" and new_r is None:
             return c.reject("capacity", f"cluster out of GPUs: no {nr} free rollout nodes")
         if slo_check:  # O(1) necessary condition before picking nodes: the newcomer's own SLO
-            cap = job.slo * prof.t_solo_s * (1 + SLO_REL_TOL)
             lb = g.t_sorted[nt - 1] + prof.t_train_s + prof.t_sync_s
             if strategy == "direct" and nr <= len(g.r_sorted):
                 lb = max(lb, g.r_sorted[nr - 1] + prof.t_roll_s)
-            if lb > cap:
+            if not _within(lb, job.slo * prof.t_solo_s):
                 return c.reject("slo", f"{job.job_id}: slowdown >= {lb / prof.t_solo_s:.3f} > SLO {job.slo:.3f} "
                                        "(load of the least-loaded nodes, lower bound)")
         tn = _pick_nodes(grp.train_nodes, nt, g.loads, g.mem, mt, cl.train_pool.node.host_mem_gb)
@@ -773,7 +807,7 @@ class InterGroupScheduler:
                 d = self.decide(m.spec, m.profile)
                 mv = profiler.move_time_s(m.spec, self.cluster)
                 if (not d.admitted or d.strategy == "isolated"
-                        or d.predicted_slowdowns.get(m.spec.job_id, math.inf) + mv / m.profile.t_solo_s > m.spec.slo * (1 + SLO_REL_TOL)):
+                        or not _within(d.predicted_slowdowns.get(m.spec.job_id, math.inf) + mv / m.profile.t_solo_s, m.spec.slo)):
                     ok = False
                     break
                 self.commit(d)
