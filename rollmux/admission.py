@@ -346,6 +346,30 @@ def train_gpu_memory_filter(job: JobSpec, cluster: ClusterSpec) -> Optional[str]
                else "ask for more num_train_gpus, a higher zero_stage or a smaller model"))
 
 
+def _no_placement_reason(cands: list[Candidate], pruned: list) -> str:
+    """Why no placement exists now, naming the deciding filter of every path: the plugin that pruned
+    each group (saturation, group_size), the plugin that rejected each (group, strategy) candidate
+    (capacity, memory, slo) and why a new group was refused (capacity = cluster out of GPUs)."""
+    by: dict[str, list[str]] = {}
+    for gid, (plugin, _) in pruned:
+        by.setdefault(plugin, []).append(str(gid))
+    iso = None
+    for c in cands:
+        if c.group_id is None:
+            iso = c
+        elif not c.ok:
+            by.setdefault(c.plugin or "rejected", []).append(f"{c.group_id}/{c.strategy}")
+
+    def some(xs: list[str]) -> str:
+        return ", ".join(xs[:3]) + (f", ... ({len(xs)} in all)" if len(xs) > 3 else "")
+
+    parts = [f"{plugin}: {some(xs)}" for plugin, xs in sorted(by.items())]
+    groups = ("existing groups excluded by " + "; ".join(parts)) if parts else "no open group"
+    new = (f"a new group refused by {iso.plugin} ({'; '.join(iso.reasons)})" if iso is not None and not iso.ok
+           else "no new group considered")
+    return f"no feasible placement now: {groups}; {new}"
+
+
 def _slo_bound(cand: Candidate, members: list[GroupMember], loads: dict[str, float]) -> Candidate:
     """Cheap necessary SLO condition: job k iterates once per meta-iteration on each of its nodes,
     so ``T_coexec_k >= max(T_solo_k, load of k's busiest node)``. Rejects on violation; sets
@@ -588,7 +612,7 @@ class InterGroupScheduler:
         if iso.ok and (chosen is None or iso.delta_usd_per_h < chosen.delta_usd_per_h):
             chosen = iso
         if chosen is None:
-            return AdmissionDecision(job.job_id, False, "retry_later", "cluster out of GPUs: no feasible placement now",
+            return AdmissionDecision(job.job_id, False, "retry_later", _no_placement_reason(cands, pruned),
                                      self.policy, candidates=cands, _pruned_src=pruned, profile=prof)
         return AdmissionDecision(
             job.job_id, True, "ok",

@@ -272,3 +272,19 @@ def test_training_gpu_memory_filter_refuses_what_never_fits(paper):
     assert not d.admitted and "ZeRO-0" in d.reason and "higher zero_stage" in d.reason
     assert s.decide(JobSpec(job_id="ok", model_params_b=70, num_train_gpus=16)).admitted
     assert s.decide(JobSpec(job_id="ok2", model_params_b=32, num_train_gpus=8)).admitted  # 64 GB <= 80 GB
+
+
+def test_a_refusal_names_the_deciding_filter_saturation_is_not_out_of_gpus():
+    from rollmux.models import ClusterSpec
+
+    c = load_cluster(CONFIG_DIR / "cluster_paper.yaml")
+    small = ClusterSpec.model_validate({**c.model_dump(), "rollout_pool": {**c.rollout_pool.model_dump(), "num_nodes": 1},
+                                        "train_pool": {**c.train_pool.model_dump(), "num_nodes": 1}})
+    s = InterGroupScheduler(small)
+    # two jobs of 100 + 100 s on one rollout and one training node: each node is busy 200 s of a 200 s cycle (saturated)
+    assert s.admit(JobSpec(job_id="a", model_params_b=7, measured=PhaseProfile(t_roll_s=100, t_train_s=100, t_sync_s=0))).admitted
+    s.admit(JobSpec(job_id="b", model_params_b=7, slo=3.0, measured=PhaseProfile(t_roll_s=100, t_train_s=100, t_sync_s=0)))
+    d = s.decide(JobSpec(job_id="c", model_params_b=7, slo=3.0, measured=PhaseProfile(t_roll_s=10, t_train_s=10, t_sync_s=0)))
+    assert not d.admitted and d.code == "retry_later"
+    assert "saturation: group-0" in d.reason  # the deciding filter of the existing group
+    assert "a new group refused by capacity (cluster out of GPUs" in d.reason
