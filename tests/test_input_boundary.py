@@ -25,6 +25,7 @@ from rollmux.models import JobSpec, PhaseProfile
 from rollmux.rollout_sched import config as rs_config
 from rollmux.rollout_sched.requests import Request
 from rollmux.traces import TraceWindow
+from examples.grpo.config import ModelConfig, RunConfig
 from serve_app import AppSettings, _finite, _sha256, create_app
 
 TOKEN = "t" * 32
@@ -188,7 +189,8 @@ def test_random_specs_keep_the_group_table_finite(app, specs):
 # --------------------------------------------------------------------------- the models
 BOUNDED_MODELS = [JobSpec, PhaseProfile, models.GPUType, models.NodeSpec, models.PoolSpec, models.ClusterSpec,
                   ServeConfig, AppSettings, SchedulerConfig, TraceWindow, Request, rs_config.SchedProfile,
-                  rs_config.ColdStartConfig, rs_config.BudgetConfig, rs_config.IndexConfig, rs_config.RolloutSchedConfig]
+                  rs_config.ColdStartConfig, rs_config.BudgetConfig, rs_config.IndexConfig, rs_config.RolloutSchedConfig,
+                  RunConfig, ModelConfig]
 
 
 def _numeric_fields(model: type[BaseModel]):
