@@ -374,22 +374,26 @@ class OptimalPartition:
         return res
 
 
-#: Names of the group-forming policies run through A's InterGroupScheduler.
-SCHEDULER_POLICIES: tuple[str, ...] = ("rollmux", "random", "most-idle")
-#: Every policy the simulator knows.
-POLICY_NAMES: tuple[str, ...] = ("rollmux", "solo-d", "colocated", "gavel+", "random", "most-idle", "optimal")
+def realised(unit_fn: Callable[[JobSpec, ClusterSpec], Unit]) -> Callable[..., Unit]:
+    """A per-job baseline's unit with the realisation's phase times: in stochastic replays the
+    allocation's worst-case iteration time is scaled by the job's realised / planned solo time.
+    ``real``: a :class:`rollmux.simulator.Realisation` (``stochastic``, ``solo_time_s``)."""
+
+    def unit(job: JobSpec, cluster: ClusterSpec, real) -> Unit:
+        u = unit_fn(job, cluster)
+        if not real.stochastic:
+            return u
+        f = real.solo_time_s(job) / profiler.estimate(job, cluster).t_solo_s
+        return Unit(u.key, u.job_ids, u.cost_usd_per_h, u.rollout_gpus, u.train_gpus, {job.job_id: u.iter_time_s[job.job_id] * f},
+                    u.rollout_busy_gpus, u.train_busy_gpus)
+
+    unit.__name__ = unit.__qualname__ = f"realised_{unit_fn.__name__}"
+    return unit
 
 
 def check_policy(name: str) -> str:
-    """Return ``name`` if it is a known policy, else raise ValueError listing the known ones."""
-    if name not in POLICY_NAMES:
-        raise ValueError(f"unknown policy {name!r}; known policies: {', '.join(POLICY_NAMES)}")
-    return name
+    """Return ``name`` if it is a known policy (:data:`rollmux.policies.REGISTRY`), else raise
+    ValueError listing the known ones."""
+    from rollmux.policies import policy_spec
 
-
-UnitFn = Callable[[JobSpec, ClusterSpec], Unit]
-#: Per-job (non-grouping) baselines.
-PER_JOB_UNITS: dict[str, UnitFn] = {
-    "colocated": colocated_unit,
-    "gavel+": gavel_unit,
-}
+    return policy_spec(name).name

@@ -50,15 +50,8 @@ from typing import Callable, Iterable, Optional, Sequence
 import numpy as np
 
 from rollmux import profiler
-from rollmux.baselines import (
-    PER_JOB_UNITS,
-    POLICY_NAMES,
-    SCHEDULER_POLICIES,
-    OptimalPartition,
-    Unit,
-    check_policy,
-    solo_unit,
-)
+from rollmux.baselines import OptimalPartition, Unit, check_policy
+from rollmux.policies import POLICY_NAMES, policy_spec
 from rollmux.intra_group import IterationTimes, LongTailPolicy, PhaseRecord, simulate_group
 from rollmux.models import ClusterSpec, CoExecutionGroup, JobSpec, PhaseProfile
 from rollmux.workloads import SimJob
@@ -212,6 +205,7 @@ class SchedulerPolicy(SimPolicy):
         from rollmux.admission import InterGroupScheduler, SchedulerConfig
 
         self.name = name
+        self.spec = policy_spec(name, "scheduler")
         self.real = real
         cfg = SchedulerConfig(policy=name, max_group_size=max_group_size, seed=seed, repack_on_departure=repack)
         self.sched = InterGroupScheduler(cluster, policy=name, max_group_size=max_group_size, seed=seed, config=cfg)
@@ -234,7 +228,7 @@ class SchedulerPolicy(SimPolicy):
         return {m["job_id"]: m["move_s"] for m in moves}
 
     def extra(self) -> dict:
-        if self.name != "rollmux":
+        if not self.spec.repacks:
             return {}
         return {"repack_on_departure": self.sched.config.repack_on_departure, "jobs_moved": self.moves,
                 "move_stall_h": self.move_s / 3600.0}
@@ -251,20 +245,13 @@ class PerJobPolicy(SimPolicy):
 
     def __init__(self, name: str, cluster: ClusterSpec, real: Realisation):
         self.name, self.cluster, self.real = name, cluster, real
+        self.spec = policy_spec(name, "per_job")
         self._units: dict[str, Unit] = {}
 
     def arrive(self, job: SimJob) -> float:
         t0 = time.perf_counter()
         spec = job.spec
-        if self.name == "solo-d":
-            u = solo_unit(spec, self.real.mean_profile(spec), self.cluster)
-        else:
-            u = PER_JOB_UNITS[self.name](spec, self.cluster)
-            if self.real.stochastic:  # realise the chosen allocation's phase times
-                t_w = u.iter_time_s[spec.job_id]
-                f = self.real.solo_time_s(spec) / profiler.estimate(spec, self.cluster).t_solo_s
-                u = Unit(u.key, u.job_ids, u.cost_usd_per_h, u.rollout_gpus, u.train_gpus, {spec.job_id: t_w * f},
-                         u.rollout_busy_gpus, u.train_busy_gpus)
+        u = self.spec.unit(spec, self.cluster, self.real)  # type: ignore[misc]
         self._units[spec.job_id] = u
         return (time.perf_counter() - t0) * 1000.0
 
@@ -317,12 +304,13 @@ class OptimalPolicy(SimPolicy):
 
 def make_policy(name: str, cluster: ClusterSpec, real: Realisation, *, max_group_size: int = 5, seed: int = 0,
                 exact_max_jobs: int = 16, repack: bool = True) -> SimPolicy:
-    """Policy registry (``repack``: RollMux's departure re-packing). Raises ValueError for an
-    unknown name (message lists the known ones)."""
-    check_policy(name)
-    if name in SCHEDULER_POLICIES:
+    """The replay's view of the policy ``name`` (:data:`rollmux.policies.REGISTRY`, by its ``kind``;
+    ``repack``: departure re-packing for policies that re-pack). Raises ValueError for an unknown
+    name (message lists the known ones)."""
+    kind = policy_spec(name).kind
+    if kind == "scheduler":
         return SchedulerPolicy(name, cluster, real, max_group_size=max_group_size, seed=seed, repack=repack)
-    if name == "optimal":
+    if kind == "optimal":
         return OptimalPolicy(cluster, real, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs)
     return PerJobPolicy(name, cluster, real)
 

@@ -240,6 +240,9 @@ def test_a_non_finite_profile_is_refused_never_admitted(paper):
 def test_a_nan_slo_or_slowdown_is_infeasible_not_a_pass(paper):
     assert not admission._within(math.nan, 2.0) and not admission._within(1.0, math.nan)
     assert not admission._within(math.inf, 2.0) and admission._within(2.0, 2.0)
+    assert admission.breaks_slo(math.nan, 1.0, 2.0) and admission.breaks_slo(1.0, 1.0, math.nan)
+    assert admission.is_saturated(math.nan, 10.0) and admission.is_saturated(1.0, math.inf)
+    assert not admission.is_saturated(1.0, 10.0)
     s = InterGroupScheduler(paper)
     first = JobSpec(job_id="a", model_params_b=7, measured=PhaseProfile(t_roll_s=100, t_train_s=100, t_sync_s=1))
     assert s.admit(first).admitted
@@ -267,6 +270,10 @@ def test_training_gpu_state_per_gpu(params_b, gpus, precision, stage, gb):
 
 
 def test_training_gpu_memory_filter_refuses_what_never_fits(paper):
+    assert [f.name for f in admission.JOB_FILTERS] == ["finite", "train_gpu_memory"]
+    v = admission.train_gpu_memory_filter(JobSpec(job_id="big", model_params_b=70, num_train_gpus=8), None, paper)
+    assert (v.ok, v.plugin) == (False, "train_gpu_memory")
+    assert v.numbers == {"state_gb_per_gpu": 140.0, "hbm_gb": 80.0, "state_gb_total": 1120.0, "hbm_gb_total": 640.0}
     s = InterGroupScheduler(paper)
     d = s.decide(JobSpec(job_id="big", model_params_b=70, num_train_gpus=8))
     assert not d.admitted and d.code == "never" and "140.0 GB per training GPU" in d.reason and "H800" in d.reason
