@@ -92,7 +92,8 @@ class GroupControllerImpl:
         self.moving: dict[str, str] = {}  # job_id -> "moved to <group>" (removal due at its iteration boundary)
         self.migrations: list[dict] = []
         self._events: dict[str, asyncio.Event] = {}
-        self._node_last_end: dict[str, float] = {}
+        self._occ_records: list[dict] = []  # one per phase and node, seconds since t0
+        self._occ_nodes: dict[str, dict[str, float]] = {"rollout": {}, "train": {}}
         self.metrics = RollmuxMetrics(flush_interval_s=metrics_flush_s, enabled=metrics_enabled)
         self.closed = False
         self.lease_s = float(lease_s)
@@ -318,15 +319,16 @@ class GroupControllerImpl:
 
     def _account(self, rec: dict, grant: Optional[dict]) -> None:
         dur = max(0.0, rec["end_s"] - rec["start_s"])
-        bubble = 0.0
+        pool = rec["pool"]
         for node in (grant or {}).get("nodes", [rec.get("node")]):
-            if node is None:
+            if node is None or len(self._occ_records) >= MAX_TIMELINE:
                 continue
-            last = self._node_last_end.get(node)
-            if last is not None and rec.get("start", 0) > last:
-                bubble += rec["start"] - last
-            self._node_last_end[node] = max(last or 0.0, rec.get("end", 0.0))
-        self.metrics.pool_time(rec["pool"], busy_s=dur, bubble_s=bubble)
+            self._occ_nodes[pool].setdefault(str(node), 1.0)
+            self._occ_records.append({"pool": pool, "node": str(node), "start_s": rec["start_s"],
+                                      "end_s": rec["end_s"], "gpus": rec.get("gpus")})
+        # busy / bubble from the timeline over the group's lifetime so far (rollmux.occupancy)
+        self.metrics.group_timeline(self.group_id, self._occ_records,
+                                    {p: dict(n) for p, n in self._occ_nodes.items()}, (0.0, time.time() - self.t0))
         if rec.get("switch") in ("warm", "cold", "moved"):
             self.metrics.phase_switch(rec["switch"], float(rec.get("switch_s") or 0.0))
         m = self.members.get(rec["job_id"])

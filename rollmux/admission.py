@@ -111,6 +111,10 @@ class SchedulerConfig(BaseModel):
             responses is done (RollMux §4.3: 0.8).
         tail_gpus: GPUs that keep a migrated rollout's stragglers.
         migration_overhead_s: cost of one migration (stragglers' re-prefill), seconds.
+        plan_migration_overhead: long-tail migration runs at run time, so the SLO check plans
+            every rollout of a co-executed group ``migration_overhead_s`` longer (a migrated
+            rollout ends that much later; :func:`rollmux.intra_group.coexec_times`). The
+            simulator sets it for ``--stochastic`` replays, where rollouts migrate.
         seed: seed of the random baseline.
         tie_break: among candidates of equal marginal cost, ``"most_slack"`` (lowest
             ``max_k slowdown_k / slo_k``: leaves SLO headroom for stochastic phase times) or
@@ -129,6 +133,7 @@ class SchedulerConfig(BaseModel):
     tail_trigger_fraction: float = Field(default=0.8, gt=0.0, le=1.0)
     tail_gpus: int = Field(default=1, ge=1, le=1024)
     migration_overhead_s: float = Field(default=2.0, ge=0.0, le=3600.0)
+    plan_migration_overhead: bool = False
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
     tie_break: Literal["best_fit", "most_slack"] = "most_slack"
     repack_on_departure: bool = True
@@ -404,14 +409,15 @@ def _bound_rows(cand: Candidate, rows: list[tuple[str, float, float, float]]) ->
     return cand if v.ok else cand.reject(v.plugin, v.reason, v.numbers)
 
 
-def _slo_sim(cand: Candidate) -> Candidate:
+def _slo_sim(cand: Candidate, rollout_overhead_s: float = 0.0) -> Candidate:
     """Alg. 1 line 10: every member k of G' needs T_coexec_k <= slo_k * T_solo_k, T_coexec from
-    the simulated round-robin schedule (:func:`rollmux.intra_group.coexec_times`)."""
+    the simulated round-robin schedule (:func:`rollmux.intra_group.coexec_times`; every rollout
+    planned ``rollout_overhead_s`` longer: the long-tail migration overhead)."""
     if not cand.members:
         old, spec, prof = cand.base
         cand.members = list(old) + [GroupMember.model_construct(spec=spec, profile=prof, placement=cand.placement)]
     members = cand.members
-    tco = coexec_times(members)
+    tco = coexec_times(members, rollout_overhead_s=rollout_overhead_s)
     sd = {m.spec.job_id: tco[m.spec.job_id] / m.profile.t_solo_s for m in members}
     cand.predicted_slowdowns = sd
     viol = [f"{m.spec.job_id}: predicted slowdown {sd[m.spec.job_id]:.3f} > SLO {m.spec.slo:.3f}"
@@ -858,7 +864,7 @@ class InterGroupScheduler:
                 if chosen is not None and most_slack and c.bound >= chosen.score:
                     c.verdict, c.reasons = "skipped", [f"bound {c.bound:.3f} >= chosen score {chosen.score:.3f} (branch and bound)"]
                     continue
-                _slo_sim(c)
+                _slo_sim(c, self.config.migration_overhead_s if self.config.plan_migration_overhead else 0.0)
                 if c.ok and (chosen is None or (c.score < chosen.score if most_slack else c.score > chosen.score)):
                     chosen = c
         return chosen

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Mapping, Optional, Sequence, Union
 
 from rollmux.models import CoExecutionGroup, GroupMember, PhaseProfile
+from rollmux.occupancy import BusyCurve
 from rollmux.round_robin import RoundRobinQueues
 
 
@@ -49,7 +50,12 @@ class IterationTimes:
 
 @dataclass(frozen=True)
 class PhaseRecord:
-    """One phase of one job on one node: ``[start_s, end_s)`` of meta-iteration ``iteration``."""
+    """One phase of one job on one node: ``[start_s, end_s)`` of meta-iteration ``iteration``.
+
+    ``gpus``: GPUs of ``node`` the phase uses (``None``: the whole node); after long-tail
+    migration the tail's record holds only the tail GPUs. Busy / bubble ratios are computed from
+    these records by :func:`rollmux.occupancy.occupancy`.
+    """
 
     job_id: str
     phase: str
@@ -58,6 +64,7 @@ class PhaseRecord:
     iteration: int
     start_s: float
     end_s: float
+    gpus: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -114,8 +121,12 @@ class GroupSchedule:
         t_coexec_max_s: per job, the longest single iteration in that window.
         t_solo_s: per job, solo iteration time of its planning profile.
         t_meta_s: meta-iteration time = max_j t_coexec_s (every member iterates once per meta-iteration).
-        busy_fraction / bubble_fraction: per pool (``"rollout"``, ``"train"``), node-time fraction
-            busy / idle over the steady-state window.
+        busy_fraction / bubble_fraction: per pool (``"rollout"``, ``"train"``), GPU-time fraction
+            busy / idle over the steady-state window ``window_s`` (:func:`rollmux.occupancy.occupancy`
+            on the records: GPU-weighted, union of busy intervals).
+        lifetime_busy_fraction: the same over the whole simulated run ``[0, horizon_s]``
+            (warm-up and drain included).
+        busy_curve: :class:`rollmux.occupancy.BusyCurve` of the run (cumulative busy GPU-seconds).
         iterations: completed iterations per job; horizon_s: end of the simulation.
     """
 
@@ -130,6 +141,8 @@ class GroupSchedule:
     horizon_s: float
     window_s: tuple[float, float] = (0.0, 0.0)
     migrations: int = 0
+    lifetime_busy_fraction: dict[str, float] = field(default_factory=dict)
+    busy_curve: Optional[BusyCurve] = None
 
     def slowdown(self, job_id: str) -> float:
         """``t_coexec / t_solo`` of ``job_id`` (KeyError if unknown)."""
@@ -216,6 +229,7 @@ def simulate_group(
     *,
     record_timeline: bool = True,
     max_events: int = 1_000_000,
+    gpus_per_node: Optional[Mapping[str, float]] = None,
 ) -> GroupSchedule:
     """Simulate the round-robin meta-iterations of a group (RollMux §4.3, Alg. 1 line 10).
 
@@ -227,7 +241,10 @@ def simulate_group(
             callable ``(job_id, iteration) -> IterationTimes | PhaseProfile`` or a mapping
             ``job_id -> sequence`` (cycled).
         long_tail: enable long-tail migration for iterations whose times carry ``t_trigger_s``.
-        record_timeline: False skips the per-node records (admission's fast path).
+        record_timeline: False leaves ``timeline`` empty (records are still used for the ratios).
+        gpus_per_node: ``{"rollout": G_r, "train": G_t}`` GPUs per node of each pool: records then
+            carry the GPUs each job uses per node (its GPUs spread evenly over its nodes) and the
+            busy fractions are GPU-weighted; ``None`` counts whole nodes.
     Returns:
         GroupSchedule. Raises ValueError on an empty group, duplicate job ids or
         ``meta_iterations < 2``; RuntimeError if the queues deadlock or ``max_events`` is hit.
@@ -253,7 +270,16 @@ def simulate_group(
         pool_nodes["train"].update(mb.placement.train_nodes)
 
     timeline: list[PhaseRecord] = []
-    busy: list[tuple[str, float, float, int]] = []  # (pool, start, end, nodes)
+    open_roll: dict[str, list[int]] = {}  # job -> indices in timeline of its running rollout's records
+
+    def gpus_on_node(j: str, pool: str, k: int) -> Optional[float]:
+        if gpus_per_node is None:
+            return None
+        mb = by_id[j]
+        g = mb.spec.num_rollout_gpus if pool == "rollout" else mb.spec.num_train_gpus
+        return min(float(gpus_per_node[pool]), g / k)
+
+    by_id = {mb.spec.job_id: mb for mb in members}
     done_at: dict[str, list[float]] = {j: [0.0] for j in gpus}
     cur: dict[str, IterationTimes] = {}
     tails: dict[str, list[tuple[float, float]]] = {}
@@ -291,10 +317,11 @@ def simulate_group(
             q.grant(j, ph)
             heapq.heappush(heap, (end, seq, j, ph))
             seq += 1
-            busy.append((rp.pool, now, end, len(rp.nodes)))
-            if record_timeline:
-                for nd in rp.nodes:
-                    timeline.append(PhaseRecord(j, ph, rp.pool, nd, rp.iteration, now, end))
+            if ph == "rollout":
+                open_roll[j] = list(range(len(timeline), len(timeline) + len(rp.nodes)))
+            gk = gpus_on_node(j, rp.pool, len(rp.nodes))
+            for nd in rp.nodes:
+                timeline.append(PhaseRecord(j, ph, rp.pool, nd, rp.iteration, now, end, gk))
 
     start_ready()
     events = 0
@@ -310,6 +337,11 @@ def simulate_group(
                 end = next(e for e, _, jj, pp in heap if jj == j and pp == "rollout")
                 for nd in q.nodes_of(j)[0]:
                     tails.setdefault(nd, []).append((end, held))
+                for i in open_roll.get(j, ()):  # the tail keeps only its GPUs from now on
+                    r = timeline[i]
+                    g = (gpus_per_node["rollout"] if gpus_per_node is not None else 1.0) if r.gpus is None else r.gpus
+                    timeline[i] = PhaseRecord(r.job_id, r.phase, r.pool, r.node, r.iteration, r.start_s, now, r.gpus)
+                    timeline.append(PhaseRecord(r.job_id, r.phase, r.pool, r.node, r.iteration, now, r.end_s, g * held))
             start_ready()
         else:
             ready = q.on_phase_done(j, ph, now)
@@ -328,14 +360,14 @@ def simulate_group(
         t_co_max[j] = max(c[i + 1] - c[i] for i in range(h, m_it))
     ref = done_at[members[0].spec.job_id]  # (m_it - h) whole periods of the steady state
     w0, w1 = ref[h], ref[m_it]
-    busy_frac, bubble = {}, {}
-    for pool in ("rollout", "train"):
-        tot = sum(max(0.0, min(e, w1) - max(s, w0)) * k for p, s, e, k in busy if p == pool)
-        cap = len(pool_nodes[pool]) * (w1 - w0)
-        busy_frac[pool] = min(1.0, tot / cap) if cap > 0 else 0.0
-        bubble[pool] = 1.0 - busy_frac[pool]
+    cap = {p: {nd: (float(gpus_per_node[p]) if gpus_per_node is not None else 1.0) for nd in pool_nodes[p]}
+           for p in ("rollout", "train")}
+    curve = BusyCurve(timeline, cap)
+    steady, life = curve.occupancy((w0, w1)), curve.occupancy((0.0, now))
+    busy_frac = {p: o.busy_ratio for p, o in steady.items()}
+    bubble = {p: o.bubble_ratio for p, o in steady.items()}
     return GroupSchedule(
-        timeline=timeline,
+        timeline=timeline if record_timeline else [],
         t_coexec_s=t_co,
         t_coexec_max_s=t_co_max,
         t_solo_s={mb.spec.job_id: mb.profile.t_solo_s for mb in members},
@@ -346,19 +378,21 @@ def simulate_group(
         horizon_s=now,
         window_s=(w0, w1),
         migrations=migrations,
+        lifetime_busy_fraction={p: o.busy_ratio for p, o in life.items()},
+        busy_curve=curve,
     )
 
 
 # --- cached steady state for admission ---------------------------------------------------------
 
-def _canonical(members: Sequence[GroupMember]) -> tuple:
+def _canonical(members: Sequence[GroupMember], rollout_overhead_s: float = 0.0) -> tuple:
     names: dict[str, int] = {}
     key = []
     for mb in members:
         p = mb.profile
         r = tuple(names.setdefault(x, len(names)) for x in mb.placement.rollout_nodes)
         t = tuple(names.setdefault(x, len(names)) for x in mb.placement.train_nodes)
-        key.append((p.t_roll_s, p.t_train_s, p.t_sync_s, r, t))
+        key.append((p.t_roll_s + rollout_overhead_s, p.t_train_s, p.t_sync_s, r, t))
     return tuple(key)
 
 
@@ -395,10 +429,22 @@ def _coexec_cached(key: tuple) -> tuple[float, ...]:
     return _rr_recurrence(key, 2 * len(key) + 4)
 
 
-def coexec_times(members: Sequence[GroupMember]) -> dict[str, float]:
+def coexec_times(members: Sequence[GroupMember], *, rollout_overhead_s: float = 0.0) -> dict[str, float]:
     """Steady-state ``t_coexec_s`` per job on the members' planning profiles, memoised on the
     group's structure (profiles and node sharing pattern), so unchanged groups are never
-    re-simulated. Used by admission's SLO check (Alg. 1 line 10)."""
+    re-simulated. Used by admission's SLO check (Alg. 1 line 10).
+
+    ``rollout_overhead_s``: run-time time added to the end of every rollout of a co-executed
+    group, seconds: with long-tail migration on, a migrated rollout ends ``migration_overhead_s``
+    later than its responses do (the stragglers' re-prefill, :class:`LongTailPolicy`), so the
+    prediction plans every rollout with it (the worst case: every rollout migrates). A job alone
+    has nobody to hand its GPUs to, so a one-member group plans without it; the solo time the
+    slowdown is taken against stays the plain profile.
+    """
+    if not (rollout_overhead_s >= 0 and math.isfinite(rollout_overhead_s)):
+        raise ValueError(f"rollout_overhead_s must be a finite number >= 0, got {rollout_overhead_s}")
     members = list(members)
-    vals = _coexec_cached(_canonical(members))
+    if len(members) < 2:
+        rollout_overhead_s = 0.0
+    vals = _coexec_cached(_canonical(members, rollout_overhead_s))
     return {mb.spec.job_id: v for mb, v in zip(members, vals)}

@@ -204,8 +204,12 @@ def test_long_tail_migration_pipelines_the_next_rollout():
     lt = simulate_group(g, phase_times=times, long_tail=LongTailPolicy(0.8, tail_gpus=1, migration_overhead_s=2))
     assert base.t_meta_s == 200 and base.migrations == 0
     assert lt.migrations > 0
-    first = {r.job_id: (r.start_s, r.end_s) for r in lt.timeline if r.phase == "rollout" and r.iteration == 0}
+    recs = [r for r in lt.timeline if r.phase == "rollout" and r.iteration == 0]
+    first = {j: (min(r.start_s for r in recs if r.job_id == j), max(r.end_s for r in recs if r.job_id == j)) for j in "AB"}
     assert first["A"] == (0, 102)  # the migrated tail pays the overhead
+    # A's rollout record is split at the release: the whole node until 22 s, then the tail's 1/8
+    a = sorted((r.start_s, r.end_s, r.gpus) for r in recs if r.job_id == "A")
+    assert a == [(0, 22, None), (22, 102, 0.125)]
     assert first["B"][0] == 22  # B starts on the freed GPUs at trigger + overhead
     # B (itself migrated later: 102 s of work) runs at 7/8 speed while A's tail holds 1/8 of the
     # node: 80 s * 7/8 = 70 s of work done by 102 s, 32 s left at full speed
