@@ -67,7 +67,9 @@ class GroupControllerImpl:
         group_id: the co-execution group id.
         scheduler_name: the GlobalScheduler to report iterations / failures to (None: no reports).
         migrate: act on long-tail decisions (release the rollout's queue slots) instead of only recording.
-        tail_trigger_fraction: fraction of responses done that makes a rollout tail-bound.
+        tail_trigger_fraction / tail_gpus / migration_overhead_s: the long-tail settings
+            (:class:`rollmux.intra_group.LongTailPolicy`; the scheduler passes
+            ``configs/scheduler.yaml``'s via ``SchedulerConfig.controller_settings``).
         lease_s: driver lease; an attached job whose driver stops heart-beating this long while
             none of its phases runs is evicted and reported failed (0 disables). Keep it several
             heartbeat periods (``HEARTBEAT_S``) long.
@@ -75,14 +77,15 @@ class GroupControllerImpl:
     """
 
     def __init__(self, group_id: str, scheduler_name: Optional[str] = None, *, migrate: bool = False,
-                 tail_trigger_fraction: float = 0.8, metrics_flush_s: float = 1.0,
+                 tail_trigger_fraction: float = 0.8, tail_gpus: int = 1, migration_overhead_s: float = 2.0,
+                 metrics_flush_s: float = 1.0,
                  lease_s: float = DEFAULT_LEASE_S, metrics_enabled: bool = True):
         from actors.metrics import RollmuxMetrics
 
         self.group_id = group_id
         self.scheduler_name = scheduler_name
         self.migrate = migrate
-        self.long_tail = LongTailPolicy(trigger_fraction=tail_trigger_fraction)
+        self.long_tail = LongTailPolicy(tail_trigger_fraction, tail_gpus, migration_overhead_s)
         self.rr = RoundRobinQueues()
         self.t0 = time.time()
         self.timeline: list[dict] = []
@@ -371,10 +374,10 @@ class GroupControllerImpl:
         if not self.long_tail.should_migrate(done, total):
             return None
         tail, freed = self.long_tail.split_workers(grant["nodes"])
-        waiting = [r.job_id for r in self.rr.ready() if r.phase == "rollout" and r.job_id != job_id]
-        queued = [j for n in grant["nodes"] for j in self.rr.queue(n)[1:2]]
+        # the same rule as the simulator's model: act only if another member waits for these nodes
+        waiting = list(self.rr.waiting_for(job_id))
         decision = {"job_id": job_id, "iteration": grant["iteration"], "done": done, "total": total,
-                    "t": time.time(), "next_rollout": (waiting or queued or [None])[0],
+                    "t": time.time(), "next_rollout": (waiting or [None])[0],
                     "tail_workers": list(tail), "freed_workers": list(freed), "acted": False}
         grant["migrated"] = True
         if self.migrate and decision["next_rollout"] is not None:

@@ -111,6 +111,8 @@ class SchedulerConfig(BaseModel):
             responses is done (RollMux §4.3: 0.8).
         tail_gpus: GPUs that keep a migrated rollout's stragglers.
         migration_overhead_s: cost of one migration (stragglers' re-prefill), seconds.
+        tail_migration: act on long-tail decisions (GroupControllers release the rollout's nodes
+            to the waiting rollout; the simulator models it); false records decisions only.
         plan_migration_overhead: long-tail migration runs at run time, so the SLO check plans
             every rollout of a co-executed group ``migration_overhead_s`` longer (a migrated
             rollout ends that much later; :func:`rollmux.intra_group.coexec_times`). The
@@ -133,6 +135,7 @@ class SchedulerConfig(BaseModel):
     tail_trigger_fraction: float = Field(default=0.8, gt=0.0, le=1.0)
     tail_gpus: int = Field(default=1, ge=1, le=1024)
     migration_overhead_s: float = Field(default=2.0, ge=0.0, le=3600.0)
+    tail_migration: bool = True
     plan_migration_overhead: bool = False
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
     tie_break: Literal["best_fit", "most_slack"] = "most_slack"
@@ -141,7 +144,13 @@ class SchedulerConfig(BaseModel):
     repack_max_members: int = Field(default=2, ge=1, le=64)
 
     def long_tail_policy(self) -> LongTailPolicy:
+        """The long-tail migration settings as a :class:`LongTailPolicy` (RollMux §4.3)."""
         return LongTailPolicy(self.tail_trigger_fraction, self.tail_gpus, self.migration_overhead_s)
+
+    def controller_settings(self) -> dict:
+        """Keyword arguments of a GroupController that carry these long-tail settings."""
+        return {"migrate": self.tail_migration, "tail_trigger_fraction": self.tail_trigger_fraction,
+                "tail_gpus": self.tail_gpus, "migration_overhead_s": self.migration_overhead_s}
 
 
 def load_scheduler_config(path: Union[str, Path, None] = None) -> SchedulerConfig:

@@ -32,12 +32,17 @@ class IterationTimes:
 
     ``t_trigger_s`` (optional, relative to the rollout's start): when the trigger fraction of
     the rollout's responses is done, i.e. when long-tail migration may fire.
+    ``tail_load`` (optional, >= 0): the unfinished responses at the trigger as a fraction of the
+    job's concurrent decode slots over all its rollout GPUs (``None``: ``1 - trigger_fraction``,
+    i.e. a rollout that started with every slot full). It sets how much the tail stretches
+    when its stragglers are packed onto fewer GPUs (:meth:`LongTailPolicy.tail_stretch`).
     """
 
     t_roll_s: float
     t_train_s: float
     t_sync_s: float = 0.0
     t_trigger_s: Optional[float] = None
+    tail_load: Optional[float] = None
 
     def __post_init__(self) -> None:
         for name in ("t_roll_s", "t_train_s", "t_sync_s"):
@@ -46,6 +51,8 @@ class IterationTimes:
                 raise ValueError(f"{name} must be a finite number >= 0, got {v}")
         if self.t_trigger_s is not None and not (0 <= self.t_trigger_s <= self.t_roll_s):
             raise ValueError(f"t_trigger_s must lie in [0, t_roll_s={self.t_roll_s}], got {self.t_trigger_s}")
+        if self.tail_load is not None and not (self.tail_load >= 0 and math.isfinite(self.tail_load)):
+            raise ValueError(f"tail_load must be a finite number >= 0, got {self.tail_load}")
 
 
 @dataclass(frozen=True)
@@ -71,11 +78,15 @@ class PhaseRecord:
 class LongTailPolicy:
     """Long-tail migration (RollMux §4.3, Fig. 7).
 
-    When ``trigger_fraction`` of a rollout's responses are done, its unfinished responses are
-    consolidated onto ``tail_gpus`` GPUs of the job and the other GPUs are released to the next
-    queued rollout; the migration costs ``migration_overhead_s`` (re-prefill of the stragglers'
-    context), added to the migrated rollout's end. While the tail runs, a rollout started on the
-    same nodes progresses at the freed fraction of the nodes' speed.
+    When ``trigger_fraction`` of a rollout's responses are done *and another member of the group
+    waits for the rollout's nodes* (:meth:`rollmux.round_robin.RoundRobinQueues.waiting_for`),
+    its unfinished responses are consolidated onto ``tail_gpus`` GPUs of the job and the other
+    GPUs are released to the waiting rollout; nobody waiting, nothing moves (a lone job never
+    pays the overhead). The migration costs ``migration_overhead_s`` (re-prefill of the
+    stragglers' context), added to the migrated rollout's end, and the tail stretches with the
+    stragglers packed per tail GPU (:meth:`tail_stretch`), so an early trigger that packs many
+    stragglers onto few GPUs lengthens the job's rollout. While the tail runs, a rollout
+    started on the same nodes progresses at the freed fraction of the nodes' speed.
     """
 
     trigger_fraction: float = 0.8
@@ -105,6 +116,37 @@ class LongTailPolicy:
     def held_fraction(self, job_gpus: int) -> float:
         """Fraction of the job's rollout capacity kept by the tail."""
         return min(1.0, self.tail_gpus / max(1, job_gpus))
+
+    def tail_stretch(self, job_gpus: int, tail_load: Optional[float] = None, tail_gpus: Optional[int] = None) -> float:
+        """Factor (>= 1) by which the rest of a migrated rollout lengthens.
+
+        A GPU decodes up to its share of the job's concurrent slots at full per-token speed
+        (decode is memory-bound); more stragglers than that share make it throughput-bound. With
+        ``tail_load`` = unfinished responses / the job's slots (default ``1 - trigger_fraction``)
+        the ``k`` tail GPUs (default ``tail_gpus``) carry ``tail_load * job_gpus / k`` of a GPU's
+        share: stretch = ``max(1, tail_load * job_gpus / k)``. Source: RollMux §4.3 Fig. 7
+        (stragglers consolidated onto few GPUs); the fluid model of
+        :func:`rollmux.profiler.sample_iteration`.
+        """
+        load = (1.0 - self.trigger_fraction) if tail_load is None else tail_load
+        k = max(1, min(self.tail_gpus if tail_gpus is None else tail_gpus, job_gpus))
+        return max(1.0, load * max(1, job_gpus) / k)
+
+    def plan_tail(self, job_gpus: int, remaining_s: float, slack_s: float,
+                  tail_load: Optional[float] = None) -> Optional[tuple[int, float]]:
+        """Tail GPUs and stretch of a migration: ``(k, stretch)`` or None (do not migrate).
+
+        The tail starts on ``tail_gpus`` GPUs; while the stretched rest of the rollout
+        (``remaining_s * (stretch - 1)``) would exceed ``slack_s`` (what admission planned for
+        this rollout beyond its realised length: worst-case length - realised length), the tail
+        keeps one more GPU. None when the tail would need all of the job's GPUs (nothing to free).
+        A migration thus never makes the rollout end later than admission planned it
+        (worst case + ``migration_overhead_s``), which keeps the SLO check sound."""
+        for k in range(max(1, self.tail_gpus), max(1, job_gpus)):
+            st = self.tail_stretch(job_gpus, tail_load, k)
+            if remaining_s * (st - 1.0) <= max(0.0, slack_s) + 1e-9:
+                return k, st
+        return None
 
     def worthwhile(self, t_roll_s: float, t_trigger_s: Optional[float]) -> bool:
         """Migrate only if the tail lasts longer than the migration overhead."""
@@ -283,6 +325,8 @@ def simulate_group(
     done_at: dict[str, list[float]] = {j: [0.0] for j in gpus}
     cur: dict[str, IterationTimes] = {}
     tails: dict[str, list[tuple[float, float]]] = {}
+    rollout_end: dict[str, tuple[float, int]] = {}  # job -> (end of its running rollout, heap key)
+    held_gpus: dict[str, int] = {}  # job -> GPUs its migrated tail keeps
     heap: list[tuple[float, int, str, str]] = []
     seq = 0
     now = 0.0
@@ -300,17 +344,12 @@ def simulate_group(
                 if isinstance(it, PhaseProfile):
                     it = IterationTimes(it.t_roll_s, it.t_train_s, it.t_sync_s)
                 cur[j] = it
-                dur = it.t_roll_s
-                migrate = long_tail is not None and long_tail.worthwhile(it.t_roll_s, it.t_trigger_s)
-                if migrate:
-                    dur += long_tail.migration_overhead_s
                 ts = [x for nd in rp.nodes for x in tails.get(nd, ()) if x[0] > now]
-                end = _finish(now, dur, ts) if ts else now + dur
-                if migrate:
-                    rel = now + it.t_trigger_s + long_tail.migration_overhead_s
-                    heapq.heappush(heap, (rel, seq, j, "release"))
-                    seq += 1
-                    migrations += 1
+                end = _finish(now, it.t_roll_s, ts) if ts else now + it.t_roll_s
+                rollout_end[j] = (end, seq)
+                if (long_tail is not None and gpus[j] > long_tail.tail_gpus
+                        and long_tail.worthwhile(it.t_roll_s, it.t_trigger_s)):
+                    heapq.heappush(heap, (now + it.t_trigger_s, seq, j, "trigger"))
             else:
                 it = cur[j]
                 end = now + (it.t_train_s if ph == "train" else it.t_sync_s)
@@ -329,12 +368,38 @@ def simulate_group(
         events += 1
         if events > max_events:
             raise RuntimeError(f"simulate_group: more than {max_events} events")
-        now, _, j, ph = heapq.heappop(heap)
+        now, key, j, ph = heapq.heappop(heap)
+        if ph == "trigger":
+            # the trigger fraction of j's responses is done: migrate only if another member waits
+            # for j's rollout nodes (RollMux §4.3); the tail then stretches with the stragglers
+            # packed per tail GPU and pays the migration overhead
+            end, tok = rollout_end.get(j, (None, None))
+            plan = None
+            if tok == key and q.is_running(j) and q.next_phase(j) == "rollout" and q.waiting_for(j):
+                it = cur[j]
+                plan = long_tail.plan_tail(gpus[j], end - now, by_id[j].profile.t_roll_s - it.t_roll_s,  # type: ignore[union-attr]
+                                           it.tail_load)
+            if plan is not None:
+                lt = long_tail  # type: ignore[assignment]
+                held_gpus[j], stretch = plan
+                new_end = now + lt.migration_overhead_s + (end - now) * stretch
+                rollout_end[j] = (new_end, seq)
+                heapq.heappush(heap, (new_end, seq, j, "rollout"))
+                seq += 1
+                heapq.heappush(heap, (now + lt.migration_overhead_s, seq, j, "release"))
+                seq += 1
+                migrations += 1
+                for i in open_roll.get(j, ()):  # the rollout's records end at the (new) end of its tail
+                    r = timeline[i]
+                    timeline[i] = PhaseRecord(r.job_id, r.phase, r.pool, r.node, r.iteration, r.start_s, new_end, r.gpus)
+            continue
+        if ph == "rollout" and rollout_end.get(j, (None, key))[1] != key:
+            continue  # superseded by the migrated tail's end
         if ph == "release":
             if q.next_phase(j) == "rollout" and q.is_running(j):
                 q.release(j)
-                held = long_tail.held_fraction(gpus[j])  # type: ignore[union-attr]
-                end = next(e for e, _, jj, pp in heap if jj == j and pp == "rollout")
+                held = min(1.0, held_gpus.get(j, 1) / max(1, gpus[j]))
+                end = rollout_end[j][0]
                 for nd in q.nodes_of(j)[0]:
                     tails.setdefault(nd, []).append((end, held))
                 for i in open_roll.get(j, ()):  # the tail keeps only its GPUs from now on

@@ -313,7 +313,9 @@ def sample_iteration(job: JobSpec, cluster: ClusterSpec, rng: np.random.Generato
     ``max(max_i l_i, sum_i l_i / slots) * step_s`` per turn (``slots`` = replicas x concurrency);
     the moment ``trigger_fraction`` of the responses are done is the same expression with every
     length truncated at the ``trigger_fraction`` quantile (``t_trigger_s``, when long-tail
-    migration may fire). Training scales with the generated tokens. The result is scaled so that
+    migration may fire; ``tail_load`` = unfinished responses at that moment / slots, which sets
+    how much the tail stretches when packed onto fewer GPUs). Training scales with the generated
+    tokens. The result is scaled so that
     all-max lengths reproduce ``profile`` (default: the worst-case :func:`estimate`), so measured
     profiles are honoured. Source: RollMux §4.3 long-tail migration, Fig. 7.
     """
@@ -340,4 +342,5 @@ def sample_iteration(job: JobSpec, cluster: ClusterSpec, rng: np.random.Generato
         t_train_s=prof.t_train_s * tok_frac,
         t_sync_s=prof.t_sync_s,
         t_trigger_s=prof.t_roll_s * frac_trig,
+        tail_load=(len(lengths) - int(math.ceil(trigger_fraction * len(lengths)))) / slots,
     )

@@ -76,7 +76,8 @@ class Realisation:
         stochastic: draw long-tailed rollouts per iteration (see module docstring).
         seed: seeds each job's samples (``(seed, crc32(job_id))``).
         samples: iterations sampled per job in stochastic mode.
-        long_tail: migration policy used for stochastic group schedules.
+        long_tail: migration policy used for stochastic group schedules (default: the settings
+            of ``configs/scheduler.yaml``; ``tail_migration: false`` there turns it off).
     """
 
     def __init__(self, cluster: ClusterSpec, *, stochastic: bool = False, seed: int = 0, samples: int = 8,
@@ -87,7 +88,15 @@ class Realisation:
         self.stochastic = stochastic
         self.seed = seed
         self.samples = samples
-        self.long_tail = long_tail or LongTailPolicy()
+        if long_tail is None:
+            from rollmux.admission import load_scheduler_config
+
+            cfg = load_scheduler_config()
+            long_tail = cfg.long_tail_policy()
+            self.migrate = cfg.tail_migration
+        else:
+            self.migrate = True
+        self.long_tail = long_tail
         self._iters: dict[str, list[IterationTimes]] = {}
         self._units: dict[tuple, Unit] = {}
         self._schedules: dict[tuple, object] = {}
@@ -144,7 +153,7 @@ class Realisation:
                 n = len(group.members)
                 self._schedules[key] = simulate_group(
                     group, meta_iterations=max(2 * n + 4, 2 * self.samples), phase_times=times,
-                    long_tail=self.long_tail, record_timeline=record_timeline, gpus_per_node=gpn,
+                    long_tail=self.long_tail if self.migrate else None, record_timeline=record_timeline, gpus_per_node=gpn,
                 )
             else:
                 self._schedules[key] = simulate_group(group, record_timeline=record_timeline, gpus_per_node=gpn)
