@@ -334,6 +334,8 @@ class GroupControllerImpl:
                                     {p: dict(n) for p, n in self._occ_nodes.items()}, (0.0, time.time() - self.t0))
         if rec.get("switch") in ("warm", "cold", "moved"):
             self.metrics.phase_switch(rec["switch"], float(rec.get("switch_s") or 0.0))
+        if rec.get("sync_cross_bytes") is not None:
+            self.metrics.sync_cross_bytes(rec["job_id"], int(rec["sync_cross_bytes"]))
         m = self.members.get(rec["job_id"])
         if m is not None and rec["ok"]:
             m["phase_s"][rec["phase"]] = m["phase_s"].get(rec["phase"], 0.0) + dur

@@ -125,6 +125,11 @@ class RollmuxMetrics:
     def phase_switch(self, kind: str, seconds: float) -> None:
         self._push("switch", (kind, float(seconds)))
 
+    def sync_cross_bytes(self, job_id: str, nbytes: int) -> None:
+        """One weight sync of ``job_id`` sent ``nbytes`` across the pool boundary (counted by the
+        sync executors / object-store transfers, not taken from the plan)."""
+        self._push("sync_cross", (job_id, int(nbytes)))
+
     def _push(self, kind: str, args: tuple) -> None:
         self._q.append((kind, args))
         if self.flush_interval_s <= 0:
@@ -152,6 +157,10 @@ class RollmuxMetrics:
                                     tag_keys=("kind",)),
                 "switch_s": g("rollmux_phase_switch_seconds", "Last phase switch latency, s", "kind"),
                 "moves": Counter("rollmux_job_moves_total", description="Jobs moved by departure re-packing"),
+                "sync_cross": Counter("rollmux_sync_cross_bytes_total",
+                                      description="Weight-sync bytes sent across the pool boundary", tag_keys=("job_id",)),
+                "sync_last": g("rollmux_sync_cross_bytes_last", "Bytes the last weight sync sent across the pool boundary",
+                               "job_id"),
             }
         return self._m
 
@@ -232,6 +241,13 @@ class RollmuxMetrics:
                 if m:
                     for key in ("busy", "bubble", "bubble_ratio"):
                         m[key].set(t[key][pool], tags={"pool": pool})
+        elif kind == "sync_cross":
+            job_id, nb = a
+            t["sync_cross_bytes"][job_id] = t["sync_cross_bytes"].get(job_id, 0) + nb
+            t["sync_cross_last"][job_id] = nb
+            if m:
+                m["sync_cross"].inc(float(nb), tags={"job_id": job_id})
+                m["sync_last"].set(float(nb), tags={"job_id": job_id})
         elif kind == "switch":
             k, s = a
             t["switches"][k] = t["switches"].get(k, 0) + 1

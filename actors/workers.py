@@ -47,6 +47,21 @@ SYNC_TIMEOUT_S = 120.0
 PROGRESS_BUCKETS = 20  # progress is forwarded to the controller at most once per 1/20 of the responses
 
 
+def pin_to_cpus(node: str) -> Optional[list[int]]:
+    """Pin this process to ``node``'s CPUs from env ``ROLLMUX_CPU_PIN`` (JSON ``{node: [cpu]}``,
+    set by ``start_local_cluster(pin_cpus=True)``); returns the CPUs, or None when unpinned."""
+    raw = os.environ.get("ROLLMUX_CPU_PIN")
+    if not raw:
+        return None
+    import json
+
+    cpus = json.loads(raw).get(node)
+    if not cpus:
+        return None
+    os.sched_setaffinity(0, set(int(c) for c in cpus))
+    return sorted(os.sched_getaffinity(0))
+
+
 def worker_name(node: str) -> str:
     """Actor name of the worker hosting jobs on ``node``."""
     return f"rollmux-worker-{node}"
@@ -99,6 +114,7 @@ class _PoolWorker:
 
         torch.set_num_threads(1)
         self.node = node
+        self.cpus = pin_to_cpus(node)
         self.jobs: dict[str, _Hosted] = {}
         self._lock = threading.Lock()
 
@@ -181,7 +197,7 @@ class _PoolWorker:
 
         return {"ray_node_id": ray.get_runtime_context().get_node_id(), "node": self.node, "pool": self.pool,
                 "ip": ray.util.get_node_ip_address(),
-                "pid": os.getpid(), "torch_threads": torch.get_num_threads()}
+                "pid": os.getpid(), "torch_threads": torch.get_num_threads(), "cpus": self.cpus}
 
     # ---- warm / cold start
     def _materialise(self, h: _Hosted) -> tuple[dict, str, float]:
@@ -295,6 +311,7 @@ class _PoolWorker:
                 result = self._sync(h, state)
                 rec["sync_backend"] = h.sync_backend
                 rec["sync_receivers"] = result.get("receivers")
+                rec["sync_cross_bytes"] = result.get("cross_bytes")
             else:
                 if h.pending_weights is not None and h.apply is not None:
                     pw = h.pending_weights
@@ -377,12 +394,16 @@ class TrainWorkerImpl(_PoolWorker):
             raise KeyError(f"job {h.job_id!r} has no sync phase")
         weights = fn(state)
         if h.sync_backend == "gloo":
-            return {"receivers": self._sync_collective(h, weights)}
+            acks = self._sync_collective(h, weights)
+            st = h.endpoint.last_stats  # what the executor sent across the boundary
+            return {"receivers": acks, "cross_bytes": int(getattr(st, "cross_sent_bytes", 0) or 0)}
+        nbytes = sum(int(v.numel() * v.element_size()) for v in weights.values() if hasattr(v, "element_size"))
         ref = ray.put(weights)
         del weights
         acks = ray.get([ray.get_actor(w, namespace=NAMESPACE).receive_weights.remote(h.job_id, [ref])
                         for w in h.rollout_workers], timeout=600)
-        return {"receivers": acks}
+        # object store: every rollout node pulls the whole object across the boundary
+        return {"receivers": acks, "cross_bytes": nbytes * len(acks)}
 
     def _sync_collective(self, h: _Hosted, weights: dict) -> list:
         """RollMux §5.2 through collectives/ (gloo): the plan and endpoints are built at the first

@@ -127,3 +127,14 @@ def test_group_timeline_busy_and_bubble_from_occupancy():
     m.group_timeline("g2", recs[:1], {"rollout": {"r0": 1}}, (0.0, 10.0))  # a second group adds up
     assert m.totals["busy"]["rollout"] == 64 + 6 and m.totals["bubble_ratio"]["rollout"] == (16 + 4) / 90
     assert ("set", (16 + 4) / 90, {"pool": "rollout"}) in f["bubble_ratio"].calls
+
+
+def test_sync_cross_bytes_accumulate_per_job():
+    from actors.metrics import RollmuxMetrics
+
+    m = RollmuxMetrics(flush_interval_s=0, enabled=False)
+    for nb in (1000, 1000, 1500):
+        m.sync_cross_bytes("a", nb)
+    m.sync_cross_bytes("b", 7)
+    assert m.totals["sync_cross_bytes"] == {"a": 3500, "b": 7}
+    assert m.totals["sync_cross_last"] == {"a": 1500, "b": 7}

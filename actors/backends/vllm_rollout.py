@@ -92,8 +92,11 @@ class VLLMRolloutBackend(RolloutBackend):
         B, P = prompt_ids.shape
         rows = prompt_ids.tolist()
         prompts = [TokensPrompt(prompt_token_ids=r) if TokensPrompt else {"prompt_token_ids": r} for r in rows]
+        mins = (min_new_tokens.reshape(B).tolist() if isinstance(min_new_tokens, torch.Tensor)
+                else [int(min_new_tokens)] * B)  # per-row minimum lengths (long-tailed responses)
         params = [SamplingParams(n=1, temperature=float(temperature), top_k=-1, top_p=1.0, max_tokens=int(max_new_tokens),
-                                 min_tokens=int(min_new_tokens), seed=int(seed) + i, stop_token_ids=[eos_id], detokenize=False) for i in range(B)]
+                                 min_tokens=int(mins[i]), seed=int(seed) + i, stop_token_ids=[eos_id], detokenize=False)
+                  for i in range(B)]
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         seq = torch.full((B, P + max_new_tokens), pad_id, dtype=torch.long)
         seq[:, :P] = prompt_ids
