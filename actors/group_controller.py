@@ -233,6 +233,7 @@ class GroupControllerImpl:
             self.rr.remove_job(job_id)
         self.running.pop(job_id, None)
         self.gone[job_id] = reason
+        self.metrics.job_ended(job_id, ignore_late=False)  # its per-job totals here (sync bytes) go with it
         self._wake_all()
         return True
 

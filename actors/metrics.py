@@ -88,10 +88,12 @@ class RollmuxMetrics:
             iterations: Optional[int] = None) -> None:
         self._push("job", (job_id, slowdown, slo, iterations))
 
-    def job_ended(self, job_id: str) -> None:
-        """The job finished, failed or departed: its series are no longer refreshed (Ray's exporter
-        then drops them) and later :meth:`job` updates for it are ignored."""
-        self._push("job_gone", (job_id,))
+    def job_ended(self, job_id: str, *, ignore_late: bool = True) -> None:
+        """The job finished, failed or departed (or left this recorder's group): its per-job totals
+        (slowdown, SLO, iterations, sync bytes) are dropped and its gauges no longer refreshed, so
+        Ray's exporter drops them; with ``ignore_late`` later :meth:`job` updates for it are ignored
+        (a GroupController passes False: a job moved away may come back)."""
+        self._push("job_gone", (job_id, bool(ignore_late)))
 
     def group_cost(self, group_id: str, usd_per_h: float) -> None:
         self._push("group_cost", (group_id, float(usd_per_h)))
@@ -195,9 +197,11 @@ class RollmuxMetrics:
                     if m:
                         m[key].set(float(v), tags={"job_id": job_id})
         elif kind == "job_gone":
-            (job_id,) = a
-            for key in self.JOB_GAUGES:
+            job_id, ignore_late = a
+            for key in self.JOB_GAUGES + ("sync_cross_bytes", "sync_cross_last"):
                 t[key].pop(job_id, None)
+            if not ignore_late:
+                return
             self._ended[job_id] = None
             while len(self._ended) > self.ENDED_MEMORY:
                 self._ended.popitem(last=False)

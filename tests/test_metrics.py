@@ -138,3 +138,12 @@ def test_sync_cross_bytes_accumulate_per_job():
     m.sync_cross_bytes("b", 7)
     assert m.totals["sync_cross_bytes"] == {"a": 3500, "b": 7}
     assert m.totals["sync_cross_last"] == {"a": 1500, "b": 7}
+
+
+def test_a_controller_forgets_a_departed_jobs_sync_totals_but_takes_it_back():
+    m, f = _metrics()
+    m.sync_cross_bytes("a", 100)
+    m.job_ended("a", ignore_late=False)  # the job left this controller's group
+    assert "a" not in m.totals["sync_cross_bytes"] and "a" not in m.totals["sync_cross_last"]
+    m.job("a", iterations=1)  # moved back later: recorded again
+    assert m.totals["iters"]["a"] == 1
