@@ -83,6 +83,7 @@ def measure(res: dict, wall_s: float, n: int) -> dict:
             "rollout_idle_fraction": occ["rollout"].bubble_ratio, "train_idle_fraction": occ["train"].bubble_ratio,
             "migrations_acted": overlaps,
             "rollout_s_median": sorted(r["end"] - r["start"] for r in rolls)[len(rolls) // 2],
+            "weights_sha256": [[h["weights_sha256"] for h in res[j]["history"]] for j in sorted(res)],
             "response_len_mean": {j: sum(h["response_len_mean"] for h in v["history"]) / len(v["history"])
                                   for j, v in res.items()}}
 
@@ -179,6 +180,9 @@ def main(argv=None) -> int:
         lc.shutdown()
     off, on = result["off"], result["on"]
     result["iteration_speedup"] = off["group_iteration_s"] / on["group_iteration_s"]
+    # on-policy: scheduling (migration on or off) must not change what the jobs learn
+    result["weights_identical_on_off"] = len({json.dumps(r["weights_sha256"]) for k in ("off", "on")
+                                              for r in result["runs"][k]}) == 1
     result["rollout_idle_change"] = on["rollout_idle_fraction"] - off["rollout_idle_fraction"]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -188,7 +192,8 @@ def main(argv=None) -> int:
     for k in ("off", "on"):
         r = result[k]
         print(f"{k:<10}{r['group_iteration_s']:>9.2f}{100 * r['rollout_idle_fraction']:>10.1f}%{r['migrations_acted']:>7d}")
-    print(f"speedup {result['iteration_speedup']:.3f}x  -> {out}")
+    print(f"speedup {result['iteration_speedup']:.3f}x, weights identical on/off: "
+          f"{result['weights_identical_on_off']}  -> {out}")
     return 0
 
 
