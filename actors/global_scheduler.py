@@ -448,6 +448,7 @@ class GlobalSchedulerImpl:
         now = time.time()
         rec.group_id, rec.placement, rec.controller = final.group_id, final.placement, final.controller
         rec.state, rec.error, rec.ended_at = state, error, now
+        self.metrics.job_ended(job_id)
         done = []
         for mv in moves:  # the moved jobs' records: the move, and the policy's prediction in the new group
             r = self.jobs[mv["job_id"]]
