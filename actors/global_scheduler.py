@@ -302,8 +302,8 @@ class GlobalSchedulerImpl:
                     del self._dirty[gid]
                 if self.igs.group_snapshot(gid) is None and gid not in self._dirty:
                     self._handles.pop(gid, None)  # a dissolved group's controller has its final state
-            for gid in redo:
-                self._handles.pop(gid, None)
+            # a named, detached controller keeps its handle across restarts: re-push with it (a
+            # slow start is not a death; dropping the handle here would forget the group)
             again = [g for g in self._dirty if g not in self._inflight or g in redo]
             self._push(again, lookup=True)
         return {"pushed": again, "acked": [g for g, _ in acked]}
