@@ -1057,37 +1057,48 @@ class InterGroupScheduler:
 
 # --- exact layout of a given job set (for the optimum) ------------------------------------------------
 
-def _pin(order, items, mask, nr, nt, mr, mt, t_nodes, shared_nodes, n_shared, r_cap_gb, t_cap_gb):
-    """Pins of one build_group layout, jobs taking nodes in ``order``: each job its least-loaded
-    memory-feasible training nodes and (not in ``mask``) shared rollout nodes; jobs in ``mask``
-    get dedicated rollout nodes. Returns (per-position (rollout, train) pins, node loads, rollout
-    nodes used) or None when memory does not fit."""
+def _pin_train(order, items, nt, mt, t_nodes, t_cap_gb):
+    """Training pins of a build_group layout, jobs taking their least-loaded memory-feasible
+    training nodes in ``order``: ({job index: nodes}, node loads, node memory) or None."""
     loads: dict[str, float] = {}
     mem: dict[str, float] = {}
-    nxt = n_shared
-    key = []
+    pins = {}
     for i in order:
-        j, p = items[i]
+        p = items[i][1]
         tp = _pick_nodes(t_nodes, nt[i], loads, mem, mt[i], t_cap_gb)
         if tp is None:
             return None
         for x in tp:
             loads[x] = loads.get(x, 0.0) + p.t_train_s + p.t_sync_s
             mem[x] = mem.get(x, 0.0) + mt[i]
+        pins[i] = tuple(tp)
+    return pins, loads, mem
+
+
+def _pin_rollout(order, items, mask, nr, mr, shared_nodes, n_shared, r_cap_gb):
+    """Rollout pins: jobs in ``mask`` on dedicated nodes, the others on their least-loaded
+    memory-feasible shared nodes in ``order``: ({job index: nodes}, loads, rollout nodes used) or None."""
+    loads: dict[str, float] = {}
+    mem: dict[str, float] = {}
+    nxt = n_shared
+    pins = {}
+    for i in order:
         if mask >> i & 1:
             rp = [node_id("rollout", x) for x in range(nxt, nxt + nr[i])]
             nxt += nr[i]
+        elif nr[i] == n_shared:
+            rp = shared_nodes
+            if any(mem.get(x, 0.0) + mr[i] > r_cap_gb + 1e-9 for x in rp):
+                return None
         else:
             rp = _pick_nodes(shared_nodes, nr[i], loads, mem, mr[i], r_cap_gb)
             if rp is None:
                 return None
         for x in rp:
-            loads[x] = loads.get(x, 0.0) + p.t_roll_s
+            loads[x] = loads.get(x, 0.0) + items[i][1].t_roll_s
             mem[x] = mem.get(x, 0.0) + mr[i]
-        key.append((tuple(rp), tuple(tp)))
-    # the same pins reached in another order are the same layout: key them by job
-    by_job = tuple(sorted(zip((items[i][0].job_id for i in order), key)))
-    return (tuple(key), by_job), loads, nxt
+        pins[i] = tuple(rp)
+    return pins, loads, nxt
 
 
 def build_group(members: Sequence[Union[JobSpec, tuple[JobSpec, PhaseProfile]]], cluster: ClusterSpec, *,
@@ -1099,14 +1110,16 @@ def build_group(members: Sequence[Union[JobSpec, tuple[JobSpec, PhaseProfile]]],
     shared set of ``max_j ceil(NT_j / gpus_per_node)`` nodes; for every subset S of jobs (2^n,
     cheapest first) the jobs in S get dedicated rollout nodes (scale-out) and the others share one
     set of ``max ceil(NR_j / gpus_per_node)`` rollout nodes. Within a layout each job is pinned to
-    its least-loaded memory-feasible nodes in turn, in every pinning order (distinct pinnings
-    once), and each pinning is checked by :func:`best_round_robin_order` (memory residency, the
-    node-load bound, then every member's SLO on the round-robin schedule in its best order). The
-    first feasible layout by cost is returned, its members in the feasible round-robin order.
+    its least-loaded memory-feasible nodes in turn (jobs spanning a whole shared set first, then
+    the others in the given order; ``pin_orders=True``: every order of the latter, distinct
+    pinnings once), and each pinning is checked by memory residency, the node-load bound, then
+    :func:`best_round_robin_order` (every member's SLO in the best round-robin order). The first
+    feasible layout by cost is returned, its members in the feasible round-robin order.
 
     Args:
         members: the jobs (``JobSpec`` or ``(spec, profile)``; profiles default to the worst case).
         below_usd_per_h: only layouts strictly cheaper than this are searched (None if none).
+        pin_orders: also try every pinning order of the jobs that take part of a shared node set.
     Raises:
         ValueError: an empty set, duplicate ids, more than ``max_group_size`` jobs or more than 12.
     Source: RollMux §4.2 problem formulation.
@@ -1139,40 +1152,56 @@ def build_group(members: Sequence[Union[JobSpec, tuple[JobSpec, PhaseProfile]]],
     # depend on the order; every order is tried (distinct pinnings once each) up to
     # EXHAUSTIVE_ORDER_MAX jobs, and each pinning's round-robin order is chosen by
     # best_round_robin_order (through _slo_check).
+    ident = tuple(range(n))
+    train_orders = list(itertools.permutations(range(n))) if pin_orders and n <= EXHAUSTIVE_ORDER_MAX else [ident]
+    trains = []
+    for order in train_orders:
+        tr = _pin_train(order, items, nt, mt, t_nodes, tnode.host_mem_gb)
+        if tr is None or any(tr[0] == t[0] for _, t in trains):
+            continue
+        # node-load rule on the training nodes alone (the same for every rollout layout)
+        if any(breaks_slo(node_load_bound(p.t_solo_s, [tr[1][x] for x in tr[0][i]]), p.t_solo_s, j.slo)
+               for i, (j, p) in enumerate(items)):
+            continue
+        trains.append((order, tr))
+    if not trains:
+        return None
     for n_nodes, _, mask in layouts:
         if below_usd_per_h is not None and price(n_nodes) >= below_usd_per_h - 1e-9:
             break  # layouts are sorted by cost: none of the rest is cheaper than the bound
         shared = [i for i in range(n) if not mask >> i & 1]
         n_shared = max((nr[i] for i in shared), default=0)
         shared_nodes = [node_id("rollout", i) for i in range(n_shared)]
-        # Only jobs that take part of a shared node set have a choice of nodes; a job on all of
-        # them (or on dedicated nodes) loads every node alike, so it is pinned first, and only the
-        # order of the others can change the pins.
-        flex = [i for i in range(n) if nt[i] < len(t_nodes) or (not mask >> i & 1 and nr[i] < n_shared)]
-        rigid = tuple(i for i in range(n) if i not in flex)
-        orders = [rigid + tuple(flex)] if pin_orders else [tuple(range(n))]
-        if pin_orders and len(flex) <= EXHAUSTIVE_ORDER_MAX:
-            orders = [rigid + p for p in itertools.permutations(flex)]
         seen: set = set()
-        for order in orders:
-            pins = _pin(order, items, mask, nr, nt, mr, mt, t_nodes, shared_nodes, n_shared, rnode.host_mem_gb, tnode.host_mem_gb)
-            if pins is None or pins[0][1] in seen:
-                continue
-            seen.add(pins[0][1])
-            (key, _), loads, nxt = pins
-            # node-load rule first, on plain numbers (most layouts of an infeasible set stop here)
-            if any(breaks_slo(node_load_bound(items[i][1].t_solo_s, [loads[x] for x in key[k][0] + key[k][1]]),
-                              items[i][1].t_solo_s, items[i][0].slo) for k, i in enumerate(order)):
-                continue
-            mems = [GroupMember.model_construct(spec=items[i][0], profile=items[i][1],
-                                                placement=Placement.model_construct(job_id=items[i][0].job_id,
-                                                                                    rollout_nodes=key[k][0], train_nodes=key[k][1]))
-                    for k, i in enumerate(order)]
-            cand = _slo_check(Candidate(group_id, "optimal", price(n_nodes)), mems, loads)
-            if cand.ok:
-                rn = tuple(node_id("rollout", i) for i in range(nxt))
-                members = tuple(GroupMember(spec=m.spec, profile=m.profile, placement=Placement(
-                    job_id=m.spec.job_id, rollout_nodes=m.placement.rollout_nodes, train_nodes=m.placement.train_nodes))
-                    for m in cand.members)
-                return CoExecutionGroup(group_id=group_id, rollout_nodes=rn, train_nodes=tuple(t_nodes), members=members)
+        for order, (t_pins, t_loads, _) in trains:
+            r_orders = [order]
+            if pin_orders:
+                flex = [i for i in order if not mask >> i & 1 and nr[i] < n_shared]
+                if len(flex) <= EXHAUSTIVE_ORDER_MAX:
+                    rigid = tuple(i for i in order if i not in flex)
+                    r_orders = [rigid + q for q in itertools.permutations(flex)]
+            for r_order in r_orders:
+                ro = _pin_rollout(r_order, items, mask, nr, mr, shared_nodes, n_shared, rnode.host_mem_gb)
+                if ro is None:
+                    continue
+                r_pins, r_loads, nxt = ro
+                sig = (tuple(sorted(t_pins.items())), tuple(sorted(r_pins.items())))
+                if sig in seen:
+                    continue
+                seen.add(sig)
+                loads = {**r_loads, **t_loads}
+                # node-load rule first, on plain numbers (most layouts of an infeasible set stop here)
+                if any(breaks_slo(node_load_bound(p.t_solo_s, [loads[x] for x in r_pins[i] + t_pins[i]]), p.t_solo_s, j.slo)
+                       for i, (j, p) in enumerate(items)):
+                    continue
+                mems = [GroupMember.model_construct(spec=items[i][0], profile=items[i][1], placement=Placement.model_construct(
+                            job_id=items[i][0].job_id, rollout_nodes=r_pins[i], train_nodes=t_pins[i]))
+                        for i in order]
+                cand = _slo_check(Candidate(group_id, "optimal", price(n_nodes)), mems, loads)
+                if cand.ok:
+                    rn = tuple(node_id("rollout", i) for i in range(nxt))
+                    members = tuple(GroupMember(spec=m.spec, profile=m.profile, placement=Placement(
+                        job_id=m.spec.job_id, rollout_nodes=m.placement.rollout_nodes, train_nodes=m.placement.train_nodes))
+                        for m in cand.members)
+                    return CoExecutionGroup(group_id=group_id, rollout_nodes=rn, train_nodes=tuple(t_nodes), members=members)
     return None
