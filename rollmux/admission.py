@@ -4,7 +4,9 @@
 arriving job, which group and exact nodes it is pinned to:
 
 1. *Prune* groups that cannot take it (:data:`GROUP_FILTERS`, evaluated when a group changes):
-   full groups (``max_group_size``) and saturated groups (``T_load >= T_cycle``).
+   full groups (``max_group_size``) and saturated groups (``config.saturation``: by default
+   ``T_load >= max_k slo_k T_solo_k``, the largest SLO budget; ``"paper"``: ``T_load >= T_cycle``,
+   which with SLOs above 1 also prunes groups whose meta-iteration may still stretch).
 2. For each remaining group evaluate *direct packing* (pin the job on the group's existing
    least-loaded rollout and training nodes, ``Δ = 0``) and *rollout scale-out* (share the
    group's least-loaded training nodes, add ``ceil(NR / gpus_per_node)`` new rollout nodes,
@@ -116,6 +118,8 @@ class SchedulerConfig(BaseModel):
             (:meth:`InterGroupScheduler.repack`); moved jobs pay one host-state copy.
         repack_max_groups: groups tried per departure (bounds the work of a departure).
         repack_max_members: only groups with at most this many members are dissolved.
+        saturation: which groups Alg. 1 line 4 prunes (:func:`saturation_filter`): ``"paper"``
+            (``T_load >= T_cycle``), ``"slo"`` (``T_load >= max_k slo_k T_solo_k``) or ``"off"``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -130,6 +134,7 @@ class SchedulerConfig(BaseModel):
     repack_on_departure: bool = True
     repack_max_groups: int = Field(default=4, ge=0)
     repack_max_members: int = Field(default=2, ge=1)
+    saturation: Literal["paper", "slo", "off"] = "slo"
 
     def long_tail_policy(self) -> LongTailPolicy:
         return LongTailPolicy(self.tail_trigger_fraction, self.tail_gpus, self.migration_overhead_s)
@@ -604,18 +609,26 @@ CANDIDATE_FILTERS: tuple[Filter, ...] = (
 )
 
 
-def group_size_filter(g: "_Group", max_group_size: int) -> Verdict:
+def group_size_filter(g: "_Group", config: SchedulerConfig) -> Verdict:
     """A full group (``max_group_size`` members) takes no newcomer."""
-    n = len(g.group.members)
-    if n >= max_group_size:
-        return _no("group_size", f"group has {n} jobs (max_group_size={max_group_size})", members=n, max_group_size=max_group_size)
+    n, cap = len(g.group.members), config.max_group_size
+    if n >= cap:
+        return _no("group_size", f"group has {n} jobs (max_group_size={cap})", members=n, max_group_size=cap)
     return PASS
 
 
-def saturation_filter(g: "_Group", max_group_size: int) -> Verdict:
-    """Saturated groups (:func:`is_saturated`) take no newcomer (Alg. 1 line 4)."""
-    if is_saturated(g.t_load, g.t_cycle):
-        return _no("saturation", f"saturated: T_load {g.t_load:.1f} s >= T_cycle {g.t_cycle:.1f} s", t_load_s=g.t_load, t_cycle_s=g.t_cycle)
+def saturation_filter(g: "_Group", config: SchedulerConfig) -> Verdict:
+    """Saturated groups take no newcomer (Alg. 1 line 4). ``config.saturation``: ``"paper"``:
+    :func:`is_saturated` (``T_load >= T_cycle``, the longest solo time); ``"slo"``: the busiest
+    node already holds the largest SLO budget of the members, ``T_load >= max_k slo_k T_solo_k``
+    (equal to the paper's rule when every SLO is 1; with looser SLOs a meta-iteration may stretch
+    beyond T_cycle and the per-candidate SLO filters decide); ``"off"``: no pruning."""
+    if config.saturation == "off":
+        return PASS
+    cap = g.t_cycle if config.saturation == "paper" else max((ts * slo for _, ts, slo, _, _ in g.info), default=0.0)
+    if is_saturated(g.t_load, cap):
+        what = "T_cycle" if config.saturation == "paper" else "max SLO budget"
+        return _no("saturation", f"saturated: T_load {g.t_load:.1f} s >= {what} {cap:.1f} s", t_load_s=g.t_load, t_cycle_s=cap)
     return PASS
 
 
@@ -862,7 +875,7 @@ class InterGroupScheduler:
         for f in GROUP_FILTERS:
             if f.slo_only and not self.spec.prune_saturated:
                 continue
-            v = f.check(g, self.max_group_size)
+            v = f.check(g, self.config)
             if not v.ok:
                 self._closed[gid] = (v.plugin, v.reason)
                 return

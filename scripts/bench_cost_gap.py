@@ -10,12 +10,12 @@ where a certificate proves the optimum is a lower bound, see ``docs/ARCHITECTURE
 * mix ``mixed`` with SLO ~ U(1.0, 1.2), U(1.0, 2.0), U(1.5, 2.5), U(2.0, 3.0);
 * mixes ``balanced``, ``rollout-heavy``, ``training-heavy`` with SLO ~ U(1.0, 2.0).
 
-Writes ``results/cost_gap.json`` (``--quick``: ``results/cost_gap_quick.json``): per run RollMux /
+Writes ``results/cost_gap.json`` (``meta.quick`` says which grid): per run RollMux /
 optimum, the share of RollMux's spend and time the exact comparison covers, SLO attainment,
 saving vs Solo-D and vs colocated, and every baseline that keeps 100% SLO yet costs less than
 RollMux; per setting and overall the spend-weighted ratio, the mean and max of the per-run
 ratios; and a plot (``cost_gap.png``). Full grid: seeds 0-9, 200 jobs, 70 runs (~20 min on 2
-processes); ``--quick``: seeds 0-1, 100 jobs (a few minutes). At most 2 worker processes.
+processes); ``--quick``: seeds 0-1, 60 jobs (a few minutes). At most 2 worker processes.
 
 Not a test: the figures depend on the trace present. Source: RollMux §7.5 ("x of optimal").
 """
@@ -123,16 +123,16 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="seeds 0-1, 100 jobs (a few minutes)")
+    ap.add_argument("--quick", action="store_true", help="seeds 0-1, 60 jobs (a few minutes)")
     ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 10, quick 2)")
     ap.add_argument("--jobs", type=int, default=None, help="jobs per replay (default 200, quick 100)")
     ap.add_argument("--exact-max-jobs", type=int, default=16)
     ap.add_argument("--procs", type=int, default=2, help="worker processes (at most 2)")
-    ap.add_argument("--out", type=Path, default=None, help="JSON path (default results/cost_gap[_quick].json)")
+    ap.add_argument("--out", type=Path, default=None, help="JSON path (default results/cost_gap.json; the plot beside it)")
     args = ap.parse_args()
     seeds = args.seeds if args.seeds is not None else (2 if args.quick else 10)
-    n_jobs = args.jobs if args.jobs is not None else (100 if args.quick else 200)
-    out = args.out or Path("results") / ("cost_gap_quick.json" if args.quick else "cost_gap.json")
+    n_jobs = args.jobs if args.jobs is not None else (60 if args.quick else 200)
+    out = args.out or Path("results") / "cost_gap.json"
     trace = DEFAULT_TRACE if DEFAULT_TRACE.is_file() else EXTRACT_TRACE
     tasks = [(str(trace), n_jobs, seed, mix, lo, hi, args.exact_max_jobs) for (mix, lo, hi) in SETTINGS for seed in range(seeds)]
     t0 = time.perf_counter()
