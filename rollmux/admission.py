@@ -109,6 +109,12 @@ class SchedulerConfig(BaseModel):
             responses is done (RollMux §4.3: 0.8).
         tail_gpus: GPUs that keep a migrated rollout's stragglers.
         migration_overhead_s: cost of one migration (stragglers' re-prefill), seconds.
+        tail_migration: act on long-tail decisions (GroupControllers release the rollout's nodes
+            to the waiting rollout; the simulator models it); false records decisions only.
+        plan_migration_overhead: long-tail migration runs at run time, so the SLO check plans
+            every rollout of a co-executed group ``migration_overhead_s`` longer (a migrated
+            rollout ends that much later; :func:`rollmux.intra_group.coexec_times`). The
+            simulator sets it for ``--stochastic`` replays, where rollouts migrate.
         seed: seed of the random baseline.
         tie_break: among candidates of equal marginal cost, ``"most_slack"`` (lowest
             ``max_k slowdown_k / slo_k``: leaves SLO headroom for stochastic phase times) or
@@ -129,6 +135,8 @@ class SchedulerConfig(BaseModel):
     tail_trigger_fraction: float = Field(default=0.8, gt=0.0, le=1.0)
     tail_gpus: int = Field(default=1, ge=1)
     migration_overhead_s: float = Field(default=2.0, ge=0.0)
+    tail_migration: bool = True
+    plan_migration_overhead: bool = False
     seed: int = 0
     tie_break: Literal["best_fit", "most_slack"] = "most_slack"
     repack_on_departure: bool = True
@@ -137,7 +145,13 @@ class SchedulerConfig(BaseModel):
     saturation: Literal["paper", "slo", "off"] = "slo"
 
     def long_tail_policy(self) -> LongTailPolicy:
+        """The long-tail migration settings as a :class:`LongTailPolicy` (RollMux §4.3)."""
         return LongTailPolicy(self.tail_trigger_fraction, self.tail_gpus, self.migration_overhead_s)
+
+    def controller_settings(self) -> dict:
+        """Keyword arguments of a GroupController that carry these long-tail settings."""
+        return {"migrate": self.tail_migration, "tail_trigger_fraction": self.tail_trigger_fraction,
+                "tail_gpus": self.tail_gpus, "migration_overhead_s": self.migration_overhead_s}
 
 
 def load_scheduler_config(path: Union[str, Path, None] = None) -> SchedulerConfig:
@@ -404,7 +418,7 @@ def _order_feasible(members: Sequence[GroupMember], tco: Mapping[str, float]) ->
     return not any(breaks_slo(tco[m.spec.job_id], m.profile.t_solo_s, m.spec.slo) for m in members)
 
 
-def best_round_robin_order(members: Sequence[GroupMember]) -> OrderChoice:
+def best_round_robin_order(members: Sequence[GroupMember], *, rollout_overhead_s: float = 0.0) -> OrderChoice:
     """Group feasibility over the round-robin order: the one function the optimum's layouts
     (:func:`build_group`), Alg. 1's candidates and departure re-packing use.
 
@@ -419,12 +433,13 @@ def best_round_robin_order(members: Sequence[GroupMember]) -> OrderChoice:
 
     Args:
         members: the group G' with placements, in its current (admission) order.
+        rollout_overhead_s: added to every rollout (planned long-tail migration overhead), seconds.
     Returns:
         :class:`OrderChoice`.
     Source: RollMux §4.2 (Alg. 1 line 10 SLO check), §4.3 (round-robin meta-iterations).
     """
     members = list(members)
-    tco = coexec_times(members)
+    tco = coexec_times(members, rollout_overhead_s=rollout_overhead_s)
     if _order_feasible(members, tco):
         return OrderChoice(tuple(members), tco, True, True, 1)
     n = len(members)
@@ -435,21 +450,22 @@ def best_round_robin_order(members: Sequence[GroupMember]) -> OrderChoice:
         if perm == tuple(range(n)):
             continue
         ms = [members[i] for i in perm]
-        t = coexec_times(ms)
+        t = coexec_times(ms, rollout_overhead_s=rollout_overhead_s)
         tried += 1
         if _order_feasible(ms, t):
             return OrderChoice(tuple(ms), t, True, True, tried)
     return OrderChoice(tuple(members), tco, False, True, tried)
 
 
-def _slo_sim(cand: Candidate) -> Candidate:
+def _slo_sim(cand: Candidate, rollout_overhead_s: float = 0.0) -> Candidate:
     """Alg. 1 line 10: every member k of G' needs T_coexec_k <= slo_k * T_solo_k, T_coexec from
-    the simulated round-robin schedule in the best order (:func:`best_round_robin_order`);
+    the simulated round-robin schedule in the best order (:func:`best_round_robin_order`; every
+    rollout planned ``rollout_overhead_s`` longer: the long-tail migration overhead);
     ``cand.members`` is left in that order (the order :meth:`InterGroupScheduler.commit` keeps)."""
     if not cand.members:
         old, spec, prof = cand.base
         cand.members = list(old) + [GroupMember.model_construct(spec=spec, profile=prof, placement=cand.placement)]
-    oc = best_round_robin_order(cand.members)
+    oc = best_round_robin_order(cand.members, rollout_overhead_s=rollout_overhead_s)
     cand.members = list(oc.members)
     members = cand.members
     tco = oc.t_coexec_s
@@ -857,7 +873,7 @@ class InterGroupScheduler:
                 if chosen is not None and most_slack and c.bound >= chosen.score:
                     c.verdict, c.reasons = "skipped", [f"bound {c.bound:.3f} >= chosen score {chosen.score:.3f} (branch and bound)"]
                     continue
-                _slo_sim(c)
+                _slo_sim(c, self.config.migration_overhead_s if self.config.plan_migration_overhead else 0.0)
                 if c.ok and (chosen is None or (c.score < chosen.score if most_slack else c.score > chosen.score)):
                     chosen = c
         return chosen

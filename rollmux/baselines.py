@@ -97,13 +97,25 @@ def planning_profile(job: JobSpec, cluster: ClusterSpec) -> PhaseProfile:
 def solo_unit(job: JobSpec, profile: PhaseProfile, cluster: ClusterSpec) -> Unit:
     """Solo-D: the job alone on ceil(NR/8) rollout and ceil(NT/8) training nodes; slowdown 1.
 
-    Busy time: rollout nodes during rollout; training nodes during training and sync (the sync
-    holds the senders, :mod:`rollmux.round_robin`). Source: RollMux §7.1 Solo-D.
+    Busy time (:func:`rollmux.occupancy.occupancy`, GPU-weighted): the job's NR GPUs during
+    rollout, its NT GPUs during training and sync (the sync holds the senders,
+    :mod:`rollmux.round_robin`); the rest of its whole nodes idles. Source: RollMux §7.1 Solo-D.
     """
+    from rollmux.occupancy import occupancy
+
     rn = job.nodes_needed("rollout", cluster.rollout_pool.node)
     tn = job.nodes_needed("train", cluster.train_pool.node)
-    rg, tg = rn * cluster.rollout_pool.node.gpus_per_node, tn * cluster.train_pool.node.gpus_per_node
+    rgpn, tgpn = cluster.rollout_pool.node.gpus_per_node, cluster.train_pool.node.gpus_per_node
+    rg, tg = rn * rgpn, tn * tgpn
     t = profile.t_solo_s
+    # one iteration's records (phases back to back; the job's GPUs spread over its nodes): busy GPUs
+    # are GPU-weighted, so a job on 4 of a node's 8 GPUs leaves the other 4 idle
+    recs = [dict(pool="rollout", node=f"r{i}", start_s=0.0, end_s=profile.t_roll_s, gpus=min(rgpn, job.num_rollout_gpus / rn))
+            for i in range(rn)]
+    recs += [dict(pool="train", node=f"t{i}", start_s=profile.t_roll_s, end_s=t, gpus=min(tgpn, job.num_train_gpus / tn))
+             for i in range(tn)]
+    occ = occupancy(recs, {"rollout": {f"r{i}": rgpn for i in range(rn)}, "train": {f"t{i}": tgpn for i in range(tn)}},
+                    window=(0.0, t))
     return Unit(
         key=f"solo:{job.job_id}",
         job_ids=(job.job_id,),
@@ -111,8 +123,8 @@ def solo_unit(job: JobSpec, profile: PhaseProfile, cluster: ClusterSpec) -> Unit
         rollout_gpus=rg,
         train_gpus=tg,
         iter_time_s={job.job_id: t},
-        rollout_busy_gpus=rg * profile.t_roll_s / t,
-        train_busy_gpus=tg * (profile.t_train_s + profile.t_sync_s) / t,
+        rollout_busy_gpus=occ["rollout"].busy_gpu_s / t,
+        train_busy_gpus=occ["train"].busy_gpu_s / t,
     )
 
 
@@ -265,9 +277,9 @@ class OptimalPartition:
 
     Exact (optimal over those candidates, proven by CP-SAT) up to ``exact_max_jobs`` active
     jobs and within ``time_limit_s``; beyond, a labelled best-found upper bound, see
-    :class:`PartitionResult`. Measured (``scripts/bench_decision_latency.py``): ~0.1 s at 12-16
-    jobs, ~2 s at 32, ~14 s at 48 from an empty cache; the simulator's incremental use (cached
-    layouts) defaults to 16. Source: RollMux §7.5 ("Opt", Table 5), DESIGN.md "Optimum".
+    :class:`PartitionResult`. Measured (``scripts/bench_decision_latency.py``, median of 5 solves
+    from an empty cache on a shared 2-core host): ~20-50 ms at 12-16 jobs, ~0.4 s at 32; the
+    simulator's incremental use (cached layouts) defaults to 16. Source: RollMux §7.5 ("Opt", Table 5), DESIGN.md "Optimum".
     """
 
     cluster: ClusterSpec

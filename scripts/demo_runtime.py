@@ -76,6 +76,21 @@ def wait_all(procs: dict, timeout_s: float) -> dict:
     return res
 
 
+def model_bytes(cfg) -> int:
+    """Bytes of one copy of the job's policy weights (what one sync moves)."""
+    from examples.grpo.model import build_model
+
+    return sum(int(v.numel() * v.element_size()) for v in build_model(cfg.model, 0).state_dict().values())
+
+
+def migrations_acted(timeline: list, job_id: str) -> int:
+    """Rollouts of ``job_id`` during which another job's rollout started on the same node: its
+    long-tail migration released the node (the GroupController acted on the decision)."""
+    mine = [r for r in timeline if r["job_id"] == job_id and r["phase"] == "rollout"]
+    others = [r for r in timeline if r["job_id"] != job_id and r["phase"] == "rollout"]
+    return sum(1 for a in mine if any(b["node"] == a["node"] and a["start"] < b["start"] < a["end"] for b in others))
+
+
 def report_phase_medians(timeline: list) -> dict:
     """Median seconds of each phase over iterations > 0 (all iterations if there is only one)."""
     import statistics
@@ -190,12 +205,14 @@ def main(argv=None) -> int:
     tnodes = sorted({x for p in placement.values() for x in p["train_nodes"]})
     co_jobs = {ids[name]: co[name]["timeline"] for name in JOBS}
     solo_jobs = {ids[name]: solo[name]["timeline"] for name in JOBS}
-    # steady state: after every job's iteration 0 (cold start incl. the worker's first imports)
-    co_u = report.coexec_utilisation(co_tl, len(rnodes), len(tnodes),
-                                     window=(report.steady_start(co_jobs), report.span(co_tl)[1]))
-    solo_u = report.solo_utilisation(solo_jobs, steady=True)
-    co_u["including_cold_start"] = report.coexec_utilisation(co_tl, len(rnodes), len(tnodes))
-    solo_u["including_cold_start"] = report.solo_utilisation(solo_jobs)
+    # busy / bubble over the whole run (rollmux.occupancy: union of busy intervals per node; warm-up,
+    # cold start and drain included), as in the simulator; the steady state after every job's
+    # iteration 0 (cold start incl. the worker's first imports) is reported beside it
+    co_u = report.coexec_utilisation(co_tl, len(rnodes), len(tnodes))
+    solo_u = report.solo_utilisation(solo_jobs)
+    co_u["steady_after_iteration_0"] = report.coexec_utilisation(
+        co_tl, len(rnodes), len(tnodes), window=(report.steady_start(co_jobs), report.span(co_tl)[1]))
+    solo_u["steady_after_iteration_0"] = report.solo_utilisation(solo_jobs, steady=True)
 
     # the group's predicted slowdowns once all three are in (Alg. 1 replayed on the same specs, in the
     # same arrival order; each job's own admission-time prediction is `predicted_slowdown`)
@@ -231,6 +248,12 @@ def main(argv=None) -> int:
             # round-robin (what Alg. 1 predicts: `predicted_slowdown_in_group`)
             "contention_factor": sum(med_co.values()) / sum(med_solo.values()),
             "slowdown_from_queueing": t_co / sum(med_co.values()),
+            # bytes each sync sent across the pool boundary, counted by the transport (one model
+            # copy per sync: `model_bytes`), and this job's long-tail migrations that acted (another
+            # job's rollout started on the node while this job's tail still ran)
+            "sync_cross_bytes": [r.get("sync_cross_bytes") for r in co[name]["timeline"] if r["phase"] == "sync"],
+            "model_bytes": model_bytes(cfgs[name]),
+            "migrations_acted": migrations_acted(co_tl, ids[name]),
         }
 
     # ---- Gantt charts
@@ -267,9 +290,10 @@ def main(argv=None) -> int:
         "load_average_1m_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
         "notes": "solo: plain mode, run one after another, each job charged its own rollout+train node (Solo-D); "
                  "co-executed: three user processes attached to one GlobalScheduler on a local multi-node Ray cluster; "
-                 "makespan / busy fractions / iteration times are steady-state: after every job's iteration 0 (cold start, "
-                 "which includes the worker processes' first imports); the full-run figures are under including_cold_start; "
-                 "busy fraction = phase-seconds / (nodes x span), bubble fraction = 1 - busy.",
+                 "makespan / busy fractions are over the whole run (warm-up, cold start and drain included); the "
+                 "steady state after every job's iteration 0 (cold start, which includes the worker processes' first "
+                 "imports) is under steady_after_iteration_0; iteration times exclude iteration 0; busy fraction = "
+                 "union of busy intervals per node / (nodes x span) (rollmux.occupancy), bubble fraction = 1 - busy.",
     }
     out_path.write_text(json.dumps(result, indent=1))
 
@@ -282,7 +306,7 @@ def main(argv=None) -> int:
                   "n/a" if j["predicted_slowdown_in_group"] is None else f"{j['predicted_slowdown_in_group']:.2f}x",
                   f"{j['slo']:.1f} {'ok' if j['slo_met'] else 'MISSED'}", "yes" if j["weights_identical_to_solo"] else "NO")
     con.print(t)
-    u = Table(title="Pools, steady state after iteration 0 (from the recorded timeline)")
+    u = Table(title="Pools over the whole run, warm-up and drain included (from the recorded timeline)")
     for c in ("run", "nodes", "makespan s", "rollout busy", "train busy", "node-seconds"):
         u.add_column(c)
     u.add_row("solo (Solo-D)", "3 + 3", f"{solo_u['makespan_s']:.1f}", f"{solo_u['rollout_busy_fraction']:.0%}",
