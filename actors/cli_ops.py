@@ -300,6 +300,22 @@ def _write_prometheus_targets(cfg: ServeConfig, state: dict) -> None:
     (cfg.state_dir / PROM_TARGETS).write_text(json.dumps([{"targets": targets, "labels": {"job": "rollmux"}}], indent=2))
 
 
+GRAFANA_DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "rollmux_grafana_dashboard.json"
+
+
+def _install_grafana_dashboard(cfg: ServeConfig) -> Optional[Path]:
+    """Copy RollMux's Grafana dashboard next to the ones Ray generates for this session
+    (``<ray temp>/session_latest/metrics/grafana/dashboards``), where a Grafana started with Ray's
+    generated configuration loads it (uid ``rollmux``). Returns the copy, or None."""
+    import shutil
+
+    d = _ray_temp_dir(cfg) / "session_latest" / "metrics" / "grafana" / "dashboards"
+    if not (d.is_dir() and GRAFANA_DASHBOARD.is_file()):
+        return None
+    shutil.copy(GRAFANA_DASHBOARD, d / GRAFANA_DASHBOARD.name)
+    return d / GRAFANA_DASHBOARD.name
+
+
 def _print_urls(cfg: ServeConfig, state: Optional[dict]) -> None:
     t = Table(title="RollMux endpoints", show_header=False)
     for k, v in _urls(cfg, state).items():
@@ -469,6 +485,7 @@ def up(
         _state_path(cfg).unlink(missing_ok=True)
         _fail(f"start-up failed: {type(e).__name__}: {e}")
     _write_prometheus_targets(cfg, state)
+    _install_grafana_dashboard(cfg)
     _record_current(cfg.state_dir)
     n_up = sum(_alive(r) for r in state["processes"])
     console.print(f"[bold green]RollMux is up[/]: {n_up} Ray node(s), scheduler and API ready; Ray auth: {cfg.ray_auth}.")
