@@ -114,6 +114,8 @@ class GlobalSchedulerImpl:
             snap = self.igs.snapshot()
             self._header = {k: v for k, v in snap.items() if k != "groups"}
             self._checkpoint()
+        # new GroupControllers carry the config's long-tail settings; explicit controller_kw wins
+        self.controller_kw = {**self.igs.config.controller_settings(), **self.controller_kw}
 
     # ---- checkpoint (incremental: only the changed job records and groups are rewritten)
     def _gkey(self, gid: str) -> str:

@@ -66,7 +66,9 @@ class GroupControllerImpl:
         group_id: the co-execution group id.
         scheduler_name: the GlobalScheduler to report iterations / failures to (None: no reports).
         migrate: act on long-tail decisions (release the rollout's queue slots) instead of only recording.
-        tail_trigger_fraction: fraction of responses done that makes a rollout tail-bound.
+        tail_trigger_fraction / tail_gpus / migration_overhead_s: the long-tail settings
+            (:class:`rollmux.intra_group.LongTailPolicy`; the scheduler passes
+            ``configs/scheduler.yaml``'s via ``SchedulerConfig.controller_settings``).
         lease_s: driver lease; an attached job whose driver stops heart-beating this long while
             none of its phases runs is evicted and reported failed (0 disables). Keep it several
             heartbeat periods (``HEARTBEAT_S``) long.
@@ -74,14 +76,15 @@ class GroupControllerImpl:
     """
 
     def __init__(self, group_id: str, scheduler_name: Optional[str] = None, *, migrate: bool = False,
-                 tail_trigger_fraction: float = 0.8, metrics_flush_s: float = 1.0,
+                 tail_trigger_fraction: float = 0.8, tail_gpus: int = 1, migration_overhead_s: float = 2.0,
+                 metrics_flush_s: float = 1.0,
                  lease_s: float = DEFAULT_LEASE_S, metrics_enabled: bool = True):
         from actors.metrics import RollmuxMetrics
 
         self.group_id = group_id
         self.scheduler_name = scheduler_name
         self.migrate = migrate
-        self.long_tail = LongTailPolicy(trigger_fraction=tail_trigger_fraction)
+        self.long_tail = LongTailPolicy(tail_trigger_fraction, tail_gpus, migration_overhead_s)
         self.rr = RoundRobinQueues()
         self.t0 = time.time()
         self.timeline: list[dict] = []
@@ -91,7 +94,8 @@ class GroupControllerImpl:
         self.moving: dict[str, str] = {}  # job_id -> "moved to <group>" (removal due at its iteration boundary)
         self.migrations: list[dict] = []
         self._events: dict[str, asyncio.Event] = {}
-        self._node_last_end: dict[str, float] = {}
+        self._occ_records: list[dict] = []  # one per phase and node, seconds since t0
+        self._occ_nodes: dict[str, dict[str, float]] = {"rollout": {}, "train": {}}
         self.metrics = RollmuxMetrics(flush_interval_s=metrics_flush_s, enabled=metrics_enabled)
         self.closed = False
         self.lease_s = float(lease_s)
@@ -317,17 +321,20 @@ class GroupControllerImpl:
 
     def _account(self, rec: dict, grant: Optional[dict]) -> None:
         dur = max(0.0, rec["end_s"] - rec["start_s"])
-        bubble = 0.0
+        pool = rec["pool"]
         for node in (grant or {}).get("nodes", [rec.get("node")]):
-            if node is None:
+            if node is None or len(self._occ_records) >= MAX_TIMELINE:
                 continue
-            last = self._node_last_end.get(node)
-            if last is not None and rec.get("start", 0) > last:
-                bubble += rec["start"] - last
-            self._node_last_end[node] = max(last or 0.0, rec.get("end", 0.0))
-        self.metrics.pool_time(rec["pool"], busy_s=dur, bubble_s=bubble)
+            self._occ_nodes[pool].setdefault(str(node), 1.0)
+            self._occ_records.append({"pool": pool, "node": str(node), "start_s": rec["start_s"],
+                                      "end_s": rec["end_s"], "gpus": rec.get("gpus")})
+        # busy / bubble from the timeline over the group's lifetime so far (rollmux.occupancy)
+        self.metrics.group_timeline(self.group_id, self._occ_records,
+                                    {p: dict(n) for p, n in self._occ_nodes.items()}, (0.0, time.time() - self.t0))
         if rec.get("switch") in ("warm", "cold", "moved"):
             self.metrics.phase_switch(rec["switch"], float(rec.get("switch_s") or 0.0))
+        if rec.get("sync_cross_bytes") is not None:
+            self.metrics.sync_cross_bytes(rec["job_id"], int(rec["sync_cross_bytes"]))
         m = self.members.get(rec["job_id"])
         if m is not None and rec["ok"]:
             m["phase_s"][rec["phase"]] = m["phase_s"].get(rec["phase"], 0.0) + dur
@@ -368,10 +375,10 @@ class GroupControllerImpl:
         if not self.long_tail.should_migrate(done, total):
             return None
         tail, freed = self.long_tail.split_workers(grant["nodes"])
-        waiting = [r.job_id for r in self.rr.ready() if r.phase == "rollout" and r.job_id != job_id]
-        queued = [j for n in grant["nodes"] for j in self.rr.queue(n)[1:2]]
+        # the same rule as the simulator's model: act only if another member waits for these nodes
+        waiting = list(self.rr.waiting_for(job_id))
         decision = {"job_id": job_id, "iteration": grant["iteration"], "done": done, "total": total,
-                    "t": time.time(), "next_rollout": (waiting or queued or [None])[0],
+                    "t": time.time(), "next_rollout": (waiting or [None])[0],
                     "tail_workers": list(tail), "freed_workers": list(freed), "acted": False}
         grant["migrated"] = True
         if self.migrate and decision["next_rollout"] is not None:

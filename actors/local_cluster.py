@@ -71,6 +71,7 @@ def start_local_cluster(
     include_dashboard: bool = False,
     connect: bool = True,
     head_extra: Optional[dict] = None,
+    node_gpus: float = 0,
 ) -> LocalCluster:
     """Start a head node plus one Ray node per pool node of ``spec`` and (optionally) connect.
 
@@ -79,6 +80,8 @@ def start_local_cluster(
         head_cpus: CPUs of the head (scheduler, controllers, driver, Serve).
         node_cpus: logical CPUs per pool node (1 worker thread per "GPU").
         object_store_mb: object store per node, MiB.
+        node_gpus: GPUs each pool node declares (a single-GPU host: 1 on every node, all of them
+            the same device ``0``; workers then request ``ROLLMUX_WORKER_GPUS`` of it).
     Raises:
         ValueError: a pool has ``num_nodes=None``.
     """
@@ -104,6 +107,7 @@ def start_local_cluster(
             nid = node_id(pool, i)  # type: ignore[arg-type]
             cluster.add_node(
                 num_cpus=node_cpus,
+                num_gpus=node_gpus,
                 object_store_memory=object_store_mb * 2**20,
                 resources={node_resource(nid): NODE_RESOURCE_UNITS, pool_resource(pool): 1.0},  # type: ignore[arg-type]
             )

@@ -5,8 +5,9 @@ Names (docs/ARCHITECTURE.md "Metrics"):
 ==================================  =========  ============  ==========================================
 name                                type       tags          meaning
 ==================================  =========  ============  ==========================================
-rollmux_pool_busy_seconds           gauge      pool          cumulative seconds a pool's nodes ran phases
-rollmux_pool_bubble_seconds         gauge      pool          cumulative idle (dependency-bubble) seconds
+rollmux_pool_busy_seconds           gauge      pool          busy node-seconds (GPU-seconds when records carry GPUs)
+rollmux_pool_bubble_seconds         gauge      pool          idle (dependency-bubble) node-seconds
+rollmux_pool_bubble_ratio           gauge      pool          bubble / (busy + bubble) over every group's lifetime
 rollmux_job_slowdown                gauge      job_id        measured co-exec iteration / solo time
 rollmux_job_slo                     gauge      job_id        the job's slowdown SLO
 rollmux_job_iterations              gauge      job_id        iterations done
@@ -20,7 +21,10 @@ rollmux_phase_switch_seconds        gauge      kind          last switch latency
 
 Updates are buffered and applied by a background thread every ``flush_interval_s`` so that the
 admission hot path only appends to a deque (STYLE.md "keep metric ingestion off the admission
-path"). Cumulative seconds are gauges holding running totals (exact names on the endpoint).
+path"). Cumulative seconds are gauges holding running totals (exact names on the endpoint). Pool busy /
+bubble figures come from each group's phase timeline through :func:`rollmux.occupancy.occupancy`
+(the union of busy intervals per node, GPU-weighted when records carry ``gpus``, over the group's
+whole lifetime: warm-up and drain count), computed on the flush thread, summed over groups.
 Gauges are re-set from their last values every ``refresh_interval_s``: Ray's exporter drops a
 gauge that was not recorded within about two export intervals, so a value set once (a job's SLO,
 a group's cost) would otherwise vanish from the endpoint between Prometheus scrapes.
@@ -47,7 +51,7 @@ class RollmuxMetrics:
         refresh_interval_s: period at which every gauge is re-recorded from ``totals``, s.
     """
 
-    GAUGES = ("busy", "bubble", "slowdown", "slo", "iters", "cost", "switch_s")
+    GAUGES = ("busy", "bubble", "bubble_ratio", "slowdown", "slo", "iters", "cost", "switch_s")
 
     def __init__(self, flush_interval_s: float = 1.0, enabled: bool = True, refresh_interval_s: float = 5.0):
         self.enabled = enabled
@@ -56,6 +60,8 @@ class RollmuxMetrics:
         self._q: collections.deque[tuple[str, tuple]] = collections.deque(maxlen=100_000)
         self._m: Optional[dict[str, Any]] = None
         self.totals: dict[str, dict] = collections.defaultdict(dict)  # name -> {tag: value}
+        self._timelines: dict[str, tuple] = {}  # group_id -> latest (records, nodes, window) to account
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         if flush_interval_s > 0:
@@ -86,8 +92,26 @@ class RollmuxMetrics:
     def pool_time(self, pool: str, busy_s: float = 0.0, bubble_s: float = 0.0) -> None:
         self._push("pool_time", (pool, float(busy_s), float(bubble_s)))
 
+    def group_timeline(self, group_id: str, records: list, nodes: dict, window: tuple[float, float]) -> None:
+        """Account a group's busy / bubble time from its phase records (cheap: the occupancy is
+        computed on the flush thread, once per group per flush, from the latest call).
+
+        Args:
+            records: phase records (``pool``, ``node``, ``start_s``, ``end_s``, optional ``gpus``),
+                seconds since the group started; the list is read, not kept past the flush.
+            nodes: ``{pool: {node: GPUs}}`` the group held; window: ``(0, now)`` its lifetime so far, s.
+        """
+        with self._lock:
+            self._timelines[group_id] = (records, nodes, window)
+        self._push("timeline", (group_id,))
+
     def phase_switch(self, kind: str, seconds: float) -> None:
         self._push("switch", (kind, float(seconds)))
+
+    def sync_cross_bytes(self, job_id: str, nbytes: int) -> None:
+        """One weight sync of ``job_id`` sent ``nbytes`` across the pool boundary (counted by the
+        sync executors / object-store transfers, not taken from the plan)."""
+        self._push("sync_cross", (job_id, int(nbytes)))
 
     def _push(self, kind: str, args: tuple) -> None:
         self._q.append((kind, args))
@@ -103,6 +127,7 @@ class RollmuxMetrics:
             self._m = {
                 "busy": g("rollmux_pool_busy_seconds", "Cumulative seconds a pool's nodes ran phases", "pool"),
                 "bubble": g("rollmux_pool_bubble_seconds", "Cumulative idle (bubble) seconds of a pool", "pool"),
+                "bubble_ratio": g("rollmux_pool_bubble_ratio", "Idle (bubble) fraction of a pool's node-time", "pool"),
                 "slowdown": g("rollmux_job_slowdown", "Measured co-execution slowdown vs solo", "job_id"),
                 "slo": g("rollmux_job_slo", "Job slowdown SLO", "job_id"),
                 "iters": g("rollmux_job_iterations", "Iterations done", "job_id"),
@@ -115,6 +140,10 @@ class RollmuxMetrics:
                                     tag_keys=("kind",)),
                 "switch_s": g("rollmux_phase_switch_seconds", "Last phase switch latency, s", "kind"),
                 "moves": Counter("rollmux_job_moves_total", description="Jobs moved by departure re-packing"),
+                "sync_cross": Counter("rollmux_sync_cross_bytes_total",
+                                      description="Weight-sync bytes sent across the pool boundary", tag_keys=("job_id",)),
+                "sync_last": g("rollmux_sync_cross_bytes_last", "Bytes the last weight sync sent across the pool boundary",
+                               "job_id"),
             }
         return self._m
 
@@ -167,6 +196,32 @@ class RollmuxMetrics:
             if m:
                 m["busy"].set(t["busy"][pool], tags={"pool": pool})
                 m["bubble"].set(t["bubble"][pool], tags={"pool": pool})
+        elif kind == "timeline":
+            from rollmux.occupancy import occupancy
+
+            (gid,) = a
+            with self._lock:
+                pending = self._timelines.pop(gid, None)
+            if pending is None:  # already accounted by an earlier update of this flush
+                return
+            records, nodes, window = pending
+            occ = occupancy(list(records), nodes, window=window)
+            t["occ"][gid] = {p: (o.busy_gpu_s, o.capacity_gpu_s) for p, o in occ.items()}
+            for pool in occ:
+                busy = sum(v[pool][0] for v in t["occ"].values())
+                cap = sum(v[pool][1] for v in t["occ"].values())
+                t["busy"][pool], t["bubble"][pool] = busy, cap - busy
+                t["bubble_ratio"][pool] = (cap - busy) / cap if cap > 0 else 0.0
+                if m:
+                    for key in ("busy", "bubble", "bubble_ratio"):
+                        m[key].set(t[key][pool], tags={"pool": pool})
+        elif kind == "sync_cross":
+            job_id, nb = a
+            t["sync_cross_bytes"][job_id] = t["sync_cross_bytes"].get(job_id, 0) + nb
+            t["sync_cross_last"][job_id] = nb
+            if m:
+                m["sync_cross"].inc(float(nb), tags={"job_id": job_id})
+                m["sync_last"].set(float(nb), tags={"job_id": job_id})
         elif kind == "switch":
             k, s = a
             t["switches"][k] = t["switches"].get(k, 0) + 1
@@ -180,7 +235,7 @@ class RollmuxMetrics:
         if not self.enabled:
             return 0
         m, n = self._metrics(), 0
-        tag = {"busy": "pool", "bubble": "pool", "slowdown": "job_id", "slo": "job_id", "iters": "job_id",
+        tag = {"busy": "pool", "bubble": "pool", "bubble_ratio": "pool", "slowdown": "job_id", "slo": "job_id", "iters": "job_id",
                "cost": "group_id", "switch_s": "kind"}
         for key in self.GAUGES:
             for label, v in list(self.totals.get(key, {}).items()):

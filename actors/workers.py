@@ -81,6 +81,7 @@ class _Hosted:
         self.ref: Any = None  # ObjectRef of the stored (storable) state
         self.resident: dict = {}
         self.pending_weights: Optional[dict] = None  # {"ref": [ObjectRef]} | {"dict": {name: tensor}}
+        self.last_weights: Optional[dict] = None  # applied weights, kept for a cold-rebuilt resident engine
         self.sync_backend: str = cfg.get("sync_backend") or "object_store"
         self.endpoint: Any = None  # collectives endpoint (control plane, alive across phases)
         self.plan: Any = None
@@ -207,7 +208,26 @@ class _PoolWorker:
             if saved is not None:
                 state = restore_state(state, dict(saved))
             kind, h.moved = ("cold" if mv is None else "moved"), None
-        state.update(h.resident)
+            if h.resident:
+                # a cold start rebuilds the control plane too: the builder's fresh resident values
+                # (engines) are the ones used; the old ones hand over their state when they can
+                # (``state_dict`` -> ``load_state_dict``) and are closed. Rollout engines get the
+                # last synced weights again (they are not part of the stored state).
+                old, h.resident = h.resident, {}
+                restore_state(state, {k: v for k, v in old.items()
+                                      if hasattr(v, "state_dict") and hasattr(state.get(k), "load_state_dict")})
+                for v in old.values():
+                    close = getattr(v, "close", None)
+                    if callable(close):
+                        try:
+                            close()
+                        except Exception:
+                            pass
+                del old
+                if h.pending_weights is None and h.last_weights is not None:
+                    h.pending_weights = h.last_weights
+        if kind == "warm":
+            state.update(h.resident)
         state_resume(state)
         return state, kind, time.perf_counter() - t0
 
@@ -275,11 +295,14 @@ class _PoolWorker:
                 result = self._sync(h, state)
                 rec["sync_backend"] = h.sync_backend
                 rec["sync_receivers"] = result.get("receivers")
+                rec["sync_cross_bytes"] = result.get("cross_bytes")
             else:
                 if h.pending_weights is not None and h.apply is not None:
                     pw = h.pending_weights
                     h.apply(state, pw["dict"] if "dict" in pw else ray.get(pw["ref"][0]))
                     h.pending_weights = None
+                    if h.switch == "cold" and h.resident:  # re-applied after the next cold rebuild
+                        h.last_weights = pw
                 last = [-1]
                 hook = RuntimeHook(job_id, phase, grant.get("iteration", 0), lambda e: self._emit(h, ctrl, e, last))
                 result = call_phase(h.phases[phase], phase, state, tuple(args), dict(kwargs), hook)
@@ -355,12 +378,16 @@ class TrainWorkerImpl(_PoolWorker):
             raise KeyError(f"job {h.job_id!r} has no sync phase")
         weights = fn(state)
         if h.sync_backend == "gloo":
-            return {"receivers": self._sync_collective(h, weights)}
+            acks = self._sync_collective(h, weights)
+            st = h.endpoint.last_stats  # what the executor sent across the boundary
+            return {"receivers": acks, "cross_bytes": int(getattr(st, "cross_sent_bytes", 0) or 0)}
+        nbytes = sum(int(v.numel() * v.element_size()) for v in weights.values() if hasattr(v, "element_size"))
         ref = ray.put(weights)
         del weights
         acks = ray.get([ray.get_actor(w, namespace=NAMESPACE).receive_weights.remote(h.job_id, [ref])
                         for w in h.rollout_workers], timeout=600)
-        return {"receivers": acks}
+        # object store: every rollout node pulls the whole object across the boundary
+        return {"receivers": acks, "cross_bytes": nbytes * len(acks)}
 
     def _sync_collective(self, h: _Hosted, weights: dict) -> list:
         """RollMux §5.2 through collectives/ (gloo): the plan and endpoints are built at the first
@@ -390,16 +417,34 @@ class TrainWorkerImpl(_PoolWorker):
         return ray.get(receiving, timeout=SYNC_TIMEOUT_S)
 
 
+def worker_num_gpus() -> float:
+    """GPUs each worker actor requests: env ``ROLLMUX_WORKER_GPUS`` (a float; e.g. ``0.25`` lets
+    four workers share one GPU on a single-GPU test host), else 1 where the Ray cluster has GPUs
+    (each worker then gets its own ``CUDA_VISIBLE_DEVICES``) and 0 on CPU clusters.
+    Raises ValueError for a malformed or negative value."""
+    v = os.environ.get("ROLLMUX_WORKER_GPUS")
+    if v is not None:
+        g = float(v)
+        if g < 0:
+            raise ValueError(f"ROLLMUX_WORKER_GPUS must be >= 0, got {v!r}")
+        return g
+    import ray
+
+    return 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+
+
 def get_or_create_worker(node: str):
     """The named, detached worker of ``node`` (RolloutWorker or TrainWorker by the node's pool),
-    pinned with ``rollmux_node:<node>``. Raises ValueError for a malformed node id."""
+    pinned with ``rollmux_node:<node>``, requesting :func:`worker_num_gpus` GPUs (without a GPU
+    request Ray hides no device, so every worker would compute on GPU 0). Raises ValueError for
+    a malformed node id."""
     import ray
 
     pool = pool_of(node)
     cls = ray.remote(RolloutWorkerImpl if pool == "rollout" else TrainWorkerImpl)
     return cls.options(name=worker_name(node), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-                       num_cpus=0, resources={node_resource(node): 1.0}, max_concurrency=8,
-                       max_restarts=-1).remote(node)
+                       num_cpus=0, num_gpus=worker_num_gpus(), resources={node_resource(node): 1.0},
+                       max_concurrency=8, max_restarts=-1).remote(node)
 
 
 # Public names of the two actor classes (RollMux §5.1 terms).

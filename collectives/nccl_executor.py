@@ -10,7 +10,7 @@ unique ids are exchanged through a ``torch.distributed.TCPStore`` hosted by trai
 Each communicator has its own CUDA stream; a handle is a CUDA event recorded after the call and
 waited on by polling (bounded by ``timeout_s``; on timeout the communicators are aborted with
 ``ncclCommAbort`` so peers fail too). Shard digests are computed on host copies of each bucket
-(correct, not the fastest path). Needs ``cupy-cuda12x`` (``pip install rollmux[gpu]``) and a GPU;
+(correct, not the fastest path). Needs ``cupy-cuda13x`` (``pip install rollmux[gpu]``) and a GPU;
 otherwise constructing the executor raises :class:`~rollmux.sync_plan.SyncError`.
 """
 
@@ -36,9 +36,13 @@ else:
 
 
 def available() -> tuple[bool, str]:
-    """Whether this machine can run the NCCL executor, and why not."""
+    """Whether this machine can run the NCCL executor, and why not. CuPy 13/14 import
+    ``cupy.cuda.nccl`` even where the NCCL library is missing; ``cupy.cuda.nccl.available`` says
+    whether it loaded."""
     if nccl is None:
         return False, f"cupy.cuda.nccl not importable ({_IMPORT_ERROR}); install rollmux[gpu]"
+    if not getattr(nccl, "available", False):
+        return False, "cupy.cuda.nccl.available is False (CuPy found no NCCL library)"
     if not torch.cuda.is_available():
         return False, "no CUDA device"
     return True, "ok"
@@ -58,14 +62,17 @@ class NcclExecutor(SyncExecutor):
     """Sync endpoint over cupy-NCCL (CUDA tensors on ``device``, default the current device).
 
     Args: as :class:`collectives.gloo_executor.GlooExecutor` (``addr`` of the TCP store hosted by
-    trainer 0, ``job_id``, ``timeout_s``), plus ``device`` (CUDA device index).
+    trainer 0, ``job_id``, ``timeout_s``), plus ``device`` (CUDA device index). ``bind_host`` /
+    ``interface`` are accepted for a uniform endpoint signature: NCCL picks its own interfaces
+    (``NCCL_SOCKET_IFNAME``); the store listens on ``addr``.
     Raises:
         SyncError: cupy-NCCL or CUDA missing. SyncMismatchError: endpoints hold different plans.
     """
 
     def __init__(self, plan: SyncPlan, role: Role, index: int, *, addr: Optional[str] = None, job_id: str,
                  timeout_s: float = 60.0, device: Optional[int] = None, store: Optional[dist.Store] = None,
-                 fault_after_buckets: Optional[int] = None) -> None:
+                 fault_after_buckets: Optional[int] = None, bind_host: Optional[str] = None,
+                 interface: Optional[str] = None) -> None:
         ok, why = available()
         if not ok:
             raise SyncError(f"nccl sync backend unavailable: {why}")

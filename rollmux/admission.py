@@ -3,13 +3,17 @@
 :class:`InterGroupScheduler` keeps the co-execution groups of one cluster and decides, for each
 arriving job, which group and exact nodes it is pinned to:
 
-1. *Prune* groups that cannot take it: saturated groups (``T_load >= T_cycle``, DESIGN.md; the
-   seed's inequality is reversed) and full groups (``max_group_size``).
+1. *Prune* groups that cannot take it (:data:`GROUP_FILTERS`, evaluated when a group changes):
+   full groups (``max_group_size``) and saturated groups (``T_load >= T_cycle``).
 2. For each remaining group evaluate *direct packing* (pin the job on the group's existing
    least-loaded rollout and training nodes, ``Δ = 0``) and *rollout scale-out* (share the
    group's least-loaded training nodes, add ``ceil(NR / gpus_per_node)`` new rollout nodes,
    ``Δ`` = their price).
-3. Reject a candidate that breaks *memory residency* (per node, the sum of the pinned jobs'
+3. Run each candidate through :data:`CANDIDATE_FILTERS` (small named functions over one
+   precomputed :class:`Newcomer` record, each returning a :class:`Verdict` with its figures):
+   capacity, the newcomer's O(1) SLO bound, memory, every member's node-load SLO bound
+   (:func:`node_load_bound`, the one home of that rule). Reject a candidate that breaks *memory
+   residency* (per node, the sum of the pinned jobs'
    :func:`rollmux.profiler.state_gb` must fit ``host_mem_gb``) or any member's *SLO*
    (``T_coexec_k <= slo_k * T_solo_k``, T_coexec from :func:`rollmux.intra_group.coexec_times`,
    i.e. the steady-state mean iteration time of the round-robin schedule simulated on worst-case
@@ -18,6 +22,9 @@ arriving job, which group and exact nodes it is pinned to:
 4. Pick the minimum marginal cost; ties go to the most SLO slack (lowest
    ``max_k slowdown_k / slo_k``; ``SchedulerConfig.tie_break``), then to the earliest group.
    Compare with an isolated new group (its full price) and take the cheaper.
+
+What differs between the policies (SLO check, saturation pruning, tiers, how the choice is made,
+re-packing) is read from their :class:`rollmux.policies.PolicySpec`, never from their names.
 
 Refusals are values: ``code="never"`` (the job can never fit: state larger than every node of a
 pool, more GPUs than the pool has, weights not fitting HBM, duplicate id) or
@@ -50,7 +57,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Literal, Optional, Sequence, Union
+from typing import Callable, Iterable, Literal, Mapping, Optional, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -58,17 +65,35 @@ from rollmux import profiler
 from rollmux.intra_group import LongTailPolicy, coexec_times
 from rollmux.models import ClusterSpec, CoExecutionGroup, GroupMember, JobSpec, PhaseProfile, Placement, PoolName
 from rollmux.nodes import node_id, node_index
+from rollmux.policies import REGISTRY, PolicySpec, group_number as _gnum, policy_spec
 
 SLO_REL_TOL = 1e-9
 _idx = lru_cache(maxsize=None)(node_index)
 
-
-def _gnum(group_id: Optional[str]) -> int:
-    """Creation number of a group id ``group-<n>`` (ordering ties by age)."""
-    tail = (group_id or "").rpartition("-")[2]
-    return int(tail) if tail.isdigit() else -1
-
 PLUGINS = ("saturation", "memory", "slo", "capacity", "group_size")
+
+
+# --- the node-load rule (one home) ------------------------------------------------------------------
+
+def node_load_bound(t_solo_s: float, node_loads_s: Iterable[float]) -> float:
+    """The node-load rule: in every meta-iteration job k runs its rollout once on each of its
+    rollout nodes and its training + sync once on each of its training nodes, and a node runs one
+    phase at a time, so ``T_coexec_k >= max(T_solo_k, load of each of k's nodes)`` (seconds; the
+    load of a node = the phase times pinned to it). Used by the SLO bound filters, the optimum's
+    layouts and group pruning (``T_load``). Source: RollMux §4.2; DESIGN.md "Saturation pruning"."""
+    return max(t_solo_s, max(node_loads_s, default=0.0))
+
+
+def breaks_slo(t_coexec_s: float, t_solo_s: float, slo: float) -> bool:
+    """True when an iteration time ``t_coexec_s`` (or a lower bound of it) exceeds ``slo x t_solo_s``
+    (relative tolerance :data:`SLO_REL_TOL`)."""
+    return t_coexec_s > slo * t_solo_s * (1 + SLO_REL_TOL)
+
+
+def is_saturated(t_load_s: float, t_cycle_s: float) -> bool:
+    """Saturation (Alg. 1 line 4): ``T_load >= T_cycle``, i.e. the busiest node has no idle time
+    left in a meta-iteration of the longest member's solo time."""
+    return t_load_s >= t_cycle_s
 
 
 class SchedulerConfig(BaseModel):
@@ -81,6 +106,12 @@ class SchedulerConfig(BaseModel):
             responses is done (RollMux §4.3: 0.8).
         tail_gpus: GPUs that keep a migrated rollout's stragglers.
         migration_overhead_s: cost of one migration (stragglers' re-prefill), seconds.
+        tail_migration: act on long-tail decisions (GroupControllers release the rollout's nodes
+            to the waiting rollout; the simulator models it); false records decisions only.
+        plan_migration_overhead: long-tail migration runs at run time, so the SLO check plans
+            every rollout of a co-executed group ``migration_overhead_s`` longer (a migrated
+            rollout ends that much later; :func:`rollmux.intra_group.coexec_times`). The
+            simulator sets it for ``--stochastic`` replays, where rollouts migrate.
         seed: seed of the random baseline.
         tie_break: among candidates of equal marginal cost, ``"most_slack"`` (lowest
             ``max_k slowdown_k / slo_k``: leaves SLO headroom for stochastic phase times) or
@@ -99,6 +130,8 @@ class SchedulerConfig(BaseModel):
     tail_trigger_fraction: float = Field(default=0.8, gt=0.0, le=1.0)
     tail_gpus: int = Field(default=1, ge=1)
     migration_overhead_s: float = Field(default=2.0, ge=0.0)
+    tail_migration: bool = True
+    plan_migration_overhead: bool = False
     seed: int = 0
     tie_break: Literal["best_fit", "most_slack"] = "most_slack"
     repack_on_departure: bool = True
@@ -106,7 +139,13 @@ class SchedulerConfig(BaseModel):
     repack_max_members: int = Field(default=2, ge=1)
 
     def long_tail_policy(self) -> LongTailPolicy:
+        """The long-tail migration settings as a :class:`LongTailPolicy` (RollMux §4.3)."""
         return LongTailPolicy(self.tail_trigger_fraction, self.tail_gpus, self.migration_overhead_s)
+
+    def controller_settings(self) -> dict:
+        """Keyword arguments of a GroupController that carry these long-tail settings."""
+        return {"migrate": self.tail_migration, "tail_trigger_fraction": self.tail_trigger_fraction,
+                "tail_gpus": self.tail_gpus, "migration_overhead_s": self.migration_overhead_s}
 
 
 def load_scheduler_config(path: Union[str, Path, None] = None) -> SchedulerConfig:
@@ -137,6 +176,7 @@ class Candidate:
     new_nodes: tuple[str, ...] = ()
     score: float = 0.0  # max_k slowdown_k / slo_k (tie-break; lower = more slack)
     bound: float = 0.0  # optimistic (lower-bound) score, before simulating
+    numbers: dict[str, float] = field(default_factory=dict)  # the rejecting filter's figures (Verdict.numbers)
     members: list = field(default_factory=list, repr=False)  # G' members (internal)
     base: tuple = field(default=(), repr=False)  # (existing members, new member's spec, profile) (internal)
 
@@ -146,9 +186,11 @@ class Candidate:
             return None
         return Placement.model_construct(job_id=self.job_id, rollout_nodes=self.nodes[0], train_nodes=self.nodes[1])
 
-    def reject(self, plugin: str, reason: str) -> "Candidate":
+    def reject(self, plugin: str, reason: str, numbers: Optional[Mapping[str, float]] = None) -> "Candidate":
         self.verdict, self.plugin = "rejected", plugin
         self.reasons.append(reason)
+        if numbers:
+            self.numbers.update(numbers)
         return self
 
     @property
@@ -298,7 +340,7 @@ def _summarise(group: CoExecutionGroup, cluster: ClusterSpec) -> _Group:
     info = []
     for m in group.members:
         nodes = frozenset(m.placement.rollout_nodes + m.placement.train_nodes)
-        info.append((m.spec.job_id, m.profile.t_solo_s, m.spec.slo, nodes, max(loads[n] for n in nodes)))
+        info.append((m.spec.job_id, m.profile.t_solo_s, m.spec.slo, nodes, max(loads[n] for n in nodes)))  # busiest node
     return _Group(group, loads, mem, max((m.profile.t_solo_s for m in group.members), default=0.0),
                   max(loads.values(), default=0.0), info=info,
                   r_sorted=sorted(loads[n] for n in group.rollout_nodes), t_sorted=sorted(loads[n] for n in group.train_nodes))
@@ -318,33 +360,42 @@ def _slo_bound(cand: Candidate, members: list[GroupMember], loads: dict[str, flo
     so ``T_coexec_k >= max(T_solo_k, load of k's busiest node)``. Rejects on violation; sets
     ``cand.bound`` = the optimistic ``max_k slowdown_k / slo_k`` (for branch and bound)."""
     rows = [(m.spec.job_id, m.profile.t_solo_s, m.spec.slo,
-             max([m.profile.t_solo_s] + [loads[n] for n in m.placement.rollout_nodes + m.placement.train_nodes]))
+             node_load_bound(m.profile.t_solo_s, [loads[n] for n in m.placement.rollout_nodes + m.placement.train_nodes]))
             for m in members]
     cand.members = members
     return _bound_rows(cand, rows)
 
 
+def _bound_verdict(rows: list[tuple[str, float, float, float]]) -> tuple[float, "Verdict"]:
+    """The node-load lower bound over ``rows`` = (job_id, T_solo_s, slo, lower bound of T_coexec_s)
+    per member of G': (optimistic ``max_k slowdown_k / slo_k``, the SLO verdict)."""
+    bad = [(jid, lb / ts, slo) for jid, ts, slo, lb in rows if breaks_slo(lb, ts, slo)]
+    bound = max((lb / ts / slo for _, ts, slo, lb in rows), default=0.0)
+    if not bad:
+        return bound, PASS
+    return bound, _no("slo", "; ".join(f"{jid}: slowdown >= {sd:.3f} > SLO {slo:.3f} (node-load lower bound)" for jid, sd, slo in bad),
+                      slowdown_lower_bound=max(sd for _, sd, _ in bad), slo=min(slo for _, _, slo in bad), optimistic_score=bound)
+
+
 def _bound_rows(cand: Candidate, rows: list[tuple[str, float, float, float]]) -> Candidate:
-    """Apply the node-load lower bound: ``rows`` = (job_id, T_solo_s, slo, lower bound of T_coexec_s)
-    per member of G'. Sets ``cand.bound`` (max optimistic slowdown / SLO); rejects on violation."""
-    bad = [f"{jid}: slowdown >= {lb / ts:.3f} > SLO {slo:.3f} (node-load lower bound)"
-           for jid, ts, slo, lb in rows if lb > slo * ts * (1 + SLO_REL_TOL)]
-    cand.bound = max((lb / ts / slo for _, ts, slo, lb in rows), default=0.0)
-    return cand.reject("slo", "; ".join(bad)) if bad else cand
+    """Apply :func:`_bound_verdict` to ``cand``: sets ``cand.bound``; rejects on violation."""
+    cand.bound, v = _bound_verdict(rows)
+    return cand if v.ok else cand.reject(v.plugin, v.reason, v.numbers)
 
 
-def _slo_sim(cand: Candidate) -> Candidate:
+def _slo_sim(cand: Candidate, rollout_overhead_s: float = 0.0) -> Candidate:
     """Alg. 1 line 10: every member k of G' needs T_coexec_k <= slo_k * T_solo_k, T_coexec from
-    the simulated round-robin schedule (:func:`rollmux.intra_group.coexec_times`)."""
+    the simulated round-robin schedule (:func:`rollmux.intra_group.coexec_times`; every rollout
+    planned ``rollout_overhead_s`` longer: the long-tail migration overhead)."""
     if not cand.members:
         old, spec, prof = cand.base
         cand.members = list(old) + [GroupMember.model_construct(spec=spec, profile=prof, placement=cand.placement)]
     members = cand.members
-    tco = coexec_times(members)
+    tco = coexec_times(members, rollout_overhead_s=rollout_overhead_s)
     sd = {m.spec.job_id: tco[m.spec.job_id] / m.profile.t_solo_s for m in members}
     cand.predicted_slowdowns = sd
     viol = [f"{m.spec.job_id}: predicted slowdown {sd[m.spec.job_id]:.3f} > SLO {m.spec.slo:.3f}"
-            for m in members if sd[m.spec.job_id] > m.spec.slo * (1 + SLO_REL_TOL)]
+            for m in members if breaks_slo(sd[m.spec.job_id], 1.0, m.spec.slo)]
     if viol:
         return cand.reject("slo", "; ".join(viol))
     cand.score = max(sd[m.spec.job_id] / m.spec.slo for m in members)
@@ -359,11 +410,165 @@ def _slo_check(cand: Candidate, members: list[GroupMember], loads: dict[str, flo
 
 # --- the scheduler ---------------------------------------------------------------------------------------
 
-POLICIES: dict[str, str] = {
-    "rollmux": "RollMux Alg. 1: prune saturated groups, direct packing / rollout scale-out, memory + SLO checks, min marginal cost",
-    "random": "baseline: a random memory-feasible (group, direct|scale-out) placement, no SLO check; new group only if none fits",
-    "most-idle": "baseline: the most idle memory-feasible group (direct if its idle rollout time fits, else scale-out), no SLO check",
-}
+#: The group-forming admission policies: name -> description (a view of :data:`rollmux.policies.REGISTRY`).
+POLICIES: dict[str, str] = {n: p.description for n, p in REGISTRY.items() if p.kind == "scheduler"}
+
+
+# --- admission filters ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Newcomer:
+    """The arriving job as every filter sees it, computed once per decision.
+
+    Attributes:
+        job / profile: its spec and planning (worst-case) phase times, seconds.
+        rollout_nodes / train_nodes: whole nodes it needs in each pool (``ceil(GPUs / gpus_per_node)``).
+        rollout_state_gb / train_state_gb: host-memory state it pins on each of its nodes, GB.
+        free_rollout: the free rollout nodes a scale-out would take (None: the pool is full).
+        rollout_price / train_price: $/h of one node of each pool.
+        rollout_host_mem_gb / train_host_mem_gb: host memory of one node of each pool, GB.
+    """
+
+    job: JobSpec
+    profile: PhaseProfile
+    rollout_nodes: int
+    train_nodes: int
+    rollout_state_gb: float
+    train_state_gb: float
+    free_rollout: Optional[tuple[str, ...]]
+    rollout_price: float
+    train_price: float
+    rollout_host_mem_gb: float
+    train_host_mem_gb: float
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A filter's answer: ``ok``, or the rejecting ``plugin`` (one of :data:`PLUGINS`) with a
+    human-readable ``reason`` and the figures behind it (``numbers``, units in the keys)."""
+
+    ok: bool
+    plugin: str = ""
+    reason: str = ""
+    numbers: Mapping[str, float] = field(default_factory=dict)
+
+
+PASS = Verdict(True)
+
+
+def _no(plugin: str, reason: str, **numbers: float) -> Verdict:
+    return Verdict(False, plugin, reason, numbers)
+
+
+def capacity_filter(g: "_Group", new: Newcomer, c: Candidate) -> Verdict:
+    """The group has enough training nodes (and rollout nodes for direct packing); a scale-out
+    has enough free rollout nodes in the cluster."""
+    grp = g.group
+    if new.train_nodes > len(grp.train_nodes):
+        return _no("capacity", f"job needs {new.train_nodes} training nodes, group has {len(grp.train_nodes)}",
+                   train_nodes_needed=new.train_nodes, train_nodes_in_group=len(grp.train_nodes))
+    if c.strategy == "direct" and new.rollout_nodes > len(grp.rollout_nodes):
+        return _no("capacity", f"job needs {new.rollout_nodes} rollout nodes, group has {len(grp.rollout_nodes)}",
+                   rollout_nodes_needed=new.rollout_nodes, rollout_nodes_in_group=len(grp.rollout_nodes))
+    if c.strategy == "scale_out" and new.free_rollout is None:
+        return _no("capacity", f"cluster out of GPUs: no {new.rollout_nodes} free rollout nodes",
+                   rollout_nodes_needed=new.rollout_nodes)
+    return PASS
+
+
+def newcomer_slo_bound_filter(g: "_Group", new: Newcomer, c: Candidate) -> Verdict:
+    """O(1) necessary condition before picking nodes (node-load rule on the newcomer alone): even
+    on the group's least-loaded nodes, its own iteration would take at least their load plus its
+    phases."""
+    p = new.profile
+    lb = g.t_sorted[new.train_nodes - 1] + p.t_train_s + p.t_sync_s
+    if c.strategy == "direct" and new.rollout_nodes <= len(g.r_sorted):
+        lb = max(lb, g.r_sorted[new.rollout_nodes - 1] + p.t_roll_s)
+    if breaks_slo(lb, p.t_solo_s, new.job.slo):
+        return _no("slo", f"{new.job.job_id}: slowdown >= {lb / p.t_solo_s:.3f} > SLO {new.job.slo:.3f} "
+                          "(load of the least-loaded nodes, lower bound)",
+                   slowdown_lower_bound=lb / p.t_solo_s, slo=new.job.slo)
+    return PASS
+
+
+def memory_filter(g: "_Group", new: Newcomer, c: Candidate) -> Verdict:
+    """Memory residency: the newcomer's state fits the host memory of the least-loaded nodes it is
+    pinned to (picks them: sets ``c.nodes``; scale-out takes the free rollout nodes)."""
+    grp = g.group
+    tn = _pick_nodes(grp.train_nodes, new.train_nodes, g.loads, g.mem, new.train_state_gb, new.train_host_mem_gb)
+    if tn is None:
+        return _no("memory", f"fewer than {new.train_nodes} training nodes with {new.train_state_gb:.1f} GB of host memory free",
+                   train_nodes_needed=new.train_nodes, state_gb=new.train_state_gb, host_mem_gb=new.train_host_mem_gb)
+    if c.strategy == "direct":
+        rn = _pick_nodes(grp.rollout_nodes, new.rollout_nodes, g.loads, g.mem, new.rollout_state_gb, new.rollout_host_mem_gb)
+        if rn is None:
+            return _no("memory", f"fewer than {new.rollout_nodes} rollout nodes with {new.rollout_state_gb:.1f} GB of host memory free",
+                       rollout_nodes_needed=new.rollout_nodes, state_gb=new.rollout_state_gb, host_mem_gb=new.rollout_host_mem_gb)
+    else:  # scale_out: free_rollout is not None (capacity_filter)
+        rn = list(new.free_rollout or ())
+        c.new_nodes = tuple(rn)
+    c.nodes, c.job_id = (tuple(rn), tuple(tn)), new.job.job_id
+    c.base = (grp.members, new.job, new.profile)
+    return PASS
+
+
+def slo_bound_filter(g: "_Group", new: Newcomer, c: Candidate) -> Verdict:
+    """Node-load rule on every member of G' (the newcomer on its picked nodes added to the loads):
+    rejects when a member's lower bound breaks its SLO; sets ``c.bound``, the optimistic
+    ``max_k slowdown_k / slo_k`` branch and bound orders by (no simulation)."""
+    p = new.profile
+    rn, tn = c.nodes  # type: ignore[misc]
+    add_r, add_t = p.t_roll_s, p.t_train_s + p.t_sync_s
+    new_loads = {n: g.loads.get(n, 0.0) + add_r for n in rn}
+    for n in tn:
+        new_loads[n] = g.loads[n] + add_t
+    rows = [(new.job.job_id, p.t_solo_s, new.job.slo, node_load_bound(p.t_solo_s, new_loads.values()))]
+    for jid, ts, slo, nodes, ml in g.info:
+        rows.append((jid, ts, slo, node_load_bound(ts, [ml] + [v for n, v in new_loads.items() if n in nodes])))
+    c.bound, v = _bound_verdict(rows)
+    return v
+
+
+@dataclass(frozen=True)
+class Filter:
+    """One admission filter: ``check(group, newcomer, candidate) -> Verdict``; ``slo_only``: run
+    only for policies whose spec has ``slo_check`` (Alg. 1)."""
+
+    name: str
+    check: Callable[["_Group", Newcomer, Candidate], Verdict]
+    slo_only: bool = False
+
+
+#: Per-candidate filters, in order (cheap first; the memory filter picks the nodes the later ones use).
+CANDIDATE_FILTERS: tuple[Filter, ...] = (
+    Filter("capacity", capacity_filter),
+    Filter("newcomer_slo_bound", newcomer_slo_bound_filter, slo_only=True),
+    Filter("memory", memory_filter),
+    Filter("slo_bound", slo_bound_filter, slo_only=True),
+)
+
+
+def group_size_filter(g: "_Group", max_group_size: int) -> Verdict:
+    """A full group (``max_group_size`` members) takes no newcomer."""
+    n = len(g.group.members)
+    if n >= max_group_size:
+        return _no("group_size", f"group has {n} jobs (max_group_size={max_group_size})", members=n, max_group_size=max_group_size)
+    return PASS
+
+
+def saturation_filter(g: "_Group", max_group_size: int) -> Verdict:
+    """Saturated groups (:func:`is_saturated`) take no newcomer (Alg. 1 line 4)."""
+    if is_saturated(g.t_load, g.t_cycle):
+        return _no("saturation", f"saturated: T_load {g.t_load:.1f} s >= T_cycle {g.t_cycle:.1f} s", t_load_s=g.t_load, t_cycle_s=g.t_cycle)
+    return PASS
+
+
+#: Group-level filters (pruning, evaluated when a group changes, not per decision), in order;
+#: ``slo_only`` ones apply to policies with ``prune_saturated``.
+GROUP_FILTERS: tuple[Filter, ...] = (
+    Filter("group_size", group_size_filter),
+    Filter("saturation", saturation_filter, slo_only=True),
+)
 
 
 class InterGroupScheduler:
@@ -386,8 +591,7 @@ class InterGroupScheduler:
             max_group_size = max_group_size if max_group_size != 5 else config.max_group_size
             seed = seed if seed != 0 else config.seed
             config = config.model_copy(update={"policy": policy, "max_group_size": int(max_group_size), "seed": seed})
-        if policy not in POLICIES:
-            raise ValueError(f"unknown admission policy {policy!r} (known: {', '.join(POLICIES)})")
+        self.spec: PolicySpec = policy_spec(policy, "scheduler")
         if int(max_group_size) < 1:
             raise ValueError(f"max_group_size must be >= 1, got {max_group_size}")
         self.cluster = cluster
@@ -496,60 +700,42 @@ class InterGroupScheduler:
         reason = self._never(job, prof)
         if reason:
             return AdmissionDecision(job.job_id, False, "never", reason, self.policy, profile=prof)
-        cl = self.cluster
-        nr = job.nodes_needed("rollout", cl.rollout_pool.node)
-        nt = job.nodes_needed("train", cl.train_pool.node)
-        mr, mt = profiler.state_gb(job, "rollout", cl), profiler.state_gb(job, "train", cl)
-        price_r, price_t = cl.rollout_pool.node.price_usd_per_h, cl.train_pool.node.price_usd_per_h
+        new = self._newcomer(job, prof)
+        nr, nt = new.rollout_nodes, new.train_nodes
+        spec = self.spec
         cands: list[Candidate] = []
-        new_r = self._pools["rollout"].peek(nr)
-        slo_check = self.policy == "rollmux"
-        feasible_by_group: list[tuple[_Group, Candidate]] = []
         pruned = list(self._closed.items())  # kept up to date on every state change (linear scan avoided)
-        # RollMux evaluates the scale-out tier (delta > 0) only when no direct packing (delta = 0)
-        # survives; the baselines draw among every feasible pair, so they see both tiers.
-        tiers = (("direct",), ("scale_out",)) if slo_check else (("direct", "scale_out"),)
+        # Tier by tier (RollMux: direct packing, Δ = 0, then scale-out only when no direct packing
+        # survives; the baselines draw among every feasible pair, so they see both in one tier).
         chosen: Optional[Candidate] = None
-        for strategies in tiers:
+        for strategies in spec.tiers:
             tier: list[Candidate] = []
             for g in self._open.values():
                 for strategy in strategies:
-                    c = self._candidate(g, job, prof, strategy, nr, nt, mr, mt, new_r, price_r, slo_check)
+                    c = self._candidate(g, new, strategy)
                     cands.append(c)
                     if c.ok:
-                        feasible_by_group.append((g, c))
                         tier.append(c)
-            if slo_check:
-                chosen = self._choose_rollmux(tier)
-                if chosen is not None:
-                    break
-        iso = Candidate(None, "isolated", nr * price_r + nt * price_t)
+            chosen = spec.choose(self, tier, prof)  # type: ignore[misc]
+            if chosen is not None:
+                break
+        if chosen is not None and not spec.slo_check:  # predicted slowdowns of the chosen placement only
+            g = self._groups[chosen.group_id]  # type: ignore[index]
+            mems = list(g.group.members) + [GroupMember(spec=job, profile=prof, placement=chosen.placement)]
+            tco = coexec_times(mems)
+            chosen.predicted_slowdowns = {m.spec.job_id: tco[m.spec.job_id] / m.profile.t_solo_s for m in mems}
+        iso = Candidate(None, "isolated", nr * new.rollout_price + nt * new.train_price)
+        new_r = new.free_rollout
         new_t = self._pools["train"].peek(nt)
         if new_r is None or new_t is None:
             iso.reject("capacity", "cluster out of GPUs: not enough free nodes for a new group "
-                       f"({nr} rollout + {nt} training nodes)")
+                       f"({nr} rollout + {nt} training nodes)", {"rollout_nodes_needed": nr, "train_nodes_needed": nt})
         else:
             iso.nodes, iso.job_id = (tuple(new_r), tuple(new_t)), job.job_id
             iso.new_nodes = tuple(new_r) + tuple(new_t)
             iso.predicted_slowdowns = {job.job_id: 1.0}
         cands.append(iso)
 
-        if feasible_by_group and not slo_check:
-            if self.policy == "random":
-                feasible_by_group.sort(key=lambda gc: (_gnum(gc[1].group_id), gc[1].strategy))
-                chosen = self._rng.choice(feasible_by_group)[1]
-            else:  # most-idle
-                g_idle = max((g for g, _ in feasible_by_group), key=lambda g: (g.idle_fraction, -_gnum(g.group.group_id)))
-                opts = {c.strategy: c for g, c in feasible_by_group if g is g_idle}
-                d = opts.get("direct")
-                fits = d is not None and all(g_idle.t_cycle - g_idle.loads.get(n, 0.0) >= prof.t_roll_s
-                                             for n in d.placement.rollout_nodes)  # type: ignore[union-attr]
-                chosen = d if (fits or "scale_out" not in opts) else opts["scale_out"]
-            if not slo_check and chosen is not None:
-                g = self._groups[chosen.group_id]  # type: ignore[index]
-                mems = list(g.group.members) + [GroupMember(spec=job, profile=prof, placement=chosen.placement)]
-                tco = coexec_times(mems)
-                chosen.predicted_slowdowns = {m.spec.job_id: tco[m.spec.job_id] / m.profile.t_solo_s for m in mems}
         if iso.ok and (chosen is None or iso.delta_usd_per_h < chosen.delta_usd_per_h):
             chosen = iso
         if chosen is None:
@@ -563,51 +749,29 @@ class InterGroupScheduler:
             candidates=cands, _pruned_src=pruned, profile=prof, _chosen=chosen,
         )
 
-    def _candidate(self, g: _Group, job: JobSpec, prof: PhaseProfile, strategy: str, nr: int, nt: int, mr: float,
-                   mt: float, new_r: Optional[list[str]], price_r: float, slo_check: bool) -> Candidate:
-        grp = g.group
+    def _newcomer(self, job: JobSpec, prof: PhaseProfile) -> Newcomer:
         cl = self.cluster
-        c = Candidate(grp.group_id, strategy, 0.0 if strategy == "direct" else nr * price_r)
-        if nt > len(grp.train_nodes):
-            return c.reject("capacity", f"job needs {nt} training nodes, group has {len(grp.train_nodes)}")
-        if strategy == "direct" and nr > len(grp.rollout_nodes):
-            return c.reject("capacity", f"job needs {nr} rollout nodes, group has {len(grp.rollout_nodes)}")
-        if strategy == "scale_out" and new_r is None:
-            return c.reject("capacity", f"cluster out of GPUs: no {nr} free rollout nodes")
-        if slo_check:  # O(1) necessary condition before picking nodes: the newcomer's own SLO
-            cap = job.slo * prof.t_solo_s * (1 + SLO_REL_TOL)
-            lb = g.t_sorted[nt - 1] + prof.t_train_s + prof.t_sync_s
-            if strategy == "direct" and nr <= len(g.r_sorted):
-                lb = max(lb, g.r_sorted[nr - 1] + prof.t_roll_s)
-            if lb > cap:
-                return c.reject("slo", f"{job.job_id}: slowdown >= {lb / prof.t_solo_s:.3f} > SLO {job.slo:.3f} "
-                                       "(load of the least-loaded nodes, lower bound)")
-        tn = _pick_nodes(grp.train_nodes, nt, g.loads, g.mem, mt, cl.train_pool.node.host_mem_gb)
-        if tn is None:
-            return c.reject("memory", f"fewer than {nt} training nodes with {mt:.1f} GB of host memory free")
-        if strategy == "direct":
-            rn = _pick_nodes(grp.rollout_nodes, nr, g.loads, g.mem, mr, cl.rollout_pool.node.host_mem_gb)
-            if rn is None:
-                return c.reject("memory", f"fewer than {nr} rollout nodes with {mr:.1f} GB of host memory free")
-        else:  # scale_out: new_r is not None (checked above)
-            rn = list(new_r)
-            c.new_nodes = tuple(new_r)
-        c.nodes, c.job_id = (tuple(rn), tuple(tn)), job.job_id
-        c.base = (grp.members, job, prof)
-        if not slo_check:
-            return c
-        # optimistic bound (no simulation): k iterates once per meta-iteration on each of its nodes
-        add_r, add_t = prof.t_roll_s, prof.t_train_s + prof.t_sync_s
-        new_loads = {n: g.loads.get(n, 0.0) + add_r for n in rn}
-        for n in tn:
-            new_loads[n] = g.loads[n] + add_t
-        lb = max(prof.t_solo_s, max(new_loads.values()))
-        rows = [(job.job_id, prof.t_solo_s, job.slo, lb)]
-        for jid, ts, slo, nodes, ml in g.info:
-            rows.append((jid, ts, slo, max([ts, ml] + [v for n, v in new_loads.items() if n in nodes])))
-        return _bound_rows(c, rows)
+        nr = job.nodes_needed("rollout", cl.rollout_pool.node)
+        free = self._pools["rollout"].peek(nr)
+        return Newcomer(job, prof, nr, job.nodes_needed("train", cl.train_pool.node),
+                        profiler.state_gb(job, "rollout", cl), profiler.state_gb(job, "train", cl),
+                        None if free is None else tuple(free), cl.rollout_pool.node.price_usd_per_h,
+                        cl.train_pool.node.price_usd_per_h, cl.rollout_pool.node.host_mem_gb, cl.train_pool.node.host_mem_gb)
 
-    def _choose_rollmux(self, feasible: list[Candidate]) -> Optional[Candidate]:
+    def _candidate(self, g: _Group, new: Newcomer, strategy: str) -> Candidate:
+        """One placement of the newcomer into ``g`` (``"direct"`` | ``"scale_out"``), through
+        :data:`CANDIDATE_FILTERS` in order; the first rejecting filter's verdict is kept."""
+        c = Candidate(g.group.group_id, strategy, 0.0 if strategy == "direct" else new.rollout_nodes * new.rollout_price)
+        slo_check = self.spec.slo_check
+        for f in CANDIDATE_FILTERS:
+            if f.slo_only and not slo_check:
+                continue
+            v = f.check(g, new, c)
+            if not v.ok:
+                return c.reject(v.plugin, v.reason, v.numbers)
+        return c
+
+    def choose_min_cost(self, feasible: list[Candidate]) -> Optional[Candidate]:
         """Min marginal cost, tie-break on SLO slack, over bound-feasible candidates; simulates
         lazily: cheaper tiers first (direct Δ=0, then scale-out), best optimistic bound first, and
         stops when no remaining candidate can beat the best simulated one (branch and bound).
@@ -624,7 +788,7 @@ class InterGroupScheduler:
                 if chosen is not None and most_slack and c.bound >= chosen.score:
                     c.verdict, c.reasons = "skipped", [f"bound {c.bound:.3f} >= chosen score {chosen.score:.3f} (branch and bound)"]
                     continue
-                _slo_sim(c)
+                _slo_sim(c, self.config.migration_overhead_s if self.config.plan_migration_overhead else 0.0)
                 if c.ok and (chosen is None or (c.score < chosen.score if most_slack else c.score > chosen.score)):
                     chosen = c
         return chosen
@@ -639,13 +803,14 @@ class InterGroupScheduler:
             del self._groups[gid]
             return
         self._groups[gid] = g
-        n = len(g.group.members)
-        if n >= self.max_group_size:
-            self._closed[gid] = ("group_size", f"group has {n} jobs (max_group_size={self.max_group_size})")
-        elif self.policy == "rollmux" and g.t_load >= g.t_cycle:
-            self._closed[gid] = ("saturation", f"saturated: T_load {g.t_load:.1f} s >= T_cycle {g.t_cycle:.1f} s")
-        else:
-            self._open[gid] = g
+        for f in GROUP_FILTERS:
+            if f.slo_only and not self.spec.prune_saturated:
+                continue
+            v = f.check(g, self.max_group_size)
+            if not v.ok:
+                self._closed[gid] = (v.plugin, v.reason)
+                return
+        self._open[gid] = g
 
     def commit(self, decision: AdmissionDecision) -> Optional[CoExecutionGroup]:
         """Apply an admitting decision from :meth:`decide` (no-op for a refusal: returns None).
@@ -754,7 +919,7 @@ class InterGroupScheduler:
         Source: extension of RollMux §4.2 Alg. 1 (the paper only admits; its offline optimum
         re-partitions at every event, DESIGN.md "Optimum"); DESIGN.md "Job departure".
         """
-        if self.policy != "rollmux" or not self.config.repack_on_departure or self.config.repack_max_groups == 0:
+        if not self.spec.repacks or not self.config.repack_on_departure or self.config.repack_max_groups == 0:
             return []
         cands = [gid for gid, g in self._groups.items() if len(g.group.members) <= self.config.repack_max_members]
         cands.sort(key=lambda gid: (gid != trigger_group, len(self._groups[gid].group.members),

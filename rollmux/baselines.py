@@ -96,13 +96,25 @@ def planning_profile(job: JobSpec, cluster: ClusterSpec) -> PhaseProfile:
 def solo_unit(job: JobSpec, profile: PhaseProfile, cluster: ClusterSpec) -> Unit:
     """Solo-D: the job alone on ceil(NR/8) rollout and ceil(NT/8) training nodes; slowdown 1.
 
-    Busy time: rollout nodes during rollout; training nodes during training and sync (the sync
-    holds the senders, :mod:`rollmux.round_robin`). Source: RollMux §7.1 Solo-D.
+    Busy time (:func:`rollmux.occupancy.occupancy`, GPU-weighted): the job's NR GPUs during
+    rollout, its NT GPUs during training and sync (the sync holds the senders,
+    :mod:`rollmux.round_robin`); the rest of its whole nodes idles. Source: RollMux §7.1 Solo-D.
     """
+    from rollmux.occupancy import occupancy
+
     rn = job.nodes_needed("rollout", cluster.rollout_pool.node)
     tn = job.nodes_needed("train", cluster.train_pool.node)
-    rg, tg = rn * cluster.rollout_pool.node.gpus_per_node, tn * cluster.train_pool.node.gpus_per_node
+    rgpn, tgpn = cluster.rollout_pool.node.gpus_per_node, cluster.train_pool.node.gpus_per_node
+    rg, tg = rn * rgpn, tn * tgpn
     t = profile.t_solo_s
+    # one iteration's records (phases back to back; the job's GPUs spread over its nodes): busy GPUs
+    # are GPU-weighted, so a job on 4 of a node's 8 GPUs leaves the other 4 idle
+    recs = [dict(pool="rollout", node=f"r{i}", start_s=0.0, end_s=profile.t_roll_s, gpus=min(rgpn, job.num_rollout_gpus / rn))
+            for i in range(rn)]
+    recs += [dict(pool="train", node=f"t{i}", start_s=profile.t_roll_s, end_s=t, gpus=min(tgpn, job.num_train_gpus / tn))
+             for i in range(tn)]
+    occ = occupancy(recs, {"rollout": {f"r{i}": rgpn for i in range(rn)}, "train": {f"t{i}": tgpn for i in range(tn)}},
+                    window=(0.0, t))
     return Unit(
         key=f"solo:{job.job_id}",
         job_ids=(job.job_id,),
@@ -110,8 +122,8 @@ def solo_unit(job: JobSpec, profile: PhaseProfile, cluster: ClusterSpec) -> Unit
         rollout_gpus=rg,
         train_gpus=tg,
         iter_time_s={job.job_id: t},
-        rollout_busy_gpus=rg * profile.t_roll_s / t,
-        train_busy_gpus=tg * (profile.t_train_s + profile.t_sync_s) / t,
+        rollout_busy_gpus=occ["rollout"].busy_gpu_s / t,
+        train_busy_gpus=occ["train"].busy_gpu_s / t,
     )
 
 
@@ -374,22 +386,26 @@ class OptimalPartition:
         return res
 
 
-#: Names of the group-forming policies run through A's InterGroupScheduler.
-SCHEDULER_POLICIES: tuple[str, ...] = ("rollmux", "random", "most-idle")
-#: Every policy the simulator knows.
-POLICY_NAMES: tuple[str, ...] = ("rollmux", "solo-d", "colocated", "gavel+", "random", "most-idle", "optimal")
+def realised(unit_fn: Callable[[JobSpec, ClusterSpec], Unit]) -> Callable[..., Unit]:
+    """A per-job baseline's unit with the realisation's phase times: in stochastic replays the
+    allocation's worst-case iteration time is scaled by the job's realised / planned solo time.
+    ``real``: a :class:`rollmux.simulator.Realisation` (``stochastic``, ``solo_time_s``)."""
+
+    def unit(job: JobSpec, cluster: ClusterSpec, real) -> Unit:
+        u = unit_fn(job, cluster)
+        if not real.stochastic:
+            return u
+        f = real.solo_time_s(job) / profiler.estimate(job, cluster).t_solo_s
+        return Unit(u.key, u.job_ids, u.cost_usd_per_h, u.rollout_gpus, u.train_gpus, {job.job_id: u.iter_time_s[job.job_id] * f},
+                    u.rollout_busy_gpus, u.train_busy_gpus)
+
+    unit.__name__ = unit.__qualname__ = f"realised_{unit_fn.__name__}"
+    return unit
 
 
 def check_policy(name: str) -> str:
-    """Return ``name`` if it is a known policy, else raise ValueError listing the known ones."""
-    if name not in POLICY_NAMES:
-        raise ValueError(f"unknown policy {name!r}; known policies: {', '.join(POLICY_NAMES)}")
-    return name
+    """Return ``name`` if it is a known policy (:data:`rollmux.policies.REGISTRY`), else raise
+    ValueError listing the known ones."""
+    from rollmux.policies import policy_spec
 
-
-UnitFn = Callable[[JobSpec, ClusterSpec], Unit]
-#: Per-job (non-grouping) baselines.
-PER_JOB_UNITS: dict[str, UnitFn] = {
-    "colocated": colocated_unit,
-    "gavel+": gavel_unit,
-}
+    return policy_spec(name).name

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Mapping, Optional, Sequence, Union
 
 from rollmux.models import CoExecutionGroup, GroupMember, PhaseProfile
+from rollmux.occupancy import BusyCurve
 from rollmux.round_robin import RoundRobinQueues
 
 
@@ -31,12 +32,17 @@ class IterationTimes:
 
     ``t_trigger_s`` (optional, relative to the rollout's start): when the trigger fraction of
     the rollout's responses is done, i.e. when long-tail migration may fire.
+    ``tail_load`` (optional, >= 0): the unfinished responses at the trigger as a fraction of the
+    job's concurrent decode slots over all its rollout GPUs (``None``: ``1 - trigger_fraction``,
+    i.e. a rollout that started with every slot full). It sets how much the tail stretches
+    when its stragglers are packed onto fewer GPUs (:meth:`LongTailPolicy.tail_stretch`).
     """
 
     t_roll_s: float
     t_train_s: float
     t_sync_s: float = 0.0
     t_trigger_s: Optional[float] = None
+    tail_load: Optional[float] = None
 
     def __post_init__(self) -> None:
         for name in ("t_roll_s", "t_train_s", "t_sync_s"):
@@ -45,11 +51,18 @@ class IterationTimes:
                 raise ValueError(f"{name} must be a finite number >= 0, got {v}")
         if self.t_trigger_s is not None and not (0 <= self.t_trigger_s <= self.t_roll_s):
             raise ValueError(f"t_trigger_s must lie in [0, t_roll_s={self.t_roll_s}], got {self.t_trigger_s}")
+        if self.tail_load is not None and not (self.tail_load >= 0 and math.isfinite(self.tail_load)):
+            raise ValueError(f"tail_load must be a finite number >= 0, got {self.tail_load}")
 
 
 @dataclass(frozen=True)
 class PhaseRecord:
-    """One phase of one job on one node: ``[start_s, end_s)`` of meta-iteration ``iteration``."""
+    """One phase of one job on one node: ``[start_s, end_s)`` of meta-iteration ``iteration``.
+
+    ``gpus``: GPUs of ``node`` the phase uses (``None``: the whole node); after long-tail
+    migration the tail's record holds only the tail GPUs. Busy / bubble ratios are computed from
+    these records by :func:`rollmux.occupancy.occupancy`.
+    """
 
     job_id: str
     phase: str
@@ -58,17 +71,22 @@ class PhaseRecord:
     iteration: int
     start_s: float
     end_s: float
+    gpus: Optional[float] = None
 
 
 @dataclass(frozen=True)
 class LongTailPolicy:
     """Long-tail migration (RollMux §4.3, Fig. 7).
 
-    When ``trigger_fraction`` of a rollout's responses are done, its unfinished responses are
-    consolidated onto ``tail_gpus`` GPUs of the job and the other GPUs are released to the next
-    queued rollout; the migration costs ``migration_overhead_s`` (re-prefill of the stragglers'
-    context), added to the migrated rollout's end. While the tail runs, a rollout started on the
-    same nodes progresses at the freed fraction of the nodes' speed.
+    When ``trigger_fraction`` of a rollout's responses are done *and another member of the group
+    waits for the rollout's nodes* (:meth:`rollmux.round_robin.RoundRobinQueues.waiting_for`),
+    its unfinished responses are consolidated onto ``tail_gpus`` GPUs of the job and the other
+    GPUs are released to the waiting rollout; nobody waiting, nothing moves (a lone job never
+    pays the overhead). The migration costs ``migration_overhead_s`` (re-prefill of the
+    stragglers' context), added to the migrated rollout's end, and the tail stretches with the
+    stragglers packed per tail GPU (:meth:`tail_stretch`), so an early trigger that packs many
+    stragglers onto few GPUs lengthens the job's rollout. While the tail runs, a rollout
+    started on the same nodes progresses at the freed fraction of the nodes' speed.
     """
 
     trigger_fraction: float = 0.8
@@ -99,6 +117,37 @@ class LongTailPolicy:
         """Fraction of the job's rollout capacity kept by the tail."""
         return min(1.0, self.tail_gpus / max(1, job_gpus))
 
+    def tail_stretch(self, job_gpus: int, tail_load: Optional[float] = None, tail_gpus: Optional[int] = None) -> float:
+        """Factor (>= 1) by which the rest of a migrated rollout lengthens.
+
+        A GPU decodes up to its share of the job's concurrent slots at full per-token speed
+        (decode is memory-bound); more stragglers than that share make it throughput-bound. With
+        ``tail_load`` = unfinished responses / the job's slots (default ``1 - trigger_fraction``)
+        the ``k`` tail GPUs (default ``tail_gpus``) carry ``tail_load * job_gpus / k`` of a GPU's
+        share: stretch = ``max(1, tail_load * job_gpus / k)``. Source: RollMux §4.3 Fig. 7
+        (stragglers consolidated onto few GPUs); the fluid model of
+        :func:`rollmux.profiler.sample_iteration`.
+        """
+        load = (1.0 - self.trigger_fraction) if tail_load is None else tail_load
+        k = max(1, min(self.tail_gpus if tail_gpus is None else tail_gpus, job_gpus))
+        return max(1.0, load * max(1, job_gpus) / k)
+
+    def plan_tail(self, job_gpus: int, remaining_s: float, slack_s: float,
+                  tail_load: Optional[float] = None) -> Optional[tuple[int, float]]:
+        """Tail GPUs and stretch of a migration: ``(k, stretch)`` or None (do not migrate).
+
+        The tail starts on ``tail_gpus`` GPUs; while the stretched rest of the rollout
+        (``remaining_s * (stretch - 1)``) would exceed ``slack_s`` (what admission planned for
+        this rollout beyond its realised length: worst-case length - realised length), the tail
+        keeps one more GPU. None when the tail would need all of the job's GPUs (nothing to free).
+        A migration thus never makes the rollout end later than admission planned it
+        (worst case + ``migration_overhead_s``), which keeps the SLO check sound."""
+        for k in range(max(1, self.tail_gpus), max(1, job_gpus)):
+            st = self.tail_stretch(job_gpus, tail_load, k)
+            if remaining_s * (st - 1.0) <= max(0.0, slack_s) + 1e-9:
+                return k, st
+        return None
+
     def worthwhile(self, t_roll_s: float, t_trigger_s: Optional[float]) -> bool:
         """Migrate only if the tail lasts longer than the migration overhead."""
         return t_trigger_s is not None and t_trigger_s + self.migration_overhead_s < t_roll_s
@@ -114,8 +163,12 @@ class GroupSchedule:
         t_coexec_max_s: per job, the longest single iteration in that window.
         t_solo_s: per job, solo iteration time of its planning profile.
         t_meta_s: meta-iteration time = max_j t_coexec_s (every member iterates once per meta-iteration).
-        busy_fraction / bubble_fraction: per pool (``"rollout"``, ``"train"``), node-time fraction
-            busy / idle over the steady-state window.
+        busy_fraction / bubble_fraction: per pool (``"rollout"``, ``"train"``), GPU-time fraction
+            busy / idle over the steady-state window ``window_s`` (:func:`rollmux.occupancy.occupancy`
+            on the records: GPU-weighted, union of busy intervals).
+        lifetime_busy_fraction: the same over the whole simulated run ``[0, horizon_s]``
+            (warm-up and drain included).
+        busy_curve: :class:`rollmux.occupancy.BusyCurve` of the run (cumulative busy GPU-seconds).
         iterations: completed iterations per job; horizon_s: end of the simulation.
     """
 
@@ -130,6 +183,8 @@ class GroupSchedule:
     horizon_s: float
     window_s: tuple[float, float] = (0.0, 0.0)
     migrations: int = 0
+    lifetime_busy_fraction: dict[str, float] = field(default_factory=dict)
+    busy_curve: Optional[BusyCurve] = None
 
     def slowdown(self, job_id: str) -> float:
         """``t_coexec / t_solo`` of ``job_id`` (KeyError if unknown)."""
@@ -216,6 +271,7 @@ def simulate_group(
     *,
     record_timeline: bool = True,
     max_events: int = 1_000_000,
+    gpus_per_node: Optional[Mapping[str, float]] = None,
 ) -> GroupSchedule:
     """Simulate the round-robin meta-iterations of a group (RollMux §4.3, Alg. 1 line 10).
 
@@ -227,7 +283,10 @@ def simulate_group(
             callable ``(job_id, iteration) -> IterationTimes | PhaseProfile`` or a mapping
             ``job_id -> sequence`` (cycled).
         long_tail: enable long-tail migration for iterations whose times carry ``t_trigger_s``.
-        record_timeline: False skips the per-node records (admission's fast path).
+        record_timeline: False leaves ``timeline`` empty (records are still used for the ratios).
+        gpus_per_node: ``{"rollout": G_r, "train": G_t}`` GPUs per node of each pool: records then
+            carry the GPUs each job uses per node (its GPUs spread evenly over its nodes) and the
+            busy fractions are GPU-weighted; ``None`` counts whole nodes.
     Returns:
         GroupSchedule. Raises ValueError on an empty group, duplicate job ids or
         ``meta_iterations < 2``; RuntimeError if the queues deadlock or ``max_events`` is hit.
@@ -253,10 +312,21 @@ def simulate_group(
         pool_nodes["train"].update(mb.placement.train_nodes)
 
     timeline: list[PhaseRecord] = []
-    busy: list[tuple[str, float, float, int]] = []  # (pool, start, end, nodes)
+    open_roll: dict[str, list[int]] = {}  # job -> indices in timeline of its running rollout's records
+
+    def gpus_on_node(j: str, pool: str, k: int) -> Optional[float]:
+        if gpus_per_node is None:
+            return None
+        mb = by_id[j]
+        g = mb.spec.num_rollout_gpus if pool == "rollout" else mb.spec.num_train_gpus
+        return min(float(gpus_per_node[pool]), g / k)
+
+    by_id = {mb.spec.job_id: mb for mb in members}
     done_at: dict[str, list[float]] = {j: [0.0] for j in gpus}
     cur: dict[str, IterationTimes] = {}
     tails: dict[str, list[tuple[float, float]]] = {}
+    rollout_end: dict[str, tuple[float, int]] = {}  # job -> (end of its running rollout, heap key)
+    held_gpus: dict[str, int] = {}  # job -> GPUs its migrated tail keeps
     heap: list[tuple[float, int, str, str]] = []
     seq = 0
     now = 0.0
@@ -274,27 +344,23 @@ def simulate_group(
                 if isinstance(it, PhaseProfile):
                     it = IterationTimes(it.t_roll_s, it.t_train_s, it.t_sync_s)
                 cur[j] = it
-                dur = it.t_roll_s
-                migrate = long_tail is not None and long_tail.worthwhile(it.t_roll_s, it.t_trigger_s)
-                if migrate:
-                    dur += long_tail.migration_overhead_s
                 ts = [x for nd in rp.nodes for x in tails.get(nd, ()) if x[0] > now]
-                end = _finish(now, dur, ts) if ts else now + dur
-                if migrate:
-                    rel = now + it.t_trigger_s + long_tail.migration_overhead_s
-                    heapq.heappush(heap, (rel, seq, j, "release"))
-                    seq += 1
-                    migrations += 1
+                end = _finish(now, it.t_roll_s, ts) if ts else now + it.t_roll_s
+                rollout_end[j] = (end, seq)
+                if (long_tail is not None and gpus[j] > long_tail.tail_gpus
+                        and long_tail.worthwhile(it.t_roll_s, it.t_trigger_s)):
+                    heapq.heappush(heap, (now + it.t_trigger_s, seq, j, "trigger"))
             else:
                 it = cur[j]
                 end = now + (it.t_train_s if ph == "train" else it.t_sync_s)
             q.grant(j, ph)
             heapq.heappush(heap, (end, seq, j, ph))
             seq += 1
-            busy.append((rp.pool, now, end, len(rp.nodes)))
-            if record_timeline:
-                for nd in rp.nodes:
-                    timeline.append(PhaseRecord(j, ph, rp.pool, nd, rp.iteration, now, end))
+            if ph == "rollout":
+                open_roll[j] = list(range(len(timeline), len(timeline) + len(rp.nodes)))
+            gk = gpus_on_node(j, rp.pool, len(rp.nodes))
+            for nd in rp.nodes:
+                timeline.append(PhaseRecord(j, ph, rp.pool, nd, rp.iteration, now, end, gk))
 
     start_ready()
     events = 0
@@ -302,14 +368,45 @@ def simulate_group(
         events += 1
         if events > max_events:
             raise RuntimeError(f"simulate_group: more than {max_events} events")
-        now, _, j, ph = heapq.heappop(heap)
+        now, key, j, ph = heapq.heappop(heap)
+        if ph == "trigger":
+            # the trigger fraction of j's responses is done: migrate only if another member waits
+            # for j's rollout nodes (RollMux §4.3); the tail then stretches with the stragglers
+            # packed per tail GPU and pays the migration overhead
+            end, tok = rollout_end.get(j, (None, None))
+            plan = None
+            if tok == key and q.is_running(j) and q.next_phase(j) == "rollout" and q.waiting_for(j):
+                it = cur[j]
+                plan = long_tail.plan_tail(gpus[j], end - now, by_id[j].profile.t_roll_s - it.t_roll_s,  # type: ignore[union-attr]
+                                           it.tail_load)
+            if plan is not None:
+                lt = long_tail  # type: ignore[assignment]
+                held_gpus[j], stretch = plan
+                new_end = now + lt.migration_overhead_s + (end - now) * stretch
+                rollout_end[j] = (new_end, seq)
+                heapq.heappush(heap, (new_end, seq, j, "rollout"))
+                seq += 1
+                heapq.heappush(heap, (now + lt.migration_overhead_s, seq, j, "release"))
+                seq += 1
+                migrations += 1
+                for i in open_roll.get(j, ()):  # the rollout's records end at the (new) end of its tail
+                    r = timeline[i]
+                    timeline[i] = PhaseRecord(r.job_id, r.phase, r.pool, r.node, r.iteration, r.start_s, new_end, r.gpus)
+            continue
+        if ph == "rollout" and rollout_end.get(j, (None, key))[1] != key:
+            continue  # superseded by the migrated tail's end
         if ph == "release":
             if q.next_phase(j) == "rollout" and q.is_running(j):
                 q.release(j)
-                held = long_tail.held_fraction(gpus[j])  # type: ignore[union-attr]
-                end = next(e for e, _, jj, pp in heap if jj == j and pp == "rollout")
+                held = min(1.0, held_gpus.get(j, 1) / max(1, gpus[j]))
+                end = rollout_end[j][0]
                 for nd in q.nodes_of(j)[0]:
                     tails.setdefault(nd, []).append((end, held))
+                for i in open_roll.get(j, ()):  # the tail keeps only its GPUs from now on
+                    r = timeline[i]
+                    g = (gpus_per_node["rollout"] if gpus_per_node is not None else 1.0) if r.gpus is None else r.gpus
+                    timeline[i] = PhaseRecord(r.job_id, r.phase, r.pool, r.node, r.iteration, r.start_s, now, r.gpus)
+                    timeline.append(PhaseRecord(r.job_id, r.phase, r.pool, r.node, r.iteration, now, r.end_s, g * held))
             start_ready()
         else:
             ready = q.on_phase_done(j, ph, now)
@@ -328,14 +425,14 @@ def simulate_group(
         t_co_max[j] = max(c[i + 1] - c[i] for i in range(h, m_it))
     ref = done_at[members[0].spec.job_id]  # (m_it - h) whole periods of the steady state
     w0, w1 = ref[h], ref[m_it]
-    busy_frac, bubble = {}, {}
-    for pool in ("rollout", "train"):
-        tot = sum(max(0.0, min(e, w1) - max(s, w0)) * k for p, s, e, k in busy if p == pool)
-        cap = len(pool_nodes[pool]) * (w1 - w0)
-        busy_frac[pool] = min(1.0, tot / cap) if cap > 0 else 0.0
-        bubble[pool] = 1.0 - busy_frac[pool]
+    cap = {p: {nd: (float(gpus_per_node[p]) if gpus_per_node is not None else 1.0) for nd in pool_nodes[p]}
+           for p in ("rollout", "train")}
+    curve = BusyCurve(timeline, cap)
+    steady, life = curve.occupancy((w0, w1)), curve.occupancy((0.0, now))
+    busy_frac = {p: o.busy_ratio for p, o in steady.items()}
+    bubble = {p: o.bubble_ratio for p, o in steady.items()}
     return GroupSchedule(
-        timeline=timeline,
+        timeline=timeline if record_timeline else [],
         t_coexec_s=t_co,
         t_coexec_max_s=t_co_max,
         t_solo_s={mb.spec.job_id: mb.profile.t_solo_s for mb in members},
@@ -346,19 +443,21 @@ def simulate_group(
         horizon_s=now,
         window_s=(w0, w1),
         migrations=migrations,
+        lifetime_busy_fraction={p: o.busy_ratio for p, o in life.items()},
+        busy_curve=curve,
     )
 
 
 # --- cached steady state for admission ---------------------------------------------------------
 
-def _canonical(members: Sequence[GroupMember]) -> tuple:
+def _canonical(members: Sequence[GroupMember], rollout_overhead_s: float = 0.0) -> tuple:
     names: dict[str, int] = {}
     key = []
     for mb in members:
         p = mb.profile
         r = tuple(names.setdefault(x, len(names)) for x in mb.placement.rollout_nodes)
         t = tuple(names.setdefault(x, len(names)) for x in mb.placement.train_nodes)
-        key.append((p.t_roll_s, p.t_train_s, p.t_sync_s, r, t))
+        key.append((p.t_roll_s + rollout_overhead_s, p.t_train_s, p.t_sync_s, r, t))
     return tuple(key)
 
 
@@ -395,10 +494,22 @@ def _coexec_cached(key: tuple) -> tuple[float, ...]:
     return _rr_recurrence(key, 2 * len(key) + 4)
 
 
-def coexec_times(members: Sequence[GroupMember]) -> dict[str, float]:
+def coexec_times(members: Sequence[GroupMember], *, rollout_overhead_s: float = 0.0) -> dict[str, float]:
     """Steady-state ``t_coexec_s`` per job on the members' planning profiles, memoised on the
     group's structure (profiles and node sharing pattern), so unchanged groups are never
-    re-simulated. Used by admission's SLO check (Alg. 1 line 10)."""
+    re-simulated. Used by admission's SLO check (Alg. 1 line 10).
+
+    ``rollout_overhead_s``: run-time time added to the end of every rollout of a co-executed
+    group, seconds: with long-tail migration on, a migrated rollout ends ``migration_overhead_s``
+    later than its responses do (the stragglers' re-prefill, :class:`LongTailPolicy`), so the
+    prediction plans every rollout with it (the worst case: every rollout migrates). A job alone
+    has nobody to hand its GPUs to, so a one-member group plans without it; the solo time the
+    slowdown is taken against stays the plain profile.
+    """
+    if not (rollout_overhead_s >= 0 and math.isfinite(rollout_overhead_s)):
+        raise ValueError(f"rollout_overhead_s must be a finite number >= 0, got {rollout_overhead_s}")
     members = list(members)
-    vals = _coexec_cached(_canonical(members))
+    if len(members) < 2:
+        rollout_overhead_s = 0.0
+    vals = _coexec_cached(_canonical(members, rollout_overhead_s))
     return {mb.spec.job_id: v for mb, v in zip(members, vals)}

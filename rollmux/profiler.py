@@ -22,11 +22,14 @@ Model (all constants below, module level, documented and configurable by monkeyp
 * **Training** (compute bound): ``TRAIN_FLOPS_PER_PARAM_TOKEN * params * tokens /
   (NT * peak * TRAIN_MFU)`` with ``tokens = S * (prompt + response) * turns`` (6 for forward and
   backward, +2 for the old-policy / reference log-prob forwards of PPO/GRPO).
-* **Sync** (network bound, RollMux §5 weight sync): one bf16 model copy crosses the slow
-  cross-cluster link (sharded over the training GPUs, so exactly one copy crosses it), then the
-  receivers broadcast their shards inside the rollout cluster when the job spans several rollout
-  nodes, plus :data:`SYNC_OVERHEAD_S`. The flat baseline (veRL-style) sends one copy per rollout
-  node across the slow link. A colocated job reshards over the intra-cluster fabric only.
+* **Sync** (network bound, RollMux §5 weight sync): the time the runtime's own sync plan
+  predicts (:func:`rollmux.sync_plan.build_plan` between the job's NT training and NR rollout
+  GPUs, :meth:`~rollmux.sync_plan.SyncPlan.predict`): one bf16 model copy, sharded over the
+  training GPUs, crosses the slow cross-cluster link and the receivers broadcast their shards
+  inside the rollout cluster, the two stages pipelined bucket by bucket, plus
+  :data:`SYNC_BUCKET_LATENCY_S` per bucket round. It grows with the model's size (no fixed term).
+  The flat baseline (veRL-style) makes every rollout GPU pull a full copy across the slow link. A
+  colocated job reshards over the intra-cluster fabric only.
 
 Calibration: Qwen-7B, 256 prompts x 8 responses, 8k tokens, 8 H20 + 8 H800 gives a worst-case
 rollout of ~380 s and training of ~360 s (4k tokens: ~110 / ~190 s); 14B-32B jobs with 16k tokens
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Optional
 
 import numpy as np
@@ -71,8 +75,10 @@ TRAIN_FLOPS_PER_PARAM_TOKEN = 8.0
 #: model FLOPs utilisation of RL training (Megatron/FSDP on H800-class GPUs).
 TRAIN_MFU = 0.35
 # --- sync ---------------------------------------------------------------------------------------
-#: fixed cost of one weight sync (rendezvous, resharding), seconds.
-SYNC_OVERHEAD_S = 1.0
+#: fixed cost of one bucket round of a weight sync (collective launch), seconds.
+SYNC_BUCKET_LATENCY_S = 1e-4
+#: the model is planned as this many equal tensors (a transformer's layers) for the sync plan.
+SYNC_PLAN_TENSORS = 64
 # --- host-memory state ----------------------------------------------------------------------
 #: training state bytes per parameter: bf16 weights 2 + fp32 master 4 + fp32 grads 4 + Adam 8
 #: + bf16 reference model 2.
@@ -164,28 +170,36 @@ def _train_time(job: JobSpec, gpu: GPUType, nt: int, tokens: int) -> float:
     return flops / (nt * gpu.bf16_tflops * 1e12 * TRAIN_MFU)
 
 
+@lru_cache(maxsize=4096)
+def _plan_sync_s(model_bytes: int, n_train: int, n_rollout: int, cross_gbps: float, intra_gbps: float,
+                 scheme: str) -> float:
+    from rollmux.sync_plan import LinkModel, TensorMeta, build_plan
+
+    k = SYNC_PLAN_TENSORS
+    sizes = [model_bytes // k + (1 if i < model_bytes % k else 0) for i in range(k)]
+    metas = [TensorMeta(f"layer{i}", (n,), "uint8", n) for i, n in enumerate(sizes)]
+    plan = build_plan(metas, n_train, n_rollout, scheme=scheme)  # type: ignore[arg-type]
+    return plan.predict(LinkModel(cross_gbps, intra_gbps, latency_s=SYNC_BUCKET_LATENCY_S)).total_s
+
+
 def sync_time(job: JobSpec, cluster: ClusterSpec, *, scheme: str = "rollmux", num_rollout_gpus: Optional[int] = None,
               colocated: bool = False) -> float:
-    """Weight-sync seconds for one iteration.
+    """Weight-sync seconds for one iteration, as the runtime's sync plan predicts it.
 
-    ``scheme="rollmux"``: one bf16 copy crosses ``cross_cluster_gbps`` (sharded over the training
-    GPUs), then an intra-rollout-cluster broadcast when the job spans several rollout nodes.
-    ``scheme="flat"``: every rollout node pulls a full copy over the slow link (veRL baseline).
-    ``colocated=True``: in-cluster resharding only. Raises ValueError on an unknown scheme.
-    Source: RollMux §5 weight sync; DESIGN.md "Weight sync".
+    ``scheme="rollmux"``: the topology-aware plan between the job's ``num_train_gpus`` trainers
+    and ``num_rollout_gpus`` rollout GPUs (one bf16 copy crosses ``cross_cluster_gbps``, shards
+    broadcast at ``intra_cluster_gbps``). ``scheme="flat"``: every rollout GPU pulls a full copy
+    over the slow link (veRL baseline). ``colocated=True``: resharding inside one cluster (both
+    stages at ``intra_cluster_gbps``). Raises ValueError on an unknown scheme.
+    Source: RollMux §5.2 weight sync, Fig. 8; :meth:`rollmux.sync_plan.SyncPlan.predict`.
     """
-    bits = 2.0 * job.model_params_b * 1e9 * 8.0
+    if scheme not in ("rollmux", "flat"):
+        raise ValueError(f"unknown sync scheme {scheme!r} (known: 'rollmux', 'flat')")
+    model_bytes = int(round(2.0 * job.model_params_b * 1e9))
     nr = num_rollout_gpus if num_rollout_gpus is not None else job.num_rollout_gpus
-    nodes = max(1, math.ceil(nr / cluster.rollout_pool.node.gpus_per_node))
-    if colocated:
-        return SYNC_OVERHEAD_S + bits / (cluster.intra_cluster_gbps * 1e9)
-    cross = bits / (cluster.cross_cluster_gbps * 1e9)
-    if scheme == "rollmux":
-        bcast = bits / (cluster.intra_cluster_gbps * 1e9) if nodes > 1 else 0.0
-        return SYNC_OVERHEAD_S + cross + bcast
-    if scheme == "flat":
-        return SYNC_OVERHEAD_S + cross * nodes
-    raise ValueError(f"unknown sync scheme {scheme!r} (known: 'rollmux', 'flat')")
+    cross = cluster.intra_cluster_gbps if colocated else cluster.cross_cluster_gbps
+    return _plan_sync_s(model_bytes, int(job.num_train_gpus), int(nr), float(cross), float(cluster.intra_cluster_gbps),
+                        "topo" if scheme == "rollmux" else "flat")
 
 
 def estimate(job: JobSpec, cluster: ClusterSpec, *, worst_case: bool = True, rollout_gpu: Optional[GPUType] = None,
@@ -278,7 +292,9 @@ def sample_iteration(job: JobSpec, cluster: ClusterSpec, rng: np.random.Generato
     ``max(max_i l_i, sum_i l_i / slots) * step_s`` per turn (``slots`` = replicas x concurrency);
     the moment ``trigger_fraction`` of the responses are done is the same expression with every
     length truncated at the ``trigger_fraction`` quantile (``t_trigger_s``, when long-tail
-    migration may fire). Training scales with the generated tokens. The result is scaled so that
+    migration may fire; ``tail_load`` = unfinished responses at that moment / slots, which sets
+    how much the tail stretches when packed onto fewer GPUs). Training scales with the generated
+    tokens. The result is scaled so that
     all-max lengths reproduce ``profile`` (default: the worst-case :func:`estimate`), so measured
     profiles are honoured. Source: RollMux §4.3 long-tail migration, Fig. 7.
     """
@@ -305,4 +321,5 @@ def sample_iteration(job: JobSpec, cluster: ClusterSpec, rng: np.random.Generato
         t_train_s=prof.t_train_s * tok_frac,
         t_sync_s=prof.t_sync_s,
         t_trigger_s=prof.t_roll_s * frac_trig,
+        tail_load=(len(lengths) - int(math.ceil(trigger_fraction * len(lengths)))) / slots,
     )

@@ -169,6 +169,23 @@ class RoundRobinQueues:
                 raise ValueError(f"node {n}: head is {q[self._ptr[n]]!r}, not {job_id!r}")
             self._ptr[n] = (self._ptr[n] + 1) % len(q)
 
+    def waiting_for(self, job_id: str) -> tuple[str, ...]:
+        """Jobs that wait for ``job_id``'s rollout nodes: next in FIFO order after it on one of
+        them, with their previous phase done (next phase rollout, not running). Long-tail
+        migration acts only when this is non-empty (nobody waits: nothing to free the nodes for).
+        Raises KeyError if unknown. Source: RollMux §4.3 "Long-tail migration"."""
+        job = self._jobs[job_id]
+        out: list[str] = []
+        for n in job.rollout_nodes:
+            q = self._queues[n]
+            k = q[(self._ptr[n] + 1) % len(q)] if q[self._ptr[n]] == job_id else None
+            if k is None or k == job_id or k in out:
+                continue
+            o = self._jobs[k]
+            if o.next_phase == "rollout" and not o.running:
+                out.append(k)
+        return tuple(out)
+
     def release(self, job_id: str) -> None:
         """Long-tail migration: the running rollout of ``job_id`` stops blocking its nodes' queues.
 

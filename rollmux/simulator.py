@@ -21,7 +21,11 @@ Model (issue 2 "Simulator on real input"; RollMux §7.4–§7.5):
   over its realised solo time); its SLO is met iff slowdown <= ``spec.slo``.
 * Cost: the sum of the units' $/h, integrated over time. ``avg_cost_usd_per_h`` divides the
   integral by the *common* horizon (the last departure over all policies of a run), so averages
-  compare total spend. Bubble ratio per pool = idle GPU-seconds / provisioned GPU-seconds.
+  compare total spend. Bubble ratio per pool = idle GPU-seconds / provisioned GPU-seconds over the
+  whole replay: busy GPU-seconds come from each unit's realised timeline
+  (:func:`rollmux.occupancy.occupancy`: GPU-weighted, the union of busy intervals per node), from
+  the unit's formation (an empty pipeline: warm-up counts) to its end, the steady-state rate
+  continuing past the simulated window (:meth:`Realisation.busy_gpu_s`).
 * Decision latency: wall time of each arrival's placement decision (the scheduler's own
   ``latency_ms``; the optimum's re-partition time; the per-job baselines' allocation time).
 * The optimum re-partitions the active jobs at every event (offline, migrations free); it is
@@ -50,15 +54,8 @@ from typing import Callable, Iterable, Optional, Sequence
 import numpy as np
 
 from rollmux import profiler
-from rollmux.baselines import (
-    PER_JOB_UNITS,
-    POLICY_NAMES,
-    SCHEDULER_POLICIES,
-    OptimalPartition,
-    Unit,
-    check_policy,
-    solo_unit,
-)
+from rollmux.baselines import OptimalPartition, Unit, check_policy
+from rollmux.policies import POLICY_NAMES, policy_spec
 from rollmux.intra_group import IterationTimes, LongTailPolicy, PhaseRecord, simulate_group
 from rollmux.models import ClusterSpec, CoExecutionGroup, JobSpec, PhaseProfile
 from rollmux.workloads import SimJob
@@ -79,7 +76,8 @@ class Realisation:
         stochastic: draw long-tailed rollouts per iteration (see module docstring).
         seed: seeds each job's samples (``(seed, crc32(job_id))``).
         samples: iterations sampled per job in stochastic mode.
-        long_tail: migration policy used for stochastic group schedules.
+        long_tail: migration policy used for stochastic group schedules (default: the settings
+            of ``configs/scheduler.yaml``; ``tail_migration: false`` there turns it off).
     """
 
     def __init__(self, cluster: ClusterSpec, *, stochastic: bool = False, seed: int = 0, samples: int = 8,
@@ -90,10 +88,19 @@ class Realisation:
         self.stochastic = stochastic
         self.seed = seed
         self.samples = samples
-        self.long_tail = long_tail or LongTailPolicy()
+        if long_tail is None:
+            from rollmux.admission import load_scheduler_config
+
+            cfg = load_scheduler_config()
+            long_tail = cfg.long_tail_policy()
+            self.migrate = cfg.tail_migration
+        else:
+            self.migrate = True
+        self.long_tail = long_tail
         self._iters: dict[str, list[IterationTimes]] = {}
         self._units: dict[tuple, Unit] = {}
         self._schedules: dict[tuple, object] = {}
+        self._curves: dict[tuple, tuple] = {}  # (unit key, job ids) -> (BusyCurve, w0, w1)
 
     def iterations_of(self, spec: JobSpec) -> list[IterationTimes]:
         """The job's sampled iterations (stochastic) or its planning profile once (deterministic)."""
@@ -130,19 +137,26 @@ class Realisation:
             (m.spec.job_id, m.placement.rollout_nodes, m.placement.train_nodes) for m in group.members
         )
 
+    def gpus_per_node(self) -> dict[str, int]:
+        """GPUs per node of each pool of the simulated cluster."""
+        c = self.cluster
+        return {"rollout": c.rollout_pool.node.gpus_per_node, "train": c.train_pool.node.gpus_per_node}
+
     def schedule(self, group: CoExecutionGroup, *, record_timeline: bool = False):
-        """Realised round-robin schedule of ``group`` (:class:`rollmux.intra_group.GroupSchedule`)."""
+        """Realised round-robin schedule of ``group`` (:class:`rollmux.intra_group.GroupSchedule`),
+        GPU-weighted (records carry the GPUs each job uses per node)."""
         key = self._group_key(group) + (record_timeline,)
         if key not in self._schedules:
+            gpn = self.gpus_per_node()
             if self.stochastic:
                 times = {m.spec.job_id: self.iterations_of(m.spec) for m in group.members}
                 n = len(group.members)
                 self._schedules[key] = simulate_group(
                     group, meta_iterations=max(2 * n + 4, 2 * self.samples), phase_times=times,
-                    long_tail=self.long_tail, record_timeline=record_timeline,
+                    long_tail=self.long_tail if self.migrate else None, record_timeline=record_timeline, gpus_per_node=gpn,
                 )
             else:
-                self._schedules[key] = simulate_group(group, record_timeline=record_timeline)
+                self._schedules[key] = simulate_group(group, record_timeline=record_timeline, gpus_per_node=gpn)
         return self._schedules[key]
 
     def group_unit(self, group: CoExecutionGroup) -> Unit:
@@ -163,13 +177,38 @@ class Realisation:
                 rollout_busy_gpus=rg * s.busy_fraction["rollout"],
                 train_busy_gpus=tg * s.busy_fraction["train"],
             )
+            self._curves[(group.group_id, group.job_ids)] = (s.busy_curve, *s.window_s)
         return self._units[key]
+
+    def busy_gpu_s(self, unit: Unit, age0_s: float, age1_s: float) -> tuple[float, float]:
+        """Busy GPU-seconds (rollout, train) of ``unit`` between ages ``age0_s`` and ``age1_s``
+        (seconds since the unit was formed).
+
+        A co-execution group's busy time follows its realised timeline from an empty pipeline
+        (:class:`rollmux.occupancy.BusyCurve`: GPU-weighted, union of busy intervals), so the
+        warm-up after each formation counts; past the simulated window it continues at the
+        steady-state rate. A per-job unit runs its phases back to back, so its busy GPU-seconds
+        grow at ``*_busy_gpus`` (exact at every iteration boundary).
+        """
+        cur = self._curves.get((unit.key, unit.job_ids))
+        if cur is None:
+            d = max(0.0, age1_s - age0_s)
+            return unit.rollout_busy_gpus * d, unit.train_busy_gpus * d
+        curve, w0, w1 = cur
+
+        def cum(pool: str, a: float, steady_gpus: float) -> float:
+            return curve.cumulative(pool, a) if a <= w1 else curve.cumulative(pool, w1) + steady_gpus * (a - w1)
+
+        return (cum("rollout", age1_s, unit.rollout_busy_gpus) - cum("rollout", age0_s, unit.rollout_busy_gpus),
+                cum("train", age1_s, unit.train_busy_gpus) - cum("train", age0_s, unit.train_busy_gpus))
 
     def forget(self, job_id: str) -> None:
         """Drop cached schedules containing a departed job (bounds memory)."""
         for cache in (self._units, self._schedules):
             for k in [k for k in cache if any(isinstance(x, tuple) and x and x[0] == job_id for x in k)]:
                 del cache[k]
+        for k in [k for k in self._curves if job_id in k[1]]:
+            del self._curves[k]
 
 
 # --- policies as seen by the simulator ------------------------------------------------------------
@@ -212,8 +251,12 @@ class SchedulerPolicy(SimPolicy):
         from rollmux.admission import InterGroupScheduler, SchedulerConfig
 
         self.name = name
+        self.spec = policy_spec(name, "scheduler")
         self.real = real
-        cfg = SchedulerConfig(policy=name, max_group_size=max_group_size, seed=seed, repack_on_departure=repack)
+        # stochastic replays migrate long tails: admission plans the migration overhead of every rollout
+        cfg = SchedulerConfig(policy=name, max_group_size=max_group_size, seed=seed, repack_on_departure=repack,
+                              migration_overhead_s=real.long_tail.migration_overhead_s,
+                              plan_migration_overhead=real.stochastic)
         self.sched = InterGroupScheduler(cluster, policy=name, max_group_size=max_group_size, seed=seed, config=cfg)
         self.moves = 0
         self.move_s = 0.0
@@ -234,7 +277,7 @@ class SchedulerPolicy(SimPolicy):
         return {m["job_id"]: m["move_s"] for m in moves}
 
     def extra(self) -> dict:
-        if self.name != "rollmux":
+        if not self.spec.repacks:
             return {}
         return {"repack_on_departure": self.sched.config.repack_on_departure, "jobs_moved": self.moves,
                 "move_stall_h": self.move_s / 3600.0}
@@ -251,20 +294,13 @@ class PerJobPolicy(SimPolicy):
 
     def __init__(self, name: str, cluster: ClusterSpec, real: Realisation):
         self.name, self.cluster, self.real = name, cluster, real
+        self.spec = policy_spec(name, "per_job")
         self._units: dict[str, Unit] = {}
 
     def arrive(self, job: SimJob) -> float:
         t0 = time.perf_counter()
         spec = job.spec
-        if self.name == "solo-d":
-            u = solo_unit(spec, self.real.mean_profile(spec), self.cluster)
-        else:
-            u = PER_JOB_UNITS[self.name](spec, self.cluster)
-            if self.real.stochastic:  # realise the chosen allocation's phase times
-                t_w = u.iter_time_s[spec.job_id]
-                f = self.real.solo_time_s(spec) / profiler.estimate(spec, self.cluster).t_solo_s
-                u = Unit(u.key, u.job_ids, u.cost_usd_per_h, u.rollout_gpus, u.train_gpus, {spec.job_id: t_w * f},
-                         u.rollout_busy_gpus, u.train_busy_gpus)
+        u = self.spec.unit(spec, self.cluster, self.real)  # type: ignore[misc]
         self._units[spec.job_id] = u
         return (time.perf_counter() - t0) * 1000.0
 
@@ -317,12 +353,13 @@ class OptimalPolicy(SimPolicy):
 
 def make_policy(name: str, cluster: ClusterSpec, real: Realisation, *, max_group_size: int = 5, seed: int = 0,
                 exact_max_jobs: int = 16, repack: bool = True) -> SimPolicy:
-    """Policy registry (``repack``: RollMux's departure re-packing). Raises ValueError for an
-    unknown name (message lists the known ones)."""
-    check_policy(name)
-    if name in SCHEDULER_POLICIES:
+    """The replay's view of the policy ``name`` (:data:`rollmux.policies.REGISTRY`, by its ``kind``;
+    ``repack``: departure re-packing for policies that re-pack). Raises ValueError for an unknown
+    name (message lists the known ones)."""
+    kind = policy_spec(name).kind
+    if kind == "scheduler":
         return SchedulerPolicy(name, cluster, real, max_group_size=max_group_size, seed=seed, repack=repack)
-    if name == "optimal":
+    if kind == "optimal":
         return OptimalPolicy(cluster, real, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs)
     return PerJobPolicy(name, cluster, real)
 
@@ -339,10 +376,17 @@ class JobOutcome:
     departure_s: float
     duration_s: float
     slo: float
+    solo_real_over_planned: float = 1.0  # realised solo time / worst-case (planning) solo time
 
     @property
     def slowdown(self) -> float:
         return (self.departure_s - self.arrival_s) / self.duration_s
+
+    @property
+    def slowdown_vs_planned_solo(self) -> float:
+        """Lifetime-average iteration time over the *worst-case* solo time: what worst-case
+        admission bounds (RollMux §4.2); equals :attr:`slowdown` in deterministic replays."""
+        return self.slowdown * self.solo_real_over_planned
 
     @property
     def slo_met(self) -> bool:
@@ -393,6 +437,10 @@ class PolicyRun:
             "avg_cost_usd_per_h": self.cost_usd / (h / 3600.0) if h > 0 else 0.0,
             "peak_cost_usd_per_h": max(self.cost_usd_per_h, default=0.0),
             "slo_attainment": sum(o.slo_met for o in outs) / len(outs) if outs else 1.0,
+            # iteration time within slo x the worst-case solo time (the bound admission guarantees)
+            "slo_attainment_vs_planned_solo": (sum(o.slowdown_vs_planned_solo <= o.slo * (1 + 1e-6) for o in outs) / len(outs)
+                                               if outs else 1.0),
+            "max_slowdown_over_slo": float(max((o.slowdown / o.slo for o in outs), default=0.0)),
             "peak_rollout_gpus": int(max(self.rollout_gpus, default=0)),
             "peak_train_gpus": int(max(self.train_gpus, default=0)),
             "rollout_bubble_ratio": 1.0 - self.rollout_busy_gpu_s / self.rollout_gpu_s if self.rollout_gpu_s > 0 else 0.0,
@@ -449,21 +497,26 @@ def replay(
     remaining: dict[str, float] = {}
     by_id = {j.spec.job_id: j for j in jobs}
     rate: dict[str, float] = {}
-    cost = rg = tg = rb = tb = 0.0
+    cost = rg = tg = 0.0
+    units: list[Unit] = []
+    born: dict[tuple, float] = {}  # unit identity -> when it was formed (its pipeline starts empty)
     t, i, events = 0.0, 0, 0
     best_group_size = 0
     shadow_cost: Optional[float] = None
     stalls: dict[str, float] = {}
 
     def refresh() -> None:
-        nonlocal cost, rg, tg, rb, tb, best_group_size, shadow_cost
+        nonlocal cost, rg, tg, units, best_group_size, shadow_cost
         units = policy.units()
         rate.clear()
         cost = sum(u.cost_usd_per_h for u in units)
         rg = sum(u.rollout_gpus for u in units)
         tg = sum(u.train_gpus for u in units)
-        rb = sum(u.rollout_busy_gpus for u in units)
-        tb = sum(u.train_busy_gpus for u in units)
+        ids = {(u.key, u.job_ids) for u in units}
+        for k in [k for k in born if k not in ids]:
+            del born[k]
+        for k in ids:
+            born.setdefault(k, t)
         for u in units:
             for jid, it in u.iter_time_s.items():
                 if not (it > 0 and math.isfinite(it)):
@@ -501,8 +554,11 @@ def replay(
             run.cost_usd += cost * dt / 3600.0
             run.rollout_gpu_s += rg * dt
             run.train_gpu_s += tg * dt
-            run.rollout_busy_gpu_s += rb * dt
-            run.train_busy_gpu_s += tb * dt
+            for u in units:
+                age = t - born[(u.key, u.job_ids)]
+                b_r, b_t = real.busy_gpu_s(u, age, age + dt)
+                run.rollout_busy_gpu_s += b_r
+                run.train_busy_gpu_s += b_t
             if shadow_cost is not None:
                 run.shadow_s += dt
                 run.shadow_policy_usd += cost * dt / 3600.0
@@ -520,7 +576,8 @@ def replay(
                 if shadow is not None:
                     shadow.forget(jid)
                 sj = by_id[jid]
-                run.outcomes[jid] = JobOutcome(jid, sj.arrival_s, t, sj.duration_s, sj.spec.slo)
+                run.outcomes[jid] = JobOutcome(jid, sj.arrival_s, t, sj.duration_s, sj.spec.slo,
+                                               real.solo_time_s(sj.spec) / sj.profile.t_solo_s)
                 if on_event:
                     on_event(1)
         else:

@@ -16,8 +16,18 @@ The exact optimum (CP-SAT set partitioning over all feasible candidate groups,
 For RollMux, the latency of a departure (``depart`` + departure re-packing, ``repack``) is
 timed too, on ``--probes`` random active jobs (row policy ``rollmux-departure+repack``).
 
+Percentiles come from enough samples to mean something: every row reports ``samples``; ``p90_ms``
+needs at least 100 and ``p99_ms`` at least 1,000 samples, otherwise it is ``null`` (a p99 of 40
+samples would just be their maximum, reported as ``max_ms``; ``scripts/_bench.py``). Admission rows time ``--probes``
+(default 1,000) decisions; a departure row departs a random job and re-admits it (untimed) so
+the state keeps its size; the optimum's rows time ``--opt-reps`` solves (p50 and max only).
+
 Writes ``results/bench_decision_latency.json``: a list of
-``{policy, active_jobs, p50_ms, p99_ms, ...}``. Not a test: numbers depend on the machine.
+``{policy, active_jobs, samples, p50_ms, p90_ms, p99_ms, max_ms, ...}``. Not a test: numbers
+depend on the machine.
+
+    python scripts/bench_decision_latency.py --quick   # up to 1,000 active jobs, ~3 min on 2 cores
+    python scripts/bench_decision_latency.py           # up to 10,000 active jobs, ~10 min
 """
 
 from __future__ import annotations
@@ -40,6 +50,9 @@ from rollmux.baselines import OptimalPartition  # noqa: E402
 from rollmux.config import CONFIG_DIR, load_cluster  # noqa: E402
 from rollmux.traces import TraceJob  # noqa: E402
 from rollmux.workloads import draw_jobs  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from _bench import percentiles  # noqa: E402
 
 
 def _jobs(n: int, seed: int, prefix: str):
@@ -95,16 +108,14 @@ def bench_admission(policy: str, sizes, probes: int, direct_max: int, seed: int)
             how = f"{copies} replicas of {base_n} admitted jobs"
         build_s = time.perf_counter() - t0
         lat = []
-        t_budget = time.perf_counter() + 120.0  # bound the probe loop in time, too
+        t_budget = time.perf_counter() + 300.0  # bound the probe loop in time, too
         for j in _jobs(probes, seed + 1, "probe"):
             d = sched.decide(j.spec, j.profile)
             lat.append(d.latency_ms)
             if time.perf_counter() > t_budget:
                 break
-        a = np.asarray(lat)
-        rows.append({"policy": policy, "active_jobs": len(sched.job_ids), "p50_ms": float(np.percentile(a, 50)),
-                     "p99_ms": float(np.percentile(a, 99)), "probes": len(lat), "groups": len(sched.groups),
-                     "state": how, "build_s": round(build_s, 2)})
+        rows.append({"policy": policy, "active_jobs": len(sched.job_ids), **percentiles(lat),
+                     "groups": len(sched.groups), "state": how, "build_s": round(build_s, 2)})
         print(json.dumps(rows[-1]), flush=True)
         if policy == "rollmux" and sched.config.repack_on_departure:
             rows.append(bench_departure(sched, probes, seed))
@@ -113,25 +124,26 @@ def bench_admission(policy: str, sizes, probes: int, direct_max: int, seed: int)
 
 
 def bench_departure(sched: InterGroupScheduler, probes: int, seed: int) -> dict:
-    """Latency of a departure: ``depart`` + departure re-packing (``repack``) of ``probes``
-    random active jobs, one after the other, on a copy of ``sched`` (the copy shrinks by
-    ``probes`` jobs)."""
+    """Latency of a departure: ``depart`` + departure re-packing (``repack``) of a random active
+    job, ``probes`` times, on a copy of ``sched``; after each timed departure the job is admitted
+    again (untimed), so the state keeps its size."""
     rng = random.Random(seed + 2)
     sched = InterGroupScheduler.restore(sched.cluster, sched.snapshot())  # the caller's state stays intact
     n = len(sched.job_ids)
     lat, moves = [], 0
-    t_budget = time.perf_counter() + 120.0
-    for jid in rng.sample(sorted(sched.job_ids), min(probes, n)):
+    t_budget = time.perf_counter() + 300.0
+    for _ in range(probes):
+        jid = rng.choice(sorted(sched.job_ids))
+        m = sched.member(jid)
         t0 = time.perf_counter()
         gid = sched.group_of(jid).group_id
         sched.depart(jid)
         moves += len(sched.repack(gid))
         lat.append((time.perf_counter() - t0) * 1e3)
+        sched.admit(m.spec, m.profile)
         if time.perf_counter() > t_budget:
             break
-    a = np.asarray(lat)
-    return {"policy": "rollmux-departure+repack", "active_jobs": n, "p50_ms": float(np.percentile(a, 50)),
-            "p99_ms": float(np.percentile(a, 99)), "probes": len(lat), "jobs_moved": moves}
+    return {"policy": "rollmux-departure+repack", "active_jobs": n, **percentiles(lat), "jobs_moved": moves}
 
 
 def bench_optimum(sizes, reps: int, seed: int) -> list[dict]:
@@ -147,9 +159,7 @@ def bench_optimum(sizes, reps: int, seed: int) -> list[dict]:
             lat.append(res.solve_ms)
             cands.append(res.candidates)
             exact &= res.exact
-        a = np.asarray(lat)
-        rows.append({"policy": "optimal-cpsat", "active_jobs": n, "p50_ms": float(np.percentile(a, 50)),
-                     "p99_ms": float(np.percentile(a, 99)), "reps": reps, "exact": exact,
+        rows.append({"policy": "optimal-cpsat", "active_jobs": n, **percentiles(lat), "exact": exact,
                      "candidate_groups_mean": float(np.mean(cands))})
         print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -158,7 +168,8 @@ def bench_optimum(sizes, reps: int, seed: int) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="stop at 1,000 active jobs")
-    ap.add_argument("--probes", type=int, default=40, help="timed decisions per size")
+    ap.add_argument("--probes", type=int, default=1000, help="timed decisions (and departures) per size; >= 1,000 for a p99")
+    ap.add_argument("--opt-reps", type=int, default=5, help="timed optimum solves per size (p50 and max only)")
     ap.add_argument("--direct-max", type=int, default=1000, help="largest state built by admitting jobs one by one")
     ap.add_argument("--policies", default="rollmux,random,most-idle")
     ap.add_argument("--opt-sizes", default="4,8,12,16,24,32")
@@ -169,7 +180,7 @@ def main() -> None:
     rows = []
     for p in args.policies.split(","):
         rows += bench_admission(p.strip(), sizes, args.probes, args.direct_max, args.seed)
-    rows += bench_optimum([int(x) for x in args.opt_sizes.split(",")], reps=3, seed=args.seed)
+    rows += bench_optimum([int(x) for x in args.opt_sizes.split(",")], reps=args.opt_reps, seed=args.seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=2))
     print(f"wrote {args.out} ({platform.processor() or platform.machine()}, python {platform.python_version()})")

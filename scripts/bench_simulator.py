@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rollmux.baselines import POLICY_NAMES  # noqa: E402
+from rollmux.policies import POLICY_NAMES  # noqa: E402
 from rollmux.config import CONFIG_DIR, load_cluster  # noqa: E402
 from rollmux.simulator import Realisation, make_policy, replay  # noqa: E402
 from rollmux.traces import DEFAULT_TRACE, EXTRACT_TRACE, TraceWindow, load_trace  # noqa: E402

@@ -192,12 +192,14 @@ def main(argv=None) -> int:
     tnodes = sorted({x for p in placement.values() for x in p["train_nodes"]})
     co_jobs = {ids[name]: co[name]["timeline"] for name in JOBS}
     solo_jobs = {ids[name]: solo[name]["timeline"] for name in JOBS}
-    # steady state: after every job's iteration 0 (cold start incl. the worker's first imports)
-    co_u = report.coexec_utilisation(co_tl, len(rnodes), len(tnodes),
-                                     window=(report.steady_start(co_jobs), report.span(co_tl)[1]))
-    solo_u = report.solo_utilisation(solo_jobs, steady=True)
-    co_u["including_cold_start"] = report.coexec_utilisation(co_tl, len(rnodes), len(tnodes))
-    solo_u["including_cold_start"] = report.solo_utilisation(solo_jobs)
+    # busy / bubble over the whole run (rollmux.occupancy: union of busy intervals per node; warm-up,
+    # cold start and drain included), as in the simulator; the steady state after every job's
+    # iteration 0 (cold start incl. the worker's first imports) is reported beside it
+    co_u = report.coexec_utilisation(co_tl, len(rnodes), len(tnodes))
+    solo_u = report.solo_utilisation(solo_jobs)
+    co_u["steady_after_iteration_0"] = report.coexec_utilisation(
+        co_tl, len(rnodes), len(tnodes), window=(report.steady_start(co_jobs), report.span(co_tl)[1]))
+    solo_u["steady_after_iteration_0"] = report.solo_utilisation(solo_jobs, steady=True)
 
     # the group's predicted slowdowns once all three are in (Alg. 1 replayed on the same specs, in the
     # same arrival order; each job's own admission-time prediction is `predicted_slowdown`)
@@ -269,9 +271,10 @@ def main(argv=None) -> int:
         "load_average_1m_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
         "notes": "solo: plain mode, run one after another, each job charged its own rollout+train node (Solo-D); "
                  "co-executed: three user processes attached to one GlobalScheduler on a local multi-node Ray cluster; "
-                 "makespan / busy fractions / iteration times are steady-state: after every job's iteration 0 (cold start, "
-                 "which includes the worker processes' first imports); the full-run figures are under including_cold_start; "
-                 "busy fraction = phase-seconds / (nodes x span), bubble fraction = 1 - busy.",
+                 "makespan / busy fractions are over the whole run (warm-up, cold start and drain included); the "
+                 "steady state after every job's iteration 0 (cold start, which includes the worker processes' first "
+                 "imports) is under steady_after_iteration_0; iteration times exclude iteration 0; busy fraction = "
+                 "union of busy intervals per node / (nodes x span) (rollmux.occupancy), bubble fraction = 1 - busy.",
     }
     out_path.write_text(json.dumps(result, indent=1))
 
@@ -284,7 +287,7 @@ def main(argv=None) -> int:
                   "n/a" if j["predicted_slowdown_in_group"] is None else f"{j['predicted_slowdown_in_group']:.2f}x",
                   f"{j['slo']:.1f} {'ok' if j['slo_met'] else 'MISSED'}", "yes" if j["weights_identical_to_solo"] else "NO")
     con.print(t)
-    u = Table(title="Pools, steady state after iteration 0 (from the recorded timeline)")
+    u = Table(title="Pools over the whole run, warm-up and drain included (from the recorded timeline)")
     for c in ("run", "nodes", "makespan s", "rollout busy", "train busy", "node-seconds"):
         u.add_column(c)
     u.add_row("solo (Solo-D)", "3 + 3", f"{solo_u['makespan_s']:.1f}", f"{solo_u['rollout_busy_fraction']:.0%}",

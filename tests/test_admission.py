@@ -305,9 +305,7 @@ def test_branch_and_bound_matches_exhaustive_choice(jobs, newcomer):
     best = None
     for g in s._open.values():
         for strategy in ("direct", "scale_out"):
-            cand = s._candidate(g, new, prof, strategy, new.nodes_needed("rollout", c.rollout_pool.node),
-                                new.nodes_needed("train", c.train_pool.node), mr, mt, s._pools["rollout"].peek(nr // 8),
-                                R_PRICE, True)
+            cand = s._candidate(g, s._newcomer(new, prof), strategy)
             if cand.ok:
                 _slo_sim(cand)
             if cand.ok and (best is None or (cand.delta_usd_per_h, cand.score) < best):
@@ -317,3 +315,26 @@ def test_branch_and_bound_matches_exhaustive_choice(jobs, newcomer):
     else:
         assert d.delta_usd_per_h == best[0]
         assert d._chosen.score == pytest.approx(best[1], rel=1e-9)
+
+
+def test_registry_drives_policies_and_filters_report_figures():
+    """One registry says how each policy behaves; filter verdicts carry their figures."""
+    from rollmux.admission import CANDIDATE_FILTERS, node_load_bound
+    from rollmux.policies import REGISTRY, policy_spec
+
+    assert set(POLICIES) == {n for n, p in REGISTRY.items() if p.kind == "scheduler"} == {"rollmux", "random", "most-idle"}
+    assert [n for n, p in REGISTRY.items() if p.repacks] == ["rollmux"]
+    assert [n for n, p in REGISTRY.items() if p.kind == "per_job"] == ["solo-d", "colocated", "gavel+"]
+    with pytest.raises(ValueError, match="unknown admission policy 'solo-d'; known policies: rollmux, random, most-idle"):
+        policy_spec("solo-d", "scheduler")
+    assert [f.name for f in CANDIDATE_FILTERS] == ["capacity", "newcomer_slo_bound", "memory", "slo_bound"]
+    assert node_load_bound(100.0, [80.0, 150.0]) == 150.0 and node_load_bound(100.0, []) == 100.0
+    s = InterGroupScheduler(make_cluster())
+    s.admit(job("A", 100, 100))
+    d = s.decide(job("B", 50, 50, nt=16))  # needs 2 training nodes, group-0 has 1
+    c = next(x for x in d.candidates if x.group_id == "group-0" and x.strategy == "direct")
+    assert (c.verdict, c.plugin) == ("rejected", "capacity")
+    assert c.numbers == {"train_nodes_needed": 2, "train_nodes_in_group": 1}
+    d = s.decide(job("C", 50, 50, slo=1.0))  # on train-0 (load 100) C's iteration takes >= 150 s of its solo 100 s
+    c = next(x for x in d.candidates if x.group_id == "group-0" and x.strategy == "direct")
+    assert c.plugin == "slo" and c.numbers["slowdown_lower_bound"] == pytest.approx(1.5) and c.numbers["slo"] == 1.0

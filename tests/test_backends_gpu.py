@@ -38,8 +38,7 @@ def test_gpu_backends_raise_backend_unavailable_on_cpu():
     m = build_model(TINY, 0)
     with pytest.raises(BackendUnavailable, match="vllm|CUDA"):
         make_rollout_backend("vllm", m)
-    with pytest.raises(BackendUnavailable, match="deepspeed|CUDA"):
-        make_train_backend("deepspeed", m, lr=1e-3)
+    # DeepSpeed runs on CPU (gloo): tests/test_deepspeed_cpu.py
 
 
 def test_hf_backend_progress_and_seeded_sampling_on_cpu():
@@ -113,5 +112,6 @@ def test_deepspeed_zero_step_and_offload():
     after = t.weights()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     t.offload()
+    assert "optim_states" in t.offloaded_states() and t.device.startswith("cuda")
     t.load()
     assert all(torch.equal(after[k], v) for k, v in t.weights().items())

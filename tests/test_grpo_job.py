@@ -242,3 +242,31 @@ def test_report_busy_fractions_iteration_time_and_switches():
                                  "b": [_rec("b", "rollout", 0, 10, 11), _rec("b", "train", 0, 11, 12)]})
     assert s["makespan_s"] == 3 and s["node_seconds"] == 10
     assert s["rollout_busy_fraction"] == pytest.approx(3 / 5) and s["train_busy_fraction"] == pytest.approx(2 / 5)
+
+
+def test_long_tailed_response_lengths_option():
+    """``response_tail_sigma``: seeded log-normal per-row minimum lengths; the HF backend keeps
+    ``<eos>`` away from each row until its own minimum."""
+    import pydantic
+
+    from actors.backends import make_rollout_backend
+    from examples.grpo.config import ModelConfig, RunConfig
+    from examples.grpo.job import response_minimums
+    from examples.grpo.model import build_model
+
+    m = response_minimums(2000, 40, 400, 1.0, seed=3)
+    assert torch.equal(m, response_minimums(2000, 40, 400, 1.0, seed=3)) and m.min() >= 1 and m.max() <= 400
+    assert float(m.double().mean()) == pytest.approx(40, rel=0.1)  # the mean is min_new_tokens
+    assert float(m.double().quantile(0.99)) > 4 * float(m.double().median())  # a long tail
+    tok = CharTokenizer()
+    b = make_rollout_backend("hf", build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=4,
+                                                           intermediate_size=64, max_position_embeddings=64), 0, tok))
+    prompts = tok.encode_batch(["3>", "7>", "1>", "0>"])
+    mins = torch.tensor([1, 5, 20, 40])
+    out = b.generate(prompts, max_new_tokens=48, temperature=1.0, seed=1, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                     min_new_tokens=mins)
+    P = prompts.shape[1]
+    first_eos = [next((i for i, t in enumerate(row) if t == tok.eos_id), 48) for row in out[:, P:].tolist()]
+    assert all(e >= int(k) for e, k in zip(first_eos, mins))
+    with pytest.raises(pydantic.ValidationError, match="response_tail_sigma"):
+        RunConfig(response_tail_sigma=1.0, rollout_backend="sched", min_new_tokens=4, max_new_tokens=8)

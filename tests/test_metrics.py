@@ -69,3 +69,27 @@ def test_dissolved_group_reads_zero_then_stops_being_refreshed_and_moves_are_cou
     m.job_moves(0)
     m.job_moves(2)
     assert f["moves"].calls == [("inc", 2.0, None)] and m.totals["moves"] == 2
+
+
+def test_group_timeline_busy_and_bubble_from_occupancy():
+    m, f = _metrics()
+    recs = [{"pool": "rollout", "node": "r0", "start_s": 0.0, "end_s": 6.0},
+            {"pool": "rollout", "node": "r0", "start_s": 4.0, "end_s": 8.0},  # overlaps: union 8 s, not 10 s
+            {"pool": "train", "node": "t0", "start_s": 6.0, "end_s": 10.0, "gpus": 4}]  # 4 of 8 GPUs
+    m.group_timeline("g1", recs, {"rollout": {"r0": 8}, "train": {"t0": 8}}, (0.0, 10.0))
+    assert m.totals["busy"]["rollout"] == 8 * 8.0 and m.totals["bubble"]["rollout"] == 8 * 2.0
+    assert m.totals["bubble_ratio"]["train"] == 1 - 4 * 4.0 / 80
+    m.group_timeline("g2", recs[:1], {"rollout": {"r0": 1}}, (0.0, 10.0))  # a second group adds up
+    assert m.totals["busy"]["rollout"] == 64 + 6 and m.totals["bubble_ratio"]["rollout"] == (16 + 4) / 90
+    assert ("set", (16 + 4) / 90, {"pool": "rollout"}) in f["bubble_ratio"].calls
+
+
+def test_sync_cross_bytes_accumulate_per_job():
+    from actors.metrics import RollmuxMetrics
+
+    m = RollmuxMetrics(flush_interval_s=0, enabled=False)
+    for nb in (1000, 1000, 1500):
+        m.sync_cross_bytes("a", nb)
+    m.sync_cross_bytes("b", 7)
+    assert m.totals["sync_cross_bytes"] == {"a": 3500, "b": 7}
+    assert m.totals["sync_cross_last"] == {"a": 1500, "b": 7}

@@ -92,3 +92,51 @@ def test_coexecuted_grpo_job_is_bit_identical_to_solo(sched):
     other = run_job(target.model_copy(update={"run": target.run.model_copy(update={"seed": 99, "iterations": 1})}),
                     attach=False)
     assert other["history"][0]["weights_sha256"] != mine["history"][0]["weights_sha256"]
+
+
+def _coexecute(cfgs, sched):
+    """Run ``cfgs`` attached to ``sched``, admitted in order, started together; returns results."""
+    results: dict = {}
+    barrier = threading.Barrier(len(cfgs), timeout=240)
+    admitted = [threading.Event() for _ in cfgs]
+
+    def go(i, cfg):
+        def ready():
+            admitted[i].set()
+            barrier.wait()
+
+        try:
+            results[cfg.job.job_id] = run_job(cfg, attach=True, scheduler_name=sched, ready=ready)
+        except BaseException as e:  # surfaced by the assertions below
+            results[cfg.job.job_id] = e
+            admitted[i].set()
+            barrier.abort()
+
+    threads = []
+    for i, c in enumerate(cfgs):
+        threads.append(threading.Thread(target=go, args=(i, c)))
+        threads[-1].start()
+        assert admitted[i].wait(240), f"{c.job.job_id} was not admitted"
+    for t in threads:
+        t.join(timeout=280)
+    assert not any(t.is_alive() for t in threads)
+    errors = {k: v for k, v in results.items() if isinstance(v, BaseException)}
+    assert not errors, errors
+    return results
+
+
+@pytest.mark.timeout(420)
+def test_coexecuted_deepspeed_job_is_bit_identical_to_solo(sched):
+    """A DeepSpeed ZeRO-2 job (CPU, gloo; selected by its YAML) co-executed with a torch job ends
+    with the same trainer weights, every iteration, as the same job solo."""
+    uid = uuid.uuid4().hex[:6]
+    ds = load_job_config(CONFIG_DIR / "jobs" / "grpo_deepspeed.yaml", iterations=N)
+    ds = ds.model_copy(update={"job": ds.job.model_copy(update={"job_id": f"{ds.job.job_id}-{uid}", "slo": 5.0})})
+    mate = tiny("grpo_train_heavy", uid)
+    res = _coexecute([mate, ds], sched)
+    co = res[ds.job.job_id]
+    assert co["mode"] == "scheduled" and co["iterations"] == N
+    assert res[mate.job.job_id]["info"]["group_id"] == co["info"]["group_id"], "the two jobs share one group"
+    solo = run_job(ds, attach=False)
+    assert [m["weights_sha256"] for m in solo["history"]] == [m["weights_sha256"] for m in co["history"]]
+    assert [m["reward_mean"] for m in solo["history"]] == [m["reward_mean"] for m in co["history"]]

@@ -133,6 +133,8 @@ def test_three_jobs_interleave_round_robin_in_one_group(sched, sync_backend):
     syncs = [r for r in tl if r["phase"] == "sync"]
     assert {r["sync_backend"] for r in syncs} == {sync_backend}
     assert all(a["backend"] == sync_backend for r in syncs for a in r["sync_receivers"])
+    # one model copy crosses the pool boundary per sync (one rollout worker), counted by the transport
+    assert all(r["sync_cross_bytes"] == syncs[0]["sync_cross_bytes"] > 0 for r in syncs if r["job_id"] == syncs[0]["job_id"])
     for jid in ids:  # each job: exactly one rollout, one train, one sync per meta-iteration
         mine = [r for r in tl if r["job_id"] == jid]
         for ph in ("rollout", "train", "sync"):
@@ -152,6 +154,10 @@ def test_three_jobs_interleave_round_robin_in_one_group(sched, sync_backend):
     assert all(r["switch_s"] >= 0 for r in tl)
     status = ray.get(ray.get_actor(jobs[0].info["controller"], namespace="rollmux").status.remote())
     assert status["metrics"]["switches"]["warm"] >= 1 and status["metrics"]["switches"]["cold"] >= 3
+    for j in ids:  # the exported counter (flushed periodically: whole syncs so far) adds the records' bytes
+        per = [r["sync_cross_bytes"] for r in syncs if r["job_id"] == j]
+        got = status["metrics"].get("sync_cross_bytes", {}).get(j, 0)
+        assert got in {per[0] * k for k in range(len(per) + 1)}, (j, got, per)
     assert any(m["job_id"] in ids for m in status["migrations"])  # progress reached the tail trigger
     # lifecycle: all finished, group released
     for jid in ids:
@@ -385,3 +391,44 @@ def test_controller_evicts_silent_driver():
 
     g, st = asyncio.run(scenario())
     assert g["job_id"] == "b" and "driver lost" in st["gone"]["a"]
+
+
+def test_long_tail_settings_reach_controllers_and_simulator():
+    """``configs/scheduler.yaml``'s long-tail settings (trigger fraction, tail GPUs, overhead,
+    whether migration acts) reach every new GroupController and the simulator's default."""
+    from actors.global_scheduler import GlobalSchedulerImpl
+    from actors.group_controller import GroupControllerImpl
+    from actors.kv import MemoryKV
+    from rollmux.admission import load_scheduler_config
+    from rollmux.config import CONFIG_DIR, load_cluster
+    from rollmux.intra_group import LongTailPolicy
+    from rollmux.simulator import Realisation
+
+    sim = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
+    g = GlobalSchedulerImpl(sim, kv=MemoryKV(), create_controllers=False,
+                            config={"tail_trigger_fraction": 0.5, "tail_gpus": 2, "migration_overhead_s": 3.0})
+    c = GroupControllerImpl("group-0", None, **g.controller_kw, metrics_enabled=False)
+    assert c.long_tail == LongTailPolicy(0.5, 2, 3.0) and c.migrate is True
+    off = GlobalSchedulerImpl(sim, kv=MemoryKV(), create_controllers=False, config={"tail_migration": False})
+    assert GroupControllerImpl("group-1", None, **off.controller_kw, metrics_enabled=False).migrate is False
+    # an explicit controller_kw still wins
+    g2 = GlobalSchedulerImpl(sim, kv=MemoryKV(), create_controllers=False, controller_kw={"migrate": False})
+    assert g2.controller_kw["migrate"] is False and g2.controller_kw["tail_trigger_fraction"] == 0.8
+    cfg = load_scheduler_config()
+    real = Realisation(sim, stochastic=True)
+    assert real.long_tail == cfg.long_tail_policy() and real.migrate is cfg.tail_migration
+
+
+def test_controller_migrates_only_when_another_rollout_waits():
+    """A lone job's tail-bound rollout is recorded but nothing moves (nobody waits for its node)."""
+    import asyncio
+
+    async def scenario():
+        c = _ctrl(lease_s=0, migrate=True)
+        await c.add_job("a", ["rollout-0"], ["train-0"])
+        await c.attach("a")
+        await c.acquire("a", "rollout", timeout_s=1)
+        d = await c.progress("a", 4, 5)
+        assert d["next_rollout"] is None and d["acted"] is False
+
+    asyncio.run(scenario())

@@ -1,8 +1,9 @@
 """Compute backends of a job's phases: a rollout engine and a training engine.
 
 A job's phase code talks to these interfaces only, so the same RL script runs on this CPU machine
-(``hf`` rollout = transformers ``generate``, ``torch`` training) and on GPUs (``vllm`` rollout
-with sleep/wake for warm start, ``deepspeed`` ZeRO training) without change.
+(``hf`` rollout = transformers ``generate``, ``torch`` or ``deepspeed`` ZeRO training over gloo)
+and on GPUs (``vllm`` rollout with sleep/wake for warm start, ``deepspeed`` over NCCL) without
+change.
 
 Warm start (RollMux §5, DESIGN.md "Execution plane"): between phases the runtime keeps a job's
 state in host memory and the process alive; a backend's ``offload()`` moves device state to the
@@ -49,7 +50,8 @@ class RolloutBackend(ABC):
 
         Args:
             prompt_ids: LongTensor ``[B, P]`` (equal-length prompts).
-            max_new_tokens: generation cap ``N``; min_new_tokens: ``<eos>`` is suppressed before this many.
+            max_new_tokens: generation cap ``N``; min_new_tokens: ``<eos>`` is suppressed before this many
+                (an int, or a LongTensor ``[B]`` of per-row minimums: ``hf`` and ``vllm`` backends).
             seed: seeds this call's sampling (from the job's own generator; no global RNG).
             progress: called ``progress(done, total)`` as responses finish (long-tail migration).
         Returns:
@@ -119,10 +121,12 @@ def make_rollout_backend(name: str, model: torch.nn.Module, *, device: str = "cp
 def make_train_backend(
     name: str, model: torch.nn.Module, *, lr: float, max_grad_norm: float = 1.0, device: str = "cpu", **kw
 ) -> TrainBackend:
-    """Training backend by name: ``torch`` (plain AdamW) or ``deepspeed`` (ZeRO, GPU only).
+    """Training backend by name: ``torch`` (plain AdamW) or ``deepspeed`` (ZeRO on the
+    accelerator DeepSpeed finds: CPU over gloo, or CUDA over NCCL; ``kw``: ``stage``,
+    ``micro_batch``, ``rank``, ``world_size``, ``master_addr``, ``master_port``, ``torch_adam``).
 
     Raises:
-        ValueError: unknown name. BackendUnavailable: DeepSpeed or CUDA missing.
+        ValueError: unknown name. BackendUnavailable: DeepSpeed missing, or its process group conflicts.
     """
     if name == "torch":
         from actors.backends.torch_train import TorchTrainBackend
@@ -131,7 +135,7 @@ def make_train_backend(
     if name == "deepspeed":
         from actors.backends.deepspeed_train import DeepSpeedTrainBackend
 
-        kw.pop("device", None)  # DeepSpeed uses this process's current CUDA device
+        kw.pop("device", None)  # DeepSpeed uses its accelerator's device (cpu, or this process's GPU)
         return DeepSpeedTrainBackend(model, lr=lr, max_grad_norm=max_grad_norm, **kw)
     raise ValueError(f"train_backend: unknown backend {name!r} (known: torch, deepspeed)")
 

@@ -1,73 +1,139 @@
-"""Training backend on DeepSpeed ZeRO (GPU).
+"""Training backend on DeepSpeed ZeRO (CPU over gloo, or CUDA over NCCL).
 
-Written against DeepSpeed's public API: ``deepspeed.init_distributed``, ``deepspeed.initialize``
-with a ZeRO config, ``engine.backward`` / ``engine.step``, ``engine.get_global_grad_norm``,
+Written against DeepSpeed 0.19's public API: ``deepspeed.accelerator.get_accelerator()`` (device
+and communication backend: ``cpu`` + ``gloo`` on a CPU machine, ``cuda`` + ``nccl`` on a GPU
+host), ``deepspeed.init_distributed``, ``deepspeed.initialize`` with a ZeRO config,
+``engine.backward`` / ``engine.step``, ``engine.get_global_grad_norm``,
 ``deepspeed.zero.GatheredParameters`` (full weights under ZeRO-3) and, for warm start,
-``engine.offload_states()`` / ``engine.reload_states()`` (DeepSpeed >= 0.16, ZeRO-3); with
-older versions or stages offload falls back to moving the module to host memory.
-Import-guarded: without DeepSpeed or CUDA the constructor raises
-:class:`~actors.backends.BackendUnavailable`.
+``engine.offload_states()`` / ``engine.reload_states()`` (ZeRO 1-3: the flat fp32 master weights,
+the low-precision flat buffers, gradients and Adam moments move, not only module views).
 
-The engine holds NCCL communicators, so it is *resident* (``rollmux_resident``): it stays alive
-in the TrainWorker process between phases (RollMux §5 "the process and its control plane stay
-alive"); ``offload()`` / ``load()`` move its device state to and from host memory.
+Process group: DeepSpeed's engines use the process's default ``torch.distributed`` group. The
+job's rank and world size come from its placement (its index among its training workers, and
+their number); rank 0 picks a free port on ``master_addr`` unless one is given (one port per job,
+never a fixed one, so two DeepSpeed workers on one host do not collide). A process joins one
+default group for its life: every single-rank DeepSpeed job hosted by a worker process shares its
+world of size 1; a job with another rank / world size in the same process raises
+:class:`BackendUnavailable` naming the conflict.
+
+The first ``init_distributed`` on CPU builds DeepSpeed's shared-memory comm op with ninja and the
+C++ compiler (~1-1.5 min, cached under ``~/.cache/torch_extensions`` afterwards). ``torch_adam``
+(default True) selects ``torch.optim.AdamW`` inside DeepSpeed instead of its FusedAdam / CPU Adam
+ops (a CPU Adam build takes > 8 minutes).
+
+The engine holds communicators, so it is *resident* (``rollmux_resident``): it stays alive in the
+TrainWorker process between phases (RollMux §5 "the process and its control plane stay alive");
+``offload()`` / ``load()`` call ``offload_states`` / ``reload_states``.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import threading
+from typing import Optional
 
 import torch
 
 from actors.backends import BackendUnavailable, TrainBackend
 
-try:  # import guard: DeepSpeed exists on GPU hosts only
+try:  # import guard: DeepSpeed is a main dependency, but keep the CPU registry importable without it
     import deepspeed
 
     HAVE_DEEPSPEED = True
-except Exception:  # pragma: no cover - CPU machines
+except Exception:  # pragma: no cover - broken installs
     HAVE_DEEPSPEED = False
 
+_INIT_LOCK = threading.Lock()
 
-def zero_config(*, lr: float, max_grad_norm: float, stage: int, micro_batch: int, bf16: bool) -> dict:
+
+def zero_config(*, lr: float, max_grad_norm: float, stage: int, micro_batch: int, bf16: bool,
+                torch_adam: bool = True) -> dict:
     """The DeepSpeed config dict used by :class:`DeepSpeedTrainBackend` (AdamW, no weight decay)."""
+    params = {"lr": lr, "weight_decay": 0.0, "eps": 1e-8}
+    if torch_adam:
+        params["torch_adam"] = True
     return {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": 0.0, "eps": 1e-8}},
+        "optimizer": {"type": "AdamW", "params": params},
         "gradient_clipping": max_grad_norm,
         "zero_optimization": {"stage": stage},
         "bf16": {"enabled": bf16},
         "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
     }
 
 
-class DeepSpeedTrainBackend(TrainBackend):
-    """ZeRO-``stage`` training of ``model`` on this process's CUDA device (single- or multi-rank).
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (the job's rendezvous port)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
+
+def ensure_process_group(rank: int, world_size: int, master_addr: str = "127.0.0.1",
+                         master_port: Optional[int] = None) -> str:
+    """Join (once per process) the default process group DeepSpeed uses, over the accelerator's
+    communication backend. Returns the backend name. Raises BackendUnavailable when this process
+    already belongs to a world of another rank / size."""
+    import torch.distributed as dist
+    from deepspeed.accelerator import get_accelerator
+
+    backend = get_accelerator().communication_backend_name()
+    with _INIT_LOCK:
+        if dist.is_initialized():
+            if (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
+                raise BackendUnavailable(
+                    f"train_backend 'deepspeed': this worker process already joined a DeepSpeed world as rank "
+                    f"{dist.get_rank()} of {dist.get_world_size()}; a job as rank {rank} of {world_size} needs its "
+                    f"own process")
+            return backend
+        if world_size > 1 and master_port is None:
+            raise ValueError("deepspeed: a multi-rank job needs the master_port chosen by its rank 0")
+        port = master_port or free_port(master_addr)
+        os.environ.update(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world_size), MASTER_ADDR=master_addr,
+                          MASTER_PORT=str(port))
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False,
+                                   init_method=f"tcp://{master_addr}:{port}", rank=rank, world_size=world_size)
+    return backend
+
+
+class DeepSpeedTrainBackend(TrainBackend):
+    """ZeRO-``stage`` training of ``model`` on the accelerator's device (CPU or this process's GPU).
+
+    Args:
+        model: the policy (a transformers causal LM: ``model(input_ids=...).logits``).
+        lr / max_grad_norm: AdamW learning rate (no weight decay, eps 1e-8) and gradient clipping.
+        stage: ZeRO stage 0-3 (CPU: 1 and 2 are tested bit-identical to torch AdamW).
+        micro_batch: ``train_micro_batch_size_per_gpu`` (DeepSpeed bookkeeping only).
+        rank / world_size: this process's place in the job's training workers.
+        master_addr / master_port: the job's rendezvous (port: free one picked when None, rank 0).
+        torch_adam: use ``torch.optim.AdamW`` inside DeepSpeed (no Adam op build).
     Raises:
-        BackendUnavailable: DeepSpeed or CUDA missing.
+        BackendUnavailable: DeepSpeed missing, or this process belongs to another DeepSpeed world.
     """
 
     name = "deepspeed"
     rollmux_resident = True
 
     def __init__(self, model: torch.nn.Module, *, lr: float, max_grad_norm: float = 1.0, stage: int = 2,
-                 micro_batch: int = 64, bf16: bool = False) -> None:
+                 micro_batch: int = 64, bf16: bool = False, rank: int = 0, world_size: int = 1,
+                 master_addr: str = "127.0.0.1", master_port: Optional[int] = None, torch_adam: bool = True) -> None:
         if not HAVE_DEEPSPEED:
-            raise BackendUnavailable("train_backend 'deepspeed' needs the deepspeed package (pip install 'rollmux[gpu]')")
-        if not torch.cuda.is_available():
-            raise BackendUnavailable("train_backend 'deepspeed' needs a CUDA device")
-        for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                     "MASTER_PORT": "29533"}.items():
-            os.environ.setdefault(k, v)
-        if not torch.distributed.is_initialized():
-            deepspeed.init_distributed(dist_backend="nccl")
+            raise BackendUnavailable("train_backend 'deepspeed' needs the deepspeed package (pip install deepspeed ninja)")
+        if stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {stage}")
+        from deepspeed.accelerator import get_accelerator
+
+        acc = get_accelerator()
+        self.comm_backend = ensure_process_group(rank, world_size, master_addr, master_port)
         self.stage = stage
-        self.device = f"cuda:{torch.cuda.current_device()}"
-        cfg = zero_config(lr=lr, max_grad_norm=max_grad_norm, stage=stage, micro_batch=micro_batch, bf16=bf16)
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                                                  config=cfg)
+        self.rank, self.world_size = rank, world_size
+        self.device = acc.device_name() if acc.device_name() == "cpu" else f"{acc.device_name()}:{acc.current_device()}"
+        cfg = zero_config(lr=lr, max_grad_norm=max_grad_norm, stage=stage, micro_batch=micro_batch, bf16=bf16,
+                          torch_adam=torch_adam)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=None, config=cfg)
         self.offloaded = False
 
     def forward(self, input_ids):
@@ -87,20 +153,22 @@ class DeepSpeedTrainBackend(TrainBackend):
         return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
 
     def offload(self) -> None:
-        if self.offloaded:
+        """Optimizer states (fp32 master weights, flat buffers, gradients, Adam moments) to host
+        memory with DeepSpeed's own ``offload_states`` (pinned on CUDA, plain on CPU)."""
+        if self.offloaded or self.stage == 0:
             return
-        if hasattr(self.engine, "offload_states") and self.stage == 3:
-            self.engine.offload_states()
-        else:
-            self.engine.module.to("cpu")
+        self.engine.offload_states(pin_memory=self.device != "cpu")
         self.offloaded = True
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available() and self.device != "cpu":
+            torch.cuda.empty_cache()
 
     def load(self) -> None:
+        """``reload_states``: the offloaded states back to the device."""
         if not self.offloaded:
             return
-        if hasattr(self.engine, "reload_states") and self.stage == 3:
-            self.engine.reload_states()
-        else:
-            self.engine.module.to(self.engine.device)
+        self.engine.reload_states()
         self.offloaded = False
+
+    def offloaded_states(self) -> set:
+        """The state kinds DeepSpeed reports offloaded now (empty after :meth:`load`)."""
+        return {str(s.value) if hasattr(s, "value") else str(s) for s in getattr(self.engine.optimizer, "offloaded_states", ())}

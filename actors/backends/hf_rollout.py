@@ -28,6 +28,20 @@ class _Progress:
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
+class _RowMinLength:
+    """A transformers ``LogitsProcessor``: ``<eos>`` is suppressed in row ``i`` until it has
+    ``mins[i]`` new tokens (per-row minimum lengths: long-tailed response lengths)."""
+
+    def __init__(self, prompt_len: int, mins: torch.Tensor, eos_id: int) -> None:
+        self.p, self.mins, self.eos = prompt_len, mins, eos_id
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        block = self.mins.to(scores.device) > (input_ids.shape[1] - self.p)
+        if bool(block.any()):
+            scores[block, self.eos] = -float("inf")
+        return scores
+
+
 class HFRolloutBackend(RolloutBackend):
     """transformers ``model.generate(do_sample=True)`` with a per-call seed."""
 
@@ -41,11 +55,15 @@ class HFRolloutBackend(RolloutBackend):
 
     @torch.no_grad()
     def generate(self, prompt_ids, *, max_new_tokens, temperature, seed, eos_id, pad_id,
-                 progress: Optional[ProgressFn] = None, min_new_tokens: int = 0):
-        from transformers import StoppingCriteriaList
+                 progress: Optional[ProgressFn] = None, min_new_tokens=0):
+        from transformers import LogitsProcessorList, StoppingCriteriaList
 
         B, P = prompt_ids.shape
         crit = StoppingCriteriaList([_Progress(progress, P, eos_id, B)]) if progress else None
+        procs = None
+        if isinstance(min_new_tokens, torch.Tensor):  # per-row minimum lengths, shape [B]
+            procs = LogitsProcessorList([_RowMinLength(P, min_new_tokens.reshape(B).long(), eos_id)])
+            min_new_tokens = 0
         devices = [torch.device(self.device).index or 0] if self.device.startswith("cuda") else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(int(seed))
@@ -61,6 +79,7 @@ class HFRolloutBackend(RolloutBackend):
                 eos_token_id=eos_id,
                 pad_token_id=pad_id,
                 stopping_criteria=crit,
+                logits_processor=procs,
             )
         if progress:
             progress(B, B)

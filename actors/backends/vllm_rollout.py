@@ -1,8 +1,11 @@
 """Rollout backend on vLLM (GPU): offline ``LLM`` engine with sleep mode for warm start.
 
-Written against vLLM's public offline API (``vllm.LLM``, ``SamplingParams``, ``TokensPrompt``,
-``LLM.sleep(level=1)`` / ``LLM.wake_up()`` from ``enable_sleep_mode=True``, ``LLM.apply_model``
-for in-place weight updates). Import-guarded: constructing it without vLLM or CUDA raises
+Written against vLLM's public offline API as of vLLM 0.33 (``vllm.LLM``, ``SamplingParams``,
+``TokensPrompt``, ``LLM.sleep(level=1)`` / ``LLM.wake_up()`` from ``enable_sleep_mode=True``).
+Weight updates go through a *named* worker-extension method (``worker_extension_cls`` =
+:class:`WeightUpdateExtension`, called with ``LLM.collective_rpc("rollmux_load_weights", ...)``):
+vLLM's RPC serializer refuses pickled callables by default, so a lambda through ``apply_model``
+does not run. Import-guarded: constructing it without vLLM or CUDA raises
 :class:`~actors.backends.BackendUnavailable`.
 
 The engine cannot be pickled and owns CUDA memory, so it is *resident* (``rollmux_resident``):
@@ -37,6 +40,24 @@ except Exception:  # pragma: no cover - CPU machines
     HAVE_VLLM = False
 
 
+EXTENSION = "actors.backends.vllm_rollout.WeightUpdateExtension"
+
+
+class WeightUpdateExtension:
+    """Mixed into vLLM's GPU worker (``worker_extension_cls``): in-place weight loading.
+
+    ``rollmux_load_weights(items)``: ``items`` is a list of ``(name, CPU tensor)``; each tensor is
+    moved to the worker's device and handed to the model's own ``load_weights`` (which maps HF
+    names onto vLLM's fused layers). Returns the number of tensors loaded.
+    """
+
+    def rollmux_load_weights(self, items) -> int:  # runs inside the vLLM worker process
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        dev = next(model.parameters()).device
+        model.load_weights(weights=[(k, v.to(dev)) for k, v in items])
+        return len(items)
+
+
 class VLLMRolloutBackend(RolloutBackend):
     """vLLM engine serving a transformers causal LM saved to a temp dir (no download).
 
@@ -61,6 +82,7 @@ class VLLMRolloutBackend(RolloutBackend):
         self._dir = tempfile.TemporaryDirectory(prefix="rollmux-vllm-")
         model.save_pretrained(self._dir.name, safe_serialization=True)
         self.llm = LLM(model=self._dir.name, skip_tokenizer_init=True, enable_sleep_mode=True, dtype=dtype,
+                       worker_extension_cls=EXTENSION,
                        gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager, seed=seed,
                        max_model_len=int(getattr(model.config, "max_position_embeddings", 2048)))
         self.asleep = False
@@ -70,8 +92,11 @@ class VLLMRolloutBackend(RolloutBackend):
         B, P = prompt_ids.shape
         rows = prompt_ids.tolist()
         prompts = [TokensPrompt(prompt_token_ids=r) if TokensPrompt else {"prompt_token_ids": r} for r in rows]
+        mins = (min_new_tokens.reshape(B).tolist() if isinstance(min_new_tokens, torch.Tensor)
+                else [int(min_new_tokens)] * B)  # per-row minimum lengths (long-tailed responses)
         params = [SamplingParams(n=1, temperature=float(temperature), top_k=-1, top_p=1.0, max_tokens=int(max_new_tokens),
-                                 min_tokens=int(min_new_tokens), seed=int(seed) + i, stop_token_ids=[eos_id], detokenize=False) for i in range(B)]
+                                 min_tokens=int(mins[i]), seed=int(seed) + i, stop_token_ids=[eos_id], detokenize=False)
+                  for i in range(B)]
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         seq = torch.full((B, P + max_new_tokens), pad_id, dtype=torch.long)
         seq[:, :P] = prompt_ids
@@ -83,11 +108,13 @@ class VLLMRolloutBackend(RolloutBackend):
         return pad_to(seq, P + max_new_tokens, pad_id)
 
     def load_weights(self, weights):
-        items = [(k, v) for k, v in weights.items()]
-        if hasattr(self.llm, "apply_model"):
-            self.llm.apply_model(lambda m: m.load_weights(items))
-        else:  # older engines: the in-process driver worker's model
-            self.llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(items)
+        """Install ``weights`` ({name: CPU tensor}) through the named extension method (wakes a
+        sleeping engine first: a sleeping engine has no device weights to overwrite)."""
+        self.load()
+        items = [(k, v.detach().to("cpu").contiguous()) for k, v in weights.items()]
+        done = self.llm.collective_rpc("rollmux_load_weights", args=(items,))
+        if not done or any(int(n) != len(items) for n in done):
+            raise RuntimeError(f"vLLM weight update: workers loaded {done} of {len(items)} tensors")
 
     def offload(self) -> None:
         if not self.asleep:

@@ -56,6 +56,12 @@ class RunConfig(_Strict):
         max_grad_norm: gradient clipping (L2 norm).
         threads: torch threads per worker (1 = one core per "GPU").
         rollout_backend / train_backend: names in :mod:`actors.backends` (``hf``/``vllm``/``sched``, ``torch``/``deepspeed``).
+        response_tail_sigma: long-tailed response lengths (0 = off): each response's minimum length
+            is drawn log-normal with shape ``sigma`` and mean ``min_new_tokens`` (capped at
+            ``max_new_tokens``), so a few stragglers run far longer (RollMux Fig. 11;
+            ``hf`` / ``vllm`` rollout only).
+        zero_stage: DeepSpeed ZeRO stage (``train_backend: deepspeed`` only; CPU: 1 or 2 tested).
+        torch_adam: DeepSpeed uses ``torch.optim.AdamW`` (no Adam op build; ``deepspeed`` only).
         device: ``cpu`` or ``cuda``.
         fail_in_train_at: raise inside the training phase of this iteration (failure-isolation demo).
     """
@@ -78,6 +84,9 @@ class RunConfig(_Strict):
     threads: int = Field(default=1, gt=0, le=256)
     rollout_backend: Literal["hf", "vllm", "sched"] = "hf"
     train_backend: Literal["torch", "deepspeed"] = "torch"
+    response_tail_sigma: float = Field(default=0.0, ge=0.0, le=4.0)
+    zero_stage: int = Field(default=2, ge=0, le=3)
+    torch_adam: bool = True
     device: Literal["cpu", "cuda"] = "cpu"
     fail_in_train_at: Optional[int] = Field(default=None, ge=0)
 
@@ -87,6 +96,10 @@ class RunConfig(_Strict):
             raise ValueError(f"max_new_tokens ({self.max_new_tokens}) must be >= answer_len ({self.answer_len})")
         if self.min_new_tokens > self.max_new_tokens:
             raise ValueError(f"min_new_tokens ({self.min_new_tokens}) exceeds max_new_tokens ({self.max_new_tokens})")
+        if self.response_tail_sigma > 0 and self.rollout_backend == "sched":
+            raise ValueError("response_tail_sigma needs rollout_backend 'hf' or 'vllm'")
+        if self.response_tail_sigma > 0 and self.min_new_tokens < 1:
+            raise ValueError("response_tail_sigma needs min_new_tokens >= 1 (the lengths' mean)")
         if self.task == "add" and self.answer_len != 1:
             raise ValueError("answer_len must be 1 for task 'add'")
         return self

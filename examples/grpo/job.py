@@ -66,13 +66,25 @@ def build_train_state(cfg: GRPOJobConfig) -> dict:
     torch.set_num_threads(r.threads)
     from actors.backends import make_train_backend
 
-    kw = {"micro_batch": r.minibatch_size} if r.train_backend == "deepspeed" else {"device": r.device}
+    if r.train_backend == "deepspeed":
+        kw = {"micro_batch": r.minibatch_size, "stage": r.zero_stage, "torch_adam": r.torch_adam}
+    else:
+        kw = {"device": r.device}
     trainer = make_train_backend(
         r.train_backend, build_model(cfg.model, r.seed, TOK), lr=r.lr, max_grad_norm=r.max_grad_norm, **kw
     )
     dev = getattr(trainer, "device", "cpu")
     ref = build_model(cfg.model, r.seed, TOK).requires_grad_(False).to(dev) if r.kl_coef > 0 else None
     return {"trainer": trainer, "ref": ref, "step": 0}
+
+
+def response_minimums(n: int, mean_tokens: int, cap: int, sigma: float, seed: int) -> torch.Tensor:
+    """Per-response minimum lengths, LongTensor ``[n]``: log-normal with shape ``sigma`` and mean
+    ``mean_tokens``, clipped to ``[1, cap]`` (a long tail of stragglers; RollMux Fig. 11)."""
+    g = torch.Generator().manual_seed(int(seed) % (2**63 - 1))
+    z = torch.randn(n, generator=g, dtype=torch.float64)
+    lens = torch.exp(z * sigma + (torch.log(torch.tensor(float(mean_tokens), dtype=torch.float64)) - sigma * sigma / 2))
+    return lens.round().clamp(1, cap).long()
 
 
 def rollout_phase(cfg: GRPOJobConfig, state: dict, iteration: int, hook: Any = None) -> dict:
@@ -88,9 +100,12 @@ def rollout_phase(cfg: GRPOJobConfig, state: dict, iteration: int, hook: Any = N
     answers = answers.repeat_interleave(r.group_size, dim=0)
     seed = int(torch.randint(0, 2**62, (1,), generator=state["rng"]))
     progress: Optional[Callable[[int, int], None]] = getattr(hook, "progress", None)
+    min_new: Any = r.min_new_tokens
+    if r.response_tail_sigma > 0:  # long-tailed lengths, seeded from this call's seed
+        min_new = response_minimums(prompts.shape[0], r.min_new_tokens, r.max_new_tokens, r.response_tail_sigma, seed)
     seq = state["engine"].generate(
         prompts, max_new_tokens=r.max_new_tokens, temperature=r.temperature, seed=seed,
-        eos_id=TOK.eos_id, pad_id=TOK.pad_id, progress=progress, min_new_tokens=r.min_new_tokens,
+        eos_id=TOK.eos_id, pad_id=TOK.pad_id, progress=progress, min_new_tokens=min_new,
     )
     P = prompts.shape[1]
     rew = reward(seq[:, P:], answers, TOK)

@@ -2,8 +2,9 @@
 
 A timeline record is a dict with ``job_id, phase, pool, node, iteration, start, end`` (epoch
 seconds) and, from RollMux's workers, ``switch`` (``warm`` | ``cold`` | ``resident``) and
-``switch_s`` (state start-up seconds). Busy fraction of a pool = phase-seconds on its nodes /
-(nodes x span); the rest is dependency bubble (RollMux §2, DESIGN.md "Intra-group schedule").
+``switch_s`` (state start-up seconds). Busy fraction of a pool: :func:`rollmux.occupancy.occupancy`
+on the records (the union of busy intervals per node, GPU-weighted when records carry ``gpus``)
+over the pool's nodes x span, warm-up and drain included; the rest is dependency bubble (RollMux §2).
 """
 
 from __future__ import annotations
@@ -19,9 +20,28 @@ def span(records: list[dict]) -> tuple[float, float]:
     return min(r["start"] for r in records), max(r["end"] for r in records)
 
 
+def _occupancy(records: list[dict], num_nodes: dict[str, int], window: tuple[float, float]) -> dict:
+    """:func:`rollmux.occupancy.occupancy` of timeline dicts; nodes without records count idle."""
+    from rollmux.occupancy import occupancy
+
+    recs = [dict(pool=r.get("pool", "train"), node=str(r.get("node")), start_s=r["start"], end_s=r["end"],
+                 gpus=r.get("gpus")) for r in records]
+    nodes: dict[str, dict[str, float]] = {}
+    for pool, n in num_nodes.items():
+        names = sorted({x["node"] for x in recs if x["pool"] == pool})
+        names += [f"_idle-{i}" for i in range(max(0, n - len(names)))]
+        nodes[pool] = {x: 1.0 for x in names}
+    return occupancy(recs, nodes, window=window)
+
+
 def busy_seconds(records: Iterable[dict], pool: str) -> float:
-    """Phase-seconds on ``pool`` (sync counts on the training pool, where it runs)."""
-    return sum(r["end"] - r["start"] for r in records if r.get("pool", "train") == pool)
+    """Node-seconds ``pool`` was busy: the union of its records per node (sync counts on the
+    training pool, where it runs)."""
+    records = list(records)
+    if not records:
+        return 0.0
+    n = {pool: len({str(r.get("node")) for r in records if r.get("pool", "train") == pool})}
+    return _occupancy(records, n, span(records))[pool].busy_gpu_s if n[pool] else 0.0
 
 
 def clip(records: list[dict], t0: float, t1: float) -> list[dict]:
@@ -49,8 +69,9 @@ def coexec_utilisation(records: list[dict], num_rollout_nodes: int, num_train_no
     t0, t1 = window or span(records)
     mk = t1 - t0
     out = {"makespan_s": mk, "node_seconds": mk * (num_rollout_nodes + num_train_nodes)}
-    for pool, n in (("rollout", num_rollout_nodes), ("train", num_train_nodes)):
-        b = busy_seconds(records, pool) / (n * mk) if mk > 0 else 0.0
+    occ = _occupancy(records, {"rollout": num_rollout_nodes, "train": num_train_nodes}, (t0, t1))
+    for pool in ("rollout", "train"):
+        b = occ[pool].busy_ratio
         out[f"{pool}_busy_fraction"], out[f"{pool}_bubble_fraction"] = b, 1.0 - b
     return out
 
@@ -67,8 +88,9 @@ def solo_utilisation(per_job: dict[str, list[dict]], steady: bool = False) -> di
     walls = {j: span(recs)[1] - span(recs)[0] for j, recs in per_job.items()}
     held = sum(walls.values())
     out = {"makespan_s": max(walls.values()), "node_seconds": 2 * held}
+    occs = [_occupancy(recs, {"rollout": 1, "train": 1}, span(recs)) for recs in per_job.values()]
     for pool in ("rollout", "train"):
-        b = sum(busy_seconds(recs, pool) for recs in per_job.values()) / held if held > 0 else 0.0
+        b = sum(o[pool].busy_gpu_s for o in occs) / held if held > 0 else 0.0
         out[f"{pool}_busy_fraction"], out[f"{pool}_bubble_fraction"] = b, 1.0 - b
     return out
 

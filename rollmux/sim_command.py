@@ -1,0 +1,125 @@
+"""Body of ``rollmux simulate`` (the typer command in :mod:`rollmux.cli` only declares its options).
+
+Kept apart from the CLI assembly so the replay's input handling, run and report can change
+without touching the command registration. Source: RollMux §7.4-§7.5.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, seed: int, out: Path, stochastic: bool,
+                 window_start: float, window_hours: Optional[float], min_duration_s: float,
+                 max_duration_s: Optional[float], vc: Optional[str], slo_min: float, slo_max: float,
+                 max_group_size: int, exact_max_jobs: int, cluster_config: Optional[Path], repack: bool,
+                 progress: bool) -> None:
+    """Run ``rollmux simulate`` with parsed options: load the trace, replay, write summary.json and
+    plots, print the table. Exits with code 2 and a one-line error on bad input."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from rollmux import plots
+    from rollmux.config import CONFIG_DIR, ConfigError, load_cluster
+    from rollmux.simulator import gantt_records, simulate as run_sim
+    from rollmux.traces import DEFAULT_TRACE, EXTRACT_TRACE, TraceError, TraceWindow, load_trace
+    from rollmux.workloads import draw_jobs
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+
+    def fail(msg: str) -> None:
+        console.print(f"[bold red]error:[/] {msg}")
+        raise typer.Exit(code=2)
+
+    try:
+        names = [p.strip() for p in policies.split(",") if p.strip()]
+        if not names:
+            fail("--policies: give at least one policy")
+        from rollmux.baselines import check_policy
+
+        for n in names:
+            check_policy(n)
+        if trace is None:
+            trace = DEFAULT_TRACE if DEFAULT_TRACE.is_file() else EXTRACT_TRACE
+        window = TraceWindow(start_hours=window_start, length_hours=window_hours, max_jobs=jobs,
+                             min_duration_s=min_duration_s, max_duration_s=max_duration_s, cluster=vc)
+        cluster = load_cluster(cluster_config or CONFIG_DIR / "cluster_sim.yaml")
+        tjobs = load_trace(trace, window)
+        sjobs = draw_jobs(tjobs, cluster, mix=mix, seed=seed, slo_range=(slo_min, slo_max))
+    except (ValueError, TraceError, ConfigError) as e:  # pydantic ValidationError is a ValueError
+        fail(str(e))
+        return
+    console.print(f"[bold]rollmux simulate[/]: {len(sjobs)} jobs from {trace} (mix {mix}, seed {seed}, "
+                  f"{'stochastic' if stochastic else 'deterministic worst-case'} phase times); policies: {', '.join(names)}")
+    total = 2 * len(sjobs) * len(names)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, disable=not progress, transient=False) as bar:
+        task = bar.add_task("replay", total=total)
+
+        def on_event(name: str, k: int) -> None:
+            bar.update(task, advance=k, description=f"replay [cyan]{name}[/]")
+
+        try:
+            res = run_sim(sjobs, cluster, names, stochastic=stochastic, seed=seed, max_group_size=max_group_size,
+                          exact_max_jobs=exact_max_jobs, on_event=on_event, repack=repack,
+                          meta={"trace": str(trace), "mix": mix, "window": window.model_dump(), "cluster": cluster.name})
+        except (ValueError, RuntimeError) as e:  # e.g. a bounded --cluster refusing a job
+            fail(str(e))
+            return
+    out.mkdir(parents=True, exist_ok=True)
+    summary = res.summary
+    files = {"summary": str(out / "summary.json")}
+    series = {n: (r.times_s, r.cost_usd_per_h) for n, r in res.runs.items()}
+    files["cost_over_time_png"] = str(plots.plot_cost_over_time(series, out / "cost_over_time.png"))
+    from rollmux.policies import REGISTRY
+
+    drawable = sorted((REGISTRY[n].gantt_rank, n) for n in res.runs if REGISTRY[n].gantt_rank is not None)
+    gname = next((n for _, n in drawable if res.runs[n].gantt_group), None)
+    if gname:
+        recs = gantt_records(res.runs[gname], res.real)
+        files["gantt_png"] = str(plots.plot_gantt(recs, out / f"gantt_{gname}.png",
+                                                  title=f"{gname}: largest co-execution group, meta-iterations"))
+    summary["files"] = files
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+
+    table = Table(title=f"RollMux trace replay: {len(sjobs)} jobs, mix {mix}")
+    cols = [("policy", None), ("avg $/h", "avg_cost_usd_per_h"), ("total k$", "total_cost_usd"), ("peak $/h", "peak_cost_usd_per_h"),
+            ("SLO att.", "slo_attainment"), ("peak H20", "peak_rollout_gpus"), ("peak H800", "peak_train_gpus"),
+            ("roll. bubble", "rollout_bubble_ratio"), ("train bubble", "train_bubble_ratio"),
+            ("p50 ms", "decision_latency_ms_p50"), ("p99 ms", "decision_latency_ms_p99"), ("vs opt. run", "cost_vs_optimal")]
+    for c, _ in cols:
+        table.add_column(c, justify="left" if c == "policy" else "right")
+    for name, m in summary["policies"].items():
+        row = [name]
+        for _, k in cols[1:]:
+            v = m.get(k)
+            if k == "total_cost_usd" and v is not None:
+                v = v / 1e3
+            row.append("-" if v is None else (f"{v:.1%}" if k == "slo_attainment" else f"{v:.0%}" if k.endswith("bubble_ratio")
+                                             else f"{v:.2f}x" if k == "cost_vs_optimal" else f"{v:,.1f}" if isinstance(v, float) else str(v)))
+        table.add_row(*row)
+    console.print(table)
+    console.print(f"avg $/h = total cost / {summary['meta']['horizon_h']:.1f} h, the common horizon of the policies run "
+                  "together (the last departure among them), so it depends on the policy set; total k$ does not. "
+                  "'vs opt. run' = avg $/h over the optimal policy's")
+    for k, v in summary["rollmux_cost_ratios"].items():
+        if "bubble" in k:
+            console.print(f"{k.replace('_', ' ')}: measured {v['measured']:.1%} (paper {v['paper']:.1%})")
+        else:
+            console.print(f"{k.replace('_', ' ')}: measured {v['measured']:.2f}x (paper {v['paper']:.2f}x)")
+    if "optimal" in summary["policies"]:
+        console.print(f"optimum exact at {summary['policies']['optimal']['optimal_exact_fraction']:.0%} of its decisions "
+                      f"(exact up to {exact_max_jobs} active jobs; beyond: best found by exact blocks, an upper bound)")
+    rm = summary["policies"].get("rollmux", {})
+    if rm.get("cost_vs_optimal_exact") is not None:
+        console.print(f"rollmux vs the exact optimum of the same active jobs: {rm['cost_vs_optimal_exact']:.3f}x "
+                      f"over the {rm['optimal_exact_time_fraction']:.0%} of its replay with <= {exact_max_jobs} active jobs")
+    console.print(f"wrote {out / 'summary.json'} and plots in {out}")
+
+
