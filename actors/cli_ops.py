@@ -397,6 +397,9 @@ def up(
         _record_current(cfg.state_dir)
         _print_urls(cfg, state)
         return
+    if cfg.ray_auth == "token" and os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        console.print("[yellow]RAY_AUTH_MODE=disabled in this environment is ignored: `rollmux up` uses Ray's token "
+                      "mode unless told --ray-auth disabled (or ROLLMUX_RAY_AUTH=disabled)[/]")
     if cfg.ray_address is None and cfg.ray_auth == "disabled":
         exposed = _non_loopback_addresses()
         if exposed and not expose:

@@ -14,7 +14,7 @@ every address or to that address) or at 127.0.0.1 (loopback-only ports):
   with an empty request and no ``authorization`` metadata. ``UNAUTHENTICATED`` is the expected
   answer, ``UNIMPLEMENTED`` means "not this server"; anything else reached a handler (violation).
 * drivers: ``ray.init`` on the GCS address (no token; a wrong token) and on the Ray Client
-  address (no token) must not connect.
+  address (no token) must not connect; with the token both connect and call the scheduler.
 
 Positive controls with the right tokens (so that the probes can fail): the GCS answers
 ``GetAllNodeInfo``, a driver connects and calls the scheduler actor, a job submitted to the
@@ -166,6 +166,7 @@ def main() -> int:
         "gcs_wrong_token": ([gcs], dict(base_env, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 64)),
         "client_no_token": ([client], dict(base_env, RAY_AUTH_MODE="disabled")),
         "gcs_with_token": ([gcs, a.scheduler], dict(base_env, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=a.ray_token_file)),
+        "client_with_token": ([client, a.scheduler], dict(base_env, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=a.ray_token_file)),
     }
     drv_procs = {k: subprocess.Popen([sys.executable, "-c", DRIVER, *args], env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.DEVNULL, text=True) for k, (args, env) in drivers.items()}

@@ -168,7 +168,8 @@ def test_fresh_up_accepts_no_unauthenticated_request(netns, tmp_path):
             assert "CONNECTED" not in rep["drivers"][k] and "REFUSED" in rep["drivers"][k], (k, rep["drivers"][k])
         assert not rep["marker_created"]
         # positive controls: with the tokens the same endpoints work
-        assert "HEALTH True" in rep["drivers"]["gcs_with_token"], rep["drivers"]["gcs_with_token"]
+        for k in ("gcs_with_token", "client_with_token"):
+            assert "HEALTH True" in rep["drivers"][k], (k, rep["drivers"][k])
         assert rep["controls"]["gcs_get_all_node_info"] == ["OK"]
         assert rep["controls"]["job_submit"][0] == 200 and rep["controls"]["job_ran"], rep["controls"]
         assert rep["controls"]["api_admit"][0] == 201, rep["controls"]
