@@ -363,6 +363,7 @@ class GlobalSchedulerImpl:
         dissolved = _group(self.igs, gid) is None
         now = time.time()
         rec.update(state=state, error=error, ended_at=now)
+        self.metrics.job_ended(job_id)
         for mv in moves:  # target state: the moved jobs' records follow the policy's table
             r = self.jobs[mv["job_id"]]
             to = mv["to_group"]

@@ -22,7 +22,8 @@ Timeline records: ``job_id, phase, pool, node, iteration, start, end`` (epoch se
 ``start_s, end_s`` (seconds since the controller started), ``switch`` (warm | cold),
 ``switch_s``, ``run_s``, ``offload_s``, ``ok``, ``error``. ``switch`` is ``moved`` for a job's first
 phase on a node after departure re-packing moved it there (builder + the state carried over). Metrics: pool busy / bubble seconds,
-phase switches (kind), job iterations / slowdown (see :mod:`actors.metrics`).
+phase switches (kind); job iterations / slowdown go to the GlobalScheduler, which alone exports
+the per-job series (see :mod:`actors.metrics`).
 
 State is soft: a restarted controller (``max_restarts=-1``) starts with empty queues and re-reads
 the group's members from the GlobalScheduler (whose checkpoint is the source of truth) when an
@@ -232,6 +233,7 @@ class GroupControllerImpl:
             self.rr.remove_job(job_id)
         self.running.pop(job_id, None)
         self.gone[job_id] = reason
+        self.metrics.job_ended(job_id, ignore_late=False)  # its per-job totals here (sync bytes) go with it
         self._wake_all()
         return True
 
@@ -349,7 +351,7 @@ class GroupControllerImpl:
         m["solo_s"].append(solo_s)
         m["iter_start"], m["phase_s"] = end, {}
         slowdown = (sum(m["iter_s"]) / sum(m["solo_s"])) if sum(m["solo_s"]) > 0 else None
-        self.metrics.job(job_id, iterations=m["iterations"], slowdown=slowdown, slo=m.get("slo"))
+        # per-job series are exported by the GlobalScheduler alone (it gets this report): one series per job
         self._report(job_id, {"event": "iteration", "iterations_done": m["iterations"], "t_iter_s": iter_s,
                               "t_solo_s": solo_s, "slowdown": slowdown})
 

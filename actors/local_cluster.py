@@ -62,6 +62,23 @@ class LocalCluster:
         self.cluster.shutdown()  # type: ignore[attr-defined]
 
 
+def cpu_pinning(spec: ClusterSpec, cpus: Optional[list[int]] = None) -> dict[str, list[int]]:
+    """``{node id: [cpu]}``: the pool nodes interleaved (rollout-0, train-0, rollout-1, ...) over
+    ``cpus`` (default: this process's CPU affinity) round-robin. Raises ValueError for an
+    unbounded pool or no CPUs."""
+    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else list(cpus)
+    if not cpus:
+        raise ValueError("cpu_pinning: no CPUs to pin to")
+    pools = []
+    for pool in ("rollout", "train"):
+        p = spec.pool(pool)  # type: ignore[arg-type]
+        if p.num_nodes is None:
+            raise ValueError(f"{pool} pool of {spec.name!r} is unbounded; a local cluster needs num_nodes")
+        pools.append([node_id(pool, i) for i in range(p.num_nodes)])  # type: ignore[arg-type]
+    order = [n for i in range(max(len(x) for x in pools)) for x in pools if i < len(x) for n in [x[i]]]
+    return {n: [cpus[k % len(cpus)]] for k, n in enumerate(order)}
+
+
 def start_local_cluster(
     spec: ClusterSpec,
     *,
@@ -72,6 +89,7 @@ def start_local_cluster(
     connect: bool = True,
     head_extra: Optional[dict] = None,
     node_gpus: float = 0,
+    pin_cpus: bool = False,
 ) -> LocalCluster:
     """Start a head node plus one Ray node per pool node of ``spec`` and (optionally) connect.
 
@@ -80,6 +98,10 @@ def start_local_cluster(
         head_cpus: CPUs of the head (scheduler, controllers, driver, Serve).
         node_cpus: logical CPUs per pool node (1 worker thread per "GPU").
         object_store_mb: object store per node, MiB.
+        pin_cpus: pin each pool node's worker process to its own CPU (:func:`cpu_pinning`, passed
+            to the node's processes as env ``ROLLMUX_CPU_PIN``), so that a node's compute is its
+            own; with fewer CPUs than nodes, nodes share CPUs round-robin (first rollout and first
+            training node on different CPUs).
         node_gpus: GPUs each pool node declares (a single-GPU host: 1 on every node, all of them
             the same device ``0``; workers then request ``ROLLMUX_WORKER_GPUS`` of it).
     Raises:
@@ -90,6 +112,10 @@ def start_local_cluster(
     import ray
     from ray.cluster_utils import Cluster
 
+    if pin_cpus:
+        import json
+
+        os.environ["ROLLMUX_CPU_PIN"] = json.dumps(cpu_pinning(spec))
     head_args = {
         "num_cpus": head_cpus,
         "object_store_memory": object_store_mb * 2**20,

@@ -47,6 +47,21 @@ SYNC_TIMEOUT_S = 120.0
 PROGRESS_BUCKETS = 20  # progress is forwarded to the controller at most once per 1/20 of the responses
 
 
+def pin_to_cpus(node: str) -> Optional[list[int]]:
+    """Pin this process to ``node``'s CPUs from env ``ROLLMUX_CPU_PIN`` (JSON ``{node: [cpu]}``,
+    set by ``start_local_cluster(pin_cpus=True)``); returns the CPUs, or None when unpinned."""
+    raw = os.environ.get("ROLLMUX_CPU_PIN")
+    if not raw:
+        return None
+    import json
+
+    cpus = json.loads(raw).get(node)
+    if not cpus:
+        return None
+    os.sched_setaffinity(0, set(int(c) for c in cpus))
+    return sorted(os.sched_getaffinity(0))
+
+
 def worker_name(node: str) -> str:
     """Actor name of the worker hosting jobs on ``node``."""
     return f"rollmux-worker-{node}"
@@ -99,6 +114,7 @@ class _PoolWorker:
 
         torch.set_num_threads(1)
         self.node = node
+        self.cpus = pin_to_cpus(node)
         self.jobs: dict[str, _Hosted] = {}
         self._lock = threading.Lock()
 
@@ -181,7 +197,7 @@ class _PoolWorker:
 
         return {"ray_node_id": ray.get_runtime_context().get_node_id(), "node": self.node, "pool": self.pool,
                 "ip": ray.util.get_node_ip_address(),
-                "pid": os.getpid(), "torch_threads": torch.get_num_threads()}
+                "pid": os.getpid(), "torch_threads": torch.get_num_threads(), "cpus": self.cpus}
 
     # ---- warm / cold start
     def _materialise(self, h: _Hosted) -> tuple[dict, str, float]:
@@ -209,16 +225,23 @@ class _PoolWorker:
                 state = restore_state(state, dict(saved))
             kind, h.moved = ("cold" if mv is None else "moved"), None
             if h.resident:
-                # a cold start rebuilds the control plane too: the builder's fresh resident values
-                # (engines) are the ones used; the old ones hand over their state when they can
-                # (``state_dict`` -> ``load_state_dict``) and are closed. Rollout engines get the
-                # last synced weights again (they are not part of the stored state).
+                # a cold start rebuilds the control plane too: a fresh resident value (engine) is
+                # used when it can take the old one's state (``state_dict`` -> ``load_state_dict``)
+                # or is a rollout engine (re-fed with the last synced weights below); otherwise the
+                # old one stays (e.g. a training engine holding optimizer state) and the fresh
+                # duplicate is dropped. Replaced / dropped values are closed.
                 old, h.resident = h.resident, {}
-                restore_state(state, {k: v for k, v in old.items()
-                                      if hasattr(v, "state_dict") and hasattr(state.get(k), "load_state_dict")})
-                for v in old.values():
-                    close = getattr(v, "close", None)
-                    if callable(close):
+                for k, v in old.items():
+                    fresh = state.get(k)
+                    if hasattr(v, "state_dict") and hasattr(fresh, "load_state_dict"):
+                        fresh.load_state_dict(v.state_dict())
+                        gone = v
+                    elif self.pool == "rollout" and fresh is not None:
+                        gone = v
+                    else:
+                        state[k], gone = v, fresh
+                    close = getattr(gone, "close", None)
+                    if gone is not None and gone is not state.get(k) and callable(close):
                         try:
                             close()
                         except Exception:
@@ -301,7 +324,7 @@ class _PoolWorker:
                     pw = h.pending_weights
                     h.apply(state, pw["dict"] if "dict" in pw else ray.get(pw["ref"][0]))
                     h.pending_weights = None
-                    if h.switch == "cold" and h.resident:  # re-applied after the next cold rebuild
+                    if h.switch == "cold":  # re-applied to a rollout engine rebuilt by the next cold start
                         h.last_weights = pw
                 last = [-1]
                 hook = RuntimeHook(job_id, phase, grant.get("iteration", 0), lambda e: self._emit(h, ctrl, e, last))

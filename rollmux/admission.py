@@ -26,9 +26,11 @@ arriving job, which group and exact nodes it is pinned to:
 What differs between the policies (SLO check, saturation pruning, tiers, how the choice is made,
 re-packing) is read from their :class:`rollmux.policies.PolicySpec`, never from their names.
 
-Refusals are values: ``code="never"`` (the job can never fit: state larger than every node of a
+Refusals are values: ``code="never"`` (the job can never fit: :data:`JOB_FILTERS` -- a non-finite
+phase time, training state larger than a training GPU's HBM -- or state larger than every node of a
 pool, more GPUs than the pool has, weights not fitting HBM, duplicate id) or
-``code="retry_later"`` (cluster out of GPUs now). The ``random`` and ``most-idle`` baselines
+``code="retry_later"`` (no feasible placement now; the reason names the deciding filter of every
+path: the groups' pruning or candidate filters and, for a new group, capacity = out of GPUs). The ``random`` and ``most-idle`` baselines
 (DESIGN.md "Baselines") place into a random / the most idle memory-feasible, non-full group with
 no SLO check, opening a new group only when none fits. Their placement inside the chosen group
 (no simulation, only memory and node counts): *random* draws uniformly among all feasible
@@ -70,7 +72,7 @@ from rollmux.policies import REGISTRY, PolicySpec, group_number as _gnum, policy
 SLO_REL_TOL = 1e-9
 _idx = lru_cache(maxsize=None)(node_index)
 
-PLUGINS = ("saturation", "memory", "slo", "capacity", "group_size")
+PLUGINS = ("saturation", "memory", "slo", "capacity", "group_size", "finite", "train_gpu_memory")
 
 
 # --- the node-load rule (one home) ------------------------------------------------------------------
@@ -86,14 +88,17 @@ def node_load_bound(t_solo_s: float, node_loads_s: Iterable[float]) -> float:
 
 def breaks_slo(t_coexec_s: float, t_solo_s: float, slo: float) -> bool:
     """True when an iteration time ``t_coexec_s`` (or a lower bound of it) exceeds ``slo x t_solo_s``
-    (relative tolerance :data:`SLO_REL_TOL`)."""
-    return t_coexec_s > slo * t_solo_s * (1 + SLO_REL_TOL)
+    (relative tolerance :data:`SLO_REL_TOL`).
+    A NaN or infinite value on either side breaks it (defence in depth: ``nan > x`` is False, so a
+    plain comparison would let a non-finite time pass every SLO check)."""
+    return not _within(t_coexec_s, slo * t_solo_s)
 
 
 def is_saturated(t_load_s: float, t_cycle_s: float) -> bool:
     """Saturation (Alg. 1 line 4): ``T_load >= T_cycle``, i.e. the busiest node has no idle time
-    left in a meta-iteration of the longest member's solo time."""
-    return t_load_s >= t_cycle_s
+    left in a meta-iteration of the longest member's solo time. A non-finite load or cycle counts
+    as saturated (defence in depth: ``nan >= x`` is False and would leave such a group open)."""
+    return not (math.isfinite(t_load_s) and math.isfinite(t_cycle_s) and t_load_s < t_cycle_s)
 
 
 class SchedulerConfig(BaseModel):
@@ -123,20 +128,20 @@ class SchedulerConfig(BaseModel):
         repack_max_members: only groups with at most this many members are dissolved.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     policy: str = "rollmux"
     max_group_size: int = Field(default=5, ge=1, le=64)
     tail_trigger_fraction: float = Field(default=0.8, gt=0.0, le=1.0)
-    tail_gpus: int = Field(default=1, ge=1)
-    migration_overhead_s: float = Field(default=2.0, ge=0.0)
+    tail_gpus: int = Field(default=1, ge=1, le=1024)
+    migration_overhead_s: float = Field(default=2.0, ge=0.0, le=3600.0)
     tail_migration: bool = True
     plan_migration_overhead: bool = False
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
     tie_break: Literal["best_fit", "most_slack"] = "most_slack"
     repack_on_departure: bool = True
-    repack_max_groups: int = Field(default=4, ge=0)
-    repack_max_members: int = Field(default=2, ge=1)
+    repack_max_groups: int = Field(default=4, ge=0, le=1024)
+    repack_max_members: int = Field(default=2, ge=1, le=64)
 
     def long_tail_policy(self) -> LongTailPolicy:
         """The long-tail migration settings as a :class:`LongTailPolicy` (RollMux §4.3)."""
@@ -355,6 +360,36 @@ def _pick_nodes(nodes: Sequence[str], k: int, loads: dict, mem: dict, need_gb: f
     return sorted(fit[:k], key=_idx)
 
 
+def _within(value: float, limit: float) -> bool:
+    """``value <= limit`` within :data:`SLO_REL_TOL`, and False when either is NaN or infinite: a
+    non-finite slowdown or phase time is infeasible, never a pass (``nan > x`` is False)."""
+    return math.isfinite(value) and math.isfinite(limit) and value <= limit * (1 + SLO_REL_TOL)
+
+
+def _no_placement_reason(cands: list[Candidate], pruned: list) -> str:
+    """Why no placement exists now, naming the deciding filter of every path: the plugin that pruned
+    each group (saturation, group_size), the plugin that rejected each (group, strategy) candidate
+    (capacity, memory, slo) and why a new group was refused (capacity = cluster out of GPUs)."""
+    by: dict[str, list[str]] = {}
+    for gid, (plugin, _) in pruned:
+        by.setdefault(plugin, []).append(str(gid))
+    iso = None
+    for c in cands:
+        if c.group_id is None:
+            iso = c
+        elif not c.ok:
+            by.setdefault(c.plugin or "rejected", []).append(f"{c.group_id}/{c.strategy}")
+
+    def some(xs: list[str]) -> str:
+        return ", ".join(xs[:3]) + (f", ... ({len(xs)} in all)" if len(xs) > 3 else "")
+
+    parts = [f"{plugin}: {some(xs)}" for plugin, xs in sorted(by.items())]
+    groups = ("existing groups excluded by " + "; ".join(parts)) if parts else "no open group"
+    new = (f"a new group refused by {iso.plugin} ({'; '.join(iso.reasons)})" if iso is not None and not iso.ok
+           else "no new group considered")
+    return f"no feasible placement now: {groups}; {new}"
+
+
 def _slo_bound(cand: Candidate, members: list[GroupMember], loads: dict[str, float]) -> Candidate:
     """Cheap necessary SLO condition: job k iterates once per meta-iteration on each of its nodes,
     so ``T_coexec_k >= max(T_solo_k, load of k's busiest node)``. Rejects on violation; sets
@@ -548,6 +583,52 @@ CANDIDATE_FILTERS: tuple[Filter, ...] = (
 )
 
 
+def finite_profile_filter(job: JobSpec, prof: PhaseProfile, cluster: ClusterSpec) -> Verdict:
+    """Defence in depth behind the input bounds: a phase time that is NaN, infinite or not > 0
+    (rollout, training) / < 0 (sync) would make every cycle, load and slack meaningless: refuse."""
+    for name in ("t_roll_s", "t_train_s", "t_sync_s"):
+        t = getattr(prof, name)
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and (t >= 0 if name == "t_sync_s" else t > 0)):
+            return _no("finite", f"phase time {name} = {t!r} s is not a finite positive number")
+    return PASS
+
+
+def train_gpu_memory_filter(job: JobSpec, prof: PhaseProfile, cluster: ClusterSpec) -> Verdict:
+    """Training-GPU memory residency: the job's weights, gradients and optimizer state per training
+    GPU (:func:`rollmux.profiler.train_gpu_state_gb`, at its precision and ZeRO stage) must fit one
+    GPU's HBM (a necessary condition beside host memory; activations are not counted)."""
+    need = profiler.train_gpu_state_gb(job)
+    gpu = cluster.train_pool.node.gpu
+    if need <= gpu.hbm_gb:
+        return PASS
+    w, g, o = profiler.TRAIN_GPU_BYTES_PER_PARAM[job.train_precision]
+    total, have = (w + g + o) * job.model_params_b, gpu.hbm_gb * job.num_train_gpus
+    return _no("train_gpu_memory",
+               f"training GPU memory: {job.model_params_b:g}B params x {w + g + o:g} B/param "
+               f"({job.train_precision}, AdamW, ZeRO-{job.zero_stage} over num_train_gpus={job.num_train_gpus}) = "
+               f"{need:.1f} GB per training GPU exceeds the {gpu.hbm_gb:.1f} GB HBM of one {gpu.name} "
+               f"(total {total:.0f} GB vs {have:.0f} GB); "
+               + ("ask for more num_train_gpus or a smaller model" if job.zero_stage == 3
+                  else "ask for more num_train_gpus, a higher zero_stage or a smaller model"),
+               state_gb_per_gpu=need, hbm_gb=gpu.hbm_gb, state_gb_total=total, hbm_gb_total=have)
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """A job-level filter, independent of any group: ``check(job, profile, cluster) -> Verdict``;
+    a rejection is a ``never`` refusal (no placement can ever change it)."""
+
+    name: str
+    check: Callable[[JobSpec, PhaseProfile, ClusterSpec], Verdict]
+
+
+#: Job-level filters, run before any group is looked at (after the duplicate-id check), in order.
+JOB_FILTERS: tuple[JobFilter, ...] = (
+    JobFilter("finite", finite_profile_filter),
+    JobFilter("train_gpu_memory", train_gpu_memory_filter),
+)
+
+
 def group_size_filter(g: "_Group", max_group_size: int) -> Verdict:
     """A full group (``max_group_size`` members) takes no newcomer."""
     n = len(g.group.members)
@@ -664,6 +745,10 @@ class InterGroupScheduler:
     def _never(self, job: JobSpec, prof: Optional[PhaseProfile]) -> Optional[str]:
         if job.job_id in self._job_group:
             return f"job id {job.job_id!r} is already admitted"
+        for f in JOB_FILTERS if prof is not None else ():
+            v = f.check(job, prof, self.cluster)
+            if not v.ok:
+                return v.reason
         for pool in ("rollout", "train"):
             ps = self.cluster.pool(pool)  # type: ignore[arg-type]
             gpus = job.num_rollout_gpus if pool == "rollout" else job.num_train_gpus
@@ -739,7 +824,7 @@ class InterGroupScheduler:
         if iso.ok and (chosen is None or iso.delta_usd_per_h < chosen.delta_usd_per_h):
             chosen = iso
         if chosen is None:
-            return AdmissionDecision(job.job_id, False, "retry_later", "cluster out of GPUs: no feasible placement now",
+            return AdmissionDecision(job.job_id, False, "retry_later", _no_placement_reason(cands, pruned),
                                      self.policy, candidates=cands, _pruned_src=pruned, profile=prof)
         return AdmissionDecision(
             job.job_id, True, "ok",
@@ -938,7 +1023,7 @@ class InterGroupScheduler:
                 d = self.decide(m.spec, m.profile)
                 mv = profiler.move_time_s(m.spec, self.cluster)
                 if (not d.admitted or d.strategy == "isolated"
-                        or d.predicted_slowdowns.get(m.spec.job_id, math.inf) + mv / m.profile.t_solo_s > m.spec.slo * (1 + SLO_REL_TOL)):
+                        or not _within(d.predicted_slowdowns.get(m.spec.job_id, math.inf) + mv / m.profile.t_solo_s, m.spec.slo)):
                     ok = False
                     break
                 self.commit(d)

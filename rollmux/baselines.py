@@ -276,9 +276,9 @@ class OptimalPartition:
 
     Exact (optimal over those candidates, proven by CP-SAT) up to ``exact_max_jobs`` active
     jobs and within ``time_limit_s``; beyond, a labelled best-found upper bound, see
-    :class:`PartitionResult`. Measured (``scripts/bench_decision_latency.py``): ~0.1 s at 12-16
-    jobs, ~2 s at 32, ~14 s at 48 from an empty cache; the simulator's incremental use (cached
-    layouts) defaults to 16. Source: RollMux §7.5 ("Opt", Table 5), DESIGN.md "Optimum".
+    :class:`PartitionResult`. Measured (``scripts/bench_decision_latency.py``, median of 5 solves
+    from an empty cache on a shared 2-core host): ~20-50 ms at 12-16 jobs, ~0.4 s at 32; the
+    simulator's incremental use (cached layouts) defaults to 16. Source: RollMux §7.5 ("Opt", Table 5), DESIGN.md "Optimum".
     """
 
     cluster: ClusterSpec

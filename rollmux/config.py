@@ -106,7 +106,8 @@ class ServeConfig(BaseModel):
         scheduler_name: Ray name of the GlobalScheduler actor (``None`` = the contract's default in
             :mod:`actors.global_scheduler`; its namespace is always ``rollmux``).
         num_replicas / max_ongoing_requests: Serve replicas of the API and concurrent requests each.
-        request_timeout_s: bound on one call from a Serve replica to the scheduler.
+        request_timeout_s: bound on one call from a Serve replica to the scheduler, s (0, 600].
+        max_request_bytes: largest accepted request body, bytes (1 KiB .. 16 MiB; larger: 413).
         ray_port / dashboard_port / metrics_export_port: Ray head ports used by ``rollmux up``.
         head_cpus: logical CPUs of the Ray head started by ``rollmux up``.
         start_pool_nodes: ``rollmux up`` also starts one Ray node per pool node of a bounded spec.
@@ -122,9 +123,9 @@ class ServeConfig(BaseModel):
     Source: issue 5 "The operator's face".
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    host: str = Field(default="127.0.0.1", min_length=1)
+    host: str = Field(default="127.0.0.1", min_length=1, max_length=253)
     port: int = Field(default=8000, ge=1, le=65535)
     token: Optional[SecretStr] = None
     token_env: str = Field(default="ROLLMUX_API_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -134,10 +135,11 @@ class ServeConfig(BaseModel):
     state_dir: Path = Path("~/.rollmux")
     checkpoint_path: Optional[Path] = None
     scheduler_name: Optional[str] = None
-    app_name: str = Field(default="rollmux", min_length=1)
+    app_name: str = Field(default="rollmux", min_length=1, max_length=64)
     num_replicas: int = Field(default=1, ge=1, le=64)
     max_ongoing_requests: int = Field(default=64, ge=1, le=10_000)
     request_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    max_request_bytes: int = Field(default=64 * 1024, ge=1024, le=16 << 20)
     ray_port: int = Field(default=6390, ge=1, le=65535)
     dashboard_port: int = Field(default=8265, ge=1, le=65535)
     metrics_export_port: int = Field(default=8080, ge=1, le=65535)

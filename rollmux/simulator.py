@@ -256,7 +256,7 @@ class SchedulerPolicy(SimPolicy):
         # stochastic replays migrate long tails: admission plans the migration overhead of every rollout
         cfg = SchedulerConfig(policy=name, max_group_size=max_group_size, seed=seed, repack_on_departure=repack,
                               migration_overhead_s=real.long_tail.migration_overhead_s,
-                              plan_migration_overhead=real.stochastic)
+                              plan_migration_overhead=real.stochastic and real.migrate)
         self.sched = InterGroupScheduler(cluster, policy=name, max_group_size=max_group_size, seed=seed, config=cfg)
         self.moves = 0
         self.move_s = 0.0
@@ -445,8 +445,11 @@ class PolicyRun:
             "peak_train_gpus": int(max(self.train_gpus, default=0)),
             "rollout_bubble_ratio": 1.0 - self.rollout_busy_gpu_s / self.rollout_gpu_s if self.rollout_gpu_s > 0 else 0.0,
             "train_bubble_ratio": 1.0 - self.train_busy_gpu_s / self.train_gpu_s if self.train_gpu_s > 0 else 0.0,
+            # one decision per arrival: a p99 of fewer than 1,000 would be about their maximum
+            "decision_latency_samples": len(self.decision_ms),
             "decision_latency_ms_p50": float(np.percentile(lat, 50)),
-            "decision_latency_ms_p99": float(np.percentile(lat, 99)),
+            "decision_latency_ms_p99": float(np.percentile(lat, 99)) if len(self.decision_ms) >= 1000 else None,
+            "decision_latency_ms_max": float(lat.max()),
             "total_cost_usd": self.cost_usd,
             "mean_slowdown": float(np.mean([o.slowdown for o in outs])) if outs else 1.0,
             "max_slowdown": float(max((o.slowdown for o in outs), default=1.0)),

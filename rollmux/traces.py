@@ -74,18 +74,20 @@ class TraceWindow(BaseModel):
         cluster: keep only this Philly virtual cluster (``cluster`` column), e.g. ``"ee9e8c"``.
 
     Raises:
-        pydantic.ValidationError: negative offsets, non-positive lengths, cap < minimum.
+        pydantic.ValidationError: negative offsets, non-positive lengths, cap < minimum, a
+            non-finite number or one above its bound (hours <= 1e6 h, durations <= 1e10 s,
+            max_jobs <= 1e8, min_gpus <= 65,536).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    start_hours: float = Field(default=0.0, ge=0)
-    length_hours: Optional[float] = Field(default=None, gt=0)
-    max_jobs: Optional[int] = Field(default=None, gt=0)
-    min_duration_s: float = Field(default=0.0, ge=0)
-    max_duration_s: Optional[float] = Field(default=None, gt=0)
-    min_gpus: int = Field(default=1, ge=1)
-    cluster: Optional[str] = None
+    start_hours: float = Field(default=0.0, ge=0, le=1e6)
+    length_hours: Optional[float] = Field(default=None, gt=0, le=1e6)
+    max_jobs: Optional[int] = Field(default=None, gt=0, le=100_000_000)
+    min_duration_s: float = Field(default=0.0, ge=0, le=1e10)
+    max_duration_s: Optional[float] = Field(default=None, gt=0, le=1e10)
+    min_gpus: int = Field(default=1, ge=1, le=65_536)
+    cluster: Optional[str] = Field(default=None, max_length=128)
 
     @model_validator(mode="after")
     def _check(self) -> "TraceWindow":

@@ -7,12 +7,13 @@ group). Their responses have per-row minimum lengths drawn log-normal (``respons
 so most rows finish early and a few stragglers run to the end. With migration on, the
 GroupController (``tail_trigger_fraction`` from ``configs/scheduler.yaml``) lets the other job's
 rollout start on the rollout node once 80% of the responses are done and that job waits; off,
-the node's FIFO waits for the whole rollout. Measured per setting: the group iteration time
-(makespan of the co-executed run / iterations), the rollout node's idle fraction (one minus the
-union of its busy intervals over the run) and the migrations that acted (rollouts of two jobs
-overlapping on the node). Writes ``results/bench_longtail.json`` and ``results/bench_longtail.png``.
+the node's FIFO waits for the whole rollout. Measured per setting over the steady state
+(iterations 1..n-1; iteration 0 pays the cold starts): the group iteration time, the rollout
+node's idle fraction (one minus the union of its busy intervals) and the migrations that acted
+(rollouts of two jobs overlapping on the node); off/on runs alternate ``--repeats`` times and
+the median run of each setting is reported. Writes ``results/bench_longtail.json`` and ``results/bench_longtail.png``.
 
-    python scripts/bench_longtail.py --quick     # ~2-3 minutes on 2 cores, Ray startup included
+    python scripts/bench_longtail.py --quick     # ~1-2 minutes on 2 cores, Ray startup included
 
 On this CPU machine a "GPU" is one core and a straggler batch still computes every row, so the
 freed capacity is the second core a concurrent rollout can use; figures are what was measured.
@@ -40,7 +41,8 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="4 iterations per job (default 10)")
+    ap.add_argument("--quick", action="store_true", help="6 iterations per job (default 12)")
+    ap.add_argument("--repeats", type=int, default=2, help="off/on pairs, alternating (the median is reported)")
     ap.add_argument("--iterations", type=int, default=None)
     ap.add_argument("--sigma", type=float, default=1.0, help="log-normal shape of the response lengths")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench_longtail.json"))
@@ -65,10 +67,11 @@ def job_configs(n: int, sigma: float, uid: str) -> list:
 
 
 def measure(res: dict, wall_s: float, n: int) -> dict:
-    """Group iteration time, rollout-node idle and acted migrations from the jobs' timelines."""
+    """Group iteration time, rollout-node idle and acted migrations from the jobs' timelines, over
+    the steady state: iterations 1..n-1 (iteration 0 pays the jobs' cold starts: imports, builders)."""
     from rollmux.occupancy import occupancy
 
-    recs = [r for v in res.values() for r in v["timeline"]]
+    recs = [r for v in res.values() for r in v["timeline"] if (r.get("iteration") or 0) >= 1]
     t0 = min(r["start"] for r in recs)
     t1 = max(r["end"] for r in recs)
     rows = [{"pool": r["pool"], "node": r["node"], "start_s": r["start"] - t0, "end_s": r["end"] - t0} for r in recs]
@@ -78,10 +81,11 @@ def measure(res: dict, wall_s: float, n: int) -> dict:
     rolls = [r for r in recs if r["phase"] == "rollout"]
     overlaps = sum(1 for a in rolls for b in rolls if a["job_id"] < b["job_id"] and a["node"] == b["node"]
                    and a["start"] < b["end"] and b["start"] < a["end"])
-    return {"group_iteration_s": (t1 - t0) / n, "makespan_s": t1 - t0, "wall_s": wall_s,
+    return {"group_iteration_s": (t1 - t0) / (n - 1), "steady_window_s": t1 - t0, "wall_s": wall_s,
             "rollout_idle_fraction": occ["rollout"].bubble_ratio, "train_idle_fraction": occ["train"].bubble_ratio,
             "migrations_acted": overlaps,
             "rollout_s_median": sorted(r["end"] - r["start"] for r in rolls)[len(rolls) // 2],
+            "weights_sha256": [[h["weights_sha256"] for h in res[j]["history"]] for j in sorted(res)],
             "response_len_mean": {j: sum(h["response_len_mean"] for h in v["history"]) / len(v["history"])
                                   for j, v in res.items()}}
 
@@ -154,7 +158,9 @@ def plot(result: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    n = args.iterations or (4 if args.quick else 10)
+    n = args.iterations or (6 if args.quick else 12)
+    if n < 2:
+        raise SystemExit("bench_longtail: --iterations must be >= 2 (iteration 0 is the cold start)")
     from actors.local_cluster import start_local_cluster
     from rollmux.admission import load_scheduler_config
     from rollmux.config import CONFIG_DIR, load_cluster
@@ -163,12 +169,22 @@ def main(argv=None) -> int:
     cfg = load_scheduler_config()
     lc = start_local_cluster(spec, head_cpus=2, node_cpus=1, object_store_mb=128)
     try:
+        runs: dict[str, list] = {"off": [], "on": []}
+        for _ in range(max(1, args.repeats)):  # alternate, so neither setting always runs first
+            for key in ("off", "on"):
+                runs[key].append(run_setting(spec, key == "on", n, args.sigma))
         result = {"iterations": n, "sigma": args.sigma, "tail_trigger_fraction": cfg.tail_trigger_fraction,
-                  "off": run_setting(spec, False, n, args.sigma), "on": run_setting(spec, True, n, args.sigma)}
+                  "repeats": max(1, args.repeats), "runs": runs}
+        for key in ("off", "on"):
+            med = sorted(runs[key], key=lambda r: r["group_iteration_s"])[(len(runs[key]) - 1) // 2]
+            result[key] = med
     finally:
         lc.shutdown()
     off, on = result["off"], result["on"]
     result["iteration_speedup"] = off["group_iteration_s"] / on["group_iteration_s"]
+    # on-policy: scheduling (migration on or off) must not change what the jobs learn
+    result["weights_identical_on_off"] = len({json.dumps(r["weights_sha256"]) for k in ("off", "on")
+                                              for r in result["runs"][k]}) == 1
     result["rollout_idle_change"] = on["rollout_idle_fraction"] - off["rollout_idle_fraction"]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -178,7 +194,8 @@ def main(argv=None) -> int:
     for k in ("off", "on"):
         r = result[k]
         print(f"{k:<10}{r['group_iteration_s']:>9.2f}{100 * r['rollout_idle_fraction']:>10.1f}%{r['migrations_acted']:>7d}")
-    print(f"speedup {result['iteration_speedup']:.3f}x  -> {out}")
+    print(f"speedup {result['iteration_speedup']:.3f}x, weights identical on/off: "
+          f"{result['weights_identical_on_off']}  -> {out}")
     return 0
 
 

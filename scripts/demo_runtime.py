@@ -78,6 +78,21 @@ def wait_all(procs: dict, timeout_s: float) -> dict:
     return res
 
 
+def model_bytes(cfg) -> int:
+    """Bytes of one copy of the job's policy weights (what one sync moves)."""
+    from examples.grpo.model import build_model
+
+    return sum(int(v.numel() * v.element_size()) for v in build_model(cfg.model, 0).state_dict().values())
+
+
+def migrations_acted(timeline: list, job_id: str) -> int:
+    """Rollouts of ``job_id`` during which another job's rollout started on the same node: its
+    long-tail migration released the node (the GroupController acted on the decision)."""
+    mine = [r for r in timeline if r["job_id"] == job_id and r["phase"] == "rollout"]
+    others = [r for r in timeline if r["job_id"] != job_id and r["phase"] == "rollout"]
+    return sum(1 for a in mine if any(b["node"] == a["node"] and a["start"] < b["start"] < a["end"] for b in others))
+
+
 def report_phase_medians(timeline: list) -> dict:
     """Median seconds of each phase over iterations > 0 (all iterations if there is only one)."""
     import statistics
@@ -235,6 +250,12 @@ def main(argv=None) -> int:
             # round-robin (what Alg. 1 predicts: `predicted_slowdown_in_group`)
             "contention_factor": sum(med_co.values()) / sum(med_solo.values()),
             "slowdown_from_queueing": t_co / sum(med_co.values()),
+            # bytes each sync sent across the pool boundary, counted by the transport (one model
+            # copy per sync: `model_bytes`), and this job's long-tail migrations that acted (another
+            # job's rollout started on the node while this job's tail still ran)
+            "sync_cross_bytes": [r.get("sync_cross_bytes") for r in co[name]["timeline"] if r["phase"] == "sync"],
+            "model_bytes": model_bytes(cfgs[name]),
+            "migrations_acted": migrations_acted(co_tl, ids[name]),
         }
 
     # ---- Gantt charts

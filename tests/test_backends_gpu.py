@@ -115,3 +115,20 @@ def test_deepspeed_zero_step_and_offload():
     assert "optim_states" in t.offloaded_states() and t.device.startswith("cuda")
     t.load()
     assert all(torch.equal(after[k], v) for k, v in t.weights().items())
+
+
+def test_concurrent_hf_rollouts_in_one_process_stay_reproducible():
+    """After a long-tail migration two jobs' rollouts can run at once in one worker process: the
+    global-RNG lock keeps each one equal to the same rollout run alone."""
+    import threading
+
+    a, b = make_rollout_backend("hf", build_model(TINY, 0)), make_rollout_backend("hf", build_model(TINY, 1))
+    alone = {1: gen(a, 1), 2: gen(b, 2)}
+    for _ in range(3):
+        got: dict = {}
+        ts = [threading.Thread(target=lambda k=k, m=m: got.__setitem__(k, gen(m, k))) for k, m in ((1, a), (2, b))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert torch.equal(got[1], alone[1]) and torch.equal(got[2], alone[2])

@@ -27,7 +27,9 @@ def test_simulate_writes_summary_and_plots(tmp_path):
         assert KEYS <= set(m), (name, KEYS - set(m))
         assert 0.0 <= m["slo_attainment"] <= 1.0
         assert m["avg_cost_usd_per_h"] > 0 and m["peak_cost_usd_per_h"] >= m["avg_cost_usd_per_h"]
-        assert m["decision_latency_ms_p99"] >= m["decision_latency_ms_p50"] >= 0
+        assert m["decision_latency_ms_max"] >= m["decision_latency_ms_p50"] >= 0
+        # 12 arrivals: too few samples for a p99 (it would be about their maximum)
+        assert m["decision_latency_ms_p99"] is None and m["decision_latency_samples"] >= 12
     assert s["policies"]["rollmux"]["slo_attainment"] == 1.0
     assert s["policies"]["optimal"]["cost_vs_optimal"] == 1.0
     assert s["policies"]["colocated"]["peak_rollout_gpus"] == 0

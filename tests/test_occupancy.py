@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rollmux.config import CONFIG_DIR, load_cluster
 from rollmux.intra_group import IterationTimes, LongTailPolicy, PhaseRecord, simulate_group
@@ -134,3 +136,28 @@ def test_half_node_job_bubble_is_gpu_weighted(policy):
     else:
         assert m["rollout_bubble_ratio"] == pytest.approx(0.76)
         assert m["train_bubble_ratio"] == pytest.approx(1 - 4 * 65 / (8 * 125))
+
+
+# --- against a brute-force count on integer timelines ------------------------------------------
+
+_rec_st = st.tuples(st.sampled_from(["rollout", "train"]), st.sampled_from(["n0", "n1"]), st.integers(0, 30),
+                    st.integers(0, 15), st.one_of(st.none(), st.integers(0, 8)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(recs=st.lists(_rec_st, max_size=12), w=st.tuples(st.integers(0, 20), st.integers(0, 30)))
+def test_occupancy_equals_a_per_second_count(recs, w):
+    cap = {"n0": 8, "n1": 4}
+    nodes = {"rollout": dict(cap), "train": dict(cap)}
+    records = [rec(p, n, s, s + d, g) for p, n, s, d, g in recs]
+    t0, t1 = min(w), max(w)
+    o = occupancy(records, nodes, window=(t0, t1))
+    for pool in ("rollout", "train"):
+        busy = 0
+        for t in range(t0, t1):  # every record starts and ends on whole seconds
+            for n, c in cap.items():
+                used = sum(c if r.gpus is None else r.gpus for r in records
+                           if r.pool == pool and r.node == n and r.start_s <= t < r.end_s)
+                busy += min(c, used)
+        assert o[pool].busy_gpu_s == pytest.approx(busy)
+        assert o[pool].capacity_gpu_s == 12 * (t1 - t0)

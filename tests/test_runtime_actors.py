@@ -432,3 +432,20 @@ def test_controller_migrates_only_when_another_rollout_waits():
         assert d["next_rollout"] is None and d["acted"] is False
 
     asyncio.run(scenario())
+
+
+def test_cpu_pinning_gives_each_node_its_cpu(local_cluster_spec):
+    import json
+    import subprocess
+    import sys
+
+    from actors.local_cluster import cpu_pinning
+
+    pin = cpu_pinning(local_cluster_spec, cpus=[0, 1])
+    assert pin == {"rollout-0": [0], "train-0": [1], "rollout-1": [0], "train-1": [1]}
+    assert cpu_pinning(local_cluster_spec, cpus=[0, 1, 2, 3])["train-1"] == [3]
+    # a worker process pins itself from the environment the cluster passes down
+    code = "from actors.workers import pin_to_cpus; import os; print(pin_to_cpus('train-0'), sorted(os.sched_getaffinity(0)))"
+    env = {**__import__("os").environ, "ROLLMUX_CPU_PIN": json.dumps({"train-0": [0]})}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60).stdout
+    assert out.split() == ["[0]", "[0]"]

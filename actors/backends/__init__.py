@@ -17,11 +17,18 @@ import-guarded and raise :class:`BackendUnavailable` (naming the missing package
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+import threading
 from typing import Callable, Optional
 
 import torch
 
 ProgressFn = Callable[[int, int], None]
+
+#: torch's global RNG is process-wide. Code that seeds it (``fork_rng`` + ``manual_seed``: HF
+#: sampling, seeded model init) holds this lock, so that phases of different jobs running at the
+#: same time in one worker process (long-tail migration starts a rollout beside another job's
+#: tail) stay reproducible: co-executed == solo, bit for bit.
+GLOBAL_RNG_LOCK = threading.RLock()
 
 
 class BackendUnavailable(RuntimeError):

@@ -1,8 +1,10 @@
 """Rollout backend on transformers ``generate`` (CPU, or one CUDA device).
 
 Sampling is seeded per call from the job's own generator: the global RNG is forked around
-``generate`` and restored, so results do not depend on what else ran in the process (RollMux's
-on-policy guarantee: co-executed == solo, bit for bit).
+``generate`` and restored, under :data:`actors.backends.GLOBAL_RNG_LOCK` (two jobs' rollouts may
+run at once in one worker after a long-tail migration), so results do not depend on what else ran
+in the process (RollMux's on-policy guarantee: co-executed == solo, bit for bit). On CPU this
+serialises concurrent generations in one process.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from actors.backends import ProgressFn, RolloutBackend, pad_to
+from actors.backends import GLOBAL_RNG_LOCK, ProgressFn, RolloutBackend, pad_to
 
 
 class _Progress:
@@ -65,7 +67,7 @@ class HFRolloutBackend(RolloutBackend):
             procs = LogitsProcessorList([_RowMinLength(P, min_new_tokens.reshape(B).long(), eos_id)])
             min_new_tokens = 0
         devices = [torch.device(self.device).index or 0] if self.device.startswith("cuda") else []
-        with torch.random.fork_rng(devices=devices):
+        with GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=devices):
             torch.manual_seed(int(seed))
             out = self.model.generate(
                 input_ids=prompt_ids.to(self.device),

@@ -34,7 +34,9 @@ def build_model(cfg: ModelConfig, seed: int, tok: CharTokenizer | None = None) -
         tie_word_embeddings=False,
         attention_dropout=0.0,
     )
-    with torch.random.fork_rng(devices=[]):
+    from actors.backends import GLOBAL_RNG_LOCK  # seeded init must not interleave with another job's sampling
+
+    with GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         model = LlamaForCausalLM(hf)
     return model.float().eval()
