@@ -105,7 +105,7 @@ def _env(tmp: Path, **extra: str) -> dict:
 
 
 def _cli(ns: Netns, env: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return ns.run([sys.executable, "-m", "rollmux.cli", *args], env, timeout)
+    return ns.run([sys.executable, "-m", "rollmux_cli", *args], env, timeout)
 
 
 def test_fresh_up_accepts_no_unauthenticated_request(netns, tmp_path):
