@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping, Optional, TypeVar
+from typing import Any, Literal, Mapping, Optional, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -111,6 +111,13 @@ class ServeConfig(BaseModel):
         ray_port / dashboard_port / metrics_export_port: Ray head ports used by ``rollmux up``.
         head_cpus: logical CPUs of the Ray head started by ``rollmux up``.
         start_pool_nodes: ``rollmux up`` also starts one Ray node per pool node of a bounded spec.
+        ray_auth: Ray's own authentication on the cluster ``rollmux up`` starts: ``token`` (default;
+            every Ray endpoint needs the Ray token) or ``disabled`` (refused by ``rollmux up`` when the
+            host has a non-loopback address, unless forced).
+        ray_token_file: Ray token file (default ``<state_dir>/ray_auth_token``, generated with mode
+            0600 by ``rollmux up`` when neither ``$RAY_AUTH_TOKEN`` nor ``$RAY_AUTH_TOKEN_PATH`` is set).
+        ray_address: a running Ray cluster to deploy the scheduler and the API onto (``host:port``
+            of its GCS, or ``auto``); ``None`` = ``rollmux up`` starts a local cluster.
     Raises:
         pydantic.ValidationError: a field out of range (message names it).
     Source: issue 5 "The operator's face".
@@ -138,8 +145,11 @@ class ServeConfig(BaseModel):
     metrics_export_port: int = Field(default=8080, ge=1, le=65535)
     head_cpus: int = Field(default=2, ge=1, le=1024)
     start_pool_nodes: bool = True
+    ray_auth: Literal["token", "disabled"] = "token"
+    ray_token_file: Optional[Path] = None
+    ray_address: Optional[str] = Field(default=None, min_length=1)
 
-    @field_validator("state_dir", "token_file", "checkpoint_path", "cluster_spec")
+    @field_validator("state_dir", "token_file", "ray_token_file", "checkpoint_path", "cluster_spec")
     @classmethod
     def _expand(cls, v: Optional[Path]) -> Optional[Path]:
         if v is None:
@@ -153,6 +163,10 @@ class ServeConfig(BaseModel):
     @property
     def token_path(self) -> Path:
         return self.token_file or self.state_dir / "api_token"
+
+    @property
+    def ray_token_path(self) -> Path:
+        return self.ray_token_file or self.state_dir / "ray_auth_token"
 
     @property
     def checkpoint(self) -> Path:

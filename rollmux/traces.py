@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -108,10 +109,18 @@ def _parse_philly_ts(s: str, where: str) -> float:
 
 
 def _num(s: str, what: str, where: str, cast=float):
+    """A finite number from a CSV field; ``cast=int``: a whole number (``8`` or ``8.0``, not
+    ``8.5``). Raises TraceError naming ``where`` (file:line) and the field."""
     try:
-        v = cast(float(s)) if cast is int else cast(s)
+        v = float(s)
     except (TypeError, ValueError) as e:
-        raise TraceError(f"{where}: {what} {s!r} is not a number") from e
+        raise TraceError(f"{where}: field {what}: {s!r} is not a number") from e
+    if not math.isfinite(v):
+        raise TraceError(f"{where}: field {what}: {s.strip()!r} is not a finite number")
+    if cast is int:
+        if v != int(v):
+            raise TraceError(f"{where}: field {what}: {s.strip()!r} is not a whole number")
+        return int(v)
     return v
 
 
@@ -128,7 +137,7 @@ def read_raw(path: str | Path) -> list[tuple[float, float, int, str]]:
     if not p.is_file():
         raise TraceError(f"trace file not found: {p}")
     rows: list[tuple[float, float, int, str]] = []
-    with p.open(newline="") as f:
+    with p.open(newline="", encoding="utf-8-sig") as f:  # utf-8-sig: a UTF-8 byte-order mark is accepted
         reader = csv.reader(f)
         header = None
         for line_no, rec in enumerate(reader, start=1):
@@ -156,11 +165,11 @@ def read_raw(path: str | Path) -> list[tuple[float, float, int, str]]:
             duration = _num(d, "duration" if fmt == "philly" else "duration_s", where)
             gpus = _num(g, "num_gpus", where, cast=int)
             if duration <= 0:
-                raise TraceError(f"{where}: duration must be > 0, got {duration}")
+                raise TraceError(f"{where}: field {'duration' if fmt == 'philly' else 'duration_s'}: must be > 0, got {duration}")
             if gpus < 1:
-                raise TraceError(f"{where}: num_gpus must be >= 1, got {gpus}")
+                raise TraceError(f"{where}: field num_gpus: must be >= 1, got {gpus}")
             if fmt == "plain" and arrival < 0:
-                raise TraceError(f"{where}: arrival_s must be >= 0, got {arrival}")
+                raise TraceError(f"{where}: field arrival_s: must be >= 0, got {arrival}")
             rows.append((arrival, duration, gpus, rec[cl_idx].strip() if cl_idx is not None else ""))
     if header is None:
         raise TraceError(f"{p}: empty trace (no header)")

@@ -289,8 +289,9 @@ def test_a_refusal_names_the_deciding_filter_saturation_is_not_out_of_gpus():
     c = load_cluster(CONFIG_DIR / "cluster_paper.yaml")
     small = ClusterSpec.model_validate({**c.model_dump(), "rollout_pool": {**c.rollout_pool.model_dump(), "num_nodes": 1},
                                         "train_pool": {**c.train_pool.model_dump(), "num_nodes": 1}})
-    s = InterGroupScheduler(small)
-    # two jobs of 100 + 100 s on one rollout and one training node: each node is busy 200 s of a 200 s cycle (saturated)
+    s = InterGroupScheduler(small, config=SchedulerConfig(saturation="paper"))
+    # two jobs of 100 + 100 s on one rollout and one training node: each node is busy 200 s of a 200 s cycle
+    # (saturated by the paper's rule T_load >= T_cycle)
     assert s.admit(JobSpec(job_id="a", model_params_b=7, measured=PhaseProfile(t_roll_s=100, t_train_s=100, t_sync_s=0))).admitted
     s.admit(JobSpec(job_id="b", model_params_b=7, slo=3.0, measured=PhaseProfile(t_roll_s=100, t_train_s=100, t_sync_s=0)))
     d = s.decide(JobSpec(job_id="c", model_params_b=7, slo=3.0, measured=PhaseProfile(t_roll_s=10, t_train_s=10, t_sync_s=0)))
