@@ -148,3 +148,14 @@ def test_cpu_engine_abort_drops_running_requests():
     # both prompts run in lock-step: the first completion comes with or before the second; the rest is aborted
     assert st.stopped_by == "drained" and eng.running == 0 and s.running == 0
     assert st.completed + st.aborted == 2 and st.completed >= 1
+
+
+def test_a_replay_item_is_credited_no_prefix_hit():
+    """Replay items need the logits of every prompt position: the engine reuses no prefix KV for them."""
+    s = RolloutRequestScheduler(load_rollout_sched_config(section="cpu_engine"), policy="fifo")
+    eng = CPUEngine(slice_tokens=4, eos_token_id=None)
+    gen = reqs("g", 1)[0]
+    replay = Request(request_id="r", prompt_token_ids=gen.prompt_token_ids + (7,), type="replay", max_tokens=0)
+    serve(s, eng, ListSource([gen, replay.model_copy(update={"arrival_s": 0.01})]), max_windows=100, max_wall_s=60)
+    assert [d.hit_tokens for d in s.dispatch_log if d.request_id == "r"] == [0]
+    assert s.counters["hit_tokens"] == eng.prefill_tokens_reused == 0

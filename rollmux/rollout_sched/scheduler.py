@@ -223,7 +223,10 @@ class RolloutRequestScheduler:
             self.shorts.pop(rid, None)
             # an engine computes at least the last prompt token (its logits start the generation):
             # a full-prompt match reuses len - 1 tokens (vLLM and the CPU engine alike)
-            hit = min(self.index.match(r.prompt_token_ids), len(r.prompt_token_ids) - 1)
+            # a replay item needs the logits of every prompt position (vLLM skips its prefix cache for
+            # prompt_logprobs, the CPU engine recomputes): nothing of it is reused, nothing credited
+            hit = 0 if r.type is RequestType.REPLAY else min(self.index.match(r.prompt_token_ids),
+                                                             len(r.prompt_token_ids) - 1)
             self.index.insert(r.prompt_token_ids)
             self.inflight[rid] = (e, hit)
             if e.short:
