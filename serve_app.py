@@ -6,7 +6,8 @@ Routes (OpenAPI at ``/docs`` and ``/openapi.json``):
   group id, placement (rollout / training nodes), marginal provisioning cost (USD/h), predicted
   worst-case slowdown of every group member and the decision's explanation; a refusal (state larger
   than any node, SLO unreachable even alone, cluster out of GPUs, duplicate job id) -> 409 with the
-  reason; a malformed spec -> 422 naming the field.
+  reason; a malformed spec -> 422 naming the field and what it allows; a body that is not
+  ``application/json`` -> 415; a body over ``max_request_bytes`` -> 413.
 - ``POST /v1/jobs:dry-run`` (token): the same decision and status codes, nothing changed.
 - ``GET /v1/jobs``, ``GET /v1/jobs/{job_id}`` (404 if unknown), ``DELETE /v1/jobs/{job_id}`` (token;
   departure: nodes released, groups shrink or dissolve), ``GET /v1/groups``, ``GET /healthz``.
@@ -39,13 +40,14 @@ from starlette.exceptions import HTTPException
 
 from actors.naming import NAMESPACE, SCHEDULER_NAME, control_plane_resources
 from rollmux.config import ServeConfig
-from rollmux.models import JobSpec
+from rollmux.models import JOB_ID_MAX_LEN, JOB_ID_PATTERN, JobSpec
 from rollmux.records import JobRecord, MoveRecord
 
 log = logging.getLogger("rollmux.serve")
 
 API_VERSION = "v1"
-_JOB_ID = r"^[A-Za-z0-9._-]+$"
+#: default bound on a request body, bytes (a job spec is well under 2 KB).
+MAX_REQUEST_BYTES = 64 * 1024
 
 
 # ----------------------------------------------------------------------------- response models
@@ -133,11 +135,12 @@ class HealthView(_Open):
 class AppSettings(BaseModel):
     """What a Serve replica needs; the token travels only as its SHA-256."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
     token_sha256: str = Field(min_length=64, max_length=64)
     open_read_routes: bool = True
     scheduler_name: Optional[str] = None
-    request_timeout_s: float = Field(default=30.0, gt=0)
+    request_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    max_request_bytes: int = Field(default=MAX_REQUEST_BYTES, ge=1024, le=16 << 20)
 
     @classmethod
     def from_config(cls, cfg: ServeConfig, token: str) -> "AppSettings":
@@ -149,6 +152,7 @@ class AppSettings(BaseModel):
             open_read_routes=cfg.open_read_routes,
             scheduler_name=cfg.scheduler_name,
             request_timeout_s=cfg.request_timeout_s,
+            max_request_bytes=cfg.max_request_bytes,
         )
 
 
@@ -228,6 +232,129 @@ class SchedulerClient:
         raise ApiError(503, "scheduler_unavailable", f"scheduler {self.namespace}/{self.name} unreachable ({last})")
 
 
+# ----------------------------------------------------------------------------- the input boundary
+_UNITS = (("_usd_per_h", "USD/h"), ("_gbps", "Gbit/s"), ("_gb", "GB"), ("_s", "s"), ("_tokens", "tokens"),
+          ("_gpus", "GPUs"), ("_params_b", "B params"))
+
+
+def _unit(name: str) -> str:
+    if name == "slo":
+        return " x solo time"
+    return next((" " + u for suffix, u in _UNITS if name.endswith(suffix)), "")
+
+
+def _schema_of(path: list[str]) -> Optional[dict]:
+    """The JSON schema of ``JobSpec`` field ``path`` (e.g. ``["measured", "t_roll_s"]``), or None."""
+    root = JobSpec.model_json_schema()
+    defs = root.get("$defs", {})
+    node: Optional[dict] = root
+    for part in path:
+        if node is None:
+            return None
+        node = (node.get("properties") or {}).get(part)
+        if node is None:
+            return None
+        opts = [node] + list(node.get("anyOf") or [])
+        node = next((o for o in opts if o.get("type") not in (None, "null") or "$ref" in o or "enum" in o), node)
+        if "$ref" in node:
+            node = defs.get(node["$ref"].rsplit("/", 1)[-1])
+    return node
+
+
+def allowed(path: list[str]) -> str:
+    """What field ``path`` of a job spec accepts, e.g. ``"a finite number, 0 < t_roll_s <= 604800 s"``."""
+    sch = _schema_of(path)
+    if not sch:
+        return ""
+    name, typ, unit = path[-1], sch.get("type"), _unit(path[-1])
+    if "enum" in sch:
+        return "one of " + ", ".join(repr(v) for v in sch["enum"])
+    if typ in ("number", "integer"):
+        lo = (f"{sch['exclusiveMinimum']:g} < " if "exclusiveMinimum" in sch
+              else f"{sch['minimum']:g} <= " if "minimum" in sch else "")
+        hi = (f" < {sch['exclusiveMaximum']:g}" if "exclusiveMaximum" in sch
+              else f" <= {sch['maximum']:g}" if "maximum" in sch else "")
+        kind = "an integer (JSON number without fraction, not a string or boolean)" if typ == "integer" \
+            else "a finite number (not a string, boolean, NaN or Infinity)"
+        return f"{kind}, {lo}{name}{hi}{unit}"
+    if typ == "string":
+        return f"a string matching {sch['pattern']}" if "pattern" in sch else "a string"
+    if typ == "boolean":
+        return "true or false"
+    if typ == "object":
+        return "an object with fields " + ", ".join(sch.get("properties") or {})
+    return ""
+
+
+class _BodyGuard:
+    """ASGI middleware on every ``POST``/``PUT``/``PATCH`` under ``/v1/``: the body must be
+    ``application/json`` (or ``application/*+json``), else 415; at most ``max_bytes`` bytes (by
+    ``Content-Length`` and by counting a streamed body), else 413. The body is read once here,
+    bounded, and handed on unchanged."""
+
+    def __init__(self, app: Any, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http" or scope.get("method") not in ("POST", "PUT", "PATCH") \
+                or not str(scope.get("path", "")).startswith("/v1/"):
+            return await self.app(scope, receive, send)
+        headers = {k.lower(): v for k, v in scope.get("headers") or []}
+        ctype = headers.get(b"content-type", b"").decode("latin-1")
+        media = ctype.split(";", 1)[0].strip().lower()
+        if not (media == "application/json" or (media.startswith("application/") and media.endswith("+json"))):
+            return await JSONResponse(
+                {"error": "unsupported_media_type",
+                 "detail": f"Content-Type {ctype or '(none)'!s} is not accepted: send the job spec as JSON "
+                           "with Content-Type: application/json"}, status_code=415)(scope, receive, send)
+        too_big = JSONResponse({"error": "request_too_large",
+                                "detail": f"the request body exceeds {self.max_bytes} bytes (max_request_bytes)"},
+                               status_code=413)
+        length = headers.get(b"content-length")
+        if length is not None and (not length.strip().isdigit() or int(length) > self.max_bytes):
+            return await too_big(scope, receive, send)
+        chunks, total, more = [], 0, True
+        while more:
+            msg = await receive()
+            if msg["type"] != "http.request":  # the client went away
+                return
+            chunks.append(msg.get("body", b""))
+            total += len(chunks[-1])
+            more = msg.get("more_body", False)
+            if total > self.max_bytes:
+                return await too_big(scope, receive, send)
+        body, sent = b"".join(chunks), False
+
+        async def replay() -> dict:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _field_error(e: dict) -> dict:
+    """One pydantic error as ``{field, msg, type}``: the field's dotted path, the message and what
+    the field allows; malformed JSON names the body and the position, not an offset as a field."""
+    loc = [p for p in e.get("loc", ()) if p != "body"]
+    typ = e.get("type", "")
+    if typ == "json_invalid":
+        pos = loc[0] if loc and isinstance(loc[0], int) else None
+        why = (e.get("ctx") or {}).get("error") or e.get("msg", "")
+        return {"field": "body", "msg": f"malformed JSON: {why}" + (f" at character {pos}" if pos is not None else ""),
+                "type": typ}
+    path = [str(p) for p in loc]
+    msg = e.get("msg", "")
+    if path and typ != "extra_forbidden" and (what := allowed(path)):
+        msg = f"{msg} (allowed: {what})"
+    elif path and typ == "extra_forbidden":
+        parent = _schema_of(path[:-1]) if len(path) > 1 else JobSpec.model_json_schema()
+        msg = f"{msg} (unknown field; allowed fields: {', '.join((parent or {}).get('properties') or {})})"
+    return {"field": ".".join(path) or "body", "msg": msg, "type": typ}
+
+
 # ----------------------------------------------------------------------------- the FastAPI app
 def _admission_view(d: dict, dry_run: bool) -> dict:
     return {
@@ -281,6 +408,7 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
         docs_url=None,  # served below from the bundled Swagger UI assets (no CDN: works offline)
     )
     _mount_offline_docs(app)
+    app.add_middleware(_BodyGuard, max_bytes=settings.max_request_bytes)
     bearer = HTTPBearer(auto_error=False, description="RollMux API token (see `rollmux urls`)")
     err = {"model": ErrorBody}
 
@@ -303,10 +431,7 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {"field": ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body", "msg": e.get("msg", ""), "type": e.get("type", "")}
-            for e in exc.errors()
-        ]
+        errors = [_field_error(e) for e in exc.errors()]
         detail = "; ".join(f"{e['field']}: {e['msg']}" for e in errors) or "invalid request"
         return JSONResponse({"error": "invalid_request", "detail": detail, "errors": errors}, status_code=422)
 
@@ -346,7 +471,7 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
     @app.post(
         "/v1/jobs", status_code=201, response_model=AdmissionView, dependencies=[Depends(need_token)],
         responses={200: {"model": AdmissionView, "description": "a retry of an admitted spec: the original decision"},
-                   401: err, 409: err, 422: err, 503: err, 504: err}, tags=["jobs"],
+                   401: err, 409: err, 413: err, 415: err, 422: err, 503: err, 504: err}, tags=["jobs"],
     )
     async def admit_job(spec: JobSpec) -> Any:
         """Admit a job (RollMux Alg. 1): 201 with its group, placement, marginal cost and predicted
@@ -358,7 +483,7 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
 
     @app.post(
         "/v1/jobs:dry-run", response_model=AdmissionView, dependencies=[Depends(need_token)],
-        responses={401: err, 409: err, 422: err, 503: err}, tags=["jobs"],
+        responses={401: err, 409: err, 413: err, 415: err, 422: err, 503: err}, tags=["jobs"],
     )
     async def dry_run_job(spec: JobSpec) -> Any:
         """What-if: the decision ``POST /v1/jobs`` would take now (200 or 409); nothing changes."""
@@ -370,7 +495,7 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
         return await client.call("list_jobs")
 
     @app.get("/v1/jobs/{job_id}", response_model=JobView, dependencies=[Depends(read_access)], responses={401: err, 404: err, 503: err}, tags=["jobs"])
-    async def get_job(job_id: str = PathParam(max_length=128)) -> Any:
+    async def get_job(job_id: str = PathParam(max_length=JOB_ID_MAX_LEN, pattern=JOB_ID_PATTERN)) -> Any:
         """One job: state, iterations done, measured vs predicted phase times (s), slowdown vs SLO."""
         job = await client.call("get_job", job_id)
         if job is None:
@@ -378,7 +503,7 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
         return job
 
     @app.delete("/v1/jobs/{job_id}", response_model=DepartureView, dependencies=[Depends(need_token)], responses={401: err, 404: err, 409: err, 503: err}, tags=["jobs"])
-    async def delete_job(job_id: str = PathParam(max_length=128)) -> Any:
+    async def delete_job(job_id: str = PathParam(max_length=JOB_ID_MAX_LEN, pattern=JOB_ID_PATTERN)) -> Any:
         """Departure: the job leaves its group; nodes no remaining member uses are released, an
         empty group dissolves; then departure re-packing may move jobs of small groups into other
         groups when every SLO still holds and the $/h drops (``moves``). 404 for an unknown id,

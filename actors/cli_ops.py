@@ -1,11 +1,16 @@
-"""Cluster operation commands of the ``rollmux`` CLI: ``up``, ``down``, ``submit``, ``status``, ``urls``.
+"""Cluster operation commands of the ``rollmux`` CLI: ``up``, ``down``, ``submit``, ``status``, ``urls``, ``env``.
 
 ``rollmux up`` starts a local Ray head (``ray start --head --block``, dashboard and metrics on
-127.0.0.1), one Ray node per pool node of a bounded cluster spec (custom resources
-``rollmux_node:<id>`` / ``rollmux_pool:<pool>``), the ``GlobalScheduler`` actor and the Serve
-admission app (HTTP on 127.0.0.1:8000 by default); it returns once ``/healthz`` answers. Every
-process it starts is recorded (pid, process-group id, start time) in ``<state_dir>/state.json``;
-``rollmux down`` signals exactly those process groups and nothing else.
+127.0.0.1) in Ray's token mode (the Ray token is passed to every process it starts), one Ray node
+per pool node of a bounded cluster spec (custom resources ``rollmux_node:<id>`` /
+``rollmux_pool:<pool>``), the ``GlobalScheduler`` actor and the Serve admission app (HTTP on
+127.0.0.1:8000 by default); it returns once ``/healthz`` answers. ``rollmux up --address A``
+deploys only the scheduler and the app onto the running Ray cluster ``A``. Every process it starts
+is recorded (pid, process-group id, start time) in ``<state_dir>/state.json``; ``rollmux down``
+signals exactly those process groups and nothing else (on a cluster it did not start: deletes the
+app and RollMux's named actors). The state directory of the last ``up`` is recorded in
+``~/.rollmux/current`` (``$ROLLMUX_CURRENT``), so later commands find the stack without
+``--state-dir``.
 Configuration: ``configs/serve.yaml`` (:class:`rollmux.config.ServeConfig`), ``ROLLMUX_*``
 environment, flags. Ray is imported only inside the commands.
 
@@ -42,6 +47,8 @@ err_console = Console(stderr=True)
 
 STATE_FILE = "state.json"
 PROM_TARGETS = "prometheus_targets.json"
+CURRENT_ENV = "ROLLMUX_CURRENT"  # file naming the state directory of the last `rollmux up`
+EXPOSE_FLAG = "--expose-unauthenticated-ray"
 MAX_LOCAL_POOL_NODES = 16  # `rollmux up` starts at most this many local Ray nodes for pool nodes
 _CFG_HELP = "serve config YAML (default: configs/serve.yaml or $ROLLMUX_SERVE_CONFIG)"
 
@@ -79,6 +86,95 @@ def _write_state(cfg: ServeConfig, state: dict) -> None:
     tmp.replace(_state_path(cfg))
 
 
+def _current_path() -> Path:
+    return Path(os.environ.get(CURRENT_ENV) or "~/.rollmux/current").expanduser()
+
+
+def _record_current(state_dir: Path) -> None:
+    p = _current_path()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(str(state_dir.absolute()) + "\n")
+
+
+def _clear_current(state_dir: Path) -> None:
+    p = _current_path()
+    try:
+        if Path(p.read_text().strip()) == state_dir.absolute():
+            p.unlink()
+    except OSError:
+        pass
+
+
+def _resolve(config: Optional[Path], state_dir: Optional[Path], **overrides: Any) -> tuple[ServeConfig, Optional[dict]]:
+    """Settings and state of the stack a command addresses: ``--state-dir`` / ``$ROLLMUX_STATE_DIR``,
+    else the one recorded by the last ``rollmux up`` (``$ROLLMUX_CURRENT``), else the configured
+    default. A recorded stack's settings (port, token files, app and scheduler names) are the ones
+    ``up`` ran with; explicit flags still win."""
+    if state_dir is None and not os.environ.get("ROLLMUX_STATE_DIR"):
+        try:
+            recorded = Path(_current_path().read_text().strip())
+            if (recorded / STATE_FILE).is_file():
+                state_dir = recorded
+        except OSError:
+            pass
+    cfg = _config(config, state_dir=state_dir, **overrides)
+    state = _read_state(cfg)
+    if state and isinstance(state.get("config"), dict):
+        try:
+            cfg = ServeConfig.model_validate({**state["config"], **{k: v for k, v in overrides.items() if v is not None}})
+        except ValueError as e:
+            _fail(f"{_state_path(cfg)}: {e}", 2)
+    return cfg, state
+
+
+def _non_loopback_addresses() -> list[str]:
+    """Addresses of this host (or network namespace) other than loopback, on interfaces that are up.
+
+    Ray 2.60 binds its GCS, raylet and worker gRPC ports to every address (``*``) and its Ray
+    Client and dashboard-agent ports to the node's routable address, so any address listed here
+    reaches them."""
+    import ipaddress
+
+    import psutil
+
+    stats = psutil.net_if_stats()
+    out = []
+    for name, addrs in psutil.net_if_addrs().items():
+        if name in stats and not stats[name].isup:
+            continue
+        for a in addrs:
+            if a.family in (socket.AF_INET, socket.AF_INET6):
+                if not ipaddress.ip_address(a.address.split("%")[0]).is_loopback:
+                    out.append(f"{a.address} ({name})")
+    return out
+
+
+def _ray_auth_env(cfg: ServeConfig, mode: str, env: dict, generate: bool) -> tuple[dict, Optional[str]]:
+    """Environment for Ray processes and clients in ``mode``; returns it and the token's source.
+
+    Token mode: ``$RAY_AUTH_TOKEN`` or ``$RAY_AUTH_TOKEN_PATH`` when set, else ``cfg.ray_token_path``
+    (generated, mode 0600, when ``generate`` and missing). Raises typer.Exit without a token."""
+    env = dict(env, RAY_AUTH_MODE=mode)
+    if mode != "token":
+        return env, None
+    if env.get("RAY_AUTH_TOKEN"):
+        return env, "$RAY_AUTH_TOKEN"
+    if env.get("RAY_AUTH_TOKEN_PATH"):
+        if not _ray_token_available(env):
+            _fail(f"RAY_AUTH_TOKEN_PATH={env['RAY_AUTH_TOKEN_PATH']} is not a non-empty token file", 2)
+        return env, str(Path(env["RAY_AUTH_TOKEN_PATH"]).absolute())
+    path = cfg.ray_token_path
+    if not (path.is_file() and path.read_text().strip()):
+        if not generate:
+            return env, None  # Ray's own default (~/.ray/auth_token) applies
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+    env["RAY_AUTH_TOKEN_PATH"] = str(path)
+    return env, str(path)
+
+
 def _proc_start_ticks(pid: int) -> Optional[int]:
     """Start time of ``pid`` (clock ticks since boot, /proc/<pid>/stat field 22); None if gone or a zombie."""
     try:
@@ -113,8 +209,15 @@ def _alive(rec: dict) -> bool:
 def _ray_temp_dir(cfg: ServeConfig) -> Path:
     """This cluster's own Ray temp dir. Ray's job supervisor finds "its" cluster through the temp
     dir's address file (default ``/tmp/ray``, shared by every cluster on the host): with a private
-    one, ``ray job submit`` drivers attach to this cluster even when others run on the machine."""
-    return (cfg.state_dir / "ray").absolute()
+    one, ``ray job submit`` drivers attach to this cluster even when others run on the machine.
+    Ray puts Unix sockets under it (``session_<date>_<pid>/sockets/plasma_store``, at most 107
+    bytes in all): a state dir with a long path gets ``/tmp/rollmux-ray-<hash of the path>``."""
+    d = (cfg.state_dir / "ray").absolute()
+    if len(str(d)) > 48:
+        import hashlib
+
+        d = Path(f"/tmp/rollmux-ray-{hashlib.sha1(str(d).encode()).hexdigest()[:12]}")
+    return d
 
 
 def _ray_token_available(env: dict) -> bool:
@@ -187,7 +290,9 @@ def _urls(cfg: ServeConfig, state: Optional[dict]) -> dict[str, str]:
         "Metrics (Prometheus)": s.get("metrics_url", f"http://127.0.0.1:{cfg.metrics_export_port}/metrics"),
         "Ray address": s.get("ray_address", f"127.0.0.1:{cfg.ray_port}"),
         "Job submission": s.get("dashboard_url", f"http://127.0.0.1:{cfg.dashboard_port}"),
+        **({"Ray Client": s["ray_client_address"]} if s.get("ray_client_address") else {}),
         "API token file": str(cfg.token_path),
+        "Ray auth": s.get("ray_auth", cfg.ray_auth) + (f" (token: {s['ray_token']})" if s.get("ray_token") else ""),
         **{f"Metrics (node {nid})": url for nid, url in s.get("node_metrics", {}).items()},
         **({"Prometheus targets": str(cfg.state_dir / PROM_TARGETS)} if s.get("node_metrics") else {}),
     }
@@ -201,13 +306,41 @@ def _write_prometheus_targets(cfg: ServeConfig, state: dict) -> None:
     (cfg.state_dir / PROM_TARGETS).write_text(json.dumps([{"targets": targets, "labels": {"job": "rollmux"}}], indent=2))
 
 
+GRAFANA_DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "rollmux_grafana_dashboard.json"
+
+
+def _install_grafana_dashboard(cfg: ServeConfig) -> Optional[Path]:
+    """Copy RollMux's Grafana dashboard next to the ones Ray generates for this session
+    (``<ray temp>/session_latest/metrics/grafana/dashboards``), where a Grafana started with Ray's
+    generated configuration loads it (uid ``rollmux``). Returns the copy, or None."""
+    import shutil
+
+    d = _ray_temp_dir(cfg) / "session_latest" / "metrics" / "grafana" / "dashboards"
+    if not (d.is_dir() and GRAFANA_DASHBOARD.is_file()):
+        return None
+    shutil.copy(GRAFANA_DASHBOARD, d / GRAFANA_DASHBOARD.name)
+    return d / GRAFANA_DASHBOARD.name
+
+
 def _print_urls(cfg: ServeConfig, state: Optional[dict]) -> None:
     t = Table(title="RollMux endpoints", show_header=False)
     for k, v in _urls(cfg, state).items():
         t.add_row(k, v)
     console.print(t)
-    console.print(f"token: export {cfg.token_env}=$(cat {cfg.token_path})   "
-                  f"(send as 'Authorization: Bearer ${cfg.token_env}')")
+    console.print("clients: " + "; ".join(_env_lines(cfg, state)) + f"   (or: eval \"$(rollmux env)\")")
+
+
+def _env_lines(cfg: ServeConfig, state: Optional[dict]) -> list[str]:
+    """Shell lines that give a client both tokens: the API's bearer token and Ray's token."""
+    s = state or {}
+    lines = [f"export {cfg.token_env}=\"$(cat {cfg.token_path})\""]
+    mode = s.get("ray_auth", cfg.ray_auth)
+    lines.append(f"export RAY_AUTH_MODE={mode}")
+    if mode == "token" and s.get("ray_token", "").startswith("/"):
+        lines.append(f"export RAY_AUTH_TOKEN_PATH={s['ray_token']}")
+    if s.get("dashboard_url"):
+        lines.append(f"export RAY_API_SERVER_ADDRESS={s['dashboard_url']}")
+    return lines
 
 
 def _client(cfg: ServeConfig, timeout_s: float = 30.0):
@@ -245,27 +378,44 @@ def up(
     port: Optional[int] = typer.Option(None, help="HTTP port (default 8000)"),
     cluster_spec: Optional[Path] = typer.Option(None, "--cluster-spec", help="cluster YAML for the scheduler"),
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="state, token and checkpoint directory"),
+    address: Optional[str] = typer.Option(None, "--address", help="deploy the scheduler and the API onto this running "
+                                          "Ray cluster (GCS host:port, or 'auto'; run on its head node) instead of starting one"),
     ray_port: Optional[int] = typer.Option(None, "--ray-port", help="GCS port of the Ray head"),
     dashboard_port: Optional[int] = typer.Option(None, "--dashboard-port"),
     metrics_export_port: Optional[int] = typer.Option(None, "--metrics-export-port"),
     open_read_routes: Optional[bool] = typer.Option(None, "--open-read-routes/--protect-read-routes"),
     pool_nodes: Optional[bool] = typer.Option(None, "--pool-nodes/--no-pool-nodes", help="start one Ray node per pool node"),
-    ray_auth: str = typer.Option(os.environ.get("RAY_AUTH_MODE", "disabled"), "--ray-auth", help="Ray token auth: disabled | token"),
+    ray_auth: Optional[str] = typer.Option(None, "--ray-auth", help="Ray's own authentication: token (default) | disabled"),
+    expose: bool = typer.Option(False, EXPOSE_FLAG, help="with --ray-auth disabled on a host with a non-loopback address: "
+                                "accept that anyone who reaches this host's Ray ports (GCS, Ray Client, dashboard agent "
+                                "job API, workers) can run commands as this user and call the scheduler directly"),
     timeout_s: float = typer.Option(300.0, "--timeout-s", help="bound on the whole start-up"),
 ) -> None:
-    """Start a local Ray head, the GlobalScheduler and the HTTP admission API; wait for /healthz."""
+    """Start a local Ray head (token mode), the GlobalScheduler and the HTTP admission API; wait for /healthz.
+
+    With ``--address``: deploy the scheduler and the API onto a running Ray cluster instead."""
     cfg = _config(config, host=host, port=port, cluster_spec=cluster_spec, state_dir=state_dir, ray_port=ray_port,
                   dashboard_port=dashboard_port, metrics_export_port=metrics_export_port,
-                  open_read_routes=open_read_routes, start_pool_nodes=pool_nodes)
-    if ray_auth not in ("disabled", "token"):
-        _fail(f"--ray-auth must be 'disabled' or 'token', got {ray_auth!r}", 2)
+                  open_read_routes=open_read_routes, start_pool_nodes=pool_nodes, ray_auth=ray_auth, ray_address=address)
     state = _read_state(cfg)
-    if state and any(_alive(r) for r in state.get("processes", [])):
+    if state and (any(_alive(r) for r in state.get("processes", [])) or state.get("mode") == "attached"):
         console.print(f"[yellow]RollMux is already up[/] (state {_state_path(cfg)}); `rollmux down` stops it.")
+        _record_current(cfg.state_dir)
         _print_urls(cfg, state)
         return
-    for what, p in (("port", cfg.port), ("ray_port", cfg.ray_port), ("dashboard_port", cfg.dashboard_port),
-                    ("metrics_export_port", cfg.metrics_export_port)):
+    if cfg.ray_auth == "token" and os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        console.print("[yellow]RAY_AUTH_MODE=disabled in this environment is ignored: `rollmux up` uses Ray's token "
+                      "mode unless told --ray-auth disabled (or ROLLMUX_RAY_AUTH=disabled)[/]")
+    if cfg.ray_address is None and cfg.ray_auth == "disabled":
+        exposed = _non_loopback_addresses()
+        if exposed and not expose:
+            _fail(f"--ray-auth disabled: Ray would listen without authentication on {', '.join(exposed)}; anyone who "
+                  "reaches those addresses could run commands as this user through the GCS, Ray Client or dashboard "
+                  "agent job API ports and call the scheduler's admit/depart directly. Use --ray-auth token (the "
+                  f"default), or add {EXPOSE_FLAG} to accept that exposure", 2)
+    ports = [] if cfg.ray_address else [("ray_port", cfg.ray_port), ("dashboard_port", cfg.dashboard_port),
+                                         ("metrics_export_port", cfg.metrics_export_port)]
+    for what, p in [("port", cfg.port), *ports]:
         if not _port_free(p):
             _fail(f"{what} {p} on 127.0.0.1 is already in use; choose another (--{what.replace('_', '-')} or ROLLMUX_{what.upper()})", 2)
     try:
@@ -281,23 +431,26 @@ def up(
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
 
-    env = dict(os.environ, RAY_AUTH_MODE=ray_auth, RAY_USAGE_STATS_ENABLED="0")
+    env, ray_token = _ray_auth_env(cfg, cfg.ray_auth, dict(os.environ, RAY_USAGE_STATS_ENABLED="0"),
+                                   generate=cfg.ray_address is None)
     # `rollmux down` tears the whole local cluster down: no need for Ray's 30 s drain on SIGTERM
     env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
-    os.environ.update(RAY_AUTH_MODE=ray_auth, RAY_USAGE_STATS_ENABLED="0")
-    if ray_auth == "token" and not _ray_token_available(env):
-        # Ray's own generator: writes ~/.ray/auth_token (RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH win when set)
-        subprocess.run(_ray_cli() + ["get-auth-token", "--generate"], env=env, check=False,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
-        if not _ray_token_available(env):
-            _fail("--ray-auth token: no Ray token (set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, or run `ray get-auth-token --generate`)", 2)
+    os.environ.update({k: env[k] for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED", "RAY_AUTH_TOKEN_PATH") if k in env})
+    if cfg.ray_address:
+        _up_attached(cfg, cluster, token, ray_token, timeout_s)
+        if generated:
+            console.print(f"generated a new API token in {cfg.token_path} (mode 0600)")
+        return
     address = f"127.0.0.1:{cfg.ray_port}"
+    client_port = _free_port()
     logs = cfg.state_dir / "logs"
     state = {
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ray_address": address,
-        "ray_auth": ray_auth, "base_url": cfg.base_url, "processes": [],
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "mode": "local", "ray_address": address,
+        "ray_auth": cfg.ray_auth, "ray_token": ray_token, "base_url": cfg.base_url, "processes": [],
         "dashboard_url": f"http://127.0.0.1:{cfg.dashboard_port}",
         "metrics_url": f"http://127.0.0.1:{cfg.metrics_export_port}/metrics",
+        "ray_client_address": f"ray://127.0.0.1:{client_port}",
+        "config": cfg.model_dump(mode="json", exclude={"token"}),
     }
     deadline = time.monotonic() + timeout_s
     try:
@@ -306,7 +459,7 @@ def up(
                 "start", "--head", "--block", f"--port={cfg.ray_port}", "--node-ip-address=127.0.0.1",
                 "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={cfg.dashboard_port}",
                 f"--metrics-export-port={cfg.metrics_export_port}", f"--num-cpus={cfg.head_cpus}",
-                f"--dashboard-agent-listen-port={_free_port()}", f"--ray-client-server-port={_free_port()}",
+                f"--dashboard-agent-listen-port={_free_port()}", f"--ray-client-server-port={client_port}",
                 f"--resources={json.dumps({HEAD_RESOURCE: 1.0})}", "--disable-usage-stats", f"--temp-dir={_ray_temp_dir(cfg)}",
             ], logs / "ray-head.log", env)
             state["processes"].append({**head, "what": "ray head"})
@@ -341,11 +494,64 @@ def up(
         _state_path(cfg).unlink(missing_ok=True)
         _fail(f"start-up failed: {type(e).__name__}: {e}")
     _write_prometheus_targets(cfg, state)
+    _install_grafana_dashboard(cfg)
+    _record_current(cfg.state_dir)
     n_up = sum(_alive(r) for r in state["processes"])
-    console.print(f"[bold green]RollMux is up[/]: {n_up} Ray node(s), scheduler and API ready.")
+    console.print(f"[bold green]RollMux is up[/]: {n_up} Ray node(s), scheduler and API ready; Ray auth: {cfg.ray_auth}.")
     if generated:
         console.print(f"generated a new API token in {cfg.token_path} (mode 0600)")
     _print_urls(cfg, state)
+
+
+def _up_attached(cfg: ServeConfig, cluster, token: str, ray_token: Optional[str], timeout_s: float) -> None:
+    """``rollmux up --address``: the scheduler and the Serve app on a Ray cluster started elsewhere.
+
+    Checks that the cluster's nodes carry ``rollmux_node:<id>`` for every node of a bounded spec
+    (a warning lists the missing ones: the scheduler may place jobs there, and they wait). Starts
+    no process; records the deployment so that ``down`` removes the app and RollMux's actors."""
+    deadline = time.monotonic() + timeout_s
+    state = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "mode": "attached",
+             "ray_address": cfg.ray_address, "ray_auth": cfg.ray_auth, "ray_token": ray_token,
+             "base_url": cfg.base_url, "processes": [], "config": cfg.model_dump(mode="json", exclude={"token"})}
+    try:
+        with console.status(f"connecting to the Ray cluster at {cfg.ray_address} ..."):
+            _connect(cfg, cfg.ray_address)  # type: ignore[arg-type]
+            import ray
+
+            have = {k for n in ray.nodes() if n.get("Alive") for k in n.get("Resources", {})}
+            want = [node_id(p, i) for p in ("rollout", "train") for i in range(cluster.pool(p).num_nodes or 0)]  # type: ignore[arg-type]
+            missing = [nid for nid in want if node_resource(nid) not in have]
+            try:
+                ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+                state["serve_was_running"] = True
+            except ValueError:
+                state["serve_was_running"] = False
+            state["dashboard_url"] = _dashboard_url()
+            _start_scheduler_and_app(cfg, cluster, token, deadline)
+        _write_state(cfg, state)
+        _wait_healthy(cfg, deadline)
+    except typer.Exit:
+        _disconnect()
+        raise
+    except Exception as e:
+        _disconnect()
+        _fail(f"deploying onto {cfg.ray_address} failed: {type(e).__name__}: {e}")
+    _record_current(cfg.state_dir)
+    console.print(f"[bold green]RollMux is up[/] on the Ray cluster at {cfg.ray_address}: scheduler and API ready.")
+    if missing:
+        console.print(f"[yellow]no Ray node carries {', '.join(node_resource(n) for n in missing)}: jobs placed "
+                      "there wait until such a node joins (see docs/OPERATIONS.md, 'Real clusters')[/]")
+    _print_urls(cfg, state)
+
+
+def _dashboard_url() -> Optional[str]:
+    try:
+        from ray._private.worker import _global_node
+
+        url = _global_node.webui_url if _global_node is not None else None  # type: ignore[union-attr]
+        return None if not url else url if url.startswith("http") else f"http://{url}"
+    except Exception:
+        return None
 
 
 def _connect(cfg: ServeConfig, address: str) -> None:
@@ -439,25 +645,32 @@ def _wait_healthy(cfg: ServeConfig, deadline: float) -> None:
 
 def down(
     config: Optional[Path] = typer.Option(None, "--config", help=_CFG_HELP),
-    state_dir: Optional[Path] = typer.Option(None, "--state-dir"),
+    state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="default: the stack the last `rollmux up` started"),
     grace_s: float = typer.Option(20.0, "--grace-s", help="seconds to wait after SIGTERM before SIGKILL"),
     purge: bool = typer.Option(False, "--purge", help="also delete the scheduler checkpoint and Ray's session files"),
 ) -> None:
     """Stop every process `rollmux up` started (recorded in <state_dir>/state.json), nothing else.
 
-    The scheduler checkpoint is kept (the next `up` restores admitted jobs) unless ``--purge``."""
+    After ``up --address``: delete the API app and RollMux's actors from that cluster, leave the
+    cluster running. The scheduler checkpoint is kept (the next `up` restores admitted jobs) unless
+    ``--purge``."""
     import shutil
 
-    cfg = _config(config, state_dir=state_dir)
-    state = _read_state(cfg)
+    cfg, state = _resolve(config, state_dir)
     if not state:
         console.print(f"nothing to stop (no state file at {_state_path(cfg)})")
+    elif state.get("mode") == "attached":
+        for line in _undeploy(cfg, state):
+            console.print(line)
+        _state_path(cfg).unlink(missing_ok=True)
+        console.print(f"[bold]RollMux is down[/] (the Ray cluster at {state.get('ray_address')} keeps running).")
     else:
         recs = list(reversed(state.get("processes", [])))  # pool nodes first, then the head
         for line in _stop(recs, grace_s):
             console.print(line)
         _state_path(cfg).unlink(missing_ok=True)
         console.print("[bold]RollMux is down.[/]")
+    _clear_current(cfg.state_dir)
     if purge:
         for d in (cfg.checkpoint, _ray_temp_dir(cfg), cfg.state_dir / "logs"):
             shutil.rmtree(d, ignore_errors=True)
@@ -465,14 +678,49 @@ def down(
         console.print(f"purged {cfg.checkpoint}, {_ray_temp_dir(cfg)}, the logs and {PROM_TARGETS}")
 
 
+def _undeploy(cfg: ServeConfig, state: dict) -> list[str]:
+    """Delete the Serve app ``up --address`` deployed (and Serve itself if it started it) and kill
+    every named actor in RollMux's namespace (scheduler, group controllers, workers)."""
+    env, _ = _ray_auth_env(cfg, state.get("ray_auth", cfg.ray_auth), dict(os.environ), generate=False)
+    if state.get("ray_token", "") and str(state["ray_token"]).startswith("/"):
+        env.setdefault("RAY_AUTH_TOKEN_PATH", state["ray_token"])
+    os.environ.update({k: env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH") if k in env})
+    out = []
+    try:
+        _connect(cfg, state["ray_address"])
+        import ray
+        from ray import serve
+
+        from actors import NAMESPACE
+
+        serve.delete(cfg.app_name)
+        out.append(f"Serve app {cfg.app_name!r}: deleted")
+        if not state.get("serve_was_running", True):
+            serve.shutdown()
+            out.append("Serve: shut down (`up` had started it)")
+        for a in ray.util.list_named_actors(all_namespaces=True):
+            if a.get("namespace") == NAMESPACE:
+                try:
+                    ray.kill(ray.get_actor(a["name"], namespace=NAMESPACE), no_restart=True)
+                    out.append(f"actor {a['name']}: killed")
+                except ValueError:
+                    pass
+    except Exception as e:
+        _fail(f"cannot reach the Ray cluster at {state.get('ray_address')} to undeploy: {type(e).__name__}: {e}")
+    finally:
+        _disconnect()
+    return out
+
+
 def submit(
     spec: Path = typer.Argument(..., help="job spec YAML (configs/jobs/*.yaml; a top-level `job:` key is accepted)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="what-if: decide without admitting"),
     config: Optional[Path] = typer.Option(None, "--config", help=_CFG_HELP),
     port: Optional[int] = typer.Option(None, help="HTTP port of the API"),
+    state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="default: the stack the last `rollmux up` started"),
 ) -> None:
     """Submit a job spec to the admission API (POST /v1/jobs) and print the decision."""
-    cfg = _config(config, port=port)
+    cfg, _ = _resolve(config, state_dir, port=port)
     try:
         job = load_job(spec)
     except ConfigError as e:
@@ -506,9 +754,10 @@ def submit(
 def status(
     config: Optional[Path] = typer.Option(None, "--config", help=_CFG_HELP),
     port: Optional[int] = typer.Option(None, help="HTTP port of the API"),
+    state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="default: the stack the last `rollmux up` started"),
 ) -> None:
     """Co-execution groups and jobs (GET /v1/groups, /v1/jobs) as tables."""
-    cfg = _config(config, port=port)
+    cfg, _ = _resolve(config, state_dir, port=port)
     h = _http(cfg, "GET", "/healthz")
     if h.status_code != 200:
         _fail(f"API unhealthy: HTTP {h.status_code} {h.text[:300]}")
@@ -537,20 +786,30 @@ def status(
 
 def urls(
     config: Optional[Path] = typer.Option(None, "--config", help=_CFG_HELP),
-    state_dir: Optional[Path] = typer.Option(None, "--state-dir"),
+    state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="default: the stack the last `rollmux up` started"),
 ) -> None:
     """Where the HTTP API, OpenAPI docs, Ray dashboard and Prometheus metrics endpoint are."""
-    cfg = _config(config, state_dir=state_dir)
-    state = _read_state(cfg)
+    cfg, state = _resolve(config, state_dir)
     if state is None:
         console.print("[yellow]not started by `rollmux up` here; showing configured addresses[/]")
     _print_urls(cfg, state)
 
 
+def env(
+    config: Optional[Path] = typer.Option(None, "--config", help=_CFG_HELP),
+    state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="default: the stack the last `rollmux up` started"),
+) -> None:
+    """Shell exports that give a client the API token and Ray's token: ``eval "$(rollmux env)"``."""
+    cfg, state = _resolve(config, state_dir)
+    if state is None:
+        _fail(f"no running stack recorded (no state file at {_state_path(cfg)}); run `rollmux up` first", 1)
+    print("\n".join(_env_lines(cfg, state)))
+
+
 def register(app: typer.Typer, deploy: Callable[[ServeConfig, str], str]) -> None:
-    """Add ``up``, ``down``, ``submit``, ``status`` and ``urls`` to the ``rollmux`` typer app;
+    """Add ``up``, ``down``, ``submit``, ``status``, ``urls`` and ``env`` to the ``rollmux`` typer app;
     ``deploy(cfg, token)`` starts the HTTP admission app (``serve_app.deploy``)."""
     global _DEPLOY
     _DEPLOY = deploy
-    for fn in (up, down, submit, status, urls):
+    for fn in (up, down, submit, status, urls, env):
         app.command(fn.__name__)(fn)

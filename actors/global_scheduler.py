@@ -323,8 +323,8 @@ class GlobalSchedulerImpl:
                     del self._dirty[gid]
                 if self.igs.group_snapshot(gid) is None and gid not in self._dirty:
                     self._handles.pop(gid, None)  # a dissolved group's controller has its final state
-            for gid in redo:
-                self._handles.pop(gid, None)
+            # a named, detached controller keeps its handle across restarts: re-push with it (a
+            # slow start is not a death; dropping the handle here would forget the group)
             again = [g for g in self._dirty if g not in self._inflight or g in redo]
             self._push(again, lookup=True)
         return {"pushed": again, "acked": [g for g, _ in acked]}
@@ -506,6 +506,7 @@ class GlobalSchedulerImpl:
                 self._releases.append((job_id, rec.admission_id,
                                        [*final.placement.rollout_nodes, *final.placement.train_nodes]))
             rec.state, rec.ended_at = state, now
+            self.metrics.job_ended(job_id)
             if state == JobState.FAILED:  # a reason for people; the raw error kept apart
                 pl = final.placement
                 rec.error = explain_failure(error, tuple(pl.rollout_nodes + pl.train_nodes) if pl else ())

@@ -20,7 +20,8 @@ calls (reports to the GlobalScheduler, metrics):
 Timeline records: ``job_id, phase, pool, node, iteration, start, end`` (epoch seconds),
 ``start_s, end_s`` (seconds since the controller started), ``switch`` (warm | cold | moved),
 ``switch_s``, ``run_s``, ``offload_s``, ``ok``, ``error``. Metrics: pool busy / bubble seconds,
-phase switches (kind), job iterations / slowdown (see :mod:`actors.metrics`).
+phase switches (kind); job iterations / slowdown go to the GlobalScheduler, which alone exports
+the per-job series (see :mod:`actors.metrics`).
 
 State is soft: the GlobalScheduler's reconcile loop pushes the group's members (its checkpoint
 is the truth); a restarted controller (``max_restarts=-1``) also asks the scheduler for the
@@ -95,8 +96,8 @@ class GroupControllerImpl:
         return self.ledger.migrate
 
     # ---- effects of the ledger (the only Ray calls besides member recovery)
-    def _apply(self, effects: list[Effect]) -> None:
-        for e in effects:
+    def _apply(self, effects: list[Effect] = ()) -> None:
+        for e in [*effects, *self.ledger.take_effects()]:
             if e.kind == "metric":
                 getattr(self.metrics, e.name)(*e.args, **e.kwargs)
             elif e.kind == "report":
@@ -149,6 +150,7 @@ class GroupControllerImpl:
         added = [m["job_id"] for m in members
                  if self.ledger.add(m["job_id"], m["rollout_nodes"], m["train_nodes"], slo=m.get("slo"))]
         removed = [j for j, why in (gone or {}).items() if self.ledger.remove(j, why)]
+        self._apply()
         if added or removed:
             self._wake_all()
         return {"added": added, "removed": removed, "stale": False}
@@ -192,6 +194,7 @@ class GroupControllerImpl:
         """Drop the job from every queue (departure / failure). False if it was not a member.
         ``"moved ..."``: effective at the job's iteration boundary (:meth:`GroupLedger.remove`)."""
         out = self.ledger.remove(job_id, reason)
+        self._apply()
         self._wake_all()
         return out
 

@@ -3,11 +3,19 @@
 Each rollout / training node of the spec becomes a real Ray node (``ray.cluster_utils.Cluster``)
 carrying ``rollmux_node:<id>`` and ``rollmux_pool:<pool>`` custom resources, so placements made
 by the policy are honoured by Ray without code changes on a real (or KubeRay) cluster.
+
+Ray 2.60 binds its GCS, raylet and worker ports to every address of the host, so these clusters
+run in Ray's token mode too (:func:`use_ephemeral_ray_token`) unless ``RAY_AUTH_MODE`` is set.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -15,6 +23,27 @@ from rollmux.models import ClusterSpec
 from rollmux.nodes import HEAD_RESOURCE, NODE_RESOURCE_UNITS, node_id, node_resource, pool_resource
 
 from actors import NAMESPACE  # noqa: E402  (re-exported)
+
+
+def use_ephemeral_ray_token() -> Optional[Path]:
+    """Put this process (and everything it starts) in Ray's token mode with a fresh random token.
+
+    When ``RAY_AUTH_MODE`` is unset: writes a 256-bit token to a private (0700) temp dir, sets
+    ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH`` in ``os.environ`` (inherited by Ray's
+    processes, drivers and subprocesses) and deletes the file at exit. Call it before Ray is
+    imported. Returns the token file, or ``None`` when ``RAY_AUTH_MODE`` was already set (an
+    explicit choice is kept). Never touches ``~/.ray``.
+    """
+    if os.environ.get("RAY_AUTH_MODE"):
+        return None
+    d = Path(tempfile.mkdtemp(prefix="rollmux-raytoken-"))
+    path = d / "auth_token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(path))
+    atexit.register(shutil.rmtree, d, True)
+    return path
 
 
 @dataclass
@@ -78,7 +107,7 @@ def start_local_cluster(
     Raises:
         ValueError: a pool has ``num_nodes=None``.
     """
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    use_ephemeral_ray_token()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
     from ray.cluster_utils import Cluster

@@ -8,9 +8,9 @@ name                                type       tags          meaning
 rollmux_pool_busy_seconds           gauge      pool          busy node-seconds (GPU-seconds when records carry GPUs)
 rollmux_pool_bubble_seconds         gauge      pool          idle (dependency-bubble) node-seconds
 rollmux_pool_bubble_ratio           gauge      pool          bubble / (busy + bubble) over every group's lifetime
-rollmux_job_slowdown                gauge      job_id        measured co-exec iteration / solo time
-rollmux_job_slo                     gauge      job_id        the job's slowdown SLO
-rollmux_job_iterations              gauge      job_id        iterations done
+rollmux_job_slowdown                gauge      job_id        measured co-exec iteration / solo time (active jobs)
+rollmux_job_slo                     gauge      job_id        the job's slowdown SLO (active jobs)
+rollmux_job_iterations              gauge      job_id        iterations done (active jobs)
 rollmux_group_cost_usd_per_h        gauge      group_id      Cost(G), USD/h (0 once dissolved, then dropped)
 rollmux_admission_decisions_total   counter    outcome       admitted | retry_later | never | ...
 rollmux_admission_latency_ms        histogram  -             policy decision latency, ms
@@ -29,6 +29,14 @@ whole lifetime: warm-up and drain count), computed on the flush thread, summed o
 Gauges are re-set from their last values every ``refresh_interval_s``: Ray's exporter drops a
 gauge that was not recorded within about two export intervals, so a value set once (a job's SLO,
 a group's cost) would otherwise vanish from the endpoint between Prometheus scrapes.
+
+Series lifecycle: the per-job series (``rollmux_job_*{job_id}``) are recorded by ONE process, the
+GlobalScheduler (GroupControllers report iterations to it; they record pool, switch and per-group
+series only), so a ``sum()`` over the endpoint counts each job once. When a job ends
+(:meth:`RollmuxMetrics.job_ended`) its series stop being refreshed and later updates for it are
+ignored: Ray's exporter evicts a gauge observation that was not re-recorded within its TTL, so
+the endpoint holds the active jobs' series only, not one per job ever admitted. A dissolved
+group's cost gauge is set to 0 once, then dropped the same way.
 """
 
 from __future__ import annotations
@@ -53,6 +61,9 @@ class RollmuxMetrics:
     """
 
     GAUGES = ("busy", "bubble", "bubble_ratio", "slowdown", "slo", "iters", "cost", "switch_s")
+    JOB_GAUGES = ("slowdown", "slo", "iters")
+    #: ended job ids remembered to ignore late updates (events from controllers may cross the end)
+    ENDED_MEMORY = 100_000
 
     def __init__(self, flush_interval_s: float = 1.0, enabled: bool = True, refresh_interval_s: float = 5.0):
         self.enabled = enabled
@@ -61,6 +72,7 @@ class RollmuxMetrics:
         self._q: collections.deque[tuple[str, tuple]] = collections.deque(maxlen=100_000)
         self._m: Optional[dict[str, Any]] = None
         self.totals: dict[str, dict] = collections.defaultdict(dict)  # name -> {tag: value}
+        self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._timelines: dict[str, tuple] = {}  # group_id -> latest (records, nodes, window) to account
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -76,6 +88,13 @@ class RollmuxMetrics:
     def job(self, job_id: str, *, slowdown: Optional[float] = None, slo: Optional[float] = None,
             iterations: Optional[int] = None) -> None:
         self._push("job", (job_id, slowdown, slo, iterations))
+
+    def job_ended(self, job_id: str, *, ignore_late: bool = True) -> None:
+        """The job finished, failed or departed (or left this recorder's group): its per-job totals
+        (slowdown, SLO, iterations, sync bytes) are dropped and its gauges no longer refreshed, so
+        Ray's exporter drops them; with ``ignore_late`` later :meth:`job` updates for it are ignored
+        (a GroupController passes False: a job moved away may come back)."""
+        self._push("job_gone", (job_id, bool(ignore_late)))
 
     def group_cost(self, group_id: str, usd_per_h: float) -> None:
         self._push("group_cost", (group_id, float(usd_per_h)))
@@ -175,11 +194,22 @@ class RollmuxMetrics:
                 m["latency"].observe(lat)
         elif kind == "job":
             job_id, slowdown, slo, iters = a
+            if job_id in self._ended:
+                return
             for key, v in (("slowdown", slowdown), ("slo", slo), ("iters", iters)):
                 if v is not None:
                     t[key][job_id] = v
                     if m:
                         m[key].set(float(v), tags={"job_id": job_id})
+        elif kind == "job_gone":
+            job_id, ignore_late = a
+            for key in self.JOB_GAUGES + ("sync_cross_bytes", "sync_cross_last"):
+                t[key].pop(job_id, None)
+            if not ignore_late:
+                return
+            self._ended[job_id] = None
+            while len(self._ended) > self.ENDED_MEMORY:
+                self._ended.popitem(last=False)
         elif kind == "group_cost":
             gid, usd = a
             t["cost"][gid] = usd

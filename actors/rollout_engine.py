@@ -12,8 +12,11 @@ Engines (one interface, :class:`RolloutEngine`):
 * :class:`VLLMEngine`: vLLM's ``LLMEngine`` with automatic prefix caching on, written against
   vLLM's API, import-guarded (GPU hosts only; untested on this CPU machine).
 
-:func:`serve` runs scheduling windows: poll arrivals -> stage-1 budget + stage-2 ordering ->
-admit the batch -> run one time slice -> report completions. Because long generations advance one
+:func:`serve` runs scheduling windows: poll arrivals and cancellations (queued requests are dropped,
+running ones aborted: the engine stops them before the next slice, their KV slot is free in the
+same window) -> stage-1 budget + stage-2 ordering -> admit the batch -> run one time slice ->
+report completions. ``serve(..., sample_target=n)`` ends a step once ``n`` generations finished
+(over-sampling: the leftovers are aborted, not waited for). Because long generations advance one
 slice per window, a short reward query submitted while they run enters at the next slice boundary
 (time slices), and its wait is bounded (``MixedPolicy`` starvation bound).
 No Ray here: the RolloutWorker actor wraps an engine and calls :func:`serve`.
@@ -64,8 +67,16 @@ class RolloutEngine(ABC):
     def running(self) -> int:
         """Requests in flight."""
 
+    #: the engine drops its prefix KV when new weights are loaded (vLLM ``reset_prefix_cache``,
+    #: the CPU engine); :func:`serve` then tells the scheduler, which stops crediting old prefixes.
+    resets_prefix_cache_on_update: bool = True
+
     def on_weights_updated(self, version: int) -> None:  # noqa: B027 - optional hook
         """New policy weights were loaded (engines with a prefix cache may reset it)."""
+
+    @abstractmethod
+    def abort(self, request_ids: list[str]) -> None:
+        """Stop these running requests now: no completion is reported for them, their KV is freed."""
 
 
 class RequestSource(Protocol):
@@ -78,7 +89,8 @@ class RequestSource(Protocol):
     def policy_version(self) -> int: ...
     def done(self) -> bool: ...
 
-    # optional: ``cancelled() -> list[str]``, queued request ids to drop (polled every window)
+    # optional: ``cancelled() -> list[str]``, request ids to drop (polled every window): queued ones
+    # are dropped, running ones aborted within the window
 
 
 class ListSource:
@@ -119,8 +131,9 @@ class ServeStats:
 
     windows: int = 0
     completed: int = 0
-    stopped_by: str = "drained"
+    stopped_by: str = "drained"  # | "sample_target" | "max_windows" | "max_wall_s"
     end_s: float = 0.0
+    aborted: int = 0
 
 
 def serve(
@@ -131,18 +144,39 @@ def serve(
     max_windows: int = 1_000_000,
     max_wall_s: float = 600.0,
     on_window: Callable[[float, list[Request], list[Completion]], None] | None = None,
+    sample_target: int | None = None,
 ) -> ServeStats:
     """Run scheduling windows until the source is done and every request finished.
 
     Bounded by ``max_windows`` windows and ``max_wall_s`` seconds of real time.
+    ``sample_target``: stop as soon as that many generation requests completed (a step that
+    over-samples): every request still queued or running is cancelled / aborted (``aborted``
+    counts the running ones) and ``stopped_by`` is ``"sample_target"``; requests the source has
+    not released yet are not polled.
+    A source's ``cancelled()`` ids are dropped when queued and aborted when running, before the
+    window's batch is chosen, so an aborted request's slot is reused in the same window.
+    The engine's prefix cache and the scheduler's prefix credit move together: on a new policy
+    version the engine loads it (``on_weights_updated``) and, when it resets its prefix cache
+    (``resets_prefix_cache_on_update``), the scheduler forgets every prefix.
     ``on_window(now_s, batch, completions)`` is called after each slice (metrics, logging).
     Raises RuntimeError when no progress is possible (queued requests that can never be admitted,
     nothing running, no next event).
     """
+    if sample_target is not None and sample_target < 1:
+        raise ValueError(f"sample_target must be >= 1, got {sample_target}")
     stats = ServeStats()
     t_wall = time.monotonic()
     version = None
     stuck = 0
+    samples = 0
+    mine: set[str] = set()  # requests of this call (the scheduler may hold others')
+
+    def abort_running() -> None:
+        ids = scheduler.take_aborts()
+        if ids:
+            engine.abort(ids)
+            stats.aborted += len(ids)
+
     while True:
         if stats.windows >= max_windows:
             stats.stopped_by = "max_windows"
@@ -153,13 +187,16 @@ def serve(
         now = engine.now()
         for r in source.poll(now):
             scheduler.submit(r)
+            mine.add(r.request_id)
         for rid in getattr(source, "cancelled", lambda: ())():
             scheduler.cancel(rid)
+        abort_running()
         v = source.policy_version()
         if v != version:
             version = v
-            scheduler.set_policy_version(v)
-            engine.on_weights_updated(v)
+            if v != scheduler.policy_version:  # new weights: the engine loads them, maybe dropping its prefix KV
+                engine.on_weights_updated(v)
+                scheduler.set_policy_version(v, cache_reset=engine.resets_prefix_cache_on_update)
         scheduler.set_trainer_waiting(source.trainer_waiting())
         batch = scheduler.next_batch(now)
         if batch:
@@ -184,12 +221,22 @@ def serve(
         stuck = 0
         comps = engine.step()
         stats.windows += 1
+        comps = [c for c in comps if c.request_id in scheduler.inflight]  # an aborted request's late result
         for c in comps:
+            if scheduler.inflight[c.request_id][0].req.type is RequestType.GENERATION:
+                samples += 1
             scheduler.on_complete(c.request_id, c.output_token_ids, c.finished_s)
             source.on_complete(c, c.finished_s)
         stats.completed += len(comps)
         if on_window is not None:
             on_window(now, batch, comps)
+        if sample_target is not None and samples >= sample_target:
+            for rid in list(scheduler.queue) + list(scheduler.inflight):
+                if rid in mine:
+                    scheduler.cancel(rid)
+            abort_running()
+            stats.stopped_by = "sample_target"
+            break
     stats.end_s = engine.now()
     return stats
 
@@ -267,6 +314,11 @@ class SimulatedEngine(RolloutEngine):
         for r in batch:
             n = 0 if r.type is RequestType.REPLAY else max(1, min(r.max_tokens, int(self._len(r))))
             self._new.append((_SimReq(r, n, len(r.prompt_token_ids)), hits.get(r.request_id, 0)))
+
+    def abort(self, request_ids: list[str]) -> None:
+        ids = set(request_ids)
+        self._run = [s for s in self._run if s.req.request_id not in ids]
+        self._new = [(s, h) for s, h in self._new if s.req.request_id not in ids]
 
     def step(self) -> list[Completion]:
         c, t = self.cost, self.clock
@@ -464,6 +516,11 @@ class CPUEngine(_WallClockEngine):
         """KV made by the old weights is stale: drop the prefix cache."""
         self._pcache.clear()
 
+    def abort(self, request_ids: list[str]) -> None:
+        ids = set(request_ids)
+        self._live = [s for s in self._live if s.req.request_id not in ids]
+        self._done = [c for c in self._done if c.request_id not in ids]
+
     def _sample(self, logits, gen, drawn: int) -> int:
         """Sample one token; ``drawn`` = tokens this request has sampled before (hook for subclasses)."""
         torch = self._torch
@@ -573,3 +630,8 @@ class VLLMEngine(_WallClockEngine):
 
     def on_weights_updated(self, version: int) -> None:  # pragma: no cover - GPU only
         self.engine.reset_prefix_cache()
+
+    def abort(self, request_ids: list[str]) -> None:  # pragma: no cover - GPU only
+        self.engine.abort_request(list(request_ids))
+        for rid in request_ids:
+            self._types.pop(rid, None)

@@ -223,16 +223,23 @@ class _PoolWorker:
                 state = restore_state(state, dict(saved))
             kind, h.moved = ("cold" if mv is None else "moved"), None
             if h.resident:
-                # a cold start rebuilds the control plane too: the builder's fresh resident values
-                # (engines) are the ones used; the old ones hand over their state when they can
-                # (``state_dict`` -> ``load_state_dict``) and are closed. Rollout engines get the
-                # last synced weights again (they are not part of the stored state).
+                # a cold start rebuilds the control plane too: a fresh resident value (engine) is
+                # used when it can take the old one's state (``state_dict`` -> ``load_state_dict``)
+                # or is a rollout engine (re-fed with the last synced weights below); otherwise the
+                # old one stays (e.g. a training engine holding optimizer state) and the fresh
+                # duplicate is dropped. Replaced / dropped values are closed.
                 old, h.resident = h.resident, {}
-                restore_state(state, {k: v for k, v in old.items()
-                                      if hasattr(v, "state_dict") and hasattr(state.get(k), "load_state_dict")})
-                for v in old.values():
-                    close = getattr(v, "close", None)
-                    if callable(close):
+                for k, v in old.items():
+                    fresh = state.get(k)
+                    if hasattr(v, "state_dict") and hasattr(fresh, "load_state_dict"):
+                        fresh.load_state_dict(v.state_dict())
+                        gone = v
+                    elif self.pool == "rollout" and fresh is not None:
+                        gone = v
+                    else:
+                        state[k], gone = v, fresh
+                    close = getattr(gone, "close", None)
+                    if gone is not None and gone is not state.get(k) and callable(close):
                         try:
                             close()
                         except Exception:
@@ -332,7 +339,7 @@ class _PoolWorker:
                     pw = h.pending_weights
                     h.apply(state, pw["dict"] if "dict" in pw else ray.get(pw["ref"][0]))
                     h.pending_weights = None
-                    if h.switch == "cold" and h.resident:  # re-applied after the next cold rebuild
+                    if h.switch == "cold":  # re-applied to a rollout engine rebuilt by the next cold start
                         h.last_weights = pw
                 last = [-1]
                 hook = RuntimeHook(job_id, phase, grant.get("iteration", 0), lambda e: self._emit(h, ctrl, e, last))

@@ -4,7 +4,9 @@
 arriving job, which group and exact nodes it is pinned to:
 
 1. *Prune* groups that cannot take it (:data:`GROUP_FILTERS`, evaluated when a group changes):
-   full groups (``max_group_size``) and saturated groups (``T_load >= T_cycle``).
+   full groups (``max_group_size``) and saturated groups (``config.saturation``: by default
+   ``T_load >= max_k slo_k T_solo_k``, the largest SLO budget; ``"paper"``: ``T_load >= T_cycle``,
+   which with SLOs above 1 also prunes groups whose meta-iteration may still stretch).
 2. For each remaining group evaluate *direct packing* (pin the job on the group's existing
    least-loaded rollout and training nodes, ``Δ = 0``) and *rollout scale-out* (share the
    group's least-loaded training nodes, add ``ceil(NR / gpus_per_node)`` new rollout nodes,
@@ -26,9 +28,11 @@ arriving job, which group and exact nodes it is pinned to:
 What differs between the policies (SLO check, saturation pruning, tiers, how the choice is made,
 re-packing) is read from their :class:`rollmux.policies.PolicySpec`, never from their names.
 
-Refusals are values: ``code="never"`` (the job can never fit: state larger than every node of a
+Refusals are values: ``code="never"`` (the job can never fit: :data:`JOB_FILTERS` -- a non-finite
+phase time, training state larger than a training GPU's HBM -- or state larger than every node of a
 pool, more GPUs than the pool has, weights not fitting HBM, duplicate id) or
-``code="retry_later"`` (cluster out of GPUs now). The ``random`` and ``most-idle`` baselines
+``code="retry_later"`` (no feasible placement now; the reason names the deciding filter of every
+path: the groups' pruning or candidate filters and, for a new group, capacity = out of GPUs). The ``random`` and ``most-idle`` baselines
 (RollMux §7.1) place into a random / the most idle memory-feasible, non-full group with
 no SLO check, opening a new group only when none fits. Their placement inside the chosen group
 (no simulation, only memory and node counts): *random* draws uniformly among all feasible
@@ -51,6 +55,7 @@ Source: RollMux §4.2, Alg. 1; §7.1 (baselines).
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from functools import lru_cache
 import random
@@ -70,7 +75,7 @@ from rollmux.policies import REGISTRY, PolicySpec, group_number as _gnum, policy
 SLO_REL_TOL = 1e-9
 _idx = lru_cache(maxsize=None)(node_index)
 
-PLUGINS = ("saturation", "memory", "slo", "capacity", "group_size")
+PLUGINS = ("saturation", "memory", "slo", "capacity", "group_size", "finite", "train_gpu_memory")
 
 
 # --- the node-load rule (one home) ------------------------------------------------------------------
@@ -86,14 +91,17 @@ def node_load_bound(t_solo_s: float, node_loads_s: Iterable[float]) -> float:
 
 def breaks_slo(t_coexec_s: float, t_solo_s: float, slo: float) -> bool:
     """True when an iteration time ``t_coexec_s`` (or a lower bound of it) exceeds ``slo x t_solo_s``
-    (relative tolerance :data:`SLO_REL_TOL`)."""
-    return t_coexec_s > slo * t_solo_s * (1 + SLO_REL_TOL)
+    (relative tolerance :data:`SLO_REL_TOL`).
+    A NaN or infinite value on either side breaks it (defence in depth: ``nan > x`` is False, so a
+    plain comparison would let a non-finite time pass every SLO check)."""
+    return not _within(t_coexec_s, slo * t_solo_s)
 
 
 def is_saturated(t_load_s: float, t_cycle_s: float) -> bool:
     """Saturation (Alg. 1 line 4): ``T_load >= T_cycle``, i.e. the busiest node has no idle time
-    left in a meta-iteration of the longest member's solo time."""
-    return t_load_s >= t_cycle_s
+    left in a meta-iteration of the longest member's solo time. A non-finite load or cycle counts
+    as saturated (defence in depth: ``nan >= x`` is False and would leave such a group open)."""
+    return not (math.isfinite(t_load_s) and math.isfinite(t_cycle_s) and t_load_s < t_cycle_s)
 
 
 class SchedulerConfig(BaseModel):
@@ -121,6 +129,8 @@ class SchedulerConfig(BaseModel):
             (:meth:`InterGroupScheduler.repack`); moved jobs pay one host-state copy.
         repack_max_groups: groups tried per departure (bounds the work of a departure).
         repack_max_members: only groups with at most this many members are dissolved.
+        saturation: which groups Alg. 1 line 4 prunes (:func:`saturation_filter`): ``"paper"``
+            (``T_load >= T_cycle``), ``"slo"`` (``T_load >= max_k slo_k T_solo_k``) or ``"off"``.
         driver_lease_s: a GroupController evicts an attached job whose driver has not
             heart-beaten for this many seconds while none of its phases runs (0 disables).
         attach_timeout_s: an admitted job whose driver has not attached (reported ``running``)
@@ -128,22 +138,23 @@ class SchedulerConfig(BaseModel):
             ``expired`` (the GlobalScheduler's reconcile loop checks; 0 disables).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     policy: str = "rollmux"
     max_group_size: int = Field(default=5, ge=1, le=64)
     tail_trigger_fraction: float = Field(default=0.8, gt=0.0, le=1.0)
-    tail_gpus: int = Field(default=1, ge=1)
-    migration_overhead_s: float = Field(default=2.0, ge=0.0)
+    tail_gpus: int = Field(default=1, ge=1, le=1024)
+    migration_overhead_s: float = Field(default=2.0, ge=0.0, le=3600.0)
     tail_migration: bool = True
     plan_migration_overhead: bool = False
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
     tie_break: Literal["best_fit", "most_slack"] = "most_slack"
     repack_on_departure: bool = True
-    repack_max_groups: int = Field(default=4, ge=0)
-    repack_max_members: int = Field(default=2, ge=1)
-    attach_timeout_s: float = Field(default=600.0, ge=0.0)
-    driver_lease_s: float = Field(default=30.0, ge=0.0)
+    repack_max_groups: int = Field(default=4, ge=0, le=1024)
+    repack_max_members: int = Field(default=2, ge=1, le=64)
+    saturation: Literal["paper", "slo", "off"] = "slo"
+    attach_timeout_s: float = Field(default=600.0, ge=0.0, le=1e7)
+    driver_lease_s: float = Field(default=30.0, ge=0.0, le=1e6)
 
     def overridden(self, **values) -> "SchedulerConfig":
         """A validated copy with the given values; ``None`` values are ignored (an option not
@@ -370,6 +381,36 @@ def _pick_nodes(nodes: Sequence[str], k: int, loads: dict, mem: dict, need_gb: f
     return sorted(fit[:k], key=_idx)
 
 
+def _within(value: float, limit: float) -> bool:
+    """``value <= limit`` within :data:`SLO_REL_TOL`, and False when either is NaN or infinite: a
+    non-finite slowdown or phase time is infeasible, never a pass (``nan > x`` is False)."""
+    return math.isfinite(value) and math.isfinite(limit) and value <= limit * (1 + SLO_REL_TOL)
+
+
+def _no_placement_reason(cands: list[Candidate], pruned: list) -> str:
+    """Why no placement exists now, naming the deciding filter of every path: the plugin that pruned
+    each group (saturation, group_size), the plugin that rejected each (group, strategy) candidate
+    (capacity, memory, slo) and why a new group was refused (capacity = cluster out of GPUs)."""
+    by: dict[str, list[str]] = {}
+    for gid, (plugin, _) in pruned:
+        by.setdefault(plugin, []).append(str(gid))
+    iso = None
+    for c in cands:
+        if c.group_id is None:
+            iso = c
+        elif not c.ok:
+            by.setdefault(c.plugin or "rejected", []).append(f"{c.group_id}/{c.strategy}")
+
+    def some(xs: list[str]) -> str:
+        return ", ".join(xs[:3]) + (f", ... ({len(xs)} in all)" if len(xs) > 3 else "")
+
+    parts = [f"{plugin}: {some(xs)}" for plugin, xs in sorted(by.items())]
+    groups = ("existing groups excluded by " + "; ".join(parts)) if parts else "no open group"
+    new = (f"a new group refused by {iso.plugin} ({'; '.join(iso.reasons)})" if iso is not None and not iso.ok
+           else "no new group considered")
+    return f"no feasible placement now: {groups}; {new}"
+
+
 def _slo_bound(cand: Candidate, members: list[GroupMember], loads: dict[str, float]) -> Candidate:
     """Cheap necessary SLO condition: job k iterates once per meta-iteration on each of its nodes,
     so ``T_coexec_k >= max(T_solo_k, load of k's busiest node)``. Rejects on violation; sets
@@ -398,15 +439,86 @@ def _bound_rows(cand: Candidate, rows: list[tuple[str, float, float, float]]) ->
     return cand if v.ok else cand.reject(v.plugin, v.reason, v.numbers)
 
 
+#: Groups of up to this many members get the exhaustive round-robin order search (n! orders);
+#: larger groups (only with max_group_size above it) are checked in the given order only.
+EXHAUSTIVE_ORDER_MAX = 6
+
+
+@dataclass(frozen=True)
+class OrderChoice:
+    """The outcome of :func:`best_round_robin_order`.
+
+    Attributes:
+        members: the members in the chosen round-robin order.
+        t_coexec_s: steady-state co-execution iteration time of each member in that order, seconds.
+        feasible: every member within its SLO (``not breaks_slo``) in that order.
+        exhaustive: every order was considered, or a feasible one was found (so ``feasible`` is
+            False only if no order of the members is feasible).
+        orders_tried: round-robin orders simulated.
+    """
+
+    members: tuple[GroupMember, ...]
+    t_coexec_s: dict[str, float]
+    feasible: bool
+    exhaustive: bool
+    orders_tried: int
+
+
+def _order_feasible(members: Sequence[GroupMember], tco: Mapping[str, float]) -> bool:
+    return not any(breaks_slo(tco[m.spec.job_id], m.profile.t_solo_s, m.spec.slo) for m in members)
+
+
+def best_round_robin_order(members: Sequence[GroupMember], *, rollout_overhead_s: float = 0.0) -> OrderChoice:
+    """Group feasibility over the round-robin order: the one function the optimum's layouts
+    (:func:`build_group`), Alg. 1's candidates and departure re-packing use.
+
+    A group is feasible iff *some* round-robin order of its members keeps every member within its
+    SLO (``T_coexec_k <= slo_k * T_solo_k``, T_coexec from :func:`rollmux.intra_group.coexec_times`):
+    the order decides which member waits behind which on a shared node, so a pair infeasible in
+    arrival order may be feasible the other way round. The given order is tried first and kept
+    when feasible (a running group is not reordered needlessly); otherwise every permutation is
+    simulated (exhaustive up to :data:`EXHAUSTIVE_ORDER_MAX` members; n! <= 720 recurrences,
+    memoised on the group's structure) and the first feasible one, in lexicographic order of the
+    permutation, is returned. With no feasible order, the given order's times are returned.
+
+    Args:
+        members: the group G' with placements, in its current (admission) order.
+        rollout_overhead_s: added to every rollout (planned long-tail migration overhead), seconds.
+    Returns:
+        :class:`OrderChoice`.
+    Source: RollMux §4.2 (Alg. 1 line 10 SLO check), §4.3 (round-robin meta-iterations).
+    """
+    members = list(members)
+    tco = coexec_times(members, rollout_overhead_s=rollout_overhead_s)
+    if _order_feasible(members, tco):
+        return OrderChoice(tuple(members), tco, True, True, 1)
+    n = len(members)
+    if n > EXHAUSTIVE_ORDER_MAX:
+        return OrderChoice(tuple(members), tco, False, False, 1)
+    tried = 1
+    for perm in itertools.permutations(range(n)):
+        if perm == tuple(range(n)):
+            continue
+        ms = [members[i] for i in perm]
+        t = coexec_times(ms, rollout_overhead_s=rollout_overhead_s)
+        tried += 1
+        if _order_feasible(ms, t):
+            return OrderChoice(tuple(ms), t, True, True, tried)
+    return OrderChoice(tuple(members), tco, False, True, tried)
+
+
 def _slo_sim(cand: Candidate, rollout_overhead_s: float = 0.0) -> Candidate:
     """Alg. 1 line 10: every member k of G' needs T_coexec_k <= slo_k * T_solo_k, T_coexec from
-    the simulated round-robin schedule (:func:`rollmux.intra_group.coexec_times`; every rollout
-    planned ``rollout_overhead_s`` longer: the long-tail migration overhead)."""
+    the simulated round-robin schedule in the best order (:func:`best_round_robin_order`; every
+    rollout planned ``rollout_overhead_s`` longer: the long-tail migration overhead);
+    ``cand.members`` is left in that order (the order :meth:`InterGroupScheduler.commit` keeps)."""
     if not cand.members:
         old, spec, prof = cand.base
         cand.members = list(old) + [GroupMember.model_construct(spec=spec, profile=prof, placement=cand.placement)]
+    oc = best_round_robin_order(cand.members, rollout_overhead_s=rollout_overhead_s)
+    cand.members = list(oc.members)
     members = cand.members
-    tco = coexec_times(members, rollout_overhead_s=rollout_overhead_s)
+    tco = oc.t_coexec_s
     sd = {m.spec.job_id: tco[m.spec.job_id] / m.profile.t_solo_s for m in members}
     cand.predicted_slowdowns = sd
     viol = [f"{m.spec.job_id}: predicted slowdown {sd[m.spec.job_id]:.3f} > SLO {m.spec.slo:.3f}"
@@ -563,18 +675,72 @@ CANDIDATE_FILTERS: tuple[Filter, ...] = (
 )
 
 
-def group_size_filter(g: "_Group", max_group_size: int) -> Verdict:
-    """A full group (``max_group_size`` members) takes no newcomer."""
-    n = len(g.group.members)
-    if n >= max_group_size:
-        return _no("group_size", f"group has {n} jobs (max_group_size={max_group_size})", members=n, max_group_size=max_group_size)
+def finite_profile_filter(job: JobSpec, prof: PhaseProfile, cluster: ClusterSpec) -> Verdict:
+    """Defence in depth behind the input bounds: a phase time that is NaN, infinite or not > 0
+    (rollout, training) / < 0 (sync) would make every cycle, load and slack meaningless: refuse."""
+    for name in ("t_roll_s", "t_train_s", "t_sync_s"):
+        t = getattr(prof, name)
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and (t >= 0 if name == "t_sync_s" else t > 0)):
+            return _no("finite", f"phase time {name} = {t!r} s is not a finite positive number")
     return PASS
 
 
-def saturation_filter(g: "_Group", max_group_size: int) -> Verdict:
-    """Saturated groups (:func:`is_saturated`) take no newcomer (Alg. 1 line 4)."""
-    if is_saturated(g.t_load, g.t_cycle):
-        return _no("saturation", f"saturated: T_load {g.t_load:.1f} s >= T_cycle {g.t_cycle:.1f} s", t_load_s=g.t_load, t_cycle_s=g.t_cycle)
+def train_gpu_memory_filter(job: JobSpec, prof: PhaseProfile, cluster: ClusterSpec) -> Verdict:
+    """Training-GPU memory residency: the job's weights, gradients and optimizer state per training
+    GPU (:func:`rollmux.profiler.train_gpu_state_gb`, at its precision and ZeRO stage) must fit one
+    GPU's HBM (a necessary condition beside host memory; activations are not counted)."""
+    need = profiler.train_gpu_state_gb(job)
+    gpu = cluster.train_pool.node.gpu
+    if need <= gpu.hbm_gb:
+        return PASS
+    w, g, o = profiler.TRAIN_GPU_BYTES_PER_PARAM[job.train_precision]
+    total, have = (w + g + o) * job.model_params_b, gpu.hbm_gb * job.num_train_gpus
+    return _no("train_gpu_memory",
+               f"training GPU memory: {job.model_params_b:g}B params x {w + g + o:g} B/param "
+               f"({job.train_precision}, AdamW, ZeRO-{job.zero_stage} over num_train_gpus={job.num_train_gpus}) = "
+               f"{need:.1f} GB per training GPU exceeds the {gpu.hbm_gb:.1f} GB HBM of one {gpu.name} "
+               f"(total {total:.0f} GB vs {have:.0f} GB); "
+               + ("ask for more num_train_gpus or a smaller model" if job.zero_stage == 3
+                  else "ask for more num_train_gpus, a higher zero_stage or a smaller model"),
+               state_gb_per_gpu=need, hbm_gb=gpu.hbm_gb, state_gb_total=total, hbm_gb_total=have)
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """A job-level filter, independent of any group: ``check(job, profile, cluster) -> Verdict``;
+    a rejection is a ``never`` refusal (no placement can ever change it)."""
+
+    name: str
+    check: Callable[[JobSpec, PhaseProfile, ClusterSpec], Verdict]
+
+
+#: Job-level filters, run before any group is looked at (after the duplicate-id check), in order.
+JOB_FILTERS: tuple[JobFilter, ...] = (
+    JobFilter("finite", finite_profile_filter),
+    JobFilter("train_gpu_memory", train_gpu_memory_filter),
+)
+
+
+def group_size_filter(g: "_Group", config: SchedulerConfig) -> Verdict:
+    """A full group (``max_group_size`` members) takes no newcomer."""
+    n, cap = len(g.group.members), config.max_group_size
+    if n >= cap:
+        return _no("group_size", f"group has {n} jobs (max_group_size={cap})", members=n, max_group_size=cap)
+    return PASS
+
+
+def saturation_filter(g: "_Group", config: SchedulerConfig) -> Verdict:
+    """Saturated groups take no newcomer (Alg. 1 line 4). ``config.saturation``: ``"paper"``:
+    :func:`is_saturated` (``T_load >= T_cycle``, the longest solo time); ``"slo"``: the busiest
+    node already holds the largest SLO budget of the members, ``T_load >= max_k slo_k T_solo_k``
+    (equal to the paper's rule when every SLO is 1; with looser SLOs a meta-iteration may stretch
+    beyond T_cycle and the per-candidate SLO filters decide); ``"off"``: no pruning."""
+    if config.saturation == "off":
+        return PASS
+    cap = g.t_cycle if config.saturation == "paper" else max((ts * slo for _, ts, slo, _, _ in g.info), default=0.0)
+    if is_saturated(g.t_load, cap):
+        what = "T_cycle" if config.saturation == "paper" else "max SLO budget"
+        return _no("saturation", f"saturated: T_load {g.t_load:.1f} s >= {what} {cap:.1f} s", t_load_s=g.t_load, t_cycle_s=cap)
     return PASS
 
 
@@ -682,6 +848,10 @@ class InterGroupScheduler:
     def _never(self, job: JobSpec, prof: Optional[PhaseProfile]) -> Optional[str]:
         if job.job_id in self._job_group:
             return f"job id {job.job_id!r} is already admitted"
+        for f in JOB_FILTERS if prof is not None else ():
+            v = f.check(job, prof, self.cluster)
+            if not v.ok:
+                return v.reason
         for pool in ("rollout", "train"):
             ps = self.cluster.pool(pool)  # type: ignore[arg-type]
             gpus = job.num_rollout_gpus if pool == "rollout" else job.num_train_gpus
@@ -757,7 +927,7 @@ class InterGroupScheduler:
         if iso.ok and (chosen is None or iso.delta_usd_per_h < chosen.delta_usd_per_h):
             chosen = iso
         if chosen is None:
-            return AdmissionDecision(job.job_id, False, "retry_later", "cluster out of GPUs: no feasible placement now",
+            return AdmissionDecision(job.job_id, False, "retry_later", _no_placement_reason(cands, pruned),
                                      self.policy, candidates=cands, _pruned_src=pruned, profile=prof)
         return AdmissionDecision(
             job.job_id, True, "ok",
@@ -824,7 +994,7 @@ class InterGroupScheduler:
         for f in GROUP_FILTERS:
             if f.slo_only and not self.spec.prune_saturated:
                 continue
-            v = f.check(g, self.max_group_size)
+            v = f.check(g, self.config)
             if not v.ok:
                 self._closed[gid] = (v.plugin, v.reason)
                 return
@@ -856,7 +1026,11 @@ class InterGroupScheduler:
             if c.strategy == "scale_out":
                 self._pools["rollout"].take(c.new_nodes)
                 rn = rn + tuple(c.new_nodes)
-            grp = old.model_copy(update={"rollout_nodes": rn, "members": old.members + (member,)})
+            members = old.members + (member,)
+            if c.members:  # the round-robin order the SLO check chose (best_round_robin_order)
+                rank = {m.spec.job_id: i for i, m in enumerate(c.members)}
+                members = tuple(sorted(members, key=lambda m: rank.get(m.spec.job_id, len(rank))))
+            grp = old.model_copy(update={"rollout_nodes": rn, "members": members})
         self._set_group(gid, _summarise(grp, self.cluster))
         if c.predicted_slowdowns and c.strategy != "isolated":
             self._groups[gid].coexec = {j: s * next(m.profile.t_solo_s for m in grp.members if m.spec.job_id == j)
@@ -955,7 +1129,7 @@ class InterGroupScheduler:
                 d = self.decide(m.spec, m.profile)
                 mv = profiler.move_time_s(m.spec, self.cluster)
                 if (not d.admitted or d.strategy == "isolated"
-                        or d.predicted_slowdowns.get(m.spec.job_id, math.inf) + mv / m.profile.t_solo_s > m.spec.slo * (1 + SLO_REL_TOL)):
+                        or not _within(d.predicted_slowdowns.get(m.spec.job_id, math.inf) + mv / m.profile.t_solo_s, m.spec.slo)):
                     ok = False
                     break
                 self.commit(d)
@@ -1024,18 +1198,72 @@ class InterGroupScheduler:
 
 # --- exact layout of a given job set (for the optimum) ------------------------------------------------
 
+def _pin_train(order, items, nt, mt, t_nodes, t_cap_gb):
+    """Training pins of a build_group layout, jobs taking their least-loaded memory-feasible
+    training nodes in ``order``: ({job index: nodes}, node loads, node memory) or None."""
+    loads: dict[str, float] = {}
+    mem: dict[str, float] = {}
+    pins = {}
+    for i in order:
+        p = items[i][1]
+        tp = _pick_nodes(t_nodes, nt[i], loads, mem, mt[i], t_cap_gb)
+        if tp is None:
+            return None
+        for x in tp:
+            loads[x] = loads.get(x, 0.0) + p.t_train_s + p.t_sync_s
+            mem[x] = mem.get(x, 0.0) + mt[i]
+        pins[i] = tuple(tp)
+    return pins, loads, mem
+
+
+def _pin_rollout(order, items, mask, nr, mr, shared_nodes, n_shared, r_cap_gb):
+    """Rollout pins: jobs in ``mask`` on dedicated nodes, the others on their least-loaded
+    memory-feasible shared nodes in ``order``: ({job index: nodes}, loads, rollout nodes used) or None."""
+    loads: dict[str, float] = {}
+    mem: dict[str, float] = {}
+    nxt = n_shared
+    pins = {}
+    for i in order:
+        if mask >> i & 1:
+            rp = [node_id("rollout", x) for x in range(nxt, nxt + nr[i])]
+            nxt += nr[i]
+        elif nr[i] == n_shared:
+            rp = shared_nodes
+            if any(mem.get(x, 0.0) + mr[i] > r_cap_gb + 1e-9 for x in rp):
+                return None
+        else:
+            rp = _pick_nodes(shared_nodes, nr[i], loads, mem, mr[i], r_cap_gb)
+            if rp is None:
+                return None
+        for x in rp:
+            loads[x] = loads.get(x, 0.0) + items[i][1].t_roll_s
+            mem[x] = mem.get(x, 0.0) + mr[i]
+        pins[i] = tuple(rp)
+    return pins, loads, nxt
+
+
 def build_group(members: Sequence[Union[JobSpec, tuple[JobSpec, PhaseProfile]]], cluster: ClusterSpec, *,
-                max_group_size: Optional[int] = None, group_id: str = "group-opt") -> Optional[CoExecutionGroup]:
+                max_group_size: Optional[int] = None, group_id: str = "group-opt",
+                below_usd_per_h: Optional[float] = None, pin_orders: bool = False) -> Optional[CoExecutionGroup]:
     """Minimum-cost feasible layout of exactly these jobs as one co-execution group, or None.
 
-    Layouts searched (documented limit of the optimum's exactness): the training nodes are one
-    shared set of ``max_j ceil(NT_j / gpus_per_node)`` nodes (each job pinned to its least-loaded,
-    memory-feasible ones in round-robin order); for every subset S of jobs (2^n, cheapest first)
-    the jobs in S get dedicated rollout nodes (scale-out) and the others share one set of
-    ``max ceil(NR_j / gpus_per_node)`` rollout nodes. The first layout (by cost) satisfying memory
-    residency and every SLO (round-robin simulation on the given / worst-case profiles, order as
-    given) is returned. Raises ValueError for an empty set, duplicate ids, more than
-    ``max_group_size`` jobs or more than 12 jobs. Source: RollMux §4.2 problem formulation.
+    Layout class (the optimum's; ``docs/ARCHITECTURE.md`` "Optimum"): the training nodes are one
+    shared set of ``max_j ceil(NT_j / gpus_per_node)`` nodes; for every subset S of jobs (2^n,
+    cheapest first) the jobs in S get dedicated rollout nodes (scale-out) and the others share one
+    set of ``max ceil(NR_j / gpus_per_node)`` rollout nodes. Within a layout each job is pinned to
+    its least-loaded memory-feasible nodes in turn (jobs spanning a whole shared set first, then
+    the others in the given order; ``pin_orders=True``: every order of the latter, distinct
+    pinnings once), and each pinning is checked by memory residency, the node-load bound, then
+    :func:`best_round_robin_order` (every member's SLO in the best round-robin order). The first
+    feasible layout by cost is returned, its members in the feasible round-robin order.
+
+    Args:
+        members: the jobs (``JobSpec`` or ``(spec, profile)``; profiles default to the worst case).
+        below_usd_per_h: only layouts strictly cheaper than this are searched (None if none).
+        pin_orders: also try every pinning order of the jobs that take part of a shared node set.
+    Raises:
+        ValueError: an empty set, duplicate ids, more than ``max_group_size`` jobs or more than 12.
+    Source: RollMux §4.2 problem formulation.
     """
     items = [(m, profiler.estimate(m, cluster)) if isinstance(m, JobSpec) else (m[0], m[1]) for m in members]
     n = len(items)
@@ -1053,17 +1281,6 @@ def build_group(members: Sequence[Union[JobSpec, tuple[JobSpec, PhaseProfile]]],
     if max(mr) > rnode.host_mem_gb or max(mt) > tnode.host_mem_gb:
         return None
     t_nodes = [node_id("train", i) for i in range(max(nt))]
-    t_loads: dict[str, float] = {}
-    t_mem: dict[str, float] = {}
-    t_pin = []
-    for (j, p), k, g in zip(items, nt, mt):
-        pick = _pick_nodes(t_nodes, k, t_loads, t_mem, g, tnode.host_mem_gb)
-        if pick is None:
-            return None
-        for x in pick:
-            t_loads[x] = t_loads.get(x, 0.0) + p.t_train_s + p.t_sync_s
-            t_mem[x] = t_mem.get(x, 0.0) + g
-        t_pin.append(tuple(pick))
     layouts = []
     for mask in range(1 << n):
         ded = [i for i in range(n) if mask >> i & 1]
@@ -1072,35 +1289,60 @@ def build_group(members: Sequence[Union[JobSpec, tuple[JobSpec, PhaseProfile]]],
         layouts.append((n_nodes, len(ded), mask))
     layouts.sort()
     price = lambda rn: rn * rnode.price_usd_per_h + len(t_nodes) * tnode.price_usd_per_h  # noqa: E731
+    # Pinning order: each job takes its least-loaded memory-feasible nodes in turn, so the pins
+    # depend on the order; every order is tried (distinct pinnings once each) up to
+    # EXHAUSTIVE_ORDER_MAX jobs, and each pinning's round-robin order is chosen by
+    # best_round_robin_order (through _slo_check).
+    ident = tuple(range(n))
+    train_orders = list(itertools.permutations(range(n))) if pin_orders and n <= EXHAUSTIVE_ORDER_MAX else [ident]
+    trains = []
+    for order in train_orders:
+        tr = _pin_train(order, items, nt, mt, t_nodes, tnode.host_mem_gb)
+        if tr is None or any(tr[0] == t[0] for _, t in trains):
+            continue
+        # node-load rule on the training nodes alone (the same for every rollout layout)
+        if any(breaks_slo(node_load_bound(p.t_solo_s, [tr[1][x] for x in tr[0][i]]), p.t_solo_s, j.slo)
+               for i, (j, p) in enumerate(items)):
+            continue
+        trains.append((order, tr))
+    if not trains:
+        return None
     for n_nodes, _, mask in layouts:
+        if below_usd_per_h is not None and price(n_nodes) >= below_usd_per_h - 1e-9:
+            break  # layouts are sorted by cost: none of the rest is cheaper than the bound
         shared = [i for i in range(n) if not mask >> i & 1]
         n_shared = max((nr[i] for i in shared), default=0)
         shared_nodes = [node_id("rollout", i) for i in range(n_shared)]
-        nxt = n_shared
-        r_loads: dict[str, float] = {}
-        r_mem: dict[str, float] = {}
-        r_pin: list[tuple[str, ...]] = []
-        ok = True
-        for i, (j, p) in enumerate(items):
-            if mask >> i & 1:
-                pick = [node_id("rollout", x) for x in range(nxt, nxt + nr[i])]
-                nxt += nr[i]
-            else:
-                pick = _pick_nodes(shared_nodes, nr[i], r_loads, r_mem, mr[i], rnode.host_mem_gb)
-                if pick is None:
-                    ok = False
-                    break
-            for x in pick:
-                r_loads[x] = r_loads.get(x, 0.0) + p.t_roll_s
-                r_mem[x] = r_mem.get(x, 0.0) + mr[i]
-            r_pin.append(tuple(pick))
-        if not ok:
-            continue
-        mems = [GroupMember(spec=j, profile=p, placement=Placement(job_id=j.job_id, rollout_nodes=r_pin[i], train_nodes=t_pin[i]))
-                for i, (j, p) in enumerate(items)]
-        loads = {**r_loads, **t_loads}
-        cand = _slo_check(Candidate(group_id, "optimal", price(n_nodes)), mems, loads)
-        if cand.ok:
-            rn = tuple(node_id("rollout", i) for i in range(nxt))
-            return CoExecutionGroup(group_id=group_id, rollout_nodes=rn, train_nodes=tuple(t_nodes), members=tuple(mems))
+        seen: set = set()
+        for order, (t_pins, t_loads, _) in trains:
+            r_orders = [order]
+            if pin_orders:
+                flex = [i for i in order if not mask >> i & 1 and nr[i] < n_shared]
+                if len(flex) <= EXHAUSTIVE_ORDER_MAX:
+                    rigid = tuple(i for i in order if i not in flex)
+                    r_orders = [rigid + q for q in itertools.permutations(flex)]
+            for r_order in r_orders:
+                ro = _pin_rollout(r_order, items, mask, nr, mr, shared_nodes, n_shared, rnode.host_mem_gb)
+                if ro is None:
+                    continue
+                r_pins, r_loads, nxt = ro
+                sig = (tuple(sorted(t_pins.items())), tuple(sorted(r_pins.items())))
+                if sig in seen:
+                    continue
+                seen.add(sig)
+                loads = {**r_loads, **t_loads}
+                # node-load rule first, on plain numbers (most layouts of an infeasible set stop here)
+                if any(breaks_slo(node_load_bound(p.t_solo_s, [loads[x] for x in r_pins[i] + t_pins[i]]), p.t_solo_s, j.slo)
+                       for i, (j, p) in enumerate(items)):
+                    continue
+                mems = [GroupMember.model_construct(spec=items[i][0], profile=items[i][1], placement=Placement.model_construct(
+                            job_id=items[i][0].job_id, rollout_nodes=r_pins[i], train_nodes=t_pins[i]))
+                        for i in order]
+                cand = _slo_check(Candidate(group_id, "optimal", price(n_nodes)), mems, loads)
+                if cand.ok:
+                    rn = tuple(node_id("rollout", i) for i in range(nxt))
+                    members = tuple(GroupMember(spec=m.spec, profile=m.profile, placement=Placement(
+                        job_id=m.spec.job_id, rollout_nodes=m.placement.rollout_nodes, train_nodes=m.placement.train_nodes))
+                        for m in cand.members)
+                    return CoExecutionGroup(group_id=group_id, rollout_nodes=rn, train_nodes=tuple(t_nodes), members=members)
     return None

@@ -26,6 +26,7 @@ Phase times on other hardware (colocated, Gavel+): a job planned with measured t
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
@@ -286,6 +287,7 @@ class OptimalPartition:
     exact_max_jobs: int = 12
     time_limit_s: float = 10.0
     _layouts: dict = field(default_factory=dict, repr=False)
+    _cols: dict = field(default_factory=dict, repr=False)
 
     def layout(self, members: Sequence[tuple[JobSpec, PhaseProfile]]) -> Optional[CoExecutionGroup]:
         """Cached min-cost feasible layout of ``members`` (``None`` if infeasible)."""
@@ -296,46 +298,83 @@ class OptimalPartition:
             self._layouts[key] = build_group(list(members), self.cluster)
         return self._layouts[key]
 
+    def _column(self, key: frozenset, members: Sequence[tuple[JobSpec, PhaseProfile]], below: float) -> Optional[CoExecutionGroup]:
+        """Cached min-cost feasible layout of ``members`` strictly cheaper than ``below`` $/h (a
+        function of the job set only: ``below`` is derived from its subsets)."""
+        from rollmux.admission import build_group
+
+        if key not in self._cols:
+            full = self._layouts.get(key, False)
+            if full is not False:  # the unbounded search already ran
+                self._cols[key] = full if full is not None and full.cost_usd_per_h(self.cluster) < below - 1e-9 else None
+            else:
+                self._cols[key] = build_group(list(members), self.cluster, below_usd_per_h=below)
+        return self._cols[key]
+
+    def dominates(self, partition: Sequence[tuple[Sequence[tuple[JobSpec, PhaseProfile]], float]]) -> bool:
+        """Certificate that the optimum is a lower bound on a policy's cost at one instant.
+
+        ``partition``: the policy's allocations now, each as (its jobs with worst-case profiles,
+        its $/h). True when every allocation's job set has a layout in the optimum's layout class
+        (:func:`rollmux.admission.build_group`) costing no more than the allocation; then the
+        optimum, the cheapest partition over those layouts, costs no more than the policy:
+        ``opt <= sum_g layout(g) <= sum_g cost(g)``. False when some allocation lies outside
+        the class (e.g. an SLO-violating group, a layout build_group does not search, another
+        GPU type): the instant is then not counted as exactly compared.
+        """
+        for members, cost in partition:
+            if len(members) > self.max_group_size:
+                return False
+            g = self.layout(list(members))
+            if g is None or g.cost_usd_per_h(self.cluster) > cost + 1e-6:
+                return False
+        return True
+
     def forget(self, job_id: str) -> None:
         """Drop cached layouts that contain a departed job (bounds the cache)."""
-        for k in [k for k in self._layouts if job_id in k]:
-            del self._layouts[k]
+        for cache in (self._layouts, self._cols):
+            for k in [k for k in cache if job_id in k]:
+                del cache[k]
 
-    def _candidates(self, members: Sequence[tuple[JobSpec, PhaseProfile]]) -> dict[frozenset, CoExecutionGroup]:
+    def _candidates(self, members: Sequence[tuple[JobSpec, PhaseProfile]], complete: bool = True) -> dict[frozenset, CoExecutionGroup]:
+        """Every column the set partitioning needs: for each subset S of at most
+        ``max_group_size`` jobs, its cheapest layout if that is strictly cheaper than
+        ``split(S) = min_x best(S - {x}) + best({x})`` (``best``: the cheapest partition of a set
+        into columns, built bottom-up). A layout costing ``split(S)`` or more is matched by a
+        partition into smaller columns, so dropping it never changes the optimum; feasibility need
+        not be closed under subsets (round-robin schedules are not monotone: removing a member can
+        delay another), so every subset is examined. ``complete=False`` (blocks beyond
+        ``exact_max_jobs``, labelled not exact): level-wise, a subset only when all its subsets one
+        job smaller are feasible (cheaper, may miss columns)."""
         by_id = {j.job_id: (j, p) for j, p in members}
         ids = sorted(by_id)
         feas: dict[frozenset, CoExecutionGroup] = {}
-        level: list[frozenset] = []
+        best: dict[frozenset, float] = {}
         for i in ids:
             g = self.layout([by_id[i]])
             if g is None:  # pragma: no cover - a job alone is always feasible
                 raise ValueError(f"job {i} cannot be laid out alone")
             s = frozenset([i])
             feas[s] = g
-            level.append(s)
-        for _size in range(2, self.max_group_size + 1):
-            nxt: set[frozenset] = set()
-            for s in level:
-                top = max(s)
-                for i in ids:
-                    if i <= top:
-                        continue
-                    t = s | {i}
-                    if t in nxt or any((t - {x}) not in feas for x in t):
-                        continue
-                    g = self.layout([by_id[x] for x in sorted(t, key=lambda x: ids.index(x))])
-                    if g is not None:
-                        feas[t] = g
-                        nxt.add(t)
-            level = sorted(nxt, key=sorted)
-            if not level:
-                break
+            best[s] = g.cost_usd_per_h(self.cluster)
+        for size in range(2, min(self.max_group_size, len(ids)) + 1):
+            for combo in itertools.combinations(ids, size):
+                s = frozenset(combo)
+                if not complete and any((s - {x}) not in feas for x in combo):
+                    continue
+                split = min(best[s - {x}] + best[frozenset([x])] for x in combo) if complete else math.inf
+                g = self._column(s, [by_id[x] for x in combo], split)
+                if g is not None:
+                    feas[s] = g
+                    best[s] = g.cost_usd_per_h(self.cluster)
+                elif complete:
+                    best[s] = split
         return feas
 
-    def _solve_exact(self, members, deadline: float) -> PartitionResult:
+    def _solve_exact(self, members, deadline: float, complete: bool = True) -> PartitionResult:
         from ortools.sat.python import cp_model
 
-        feas = self._candidates(members)
+        feas = self._candidates(members, complete)
         cols = list(feas.items())
         price = [g.cost_usd_per_h(self.cluster) for _, g in cols]
         model = cp_model.CpModel()
@@ -352,9 +391,10 @@ class OptimalPartition:
             return PartitionResult(groups, sum(g.cost_usd_per_h(self.cluster) for g in groups), False, len(cols))
         chosen = [g for (s, g), xi in zip(cols, x) if solver.Value(xi)]
         cost = sum(g.cost_usd_per_h(self.cluster) for g in chosen)
-        return PartitionResult(
-            chosen, cost, status == cp_model.OPTIMAL, len(cols), bound_usd_per_h=solver.BestObjectiveBound() / 1000.0
-        )
+        from rollmux.admission import EXHAUSTIVE_ORDER_MAX
+
+        exact = status == cp_model.OPTIMAL and complete and self.max_group_size <= EXHAUSTIVE_ORDER_MAX
+        return PartitionResult(chosen, cost, exact, len(cols), bound_usd_per_h=solver.BestObjectiveBound() / 1000.0)
 
     def solve(self, members: Sequence[tuple[JobSpec, PhaseProfile]]) -> PartitionResult:
         """Cheapest partition of ``members`` (``(spec, worst-case profile)`` pairs, arrival order).
@@ -375,7 +415,7 @@ class OptimalPartition:
             res = self._solve_exact(members, deadline)
         else:
             blocks = [members[i : i + self.exact_max_jobs] for i in range(0, len(members), self.exact_max_jobs)]
-            parts = [self._solve_exact(b, deadline) for b in blocks]
+            parts = [self._solve_exact(b, deadline, complete=False) for b in blocks]
             res = PartitionResult(
                 [g for p in parts for g in p.groups],
                 sum(p.cost_usd_per_h for p in parts),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping, Optional, TypeVar
+from typing import Any, Literal, Mapping, Optional, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -133,17 +133,25 @@ class ServeConfig(BaseModel):
         scheduler_name: Ray name of the GlobalScheduler actor (``None`` = the contract's default in
             :mod:`actors.global_scheduler`; its namespace is always ``rollmux``).
         num_replicas / max_ongoing_requests: Serve replicas of the API and concurrent requests each.
-        request_timeout_s: bound on one call from a Serve replica to the scheduler.
+        request_timeout_s: bound on one call from a Serve replica to the scheduler, s (0, 600].
+        max_request_bytes: largest accepted request body, bytes (1 KiB .. 16 MiB; larger: 413).
         ray_port / dashboard_port / metrics_export_port: Ray head ports used by ``rollmux up``.
         head_cpus: logical CPUs of the Ray head started by ``rollmux up``.
         start_pool_nodes: ``rollmux up`` also starts one Ray node per pool node of a bounded spec.
+        ray_auth: Ray's own authentication on the cluster ``rollmux up`` starts: ``token`` (default;
+            every Ray endpoint needs the Ray token) or ``disabled`` (refused by ``rollmux up`` when the
+            host has a non-loopback address, unless forced).
+        ray_token_file: Ray token file (default ``<state_dir>/ray_auth_token``, generated with mode
+            0600 by ``rollmux up`` when neither ``$RAY_AUTH_TOKEN`` nor ``$RAY_AUTH_TOKEN_PATH`` is set).
+        ray_address: a running Ray cluster to deploy the scheduler and the API onto (``host:port``
+            of its GCS, or ``auto``); ``None`` = ``rollmux up`` starts a local cluster.
     Raises:
         pydantic.ValidationError: a field out of range (message names it).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    host: str = Field(default="127.0.0.1", min_length=1)
+    host: str = Field(default="127.0.0.1", min_length=1, max_length=253)
     port: int = Field(default=8000, ge=1, le=65535)
     token: Optional[SecretStr] = None
     token_env: str = Field(default="ROLLMUX_API_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -153,17 +161,21 @@ class ServeConfig(BaseModel):
     state_dir: Path = Path("~/.rollmux")
     checkpoint_path: Optional[Path] = None
     scheduler_name: Optional[str] = None
-    app_name: str = Field(default="rollmux", min_length=1)
+    app_name: str = Field(default="rollmux", min_length=1, max_length=64)
     num_replicas: int = Field(default=1, ge=1, le=64)
     max_ongoing_requests: int = Field(default=64, ge=1, le=10_000)
     request_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    max_request_bytes: int = Field(default=64 * 1024, ge=1024, le=16 << 20)
     ray_port: int = Field(default=6390, ge=1, le=65535)
     dashboard_port: int = Field(default=8265, ge=1, le=65535)
     metrics_export_port: int = Field(default=8080, ge=1, le=65535)
     head_cpus: int = Field(default=2, ge=1, le=1024)
     start_pool_nodes: bool = True
+    ray_auth: Literal["token", "disabled"] = "token"
+    ray_token_file: Optional[Path] = None
+    ray_address: Optional[str] = Field(default=None, min_length=1)
 
-    @field_validator("state_dir", "token_file", "checkpoint_path", "cluster_spec")
+    @field_validator("state_dir", "token_file", "ray_token_file", "checkpoint_path", "cluster_spec")
     @classmethod
     def _expand(cls, v: Optional[Path]) -> Optional[Path]:
         if v is None:
@@ -177,6 +189,10 @@ class ServeConfig(BaseModel):
     @property
     def token_path(self) -> Path:
         return self.token_file or self.state_dir / "api_token"
+
+    @property
+    def ray_token_path(self) -> Path:
+        return self.ray_token_file or self.state_dir / "ray_auth_token"
 
     @property
     def checkpoint(self) -> Path:

@@ -124,6 +124,7 @@ class GroupLedger:
         self.grants: dict[str, dict] = {}  # job_id -> the grant of its running phase
         self.migrations: list[dict] = []
         self.timeline: list[dict] = []
+        self.pending: list[Effect] = []  # effects of state changes not returned by the call (take_effects)
         self._occ_records: list[dict] = []  # one per phase and node, seconds since t0 (occupancy)
         self._occ_nodes: dict[str, dict[str, float]] = {"rollout": {}, "train": {}}
 
@@ -201,7 +202,14 @@ class GroupLedger:
             self.rr.remove_job(job_id)
         self.grants.pop(job_id, None)
         self.gone[job_id] = reason
+        # its per-job totals in this group's recorder (sync bytes) go with it; it may come back
+        self.pending.append(_metric("job_ended", job_id, ignore_late=False))
         return True
+
+    def take_effects(self) -> list[Effect]:
+        """Effects queued by state changes (e.g. a job leaving), for the actor to carry out."""
+        out, self.pending = self.pending, []
+        return out
 
     def expired(self) -> tuple[list[str], list[Effect]]:
         """Evict queued jobs whose driver has not heart-beaten for ``lease_s`` while none of their
@@ -333,8 +341,8 @@ class GroupLedger:
         m.solo_s.append(solo_s)
         m.iter_start, m.phase_s = end, {}
         slowdown = m.slowdown()
-        return [_metric("job", job_id, iterations=m.iterations_done, slowdown=slowdown, slo=m.slo),
-                _report(job_id, {"event": "iteration", "iterations_done": m.iterations_done, "t_iter_s": iter_s,
+        # per-job series are exported by the GlobalScheduler alone (it gets this report)
+        return [_report(job_id, {"event": "iteration", "iterations_done": m.iterations_done, "t_iter_s": iter_s,
                                  "t_solo_s": solo_s, "slowdown": slowdown})]
 
     def slowdown(self, job_id: str) -> Optional[float]:

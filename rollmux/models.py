@@ -26,8 +26,53 @@ def pool_of_phase(phase: str) -> PoolName:
     return POOL_OF_PHASE[phase]
 
 
+# --- input bounds (the hard boundary; every request and config number is finite and below these) ---
+#: longest phase of one iteration (rollout, training or sync), s: 7 days.
+MAX_PHASE_S = 7 * 24 * 3600.0
+#: largest policy model, billions of parameters (today's largest dense/MoE models are ~1-2T).
+MAX_MODEL_PARAMS_B = 2000.0
+#: longest prompt or response, tokens (1 Mi tokens).
+MAX_TOKENS = 1 << 20
+#: most prompts per iteration.
+MAX_PROMPTS = 1_000_000
+#: most samples per prompt (GRPO group size).
+MAX_RESPONSES_PER_PROMPT = 1024
+#: most multi-turn rounds per sample.
+MAX_TURNS = 1000
+#: most GPUs one job asks for in one pool.
+MAX_JOB_GPUS = 65_536
+#: largest slowdown SLO (co-executed / solo iteration time).
+MAX_SLO = 100.0
+#: largest host memory of one node, and largest per-node state of one job, GB (64 TB).
+MAX_HOST_MEM_GB = 65_536.0
+#: largest HBM of one GPU, GB.
+MAX_HBM_GB = 4096.0
+#: largest GPU peak, TFLOP/s, and memory bandwidth, TB/s.
+MAX_TFLOPS = 100_000.0
+MAX_HBM_TB_PER_S = 1000.0
+#: highest price of one GPU, USD/h.
+MAX_GPU_PRICE_USD_PER_H = 1000.0
+#: most GPUs per node and nodes per pool.
+MAX_GPUS_PER_NODE = 1024
+MAX_POOL_NODES = 1_000_000
+#: fastest link, Gbit/s (100 Tbit/s).
+MAX_LINK_GBPS = 100_000.0
+#: job ids: a letter or digit, then letters, digits, ``.``, ``_``, ``-``; at most 128 characters.
+#: Such an id is one URL path segment as it is (no escaping, never ``.`` or ``..``).
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+JOB_ID_MAX_LEN = 128
+
+
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan=False: NaN / +-Infinity are refused ("Input should be a finite number") for
+    # every float field; the numeric bounds below then hold for every accepted value.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class _Strict(_Frozen):
+    """Request models: strict types (no "8" -> 8, true -> 1, 3.0 -> 3 coercion)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class GPUType(_Frozen):
@@ -42,12 +87,12 @@ class GPUType(_Frozen):
         source: where the figures come from (datasheet, paper table).
     """
 
-    name: str = Field(min_length=1)
-    price_usd_per_h: float = Field(gt=0)
-    bf16_tflops: float = Field(gt=0)
-    hbm_gb: float = Field(gt=0)
-    hbm_tb_per_s: float = Field(gt=0)
-    source: str = ""
+    name: str = Field(min_length=1, max_length=64)
+    price_usd_per_h: float = Field(gt=0, le=MAX_GPU_PRICE_USD_PER_H)
+    bf16_tflops: float = Field(gt=0, le=MAX_TFLOPS)
+    hbm_gb: float = Field(gt=0, le=MAX_HBM_GB)
+    hbm_tb_per_s: float = Field(gt=0, le=MAX_HBM_TB_PER_S)
+    source: str = Field(default="", max_length=1024)
 
 
 class NodeSpec(_Frozen):
@@ -57,8 +102,8 @@ class NodeSpec(_Frozen):
     """
 
     gpu: GPUType
-    gpus_per_node: int = Field(default=8, gt=0)
-    host_mem_gb: float = Field(gt=0)
+    gpus_per_node: int = Field(default=8, gt=0, le=MAX_GPUS_PER_NODE)
+    host_mem_gb: float = Field(gt=0, le=MAX_HOST_MEM_GB)
 
     @property
     def price_usd_per_h(self) -> float:
@@ -75,7 +120,7 @@ class PoolSpec(_Frozen):
     """
 
     node: NodeSpec
-    num_nodes: Optional[int] = Field(default=None, gt=0)
+    num_nodes: Optional[int] = Field(default=None, gt=0, le=MAX_POOL_NODES)
 
 
 class ClusterSpec(_Frozen):
@@ -86,27 +131,27 @@ class ClusterSpec(_Frozen):
     Source: RollMux §6.1 testbed.
     """
 
-    name: str = "cluster"
+    name: str = Field(default="cluster", min_length=1, max_length=128)
     rollout_pool: PoolSpec
     train_pool: PoolSpec
-    cross_cluster_gbps: float = Field(default=20.0, gt=0)
-    intra_cluster_gbps: float = Field(default=400.0, gt=0)
+    cross_cluster_gbps: float = Field(default=20.0, gt=0, le=MAX_LINK_GBPS)
+    intra_cluster_gbps: float = Field(default=400.0, gt=0, le=MAX_LINK_GBPS)
 
     def pool(self, pool: PoolName) -> PoolSpec:
         return self.rollout_pool if pool == "rollout" else self.train_pool
 
 
-class PhaseProfile(_Frozen):
-    """Phase times of one RL iteration, seconds.
+class PhaseProfile(_Strict):
+    """Phase times of one RL iteration, seconds (finite; each at most :data:`MAX_PHASE_S`).
 
     For admission these are *worst-case* times (every response at max tokens, RollMux §4.2
     "conservative planning"); measured times may be supplied instead.
     ``t_solo_s = t_roll_s + t_train_s + t_sync_s``.
     """
 
-    t_roll_s: float = Field(gt=0)
-    t_train_s: float = Field(gt=0)
-    t_sync_s: float = Field(default=0.0, ge=0)
+    t_roll_s: float = Field(gt=0, le=MAX_PHASE_S)
+    t_train_s: float = Field(gt=0, le=MAX_PHASE_S)
+    t_sync_s: float = Field(default=0.0, ge=0, le=MAX_PHASE_S)
 
     @property
     def t_solo_s(self) -> float:
@@ -116,11 +161,15 @@ class PhaseProfile(_Frozen):
         return {"rollout": self.t_roll_s, "train": self.t_train_s, "sync": self.t_sync_s}[phase]
 
 
-class JobSpec(_Frozen):
+TrainPrecision = Literal["bf16_mixed", "fp32", "bf16"]
+
+
+class JobSpec(_Strict):
     """An RL post-training job (PPO / GRPO / DAPO) as submitted.
 
     Attributes:
-        job_id: unique id (letters, digits, ``-``, ``_``, ``.``).
+        job_id: unique id: a letter or digit, then letters, digits, ``-``, ``_``, ``.``; at most
+            128 characters (:data:`JOB_ID_PATTERN`: usable as one URL path segment unescaped).
         model_params_b: policy model size, billions of parameters.
         num_prompts: prompts per iteration (rollout batch).
         responses_per_prompt: samples per prompt (GRPO group size).
@@ -134,27 +183,42 @@ class JobSpec(_Frozen):
         mem_roll_gb / mem_train_gb: host-memory state per node for the rollout / training phase,
             GB; ``None`` derives it from the model size (see :mod:`rollmux.profiler`).
         measured: measured phase times; used instead of the roofline estimate when given.
+        train_precision: training numerics, for the training-GPU memory filter
+            (:func:`rollmux.profiler.train_gpu_state_gb`): ``"bf16_mixed"`` (bf16 weights and
+            gradients, fp32 master weights and AdamW moments: 16 B/param), ``"fp32"`` (16 B/param),
+            ``"bf16"`` (pure bf16 incl. the AdamW moments: 8 B/param).
+        zero_stage: ZeRO / FSDP sharding of that state over the job's training GPUs (0: none,
+            1: optimizer state, 2: + gradients, 3: + weights = FSDP full shard; default 3).
+
+    Every number is finite and bounded (strict types: no string or boolean coercion):
+    ``0 < model_params_b <= 2000`` (B params); ``num_prompts`` 1..1e6; ``responses_per_prompt``
+    1..1024; ``prompt_tokens``, ``max_response_tokens``, ``mean_response_tokens`` 1..1,048,576
+    tokens; ``turns`` 1..1000; GPU counts 1..65,536; ``1 <= slo <= 100``; ``mem_*_gb`` in
+    (0, 65,536] GB; phase times in (0, 604,800] s (sync [0, 604,800] s); ``zero_stage`` 0..3.
 
     Raises:
-        pydantic.ValidationError: non-positive sizes, SLO < 1, mean > max tokens, ...
+        pydantic.ValidationError: a non-finite or out-of-range number, a wrong type, SLO < 1,
+            mean > max tokens, ... (the error names the field).
     Source: RollMux §3.
     """
 
-    job_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$")
-    model_params_b: float = Field(gt=0, le=2000)
-    num_prompts: int = Field(default=256, gt=0)
-    responses_per_prompt: int = Field(default=8, gt=0)
-    prompt_tokens: int = Field(default=512, gt=0)
-    max_response_tokens: int = Field(default=8192, gt=0)
-    mean_response_tokens: Optional[int] = Field(default=None, gt=0)
+    job_id: str = Field(min_length=1, max_length=JOB_ID_MAX_LEN, pattern=JOB_ID_PATTERN)
+    model_params_b: float = Field(gt=0, le=MAX_MODEL_PARAMS_B)
+    num_prompts: int = Field(default=256, gt=0, le=MAX_PROMPTS)
+    responses_per_prompt: int = Field(default=8, gt=0, le=MAX_RESPONSES_PER_PROMPT)
+    prompt_tokens: int = Field(default=512, gt=0, le=MAX_TOKENS)
+    max_response_tokens: int = Field(default=8192, gt=0, le=MAX_TOKENS)
+    mean_response_tokens: Optional[int] = Field(default=None, gt=0, le=MAX_TOKENS)
     multi_turn: bool = False
-    turns: int = Field(default=1, gt=0)
-    num_rollout_gpus: int = Field(default=8, gt=0)
-    num_train_gpus: int = Field(default=8, gt=0)
-    slo: float = Field(default=1.5, ge=1.0, le=100.0)
-    mem_roll_gb: Optional[float] = Field(default=None, gt=0)
-    mem_train_gb: Optional[float] = Field(default=None, gt=0)
+    turns: int = Field(default=1, gt=0, le=MAX_TURNS)
+    num_rollout_gpus: int = Field(default=8, gt=0, le=MAX_JOB_GPUS)
+    num_train_gpus: int = Field(default=8, gt=0, le=MAX_JOB_GPUS)
+    slo: float = Field(default=1.5, ge=1.0, le=MAX_SLO)
+    mem_roll_gb: Optional[float] = Field(default=None, gt=0, le=MAX_HOST_MEM_GB)
+    mem_train_gb: Optional[float] = Field(default=None, gt=0, le=MAX_HOST_MEM_GB)
     measured: Optional[PhaseProfile] = None
+    train_precision: TrainPrecision = "bf16_mixed"
+    zero_stage: int = Field(default=3, ge=0, le=3)
 
     @model_validator(mode="after")
     def _check(self) -> "JobSpec":

@@ -38,6 +38,7 @@ reach ~2000-2400 s in the worst case (~600 s at a mean of half the cap). The pap
 phase, and shorter batches (fewer prompts) bring large models back into that range.
 
 Host memory (for the residency constraint, RollMux §4.2 (1)): see :func:`state_gb`.
+Training-GPU memory (a necessary condition beside it): see :func:`train_gpu_state_gb`.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from typing import Optional
 
 import numpy as np
 
-from rollmux.models import ClusterSpec, GPUType, JobSpec, PhaseProfile, PoolName
+from rollmux.models import MAX_PHASE_S, ClusterSpec, GPUType, JobSpec, PhaseProfile, PoolName
 
 # --- rollout (decode) -------------------------------------------------------------------------
 #: KV-cache bytes per token per billion parameters. Qwen2.5-7B (28 layers, 4 KV heads x 128, bf16)
@@ -91,6 +92,17 @@ ROLL_STATE_BYTES_PER_PARAM = 2.0
 #: inference-engine state (CUDA graphs, sampler, prompt data, offloaded KV metadata) per rollout
 #: GPU, as a fraction of the GPU's HBM (H20: 9.6 GB per GPU).
 ROLL_ENGINE_HBM_FRACTION = 0.1
+
+# --- training-GPU state (ZeRO paper, Rajbhandari et al., SC'20, §3.1 and Fig. 1) ----------------
+#: bytes per parameter of (weights, gradients, optimizer state) with AdamW, by training precision.
+#: ``bf16_mixed``: bf16 weights 2 + bf16 gradients 2 + (fp32 master weights 4 + fp32 Adam
+#: momentum 4 + variance 4) = 16 (the ZeRO paper's 2 + 2 + K=12). ``fp32``: 4 + 4 + 8 = 16.
+#: ``bf16`` (pure bf16 incl. the moments, e.g. DeepSpeed ``bf16`` with a bf16 optimizer): 2 + 2 + 4 = 8.
+TRAIN_GPU_BYTES_PER_PARAM: dict[str, tuple[float, float, float]] = {
+    "bf16_mixed": (2.0, 2.0, 12.0),
+    "fp32": (4.0, 4.0, 8.0),
+    "bf16": (2.0, 2.0, 4.0),
+}
 
 #: default log-normal shape of response lengths (long tail, RollMux Fig. 11).
 RESPONSE_LENGTH_SIGMA = 1.0
@@ -221,11 +233,16 @@ def estimate(job: JobSpec, cluster: ClusterSpec, *, worst_case: bool = True, rol
         return job.measured
     rg, nr, tg, nt = _resolve(job, cluster, rollout_gpu, num_rollout_gpus, train_gpu, num_train_gpus)
     tokens = job.max_response_tokens if worst_case else job.mean_tokens
-    return PhaseProfile(
-        t_roll_s=_rollout_time(job, rg, nr, tokens),
-        t_train_s=_train_time(job, tg, nt, tokens),
-        t_sync_s=sync_time(job, cluster, num_rollout_gpus=nr, colocated=colocated),
-    )
+    times = {
+        "t_roll_s": _rollout_time(job, rg, nr, tokens),
+        "t_train_s": _train_time(job, tg, nt, tokens),
+        "t_sync_s": sync_time(job, cluster, num_rollout_gpus=nr, colocated=colocated),
+    }
+    for name, t in times.items():
+        if not (math.isfinite(t) and t <= MAX_PHASE_S):
+            raise ValueError(f"job {job.job_id}: estimated {name} = {t:.4g} s exceeds the longest allowed phase "
+                             f"({MAX_PHASE_S:.0f} s = 7 days); use fewer prompts/tokens or more GPUs")
+    return PhaseProfile(**times)
 
 
 def expected_profile(job: JobSpec, cluster: ClusterSpec, **overrides) -> PhaseProfile:
@@ -260,6 +277,24 @@ def state_gb(job: JobSpec, pool: PoolName, cluster: Optional[ClusterSpec] = None
         nodes = max(1, math.ceil(job.num_train_gpus / gpn))
         return TRAIN_STATE_BYTES_PER_PARAM * job.model_params_b / nodes + TRAIN_PIPELINE_HBM_FRACTION * hbm * min(gpn, job.num_train_gpus)
     raise ValueError(f"unknown pool {pool!r} (known: 'rollout', 'train')")
+
+
+def train_gpu_state_gb(job: JobSpec) -> float:
+    """Weights, gradients and optimizer state (GB) one training GPU of the job holds.
+
+    ``P = model_params_b * 1e9`` parameters, ``N = num_train_gpus``, bytes per parameter
+    ``(w, g, o)`` from :data:`TRAIN_GPU_BYTES_PER_PARAM[job.train_precision]` (AdamW), sharded by
+    ZeRO stage (ZeRO paper §5.1-5.3, Fig. 1): stage 0 ``(w + g + o) P``; stage 1 ``(w + g) P + o P / N``;
+    stage 2 ``w P + (g + o) P / N``; stage 3 (FSDP full shard) ``(w + g + o) P / N``.
+    Activations, the frozen reference model and engine buffers are not counted, so exceeding the
+    GPU's HBM means the job can never train on these GPUs (e.g. 70B, bf16 mixed, ZeRO-3 on 8
+    H800s: 16 x 70e9 / 8 = 140 GB > 80 GB).
+    """
+    w, g, o = TRAIN_GPU_BYTES_PER_PARAM[job.train_precision]
+    p_gb, n = job.model_params_b, job.num_train_gpus  # 1e9 params x bytes = GB
+    per_stage = {0: (w + g + o) * p_gb, 1: (w + g) * p_gb + o * p_gb / n, 2: w * p_gb + (g + o) * p_gb / n,
+                 3: (w + g + o) * p_gb / n}
+    return per_stage[job.zero_stage]
 
 
 def move_time_s(job: JobSpec, cluster: ClusterSpec) -> float:

@@ -435,6 +435,8 @@ class PolicyRun:
     shadow_s: float = 0.0
     shadow_policy_usd: float = 0.0
     shadow_optimal_usd: float = 0.0
+    shadow_outside: int = 0
+    shadow_instants: list = field(default_factory=list)  # (t_s, policy $/h, exact optimum $/h) where compared
 
     def metrics(self, horizon_s: Optional[float] = None) -> dict:
         """The summary.json entry of this policy (its keys are a stable interface)."""
@@ -467,6 +469,8 @@ class PolicyRun:
         } | ({
             "cost_vs_optimal_exact": self.shadow_policy_usd / self.shadow_optimal_usd if self.shadow_optimal_usd > 0 else None,
             "optimal_exact_time_fraction": self.shadow_s / self.end_s if self.end_s > 0 else 0.0,
+            "optimal_exact_spend_fraction": self.shadow_policy_usd / self.cost_usd if self.cost_usd > 0 else 0.0,
+            "optimal_exact_events_outside_layouts": self.shadow_outside,
         } if self.shadow_s > 0 else {})
 
 
@@ -543,7 +547,12 @@ def replay(
         shadow_cost = None
         if shadow is not None and 0 < len(remaining) <= shadow.exact_max_jobs:
             res = shadow.solve([(by_id[j].spec, by_id[j].profile) for j in remaining])
-            shadow_cost = res.cost_usd_per_h if res.exact else None
+            if res.exact and shadow.dominates([([(by_id[j].spec, by_id[j].profile) for j in u.job_ids], u.cost_usd_per_h)
+                                               for u in units]):
+                shadow_cost = res.cost_usd_per_h
+                run.shadow_instants.append((t, cost, shadow_cost))
+            elif res.exact:
+                run.shadow_outside += 1
         run.times_s.append(t)
         run.cost_usd_per_h.append(cost)
         run.rollout_gpus.append(int(rg))

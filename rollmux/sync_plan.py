@@ -307,10 +307,18 @@ class SyncPlan:
                     out[(s.receiver, dst)] = out.get((s.receiver, dst), 0) + s.nbytes
         return out
 
+    def received_bytes(self) -> list[int]:
+        """Bytes each rollout worker takes across the boundary (topo; all zero for flat), length M."""
+        out = [0] * self.num_rollout
+        if self.scheme == "topo":
+            for s in self.shards:
+                out[s.receiver] += s.nbytes
+        return out
+
     @property
     def intra_bytes(self) -> int:
         """Total intra-cluster bytes: (M - 1) model copies for topo, 0 for flat."""
-        return sum(self.intra_link_bytes().values())
+        return (self.num_rollout - 1) * self.model_bytes if self.scheme == "topo" else 0
 
     def cross_link_bytes(self) -> dict[tuple[int, int], int]:
         """Bytes of each (train sender, rollout receiver) stream across the boundary."""
@@ -330,16 +338,16 @@ class SyncPlan:
         (a two-stage pipeline of B equal steps), plus ``latency_s`` per round.
         """
         cross_s = self.cross_bytes * 8 / (links.cross_gbps * 1e9)
-        link = self.intra_link_bytes()
         if links.intra_shared:
-            intra_b = sum(link.values())
+            intra_b = self.intra_bytes
+        elif self.scheme != "topo" or self.num_rollout < 2:
+            intra_b = 0
         else:
-            egress: dict[int, int] = {}
-            ingress: dict[int, int] = {}
-            for (a, b), n in link.items():
-                egress[a] = egress.get(a, 0) + n
-                ingress[b] = ingress.get(b, 0) + n
-            intra_b = max([0, *egress.values(), *ingress.values()])
+            # per-NIC totals of intra_link_bytes() in O(N + M): a receiver sends each shard it
+            # took to the M - 1 others (egress) and takes every shard it did not receive (ingress)
+            got = self.received_bytes()
+            m = self.num_rollout
+            intra_b = max(max(g * (m - 1) for g in got), max(self.model_bytes - g for g in got))
         intra_s = intra_b * 8 / (links.intra_gbps * 1e9)
         rounds = max((len(s.buckets) for s in self.shards), default=1) or 1
         if self.scheme == "flat" or intra_s == 0:

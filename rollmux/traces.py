@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -74,18 +75,20 @@ class TraceWindow(BaseModel):
         cluster: keep only this Philly virtual cluster (``cluster`` column), e.g. ``"ee9e8c"``.
 
     Raises:
-        pydantic.ValidationError: negative offsets, non-positive lengths, cap < minimum.
+        pydantic.ValidationError: negative offsets, non-positive lengths, cap < minimum, a
+            non-finite number or one above its bound (hours <= 1e6 h, durations <= 1e10 s,
+            max_jobs <= 1e8, min_gpus <= 65,536).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    start_hours: float = Field(default=0.0, ge=0)
-    length_hours: Optional[float] = Field(default=None, gt=0)
-    max_jobs: Optional[int] = Field(default=None, gt=0)
-    min_duration_s: float = Field(default=0.0, ge=0)
-    max_duration_s: Optional[float] = Field(default=None, gt=0)
-    min_gpus: int = Field(default=1, ge=1)
-    cluster: Optional[str] = None
+    start_hours: float = Field(default=0.0, ge=0, le=1e6)
+    length_hours: Optional[float] = Field(default=None, gt=0, le=1e6)
+    max_jobs: Optional[int] = Field(default=None, gt=0, le=100_000_000)
+    min_duration_s: float = Field(default=0.0, ge=0, le=1e10)
+    max_duration_s: Optional[float] = Field(default=None, gt=0, le=1e10)
+    min_gpus: int = Field(default=1, ge=1, le=65_536)
+    cluster: Optional[str] = Field(default=None, max_length=128)
 
     @model_validator(mode="after")
     def _check(self) -> "TraceWindow":
@@ -106,10 +109,18 @@ def _parse_philly_ts(s: str, where: str) -> float:
 
 
 def _num(s: str, what: str, where: str, cast=float):
+    """A finite number from a CSV field; ``cast=int``: a whole number (``8`` or ``8.0``, not
+    ``8.5``). Raises TraceError naming ``where`` (file:line) and the field."""
     try:
-        v = cast(float(s)) if cast is int else cast(s)
+        v = float(s)
     except (TypeError, ValueError) as e:
-        raise TraceError(f"{where}: {what} {s!r} is not a number") from e
+        raise TraceError(f"{where}: field {what}: {s!r} is not a number") from e
+    if not math.isfinite(v):
+        raise TraceError(f"{where}: field {what}: {s.strip()!r} is not a finite number")
+    if cast is int:
+        if v != int(v):
+            raise TraceError(f"{where}: field {what}: {s.strip()!r} is not a whole number")
+        return int(v)
     return v
 
 
@@ -126,7 +137,7 @@ def read_raw(path: str | Path) -> list[tuple[float, float, int, str]]:
     if not p.is_file():
         raise TraceError(f"trace file not found: {p}")
     rows: list[tuple[float, float, int, str]] = []
-    with p.open(newline="") as f:
+    with p.open(newline="", encoding="utf-8-sig") as f:  # utf-8-sig: a UTF-8 byte-order mark is accepted
         reader = csv.reader(f)
         header = None
         for line_no, rec in enumerate(reader, start=1):
@@ -154,11 +165,11 @@ def read_raw(path: str | Path) -> list[tuple[float, float, int, str]]:
             duration = _num(d, "duration" if fmt == "philly" else "duration_s", where)
             gpus = _num(g, "num_gpus", where, cast=int)
             if duration <= 0:
-                raise TraceError(f"{where}: duration must be > 0, got {duration}")
+                raise TraceError(f"{where}: field {'duration' if fmt == 'philly' else 'duration_s'}: must be > 0, got {duration}")
             if gpus < 1:
-                raise TraceError(f"{where}: num_gpus must be >= 1, got {gpus}")
+                raise TraceError(f"{where}: field num_gpus: must be >= 1, got {gpus}")
             if fmt == "plain" and arrival < 0:
-                raise TraceError(f"{where}: arrival_s must be >= 0, got {arrival}")
+                raise TraceError(f"{where}: field arrival_s: must be >= 0, got {arrival}")
             rows.append((arrival, duration, gpus, rec[cl_idx].strip() if cl_idx is not None else ""))
     if header is None:
         raise TraceError(f"{p}: empty trace (no header)")

@@ -22,6 +22,6 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   echo "$WANT" > "$STAMP"
 fi
 export PATH="$ROOT/.venv/bin:$PATH"
-# Local clusters started by our scripts and tests run without Ray token auth (loopback use only).
-export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
+# Local clusters started by our scripts and tests run in Ray's token mode with a fresh token each
+# (actors.local_cluster.use_ephemeral_ray_token) unless RAY_AUTH_MODE is set; `rollmux up` too.
 export RAY_USAGE_STATS_ENABLED=0

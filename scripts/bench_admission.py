@@ -118,7 +118,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from actors.local_cluster import use_ephemeral_ray_token
+
+    use_ephemeral_ray_token()  # Ray token mode with a fresh token (never ~/.ray) unless RAY_AUTH_MODE is set
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
     from ray import serve

@@ -26,7 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+from actors.local_cluster import use_ephemeral_ray_token  # noqa: E402
+
+use_ephemeral_ray_token()  # Ray token mode with a fresh token unless RAY_AUTH_MODE is set
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 

@@ -1,4 +1,11 @@
-"""Shared fixtures. At most one local Ray cluster is started per test session (``ray_cluster``)."""
+"""Shared fixtures. At most one local Ray cluster is started per test session (``ray_cluster``);
+the tests marked ``netns`` start their own stacks inside a network namespace they create.
+
+The session's cluster runs in Ray's token mode with a fresh random token (Ray 2.60 binds its
+GCS, raylet and worker ports to every address of the host): ``use_ephemeral_ray_token`` exports
+``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH`` before Ray is imported, unless
+``RAY_AUTH_MODE`` is already set.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,9 @@ import os
 
 import pytest
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+from actors.local_cluster import use_ephemeral_ray_token
+
+use_ephemeral_ray_token()
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 

@@ -79,7 +79,7 @@ def test_memory_breaking_placement_never_chosen():
 
 
 def test_saturated_group_is_pruned():
-    s = InterGroupScheduler(make_cluster())
+    s = InterGroupScheduler(make_cluster(), config=SchedulerConfig(saturation="paper"))
     s.admit(job("A", 100, 100))
     b = s.admit(job("B", 100, 10))  # rollout node load 200 = T_cycle: saturated after this
     assert b.strategy == "direct"
@@ -88,6 +88,23 @@ def test_saturated_group_is_pruned():
     assert c.pruned == [{"group_id": "group-0", "plugin": "saturation", "reason": "saturated: T_load 200.0 s >= T_cycle 200.0 s"}]
     assert all(x.group_id != "group-0" for x in c.candidates)
     assert c.strategy == "isolated"
+
+
+def test_saturation_by_slo_budget_lets_loose_slos_stretch_the_cycle():
+    """Default ``saturation: slo``: a group is pruned when its busiest node holds the largest SLO
+    budget (max_k slo_k T_solo_k), so with SLO 2 the same group still takes a newcomer."""
+    assert SchedulerConfig().saturation == "slo"
+    s = InterGroupScheduler(make_cluster())
+    s.admit(job("A", 100, 100))
+    s.admit(job("B", 100, 10))  # load 200 = T_cycle, below A's budget 2 x 200 = 400
+    c = s.admit(job("C", 10, 10, slo=100))
+    assert c.pruned == [] and c.group_id == "group-0" and c.strategy == "direct"
+    assert max(c.predicted_slowdowns[j] / sl for j, sl in (("A", 2.0), ("B", 2.0), ("C", 100.0))) <= 1.0
+    t = InterGroupScheduler(make_cluster())
+    t.admit(job("A", 100, 100, slo=1.0))
+    t.admit(job("B", 100, 100, slo=1.0, nr=16))  # scale-out: loads 200 on train-0 = A's budget 200
+    d = t.admit(job("C", 10, 10, slo=100))
+    assert d.pruned == [{"group_id": "group-0", "plugin": "saturation", "reason": "saturated: T_load 200.0 s >= max SLO budget 200.0 s"}]
 
 
 def test_group_size_limit():

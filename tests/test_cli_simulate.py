@@ -51,5 +51,40 @@ def test_simulate_bad_input_is_a_clear_error(tmp_path):
     assert r.exit_code == 2 and "trace file not found" in r.output
     r = runner.invoke(app, ["simulate", "--trace", str(EXTRACT_TRACE), "--min-duration-s", "10", "--max-duration-s", "5",
                             "--out", str(tmp_path)])
-    assert r.exit_code == 2 and "max_duration_s" in r.output
+    assert r.exit_code == 2 and "--max-duration-s" in r.output
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_simulate_input_handling(tmp_path):
+    """--out checked before the replay; non-finite / fractional trace values named by file, line and
+    field; one-line errors on stderr naming the flag; a UTF-8 BOM accepted; duplicate policies refused."""
+    runner = CliRunner()
+    base = ["simulate", "--jobs", "4", "--policies", "solo-d", "--no-progress"]
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = runner.invoke(app, base + ["--trace", str(EXTRACT_TRACE), "--out", str(blocker)])
+    assert r.exit_code == 2 and f"error: --out: {blocker} exists and is not a folder" in r.stderr
+    assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
+    r = runner.invoke(app, base + ["--trace", str(EXTRACT_TRACE), "--out", str(blocker / "sub")])
+    assert r.exit_code == 2 and "--out:" in r.stderr and "not a folder" in r.stderr
+    for bad, field in (("nan", "duration_s"), ("inf", "duration_s")):
+        t = tmp_path / f"{bad}.csv"
+        t.write_text(f"arrival_s,duration_s,num_gpus\n0,7200,8\n10,{bad},8\n")
+        r = runner.invoke(app, base + ["--trace", str(t), "--out", str(tmp_path / "o")])
+        assert r.exit_code == 2 and f"--trace: {t}:3: field {field}: '{bad}' is not a finite number" in r.stderr, r.stderr
+    t = tmp_path / "frac.csv"
+    t.write_text("arrival_s,duration_s,num_gpus\n0,7200,8\n10,7200,2.5\n")
+    r = runner.invoke(app, base + ["--trace", str(t), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and f"{t}:3: field num_gpus: '2.5' is not a whole number" in r.stderr
+    t = tmp_path / "bom.csv"
+    t.write_bytes("\ufeffarrival_s,duration_s,num_gpus\n0,7200,8\n10,7200,16.0\n".encode("utf-8"))
+    r = runner.invoke(app, base + ["--trace", str(t), "--out", str(tmp_path / "bom")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "bom" / "summary.json").read_text())["meta"]["jobs"] == 2
+    r = runner.invoke(app, ["simulate", "--jobs", "4", "--no-progress", "--policies", "rollmux,solo-d,rollmux", "--trace", str(EXTRACT_TRACE),
+                                        "--out", str(tmp_path / "d")])
+    assert r.exit_code == 2 and "error: --policies: 'rollmux' given more than once" in r.stderr
+    r = runner.invoke(app, base + ["--trace", str(EXTRACT_TRACE), "--slo-min", "nan", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "--slo-min: must be a finite number" in r.stderr
+    r = runner.invoke(app, base + ["--trace", str(EXTRACT_TRACE), "--slo-min", "2", "--slo-max", "1.5", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "--slo-min/--slo-max" in r.stderr

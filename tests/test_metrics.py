@@ -71,6 +71,54 @@ def test_dissolved_group_reads_zero_then_stops_being_refreshed_and_moves_are_cou
     assert f["moves"].calls == [("inc", 2.0, None)] and m.totals["moves"] == 2
 
 
+def test_per_job_series_are_dropped_when_the_job_ends_and_late_updates_are_ignored():
+    m, f = _metrics()
+    for i in range(50):
+        m.job(f"j{i}", slo=1.5, iterations=0)
+    for i in range(49):
+        m.job(f"j{i}", iterations=3, slowdown=1.2)
+        m.job_ended(f"j{i}")
+    m.job("j0", iterations=4, slowdown=1.3)  # an iteration report crossing the end
+    assert {k: sorted(m.totals[k]) for k in RollmuxMetrics.JOB_GAUGES} == {
+        "slowdown": [], "slo": ["j49"], "iters": ["j49"]}
+    for fake in f.values():
+        fake.calls.clear()
+    assert m.refresh() == 2  # only the active job's slo and iterations are re-recorded
+    assert {c[2]["job_id"] for k in RollmuxMetrics.JOB_GAUGES for c in f[k].calls} == {"j49"}
+
+
+def test_scheduler_keeps_series_of_active_jobs_only():
+    from actors.global_scheduler import GlobalSchedulerImpl
+    from actors.kv import MemoryKV
+    from rollmux.config import CONFIG_DIR, load_cluster
+
+    g = GlobalSchedulerImpl(load_cluster(CONFIG_DIR / "cluster_paper.yaml"), kv=MemoryKV(), create_controllers=False,
+                            metrics_flush_s=0)
+    spec = {"model_params_b": 7, "measured": {"t_roll_s": 100.0, "t_train_s": 100.0, "t_sync_s": 1.0}}
+    for i in range(30):
+        assert g.admit({"job_id": f"j{i}", **spec})["admitted"]
+        g.report(f"j{i}", {"event": "iteration", "iterations_done": 1, "slowdown": 1.1})
+        if i < 29:
+            g.depart(f"j{i}")
+    g.report("j0", {"event": "iteration", "iterations_done": 2, "slowdown": 1.2})  # late, after the end
+    assert {k: sorted(g.metrics.totals[k]) for k in RollmuxMetrics.JOB_GAUGES} == {
+        "slowdown": ["j29"], "slo": ["j29"], "iters": ["j29"]}
+
+
+def test_only_the_global_scheduler_records_per_job_series():
+    """A GroupController reports iterations to the GlobalScheduler and records no job_id series itself
+    (two processes exporting the same job's series would make a ``sum()`` count it twice)."""
+    import inspect
+
+    from actors import group_controller
+    from rollmux import group_ledger
+
+    src = inspect.getsource(group_controller)  # the actor: effects of its ledger, no per-job series
+    led = inspect.getsource(group_ledger)  # the controller's bookkeeping: reports iterations
+    assert "metrics.job(" not in src and '_metric("job",' not in led
+    assert "_report(job_id, {\"event\": \"iteration\"" in led
+
+
 def test_group_timeline_busy_and_bubble_from_occupancy():
     m, f = _metrics()
     recs = [{"pool": "rollout", "node": "r0", "start_s": 0.0, "end_s": 6.0},
@@ -93,3 +141,12 @@ def test_sync_cross_bytes_accumulate_per_job():
     m.sync_cross_bytes("b", 7)
     assert m.totals["sync_cross_bytes"] == {"a": 3500, "b": 7}
     assert m.totals["sync_cross_last"] == {"a": 1500, "b": 7}
+
+
+def test_a_controller_forgets_a_departed_jobs_sync_totals_but_takes_it_back():
+    m, f = _metrics()
+    m.sync_cross_bytes("a", 100)
+    m.job_ended("a", ignore_late=False)  # the job left this controller's group
+    assert "a" not in m.totals["sync_cross_bytes"] and "a" not in m.totals["sync_cross_last"]
+    m.job("a", iterations=1)  # moved back later: recorded again
+    assert m.totals["iters"]["a"] == 1

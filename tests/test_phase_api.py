@@ -205,3 +205,49 @@ def test_one_thread_is_reentrant_across_threads():
     after = torch.get_num_threads()
     torch.set_num_threads(before)
     assert inside == [1, 1] and after == 2
+
+
+def test_cold_switch_rebuilds_residents_without_losing_their_state(tmp_path):
+    """A cold start uses the engine its builder rebuilds when the old one hands over its state
+    (or, on the rollout side, gets the last synced weights again); a training engine that cannot
+    hand over keeps running (the builder's duplicate is dropped and closed)."""
+    import torch
+
+    from actors.workers import RolloutWorkerImpl, TrainWorkerImpl
+
+    class Engine:
+        rollmux_resident = True
+        built = 0
+
+        def __init__(self):
+            Engine.built += 1
+            self.id, self.closed, self.w = Engine.built, False, torch.zeros(2)
+
+        def close(self):
+            self.closed = True
+
+    class Handover(Engine):
+        def state_dict(self):
+            return {"w": self.w}
+
+        def load_state_dict(self, sd):
+            self.w = sd["w"].clone()
+
+    def run_twice(worker, cls):
+        worker.register_job("j", {"builder": lambda: {"engine": cls(), "x": torch.ones(1)}, "switch": "cold",
+                                  "controller": "c", "checkpoint_dir": str(tmp_path)})
+        h = worker.jobs["j"]
+        s1, k1, _ = worker._materialise(h)
+        s1["engine"].w += 5
+        worker._offload(h, s1)
+        s2, k2, _ = worker._materialise(h)
+        assert (k1, k2) == ("cold", "cold")
+        worker.unregister_job("j")
+        return s1["engine"], s2["engine"]
+
+    a, b = run_twice(TrainWorkerImpl("train-0"), Handover)  # rebuilt, state handed over, old closed
+    assert b is not a and a.closed and torch.equal(b.w, torch.full((2,), 5.0))
+    a, b = run_twice(TrainWorkerImpl("train-0"), Engine)  # cannot hand over: the old engine stays
+    assert b is a and not a.closed and torch.equal(b.w, torch.full((2,), 5.0))
+    a, b = run_twice(RolloutWorkerImpl("rollout-0"), Engine)  # rollout: rebuilt (weights re-fed)
+    assert b is not a and a.closed

@@ -20,7 +20,7 @@ PAIR = R_PRICE + T_PRICE
 def three_groups_scenario(slo=1.05, **cfg):
     """A and B interleave perfectly in group-0 (saturated: T_load = T_cycle = 200 s), so C opens
     group-1; when A leaves, B alone in group-0 could join C."""
-    s = InterGroupScheduler(make_cluster(), config=SchedulerConfig(**cfg) if cfg else None)
+    s = InterGroupScheduler(make_cluster(), config=SchedulerConfig(**{"saturation": "paper", **cfg}))
     assert s.admit(job("A", 100, 100, slo=slo)).strategy == "isolated"
     assert s.admit(job("B", 100, 100, slo=slo)).group_id == "group-0"
     c = s.admit(job("C", 100, 100, slo=slo))

@@ -54,7 +54,7 @@ def ids(batch):
 def test_request_validation_names_the_field():
     with pytest.raises(ValidationError, match="prompt_token_ids"):
         Request(request_id="a", prompt_token_ids=())
-    with pytest.raises(ValidationError, match="token ids must be >= 0"):
+    with pytest.raises(ValidationError, match=r"token ids must be in \[0, "):
         Request(request_id="a", prompt_token_ids=(1, -2))
     with pytest.raises(ValidationError, match="max_tokens must be >= 1 for a generation"):
         Request(request_id="a", prompt_token_ids=(1,), max_tokens=0)
@@ -336,7 +336,7 @@ def test_cold_ttl_expires_prefixes_on_version_change():
     s = RolloutRequestScheduler(cfg, "mixed")
     s.submit(req("a", [1] * 30, max_tokens=5))
     s.next_batch(0.0)
-    s.set_policy_version(1)  # cold TTL 0: version-0 KV is stale
+    s.set_policy_version(1, cache_reset=False)  # an engine keeping its KV; cold TTL 0: version-0 KV is stale
     s.submit(req("b", [1] * 30, max_tokens=5))
     s.next_batch(1.0)
     assert s.hit_of("b") == 0 and s.metrics()["index_expired_nodes"] >= 1
@@ -356,14 +356,17 @@ def test_metrics_export_to_prometheus():
     assert "rollmux_rollout_sched_index_bytes" in gauges
 
 
-def test_cancel_drops_only_queued_requests():
+def test_cancel_drops_queued_and_aborts_running_requests():
     s = RolloutRequestScheduler(config(), "mixed")
     s.submit(req("keep", [1, 2], max_tokens=4))
     s.submit(req("drop", [3, 4], type="reward", max_tokens=1))
     assert s.cancel("drop") and not s.cancel("drop") and not s.cancel("nope")
-    assert ids(s.next_batch(0.0)) == ["keep"]
-    assert not s.cancel("keep")  # running: left to the engine
-    assert s.metrics()["cancelled"] == 1 and s.metrics()["queue_short"] == 0
+    assert ids(s.next_batch(0.0)) == ["keep"] and s.take_aborts() == []
+    assert s.engine_state().kv_in_use_tokens == 6
+    assert s.cancel("keep") and s.take_aborts() == ["keep"]  # running: aborted, its KV released now
+    assert s.engine_state().kv_in_use_tokens == 0 and s.running == 0
+    m = s.metrics()
+    assert m["cancelled"] == 1 and m["aborted"] == 1 and m["queue_short"] == 0
 
 
 def test_cached_prefix_hits_are_refreshed_before_dispatch():

@@ -159,3 +159,28 @@ def test_endpoints_are_resident_control_plane():
 
     assert SyncEndpoint.rollmux_resident is True and GlooExecutor.rollmux_resident is True
     assert is_resident(object.__new__(GlooExecutor))
+
+
+@pytest.mark.parametrize("n,m", [(1, 1), (3, 5), (5, 3), (4, 4), (7, 2), (2, 9)])
+@pytest.mark.parametrize("shared", [False, True])
+def test_predict_per_nic_totals_match_the_link_table(n, m, shared):
+    """predict() sums per-NIC bytes without building the N x M link table; same figures as the table."""
+    metas = [TensorMeta(f"t{i}", (1000 + 37 * i,), "uint8", 1000 + 37 * i) for i in range(6)]
+    plan = build_plan(metas, n, m, bucket_bytes=512)
+    table = plan.intra_link_bytes()
+    egress, ingress = {}, {}
+    for (a, b), k in table.items():
+        egress[a] = egress.get(a, 0) + k
+        ingress[b] = ingress.get(b, 0) + k
+    busiest = sum(table.values()) if shared else max([0, *egress.values(), *ingress.values()])
+    links = LinkModel(cross_gbps=1.0, intra_gbps=2.0, intra_shared=shared)
+    assert plan.intra_bytes == sum(table.values())
+    assert plan.predict(links).intra_s == pytest.approx(busiest * 8 / 2e9)
+
+
+def test_predict_scales_to_large_gpu_counts():
+    """65,536 trainers and rollout GPUs (the largest GPU count a job spec admits) plan and predict."""
+    metas = [TensorMeta(f"t{i}", (2_000_000,), "uint8", 2_000_000) for i in range(64)]
+    pred = build_plan(metas, 65_536, 65_536).predict(LinkModel(cross_gbps=25.0, intra_gbps=400.0))
+    assert pred.cross_s == pytest.approx(128_000_000 * 8 / 25e9)
+    assert pred.total_s > pred.cross_s

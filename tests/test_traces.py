@@ -64,11 +64,11 @@ def test_bad_inputs_name_the_problem(tmp_path):
         load_trace(tmp_path / "missing.csv")
     with pytest.raises(TraceError, match="unknown header"):
         load_trace(_write(tmp_path, "a,b\n1,2\n"))
-    with pytest.raises(TraceError, match=r":2: duration_s 'abc'"):
+    with pytest.raises(TraceError, match=r":2: field duration_s: 'abc'"):
         load_trace(_write(tmp_path, "arrival_s,duration_s,num_gpus\n0,abc,1\n"))
     with pytest.raises(TraceError, match="timestamp"):
         load_trace(_write(tmp_path, "timestamp,duration,num_gpus\n2017/10/09,5,1\n"))
-    with pytest.raises(TraceError, match="num_gpus must be >= 1"):
+    with pytest.raises(TraceError, match="field num_gpus: must be >= 1"):
         load_trace(_write(tmp_path, "arrival_s,duration_s,num_gpus\n0,5,0\n"))
     with pytest.raises(TraceError, match="selects no job"):
         load_trace(_write(tmp_path, PHILLY), TraceWindow(start_hours=5))

@@ -176,6 +176,7 @@ class SchedRolloutBackend(RolloutBackend):
         side, self._side = self._side, []
         engine = _JobEngine(self.model, temperature=temperature, min_new_tokens=min_new_tokens, eos_id=eos_id,
                             slice_tokens=self.config.slice_tokens, seed=int(seed), num_threads=self.num_threads)
+        self.scheduler.on_engine_cache_reset()  # a fresh engine holds no prefix KV: credit none from earlier calls
         source = _CallSource(reqs + side, self.version, engine.now)
         want = set(ids)
         state = {"done": 0}
@@ -209,10 +210,11 @@ class SchedRolloutBackend(RolloutBackend):
         return pad_to(out, P + N, pad_id)
 
     def _forget(self, request_ids: list[str]) -> None:
-        """Drop a failed call's requests from the scheduler (queued: cancel; running: release KV)."""
+        """Drop a failed call's requests from the scheduler (queued: cancel; running: abort, which
+        releases their KV; the call's engine is gone, so nothing is left to stop)."""
         for rid in request_ids:
-            if not self.scheduler.cancel(rid) and rid in self.scheduler.inflight:
-                self.scheduler.on_complete(rid)
+            self.scheduler.cancel(rid)
+        self.scheduler.take_aborts()
 
     @torch.no_grad()
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:

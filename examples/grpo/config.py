@@ -19,17 +19,18 @@ from rollmux.models import JobSpec
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # every number finite (no NaN / Infinity) and bounded on both sides
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelConfig(_Strict):
     """Tiny Llama-style causal LM (``transformers.LlamaConfig``); sizes in units of features."""
 
-    hidden_size: int = Field(default=128, gt=0)
+    hidden_size: int = Field(default=128, gt=0, le=65_536)
     num_layers: int = Field(default=2, gt=0, le=48)
-    num_heads: int = Field(default=4, gt=0)
-    intermediate_size: int = Field(default=256, gt=0)
-    max_position_embeddings: int = Field(default=64, gt=0)
+    num_heads: int = Field(default=4, gt=0, le=1024)
+    intermediate_size: int = Field(default=256, gt=0, le=262_144)
+    max_position_embeddings: int = Field(default=64, gt=0, le=1 << 20)
 
     @model_validator(mode="after")
     def _heads(self) -> "ModelConfig":
@@ -67,19 +68,19 @@ class RunConfig(_Strict):
 
     task: Literal["next", "copy", "add"] = "next"
     iterations: int = Field(default=20, gt=0, le=100_000)
-    seed: int = Field(default=0, ge=0)
-    num_prompts: int = Field(default=16, gt=0)
-    group_size: int = Field(default=8, ge=2)
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+    num_prompts: int = Field(default=16, gt=0, le=65_536)
+    group_size: int = Field(default=8, ge=2, le=1024)
     answer_len: int = Field(default=1, gt=0, le=64)
     max_new_tokens: int = Field(default=2, gt=0, le=4096)
-    min_new_tokens: int = Field(default=0, ge=0)
-    temperature: float = Field(default=1.0, gt=0)
+    min_new_tokens: int = Field(default=0, ge=0, le=4096)
+    temperature: float = Field(default=1.0, gt=0, le=100.0)
     lr: float = Field(default=1e-3, gt=0, le=1.0)
     ppo_epochs: int = Field(default=1, gt=0, le=64)
-    minibatch_size: int = Field(default=64, gt=0)
+    minibatch_size: int = Field(default=64, gt=0, le=1 << 20)
     clip_eps: float = Field(default=0.2, gt=0, lt=1)
-    kl_coef: float = Field(default=0.0, ge=0)
-    max_grad_norm: float = Field(default=1.0, gt=0)
+    kl_coef: float = Field(default=0.0, ge=0, le=100.0)
+    max_grad_norm: float = Field(default=1.0, gt=0, le=1e6)
     threads: int = Field(default=1, gt=0, le=256)
     rollout_backend: Literal["hf", "vllm", "sched"] = "hf"
     train_backend: Literal["torch", "deepspeed"] = "torch"
@@ -87,7 +88,7 @@ class RunConfig(_Strict):
     zero_stage: int = Field(default=2, ge=0, le=3)
     torch_adam: bool = True
     device: Literal["cpu", "cuda"] = "cpu"
-    fail_in_train_at: Optional[int] = Field(default=None, ge=0)
+    fail_in_train_at: Optional[int] = Field(default=None, ge=0, le=100_000)
 
     @model_validator(mode="after")
     def _lens(self) -> "RunConfig":

@@ -12,8 +12,18 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+#: bounds shared by the fields below: weights of a score, tokens, bytes, windows, seconds.
+MAX_WEIGHT = 1000.0
+MAX_TOKENS = 1 << 30  # KV slots of one engine, tokens
+MAX_BYTES = 1 << 40  # 1 TiB
+MAX_REQUESTS = 1 << 20
+MAX_STEPS = 1 << 31
+MAX_SECONDS = 7 * 24 * 3600.0
+
+
 class _Cfg(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # every number finite (no NaN / Infinity) and bounded above and below
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class SchedProfile(_Cfg):
@@ -29,13 +39,13 @@ class SchedProfile(_Cfg):
         prefix_ttl_versions: prefix-index entries older than this many policy versions stop counting.
     """
 
-    prefix_weight: float = Field(ge=0)
-    critical_weight: float = Field(default=1.0, ge=0)
-    waiting_weight: float = Field(default=0.2, ge=0)
-    diversity_weight: float = Field(ge=0)
-    cost_weight: float = Field(default=0.05, ge=0)
-    max_batch_requests: int = Field(gt=0)
-    prefix_ttl_versions: int = Field(ge=0)
+    prefix_weight: float = Field(ge=0, le=MAX_WEIGHT)
+    critical_weight: float = Field(default=1.0, ge=0, le=MAX_WEIGHT)
+    waiting_weight: float = Field(default=0.2, ge=0, le=MAX_WEIGHT)
+    diversity_weight: float = Field(ge=0, le=MAX_WEIGHT)
+    cost_weight: float = Field(default=0.05, ge=0, le=MAX_WEIGHT)
+    max_batch_requests: int = Field(gt=0, le=MAX_REQUESTS)
+    prefix_ttl_versions: int = Field(ge=0, le=MAX_STEPS)
 
 
 class ColdStartConfig(_Cfg):
@@ -49,11 +59,11 @@ class ColdStartConfig(_Cfg):
 
     cold: SchedProfile
     stable: SchedProfile
-    switch_step: int = Field(default=5, ge=0)
+    switch_step: int = Field(default=5, ge=0, le=MAX_STEPS)
     switch_entropy: float = Field(default=0.6, ge=0, le=1)
-    max_cold_steps: int = Field(default=50, ge=0)
-    entropy_window_tokens: int = Field(default=4096, gt=0)
-    vocab_size: int = Field(default=32000, gt=1)
+    max_cold_steps: int = Field(default=50, ge=0, le=MAX_STEPS)
+    entropy_window_tokens: int = Field(default=4096, gt=0, le=MAX_TOKENS)
+    vocab_size: int = Field(default=32000, gt=1, le=1 << 24)
 
     @model_validator(mode="after")
     def _order(self) -> "ColdStartConfig":
@@ -86,16 +96,16 @@ class BudgetConfig(_Cfg):
             ``max_num_batched_tokens``); bounds a window's duration. Applies to every policy.
     """
 
-    kv_capacity_tokens: int = Field(gt=0)
-    kv_bytes_per_token: int = Field(default=131072, gt=0)
+    kv_capacity_tokens: int = Field(gt=0, le=MAX_TOKENS)
+    kv_bytes_per_token: int = Field(default=131072, gt=0, le=1 << 30)
     busy_trainer_fraction: float = Field(default=1.0, gt=0, le=1)
     short_reserved_fraction: float = Field(default=0.1, ge=0, lt=1)
-    short_slots_per_window: int = Field(default=4, ge=1)
-    short_max_tokens: int = Field(default=16, ge=1)
+    short_slots_per_window: int = Field(default=4, ge=1, le=MAX_REQUESTS)
+    short_max_tokens: int = Field(default=16, ge=1, le=MAX_TOKENS)
     replay_quota: float = Field(default=0.25, ge=0, le=1)
     critical_reserve_fraction: float = Field(default=0.0, ge=0, lt=1)
     waiting_noncritical_fraction: float = Field(default=1.0, ge=0, le=1)
-    max_prefill_tokens_per_window: int = Field(default=1 << 30, gt=0)
+    max_prefill_tokens_per_window: int = Field(default=1 << 30, gt=0, le=MAX_TOKENS)
 
 
 class IndexConfig(_Cfg):
@@ -109,14 +119,14 @@ class IndexConfig(_Cfg):
     were not used since the previous merge pass has those near-duplicate tails folded into itself.
     """
 
-    max_bytes: int = Field(default=4 << 20, gt=0)
-    node_overhead_bytes: int = Field(default=96, ge=0)
-    bytes_per_token: int = Field(default=4, gt=0)
+    max_bytes: int = Field(default=4 << 20, gt=0, le=MAX_BYTES)
+    node_overhead_bytes: int = Field(default=96, ge=0, le=1 << 20)
+    bytes_per_token: int = Field(default=4, gt=0, le=1 << 20)
     evict_low_watermark: float = Field(default=0.9, gt=0, le=1)
-    merge_min_siblings: int = Field(default=4, ge=2)
-    merge_max_tail_tokens: int = Field(default=8, ge=1)
+    merge_min_siblings: int = Field(default=4, ge=2, le=MAX_REQUESTS)
+    merge_max_tail_tokens: int = Field(default=8, ge=1, le=MAX_TOKENS)
     merge_max_tail_fraction: float = Field(default=0.0, ge=0, le=1)
-    merge_every_windows: int = Field(default=32, ge=1)
+    merge_every_windows: int = Field(default=32, ge=1, le=MAX_STEPS)
 
 
 class RolloutSchedConfig(_Cfg):
@@ -134,11 +144,11 @@ class RolloutSchedConfig(_Cfg):
             refreshed before being taken. 1 = exact every window, O(queue) index lookups.
     """
 
-    slice_tokens: int = Field(default=32, gt=0)
-    waiting_scale_s: float = Field(default=10.0, gt=0)
-    cost_scale_tokens: int = Field(default=4096, gt=0)
+    slice_tokens: int = Field(default=32, gt=0, le=MAX_TOKENS)
+    waiting_scale_s: float = Field(default=10.0, gt=0, le=MAX_SECONDS)
+    cost_scale_tokens: int = Field(default=4096, gt=0, le=MAX_TOKENS)
     diversity_decay: float = Field(default=0.9, ge=0, le=1)
-    hit_refresh_windows: int = Field(default=8, ge=1)
+    hit_refresh_windows: int = Field(default=8, ge=1, le=MAX_STEPS)
     budget: BudgetConfig
     index: IndexConfig = IndexConfig()
     coldstart: ColdStartConfig

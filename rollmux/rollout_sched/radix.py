@@ -89,7 +89,7 @@ class RadixPrefixIndex:
         self._bytes = node_overhead_bytes
         self._nodes = 1
         self.peak_bytes = self._bytes
-        self.stats = {"inserts": 0, "lookups": 0, "evicted_nodes": 0, "expired_nodes": 0, "merged_tails": 0}
+        self.stats = {"inserts": 0, "lookups": 0, "evicted_nodes": 0, "expired_nodes": 0, "merged_tails": 0, "cleared_nodes": 0}
 
     # ------------------------------------------------------------------ figures
     @property
@@ -233,6 +233,7 @@ class RadixPrefixIndex:
 
     def clear(self) -> None:
         """Drop every entry (e.g. an engine that resets its prefix cache on a weight load)."""
+        self.stats["cleared_nodes"] = self.stats.get("cleared_nodes", 0) + self._nodes - 1
         self.root.children.clear()
         self._bytes, self._nodes = self.node_overhead_bytes, 1
         self.epoch += 1

@@ -13,6 +13,14 @@ from enum import Enum, IntEnum
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
+#: longest prompt and generation cap of one request, tokens (1 Mi).
+MAX_REQUEST_TOKENS = 1 << 20
+#: largest token id (vocabularies are < 2^31).
+MAX_TOKEN_ID = (1 << 31) - 1
+#: latest arrival time on a scheduler's clock, s (about 31 years).
+MAX_ARRIVAL_S = 1e9
+
+
 class RequestType(str, Enum):
     """Request types of a mixed RL rollout."""
 
@@ -40,11 +48,11 @@ class Request(BaseModel):
 
     Attributes:
         request_id: unique id within a scheduler.
-        prompt_token_ids: prompt token ids (non-empty, each >= 0).
+        prompt_token_ids: prompt token ids (1 .. 1,048,576 of them, each in [0, 2^31 - 1]).
         type: :class:`RequestType`.
-        max_tokens: generation cap, tokens (>= 1 for generation / state query / reward;
+        max_tokens: generation cap, tokens (1 .. 1,048,576 for generation / state query / reward;
             0 allowed for replay, which is prefill-only).
-        arrival_s: submission time, seconds on the scheduler's clock.
+        arrival_s: submission time, seconds on the scheduler's clock (finite, 0 .. 1e9 s).
         critical: the current training step waits on this request.
         background: evaluation / logging work that only fills idle capacity.
         policy_version: policy version (training step) that issued the request.
@@ -54,23 +62,23 @@ class Request(BaseModel):
         pydantic.ValidationError: empty prompt, negative token id, max_tokens out of range, ...
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     request_id: str = Field(min_length=1, max_length=256)
-    prompt_token_ids: tuple[int, ...] = Field(min_length=1)
+    prompt_token_ids: tuple[int, ...] = Field(min_length=1, max_length=MAX_REQUEST_TOKENS)
     type: RequestType = RequestType.GENERATION
-    max_tokens: int = Field(default=256, ge=0)
-    arrival_s: float = Field(default=0.0, ge=0)
+    max_tokens: int = Field(default=256, ge=0, le=MAX_REQUEST_TOKENS)
+    arrival_s: float = Field(default=0.0, ge=0, le=MAX_ARRIVAL_S)
     critical: bool = False
     background: bool = False
-    policy_version: int = Field(default=0, ge=0)
-    task_family: str = Field(default="default", min_length=1)
+    policy_version: int = Field(default=0, ge=0, le=(1 << 31) - 1)
+    task_family: str = Field(default="default", min_length=1, max_length=256)
 
     @field_validator("prompt_token_ids")
     @classmethod
     def _non_negative(cls, v: tuple[int, ...]) -> tuple[int, ...]:
-        if min(v) < 0:
-            raise ValueError("token ids must be >= 0")
+        if min(v) < 0 or max(v) > MAX_TOKEN_ID:
+            raise ValueError(f"token ids must be in [0, {MAX_TOKEN_ID}]")
         return v
 
     @model_validator(mode="after")

@@ -4,16 +4,24 @@ API (one object per engine / rollout worker)::
 
     sched = RolloutRequestScheduler(load_rollout_sched_config(), policy="mixed")
     sched.submit(request)                        # any time
-    sched.set_policy_version(step)               # after each weight sync (expires stale prefixes)
+    sched.set_policy_version(step)               # after each weight sync: the engine dropped its prefix KV
+    sched.set_policy_version(step, cache_reset=False)  # an engine that keeps it: TTL expiry only
     sched.set_trainer_waiting(True)              # the trainer waits on critical rollout data
     batch = sched.next_batch(now_s)              # stage 1 budget + stage 2 ordering, one window
     sched.on_complete(request_id, output_ids, now_s)
-    sched.cancel(request_id)                     # drop a queued request (over-sampling, aborts)
+    sched.cancel(request_id)                     # drop a queued request, or abort a running one
+    engine.abort(sched.take_aborts())            # the engine stops the aborted running requests
     sched.metrics()                              # dict; export_prometheus(sched.metrics()) optional
 
 The scheduler tracks the KV it dispatched (worst case, prompt + max_tokens) until ``on_complete``,
 so ``next_batch`` needs no engine state; an engine that knows better may pass an
-:class:`EngineState`. Modules: receiver, prefix indexer, budget
+:class:`EngineState`.
+
+Prefix credit follows the engine's cache: a hit is credited only for KV the engine still holds.
+Engines reset their prefix cache when new weights are loaded (vLLM ``reset_prefix_cache``, the CPU
+engine), so a version change with ``cache_reset=True`` (the default) empties the index; the
+profile's ``prefix_ttl_versions`` only matters for an engine that keeps KV across versions.
+An aborted running request releases its KV at once (its slot is reusable in the same window). Modules: receiver, prefix indexer, budget
 controller, priority queue; the executor is ``actors.rollout_engine``.
 """
 
@@ -95,7 +103,10 @@ class RolloutRequestScheduler:
             "prompt_tokens": 0,
             "profile_switches": 0,
             "cancelled": 0,
+            "aborted": 0,
+            "cache_resets": 0,
         }
+        self._aborts: list[str] = []
 
     # ------------------------------------------------------------------ state
     @property
@@ -137,15 +148,26 @@ class RolloutRequestScheduler:
             self.shorts[rid] = e
         self.counters["submitted"] += 1
 
-    def set_policy_version(self, version: int) -> None:
-        """New policy weights (training step ``version``): advance the cold-start step, expire
-        prefix entries older than the TTL. Raises ValueError on a negative version."""
+    def set_policy_version(self, version: int, *, cache_reset: bool = True) -> None:
+        """New policy weights (training step ``version``): advance the cold-start step; when the
+        version changed and the engine reset its prefix cache with the weight load
+        (``cache_reset``, the default: vLLM, SGLang and the CPU engine do), forget every prefix
+        (:meth:`on_engine_cache_reset`), else expire entries older than the profile's TTL.
+        Raises ValueError on a negative version."""
         if version < 0:
             raise ValueError(f"policy version must be >= 0, got {version}")
         changed = version != self.policy_version
         self.policy_version = version
+        if changed and cache_reset:
+            self.on_engine_cache_reset()
         switched = self.coldstart.on_step(version) and self.policy.adaptive
         self._apply_profile(expire=changed or switched, switched=switched)
+
+    def on_engine_cache_reset(self) -> None:
+        """The engine dropped its prefix KV (weight load, restart, a fresh engine): no prefix can be
+        reused, so the index is emptied and queued requests' cached hits are looked up again."""
+        self.index.clear()
+        self.counters["cache_resets"] += 1
 
     def _apply_profile(self, *, expire: bool, switched: bool) -> None:
         """After a possible cold -> stable switch: count it, take the active profile's prefix TTL
@@ -199,7 +221,12 @@ class RolloutRequestScheduler:
             rid = r.request_id
             del self.queue[rid]
             self.shorts.pop(rid, None)
-            hit = self.index.match(r.prompt_token_ids)
+            # an engine computes at least the last prompt token (its logits start the generation):
+            # a full-prompt match reuses len - 1 tokens (vLLM and the CPU engine alike)
+            # a replay item needs the logits of every prompt position (vLLM skips its prefix cache for
+            # prompt_logprobs, the CPU engine recomputes): nothing of it is reused, nothing credited
+            hit = 0 if r.type is RequestType.REPLAY else min(self.index.match(r.prompt_token_ids),
+                                                             len(r.prompt_token_ids) - 1)
             self.index.insert(r.prompt_token_ids)
             self.inflight[rid] = (e, hit)
             if e.short:
@@ -224,14 +251,37 @@ class RolloutRequestScheduler:
         return out
 
     def cancel(self, request_id: str) -> bool:
-        """Drop a queued request (e.g. the trainer already has enough samples). Returns False if it
-        is not queued (unknown, running or done); a running request is left to its engine."""
+        """Drop a queued request, or abort a running one (e.g. the trainer already has enough
+        samples). A running request's KV is released at once (the next :meth:`next_batch` can use
+        the slot) and its id is handed to the engine by :meth:`take_aborts`; a late completion of
+        it is ignored by :func:`actors.rollout_engine.serve`. Returns False for an unknown or
+        finished id."""
         e = self.queue.pop(request_id, None)
-        if e is None:
+        if e is not None:
+            self.shorts.pop(request_id, None)
+            self.counters["cancelled"] += 1
+            return True
+        if request_id not in self.inflight:
             return False
-        self.shorts.pop(request_id, None)
-        self.counters["cancelled"] += 1
+        self._release(request_id)
+        self._aborts.append(request_id)
+        self.counters["aborted"] += 1
         return True
+
+    def take_aborts(self) -> list[str]:
+        """Running requests aborted by :meth:`cancel` since the last call: the engine must stop them."""
+        out, self._aborts = self._aborts, []
+        return out
+
+    def _release(self, request_id: str) -> QueueEntry:
+        e, _ = self.inflight.pop(request_id)
+        if e.short:
+            self._kv_short -= e.req.kv_tokens
+        else:
+            self._kv_long -= e.req.kv_tokens
+            if not e.req.critical:
+                self._kv_noncrit_long -= e.req.kv_tokens
+        return e
 
     def hit_of(self, request_id: str) -> int:
         """Prefix hit (tokens) measured when ``request_id`` was dispatched. Raises KeyError if not running."""
@@ -242,13 +292,7 @@ class RolloutRequestScheduler:
         entropy estimate. Raises KeyError for an id that is not running."""
         if request_id not in self.inflight:
             raise KeyError(f"request {request_id!r} is not running")
-        e, _ = self.inflight.pop(request_id)
-        if e.short:
-            self._kv_short -= e.req.kv_tokens
-        else:
-            self._kv_long -= e.req.kv_tokens
-            if not e.req.critical:
-                self._kv_noncrit_long -= e.req.kv_tokens
+        e = self._release(request_id)
         if e.req.type in (RequestType.GENERATION, RequestType.STATE_QUERY) and output_token_ids:
             self.coldstart.observe_tokens(output_token_ids)
         self.counters["completed"] += 1

@@ -1,0 +1,171 @@
+#!/usr/bin/env python
+"""RollMux's cost against the exact optimum over a grid of replays (seeds, SLO ranges, mixes).
+
+Each run replays the first ``--jobs`` jobs of the Philly trace (the full trace when present, else
+the bundled extract) through RollMux, Solo-D, colocated and Gavel+, with the same-instant exact
+optimum computed along RollMux's replay (``cost_vs_optimal_exact``: compared only at instants
+where a certificate proves the optimum is a lower bound, see ``docs/ARCHITECTURE.md``
+"Optimum"). Settings (one slice each, for every seed):
+
+* mix ``mixed`` with SLO ~ U(1.0, 1.2), U(1.0, 2.0), U(1.5, 2.5), U(2.0, 3.0);
+* mixes ``balanced``, ``rollout-heavy``, ``training-heavy`` with SLO ~ U(1.0, 2.0).
+
+Writes ``results/cost_gap.json`` (``meta.quick`` says which grid): per run RollMux /
+optimum, the share of RollMux's spend and time the exact comparison covers, SLO attainment,
+saving vs Solo-D and vs colocated, and every baseline that keeps 100% SLO yet costs less than
+RollMux; per setting and overall the spend-weighted ratio, the mean and max of the per-run
+ratios; and a plot (``cost_gap.png``). Full grid: seeds 0-9, 200 jobs, 70 runs (~20 min on 2
+processes); ``--quick``: seeds 0-1, 60 jobs (a few minutes). At most 2 worker processes.
+
+Not a test: the figures depend on the trace present. Source: RollMux §7.5 ("x of optimal").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rollmux.config import CONFIG_DIR, load_cluster  # noqa: E402
+from rollmux.traces import DEFAULT_TRACE, EXTRACT_TRACE, TraceWindow, load_trace  # noqa: E402
+
+POLICIES = ("rollmux", "solo-d", "colocated", "gavel+")
+SETTINGS: tuple[tuple[str, float, float], ...] = (
+    ("mixed", 1.0, 1.2), ("mixed", 1.0, 2.0), ("mixed", 1.5, 2.5), ("mixed", 2.0, 3.0),
+    ("balanced", 1.0, 2.0), ("rollout-heavy", 1.0, 2.0), ("training-heavy", 1.0, 2.0),
+)
+GOAL_MEAN, GOAL_SLICE = 1.05, 1.10
+
+
+def setting_name(mix: str, lo: float, hi: float) -> str:
+    return f"{mix} SLO~U({lo:g},{hi:g})"
+
+
+def run_one(args: tuple) -> dict:
+    """One replay: (trace, jobs, seed, mix, slo_min, slo_max, exact_max_jobs) -> its record."""
+    from rollmux.simulator import simulate
+    from rollmux.workloads import draw_jobs
+
+    trace, n_jobs, seed, mix, lo, hi, exact_max = args
+    cl = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
+    tjobs = load_trace(trace, TraceWindow(max_jobs=n_jobs, min_duration_s=3600.0, max_duration_s=3 * 86400.0))
+    jobs = draw_jobs(tjobs, cl, mix=mix, seed=seed, slo_range=(lo, hi))
+    t0 = time.perf_counter()
+    res = simulate(jobs, cl, POLICIES, seed=seed, exact_max_jobs=exact_max, shadow_policies=("rollmux",))
+    pol = res.summary["policies"]
+    rm = pol["rollmux"]
+    run = res.runs["rollmux"]
+    cheaper = [p for p in POLICIES[1:] if pol[p]["slo_attainment"] >= 1.0 and pol[p]["total_cost_usd"] < rm["total_cost_usd"]]
+    return {
+        "setting": setting_name(mix, lo, hi), "seed": seed, "mix": mix, "slo_range": [lo, hi], "jobs": len(jobs),
+        "rollmux_vs_optimum": rm.get("cost_vs_optimal_exact"),
+        "spend_share_covered": rm.get("optimal_exact_spend_fraction", 0.0),
+        "time_share_covered": rm.get("optimal_exact_time_fraction", 0.0),
+        "instants_without_certificate": rm.get("optimal_exact_events_outside_layouts", 0),
+        "compared_rollmux_usd": run.shadow_policy_usd, "compared_optimum_usd": run.shadow_optimal_usd,
+        "slo_attainment": {p: pol[p]["slo_attainment"] for p in POLICIES},
+        "total_cost_usd": {p: pol[p]["total_cost_usd"] for p in POLICIES},
+        "saving_vs_solo_d": 1.0 - rm["total_cost_usd"] / pol["solo-d"]["total_cost_usd"],
+        "saving_vs_colocated": 1.0 - rm["total_cost_usd"] / pol["colocated"]["total_cost_usd"],
+        "baselines_cheaper_at_100pct_slo": cheaper,
+        "jobs_moved": rm.get("jobs_moved", 0),
+        "largest_group_seen": len(run.gantt_group.members) if run.gantt_group is not None else 0,
+        "decision_latency_ms_p50": rm["decision_latency_ms_p50"],
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def aggregate(rows: list[dict]) -> dict:
+    ratios = [r["rollmux_vs_optimum"] for r in rows if r["rollmux_vs_optimum"] is not None]
+    pu = sum(r["compared_rollmux_usd"] for r in rows)
+    ou = sum(r["compared_optimum_usd"] for r in rows)
+    return {
+        "runs": len(rows),
+        "rollmux_vs_optimum_spend_weighted": pu / ou if ou > 0 else None,
+        "rollmux_vs_optimum_mean": sum(ratios) / len(ratios) if ratios else None,
+        "rollmux_vs_optimum_max": max(ratios, default=None),
+        "spend_share_covered_mean": sum(r["spend_share_covered"] for r in rows) / len(rows),
+        "slo_attainment_min": min(r["slo_attainment"]["rollmux"] for r in rows),
+        "saving_vs_solo_d_mean": sum(r["saving_vs_solo_d"] for r in rows) / len(rows),
+        "saving_vs_colocated_mean": sum(r["saving_vs_colocated"] for r in rows) / len(rows),
+        "runs_above_slice_goal": sum(1 for x in ratios if x > GOAL_SLICE),
+        "runs_with_cheaper_100pct_slo_baseline": sum(1 for r in rows if r["baselines_cheaper_at_100pct_slo"]),
+    }
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [setting_name(*s) for s in SETTINGS]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for i, n in enumerate(names):
+        ys = [r["rollmux_vs_optimum"] for r in rows if r["setting"] == n and r["rollmux_vs_optimum"] is not None]
+        ax.scatter([i] * len(ys), ys, s=18, color="tab:blue", alpha=0.7)
+    ax.axhline(GOAL_MEAN, color="tab:green", ls="--", lw=1, label=f"goal: mean {GOAL_MEAN}x")
+    ax.axhline(GOAL_SLICE, color="tab:red", ls="--", lw=1, label=f"goal: every run {GOAL_SLICE}x")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("RollMux / exact optimum ($, same instants)")
+    ax.set_title("RollMux vs the exact optimum per replay (one dot per seed)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="seeds 0-1, 60 jobs (a few minutes)")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 10, quick 2)")
+    ap.add_argument("--jobs", type=int, default=None, help="jobs per replay (default 200, quick 100)")
+    ap.add_argument("--exact-max-jobs", type=int, default=16)
+    ap.add_argument("--procs", type=int, default=2, help="worker processes (at most 2)")
+    ap.add_argument("--out", type=Path, default=None, help="JSON path (default results/cost_gap.json; the plot beside it)")
+    args = ap.parse_args()
+    seeds = args.seeds if args.seeds is not None else (2 if args.quick else 10)
+    n_jobs = args.jobs if args.jobs is not None else (60 if args.quick else 200)
+    out = args.out or Path("results") / "cost_gap.json"
+    trace = DEFAULT_TRACE if DEFAULT_TRACE.is_file() else EXTRACT_TRACE
+    tasks = [(str(trace), n_jobs, seed, mix, lo, hi, args.exact_max_jobs) for (mix, lo, hi) in SETTINGS for seed in range(seeds)]
+    t0 = time.perf_counter()
+    rows: list[dict] = []
+    with mp.get_context("spawn").Pool(processes=max(1, min(2, args.procs))) as pool:
+        for r in pool.imap_unordered(run_one, tasks):
+            rows.append(r)
+            print(f"{r['setting']:<28} seed {r['seed']}: rollmux/opt {r['rollmux_vs_optimum'] or float('nan'):.3f} "
+                  f"(spend covered {r['spend_share_covered']:.0%}), SLO {r['slo_attainment']['rollmux']:.0%}, "
+                  f"vs Solo-D -{r['saving_vs_solo_d']:.1%}, cheaper baselines {r['baselines_cheaper_at_100pct_slo'] or '-'}",
+                  flush=True)
+    rows.sort(key=lambda r: ([setting_name(*s) for s in SETTINGS].index(r["setting"]), r["seed"]))
+    by_setting = {setting_name(*s): aggregate([r for r in rows if r["setting"] == setting_name(*s)]) for s in SETTINGS}
+    overall = aggregate(rows)
+    result = {
+        "meta": {"trace": trace.name, "jobs": n_jobs, "seeds": list(range(seeds)), "policies": list(POLICIES),
+                 "exact_max_jobs": args.exact_max_jobs, "goal": {"mean": GOAL_MEAN, "every_run": GOAL_SLICE},
+                 "wall_s": time.perf_counter() - t0, "quick": args.quick},
+        "overall": overall, "by_setting": by_setting, "runs": rows,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    png = out.with_suffix(".png")
+    plot(rows, png)
+    print(f"\n{'setting':<28} {'runs':>4} {'rm/opt (spend-w.)':>17} {'mean':>6} {'max':>6} {'covered':>8} {'SLO min':>8} "
+          f"{'vs Solo-D':>9} {'vs coloc.':>9} {'cheaper base.':>13}")
+    for name, a in list(by_setting.items()) + [("all", overall)]:
+        print(f"{name:<28} {a['runs']:>4} {a['rollmux_vs_optimum_spend_weighted'] or float('nan'):>17.3f} "
+              f"{a['rollmux_vs_optimum_mean'] or float('nan'):>6.3f} {a['rollmux_vs_optimum_max'] or float('nan'):>6.3f} "
+              f"{a['spend_share_covered_mean']:>8.0%} {a['slo_attainment_min']:>8.0%} {-a['saving_vs_solo_d_mean']:>9.1%} "
+              f"{-a['saving_vs_colocated_mean']:>9.1%} {a['runs_with_cheaper_100pct_slo_baseline']:>13}")
+    print(f"wrote {out} and {png}")
+
+
+if __name__ == "__main__":
+    main()
