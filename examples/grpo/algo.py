@@ -3,7 +3,7 @@
 Shapes: ``B`` samples (= prompts x group size, samples of one prompt contiguous), ``L`` total
 sequence length (prompt + response), ``T = L - 1`` next-token positions.
 Source: GRPO (DeepSeekMath, Shao et al. 2024) group-normalised advantage; PPO clipped surrogate
-(Schulman et al. 2017); k3 KL estimator (Schulman 2020). Issue 3 "A real RL job to run".
+(Schulman et al. 2017); k3 KL estimator (Schulman 2020).
 """
 
 from __future__ import annotations
