@@ -45,34 +45,9 @@ def sched(ray_cluster, local_cluster_spec):
 def test_coexecuted_grpo_job_is_bit_identical_to_solo(sched):
     uid = uuid.uuid4().hex[:6]
     cfgs = [tiny(n, uid) for n in JOBS]
-    results: dict = {}
     # jobs arrive one after another (long job first, as in the demo): admission order is fixed, so
     # Alg. 1's online packing is deterministic; a barrier then starts the three loops together
-    barrier = threading.Barrier(len(cfgs), timeout=120)
-    admitted = [threading.Event() for _ in cfgs]
-
-    def go(i, cfg):
-        def ready():
-            admitted[i].set()
-            barrier.wait()
-
-        try:
-            results[cfg.job.job_id] = run_job(cfg, attach=True, scheduler_name=sched, ready=ready)
-        except BaseException as e:  # surfaced by the assertions below
-            results[cfg.job.job_id] = e
-            admitted[i].set()
-            barrier.abort()
-
-    threads = []
-    for i, c in enumerate(cfgs):
-        threads.append(threading.Thread(target=go, args=(i, c)))
-        threads[-1].start()
-        assert admitted[i].wait(120), f"{c.job.job_id} was not admitted"
-    for t in threads:
-        t.join(timeout=200)
-    assert not any(t.is_alive() for t in threads)
-    errors = {k: v for k, v in results.items() if isinstance(v, BaseException)}
-    assert not errors, errors
+    results = _coexecute(cfgs, sched)
     co = [results[c.job.job_id] for c in cfgs]
     assert all(r["mode"] == "scheduled" and r["iterations"] == N for r in co)
     assert len({r["info"]["group_id"] for r in co}) == 1, "the three jobs share one co-execution group"
