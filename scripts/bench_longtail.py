@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -94,37 +93,15 @@ def run_setting(spec, migrate: bool, n: int, sigma: float) -> dict:
     import ray
 
     from actors.global_scheduler import get_or_create_scheduler
-    from examples.grpo.job import run_job
+    from examples.grpo.job import run_coexecuted
 
     uid = uuid.uuid4().hex[:6]
     name = f"bench-longtail-{'on' if migrate else 'off'}-{uid}"
     sched = get_or_create_scheduler(spec, name=name, controller_kw={"migrate": migrate})
     ray.get(sched.health.remote(), timeout=120)
     cfgs = job_configs(n, sigma, uid)
-    res: dict = {}
-    barrier = threading.Barrier(len(cfgs), timeout=300)
-    admitted = [threading.Event() for _ in cfgs]
-
-    def go(i, cfg):
-        def ready():
-            admitted[i].set()
-            barrier.wait()
-
-        try:
-            res[cfg.job.job_id] = run_job(cfg, attach=True, scheduler_name=name, ready=ready)
-        except BaseException as e:
-            res[cfg.job.job_id] = e
-            admitted[i].set()
-            barrier.abort()
-
     t0 = time.perf_counter()
-    threads = []
-    for i, c in enumerate(cfgs):
-        threads.append(threading.Thread(target=go, args=(i, c)))
-        threads[-1].start()
-        admitted[i].wait(300)
-    for t in threads:
-        t.join(timeout=900)
+    res = run_coexecuted(cfgs, name, admit_timeout_s=300, finish_timeout_s=900)
     wall = time.perf_counter() - t0
     errors = {k: repr(v) for k, v in res.items() if isinstance(v, BaseException)}
     ray.kill(sched, no_restart=True)

@@ -4,13 +4,12 @@ job, same seed, run solo in plain mode."""
 
 from __future__ import annotations
 
-import threading
 import uuid
 
 import pytest
 
 from examples.grpo.config import ModelConfig, load_job_config
-from examples.grpo.job import run_job
+from examples.grpo.job import run_coexecuted, run_job
 from rollmux.config import CONFIG_DIR
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
@@ -71,30 +70,7 @@ def test_coexecuted_grpo_job_is_bit_identical_to_solo(sched):
 
 def _coexecute(cfgs, sched):
     """Run ``cfgs`` attached to ``sched``, admitted in order, started together; returns results."""
-    results: dict = {}
-    barrier = threading.Barrier(len(cfgs), timeout=240)
-    admitted = [threading.Event() for _ in cfgs]
-
-    def go(i, cfg):
-        def ready():
-            admitted[i].set()
-            barrier.wait()
-
-        try:
-            results[cfg.job.job_id] = run_job(cfg, attach=True, scheduler_name=sched, ready=ready)
-        except BaseException as e:  # surfaced by the assertions below
-            results[cfg.job.job_id] = e
-            admitted[i].set()
-            barrier.abort()
-
-    threads = []
-    for i, c in enumerate(cfgs):
-        threads.append(threading.Thread(target=go, args=(i, c)))
-        threads[-1].start()
-        assert admitted[i].wait(240), f"{c.job.job_id} was not admitted"
-    for t in threads:
-        t.join(timeout=280)
-    assert not any(t.is_alive() for t in threads)
+    results = run_coexecuted(cfgs, sched, admit_timeout_s=240, finish_timeout_s=280)
     errors = {k: v for k, v in results.items() if isinstance(v, BaseException)}
     assert not errors, errors
     return results

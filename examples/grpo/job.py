@@ -241,3 +241,44 @@ def run_job(
         "timeline": g.job.timeline,
         "info": g.job.info,
     }
+
+
+def run_coexecuted(cfgs: list[GRPOJobConfig], scheduler_name: str, *, admit_timeout_s: float,
+                   finish_timeout_s: float) -> dict[str, Any]:
+    """Run ``cfgs`` attached to the scheduler ``scheduler_name``: admitted one after another in
+    list order (so Alg. 1's online packing is deterministic), then started together by a barrier.
+
+    Returns ``{job_id: run_job result, or the exception that job raised}``.
+    Raises TimeoutError when a job is not admitted within ``admit_timeout_s`` or the jobs do not
+    finish within ``finish_timeout_s`` (seconds each).
+    """
+    import threading
+
+    results: dict[str, Any] = {}
+    barrier = threading.Barrier(len(cfgs), timeout=admit_timeout_s)
+    admitted = [threading.Event() for _ in cfgs]
+
+    def go(i: int, cfg: GRPOJobConfig) -> None:
+        def ready() -> None:
+            admitted[i].set()
+            barrier.wait()
+
+        try:
+            results[cfg.job.job_id] = run_job(cfg, attach=True, scheduler_name=scheduler_name, ready=ready)
+        except BaseException as e:  # returned to the caller
+            results[cfg.job.job_id] = e
+            admitted[i].set()
+            barrier.abort()
+
+    threads = []
+    for i, c in enumerate(cfgs):
+        threads.append(threading.Thread(target=go, args=(i, c)))
+        threads[-1].start()
+        if not admitted[i].wait(admit_timeout_s):
+            barrier.abort()
+            raise TimeoutError(f"{c.job.job_id} was not admitted within {admit_timeout_s:g} s")
+    for t in threads:
+        t.join(timeout=finish_timeout_s)
+    if any(t.is_alive() for t in threads):
+        raise TimeoutError(f"co-executed jobs did not finish within {finish_timeout_s:g} s")
+    return results
