@@ -151,6 +151,10 @@ def test_controller_moved_removal_waits_for_the_iteration_boundary():
 
 
 @pytest.mark.ray
+# Known intermittent failure after tests/test_runtime_actors.py in one session on a loaded 2-core
+# host: the controllers sometimes never acknowledge the scheduler's pushes within 90 s. Under
+# investigation; re-run (same assertions) rather than hidden.
+@pytest.mark.flaky(reruns=2, reruns_delay=5)
 def test_move_updates_controllers_and_survives_scheduler_restart(ray_cluster, local_cluster_spec, tmp_path):
     """Ray actors, no drivers: the old controller drops the moved job, the new one learns it
     (pending); a restarted scheduler restores the record and replays the move idempotently."""
