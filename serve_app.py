@@ -9,8 +9,23 @@ Routes (OpenAPI at ``/docs`` and ``/openapi.json``):
   reason; a malformed spec -> 422 naming the field and what it allows; a body that is not
   ``application/json`` -> 415; a body over ``max_request_bytes`` -> 413.
 - ``POST /v1/jobs:dry-run`` (token): the same decision and status codes, nothing changed.
-- ``GET /v1/jobs``, ``GET /v1/jobs/{job_id}`` (404 if unknown), ``DELETE /v1/jobs/{job_id}`` (token;
-  departure: nodes released, groups shrink or dissolve), ``GET /v1/groups``, ``GET /healthz``.
+- ``POST /v1/jobs`` with ``"queue": true`` on a bounded cluster: a job that does not fit now is
+  held by the admission queue -> 202 with ``queue_position``; it is admitted after a departure
+  frees room (in order, smaller jobs backfilling; :mod:`rollmux.admission_queue`). A full queue
+  -> 429 with ``Retry-After``.
+- ``GET /v1/jobs`` (optional ``limit`` / ``offset``), ``GET /v1/jobs/{job_id}`` (404 if unknown; a
+  queued job: state ``queued`` with ``queue_position`` and ``waited_s``), ``DELETE
+  /v1/jobs/{job_id}`` (token; departure: nodes released, groups shrink or dissolve, queued jobs
+  admitted into the room; a queued job is cancelled), ``GET /v1/groups``, ``GET /healthz``.
+
+Reads scale with replicas: each replica follows the scheduler's *published snapshot* (one version
+per commit; :meth:`actors.global_scheduler.GlobalSchedulerImpl.snapshot_since`, a long poll) and
+answers ``GET /v1/jobs`` / ``/v1/groups`` from it, never queueing behind the scheduler's writes; a
+write waits until the replica's copy holds it, so a client reads its own writes. Writes use the
+scheduler's group commit (``admit_batched`` / ``depart_batched``: one checkpoint write per batch).
+Overload is bounded: each replica holds at most ``max_pending_writes`` writes in flight (more ->
+429 with ``Retry-After``), and Serve's ``max_queued_requests`` bounds the requests queued at the
+proxy (more -> 503 with ``Retry-After``, Serve's ``BackpressureConfig``).
 
 Every error is a JSON body ``{"error": <kind>, "detail": <reason>}``; the scheduler being
 unreachable gives 503. The policy lives in :mod:`rollmux.admission` behind the ``GlobalScheduler``
@@ -32,7 +47,8 @@ import ray
 from fastapi import Depends, FastAPI, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import Query
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
@@ -41,7 +57,7 @@ from starlette.exceptions import HTTPException
 from actors.naming import NAMESPACE, SCHEDULER_NAME, control_plane_resources
 from rollmux.config import ServeConfig
 from rollmux.models import JOB_ID_MAX_LEN, JOB_ID_PATTERN, JobSpec
-from rollmux.records import JobRecord, MoveRecord
+from rollmux.records import JobRecord, MoveRecord, queued_records
 
 log = logging.getLogger("rollmux.serve")
 
@@ -91,6 +107,15 @@ class AdmissionView(_Open):
     )
     explanation: Explanation
     latency_ms: Optional[float] = Field(default=None, description="scheduler decision time, ms")
+    queued: bool = Field(default=False, description="held by the admission queue (202)")
+    queue_position: Optional[int] = Field(default=None, description="place in the admission queue, 1 = next")
+
+
+class SubmitRequest(JobSpec):
+    """``POST /v1/jobs`` body: a :class:`rollmux.models.JobSpec` plus ``queue``."""
+
+    queue: bool = Field(default=False, description="on a bounded cluster, hold the job in the admission queue "
+                        "when it does not fit now (202) instead of refusing it (409 retry_later)")
 
 
 #: One departure re-packing move: the scheduler's own record type (validated on the way out).
@@ -141,6 +166,7 @@ class AppSettings(BaseModel):
     scheduler_name: Optional[str] = None
     request_timeout_s: float = Field(default=30.0, gt=0, le=600)
     max_request_bytes: int = Field(default=MAX_REQUEST_BYTES, ge=1024, le=16 << 20)
+    max_pending_writes: int = Field(default=256, ge=1, le=100_000)
 
     @classmethod
     def from_config(cls, cfg: ServeConfig, token: str) -> "AppSettings":
@@ -153,6 +179,7 @@ class AppSettings(BaseModel):
             scheduler_name=cfg.scheduler_name,
             request_timeout_s=cfg.request_timeout_s,
             max_request_bytes=cfg.max_request_bytes,
+            max_pending_writes=cfg.max_pending_writes,
         )
 
 
@@ -179,7 +206,8 @@ class ApiError(Exception):
         self.status, self.kind, self.detail, self.extra = status, kind, detail, extra
 
     def response(self) -> JSONResponse:
-        headers = {"Retry-After": "5"} if self.status == 503 else ({"WWW-Authenticate": "Bearer"} if self.status == 401 else None)
+        headers = ({"Retry-After": str(self.extra.pop("retry_after_s", 5))} if self.status in (429, 503)
+                   else ({"WWW-Authenticate": "Bearer"} if self.status == 401 else None))
         return JSONResponse({"error": self.kind, "detail": self.detail, **self.extra}, status_code=self.status, headers=headers)
 
 
@@ -226,6 +254,117 @@ class SchedulerClient:
                 if attempt == 0:
                     await asyncio.sleep(0.5)
         raise ApiError(503, "scheduler_unavailable", f"scheduler {self.namespace}/{self.name} unreachable ({last})")
+
+
+class SnapshotCache:
+    """A replica's copy of the scheduler's published snapshot (jobs, groups, admission queue).
+
+    A background task long-polls ``snapshot_since(epoch, version)`` and applies each reply (a
+    delta, or everything after a scheduler restart); reads are answered from the copy, so they
+    never queue behind the scheduler's writes. Each job's JSON is encoded once per change, so a
+    list costs a join, not a re-encoding. ``ready`` is False until the first snapshot arrived or
+    after the scheduler stayed unreachable (readers then fall back to asking the scheduler).
+    """
+
+    LONG_POLL_S = 5.0
+
+    def __init__(self, client: "SchedulerClient"):
+        self.client = client
+        self.epoch: Optional[str] = None
+        self.version = -1
+        self.jobs: dict[str, dict] = {}
+        self._json: dict[str, bytes] = {}
+        self.groups: dict[str, dict] = {}
+        self._groups_json: Optional[bytes] = None
+        self.queue: list[dict] = []
+        self.ready = False
+        self._changed = asyncio.Event()
+        self._task: Optional[asyncio.Task] = None
+
+    def start(self) -> None:
+        """Start following (idempotent; on the first request, inside the replica's event loop)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._follow())
+
+    async def _follow(self) -> None:
+        import json
+
+        while True:
+            try:
+                d = await self.client.call("snapshot_since", self.epoch, self.version,
+                                           self.LONG_POLL_S if self.ready else 0.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the scheduler restarts: readers fall back, we try again
+                log.warning("snapshot follow failed: %s", e)
+                self.ready = False
+                await asyncio.sleep(0.5)
+                continue
+            if d.get("full"):
+                self.jobs, self._json, self.groups = {}, {}, {}
+            for jid, view in d["jobs"].items():
+                if view is None:
+                    self.jobs.pop(jid, None)
+                    self._json.pop(jid, None)
+                else:
+                    self.jobs.pop(jid, None)  # a re-admitted id moves to the end (admission order)
+                    self.jobs[jid] = view
+                    self._json[jid] = json.dumps(view, separators=(",", ":")).encode()
+            if d["groups"] or d.get("full"):
+                for gid, view in d["groups"].items():
+                    if view is None:
+                        self.groups.pop(gid, None)
+                    else:
+                        self.groups[gid] = view
+                self._groups_json = None
+            if d.get("queue") is not None:
+                self.queue = d["queue"]
+            self.epoch, self.version, self.ready = d["epoch"], d["version"], True
+            ev, self._changed = self._changed, asyncio.Event()
+            ev.set()
+
+    async def wait_version(self, version: Optional[int], timeout_s: float = 2.0) -> bool:
+        """Wait (bounded) until the copy holds ``version``; True when it does."""
+        self.start()
+        deadline = time.monotonic() + timeout_s
+        while not (self.ready and (version is None or self.version >= version)):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except asyncio.TimeoutError:
+                return False
+        return True
+
+    def jobs_body(self, limit: Optional[int], offset: int) -> bytes:
+        """``GET /v1/jobs`` from the copy: records in admission order, then the queued jobs."""
+        parts = list(self._json.values())
+        if self.queue:
+            import json
+
+            parts += [json.dumps(v, separators=(",", ":")).encode() for v in queued_records(self.queue, time.time())]
+        parts = parts[offset: None if limit is None else offset + limit]
+        return b"[" + b",".join(parts) + b"]"
+
+    def job(self, job_id: str) -> Optional[dict]:
+        if job_id in self.jobs:
+            return self.jobs[job_id]
+        for v in queued_records(self.queue, time.time()) if any(q["job_id"] == job_id for q in self.queue) else ():
+            if v["job_id"] == job_id:
+                return v
+        return None
+
+    def groups_body(self, limit: Optional[int], offset: int) -> bytes:
+        import json
+
+        if self._groups_json is None or limit is not None or offset:
+            views = list(self.groups.values())[offset: None if limit is None else offset + limit]
+            body = json.dumps(_finite(views), separators=(",", ":")).encode()
+            if limit is None and not offset:
+                self._groups_json = body
+            return body
+        return self._groups_json
 
 
 # ----------------------------------------------------------------------------- the input boundary
@@ -443,17 +582,45 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
             log.exception("unhandled error on %s %s", request.method, request.url.path)
             return JSONResponse({"error": "internal", "detail": f"{type(e).__name__}"}, status_code=500)
 
-    async def _admit(spec: JobSpec, dry_run: bool) -> JSONResponse:
+    cache = SnapshotCache(client)
+    writes = {"pending": 0}
+
+    class _WriteSlot:
+        """Bounds the writes this replica has in flight: beyond ``max_pending_writes`` -> 429."""
+
+        def __enter__(self):
+            if writes["pending"] >= settings.max_pending_writes:
+                raise ApiError(429, "overloaded", f"{writes['pending']} writes are in flight on this replica "
+                               f"(max_pending_writes); retry after the Retry-After seconds", retry_after_s=1)
+            writes["pending"] += 1
+
+        def __exit__(self, *exc):
+            writes["pending"] -= 1
+
+    async def _admit(spec: JobSpec, dry_run: bool, queue: bool = False) -> JSONResponse:
         t0 = time.perf_counter()
-        d = await client.call("admit", spec.model_dump(mode="json"), dry_run, retry=dry_run)
+        body = spec.model_dump(mode="json", exclude={"queue"})
+        with _WriteSlot():
+            d = await client.call("admit_batched", body, dry_run, queue, retry=dry_run)
+            if not dry_run and d.get("snapshot_version") is not None:
+                await cache.wait_version(d["snapshot_version"])  # this replica then reads its own write
         view = _admission_view(d, dry_run)
+        view["queued"], view["queue_position"] = bool(d.get("queued")), d.get("queue_position")
         view["scheduler_call_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
         if not view["admitted"]:
             code = view["explanation"]["code"]
             if code == "invalid":  # the scheduler's own validation (the API validated first)
                 return JSONResponse({"error": "invalid_request", "detail": view["explanation"]["reason"]}, status_code=422)
+            if code == "queued":
+                return JSONResponse(AdmissionView.model_validate(view).model_dump(mode="json"), status_code=202)
+            if code == "queue_full":
+                raise ApiError(429, "queue_full", view["explanation"]["reason"], retry_after_s=30)
+            if code == "unavailable":
+                raise ApiError(503, "scheduler_unavailable", view["explanation"]["reason"], retry_after_s=1)
             kind = "duplicate_job_id" if code == "duplicate" else f"not_admitted:{code}"
-            return JSONResponse({"error": kind, "detail": view["explanation"]["reason"], "decision": view}, status_code=409)
+            extra = {"would_queue": True} if d.get("would_queue") else {}
+            return JSONResponse({"error": kind, "detail": view["explanation"]["reason"], "decision": view, **extra},
+                                status_code=409)
         checked = AdmissionView.model_validate(view)  # a 2xx reply is validated against its model
         return JSONResponse(checked.model_dump(mode="json"), status_code=200 if dry_run else 201)
 
@@ -464,30 +631,43 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
 
     @app.post(
         "/v1/jobs", status_code=201, response_model=AdmissionView, dependencies=[Depends(need_token)],
-        responses={401: err, 409: err, 413: err, 415: err, 422: err, 503: err}, tags=["jobs"],
+        responses={202: {"model": AdmissionView, "description": "held by the admission queue (\"queue\": true)"},
+                   401: err, 409: err, 413: err, 415: err, 422: err, 429: err, 503: err}, tags=["jobs"],
     )
-    async def admit_job(spec: JobSpec) -> Any:
+    async def admit_job(spec: SubmitRequest) -> Any:
         """Admit a job (RollMux Alg. 1): 201 with its group, placement, marginal cost and predicted
-        slowdowns; 409 when it cannot be admitted (the reason says why) or its id is taken."""
-        return await _admit(spec, dry_run=False)
+        slowdowns; 409 when it cannot be admitted (the reason says why) or its id is taken. With
+        ``"queue": true`` a job that does not fit now is queued: 202 with ``queue_position``
+        (admitted after a departure frees room); 429 when the queue or this replica is full."""
+        return await _admit(spec, dry_run=False, queue=spec.queue)
 
     @app.post(
         "/v1/jobs:dry-run", response_model=AdmissionView, dependencies=[Depends(need_token)],
-        responses={401: err, 409: err, 413: err, 415: err, 422: err, 503: err}, tags=["jobs"],
+        responses={401: err, 409: err, 413: err, 415: err, 422: err, 429: err, 503: err}, tags=["jobs"],
     )
-    async def dry_run_job(spec: JobSpec) -> Any:
-        """What-if: the decision ``POST /v1/jobs`` would take now (200 or 409); nothing changes."""
-        return await _admit(spec, dry_run=True)
+    async def dry_run_job(spec: SubmitRequest) -> Any:
+        """What-if: the decision ``POST /v1/jobs`` would take now (200 or 409, with ``would_queue``
+        when ``"queue": true`` would hold it); nothing changes."""
+        return await _admit(spec, dry_run=True, queue=spec.queue)
 
     @app.get("/v1/jobs", response_model=list[JobView], dependencies=[Depends(read_access)], responses={401: err, 503: err}, tags=["jobs"])
-    async def list_jobs() -> Any:
-        """Every job the scheduler knows: state, group, iterations, slowdown vs SLO."""
-        return await client.call("list_jobs")
+    async def list_jobs(limit: Optional[int] = Query(default=None, ge=1, le=100_000, description="at most this many"),
+                        offset: int = Query(default=0, ge=0, le=10_000_000, description="skip this many first")) -> Any:
+        """Every job the scheduler knows (admission order, then the queued jobs in line order):
+        state, group, iterations, slowdown vs SLO; queued jobs with ``queue_position`` and
+        ``waited_s``. Served from this replica's copy of the published snapshot."""
+        if await cache.wait_version(None):
+            return Response(cache.jobs_body(limit, offset), media_type="application/json")
+        jobs = await client.call("list_jobs")
+        return jobs[offset: None if limit is None else offset + limit]
 
     @app.get("/v1/jobs/{job_id}", response_model=JobView, dependencies=[Depends(read_access)], responses={401: err, 404: err, 503: err}, tags=["jobs"])
     async def get_job(job_id: str = PathParam(max_length=JOB_ID_MAX_LEN, pattern=JOB_ID_PATTERN)) -> Any:
-        """One job: state, iterations done, measured vs predicted phase times (s), slowdown vs SLO."""
-        job = await client.call("get_job", job_id)
+        """One job: state, iterations done, measured vs predicted phase times (s), slowdown vs SLO
+        (a queued job: ``queue_position`` and ``waited_s``)."""
+        job = cache.job(job_id) if await cache.wait_version(None) else None
+        if job is None:  # not in this replica's copy (yet): ask the scheduler
+            job = await client.call("get_job", job_id)
         if job is None:
             raise ApiError(404, "not_found", f"unknown job_id {job_id!r}")
         return job
@@ -497,8 +677,14 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
         """Departure: the job leaves its group; nodes no remaining member uses are released, an
         empty group dissolves; then departure re-packing may move jobs of small groups into other
         groups when every SLO still holds and the $/h drops (``moves``). 404 for an unknown id,
-        409 ``already_ended`` for a job that already finished or failed."""
-        out = await client.call("depart", job_id)
+        409 ``already_ended`` for a job that already finished or failed. Queued jobs that fit into
+        the freed room are admitted (``admitted_from_queue``); a queued job is cancelled."""
+        with _WriteSlot():
+            out = await client.call("depart_batched", job_id)
+            if out is not None and out.get("unavailable"):
+                raise ApiError(503, "scheduler_unavailable", out["unavailable"], retry_after_s=1)
+            if out is not None and out.get("snapshot_version") is not None:
+                await cache.wait_version(out.pop("snapshot_version"))
         if out is None:
             raise ApiError(404, "not_found", f"unknown job_id {job_id!r}")
         if out.get("already_ended"):
@@ -506,9 +692,14 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
         return out
 
     @app.get("/v1/groups", response_model=list[GroupView], dependencies=[Depends(read_access)], responses={401: err, 503: err}, tags=["groups"])
-    async def list_groups() -> Any:
-        """Co-execution groups: members, nodes, cost (USD/h), T_cycle, T_load and slack (s)."""
-        return await client.call("list_groups")
+    async def list_groups(limit: Optional[int] = Query(default=None, ge=1, le=100_000, description="at most this many"),
+                          offset: int = Query(default=0, ge=0, le=10_000_000, description="skip this many first")) -> Any:
+        """Co-execution groups: members, nodes, cost (USD/h), T_cycle, T_load and slack (s).
+        Served from this replica's copy of the published snapshot."""
+        if await cache.wait_version(None):
+            return Response(cache.groups_body(limit, offset), media_type="application/json")
+        groups = await client.call("list_groups")
+        return groups[offset: None if limit is None else offset + limit]
 
     return app
 
@@ -532,12 +723,16 @@ def deploy(cfg: ServeConfig, token: str, *, route_prefix: str = "/") -> str:
     Needs a connected Ray driver. Replicas are pinned to the head (``rollmux_head`` resource)
     when the cluster has one. Returns the base URL. Raises ValueError without a token.
     """
+    from ray.serve.config import BackpressureConfig
+
     settings = AppSettings.from_config(cfg, token)
     serve.start(http_options={"host": cfg.host, "port": cfg.port}, proxy_location="HeadOnly")
     opts: dict[str, Any] = {"num_cpus": 0}
     if res := control_plane_resources():
         opts["resources"] = res
     app = RollMuxAPI.options(num_replicas=cfg.num_replicas, max_ongoing_requests=cfg.max_ongoing_requests,
+                             max_queued_requests=cfg.max_queued_requests,
+                             backpressure_config=BackpressureConfig(status_code=503, retry_after_s=1),
                              ray_actor_options=opts).bind(settings.model_dump())
     serve.run(app, name=cfg.app_name, route_prefix=route_prefix)
     return cfg.base_url

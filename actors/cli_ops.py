@@ -709,11 +709,14 @@ def _undeploy(cfg: ServeConfig, state: dict) -> list[str]:
 def submit(
     spec: Path = typer.Argument(..., help="job spec YAML (configs/jobs/*.yaml; a top-level `job:` key is accepted)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="what-if: decide without admitting"),
+    queue: bool = typer.Option(False, "--queue", help="on a bounded cluster, hold the job in the admission queue when it "
+                               "does not fit now (admitted after a departure frees room) instead of refusing it"),
     config: Optional[Path] = typer.Option(None, "--config", help=_CFG_HELP),
     port: Optional[int] = typer.Option(None, help="HTTP port of the API"),
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="default: the stack the last `rollmux up` started"),
 ) -> None:
-    """Submit a job spec to the admission API (POST /v1/jobs) and print the decision."""
+    """Submit a job spec to the admission API (POST /v1/jobs) and print the decision (with
+    ``--queue``: queued, with its place in line, when it does not fit now)."""
     cfg, _ = _resolve(config, state_dir, port=port)
     try:
         job = load_job(spec)
@@ -721,11 +724,14 @@ def submit(
         _fail(str(e), 2)
     if cfg.resolve_token() is None:
         _fail(f"no API token: set ${cfg.token_env} or create {cfg.token_path} (`rollmux up` does)", 2)
-    r = _http(cfg, "POST", "/v1/jobs:dry-run" if dry_run else "/v1/jobs", json=job.model_dump(mode="json"))
+    r = _http(cfg, "POST", "/v1/jobs:dry-run" if dry_run else "/v1/jobs",
+              json={**job.model_dump(mode="json"), **({"queue": True} if queue else {})})
     body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {"detail": r.text}
     d = body.get("decision", body)
     t = Table(title=f"{'dry run: ' if dry_run else ''}job {job.job_id}: HTTP {r.status_code}", show_header=False)
-    if r.status_code in (200, 201):
+    if r.status_code == 202:
+        t.add_row("decision", f"[yellow]queued[/] at position {body.get('queue_position')}")
+    elif r.status_code in (200, 201):
         t.add_row("decision", "[green]admissible[/]" if dry_run else "[green]admitted[/]")
     else:
         t.add_row("decision", f"[red]{body.get('error', 'refused')}[/]")
@@ -741,7 +747,7 @@ def submit(
             t.add_row(f"slowdown {j}", f"{s:.3f}x")
         t.add_row("explanation", d["explanation"].get("reason", ""))
     console.print(t)
-    if r.status_code not in (200, 201):
+    if r.status_code not in (200, 201, 202):
         raise typer.Exit(1)
 
 
@@ -769,13 +775,16 @@ def status(
     for c in ("job", "state", "group", "iterations", "slowdown", "SLO", "error"):
         tj.add_column(c)
     for j in jobs.json():
-        tj.add_row(j["job_id"], _fmt(j.get("state")), _fmt(j.get("group_id")), _fmt(j.get("iterations_done")),
+        state = j.get("state")
+        if state == "queued":  # its place in line and how long it has waited
+            state = f"queued #{j.get('queue_position')} ({(j.get('waited_s') or 0.0):.0f} s)"
+        tj.add_row(j["job_id"], _fmt(state), _fmt(j.get("group_id")), _fmt(j.get("iterations_done")),
                    _fmt(j.get("slowdown")), _fmt(j.get("slo")), _fmt(j.get("error")))
     console.print(tg)
     console.print(tj)
     hj = h.json()
     console.print(f"scheduler {hj.get('name', '?')}: {'ok' if hj.get('ok') else 'NOT ok'}, {hj.get('jobs', 0)} jobs, "
-                  f"{hj.get('groups', 0)} groups" + (" (restored from its checkpoint)" if hj.get("restored") else ""))
+                  f"{hj.get('groups', 0)} groups, {hj.get('queued', 0)} queued" + (" (restored from its checkpoint)" if hj.get("restored") else ""))
 
 
 def urls(

@@ -32,10 +32,13 @@ False`` and a ``code``), not exceptions. Codes besides the policy's (ok | never 
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import functools
 import logging
 import threading
 import time
+import uuid
 from typing import Any, Optional
 
 from pydantic import ValidationError
@@ -46,9 +49,10 @@ from actors.naming import (  # noqa: F401  (NAMESPACE, SCHEDULER_NAME, get_sched
     NAMESPACE, SCHEDULER_NAME, control_plane_resources, controller_name, ensure_ray, get_actor, get_scheduler,
 )
 from rollmux.admission import AdmissionDecision, InterGroupScheduler, SchedulerConfig, load_scheduler_config
+from rollmux.admission_queue import AdmissionQueue, QueueFull
 from rollmux.models import ClusterSpec, JobSpec
 from rollmux.nodes import node_index
-from rollmux.records import JobRecord, JobState, MoveRecord, NodePlacement
+from rollmux.records import JobRecord, JobState, MoveRecord, NodePlacement, queued_records
 
 log = logging.getLogger("rollmux.scheduler")
 
@@ -59,6 +63,8 @@ RECONCILE_S = 1.0  # the reconcile loop's period, s
 RECONCILE_FULL_S = 15.0  # every group's controller is re-pushed this often, s
 PUSH_RETRY_S = 10.0  # an unacknowledged push is sent again after this long, s
 QUERY_TIMEOUT_S = 10.0  # the one query that reads a controller (group_timeline), s
+GROUP_COMMIT_WINDOW_S = 0.002  # a batch of the HTTP path's decisions collects this long before its one write, s
+SNAPSHOT_LOG = 4096  # published deltas kept for replicas catching up (older: a full snapshot)
 
 
 def _locked(fn):
@@ -110,6 +116,21 @@ class GlobalSchedulerImpl:
         self._dirty: dict[str, int] = {}  # group_id -> seq of the push not yet acknowledged
         self._inflight: dict[str, tuple[int, Any, float]] = {}  # group_id -> (seq, ObjectRef, sent at)
         self._seq = time.time_ns()  # push sequence (increasing across restarts)
+        # group commit (the HTTP path's admit_batched / depart_batched): changes wait here for ONE write
+        self._defer = False
+        self._pending_jobs: dict[str, None] = {}
+        self._pending_groups: dict[str, None] = {}
+        self._pending_push: dict[str, None] = {}
+        self._dropped: list[str] = []
+        self._queue_dirty = False
+        self._waiters: list[Any] = []  # asyncio futures of the batch being collected
+        self._flush_scheduled = False
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        # the published snapshot: one version per commit, deltas kept for Serve replicas
+        self.epoch = uuid.uuid4().hex
+        self.version = 0
+        self._deltas: collections.deque[dict] = collections.deque(maxlen=SNAPSHOT_LOG)
+        self._published: Optional[asyncio.Event] = None
         meta = self.kv.get(self.key)
         if meta and meta.get("version") == CHECKPOINT_VERSION:
             self._restore(meta)
@@ -121,6 +142,8 @@ class GlobalSchedulerImpl:
             cfg = SchedulerConfig.model_validate({**base.model_dump(), **overrides})
             self.igs = InterGroupScheduler(self.cluster, config=cfg)
             self._checkpoint()
+        self.queue = AdmissionQueue.from_config(self.igs.config)
+        self.queue.restore(self.kv.get(self._qkey()))
         # new GroupControllers carry the config's long-tail settings; explicit controller_kw wins
         self.controller_kw = {**self.igs.config.controller_settings(), **self.controller_kw}
         self._stop = threading.Event()
@@ -166,6 +189,9 @@ class GlobalSchedulerImpl:
     def _jkey(self, job_id: str) -> str:
         return f"{self.name}.j.{job_id}"
 
+    def _qkey(self) -> str:
+        return f"{self.name}.queue"
+
     @staticmethod
     def _stored(rec: JobRecord) -> dict:
         """What the checkpoint keeps of a record: an active job's placement is the policy's
@@ -175,6 +201,48 @@ class GlobalSchedulerImpl:
         return rec.public()
 
     def _checkpoint(self, jobs: tuple = (), groups: tuple = ()) -> None:
+        """Commit a state change of ``jobs`` / ``groups``: at once, or (inside :meth:`admit_batched` /
+        :meth:`depart_batched`, group commit) with the batch being collected, in ONE write for the
+        batch. Either way every change waiting is written, then published (:meth:`snapshot_since`)."""
+        self._pending_jobs.update(dict.fromkeys(jobs))
+        self._pending_groups.update(dict.fromkeys(groups))
+        if not self._defer:
+            self._flush(force=True)
+
+    def _flush(self, force: bool = False) -> None:
+        """Write every change waiting (one checkpoint write), publish it as the next snapshot
+        version, push the touched groups' controllers and release the batch's waiters. A failed
+        write restores the last written state (nothing of the batch happened) and fails the waiters."""
+        jobs, groups = tuple(self._pending_jobs), tuple(self._pending_groups)
+        queue_changed, pushes, waiters = self._queue_dirty, tuple(self._pending_push), self._waiters
+        self._pending_jobs, self._pending_groups, self._pending_push, self._waiters = {}, {}, {}, []
+        self._queue_dirty = False
+        if not (force or jobs or groups or queue_changed or waiters):
+            return
+        try:
+            self._write(jobs, groups)
+            if queue_changed:
+                self.kv.put(self._qkey(), self.queue.snapshot())
+        except Exception as e:
+            log.exception("checkpoint write failed: the batch of %d waiting calls is undone", len(waiters))
+            self._reload()
+            self._resolve(waiters, e)
+            raise
+        dropped, self._dropped = self._dropped, []
+        self._publish(jobs, groups, dropped, queue_changed)
+        self._push(pushes)
+        self._resolve(waiters, None)
+
+    def _reload(self) -> None:
+        """Back to the last written state after a failed write (the uncommitted changes never happened)."""
+        meta = self.kv.get(self.key)
+        self.jobs = {}
+        if meta and meta.get("version") == CHECKPOINT_VERSION:
+            self._restore(meta)
+        self.queue.restore(self.kv.get(self._qkey()))
+        self._publish_full()
+
+    def _write(self, jobs: tuple = (), groups: tuple = ()) -> None:
         """Write the target state: the given job records and groups, then the header (the policy's
         snapshot header and group ids). Records of finished jobs beyond MAX_FINISHED_RECORDS are
         dropped. Crash between writes: see :meth:`_restore` (an uncommitted job is marked failed)."""
@@ -183,6 +251,7 @@ class GlobalSchedulerImpl:
         for j in done[: max(0, len(done) - MAX_FINISHED_RECORDS)]:
             del self.jobs[j]
             self.kv.delete(self._jkey(j))
+            self._dropped.append(j)
         for j in jobs:
             if j in self.jobs:
                 self.kv.put(self._jkey(j), self._stored(self.jobs[j]))
@@ -252,7 +321,11 @@ class GlobalSchedulerImpl:
 
     def _push(self, groups, lookup: bool = False) -> None:
         """Send each group's target membership to its controller, if it has one; never waits.
-        ``lookup``: also find controllers not cached yet by name (restart, reconcile thread)."""
+        ``lookup``: also find controllers not cached yet by name (restart, reconcile thread).
+        Inside a group commit the pushes wait for the batch's write (target state first)."""
+        if self._defer and not lookup:
+            self._pending_push.update(dict.fromkeys(groups))
+            return
         for gid in dict.fromkeys(groups):
             h = self._controller(gid, lookup=lookup)
             if h is None:  # no controller (yet, or any more): nothing to converge until one is created
@@ -356,11 +429,15 @@ class GlobalSchedulerImpl:
 
     # ---- admission
     @_locked
-    def admit(self, spec: dict, dry_run: bool = False) -> dict:
+    def admit(self, spec: dict, dry_run: bool = False, queue: bool = False) -> dict:
         """Admit (or, with ``dry_run``, only evaluate) a job: ``AdmissionDecision.to_dict()``.
 
         On admission the job record and its group are checkpointed, then the group's controller
-        (if it exists) gets the new membership pushed. Source: RollMux §4.2, Alg. 1.
+        (if it exists) gets the new membership pushed. ``queue``: a job that does not fit now
+        (``retry_later``) is held by the admission queue (:mod:`rollmux.admission_queue`) instead
+        of refused: code ``queued`` with ``queue_position``; a full queue refuses with code
+        ``queue_full``. While jobs are queued, a new job larger than a queued one waits behind it
+        (code ``retry_later`` without ``queue``). Source: RollMux §4.2, Alg. 1.
         """
         t0 = time.perf_counter()
         try:
@@ -371,13 +448,54 @@ class GlobalSchedulerImpl:
         old = self.jobs.get(job.job_id)
         if old is not None and old.state.is_active():
             return self._refusal(job.job_id, "duplicate", f"job {job.job_id!r} is already {old.state}", t0, dry_run)
+        if job.job_id in self.queue:
+            return self._refusal(job.job_id, "duplicate", f"job {job.job_id!r} is already queued (position "
+                                 f"{self.queue.position(job.job_id)})", t0, dry_run)
+        if not self.queue.may_try_now(job):  # queued jobs first: a larger newcomer waits behind them
+            why = (f"{len(self.queue)} queued jobs are ahead and this job is larger than one of them "
+                   "(admission queue order)")
+            if queue and not dry_run:
+                return self._enqueue(job, why, t0)
+            d = self._refusal(job.job_id, "retry_later", why, t0, dry_run)
+            return {**d, "would_queue": True} if queue else d
         decision = self.igs.decide(job)
         out = decision.to_dict()
+        if queue and not out.get("admitted") and out.get("code") == "retry_later":
+            if dry_run:
+                return {**out, "would_queue": True}
+            return self._enqueue(job, out.get("reason", ""), t0, out)
         if dry_run or not out.get("admitted"):
             if not dry_run:
                 self.metrics.admission(out.get("code", "refused"), out.get("latency_ms", 0.0))
             return out
         grp = self.igs.commit(decision)
+        self._admitted(job, out, t0, grp)
+        return out
+
+    def _enqueue(self, job: JobSpec, reason: str, t0: float, decision: Optional[dict] = None) -> dict:
+        """Hold ``job`` in the admission queue (checkpointed with the queue); the answer is the
+        decision with code ``queued`` and ``queue_position``, or ``queue_full``."""
+        base = dict(decision or {})
+        try:
+            pos = self.queue.push(job, time.time(), reason=reason)
+        except QueueFull as e:
+            out = self._refusal(job.job_id, "queue_full", str(e), t0, False)
+            return {**out, "candidates": base.get("candidates", []), "pruned": base.get("pruned", [])}
+        self._queue_dirty = True
+        self._checkpoint()
+        self._queue_metrics()
+        ms = (time.perf_counter() - t0) * 1e3
+        self.metrics.admission("queued", ms)
+        return {**base, "job_id": job.job_id, "admitted": False, "code": "queued", "queued": True,
+                "queue_position": pos, "reason": f"queued at position {pos}: {reason}",
+                "latency_ms": base.get("latency_ms", ms), "policy": self.igs.policy}
+
+    def _queue_metrics(self) -> None:
+        self.metrics.queue(len(self.queue), self.queue.oldest_wait_s(time.time()))
+
+    def _admitted(self, job: JobSpec, out: dict, t0: float, grp, queued=None) -> None:
+        """Record a committed admission (``grp``: the group the policy committed it to): the job
+        record (with its queue wait when ``queued``), checkpoint, controller push, metrics."""
         gid = out["group_id"] = grp.group_id if grp is not None else out["group_id"]
         member = self.igs.member(job.job_id)
         prof = member.profile if member is not None else None
@@ -387,13 +505,44 @@ class GlobalSchedulerImpl:
             predicted=None if prof is None else {"t_roll_s": prof.t_roll_s, "t_train_s": prof.t_train_s,
                                                  "t_sync_s": prof.t_sync_s, "t_solo_s": prof.t_solo_s},
             predicted_slowdown=(out.get("predicted_slowdowns") or {}).get(job.job_id), admitted_at=time.time())
+        if queued is not None:
+            rec = self.jobs[job.job_id]
+            rec.queued_at, rec.waited_s = queued.enqueued_at, max(0.0, rec.admitted_at - queued.enqueued_at)
+            self.metrics.queue_wait(rec.waited_s)
         self._checkpoint(jobs=(job.job_id,), groups=(gid,))  # target state first, then act
         self._push([gid])
         self.metrics.admission("admitted", out.get("latency_ms", (time.perf_counter() - t0) * 1e3))
         self.metrics.job(job.job_id, slo=job.slo, iterations=0)
         self._cost_metrics(gid)
         out["latency_ms"] = out.get("latency_ms", (time.perf_counter() - t0) * 1e3)
-        return out
+
+    def _drain_queue(self) -> list[str]:
+        """After a departure: admit queued jobs into the freed room (in order, with backfill,
+        through Alg. 1: :meth:`rollmux.admission_queue.AdmissionQueue.drain`); a queued job that
+        can never fit ends as ``failed`` with the reason. Returns the admitted job ids."""
+        if not len(self.queue):
+            return []
+        defer, self._defer = self._defer, True  # the admissions of one pass: one checkpoint write
+        try:
+            t0 = time.perf_counter()
+            res = self.queue.drain(self.igs, time.time())
+            if res.tried:
+                self._queue_dirty = True
+            for q, d in res.admitted:
+                self._admitted(q.spec, d.to_dict(), t0, self.igs.group_of(q.job_id), queued=q)
+            now = time.time()
+            for q, d in res.dropped:
+                self.jobs.pop(q.job_id, None)
+                self.jobs[q.job_id] = JobRecord(job_id=q.job_id, state=JobState.FAILED, slo=q.spec.slo, queued_at=q.enqueued_at,
+                                                waited_s=now - q.enqueued_at, ended_at=now,
+                                                error=f"left the admission queue, it can never be admitted: {d.reason}")
+                self._checkpoint(jobs=(q.job_id,))
+            self._queue_metrics()
+        finally:
+            self._defer = defer
+        if not defer:
+            self._flush()
+        return [q.job_id for q, _ in res.admitted]
 
     def _refusal(self, job_id, code: str, reason: str, t0: float, dry_run: bool) -> dict:
         """A refusal of the scheduler itself (``invalid`` | ``duplicate``) as an AdmissionDecision."""
@@ -416,8 +565,16 @@ class GlobalSchedulerImpl:
 
         Returns ``{job_id, state, released_nodes, group_dissolved, dissolved_groups, moves}``
         (``moves``: the departure re-packing moves carried out, as :class:`MoveRecord` dicts);
-        None for an unknown job id.
+        None for an unknown job id. A queued job leaves the admission queue (``state``:
+        ``cancelled``). Queued jobs that fit into the freed room are admitted (``admitted_from_queue``).
         """
+        if job_id in self.queue:
+            self.queue.remove(job_id)
+            self._queue_dirty = True
+            self._checkpoint()
+            self._queue_metrics()
+            return {"job_id": job_id, "state": "cancelled", "released_nodes": [], "group_dissolved": False,
+                    "dissolved_groups": [], "moves": []}
         return self._end(job_id, JobState.FINISHED, None)
 
     def _end(self, job_id: str, state: JobState, error: Optional[str]) -> Optional[dict]:
@@ -469,8 +626,10 @@ class GlobalSchedulerImpl:
                 self.metrics.group_dissolved(g)
             else:
                 self._cost_metrics(g)
+        started = self._drain_queue()  # the freed room goes to queued jobs
         return {"job_id": job_id, "state": str(state), "released_nodes": released, "group_dissolved": gid in dissolved,
-                "dissolved_groups": dissolved, "moves": [m.model_dump(mode="json") for m in done]}
+                "dissolved_groups": dissolved, "moves": [m.model_dump(mode="json") for m in done],
+                **({"admitted_from_queue": started} if started else {})}
 
     def _nodes_in_use(self) -> set[str]:
         return {n for g in self.igs.groups for n in (*g.rollout_nodes, *g.train_nodes)}
@@ -503,12 +662,177 @@ class GlobalSchedulerImpl:
     # ---- queries
     @_locked
     def list_jobs(self) -> list[dict]:
-        return [self._view(r).public() for r in self.jobs.values()]
+        """Every job record (admission order), then the queued jobs (line order)."""
+        return [self._view(r).public() for r in self.jobs.values()] + self._queued_views()
 
     @_locked
     def get_job(self, job_id: str) -> Optional[dict]:
         r = self.jobs.get(job_id)
+        if r is None and job_id in self.queue:
+            return next(v for v in self._queued_views() if v["job_id"] == job_id)
         return None if r is None else self._view(r).public()
+
+    def _queue_view(self) -> list[dict]:
+        """The admission queue as published: ``job_id, slo, queued_at, reason`` in line order."""
+        return [{"job_id": q.job_id, "slo": q.spec.slo, "queued_at": q.enqueued_at, "reason": q.reason}
+                for q in self.queue.jobs()]
+
+    def _queued_views(self, now: Optional[float] = None) -> list[dict]:
+        return queued_records(self._queue_view(), time.time() if now is None else now)
+
+    def _group_view(self, gid: str) -> Optional[dict]:
+        """A group as ``GET /v1/groups`` lists it (None once dissolved)."""
+        try:
+            st = self.igs.group_stats(gid)
+        except KeyError:
+            return None
+        return {"group_id": gid, "members": st["members"], "rollout_nodes": st["rollout_nodes"],
+                "train_nodes": st["train_nodes"], "cost_usd_per_h": st["cost_usd_per_h"],
+                "t_cycle_s": st["t_cycle_s"], "t_load_s": st["t_load_s"], "slack_s": st["slack_s"],
+                "controller": controller_name(gid, self.name)}
+
+    # ---- the published snapshot (Serve replicas answer reads from it) and group commit
+    def _publish(self, jobs: tuple, groups: tuple, dropped: list, queue_changed: bool) -> None:
+        """Publish one committed change as the next version: the views of the changed jobs (and
+        of every member of a changed group), of the changed groups (None: gone) and the queue."""
+        gids = dict.fromkeys(groups)
+        for j in jobs:
+            rec = self.jobs.get(j)
+            if rec is not None and (g := self._group_id(rec)) is not None:
+                gids[g] = None
+        jids = dict.fromkeys(jobs)
+        for g in gids:
+            try:
+                grp = self.igs.group(g)
+            except KeyError:
+                continue
+            jids.update(dict.fromkeys(m.spec.job_id for m in grp.members))
+        views = {j: (None if (r := self.jobs.get(j)) is None else self._view(r).public()) for j in jids}
+        views.update({j: None for j in dropped})
+        self.version += 1
+        self._deltas.append({"version": self.version, "jobs": views, "groups": {g: self._group_view(g) for g in gids},
+                             "queue": self._queue_view() if queue_changed else None})
+        self._wake()
+
+    def _publish_full(self) -> None:
+        """The next version replaces everything (after a restore): replicas fetch a full snapshot."""
+        self.version += 1
+        self._deltas.clear()
+        self._deltas.append({"version": self.version, "full": True})
+        self._wake()
+
+    def _full_snapshot(self) -> dict:
+        return {"epoch": self.epoch, "version": self.version, "full": True,
+                "jobs": {j: self._view(r).public() for j, r in self.jobs.items()},
+                "groups": {g.group_id: self._group_view(g.group_id) for g in self.igs.groups},
+                "queue": self._queue_view()}
+
+    def _wake(self) -> None:
+        """Wake the replicas waiting in :meth:`snapshot_since` (from any thread)."""
+        if self._loop is None:
+            return
+
+        def fire() -> None:
+            ev, self._published = self._published, asyncio.Event()
+            if ev is not None:
+                ev.set()
+
+        try:
+            self._loop.call_soon_threadsafe(fire)
+        except RuntimeError:  # the loop closed (actor shutting down)
+            pass
+
+    def _resolve(self, waiters: list, err: Optional[BaseException]) -> None:
+        if not waiters or self._loop is None:
+            return
+        version = self.version
+
+        def done() -> None:
+            for f in waiters:
+                if not f.done():
+                    f.set_exception(err) if err is not None else f.set_result(version)
+
+        self._loop.call_soon_threadsafe(done)
+
+    async def snapshot_since(self, epoch: Optional[str], version: int, wait_s: float = 5.0) -> dict:
+        """The published state changes after ``version`` of ``epoch`` (this actor instance's id):
+        ``{epoch, version, full: False, jobs: {id: view | None}, groups: {id: view | None},
+        queue: [..] | None}`` (None: gone / unchanged), or everything (``full: True``) when the
+        caller is new, of another instance, or too far behind. Waits up to ``wait_s`` for a new
+        version when the caller is current (a long poll: the waiting costs the actor nothing).
+        Versions count commits: a reply is at most one commit old."""
+        self._loop = asyncio.get_running_loop()
+        if epoch == self.epoch and version == self.version and wait_s > 0:
+            if self._published is None:
+                self._published = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._published.wait(), timeout=min(float(wait_s), 60.0))
+            except asyncio.TimeoutError:
+                pass
+        with self._lock:
+            newer = [d for d in self._deltas if d["version"] > version]
+            if (epoch != self.epoch or version > self.version or any(d.get("full") for d in newer)
+                    or (newer and newer[0]["version"] != version + 1)):
+                return self._full_snapshot()
+            out: dict = {"epoch": self.epoch, "version": self.version, "full": False, "jobs": {}, "groups": {},
+                         "queue": None}
+            for d in newer:
+                out["jobs"].update(d["jobs"])
+                out["groups"].update(d["groups"])
+                if d["queue"] is not None:
+                    out["queue"] = d["queue"]
+            return out
+
+    async def admit_batched(self, spec: dict, dry_run: bool = False, queue: bool = False) -> dict:
+        """:meth:`admit` with group commit (the HTTP path): the decision is taken at once, in
+        arrival order; its checkpoint write is shared with the other decisions of the batch
+        (collected for ``GROUP_COMMIT_WINDOW_S`` and while the previous write runs) and the call
+        returns once that write is done, with ``snapshot_version`` (the published version that
+        contains it). A failed write: code ``unavailable`` (nothing of the batch happened)."""
+        out = await self._batched(self.admit, spec, dry_run, queue)
+        if "unavailable" in out:
+            return {"job_id": spec.get("job_id") if isinstance(spec, dict) else None, "admitted": False,
+                    "code": "unavailable", "reason": out["unavailable"]}
+        return out
+
+    async def depart_batched(self, job_id: str) -> Optional[dict]:
+        """:meth:`depart` with group commit (see :meth:`admit_batched`); ``{"unavailable": reason}``
+        when the batch's write failed (the departure did not happen)."""
+        return await self._batched(self.depart, job_id)
+
+    async def _batched(self, fn, *args):
+        loop = self._loop = asyncio.get_running_loop()
+        with self._lock:
+            self._defer = True
+            try:
+                out = fn(*args)
+            finally:
+                self._defer = False
+            if not (self._pending_jobs or self._pending_groups or self._queue_dirty):
+                if isinstance(out, dict):
+                    out["snapshot_version"] = self.version
+                return out
+            fut = loop.create_future()
+            self._waiters.append(fut)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                loop.create_task(self._flush_soon())
+        try:
+            version = await fut
+        except Exception as e:  # the batch's write failed: nothing of it happened
+            return {"unavailable": f"the checkpoint write failed ({type(e).__name__}: {e}); nothing changed, retry"}
+        if isinstance(out, dict):
+            out["snapshot_version"] = version
+        return out
+
+    async def _flush_soon(self) -> None:
+        await asyncio.sleep(GROUP_COMMIT_WINDOW_S)
+        with self._lock:
+            self._flush_scheduled = False
+            try:
+                self._flush()
+            except Exception:  # logged by _flush; the waiters got the error
+                pass
 
     @_locked
     def list_groups(self) -> list[dict]:
@@ -525,7 +849,7 @@ class GlobalSchedulerImpl:
     @_locked
     def health(self) -> dict:
         return {"ok": True, "jobs": sum(r.state.is_active() for r in self.jobs.values()),
-                "groups": len(self.igs.groups), "restored": self.restored, "name": self.name,
+                "groups": len(self.igs.groups), "queued": len(self.queue), "snapshot_version": self.version, "restored": self.restored, "name": self.name,
                 "unacked_pushes": len(self._dirty)}
 
     async def group_timeline(self, group_id: str) -> list[dict]:

@@ -18,6 +18,9 @@ rollmux_phase_switch_total          counter    kind          warm | cold | moved
 rollmux_job_moves_total             counter    -             jobs moved by departure re-packing
 rollmux_phase_switch_seconds        gauge      kind          last switch latency, s (warm | cold | moved)
 rollmux_reconcile_seconds           gauge      loop          duration of the last reconcile pass, s
+rollmux_queue_jobs                  gauge      queue         jobs held by the admission queue (queue="admission")
+rollmux_queue_oldest_wait_seconds   gauge      queue         wait so far of the first job in line, s
+rollmux_queue_wait_seconds          histogram  -             wait of each queued job when admitted, s
 ==================================  =========  ============  ==========================================
 
 Updates are buffered and applied by a background thread every ``flush_interval_s`` so that the
@@ -49,6 +52,7 @@ from typing import Any, Optional
 log = logging.getLogger("rollmux.metrics")
 
 LATENCY_BOUNDARIES_MS = [0.1, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000]
+WAIT_BOUNDARIES_S = [1, 10, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 86400]
 
 
 class RollmuxMetrics:
@@ -60,7 +64,8 @@ class RollmuxMetrics:
         refresh_interval_s: period at which every gauge is re-recorded from ``totals``, s.
     """
 
-    GAUGES = ("busy", "bubble", "bubble_ratio", "slowdown", "slo", "iters", "cost", "switch_s")
+    GAUGES = ("busy", "bubble", "bubble_ratio", "slowdown", "slo", "iters", "cost", "switch_s", "queue_jobs",
+              "queue_oldest_s")
     JOB_GAUGES = ("slowdown", "slo", "iters")
     #: ended job ids remembered to ignore late updates (events from controllers may cross the end)
     ENDED_MEMORY = 100_000
@@ -131,6 +136,14 @@ class RollmuxMetrics:
     def reconcile(self, seconds: float, loop: str = "controllers") -> None:
         """Duration of the last pass of a reconcile loop (the GlobalScheduler's), s."""
         self._push("reconcile", (loop, float(seconds)))
+    def queue(self, length: int, oldest_wait_s: float) -> None:
+        """The admission queue now holds ``length`` jobs; the first in line has waited ``oldest_wait_s``."""
+        self._push("queue", (int(length), float(oldest_wait_s)))
+
+    def queue_wait(self, wait_s: float) -> None:
+        """A queued job was admitted after waiting ``wait_s`` seconds."""
+        self._push("queue_wait", (float(wait_s),))
+
     def sync_cross_bytes(self, job_id: str, nbytes: int) -> None:
         """One weight sync of ``job_id`` sent ``nbytes`` across the pool boundary (counted by the
         sync executors / object-store transfers, not taken from the plan)."""
@@ -166,6 +179,10 @@ class RollmuxMetrics:
                 "reconcile_s": g("rollmux_reconcile_seconds", "Duration of the last reconcile pass, s", "loop"),
                 "sync_cross": Counter("rollmux_sync_cross_bytes_total",
                                       description="Weight-sync bytes sent across the pool boundary", tag_keys=("job_id",)),
+                "queue_jobs": g("rollmux_queue_jobs", "Jobs held by the admission queue", "queue"),
+                "queue_oldest_s": g("rollmux_queue_oldest_wait_seconds", "Wait so far of the first queued job, s", "queue"),
+                "queue_wait": Histogram("rollmux_queue_wait_seconds", description="Admission queue wait of admitted jobs, s",
+                                        boundaries=WAIT_BOUNDARIES_S),
                 "sync_last": g("rollmux_sync_cross_bytes_last", "Bytes the last weight sync sent across the pool boundary",
                                "job_id"),
             }
@@ -262,6 +279,17 @@ class RollmuxMetrics:
             if m:
                 m["sync_cross"].inc(float(nb), tags={"job_id": job_id})
                 m["sync_last"].set(float(nb), tags={"job_id": job_id})
+        elif kind == "queue":
+            n, oldest = a
+            t["queue_jobs"]["admission"], t["queue_oldest_s"]["admission"] = n, oldest
+            if m:
+                m["queue_jobs"].set(float(n), tags={"queue": "admission"})
+                m["queue_oldest_s"].set(oldest, tags={"queue": "admission"})
+        elif kind == "queue_wait":
+            t["queue_waits"] = t.get("queue_waits", 0) + 1
+            t["queue_wait_total_s"] = t.get("queue_wait_total_s", 0.0) + a[0]
+            if m:
+                m["queue_wait"].observe(a[0])
         elif kind == "switch":
             k, s = a
             t["switches"][k] = t["switches"].get(k, 0) + 1
@@ -276,7 +304,7 @@ class RollmuxMetrics:
             return 0
         m, n = self._metrics(), 0
         tag = {"busy": "pool", "bubble": "pool", "bubble_ratio": "pool", "slowdown": "job_id", "slo": "job_id", "iters": "job_id",
-               "cost": "group_id", "switch_s": "kind"}
+               "cost": "group_id", "switch_s": "kind", "queue_jobs": "queue", "queue_oldest_s": "queue"}
         for key in self.GAUGES:
             for label, v in list(self.totals.get(key, {}).items()):
                 try:

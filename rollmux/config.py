@@ -135,6 +135,9 @@ class ServeConfig(BaseModel):
         num_replicas / max_ongoing_requests: Serve replicas of the API and concurrent requests each.
         request_timeout_s: bound on one call from a Serve replica to the scheduler, s (0, 600].
         max_request_bytes: largest accepted request body, bytes (1 KiB .. 16 MiB; larger: 413).
+        max_pending_writes: writes (admissions, departures) one replica has in flight at most;
+            more get 429 with ``Retry-After``.
+        max_queued_requests: requests Serve queues for the replicas at most (more: 503).
         ray_port / dashboard_port / metrics_export_port: Ray head ports used by ``rollmux up``.
         head_cpus: logical CPUs of the Ray head started by ``rollmux up``.
         start_pool_nodes: ``rollmux up`` also starts one Ray node per pool node of a bounded spec.
@@ -166,6 +169,8 @@ class ServeConfig(BaseModel):
     max_ongoing_requests: int = Field(default=64, ge=1, le=10_000)
     request_timeout_s: float = Field(default=30.0, gt=0, le=600)
     max_request_bytes: int = Field(default=64 * 1024, ge=1024, le=16 << 20)
+    max_pending_writes: int = Field(default=256, ge=1, le=100_000)
+    max_queued_requests: int = Field(default=1024, ge=1, le=1_000_000)
     ray_port: int = Field(default=6390, ge=1, le=65535)
     dashboard_port: int = Field(default=8265, ge=1, le=65535)
     metrics_export_port: int = Field(default=8080, ge=1, le=65535)

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["JobState", "NodePlacement", "MoveRecord", "JobRecord", "REFUSAL_CODES", "ACTIVE_STATES"]
+__all__ = ["JobState", "NodePlacement", "MoveRecord", "JobRecord", "REFUSAL_CODES", "ACTIVE_STATES", "queued_records"]
 
 
 class JobState(str, enum.Enum):
@@ -75,8 +75,9 @@ class JobState(str, enum.Enum):
 _RANK = {JobState.QUEUED: -1, JobState.ADMITTED: 0, JobState.RUNNING: 1, JobState.FINISHED: 2, JobState.FAILED: 2}
 ACTIVE_STATES: tuple[JobState, ...] = (JobState.ADMITTED, JobState.RUNNING)
 
-#: Refusal codes of the GlobalScheduler itself (the policy's are ok | never | retry_later).
-REFUSAL_CODES = ("invalid", "duplicate")
+#: Refusal codes of the GlobalScheduler itself (the policy's are ok | never | retry_later); ``queued`` is
+#: not a refusal: the admission queue holds the job.
+REFUSAL_CODES = ("invalid", "duplicate", "queue_full", "unavailable")
 
 
 class NodePlacement(BaseModel):
@@ -157,3 +158,12 @@ class JobRecord(BaseModel):
                 m[k] = m[k] + (float(v) - m[k]) / n
         self.measured = m
         self.slowdown = slowdown
+
+
+def queued_records(queue: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """Job views (:meth:`JobRecord.public`) of the admission queue as the GlobalScheduler
+    publishes it (``[{job_id, slo, queued_at, reason}, ...]`` in line order): state ``queued``,
+    1-based ``queue_position``, ``queued_at`` (Unix s) and ``waited_s`` at ``now`` (s)."""
+    return [JobRecord(job_id=q["job_id"], state=JobState.QUEUED, slo=q.get("slo"), queue_position=i,
+                      queued_at=q["queued_at"], waited_s=max(0.0, now - q["queued_at"])).public()
+            for i, q in enumerate(queue, start=1)]

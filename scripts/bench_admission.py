@@ -1,18 +1,30 @@
-"""Admission throughput and latency through HTTP (Ray Serve) against a scheduler holding many jobs.
+"""Admission and read throughput through HTTP (Ray Serve) against a scheduler holding many jobs.
 
 Starts its own single-node local Ray (``ray.init(address="local")``; never touches other
-clusters), a GlobalScheduler planning for an unbounded cluster (``configs/cluster_sim.yaml``),
-pre-loads ``--preload`` jobs directly through the actor, deploys the Serve admission app on
-127.0.0.1 and fires ``POST /v1/jobs`` (each a new job id) at 1, 8 and 32 concurrent clients.
-Every level is bounded in request count and wall time. Writes ``results/bench_admission.json``:
-one entry per level with ``clients``, ``requests``, ``requests_per_s``, ``p50_ms``, ``p90_ms``,
-``p99_ms``, ``max_ms`` (client-side HTTP round trip; a percentile is ``null`` with fewer samples
-than it needs: 100 for p90, 1,000 for p99, ``scripts/_bench.py``), ``status_counts`` and the
-scheduler's own decision latency (``scheduler_decision``, same fields); then
-the same levels for ``POST /v1/jobs:dry-run`` (``dry_run_levels``: no commit, no checkpoint).
+clusters), a GlobalScheduler planning for an unbounded cluster (``configs/cluster_sim.yaml``,
+no GroupControllers: the measured path is HTTP -> Serve proxy -> replica -> scheduler actor ->
+policy (Alg. 1) -> group-commit checkpoint -> published snapshot), pre-loads ``--preload`` jobs
+through the actor, deploys the API with ``--replicas`` replicas on 127.0.0.1 and runs, for each
+number of stored jobs in ``--stored`` (the scheduler is topped up between them):
 
-Usage: ``python scripts/bench_admission.py [--preload 1000] [--requests 1000] [--levels 1,8,32]`` (~5 min on 2 cores)
-Source: RollMux §7 "decision latency".
+* ``admit_closed``: ``--clients`` clients each posting ``POST /v1/jobs`` (a new job id each) as
+  fast as answers come back (closed loop): the saturation throughput;
+* ``admit_paced``: the same clients together offering ``--rate`` admissions/s (each client sends
+  on its own schedule, or at once when late): latency at the goal rate;
+* ``read_*``: the clients reading ``GET /v1/jobs?limit=20``, ``GET /v1/jobs/{id}`` and
+  ``GET /v1/groups?limit=20`` (closed loop), served by the replicas from their snapshot copies.
+
+Every level is bounded in requests and wall time. Each entry: ``clients``, ``requests``,
+``requests_per_s``, ``p50_ms`` / ``p90_ms`` / ``p99_ms`` / ``max_ms`` (client-side round trip; a
+percentile is ``null`` with fewer samples than it needs: 100 for p90, 1,000 for p99),
+``status_counts``, the load average before and after, and for admissions the scheduler's own
+decision latency and the commits (published versions) per admission (group commit batch size).
+Writes ``results/bench_admission.json`` with the goals and whether each was met.
+
+Usage: ``python scripts/bench_admission.py [--preload 1000] [--stored 1000,10000] [--clients 64]``
+(~6 min on 2 cores). Source: RollMux §7 "decision latency"; goals: admissions >= 200/s with p99 <
+100 ms at 64 clients, reads >= 1,000/s at 64 clients with two replicas, throughput flat from 1,000
+to 10,000 stored jobs.
 """
 
 from __future__ import annotations
@@ -28,15 +40,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
 sys.path.insert(0, str(ROOT / "scripts"))
 from _bench import percentiles  # noqa: E402
 from rollmux.config import CONFIG_DIR, ServeConfig, load_cluster  # noqa: E402
 from rollmux.models import JobSpec, PhaseProfile  # noqa: E402
+
+GOALS = {"admissions_per_s": 200.0, "admission_p99_ms": 100.0, "reads_per_s": 1000.0, "flat_ratio_min": 0.8}
 
 
 def make_spec(rng: random.Random, job_id: str) -> JobSpec:
@@ -55,33 +66,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def run_level(base_url: str, token: str, clients: int, n_requests: int, time_cap_s: float, rng: random.Random, tag: str,
-                    path: str = "/v1/jobs") -> dict:
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+async def run_level(base_url: str, token: str, clients: int, n_requests: int, time_cap_s: float, make_req,
+                    rate_per_s: float = 0.0) -> dict:
+    """``n_requests`` requests from ``clients`` concurrent clients (closed loop, or paced to
+    ``rate_per_s`` in total); ``make_req(i) -> (method, path, json | None)``."""
     import httpx
 
-    specs = [make_spec(rng, f"bench-{tag}-c{clients}-{i:05d}").model_dump(mode="json") for i in range(n_requests)]
     lat_ms: list[float] = []
     sched_ms: list[float] = []
     status: dict[str, int] = {}
-    queue: asyncio.Queue = asyncio.Queue()
-    for s in specs:
-        queue.put_nowait(s)
-    deadline = time.monotonic() + time_cap_s
+    next_i = iter(range(n_requests))
+    t_start = time.monotonic()
+    deadline = t_start + time_cap_s
     headers = {"Authorization": f"Bearer {token}"}
+    interval = clients / rate_per_s if rate_per_s > 0 else 0.0
 
-    async def worker(client: "httpx.AsyncClient") -> None:
+    async def worker(k: int, client: "httpx.AsyncClient") -> None:
+        due = t_start + (k / clients) * interval
         while time.monotonic() < deadline:
-            try:
-                spec = queue.get_nowait()
-            except asyncio.QueueEmpty:
+            i = next(next_i, None)
+            if i is None:
                 return
+            if interval:
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                due += interval
+            method, path, body = make_req(i)
             t0 = time.perf_counter()
             try:
-                r = await client.post(path, json=spec, headers=headers)
+                r = await client.request(method, path, json=body, headers=headers)
                 code = str(r.status_code)
-                if r.status_code in (200, 201, 409):
-                    body = r.json()
-                    d = body.get("decision", body)
+                if method == "POST" and r.status_code in (200, 201, 409):
+                    d = r.json()
+                    d = d.get("decision", d)
                     if d.get("latency_ms") is not None:
                         sched_ms.append(float(d["latency_ms"]))
             except httpx.HTTPError as e:
@@ -90,29 +110,33 @@ async def run_level(base_url: str, token: str, clients: int, n_requests: int, ti
             status[code] = status.get(code, 0) + 1
 
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    la0 = load()
     async with httpx.AsyncClient(base_url=base_url, timeout=60.0, limits=limits) as client:
         t0 = time.perf_counter()
-        await asyncio.gather(*(worker(client) for _ in range(clients)))
+        await asyncio.gather(*(worker(k, client) for k in range(clients)))
         wall = time.perf_counter() - t0
-    a = np.asarray(lat_ms)
-    return {
-        "clients": clients,
-        "requests": len(lat_ms),
-        "wall_s": round(wall, 3),
-        "requests_per_s": round(len(lat_ms) / wall, 2) if wall > 0 else None,
-        **(percentiles(lat_ms, 2) if a.size else {"samples": 0}),
-        "mean_ms": round(float(a.mean()), 2) if a.size else None,
-        "scheduler_decision": percentiles(sched_ms, 3) if sched_ms else {"samples": 0},
-        "status_counts": status,
-    }
+    ok = sum(v for k, v in status.items() if k.startswith("2"))
+    out = {"clients": clients, "requests": len(lat_ms), "wall_s": round(wall, 3),
+           "requests_per_s": round(len(lat_ms) / wall, 2) if wall > 0 else None,
+           "ok_per_s": round(ok / wall, 2) if wall > 0 else None,
+           **(percentiles(lat_ms, 2) if lat_ms else {"samples": 0}), "status_counts": status,
+           "load_avg_before": la0, "load_avg_after": load()}
+    if rate_per_s:
+        out["offered_per_s"] = rate_per_s
+    if sched_ms:
+        out["scheduler_decision"] = percentiles(sched_ms, 3)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preload", type=int, default=1000, help="jobs admitted through the actor before measuring")
-    ap.add_argument("--requests", type=int, default=1000, help="HTTP admissions per concurrency level (>= 1,000 for a p99)")
-    ap.add_argument("--levels", default="1,8,32", help="concurrent clients per level")
-    ap.add_argument("--time-cap-s", type=float, default=90.0, help="wall-time bound per level")
+    ap.add_argument("--preload", type=int, default=1000, help="jobs held before the first measurement")
+    ap.add_argument("--stored", default="1000,10000", help="stored-job counts to measure at (topped up between)")
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--requests", type=int, default=1500, help="requests per level (>= 1,000 for a p99)")
+    ap.add_argument("--rate", type=float, default=200.0, help="offered admissions/s of the paced level")
+    ap.add_argument("--time-cap-s", type=float, default=60.0, help="wall-time bound per level")
     ap.add_argument("--cluster", default=str(CONFIG_DIR / "cluster_sim.yaml"))
     ap.add_argument("--out", default=str(ROOT / "results" / "bench_admission.json"))
     ap.add_argument("--seed", type=int, default=0)
@@ -132,54 +156,87 @@ def main() -> None:
     rng = random.Random(args.seed)
     token = "bench-" + str(rng.getrandbits(64))
     tmp = Path(tempfile.mkdtemp(prefix="rollmux-bench-"))
+    stored_levels = [int(x) for x in args.stored.split(",")]
     ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE,
              object_store_memory=128 * 2**20, log_to_driver=False, logging_level="ERROR")
+    n_pre = 0
+
+    def top_up(sched, target: int) -> float:
+        """Admit through the actor until it holds ``target`` active jobs; seconds taken."""
+        nonlocal n_pre
+        t0 = time.perf_counter()
+        while True:
+            held = ray.get(sched.health.remote(), timeout=120)["jobs"]
+            if held >= target:
+                return time.perf_counter() - t0
+            refs = [sched.admit.remote(make_spec(rng, f"pre-{n_pre + i:06d}").model_dump(mode="json"))
+                    for i in range(min(100, target - held))]
+            n_pre += len(refs)
+            ray.get(refs, timeout=600)
+
     try:
-        # no GroupController actors: ~hundreds of groups would each start a process on this small host;
-        # the measured path is HTTP -> Serve replica -> scheduler actor -> policy (Alg. 1) -> checkpoint
         sched = get_or_create_scheduler(cluster, checkpoint_path=str(tmp / "checkpoint"), name="rollmux-bench-scheduler",
                                         create_controllers=False)
-        t0 = time.perf_counter()
-        admitted = 0
-        batch = 50
-        for start in range(0, args.preload, batch):
-            refs = [sched.admit.remote(make_spec(rng, f"pre-{i:05d}").model_dump(mode="json"))
-                    for i in range(start, min(args.preload, start + batch))]
-            admitted += sum(bool(d.get("admitted")) for d in ray.get(refs, timeout=600))
-        preload_s = time.perf_counter() - t0
-        health = ray.get(sched.health.remote(), timeout=60)
-        print(f"pre-loaded {admitted}/{args.preload} jobs in {preload_s:.1f} s: {health}", flush=True)
-
-        cfg = ServeConfig(port=free_port(), state_dir=tmp, request_timeout_s=120, scheduler_name="rollmux-bench-scheduler")
+        cfg = ServeConfig(port=free_port(), state_dir=tmp, request_timeout_s=120, scheduler_name="rollmux-bench-scheduler",
+                          num_replicas=args.replicas, max_ongoing_requests=256, max_pending_writes=1024,
+                          max_queued_requests=4096)
         base = deploy(cfg, token)
-        levels = []
-        for clients in (int(x) for x in args.levels.split(",")):
-            res = asyncio.run(run_level(base, token, clients, args.requests, args.time_cap_s, rng, tag=str(args.seed)))
-            print(json.dumps(res), flush=True)
-            levels.append(res)
-        dry = []  # the same decision without commit and checkpoint: HTTP + Serve + policy only
-        for clients in (int(x) for x in args.levels.split(",")):
-            res = asyncio.run(run_level(base, token, clients, args.requests, args.time_cap_s, rng,
-                                        tag=f"dry{args.seed}", path="/v1/jobs:dry-run"))
-            print("dry-run", json.dumps(res), flush=True)
-            dry.append(res)
+        runs = []
+        for target in stored_levels:
+            took = top_up(sched, max(target, args.preload))
+            h0 = ray.get(sched.health.remote(), timeout=60)
+            print(f"holding {h0['jobs']} jobs ({took:.1f} s to top up)", flush=True)
+            ids = [f"pre-{i:06d}" for i in range(0, n_pre, max(1, n_pre // 500))]
+            tag = f"s{target}-{args.seed}"
+            specs = [make_spec(rng, f"bench-{tag}-{i:05d}").model_dump(mode="json") for i in range(2 * args.requests)]
+            entry = {"stored_jobs": h0["jobs"], "groups": h0["groups"], "top_up_s": round(took, 1)}
+            asyncio.run(run_level(base, token, 8, 100, 30, lambda i: ("GET", "/v1/jobs?limit=20", None)))  # warm-up
+            v0 = h0["snapshot_version"]
+            entry["admit_closed"] = asyncio.run(run_level(
+                base, token, args.clients, args.requests, args.time_cap_s, lambda i: ("POST", "/v1/jobs", specs[i])))
+            v1 = ray.get(sched.health.remote(), timeout=60)["snapshot_version"]
+            n_adm = entry["admit_closed"]["status_counts"].get("201", 0)
+            entry["admit_closed"]["admissions_per_commit"] = round(n_adm / max(1, v1 - v0), 2)
+            print("admit_closed", json.dumps(entry["admit_closed"]), flush=True)
+            entry["admit_paced"] = asyncio.run(run_level(
+                base, token, args.clients, args.requests, args.time_cap_s,
+                lambda i: ("POST", "/v1/jobs", specs[args.requests + i]), rate_per_s=args.rate))
+            print("admit_paced", json.dumps(entry["admit_paced"]), flush=True)
+            for name, req in (("read_jobs_page", lambda i: ("GET", "/v1/jobs?limit=20", None)),
+                              ("read_job", lambda i: ("GET", f"/v1/jobs/{ids[i % len(ids)]}", None)),
+                              ("read_groups_page", lambda i: ("GET", "/v1/groups?limit=20", None))):
+                entry[name] = asyncio.run(run_level(base, token, args.clients, args.requests, args.time_cap_s, req))
+                print(name, json.dumps(entry[name]), flush=True)
+            runs.append(entry)
+        first, last = runs[0], runs[-1]
+        flat = (last["admit_closed"]["ok_per_s"] or 0) / max(1e-9, first["admit_closed"]["ok_per_s"] or 0)
+        paced = first["admit_paced"]
+        reads = max(first[k]["ok_per_s"] or 0 for k in ("read_jobs_page", "read_job", "read_groups_page"))
+        verdict = {
+            "admissions_per_s_closed_64": first["admit_closed"]["ok_per_s"],
+            "admissions_per_s_paced": paced["ok_per_s"], "admission_p99_ms_paced": paced.get("p99_ms"),
+            "admissions_goal_met": (paced["ok_per_s"] or 0) >= 0.98 * GOALS["admissions_per_s"]
+            and paced.get("p99_ms") is not None and paced["p99_ms"] < GOALS["admission_p99_ms"],
+            "reads_per_s_best": reads, "reads_goal_met": reads >= GOALS["reads_per_s"],
+            "admissions_closed_ratio_last_over_first": round(flat, 3),
+            "flat_goal_met": flat >= GOALS["flat_ratio_min"],
+        }
         out = {
-            "benchmark": "admission through HTTP (Ray Serve + FastAPI -> GlobalScheduler actor)",
-            "endpoint": "POST /v1/jobs on 127.0.0.1",
+            "benchmark": "admission and reads through HTTP (Ray Serve + FastAPI -> GlobalScheduler actor)",
+            "endpoints": "POST /v1/jobs, GET /v1/jobs?limit=20, GET /v1/jobs/{id}, GET /v1/groups?limit=20 on 127.0.0.1",
             "cluster_spec": Path(args.cluster).name,
-            "scheduler": "GlobalScheduler actor (real policy + file checkpoint per admission), no GroupControllers",
-            "preloaded_jobs": admitted,
-            "preload_s": round(preload_s, 2),
-            "scheduler_health_before": health,
-            "scheduler_health_after": ray.get(sched.health.remote(), timeout=60),
-            "machine": {"cpus": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
-                        "ray_num_cpus": 2, "note": "load from other work on the host lowers these figures"},
-            "levels": levels,
-            "dry_run_levels": dry,
+            "scheduler": "GlobalScheduler actor: real policy, group-commit file checkpoint, published snapshot; "
+                         "no GroupControllers",
+            "replicas": args.replicas, "clients": args.clients, "goals": GOALS, "verdict": verdict,
+            "machine": {"cpus": os.cpu_count(), "ray_num_cpus": 2, "load_avg_at_end": load(),
+                        "note": "one 2-core host shared with other work: the load average says how much; the client, "
+                                "Serve proxy, replicas and scheduler all run on these 2 cores"},
+            "runs": runs,
             "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(out, indent=2))
+        print(json.dumps(verdict))
         print(f"wrote {args.out}")
     finally:
         try:

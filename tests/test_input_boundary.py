@@ -8,6 +8,7 @@ cluster (no Ray, no controllers).
 from __future__ import annotations
 
 import json
+import inspect
 import math
 
 import pytest
@@ -44,7 +45,8 @@ def app(paper):
 
     class Client:
         async def call(self, method, *a, retry=True):
-            return _finite(getattr(g, method)(*a))
+            out = getattr(g, method)(*a)
+            return _finite(await out if inspect.isawaitable(out) else out)
 
     with TestClient(create_app(AppSettings(token_sha256=_sha256(TOKEN), max_request_bytes=4096), client=Client())) as c:
         yield c

@@ -48,7 +48,7 @@ def clean(api):
     """Each test starts and ends with no active job on the test scheduler."""
     def depart_all():
         for j in api.get("/v1/jobs").json():
-            if j["state"] in ("admitted", "running"):
+            if j["state"] in ("admitted", "running", "queued"):
                 assert api.delete(f"/v1/jobs/{j['job_id']}").status_code == 200
     depart_all()
     yield
@@ -418,3 +418,27 @@ def test_read_routes_can_be_protected(serve_api):
         auth = {"Authorization": f"Bearer {serve_api.token}"}
         assert c.get("/v1/groups", headers=auth).status_code == 200
         assert c.get("/healthz").json()["name"] == serve_api.scheduler_name  # health stays open
+
+
+@pytest.mark.ray
+def test_a_queued_job_is_admitted_over_http_after_a_departure_frees_room(api, clean):
+    """``"queue": true`` on the bounded local cluster: a job that does not fit is held (202, its
+    place in line, ``GET`` shows ``queued`` with its wait) and admitted by the departure that
+    frees room; its record keeps the time it waited."""
+    # 3 GB of host state per node: no two of these jobs share a node (4 GB per node)
+    fill = spec(_id("fill"), num_rollout_gpus=2, num_train_gpus=2, mem_roll_gb=3.0, mem_train_gb=3.0)
+    assert api.post("/v1/jobs", json=fill).status_code == 201
+    wait = spec(_id("wait"), mem_roll_gb=3.0, mem_train_gb=3.0)
+    r = api.post("/v1/jobs", json=wait)
+    assert r.status_code == 409 and r.json()["error"] == "not_admitted:retry_later"
+    r = api.post("/v1/jobs", json={**wait, "queue": True})
+    assert r.status_code == 202, r.text
+    assert r.json()["queued"] is True and r.json()["queue_position"] == 1 and r.json()["admitted"] is False
+    j = api.get(f"/v1/jobs/{wait['job_id']}").json()
+    assert j["state"] == "queued" and j["queue_position"] == 1 and j["waited_s"] >= 0
+    assert [x["job_id"] for x in api.get("/v1/jobs").json() if x["state"] == "queued"] == [wait["job_id"]]
+    r = api.delete(f"/v1/jobs/{fill['job_id']}")
+    assert r.status_code == 200 and r.json()["admitted_from_queue"] == [wait["job_id"]]
+    j = api.get(f"/v1/jobs/{wait['job_id']}").json()  # this replica's snapshot already holds the departure
+    assert j["state"] == "admitted" and j["group_id"] and j["placement"]["rollout_nodes"] and j["waited_s"] > 0
+    assert j.get("queue_position") is None

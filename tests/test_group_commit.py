@@ -1,0 +1,128 @@
+"""Group commit, the published snapshot and the admission queue of the GlobalScheduler (no Ray:
+the actor class is driven directly, its async methods on an asyncio loop), and the HTTP face of
+the queue (202 / position / 429) through the FastAPI app with that scheduler behind it."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+
+import pytest
+from fastapi.testclient import TestClient
+
+from actors.global_scheduler import GlobalSchedulerImpl
+from actors.kv import MemoryKV
+from rollmux.config import CONFIG_DIR, load_cluster
+from serve_app import AppSettings, _finite, _sha256, create_app
+
+LOCAL = load_cluster(CONFIG_DIR / "cluster_local.yaml")  # 2 rollout + 2 training nodes
+TOKEN = "q" * 32
+AUTH = {"Authorization": "Bearer " + TOKEN}
+
+
+def sp(jid: str, gpus: int = 1) -> dict:
+    return {"job_id": jid, "model_params_b": 0.001, "num_rollout_gpus": gpus, "num_train_gpus": gpus, "slo": 1.0,
+            "mem_roll_gb": 0.5, "mem_train_gb": 0.5, "measured": {"t_roll_s": 5.0, "t_train_s": 5.0, "t_sync_s": 0.0}}
+
+
+class CountingKV(MemoryKV):
+    def __init__(self) -> None:
+        super().__init__()
+        self.puts = 0
+        self.fail = False
+
+    def put(self, key, value) -> None:
+        if self.fail:
+            raise OSError("disk full")
+        self.puts += 1
+        super().put(key, value)
+
+
+def sched(kv=None, **kw) -> GlobalSchedulerImpl:
+    return GlobalSchedulerImpl(LOCAL, kv=kv or MemoryKV(), create_controllers=False, metrics_flush_s=0,
+                               max_group_size=1, **kw)
+
+
+def test_a_queued_job_is_held_listed_with_its_position_and_admitted_after_a_departure():
+    s = sched()
+    assert s.admit(sp("a"))["admitted"] and s.admit(sp("b"))["admitted"]
+    assert s.admit(sp("c"))["code"] == "retry_later"  # without queue: refused as before
+    q = s.admit(sp("c"), queue=True)
+    assert (q["code"], q["queue_position"], q["admitted"]) == ("queued", 1, False)
+    assert s.admit(sp("c"), queue=True)["code"] == "duplicate"
+    view = s.get_job("c")
+    assert view["state"] == "queued" and view["queue_position"] == 1 and view["waited_s"] >= 0
+    assert s.health()["queued"] == 1
+    out = s.depart("a")
+    assert out["admitted_from_queue"] == ["c"]
+    c = s.get_job("c")
+    assert c["state"] == "admitted" and c["placement"]["rollout_nodes"] == ["rollout-0"] and c["waited_s"] >= 0
+    assert s.metrics.totals["queue_jobs"]["admission"] == 0 and s.metrics.totals["queue_waits"] == 1
+    # a queued job can be cancelled; the queue survives a restart
+    assert s.admit(sp("d"), queue=True)["queue_position"] == 1
+    s2 = GlobalSchedulerImpl(LOCAL, kv=s.kv, create_controllers=False, metrics_flush_s=0)
+    assert [q.job_id for q in s2.queue.jobs()] == ["d"]
+    assert s2.depart("d")["state"] == "cancelled" and s2.get_job("d") is None
+
+
+def test_group_commit_writes_once_per_batch_and_publishes_one_version():
+    kv = CountingKV()
+    s = sched(kv)
+
+    async def run():
+        v0 = s.version
+        before = kv.puts
+        outs = await asyncio.gather(*(s.admit_batched(sp(f"j{i}")) for i in range(2)))
+        assert all(o["admitted"] for o in outs)
+        assert {o["snapshot_version"] for o in outs} == {v0 + 1}  # one commit for the batch
+        # one batch: 2 job records + 2 groups + 1 header; an admission one by one writes 3 each
+        assert kv.puts - before == 5
+        full = await s.snapshot_since(None, 0, 0)
+        assert full["full"] and sorted(full["jobs"]) == ["j0", "j1"] and len(full["groups"]) == 2
+        waiter = asyncio.create_task(s.snapshot_since(full["epoch"], full["version"], 5))
+        await asyncio.sleep(0.01)
+        assert not waiter.done()  # a long poll: waits for the next commit
+        dep = await s.depart_batched("j0")
+        delta = await waiter
+        assert not delta["full"] and delta["version"] == dep["snapshot_version"] == full["version"] + 1
+        assert delta["jobs"]["j0"]["state"] == "finished" and list(delta["groups"].values()) == [None]
+        # a failed write undoes the whole batch: nothing of it happened
+        kv.fail = True
+        bad = await asyncio.gather(*(s.admit_batched(sp(f"k{i}")) for i in range(2)))
+        assert [b["code"] for b in bad] == ["unavailable", "unavailable"]
+        kv.fail = False
+        assert s.get_job("k0") is None and s.get_job("k1") is None and s.health()["jobs"] == 1
+        stale = await s.snapshot_since(full["epoch"], delta["version"], 0)
+        assert stale["full"] and sorted(stale["jobs"]) == ["j0", "j1"]  # replicas re-read everything
+
+    asyncio.run(run())
+
+
+def test_http_queue_202_position_admission_after_departure_and_429_when_full():
+    s = sched(config={"max_group_size": 1, "queue_max_jobs": 1})
+
+    class Client:
+        async def call(self, method, *a, retry=True):
+            out = getattr(s, method)(*a)
+            return _finite(await out if inspect.isawaitable(out) else out)
+
+    with TestClient(create_app(AppSettings(token_sha256=_sha256(TOKEN)), client=Client())) as c:
+        assert c.post("/v1/jobs", json=sp("a"), headers=AUTH).status_code == 201
+        assert c.post("/v1/jobs", json=sp("b"), headers=AUTH).status_code == 201
+        r = c.post("/v1/jobs", json=sp("c"), headers=AUTH)
+        assert r.status_code == 409 and r.json()["error"] == "not_admitted:retry_later"
+        r = c.post("/v1/jobs:dry-run", json={**sp("c"), "queue": True}, headers=AUTH)
+        assert r.status_code == 409 and r.json()["would_queue"] is True
+        r = c.post("/v1/jobs", json={**sp("c"), "queue": True}, headers=AUTH)
+        assert r.status_code == 202 and r.json()["queued"] is True and r.json()["queue_position"] == 1
+        r = c.post("/v1/jobs", json={**sp("d"), "queue": True}, headers=AUTH)
+        assert r.status_code == 429 and r.json()["error"] == "queue_full" and int(r.headers["Retry-After"]) > 0
+        jobs = {j["job_id"]: j for j in c.get("/v1/jobs").json()}
+        assert jobs["c"]["state"] == "queued" and jobs["c"]["queue_position"] == 1 and jobs["c"]["waited_s"] >= 0
+        assert c.get("/v1/jobs/c").json()["state"] == "queued"
+        assert [j["job_id"] for j in c.get("/v1/jobs", params={"limit": 1, "offset": 1}).json()] == ["b"]
+        r = c.delete("/v1/jobs/a", headers=AUTH)
+        assert r.status_code == 200 and r.json()["admitted_from_queue"] == ["c"]
+        c_now = c.get("/v1/jobs/c").json()
+        assert c_now["state"] == "admitted" and c_now["group_id"] and c_now["waited_s"] >= 0
+        assert {g["members"][0] for g in c.get("/v1/groups").json()} == {"b", "c"}
