@@ -54,6 +54,7 @@ Source: RollMux §4.2, Alg. 1; §7.1 (baselines).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -247,13 +248,25 @@ class AdmissionDecision:
     placement: Optional[Placement] = None
     delta_usd_per_h: float = 0.0
     predicted_slowdowns: dict[str, float] = field(default_factory=dict)
-    candidates: list[Candidate] = field(default_factory=list)
+    _candidates: list[Candidate] = field(default_factory=list)
     _pruned_src: list = field(default_factory=list)  # (group_id, (plugin, reason)) snapshot
     latency_ms: float = 0.0
     profile: Optional[PhaseProfile] = None
     spec: Optional[JobSpec] = None
     _chosen: Optional[Candidate] = None
     _version: int = -1
+    _expand: Optional[Callable[[], list[Candidate]]] = field(default=None, repr=False)
+
+    @property
+    def candidates(self) -> list[Candidate]:
+        """Every (group, strategy) placement considered, in evaluation order (tier by tier, open
+        groups in the order they were opened), then the isolated new group, each with its verdict.
+        Candidates that the group index excluded without evaluating them (they fail the capacity
+        or the newcomer's SLO bound filter) get their verdict on first access, from the state the
+        decision was made on (groups are immutable records)."""
+        if self._expand is not None:
+            self._candidates, self._expand = self._expand(), None
+        return self._candidates
 
     @property
     def pruned(self) -> list[dict]:
@@ -330,6 +343,7 @@ class _Group:
     info: list = field(default_factory=list)  # per member: (job_id, t_solo_s, slo, node set, max load of its nodes)
     r_sorted: list = field(default_factory=list)  # rollout-node loads, ascending
     t_sorted: list = field(default_factory=list)  # training-node loads, ascending
+    cost: float = 0.0  # Cost(G), USD/h (CoExecutionGroup.cost_usd_per_h, cached)
 
     @property
     def idle_fraction(self) -> float:
@@ -361,7 +375,83 @@ def _summarise(group: CoExecutionGroup, cluster: ClusterSpec) -> _Group:
         info.append((m.spec.job_id, m.profile.t_solo_s, m.spec.slo, nodes, max(loads[n] for n in nodes)))  # busiest node
     return _Group(group, loads, mem, max((m.profile.t_solo_s for m in group.members), default=0.0),
                   max(loads.values(), default=0.0), info=info,
-                  r_sorted=sorted(loads[n] for n in group.rollout_nodes), t_sorted=sorted(loads[n] for n in group.train_nodes))
+                  r_sorted=sorted(loads[n] for n in group.rollout_nodes), t_sorted=sorted(loads[n] for n in group.train_nodes),
+                  cost=group.cost_usd_per_h(cluster))
+
+
+class _GroupIndex:
+    """The open groups indexed by what the cheap candidate filters read, so that a decision
+    evaluates only the groups that can pass them instead of every open group.
+
+    For every ``k``, the groups with at least ``k`` training nodes sorted by the load of their
+    ``k``-th least-loaded training node, and likewise for rollout nodes. The capacity filter
+    needs ``k`` nodes; the newcomer's SLO bound (:func:`newcomer_slo_bound_filter`) needs that
+    load plus the newcomer's phase within its SLO budget: a prefix of the sorted list.
+    :meth:`candidates` returns a superset of the (group, strategy) pairs passing both filters
+    (the threshold carries a margin far above float rounding; the filters then decide), in the
+    order the open groups were opened (the order an exhaustive scan visits them)."""
+
+    def __init__(self) -> None:
+        self.train: dict[int, list[tuple[float, int, str]]] = {}
+        self.roll: dict[int, list[tuple[float, int, str]]] = {}
+        self.entries: dict[str, tuple[int, tuple[float, ...], tuple[float, ...]]] = {}
+
+    def copy(self) -> "_GroupIndex":
+        c = _GroupIndex()
+        c.train = {k: list(v) for k, v in self.train.items()}
+        c.roll = {k: list(v) for k, v in self.roll.items()}
+        c.entries = dict(self.entries)
+        return c
+
+    def add(self, gid: str, seq: int, g: "_Group") -> None:
+        t, r = tuple(g.t_sorted), tuple(g.r_sorted)
+        self.entries[gid] = (seq, t, r)
+        for table, loads in ((self.train, t), (self.roll, r)):
+            for k, v in enumerate(loads, start=1):
+                bisect.insort(table.setdefault(k, []), (v, seq, gid))
+
+    def remove(self, gid: str) -> None:
+        e = self.entries.pop(gid, None)
+        if e is None:
+            return
+        seq, t, r = e
+        for table, loads in ((self.train, t), (self.roll, r)):
+            for k, v in enumerate(loads, start=1):
+                lst = table[k]
+                i = bisect.bisect_left(lst, (v, seq, gid))
+                del lst[i]
+
+    @staticmethod
+    def _threshold(budget_s: float, phase_s: float) -> float:
+        """Largest k-th node load that can pass ``load + phase_s <= budget_s`` (with margin)."""
+        return budget_s * (1 + SLO_REL_TOL) - phase_s + 1e-7 * (abs(budget_s) + abs(phase_s) + 1.0)
+
+    def candidates(self, new: "Newcomer", strategies: Sequence[str], open_groups: Mapping[str, "_Group"]):
+        """(group, strategy) pairs of ``open_groups`` that may pass the capacity and newcomer-SLO
+        filters for ``strategies``, in opening order then strategy order."""
+        p = new.profile
+        budget = new.job.slo * p.t_solo_s
+        if not math.isfinite(budget):
+            return []
+        nt, nr = new.train_nodes, new.rollout_nodes
+        thr_t = self._threshold(budget, p.t_train_s + p.t_sync_s)
+        thr_r = self._threshold(budget, p.t_roll_s)
+        lst = self.train.get(nt, [])
+        by_train = lst[: bisect.bisect_right(lst, (thr_t, math.inf, ""))]
+        picked: dict[str, tuple[int, list[str]]] = {}
+        for strategy in strategies:
+            if strategy == "direct":
+                rl = self.roll.get(nr, [])
+                by_roll = rl[: bisect.bisect_right(rl, (thr_r, math.inf, ""))]
+                if len(by_roll) < len(by_train):
+                    ok = [(seq, gid) for _, seq, gid in by_roll if len(self.entries[gid][1]) >= nt and self.entries[gid][1][nt - 1] <= thr_t]
+                else:
+                    ok = [(seq, gid) for _, seq, gid in by_train if len(self.entries[gid][2]) >= nr and self.entries[gid][2][nr - 1] <= thr_r]
+            else:
+                ok = [(seq, gid) for _, seq, gid in by_train]
+            for seq, gid in ok:
+                picked.setdefault(gid, (seq, []))[1].append(strategy)
+        return [(open_groups[gid], st) for gid, (_, sts) in sorted(picked.items(), key=lambda kv: kv[1][0]) for st in sts]
 
 
 def _pick_nodes(nodes: Sequence[str], k: int, loads: dict, mem: dict, need_gb: float, cap_gb: float) -> Optional[list[str]]:
@@ -779,6 +869,8 @@ class InterGroupScheduler:
         self._groups: dict[str, _Group] = {}
         self._open: dict[str, _Group] = {}  # groups a decision evaluates
         self._closed: dict[str, tuple[str, str]] = {}  # pruned groups: (plugin, reason)
+        self._index = _GroupIndex()  # the open groups by what the cheap filters read
+        self._open_seq = 0  # opening order of the open groups (monotone)
         self._job_group: dict[str, str] = {}
         self._pools = {"rollout": _NodePool("rollout", cluster.rollout_pool.num_nodes),
                        "train": _NodePool("train", cluster.train_pool.num_nodes)}
@@ -808,7 +900,7 @@ class InterGroupScheduler:
 
     def cost_usd_per_h(self) -> float:
         """Hourly price of every provisioned GPU (sum of Cost(G)), USD/h."""
-        return sum(g.group.cost_usd_per_h(self.cluster) for g in self._groups.values())
+        return sum(g.cost for g in self._groups.values())
 
     def nodes_in_use(self) -> dict[str, int]:
         """Provisioned nodes per pool."""
@@ -887,15 +979,30 @@ class InterGroupScheduler:
         pruned = list(self._closed.items())  # kept up to date on every state change (linear scan avoided)
         # Tier by tier (RollMux: direct packing, Δ = 0, then scale-out only when no direct packing
         # survives; the baselines draw among every feasible pair, so they see both in one tier).
+        # With the SLO check, only the open groups the index returns are evaluated (a superset of
+        # those passing the capacity and newcomer-SLO-bound filters); the others are rejected by
+        # one of those two filters, and their candidates are built on demand (decision.candidates).
+        indexed = spec.slo_check
+        opens = list(self._open.values()) if indexed else None
+        tiers_done: list[tuple[str, ...]] = []
+        evaluated: dict[tuple[str, str], Candidate] = {}
         chosen: Optional[Candidate] = None
         for strategies in spec.tiers:
             tier: list[Candidate] = []
-            for g in self._open.values():
-                for strategy in strategies:
+            tiers_done.append(strategies)
+            if indexed:
+                for g, strategy in self._index.candidates(new, strategies, self._open):
                     c = self._candidate(g, new, strategy)
-                    cands.append(c)
+                    evaluated[(g.group.group_id, strategy)] = c
                     if c.ok:
                         tier.append(c)
+            else:
+                for g in self._open.values():
+                    for strategy in strategies:
+                        c = self._candidate(g, new, strategy)
+                        cands.append(c)
+                        if c.ok:
+                            tier.append(c)
             chosen = spec.choose(self, tier, prof)  # type: ignore[misc]
             if chosen is not None:
                 break
@@ -915,18 +1022,28 @@ class InterGroupScheduler:
             iso.new_nodes = tuple(new_r) + tuple(new_t)
             iso.predicted_slowdowns = {job.job_id: 1.0}
         cands.append(iso)
+        expand = None
+        if indexed:
+            cands = []
+
+            def expand() -> list[Candidate]:
+                out = [evaluated.get((g.group.group_id, st)) or self._candidate(g, new, st)
+                       for sts in tiers_done for g in opens for st in sts]  # type: ignore[union-attr]
+                return out + [iso]
 
         if iso.ok and (chosen is None or iso.delta_usd_per_h < chosen.delta_usd_per_h):
             chosen = iso
         if chosen is None:
+            if expand is not None:
+                cands, expand = expand(), None
             return AdmissionDecision(job.job_id, False, "retry_later", _no_placement_reason(cands, pruned),
-                                     self.policy, candidates=cands, _pruned_src=pruned, profile=prof)
+                                     self.policy, _candidates=cands, _expand=expand, _pruned_src=pruned, profile=prof)
         return AdmissionDecision(
             job.job_id, True, "ok",
             f"{chosen.strategy} into {chosen.group_id or 'a new group'} (delta {chosen.delta_usd_per_h:.2f} USD/h)",
             self.policy, group_id=chosen.group_id, strategy=chosen.strategy, placement=chosen.placement,
             delta_usd_per_h=chosen.delta_usd_per_h, predicted_slowdowns=dict(chosen.predicted_slowdowns),
-            candidates=cands, _pruned_src=pruned, profile=prof, _chosen=chosen,
+            _candidates=cands, _expand=expand, _pruned_src=pruned, profile=prof, _chosen=chosen,
         )
 
     def _newcomer(self, job: JobSpec, prof: PhaseProfile) -> Newcomer:
@@ -979,6 +1096,7 @@ class InterGroupScheduler:
         only scans open groups."""
         self._open.pop(gid, None)
         self._closed.pop(gid, None)
+        self._index.remove(gid)
         if g is None:
             del self._groups[gid]
             return
@@ -991,6 +1109,8 @@ class InterGroupScheduler:
                 self._closed[gid] = (v.plugin, v.reason)
                 return
         self._open[gid] = g
+        self._open_seq += 1
+        self._index.add(gid, self._open_seq, g)
 
     def commit(self, decision: AdmissionDecision) -> Optional[CoExecutionGroup]:
         """Apply an admitting decision from :meth:`decide` (no-op for a refusal: returns None).
@@ -1067,11 +1187,11 @@ class InterGroupScheduler:
     def _save(self) -> tuple:
         return (dict(self._groups), dict(self._open), dict(self._closed), dict(self._job_group),
                 {k: (list(p.free), p.next, p.used) for k, p in self._pools.items()},
-                self._next_group, self._version, self._rng.getstate())
+                self._next_group, self._version, self._rng.getstate(), self._index.copy())
 
     def _load(self, saved: tuple) -> None:
-        g, o, c, jg, pools, ng, v, rng = saved
-        self._groups, self._open, self._closed, self._job_group = g, o, c, jg
+        g, o, c, jg, pools, ng, v, rng, index = saved
+        self._groups, self._open, self._closed, self._job_group, self._index = g, o, c, jg, index
         for k, (free, nxt, used) in pools.items():
             p = self._pools[k]
             p.free, p.next, p.used = free, nxt, used
@@ -1105,8 +1225,7 @@ class InterGroupScheduler:
         if not self.spec.repacks or not self.config.repack_on_departure or self.config.repack_max_groups == 0:
             return []
         cands = [gid for gid, g in self._groups.items() if len(g.group.members) <= self.config.repack_max_members]
-        cands.sort(key=lambda gid: (gid != trigger_group, len(self._groups[gid].group.members),
-                                    self._groups[gid].group.cost_usd_per_h(self.cluster)))
+        cands.sort(key=lambda gid: (gid != trigger_group, len(self._groups[gid].group.members), self._groups[gid].cost))
         moves: list[dict] = []
         for gid in cands[: self.config.repack_max_groups]:
             if gid not in self._groups:
