@@ -132,6 +132,10 @@ class SchedulerConfig(BaseModel):
         repack_max_members: only groups with at most this many members are dissolved.
         saturation: which groups Alg. 1 line 4 prunes (:func:`saturation_filter`): ``"paper"``
             (``T_load >= T_cycle``), ``"slo"`` (``T_load >= max_k slo_k T_solo_k``) or ``"off"``.
+        queue_max_jobs: most jobs the admission queue of a bounded cluster holds
+            (:class:`rollmux.admission_queue.AdmissionQueue`); more are refused (HTTP 429).
+        queue_backfill: behind a job that does not fit, try smaller queued jobs (else strict FIFO).
+        queue_scan_limit: most queued jobs one pass (after a departure) decides.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -149,6 +153,9 @@ class SchedulerConfig(BaseModel):
     repack_max_groups: int = Field(default=4, ge=0, le=1024)
     repack_max_members: int = Field(default=2, ge=1, le=64)
     saturation: Literal["paper", "slo", "off"] = "slo"
+    queue_max_jobs: int = Field(default=1000, ge=1, le=1_000_000)
+    queue_backfill: bool = True
+    queue_scan_limit: int = Field(default=64, ge=1, le=100_000)
 
     def overridden(self, **values) -> "SchedulerConfig":
         """A validated copy with the given values; ``None`` values are ignored (an option not
