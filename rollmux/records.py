@@ -28,12 +28,15 @@ __all__ = ["JobState", "NodePlacement", "MoveRecord", "JobRecord", "REFUSAL_CODE
 
 
 class JobState(str, enum.Enum):
-    """A job's lifecycle at the GlobalScheduler, in order: admitted -> running -> finished | failed.
+    """A job's lifecycle at the GlobalScheduler, in order: (queued ->) admitted -> running ->
+    finished | failed. ``queued``: held by the admission queue of a bounded cluster, no nodes yet
+    (:mod:`rollmux.admission_queue`).
 
     Members compare by that order (``JobState.ADMITTED < JobState.RUNNING``); a record's state
     only moves forward (:meth:`advance`). ``str`` valued, so ``JobState.RUNNING == "running"``.
     """
 
+    QUEUED = "queued"
     ADMITTED = "admitted"
     RUNNING = "running"
     FINISHED = "finished"
@@ -45,10 +48,10 @@ class JobState(str, enum.Enum):
 
     def is_active(self) -> bool:
         """True while the job holds nodes in a co-execution group (admitted or running)."""
-        return self.rank < _RANK[JobState.FINISHED]
+        return _RANK[JobState.ADMITTED] <= self.rank < _RANK[JobState.FINISHED]
 
     def is_ended(self) -> bool:
-        return not self.is_active()
+        return self.rank >= _RANK[JobState.FINISHED]
 
     def advance(self, to: "JobState") -> "JobState":
         """The state after an event saying ``to``: never backwards, never out of an ended state."""
@@ -69,7 +72,7 @@ class JobState(str, enum.Enum):
         return self.value
 
 
-_RANK = {JobState.ADMITTED: 0, JobState.RUNNING: 1, JobState.FINISHED: 2, JobState.FAILED: 2}
+_RANK = {JobState.QUEUED: -1, JobState.ADMITTED: 0, JobState.RUNNING: 1, JobState.FINISHED: 2, JobState.FAILED: 2}
 ACTIVE_STATES: tuple[JobState, ...] = (JobState.ADMITTED, JobState.RUNNING)
 
 #: Refusal codes of the GlobalScheduler itself (the policy's are ok | never | retry_later).
@@ -99,6 +102,9 @@ class MoveRecord(BaseModel):
     trigger: Optional[str] = Field(default=None, description="the job whose departure triggered it")
 
 
+_QUEUE_FIELDS = ("queue_position", "queued_at", "waited_s")
+
+
 class JobRecord(BaseModel):
     """A job as the GlobalScheduler tracks it: state, group and placement, iterations done,
     predicted vs measured phase times (s), slowdown vs SLO, and the moves it went through.
@@ -111,7 +117,7 @@ class JobRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     job_id: str
-    state: JobState = Field(description='"admitted" | "running" | "finished" | "failed"')
+    state: JobState = Field(description='"queued" | "admitted" | "running" | "finished" | "failed"')
     group_id: Optional[str] = Field(default=None, description="current group (the last one once ended)")
     placement: Optional[NodePlacement] = None
     controller: Optional[str] = Field(default=None, description="the group's GroupController actor name")
@@ -125,13 +131,19 @@ class JobRecord(BaseModel):
     admitted_at: Optional[float] = Field(default=None, description="Unix time, s")
     ended_at: Optional[float] = Field(default=None, description="Unix time, s")
     moves: list[MoveRecord] = []
+    queue_position: Optional[int] = Field(default=None, description="place in the admission queue, 1 = next (queued only)")
+    queued_at: Optional[float] = Field(default=None, description="when the job entered the admission queue, Unix time, s")
+    waited_s: Optional[float] = Field(default=None, description="time spent in the admission queue, s (so far, "
+                                      "while queued)")
 
     def is_active(self) -> bool:
         return self.state.is_active()
 
     def public(self) -> dict[str, Any]:
-        """The JSON-able form the scheduler answers and checkpoints (``moves`` only once moved)."""
-        return self.model_dump(mode="json", exclude=None if self.moves else {"moves"})
+        """The JSON-able form the scheduler answers and checkpoints (``moves`` only once moved; the
+        queue fields only for a job that went through the admission queue)."""
+        skip = {k for k in _QUEUE_FIELDS if getattr(self, k) is None} | (set() if self.moves else {"moves"})
+        return self.model_dump(mode="json", exclude=skip or None)
 
     def note_iteration(self, iterations_done: int, t_iter_s: Optional[float], t_solo_s: Optional[float],
                        slowdown: Optional[float]) -> None:
