@@ -506,6 +506,8 @@ def _admission_view(d: dict, dry_run: bool) -> dict:
             "strategy": d.get("strategy"),
             "candidates": d.get("candidates") or [],
             "pruned": d.get("pruned") or [],
+            **({"candidates_listed": d["candidates_listed"], "pruned_groups": d.get("pruned_groups")}
+               if d.get("candidates_listed") else {}),
         },
         "latency_ms": d.get("latency_ms"),
     }
@@ -597,11 +599,11 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
         def __exit__(self, *exc):
             writes["pending"] -= 1
 
-    async def _admit(spec: JobSpec, dry_run: bool, queue: bool = False) -> JSONResponse:
+    async def _admit(spec: JobSpec, dry_run: bool, queue: bool = False, explain: str = "full") -> JSONResponse:
         t0 = time.perf_counter()
         body = spec.model_dump(mode="json", exclude={"queue"})
         with _WriteSlot():
-            d = await client.call("admit_batched", body, dry_run, queue, retry=dry_run)
+            d = await client.call("admit_batched", body, dry_run, queue, explain, retry=dry_run)
             if not dry_run and d.get("snapshot_version") is not None:
                 await cache.wait_version(d["snapshot_version"])  # this replica then reads its own write
         view = _admission_view(d, dry_run)
@@ -634,21 +636,26 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
         responses={202: {"model": AdmissionView, "description": "held by the admission queue (\"queue\": true)"},
                    401: err, 409: err, 413: err, 415: err, 422: err, 429: err, 503: err}, tags=["jobs"],
     )
-    async def admit_job(spec: SubmitRequest) -> Any:
+    async def admit_job(spec: SubmitRequest, explain: str = Query(
+            default="chosen", pattern="^(chosen|full)$",
+            description="candidates listed in an admission's explanation: the chosen one, or every one considered")) -> Any:
         """Admit a job (RollMux Alg. 1): 201 with its group, placement, marginal cost and predicted
         slowdowns; 409 when it cannot be admitted (the reason says why) or its id is taken. With
         ``"queue": true`` a job that does not fit now is queued: 202 with ``queue_position``
-        (admitted after a departure frees room); 429 when the queue or this replica is full."""
-        return await _admit(spec, dry_run=False, queue=spec.queue)
+        (admitted after a departure frees room); 429 when the queue or this replica is full.
+        The explanation lists the chosen candidate (``?explain=full``: every one considered)."""
+        return await _admit(spec, dry_run=False, queue=spec.queue, explain=explain)
 
     @app.post(
         "/v1/jobs:dry-run", response_model=AdmissionView, dependencies=[Depends(need_token)],
         responses={401: err, 409: err, 413: err, 415: err, 422: err, 429: err, 503: err}, tags=["jobs"],
     )
-    async def dry_run_job(spec: SubmitRequest) -> Any:
+    async def dry_run_job(spec: SubmitRequest, explain: str = Query(
+            default="full", pattern="^(chosen|full)$",
+            description="candidates listed: every one considered (default), or the chosen one")) -> Any:
         """What-if: the decision ``POST /v1/jobs`` would take now (200 or 409, with ``would_queue``
         when ``"queue": true`` would hold it); nothing changes."""
-        return await _admit(spec, dry_run=True, queue=spec.queue)
+        return await _admit(spec, dry_run=True, queue=spec.queue, explain=explain)
 
     @app.get("/v1/jobs", response_model=list[JobView], dependencies=[Depends(read_access)], responses={401: err, 503: err}, tags=["jobs"])
     async def list_jobs(limit: Optional[int] = Query(default=None, ge=1, le=100_000, description="at most this many"),

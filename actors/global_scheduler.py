@@ -436,7 +436,7 @@ class GlobalSchedulerImpl:
 
     # ---- admission
     @_locked
-    def admit(self, spec: dict, dry_run: bool = False, queue: bool = False) -> dict:
+    def admit(self, spec: dict, dry_run: bool = False, queue: bool = False, explain: str = "full") -> dict:
         """Admit (or, with ``dry_run``, only evaluate) a job: ``AdmissionDecision.to_dict()``.
 
         On admission the job record and its group are checkpointed, then the group's controller
@@ -444,7 +444,9 @@ class GlobalSchedulerImpl:
         (``retry_later``) is held by the admission queue (:mod:`rollmux.admission_queue`) instead
         of refused: code ``queued`` with ``queue_position``; a full queue refuses with code
         ``queue_full``. While jobs are queued, a new job larger than a queued one waits behind it
-        (code ``retry_later`` without ``queue``). Source: RollMux §4.2, Alg. 1.
+        (code ``retry_later`` without ``queue``). ``explain="chosen"``: an admission lists only the
+        chosen candidate (:meth:`rollmux.admission.AdmissionDecision.to_dict`). Source: RollMux
+        §4.2, Alg. 1.
         """
         t0 = time.perf_counter()
         try:
@@ -466,7 +468,7 @@ class GlobalSchedulerImpl:
             d = self._refusal(job.job_id, "retry_later", why, t0, dry_run)
             return {**d, "would_queue": True} if queue else d
         decision = self.igs.decide(job)
-        out = decision.to_dict()
+        out = decision.to_dict(explain)
         if queue and not out.get("admitted") and out.get("code") == "retry_later":
             if dry_run:
                 return {**out, "would_queue": True}
@@ -790,13 +792,15 @@ class GlobalSchedulerImpl:
                     out["queue"] = d["queue"]
             return out
 
-    async def admit_batched(self, spec: dict, dry_run: bool = False, queue: bool = False) -> dict:
+    async def admit_batched(self, spec: dict, dry_run: bool = False, queue: bool = False,
+                            explain: str = "chosen") -> dict:
         """:meth:`admit` with group commit (the HTTP path): the decision is taken at once, in
         arrival order; its checkpoint write is shared with the other decisions of the batch
         (collected for ``GROUP_COMMIT_WINDOW_S`` and while the previous write runs) and the call
         returns once that write is done, with ``snapshot_version`` (the published version that
-        contains it). A failed write: code ``unavailable`` (nothing of the batch happened)."""
-        out = await self._batched(self.admit, spec, dry_run, queue)
+        contains it). A failed write: code ``unavailable`` (nothing of the batch happened).
+        ``explain``: ``"chosen"`` (default) or ``"full"`` candidate list of an admission."""
+        out = await self._batched(self.admit, spec, dry_run, queue, explain)
         if "unavailable" in out:
             return {"job_id": spec.get("job_id") if isinstance(spec, dict) else None, "admitted": False,
                     "code": "unavailable", "reason": out["unavailable"]}

@@ -281,8 +281,18 @@ class AdmissionDecision:
         ``"group_size"`` or ``"saturation"`` (Alg. 1 line 4)."""
         return [{"group_id": g, "plugin": p, "reason": r} for g, (p, r) in self._pruned_src]
 
-    def to_dict(self) -> dict:
-        """JSON-able form (ARCHITECTURE.md "Policy core")."""
+    def to_dict(self, explain: str = "full") -> dict:
+        """JSON-able form (ARCHITECTURE.md "Policy core"). ``explain="chosen"``: of an admission,
+        only the chosen candidate is listed (``candidates_listed: "chosen"``; ``pruned`` empty and
+        ``pruned_groups`` counting them), so the explanation of every other placement is never
+        built (the hot path of many admissions); ``"full"``
+        (default) lists every candidate."""
+        if explain == "chosen" and self._chosen is not None:
+            return {**self._to_dict([self._chosen.to_dict()]), "pruned": [], "pruned_groups": len(self._pruned_src),
+                    "candidates_listed": "chosen"}
+        return self._to_dict([c.to_dict() for c in self.candidates])
+
+    def _to_dict(self, candidates: list[dict]) -> dict:
         return {
             "job_id": self.job_id,
             "admitted": self.admitted,
@@ -294,7 +304,7 @@ class AdmissionDecision:
             "placement": _placement_dict(self.placement),
             "delta_usd_per_h": self.delta_usd_per_h,
             "predicted_slowdowns": dict(self.predicted_slowdowns),
-            "candidates": [c.to_dict() for c in self.candidates],
+            "candidates": candidates,
             "pruned": self.pruned,
             "latency_ms": self.latency_ms,
             "profile": None if self.profile is None else self.profile.model_dump(),

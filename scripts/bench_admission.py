@@ -71,9 +71,10 @@ def load() -> list[float]:
 
 
 async def run_level(base_url: str, token: str, clients: int, n_requests: int, time_cap_s: float, make_req,
-                    rate_per_s: float = 0.0) -> dict:
+                    rate_per_s: float = 0.0, transport=None) -> dict:
     """``n_requests`` requests from ``clients`` concurrent clients (closed loop, or paced to
-    ``rate_per_s`` in total); ``make_req(i) -> (method, path, json | None)``."""
+    ``rate_per_s`` in total); ``make_req(i) -> (method, path, json | None)``. ``transport``: an
+    httpx ASGI transport (the app in this process, no Serve proxy)."""
     import httpx
 
     lat_ms: list[float] = []
@@ -111,7 +112,7 @@ async def run_level(base_url: str, token: str, clients: int, n_requests: int, ti
 
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     la0 = load()
-    async with httpx.AsyncClient(base_url=base_url, timeout=60.0, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=60.0, limits=limits, transport=transport) as client:
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(k, client) for k in range(clients)))
         wall = time.perf_counter() - t0
@@ -126,6 +127,20 @@ async def run_level(base_url: str, token: str, clients: int, n_requests: int, ti
     if sched_ms:
         out["scheduler_decision"] = percentiles(sched_ms, 3)
     return out
+
+
+async def inprocess_reads(token: str, args, ids: list[str]) -> dict:
+    """``GET /v1/jobs/{id}`` through the FastAPI app built in this process (a replica's code and
+    snapshot copy, following the real scheduler actor), called over httpx's ASGI transport: what
+    one replica sustains without the Serve proxy's hop."""
+    import httpx
+
+    from serve_app import AppSettings, SchedulerClient, _sha256, create_app
+
+    app = create_app(AppSettings(token_sha256=_sha256(token)), SchedulerClient("rollmux-bench-scheduler", 120.0))
+    return await run_level("http://app", token, args.clients, args.requests, args.time_cap_s,
+                           lambda i: ("GET", f"/v1/jobs/{ids[i % len(ids)]}", None),
+                           transport=httpx.ASGITransport(app=app))
 
 
 def main() -> None:
@@ -207,6 +222,9 @@ def main() -> None:
                               ("read_groups_page", lambda i: ("GET", "/v1/groups?limit=20", None))):
                 entry[name] = asyncio.run(run_level(base, token, args.clients, args.requests, args.time_cap_s, req))
                 print(name, json.dumps(entry[name]), flush=True)
+            # the same reads answered by the API app in this process (one replica's code, no Serve proxy)
+            entry["read_job_app_in_process"] = asyncio.run(inprocess_reads(token, args, ids))
+            print("read_job_app_in_process", json.dumps(entry["read_job_app_in_process"]), flush=True)
             runs.append(entry)
         first, last = runs[0], runs[-1]
         flat = (last["admit_closed"]["ok_per_s"] or 0) / max(1e-9, first["admit_closed"]["ok_per_s"] or 0)

@@ -107,8 +107,12 @@ def test_http_queue_202_position_admission_after_departure_and_429_when_full():
             return _finite(await out if inspect.isawaitable(out) else out)
 
     with TestClient(create_app(AppSettings(token_sha256=_sha256(TOKEN)), client=Client())) as c:
-        assert c.post("/v1/jobs", json=sp("a"), headers=AUTH).status_code == 201
-        assert c.post("/v1/jobs", json=sp("b"), headers=AUTH).status_code == 201
+        r = c.post("/v1/jobs", json=sp("a"), headers=AUTH)
+        assert r.status_code == 201 and r.json()["explanation"]["candidates_listed"] == "chosen"
+        assert [x["strategy"] for x in r.json()["explanation"]["candidates"]] == ["isolated"]
+        full = c.post("/v1/jobs:dry-run", json=sp("b"), headers=AUTH).json()["explanation"]
+        assert "candidates_listed" not in full and len(full["candidates"]) >= 2  # group-0 refused, then isolated
+        assert c.post("/v1/jobs", params={"explain": "full"}, json=sp("b"), headers=AUTH).status_code == 201
         r = c.post("/v1/jobs", json=sp("c"), headers=AUTH)
         assert r.status_code == 409 and r.json()["error"] == "not_admitted:retry_later"
         r = c.post("/v1/jobs:dry-run", json={**sp("c"), "queue": True}, headers=AUTH)
