@@ -110,8 +110,10 @@ def test_http_queue_202_position_admission_after_departure_and_429_when_full():
         r = c.post("/v1/jobs", json=sp("a"), headers=AUTH)
         assert r.status_code == 201 and r.json()["explanation"]["candidates_listed"] == "chosen"
         assert [x["strategy"] for x in r.json()["explanation"]["candidates"]] == ["isolated"]
+        b = c.post("/v1/jobs:dry-run", params={"explain": "chosen"}, json=sp("b"), headers=AUTH).json()["explanation"]
+        assert b["pruned"] == [] and b["pruned_groups"] == 1  # counted, not listed
         full = c.post("/v1/jobs:dry-run", json=sp("b"), headers=AUTH).json()["explanation"]
-        assert "candidates_listed" not in full and len(full["candidates"]) >= 2  # group-0 refused, then isolated
+        assert "candidates_listed" not in full and [p["plugin"] for p in full["pruned"]] == ["group_size"]
         assert c.post("/v1/jobs", params={"explain": "full"}, json=sp("b"), headers=AUTH).status_code == 201
         r = c.post("/v1/jobs", json=sp("c"), headers=AUTH)
         assert r.status_code == 409 and r.json()["error"] == "not_admitted:retry_later"
