@@ -733,13 +733,15 @@ def deploy(cfg: ServeConfig, token: str, *, route_prefix: str = "/") -> str:
     from ray.serve.config import BackpressureConfig
 
     settings = AppSettings.from_config(cfg, token)
-    serve.start(http_options={"host": cfg.host, "port": cfg.port}, proxy_location="HeadOnly")
+    logging = {"enable_access_log": cfg.access_log}
+    serve.start(http_options={"host": cfg.host, "port": cfg.port}, proxy_location="HeadOnly", logging_config=logging)
     opts: dict[str, Any] = {"num_cpus": 0}
     if res := control_plane_resources():
         opts["resources"] = res
     app = RollMuxAPI.options(num_replicas=cfg.num_replicas, max_ongoing_requests=cfg.max_ongoing_requests,
                              max_queued_requests=cfg.max_queued_requests,
                              backpressure_config=BackpressureConfig(status_code=503, retry_after_s=1),
+                             logging_config=logging,
                              ray_actor_options=opts).bind(settings.model_dump())
     serve.run(app, name=cfg.app_name, route_prefix=route_prefix)
     return cfg.base_url

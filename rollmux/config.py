@@ -138,6 +138,8 @@ class ServeConfig(BaseModel):
         max_pending_writes: writes (admissions, departures) one replica has in flight at most;
             more get 429 with ``Retry-After``.
         max_queued_requests: requests Serve queues for the replicas at most (more: 503).
+        access_log: Serve's per-request access log lines (proxy and replicas); off by default,
+            each line costs CPU on the request path.
         ray_port / dashboard_port / metrics_export_port: Ray head ports used by ``rollmux up``.
         head_cpus: logical CPUs of the Ray head started by ``rollmux up``.
         start_pool_nodes: ``rollmux up`` also starts one Ray node per pool node of a bounded spec.
@@ -171,6 +173,7 @@ class ServeConfig(BaseModel):
     max_request_bytes: int = Field(default=64 * 1024, ge=1024, le=16 << 20)
     max_pending_writes: int = Field(default=256, ge=1, le=100_000)
     max_queued_requests: int = Field(default=1024, ge=1, le=1_000_000)
+    access_log: bool = False
     ray_port: int = Field(default=6390, ge=1, le=65535)
     dashboard_port: int = Field(default=8265, ge=1, le=65535)
     metrics_export_port: int = Field(default=8080, ge=1, le=65535)

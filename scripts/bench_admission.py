@@ -184,7 +184,7 @@ def main() -> None:
             held = ray.get(sched.health.remote(), timeout=120)["jobs"]
             if held >= target:
                 return time.perf_counter() - t0
-            refs = [sched.admit.remote(make_spec(rng, f"pre-{n_pre + i:06d}").model_dump(mode="json"))
+            refs = [sched.admit.remote(make_spec(rng, f"pre-{n_pre + i:06d}").model_dump(mode="json"), False, False, "chosen")
                     for i in range(min(100, target - held))]
             n_pre += len(refs)
             ray.get(refs, timeout=600)
