@@ -12,7 +12,11 @@ number of stored jobs in ``--stored`` (the scheduler is topped up between them):
 * ``admit_paced``: the same clients together offering ``--rate`` admissions/s (each client sends
   on its own schedule, or at once when late): latency at the goal rate;
 * ``read_*``: the clients reading ``GET /v1/jobs?limit=20``, ``GET /v1/jobs/{id}`` and
-  ``GET /v1/groups?limit=20`` (closed loop), served by the replicas from their snapshot copies.
+  ``GET /v1/groups?limit=20`` (closed loop), served by the replicas from their snapshot copies;
+* ``serve_ceiling_trivial_app``: the same clients on a FastAPI app answering ``{}`` behind the same
+  Serve proxy (what Serve's HTTP path carries on this host at all);
+* ``read_job_app_in_process``: ``GET /v1/jobs/{id}`` on the API app built in this process (one
+  replica's code and snapshot copy, no Serve proxy).
 
 Every level is bounded in requests and wall time. Each entry: ``clients``, ``requests``,
 ``requests_per_s``, ``p50_ms`` / ``p90_ms`` / ``p99_ms`` / ``max_ms`` (client-side round trip; a
@@ -129,6 +133,27 @@ async def run_level(base_url: str, token: str, clients: int, n_requests: int, ti
     return out
 
 
+def deploy_ceiling(replicas: int) -> None:
+    """A trivial FastAPI app (``GET /ceiling/x`` -> ``{}``) on the same Serve proxy, same replica
+    count and settings: the most requests/s Serve's HTTP path carries on this host."""
+    from fastapi import FastAPI
+    from ray import serve
+
+    app = FastAPI()
+
+    @app.get("/x")
+    async def x() -> dict:
+        return {}
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=256,
+                      logging_config={"enable_access_log": False})
+    @serve.ingress(app)
+    class Ceiling:
+        pass
+
+    serve.run(Ceiling.options(num_replicas=replicas).bind(), name="ceiling", route_prefix="/ceiling")
+
+
 async def inprocess_reads(token: str, args, ids: list[str]) -> dict:
     """``GET /v1/jobs/{id}`` through the FastAPI app built in this process (a replica's code and
     snapshot copy, following the real scheduler actor), called over httpx's ASGI transport: what
@@ -196,6 +221,7 @@ def main() -> None:
                           num_replicas=args.replicas, max_ongoing_requests=256, max_pending_writes=1024,
                           max_queued_requests=4096)
         base = deploy(cfg, token)
+        deploy_ceiling(args.replicas)
         runs = []
         for target in stored_levels:
             took = top_up(sched, max(target, args.preload))
@@ -222,6 +248,10 @@ def main() -> None:
                               ("read_groups_page", lambda i: ("GET", "/v1/groups?limit=20", None))):
                 entry[name] = asyncio.run(run_level(base, token, args.clients, args.requests, args.time_cap_s, req))
                 print(name, json.dumps(entry[name]), flush=True)
+            # Serve's own ceiling on this host: a FastAPI app answering {} through the same proxy
+            entry["serve_ceiling_trivial_app"] = asyncio.run(run_level(
+                base, token, args.clients, args.requests, args.time_cap_s, lambda i: ("GET", "/ceiling/x", None)))
+            print("serve_ceiling_trivial_app", json.dumps(entry["serve_ceiling_trivial_app"]), flush=True)
             # the same reads answered by the API app in this process (one replica's code, no Serve proxy)
             entry["read_job_app_in_process"] = asyncio.run(inprocess_reads(token, args, ids))
             print("read_job_app_in_process", json.dumps(entry["read_job_app_in_process"]), flush=True)
@@ -230,12 +260,15 @@ def main() -> None:
         flat = (last["admit_closed"]["ok_per_s"] or 0) / max(1e-9, first["admit_closed"]["ok_per_s"] or 0)
         paced = first["admit_paced"]
         reads = max(first[k]["ok_per_s"] or 0 for k in ("read_jobs_page", "read_job", "read_groups_page"))
+        ceiling = first["serve_ceiling_trivial_app"]["ok_per_s"] or 0
         verdict = {
             "admissions_per_s_closed_64": first["admit_closed"]["ok_per_s"],
             "admissions_per_s_paced": paced["ok_per_s"], "admission_p99_ms_paced": paced.get("p99_ms"),
             "admissions_goal_met": (paced["ok_per_s"] or 0) >= 0.98 * GOALS["admissions_per_s"]
             and paced.get("p99_ms") is not None and paced["p99_ms"] < GOALS["admission_p99_ms"],
             "reads_per_s_best": reads, "reads_goal_met": reads >= GOALS["reads_per_s"],
+            "serve_trivial_app_per_s": ceiling, "reads_over_serve_ceiling": round(reads / max(1e-9, ceiling), 3),
+            "reads_per_s_app_in_process": first["read_job_app_in_process"]["ok_per_s"],
             "admissions_closed_ratio_last_over_first": round(flat, 3),
             "flat_goal_met": flat >= GOALS["flat_ratio_min"],
         }
