@@ -168,6 +168,27 @@ async def inprocess_reads(token: str, args, ids: list[str]) -> dict:
                            transport=httpx.ASGITransport(app=app))
 
 
+LEVELS = (("admit_closed", "POST /v1/jobs, closed loop"), ("admit_paced", "POST /v1/jobs, offered 200/s"),
+          ("read_jobs_page", "GET /v1/jobs?limit=20"), ("read_job", "GET /v1/jobs/{id}"),
+          ("read_groups_page", "GET /v1/groups?limit=20"), ("serve_ceiling_trivial_app", "GET of a trivial app (Serve's ceiling)"),
+          ("read_job_app_in_process", "GET /v1/jobs/{id}, the app in-process (no proxy)"))
+
+
+def table(out: dict) -> str:
+    """The README / docs table of a results file (markdown)."""
+    rows = ["| stored jobs | level | ok/s | p50 ms | p99 ms | load avg (1 min) before / after | admissions per commit |",
+            "|---:|---|---:|---:|---:|---|---:|"]
+    for r in out["runs"]:
+        for key, label in LEVELS:
+            x = r.get(key)
+            if x:
+                rows.append(f"| {r['stored_jobs']:,} | {label} | {x['ok_per_s']:.0f} | {x['p50_ms']:.0f} | "
+                            f"{'-' if x.get('p99_ms') is None else round(x['p99_ms'])} | "
+                            f"{x['load_avg_before'][0]:.1f} / {x['load_avg_after'][0]:.1f} | "
+                            f"{x.get('admissions_per_commit', '')} |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preload", type=int, default=1000, help="jobs held before the first measurement")
@@ -180,7 +201,11 @@ def main() -> None:
     ap.add_argument("--cluster", default=str(CONFIG_DIR / "cluster_sim.yaml"))
     ap.add_argument("--out", default=str(ROOT / "results" / "bench_admission.json"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--print-table", metavar="JSON", help="print the markdown table of a results file and exit")
     args = ap.parse_args()
+    if args.print_table:
+        print(table(json.loads(Path(args.print_table).read_text())))
+        return
 
     from actors.local_cluster import use_ephemeral_ray_token
 
@@ -287,6 +312,7 @@ def main() -> None:
         }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(out, indent=2))
+        print(table(out))
         print(json.dumps(verdict))
         print(f"wrote {args.out}")
     finally:
