@@ -56,7 +56,7 @@ import numpy as np
 from rollmux import profiler
 from rollmux.baselines import PER_JOB_UNITS, OptimalPartition, Unit
 from rollmux.policies import POLICY_NAMES, check_policy, policy_spec
-from rollmux.intra_group import IterationTimes, LongTailPolicy, PhaseRecord, simulate_group
+from rollmux.intra_group import IterationTimes, LongTailPolicy, PhaseRecord, simulate_group, steady_schedule
 from rollmux.models import ClusterSpec, CoExecutionGroup, JobSpec, PhaseProfile
 from rollmux.workloads import SimJob
 
@@ -164,7 +164,9 @@ class Realisation:
         key = self._group_key(group)
         if key not in self._units:
             c = self.cluster
-            s = self.schedule(group)
+            # deterministic: the steady state without the event simulation (the same figures,
+            # bit for bit: intra_group.steady_schedule)
+            s = self.schedule(group) if self.stochastic else steady_schedule(group, gpus_per_node=self.gpus_per_node())
             rg = len(group.rollout_nodes) * c.rollout_pool.node.gpus_per_node
             tg = len(group.train_nodes) * c.train_pool.node.gpus_per_node
             self._units[key] = Unit(
