@@ -366,8 +366,11 @@ class GlobalSchedulerImpl:
     def admit(self, spec: dict, dry_run: bool = False) -> dict:
         """Admit (or, with ``dry_run``, only evaluate) a job: ``AdmissionDecision.to_dict()``.
 
-        On admission the job record and its group are checkpointed, then the group's controller
-        (if it exists) gets the new membership pushed. Source: RollMux §4.2, Alg. 1.
+        On admission the policy re-optimises the admission's neighbourhood
+        (:meth:`rollmux.admission.InterGroupScheduler.reoptimise`; jobs it moves get a move record,
+        listed under ``moves``, and the newcomer's ``group_id`` / ``placement`` are where it ends
+        up); the job record and the touched groups are checkpointed, then their controllers (if
+        they exist) get the new membership pushed. Source: RollMux §4.2, Alg. 1.
         """
         t0 = time.perf_counter()
         try:
@@ -386,6 +389,18 @@ class GlobalSchedulerImpl:
             return out
         grp = self.igs.commit(decision)
         gid = out["group_id"] = grp.group_id if grp is not None else out["group_id"]
+        try:  # re-optimise the admission's neighbourhood (the policy; the newcomer may be placed anew)
+            moves = list(self.igs.reoptimise(gid, fresh=job.job_id, solver=self._solver()))
+        except Exception:  # the policy rolls a failed attempt back; the admission itself stands
+            log.exception("re-optimisation after admitting %s failed; no job moved", job.job_id)
+            moves = []
+        touched = [gid]
+        if moves or self.igs.group_of(job.job_id).group_id != gid:
+            gid = out["group_id"] = self.igs.group_of(job.job_id).group_id
+            pl = self.igs.member(job.job_id).placement
+            out["placement"] = {"rollout_nodes": list(pl.rollout_nodes), "train_nodes": list(pl.train_nodes)}
+            out["predicted_slowdowns"] = dict(self.igs.group_stats(gid)["predicted_slowdowns"])
+            touched = list(dict.fromkeys([*touched, gid, *[g for mv in moves for g in (mv["from_group"], mv["to_group"])]]))
         member = self.igs.member(job.job_id)
         prof = member.profile if member is not None else None
         self.jobs.pop(job.job_id, None)  # a re-admitted id goes to the end (admission order)
@@ -394,11 +409,19 @@ class GlobalSchedulerImpl:
             predicted=None if prof is None else {"t_roll_s": prof.t_roll_s, "t_train_s": prof.t_train_s,
                                                  "t_sync_s": prof.t_sync_s, "t_solo_s": prof.t_solo_s},
             predicted_slowdown=(out.get("predicted_slowdowns") or {}).get(job.job_id), admitted_at=time.time())
-        self._checkpoint(jobs=(job.job_id,), groups=(gid,))  # target state first, then act
-        self._push([gid])
+        done = self._record_moves(moves, job.job_id, time.time())
+        if done:
+            out["moves"] = [m.model_dump(mode="json") for m in done]
+            self.metrics.job_moves(len(done))
+        self._checkpoint(jobs=(job.job_id, *[m.job_id for m in done]), groups=tuple(touched))  # target state first
+        self._push(touched)
         self.metrics.admission("admitted", out.get("latency_ms", (time.perf_counter() - t0) * 1e3))
         self.metrics.job(job.job_id, slo=job.slo, iterations=0)
-        self._cost_metrics(gid)
+        for g in touched:
+            if self.igs.group_snapshot(g) is None:
+                self.metrics.group_dissolved(g)
+            else:
+                self._cost_metrics(g)
         out["latency_ms"] = out.get("latency_ms", (time.perf_counter() - t0) * 1e3)
         return out
 
@@ -429,7 +452,8 @@ class GlobalSchedulerImpl:
 
     def _end(self, job_id: str, state: JobState, error: Optional[str]) -> Optional[dict]:
         """Departure or failure of ``job_id``: the policy releases its nodes, then re-packs
-        (:meth:`rollmux.admission.InterGroupScheduler.repack`, departure re-packing); the moves
+        (:meth:`rollmux.admission.InterGroupScheduler.repack`, departure re-packing) and
+        re-optimises the departure's neighbourhood (``reoptimise``); the moves
         it committed are appended to the moved jobs' records; records and checkpoint first
         (target state), then asynchronous pushes to the touched groups' controllers.
         ``released_nodes`` is the net set of nodes the cluster no longer uses (the departed job's
@@ -446,8 +470,10 @@ class GlobalSchedulerImpl:
         gid = final.group_id
         before = self._nodes_in_use()
         self.igs.depart(job_id)
+        self._solver().forget(job_id)
         try:
             moves = list(self.igs.repack(gid))
+            moves += self.igs.reoptimise(gid, solver=self._solver())
         except Exception:  # the policy rolls a failed attempt back; the departure itself stands
             log.exception("departure re-packing after %s failed; no job moved", job_id)
             moves = []
@@ -456,16 +482,7 @@ class GlobalSchedulerImpl:
         rec.group_id, rec.placement, rec.controller = final.group_id, final.placement, final.controller
         rec.state, rec.error, rec.ended_at = state, error, now
         self.metrics.job_ended(job_id)
-        done = []
-        for mv in moves:  # the moved jobs' records: the move, and the policy's prediction in the new group
-            r = self.jobs[mv["job_id"]]
-            m = MoveRecord(job_id=mv["job_id"], from_group=mv["from_group"], to_group=mv["to_group"],
-                           placement=NodePlacement(rollout_nodes=list(mv["placement"]["rollout_nodes"]),
-                                                   train_nodes=list(mv["placement"]["train_nodes"])),
-                           move_s=mv.get("move_s"), at=now, trigger=job_id)
-            r.moves = [*r.moves, m]
-            r.predicted_slowdown = self.igs.group_stats(m.to_group)["predicted_slowdowns"].get(m.job_id)
-            done.append(m)
+        done = self._record_moves(moves, job_id, now)
         touched = list(dict.fromkeys([gid] + [g for m in done for g in (m.from_group, m.to_group)]))
         self._checkpoint(jobs=(job_id, *[m.job_id for m in done]), groups=tuple(touched))
         self._push(touched)
@@ -478,6 +495,32 @@ class GlobalSchedulerImpl:
                 self._cost_metrics(g)
         return {"job_id": job_id, "state": str(state), "released_nodes": released, "group_dissolved": gid in dissolved,
                 "dissolved_groups": dissolved, "moves": [m.model_dump(mode="json") for m in done]}
+
+    def _solver(self):
+        """The set-partitioning solver of the policy's neighbourhood re-optimisation (its layout
+        cache lives as long as this actor; departed jobs' layouts are dropped)."""
+        if getattr(self, "_opt", None) is None:
+            from rollmux.baselines import OptimalPartition
+
+            cfg = self.igs.config
+            self._opt = OptimalPartition(self.cluster, max_group_size=cfg.max_group_size,
+                                         exact_max_jobs=max(2, cfg.reopt_max_jobs), time_limit_s=2.0)
+        return self._opt
+
+    def _record_moves(self, moves: list[dict], trigger: str, now: float) -> list[MoveRecord]:
+        """Append the policy's moves to the moved jobs' records, with the policy's predicted
+        slowdown in the new group."""
+        done = []
+        for mv in moves:
+            r = self.jobs[mv["job_id"]]
+            m = MoveRecord(job_id=mv["job_id"], from_group=mv["from_group"], to_group=mv["to_group"],
+                           placement=NodePlacement(rollout_nodes=list(mv["placement"]["rollout_nodes"]),
+                                                   train_nodes=list(mv["placement"]["train_nodes"])),
+                           move_s=mv.get("move_s"), at=now, trigger=trigger)
+            r.moves = [*r.moves, m]
+            r.predicted_slowdown = self.igs.group_stats(m.to_group)["predicted_slowdowns"].get(m.job_id)
+            done.append(m)
+        return done
 
     def _nodes_in_use(self) -> set[str]:
         return {n for g in self.igs.groups for n in (*g.rollout_nodes, *g.train_nodes)}
