@@ -1395,7 +1395,8 @@ class InterGroupScheduler:
         has no state to copy); its groups get new ids and nodes from the pools (a bounded
         cluster without room keeps the old groups). Bounded work: one set partitioning of at
         most ``reopt_max_jobs`` jobs (the solver caches layouts across calls). Only the
-        ``"rollmux"`` policy does this; ``reopt_max_jobs: 0`` turns it off.
+        ``"rollmux"`` policy does this; ``reopt_max_jobs: 0`` turns it off, and so does
+        ``repack_on_departure: false`` (the paper's admission-only Alg. 1).
 
         Returns:
             the moves committed: ``{job_id, from_group, to_group, placement {rollout_nodes,
@@ -1405,7 +1406,7 @@ class InterGroupScheduler:
         event (RollMux §7.5 "Opt"), bounded to a neighbourhood.
         """
         cap = self.config.reopt_max_jobs
-        if not self.spec.repacks or cap < 2 or len(self._groups) < 2:
+        if not self.spec.repacks or not self.config.repack_on_departure or cap < 2 or len(self._groups) < 2:
             return []
         hood: list[str] = []
         n = 0
