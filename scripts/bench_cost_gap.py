@@ -146,6 +146,8 @@ def main() -> None:
     ap.add_argument("--slice-seeds", type=str, default=None,
                     help="comma-separated seeds of the other settings (default 3,4; quick 0)")
     ap.add_argument("--jobs", type=int, default=None, help="jobs per replay (default 200, quick 100)")
+    ap.add_argument("--trace", type=Path, default=None,
+                    help="Philly trace CSV (default: the full trace when present, else the bundled extract)")
     ap.add_argument("--exact-max-jobs", type=int, default=16)
     ap.add_argument("--procs", type=int, default=2, help="worker processes (at most 2)")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (default results/cost_gap.json; the plot beside it)")
@@ -153,7 +155,9 @@ def main() -> None:
     seeds = args.seeds if args.seeds is not None else (2 if args.quick else 10)
     n_jobs = args.jobs if args.jobs is not None else (60 if args.quick else 200)
     out = args.out or Path("results") / "cost_gap.json"
-    trace = DEFAULT_TRACE if DEFAULT_TRACE.is_file() else EXTRACT_TRACE
+    trace = args.trace or (DEFAULT_TRACE if DEFAULT_TRACE.is_file() else EXTRACT_TRACE)
+    if not trace.is_file():
+        ap.error(f"--trace: {trace} is not a file")
     slice_seeds = ([int(x) for x in args.slice_seeds.split(",") if x.strip()] if args.slice_seeds is not None
                    else ([0] if args.quick else [3, 4]))
     grid = [(st, sd) for st in SETTINGS for sd in (range(seeds) if st == DEFAULT_SETTING else slice_seeds)]
