@@ -110,6 +110,7 @@ class GlobalSchedulerImpl:
         self._dirty: dict[str, int] = {}  # group_id -> seq of the push not yet acknowledged
         self._inflight: dict[str, tuple[int, Any, float]] = {}  # group_id -> (seq, ObjectRef, sent at)
         self._seq = time.time_ns()  # push sequence (increasing across restarts)
+        self._reopt_pending: dict[str, str] = {}  # admitted job -> its group, to re-optimise (reconcile thread)
         meta = self.kv.get(self.key)
         if meta and meta.get("version") == CHECKPOINT_VERSION:
             self._restore(meta)
@@ -325,6 +326,7 @@ class GlobalSchedulerImpl:
                     # every group with a controller (a restarted controller keeps its handle)
                     with self._lock:
                         self._push([g for g in self._active_by_group() if g in self._handles])
+                self.reoptimise_pending()
                 self.reconcile_once()
             except Exception:
                 log.exception("reconcile pass failed; continuing")
@@ -366,11 +368,10 @@ class GlobalSchedulerImpl:
     def admit(self, spec: dict, dry_run: bool = False) -> dict:
         """Admit (or, with ``dry_run``, only evaluate) a job: ``AdmissionDecision.to_dict()``.
 
-        On admission the policy re-optimises the admission's neighbourhood
-        (:meth:`rollmux.admission.InterGroupScheduler.reoptimise`; jobs it moves get a move record,
-        listed under ``moves``, and the newcomer's ``group_id`` / ``placement`` are where it ends
-        up); the job record and the touched groups are checkpointed, then their controllers (if
-        they exist) get the new membership pushed. Source: RollMux §4.2, Alg. 1.
+        On admission the job record and its group are checkpointed, then the group's controller
+        (if it exists) gets the new membership pushed; the admission's neighbourhood is
+        re-optimised afterwards, off the admission path (:meth:`reoptimise_pending`). Source:
+        RollMux §4.2, Alg. 1.
         """
         t0 = time.perf_counter()
         try:
@@ -389,18 +390,7 @@ class GlobalSchedulerImpl:
             return out
         grp = self.igs.commit(decision)
         gid = out["group_id"] = grp.group_id if grp is not None else out["group_id"]
-        try:  # re-optimise the admission's neighbourhood (the policy; the newcomer may be placed anew)
-            moves = list(self.igs.reoptimise(gid, fresh=job.job_id, solver=self._solver()))
-        except Exception:  # the policy rolls a failed attempt back; the admission itself stands
-            log.exception("re-optimisation after admitting %s failed; no job moved", job.job_id)
-            moves = []
-        touched = [gid]
-        if moves or self.igs.group_of(job.job_id).group_id != gid:
-            gid = out["group_id"] = self.igs.group_of(job.job_id).group_id
-            pl = self.igs.member(job.job_id).placement
-            out["placement"] = {"rollout_nodes": list(pl.rollout_nodes), "train_nodes": list(pl.train_nodes)}
-            out["predicted_slowdowns"] = dict(self.igs.group_stats(gid)["predicted_slowdowns"])
-            touched = list(dict.fromkeys([*touched, gid, *[g for mv in moves for g in (mv["from_group"], mv["to_group"])]]))
+        self._reopt_pending[job.job_id] = gid  # re-optimised by the reconcile thread, off the admission path
         member = self.igs.member(job.job_id)
         prof = member.profile if member is not None else None
         self.jobs.pop(job.job_id, None)  # a re-admitted id goes to the end (admission order)
@@ -409,19 +399,11 @@ class GlobalSchedulerImpl:
             predicted=None if prof is None else {"t_roll_s": prof.t_roll_s, "t_train_s": prof.t_train_s,
                                                  "t_sync_s": prof.t_sync_s, "t_solo_s": prof.t_solo_s},
             predicted_slowdown=(out.get("predicted_slowdowns") or {}).get(job.job_id), admitted_at=time.time())
-        done = self._record_moves(moves, job.job_id, time.time())
-        if done:
-            out["moves"] = [m.model_dump(mode="json") for m in done]
-            self.metrics.job_moves(len(done))
-        self._checkpoint(jobs=(job.job_id, *[m.job_id for m in done]), groups=tuple(touched))  # target state first
-        self._push(touched)
+        self._checkpoint(jobs=(job.job_id,), groups=(gid,))  # target state first, then act
+        self._push([gid])
         self.metrics.admission("admitted", out.get("latency_ms", (time.perf_counter() - t0) * 1e3))
         self.metrics.job(job.job_id, slo=job.slo, iterations=0)
-        for g in touched:
-            if self.igs.group_snapshot(g) is None:
-                self.metrics.group_dissolved(g)
-            else:
-                self._cost_metrics(g)
+        self._cost_metrics(gid)
         out["latency_ms"] = out.get("latency_ms", (time.perf_counter() - t0) * 1e3)
         return out
 
@@ -495,6 +477,41 @@ class GlobalSchedulerImpl:
                 self._cost_metrics(g)
         return {"job_id": job_id, "state": str(state), "released_nodes": released, "group_dissolved": gid in dissolved,
                 "dissolved_groups": dissolved, "moves": [m.model_dump(mode="json") for m in done]}
+
+    @_locked
+    def reoptimise_pending(self) -> list[dict]:
+        """Re-optimise the neighbourhoods of the admissions since the last call
+        (:meth:`rollmux.admission.InterGroupScheduler.reoptimise`; the reconcile thread calls this
+        every pass, so an admission's answer never waits for it). A newcomer whose driver has not
+        started yet (state ``admitted``) has no state to copy. Moves are recorded, checkpointed and
+        pushed as a departure's are. Returns the moves as :class:`MoveRecord` dicts."""
+        pending, self._reopt_pending = self._reopt_pending, {}
+        out = []
+        for jid, gid in pending.items():
+            rec = self.jobs.get(jid)
+            if rec is None or not rec.state.is_active() or self.igs.group_of(jid) is None:
+                continue
+            gid = self.igs.group_of(jid).group_id
+            try:
+                moves = list(self.igs.reoptimise(gid, fresh=jid if rec.state == JobState.ADMITTED else None,
+                                                 solver=self._solver()))
+            except Exception:  # the policy rolls a failed attempt back; nothing moved
+                log.exception("re-optimisation after admitting %s failed; no job moved", jid)
+                continue
+            if not moves:
+                continue
+            done = self._record_moves(moves, jid, time.time())
+            touched = list(dict.fromkeys([gid] + [g for m in done for g in (m.from_group, m.to_group)]))
+            self._checkpoint(jobs=tuple(m.job_id for m in done), groups=tuple(touched))  # target state first
+            self._push(touched)
+            self.metrics.job_moves(len(done))
+            for g in touched:
+                if self.igs.group_snapshot(g) is None:
+                    self.metrics.group_dissolved(g)
+                else:
+                    self._cost_metrics(g)
+            out += [m.model_dump(mode="json") for m in done]
+        return out
 
     def _solver(self):
         """The set-partitioning solver of the policy's neighbourhood re-optimisation (its layout

@@ -1400,8 +1400,8 @@ class InterGroupScheduler:
 
         Returns:
             the moves committed: ``{job_id, from_group, to_group, placement {rollout_nodes,
-            train_nodes}, move_s, saved_usd_per_h}`` (as :meth:`repack`); ``fresh`` is placed
-            anew without a move record (read its group from :meth:`group_of`).
+            train_nodes}, move_s, saved_usd_per_h}`` (as :meth:`repack`); a move of ``fresh`` has
+            ``move_s`` 0 (nothing to copy).
         Source: extension of RollMux §4.2 Alg. 1 towards the optimum that re-partitions at every
         event (RollMux §7.5 "Opt"), bounded to a neighbourhood.
         """
@@ -1467,11 +1467,9 @@ class InterGroupScheduler:
             self._groups[gid].coexec = dict(oc.t_coexec_s)
             for m in mems:
                 self._job_group[m.spec.job_id] = gid
-                if m.spec.job_id == fresh:
-                    continue
                 moves.append({"job_id": m.spec.job_id, "from_group": origin[m.spec.job_id], "to_group": gid,
                               "placement": _placement_dict(m.placement),
-                              "move_s": profiler.move_time_s(m.spec, self.cluster)})
+                              "move_s": 0.0 if m.spec.job_id == fresh else profiler.move_time_s(m.spec, self.cluster)})
         self._version += 1
         return [dict(mv, saved_usd_per_h=before - after) for mv in moves]
 

@@ -333,7 +333,9 @@ class SchedulerPolicy(SimPolicy):
         return 0 if self.queue is None else len(self.queue)
 
     def _moved(self, moves: list[dict]) -> None:
-        """Count the moves; each moved job stalls for its host-state copy (summed per job)."""
+        """Count the moves of started jobs (a just-admitted job placed anew copies nothing, ``move_s``
+        0); each moved job stalls for its host-state copy (summed per job)."""
+        moves = [m for m in moves if m["move_s"] > 0]
         self.moves += len(moves)
         for m in moves:
             self.move_s += m["move_s"]

@@ -187,7 +187,7 @@ def test_reoptimise_keeps_the_groups_when_a_move_would_break_an_slo_or_it_is_off
     cl, s = _two_singletons((1.04, 1.02))
     assert s.reoptimise("group-1", solver=OptimalPartition(cl, exact_max_jobs=8)) == []  # B would copy its state
     moves = s.reoptimise("group-1", fresh="B", solver=OptimalPartition(cl, exact_max_jobs=8))
-    assert [(m["job_id"], m["move_s"]) for m in moves] == [("A", pytest.approx(7.176))]
+    assert [(m["job_id"], m["move_s"]) for m in moves] == [("A", pytest.approx(7.176)), ("B", 0.0)]
     assert s.group_of("B").group_id == s.group_of("A").group_id == "group-2"
     cl, s = _two_singletons(1.04, reopt_max_jobs=0)
     assert s.reoptimise("group-0", solver=OptimalPartition(cl, exact_max_jobs=8)) == [] and len(s.groups) == 2
