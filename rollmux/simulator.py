@@ -268,6 +268,11 @@ class SimPolicy:
         moved as a consequence (departure re-packing): each loses ``stall_s`` of progress."""
         raise NotImplementedError
 
+    def pop_stalls(self) -> dict[str, float]:
+        """Stalls of jobs the policy moved on an arrival (re-optimisation): ``{job_id: stall_s}``,
+        each loses ``stall_s`` of progress; cleared by the call."""
+        return {}
+
     def extra(self) -> dict:
         """Policy-specific facts for summary.json."""
         return {}
@@ -283,8 +288,9 @@ class SimPolicy:
 class SchedulerPolicy(SimPolicy):
     """RollMux / random / most-idle: :class:`rollmux.admission.InterGroupScheduler` (Alg. 1 or
     the greedy baselines), one admission per arrival, departures release GPUs; RollMux then
-    re-packs (``repack``, :meth:`InterGroupScheduler.repack`), and each moved job stalls for its
-    host-state copy (``move_s``).
+    re-packs (``repack``, :meth:`InterGroupScheduler.repack`); after every admission and
+    departure it re-optimises the event's neighbourhood (:meth:`InterGroupScheduler.reoptimise`),
+    and each moved job stalls for its host-state copy (``move_s``).
 
     ``queue=True`` (a bounded cluster): a job refused ``retry_later`` waits in the scheduler's
     :class:`rollmux.admission_queue.AdmissionQueue` (the cluster's own queue code), which is
@@ -308,8 +314,13 @@ class SchedulerPolicy(SimPolicy):
                                                       plan_migration_overhead=real.stochastic and real.migrate)
         self.sched = InterGroupScheduler(cluster, config=cfg)
         self._seen: dict[int, tuple] = {}  # id(group record) -> (record, unit)
+        # the solver of the neighbourhood re-optimisation (InterGroupScheduler.reoptimise)
+        self.solver = OptimalPartition(cluster, max_group_size=cfg.max_group_size,
+                                       exact_max_jobs=max(2, cfg.reopt_max_jobs), time_limit_s=2.0)
         self.moves = 0
         self.move_s = 0.0
+        self.reopt_ms: list[float] = []  # re-optimisation after each admission (after the decision), ms
+        self._stalls: dict[str, float] = {}
         self.queue = AdmissionQueue.from_config(cfg) if queue else None
         self._started: list[str] = []
         self.refused: list[str] = []
@@ -321,6 +332,11 @@ class SchedulerPolicy(SimPolicy):
         d = self.sched.admit(job.spec, job.profile)
         if d.admitted:
             self._started.append(job.spec.job_id)
+            t0 = time.perf_counter()
+            moves = self.sched.reoptimise(self.sched.group_of(job.spec.job_id).group_id, fresh=job.spec.job_id,
+                                          solver=self.solver)
+            self.reopt_ms.append((time.perf_counter() - t0) * 1e3)
+            self._moved(moves)
         elif self.queue is not None and d.code == "retry_later":
             return self._hold(job, float(d.latency_ms), d.reason)
         elif self.queue is not None:
@@ -350,24 +366,40 @@ class SchedulerPolicy(SimPolicy):
     def waiting(self) -> int:
         return 0 if self.queue is None else len(self.queue)
 
+    def _moved(self, moves: list[dict]) -> None:
+        """Count the moves of started jobs (a just-admitted job placed anew copies nothing, ``move_s``
+        0); each moved job stalls for its host-state copy (summed per job)."""
+        moves = [m for m in moves if m["move_s"] > 0]
+        self.moves += len(moves)
+        for m in moves:
+            self.move_s += m["move_s"]
+            self._stalls[m["job_id"]] = self._stalls.get(m["job_id"], 0.0) + m["move_s"]
+
+    def pop_stalls(self) -> dict[str, float]:
+        out, self._stalls = self._stalls, {}
+        return out
+
     def depart(self, job_id: str) -> Optional[dict[str, float]]:
         gid = self.sched.group_of(job_id).group_id
         self.sched.depart(job_id)
-        moves = self.sched.repack(gid)
-        self.moves += len(moves)
-        self.move_s += sum(m["move_s"] for m in moves)
+        self.solver.forget(job_id)
+        self._moved(self.sched.repack(gid))
+        self._moved(self.sched.reoptimise(gid, solver=self.solver))
         if self.queue is not None:  # the freed room goes to queued jobs (in order, with backfill)
             res = self.queue.drain(self.sched, self.clock)
             self._started.extend(q.job_id for q, _ in res.admitted)
             self.refused.extend(q.job_id for q, _ in res.dropped)
-        return {m["job_id"]: m["move_s"] for m in moves}
+        return self.pop_stalls()
 
     def extra(self) -> dict:
         out = {} if self.queue is None else {"queue_refused_jobs": len(self.refused), "queue_peak_jobs": self.queue_peak}
         if not self.spec.repacks:
             return out
+        r = sorted(self.reopt_ms)
         return {**out, "repack_on_departure": self.sched.config.repack_on_departure, "jobs_moved": self.moves,
-                "move_stall_h": self.move_s / 3600.0}
+                "move_stall_h": self.move_s / 3600.0,
+                "reopt_latency_ms_p50": r[len(r) // 2] if r else None,
+                "reopt_latency_ms_max": r[-1] if r else None}
 
     def groups(self) -> list[CoExecutionGroup]:
         return list(self.sched.groups)
@@ -546,6 +578,10 @@ class PolicyRun:
     shadow_optimal_usd: float = 0.0
     shadow_outside: int = 0
     shadow_instants: list = field(default_factory=list)  # (t_s, policy $/h, exact optimum $/h) where compared
+    # the policy's excess over the exact optimum ($, where compared) by the event that opened the
+    # interval ("arrival" | "departure"), and time-weighted jobs per group of both (s * jobs/group)
+    shadow_gap_usd_by_event: dict = field(default_factory=dict)
+    shadow_jobs_per_group_s: list = field(default_factory=lambda: [0.0, 0.0])
 
     def metrics(self, horizon_s: Optional[float] = None) -> dict:
         """The summary.json entry of this policy (its keys are a stable interface)."""
@@ -644,6 +680,8 @@ def replay(
         done_at[jid] = _EPS * max(1.0, sj.iterations)
     best_group_size = 0
     shadow_cost: Optional[float] = None
+    shadow_jpg = [0.0, 0.0]  # jobs per group now: the policy's, the optimum's
+    last_event = "arrival"
     stalls: dict[str, float] = {}
     queued = False  # the policy holds jobs in an admission queue (take_started is not None)
 
@@ -684,6 +722,7 @@ def replay(
                                                for u in units]):
                 shadow_cost = res.cost_usd_per_h
                 run.shadow_instants.append((t, cost, shadow_cost))
+                shadow_jpg[:] = [len(remaining) / max(1, len(units)), len(remaining) / max(1, len(res.groups))]
             elif res.exact:
                 run.shadow_outside += 1
         run.times_s.append(t)
@@ -716,6 +755,10 @@ def replay(
                 run.rollout_busy_gpu_s += b_r
                 run.train_busy_gpu_s += b_t
             if shadow_cost is not None:
+                run.shadow_gap_usd_by_event[last_event] = (run.shadow_gap_usd_by_event.get(last_event, 0.0)
+                                                           + (cost - shadow_cost) * dt / 3600.0)
+                run.shadow_jobs_per_group_s[0] += shadow_jpg[0] * dt
+                run.shadow_jobs_per_group_s[1] += shadow_jpg[1] * dt
                 run.shadow_s += dt
                 run.shadow_policy_usd += cost * dt / 3600.0
                 run.shadow_optimal_usd += shadow_cost * dt / 3600.0
@@ -723,6 +766,7 @@ def replay(
                 remaining[jid] -= rate[jid] * dt
         t = t_next
         if t_dep <= t_arr:  # departures first on ties: they free capacity
+            last_event = "departure"
             done = [jid for jid, left in remaining.items() if left <= done_at[jid] or jid == j_dep]
             for jid in done:
                 del remaining[jid]
@@ -742,10 +786,13 @@ def replay(
             for jid in policy.take_started() or ():  # queued jobs admitted into the freed room
                 start(jid)
         else:
+            last_event = "arrival"
             job = jobs[i]
             i += 1
             policy.clock = t
             run.decision_ms.append(policy.arrive(job))
+            for mj, ms in policy.pop_stalls().items():  # jobs moved by the admission's re-optimisation
+                stalls[mj] = stalls.get(mj, 0.0) + ms
             started = policy.take_started()
             queued = queued or started is not None
             for jid in ([job.spec.job_id] if started is None else started):
