@@ -131,6 +131,7 @@ class GlobalSchedulerImpl:
         self.version = 0
         self._deltas: collections.deque[dict] = collections.deque(maxlen=SNAPSHOT_LOG)
         self._published: Optional[asyncio.Event] = None
+        self._reopt_pending: dict[str, str] = {}  # admitted job -> its group, to re-optimise (reconcile thread)
         meta = self.kv.get(self.key)
         if meta and meta.get("version") == CHECKPOINT_VERSION:
             self._restore(meta)
@@ -398,6 +399,7 @@ class GlobalSchedulerImpl:
                     # every group with a controller (a restarted controller keeps its handle)
                     with self._lock:
                         self._push([g for g in self._active_by_group() if g in self._handles])
+                self.reoptimise_pending()
                 self.reconcile_once()
             except Exception:
                 log.exception("reconcile pass failed; continuing")
@@ -440,7 +442,8 @@ class GlobalSchedulerImpl:
         """Admit (or, with ``dry_run``, only evaluate) a job: ``AdmissionDecision.to_dict()``.
 
         On admission the job record and its group are checkpointed, then the group's controller
-        (if it exists) gets the new membership pushed. ``queue``: a job that does not fit now
+        (if it exists) gets the new membership pushed; the admission's neighbourhood is
+        re-optimised afterwards, off the admission path (:meth:`reoptimise_pending`). ``queue``: a job that does not fit now
         (``retry_later``) is held by the admission queue (:mod:`rollmux.admission_queue`) instead
         of refused: code ``queued`` with ``queue_position``; a full queue refuses with code
         ``queue_full``. While jobs are queued, a new job larger than a queued one waits behind it
@@ -506,6 +509,7 @@ class GlobalSchedulerImpl:
         """Record a committed admission (``grp``: the group the policy committed it to): the job
         record (with its queue wait when ``queued``), checkpoint, controller push, metrics."""
         gid = out["group_id"] = grp.group_id if grp is not None else out["group_id"]
+        self._reopt_pending[job.job_id] = gid  # re-optimised by the reconcile thread, off the admission path
         member = self.igs.member(job.job_id)
         prof = member.profile if member is not None else None
         self.jobs.pop(job.job_id, None)  # a re-admitted id goes to the end (admission order)
@@ -588,7 +592,8 @@ class GlobalSchedulerImpl:
 
     def _end(self, job_id: str, state: JobState, error: Optional[str]) -> Optional[dict]:
         """Departure or failure of ``job_id``: the policy releases its nodes, then re-packs
-        (:meth:`rollmux.admission.InterGroupScheduler.repack`, departure re-packing); the moves
+        (:meth:`rollmux.admission.InterGroupScheduler.repack`, departure re-packing) and
+        re-optimises the departure's neighbourhood (``reoptimise``); the moves
         it committed are appended to the moved jobs' records; records and checkpoint first
         (target state), then asynchronous pushes to the touched groups' controllers.
         ``released_nodes`` is the net set of nodes the cluster no longer uses (the departed job's
@@ -605,8 +610,10 @@ class GlobalSchedulerImpl:
         gid = final.group_id
         before = self._nodes_in_use()
         self.igs.depart(job_id)
+        self._solver().forget(job_id)
         try:
             moves = list(self.igs.repack(gid))
+            moves += self.igs.reoptimise(gid, solver=self._solver())
         except Exception:  # the policy rolls a failed attempt back; the departure itself stands
             log.exception("departure re-packing after %s failed; no job moved", job_id)
             moves = []
@@ -615,16 +622,7 @@ class GlobalSchedulerImpl:
         rec.group_id, rec.placement, rec.controller = final.group_id, final.placement, final.controller
         rec.state, rec.error, rec.ended_at = state, error, now
         self.metrics.job_ended(job_id)
-        done = []
-        for mv in moves:  # the moved jobs' records: the move, and the policy's prediction in the new group
-            r = self.jobs[mv["job_id"]]
-            m = MoveRecord(job_id=mv["job_id"], from_group=mv["from_group"], to_group=mv["to_group"],
-                           placement=NodePlacement(rollout_nodes=list(mv["placement"]["rollout_nodes"]),
-                                                   train_nodes=list(mv["placement"]["train_nodes"])),
-                           move_s=mv.get("move_s"), at=now, trigger=job_id)
-            r.moves = [*r.moves, m]
-            r.predicted_slowdown = self.igs.group_stats(m.to_group)["predicted_slowdowns"].get(m.job_id)
-            done.append(m)
+        done = self._record_moves(moves, job_id, now)
         touched = list(dict.fromkeys([gid] + [g for m in done for g in (m.from_group, m.to_group)]))
         self._checkpoint(jobs=(job_id, *[m.job_id for m in done]), groups=tuple(touched))
         self._push(touched)
@@ -639,6 +637,67 @@ class GlobalSchedulerImpl:
         return {"job_id": job_id, "state": str(state), "released_nodes": released, "group_dissolved": gid in dissolved,
                 "dissolved_groups": dissolved, "moves": [m.model_dump(mode="json") for m in done],
                 **({"admitted_from_queue": started} if started else {})}
+
+    @_locked
+    def reoptimise_pending(self) -> list[dict]:
+        """Re-optimise the neighbourhoods of the admissions since the last call
+        (:meth:`rollmux.admission.InterGroupScheduler.reoptimise`; the reconcile thread calls this
+        every pass, so an admission's answer never waits for it). A newcomer whose driver has not
+        started yet (state ``admitted``) has no state to copy. Moves are recorded, checkpointed and
+        pushed as a departure's are. Returns the moves as :class:`MoveRecord` dicts."""
+        pending, self._reopt_pending = self._reopt_pending, {}
+        out = []
+        for jid, gid in pending.items():
+            rec = self.jobs.get(jid)
+            if rec is None or not rec.state.is_active() or self.igs.group_of(jid) is None:
+                continue
+            gid = self.igs.group_of(jid).group_id
+            try:
+                moves = list(self.igs.reoptimise(gid, fresh=jid if rec.state == JobState.ADMITTED else None,
+                                                 solver=self._solver()))
+            except Exception:  # the policy rolls a failed attempt back; nothing moved
+                log.exception("re-optimisation after admitting %s failed; no job moved", jid)
+                continue
+            if not moves:
+                continue
+            done = self._record_moves(moves, jid, time.time())
+            touched = list(dict.fromkeys([gid] + [g for m in done for g in (m.from_group, m.to_group)]))
+            self._checkpoint(jobs=tuple(m.job_id for m in done), groups=tuple(touched))  # target state first
+            self._push(touched)
+            self.metrics.job_moves(len(done))
+            for g in touched:
+                if self.igs.group_snapshot(g) is None:
+                    self.metrics.group_dissolved(g)
+                else:
+                    self._cost_metrics(g)
+            out += [m.model_dump(mode="json") for m in done]
+        return out
+
+    def _solver(self):
+        """The set-partitioning solver of the policy's neighbourhood re-optimisation (its layout
+        cache lives as long as this actor; departed jobs' layouts are dropped)."""
+        if getattr(self, "_opt", None) is None:
+            from rollmux.baselines import OptimalPartition
+
+            cfg = self.igs.config
+            self._opt = OptimalPartition(self.cluster, max_group_size=cfg.max_group_size,
+                                         exact_max_jobs=max(2, cfg.reopt_max_jobs), time_limit_s=2.0)
+        return self._opt
+
+    def _record_moves(self, moves: list[dict], trigger: str, now: float) -> list[MoveRecord]:
+        """Append the policy's moves to the moved jobs' records, with the policy's predicted
+        slowdown in the new group."""
+        done = []
+        for mv in moves:
+            r = self.jobs[mv["job_id"]]
+            m = MoveRecord(job_id=mv["job_id"], from_group=mv["from_group"], to_group=mv["to_group"],
+                           placement=NodePlacement(rollout_nodes=list(mv["placement"]["rollout_nodes"]),
+                                                   train_nodes=list(mv["placement"]["train_nodes"])),
+                           move_s=mv.get("move_s"), at=now, trigger=trigger)
+            r.moves = [*r.moves, m]
+            r.predicted_slowdown = self.igs.group_stats(m.to_group)["predicted_slowdowns"].get(m.job_id)
+            done.append(m)
+        return done
 
     def _nodes_in_use(self) -> set[str]:
         return {n for g in self.igs.groups for n in (*g.rollout_nodes, *g.train_nodes)}
