@@ -78,7 +78,8 @@ class _Hosted:
         self.ctrl: Any = None  # cached handle of the controller (looked up again only when it died)
         self.rollout_workers: list[str] = cfg.get("rollout_workers", [])
         self.ckpt: Path = Path(cfg.get("checkpoint_dir") or os.path.join(tempfile.gettempdir(), "rollmux-ckpt")) / \
-            f"{job_id}-{cfg['pool']}.pt"
+            (f"{job_id}-{cfg['admission'][:16]}-{cfg['pool']}.pt" if cfg.get("admission") else f"{job_id}-{cfg['pool']}.pt")
+        self.admission: Optional[str] = cfg.get("admission")  # the scheduler's token of this admission
         self.ref: Any = None  # ObjectRef of the stored (storable) state
         self.resident: dict = {}
         self.pending_weights: Optional[dict] = None  # {"ref": [ObjectRef]} | {"dict": {name: tensor}}
@@ -112,7 +113,11 @@ class _PoolWorker:
         return h
 
     def register_job(self, job_id: str, cfg: dict | bytes, moved: Optional[dict] = None) -> bool:
-        """Host ``job_id`` (builder, phase functions, switch mode, controller name). Idempotent.
+        """Host ``job_id`` (builder, phase functions, switch mode, controller name). Idempotent
+        for the same admission; a registration carrying another admission token (``cfg
+        ["admission"]``: the job id was admitted again, e.g. after its driver was killed) first
+        drops the previous run's state here (stored state, pending weights, sync endpoint,
+        cold-start file), so the new run starts fresh.
 
         ``cfg`` may arrive cloudpickled (bytes): it is then unpickled here under the worker's lock,
         so that several jobs registering at once never import / build user classes concurrently.
@@ -121,12 +126,15 @@ class _PoolWorker:
         ``"moved"``) and its pending weights are applied at its next rollout.
         """
         with self._lock:
-            if job_id in self.jobs:
-                return False
             if isinstance(cfg, bytes):
                 from ray import cloudpickle
 
                 cfg = cloudpickle.loads(cfg)
+            old = self.jobs.get(job_id)
+            if old is not None:
+                if not cfg.get("admission") or old.admission == cfg.get("admission"):
+                    return False
+                self.unregister_job(job_id)  # a previous admission of this id: its state is not this run's
             h = self.jobs[job_id] = _Hosted(job_id, {**cfg, "pool": self.pool})
             if moved:
                 if moved.get("ref") is not None or moved.get("ckpt") is not None:
@@ -158,12 +166,16 @@ class _PoolWorker:
         self.unregister_job(job_id)
         return out
 
-    def unregister_job(self, job_id: str) -> bool:
-        """Drop a job's state (departure / failure): its object-store state is freed, its sync
-        endpoint closed and its cold-start checkpoint file on this node deleted."""
-        h = self.jobs.pop(job_id, None)
-        if h is None:
+    def unregister_job(self, job_id: str, admission: Optional[str] = None) -> bool:
+        """Drop a job's state (departure / failure / eviction): its object-store state is freed,
+        its pending weights dropped, its sync endpoint closed and its cold-start checkpoint file
+        on this node deleted. ``admission``: only when the hosted run is that admission (a late
+        release of an earlier run never drops a re-admitted one). False if nothing was dropped."""
+        h = self.jobs.get(job_id)
+        if h is None or (admission is not None and h.admission is not None and h.admission != admission):
             return False
+        self.jobs.pop(job_id, None)
+        h.ref = h.pending_weights = h.last_weights = h.moved = None
         if h.endpoint is not None:
             try:
                 h.endpoint.close()

@@ -20,15 +20,18 @@ Pure: no Ray import; every value here is JSON-able through ``model_dump(mode="js
 from __future__ import annotations
 
 import enum
+import re
 from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["JobState", "NodePlacement", "MoveRecord", "JobRecord", "REFUSAL_CODES", "ACTIVE_STATES"]
+__all__ = ["JobState", "NodePlacement", "MoveRecord", "JobRecord", "REFUSAL_CODES", "ACTIVE_STATES",
+           "explain_failure"]
 
 
 class JobState(str, enum.Enum):
-    """A job's lifecycle at the GlobalScheduler, in order: admitted -> running -> finished | failed.
+    """A job's lifecycle at the GlobalScheduler, in order: admitted -> running -> finished | failed
+    (admitted -> expired when no driver attaches within the scheduler's ``attach_timeout_s``).
 
     Members compare by that order (``JobState.ADMITTED < JobState.RUNNING``); a record's state
     only moves forward (:meth:`advance`). ``str`` valued, so ``JobState.RUNNING == "running"``.
@@ -38,6 +41,7 @@ class JobState(str, enum.Enum):
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
+    EXPIRED = "expired"  # admitted, but no driver attached within the attach timeout
 
     @property
     def rank(self) -> int:
@@ -69,7 +73,7 @@ class JobState(str, enum.Enum):
         return self.value
 
 
-_RANK = {JobState.ADMITTED: 0, JobState.RUNNING: 1, JobState.FINISHED: 2, JobState.FAILED: 2}
+_RANK = {JobState.ADMITTED: 0, JobState.RUNNING: 1, JobState.FINISHED: 2, JobState.FAILED: 2, JobState.EXPIRED: 2}
 ACTIVE_STATES: tuple[JobState, ...] = (JobState.ADMITTED, JobState.RUNNING)
 
 #: Refusal codes of the GlobalScheduler itself (the policy's are ok | never | retry_later).
@@ -111,7 +115,7 @@ class JobRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     job_id: str
-    state: JobState = Field(description='"admitted" | "running" | "finished" | "failed"')
+    state: JobState = Field(description='"admitted" | "running" | "finished" | "failed" | "expired"')
     group_id: Optional[str] = Field(default=None, description="current group (the last one once ended)")
     placement: Optional[NodePlacement] = None
     controller: Optional[str] = Field(default=None, description="the group's GroupController actor name")
@@ -121,16 +125,28 @@ class JobRecord(BaseModel):
     predicted_slowdown: Optional[float] = Field(default=None, description="worst-case co-executed / solo iteration time")
     measured: Optional[dict[str, Optional[float]]] = None
     slowdown: Optional[float] = Field(default=None, description="measured co-executed / solo iteration time")
-    error: Optional[str] = None
+    admission_id: Optional[str] = Field(default=None, description="token of this admission: a re-used job id "
+                                        "gets a new one, so workers never resume a previous run's state")
+    error: Optional[str] = Field(default=None, description="why the job failed, for people: what was lost, what "
+                                 "happened to its state, what to do (:func:`explain_failure`)")
+    error_detail: Optional[str] = Field(default=None, description="the raw error the failure was reported with")
     admitted_at: Optional[float] = Field(default=None, description="Unix time, s")
     ended_at: Optional[float] = Field(default=None, description="Unix time, s")
     moves: list[MoveRecord] = []
+    spec_sha256: Optional[str] = Field(default=None, description="SHA-256 of the admitted spec (checkpoint only)")
+    decision: Optional[dict[str, Any]] = Field(
+        default=None, description="the admission decision as first answered, replayed to a retry (checkpoint only)")
 
     def is_active(self) -> bool:
         return self.state.is_active()
 
     def public(self) -> dict[str, Any]:
-        """The JSON-able form the scheduler answers and checkpoints (``moves`` only once moved)."""
+        """The JSON-able form the scheduler answers (``moves`` only once moved; without the
+        checkpoint-only ``spec_sha256`` / ``decision``)."""
+        return self.model_dump(mode="json", exclude={"spec_sha256", "decision", *(() if self.moves else ("moves",))})
+
+    def stored(self) -> dict[str, Any]:
+        """The JSON-able form the checkpoint keeps: :meth:`public` plus the checkpoint-only fields."""
         return self.model_dump(mode="json", exclude=None if self.moves else {"moves"})
 
     def note_iteration(self, iterations_done: int, t_iter_s: Optional[float], t_solo_s: Optional[float],
@@ -145,3 +161,38 @@ class JobRecord(BaseModel):
                 m[k] = m[k] + (float(v) - m[k]) / n
         self.measured = m
         self.slowdown = slowdown
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_NODE = re.compile(r"\b((?:rollout|train)-\d+)\b")
+_IDS = re.compile(r"\(?\b(?:actor_id|ActorID|Actor ID|pid|ip|node_id)[=: ]+[^\s,)]+[,)]?", re.I)
+
+
+def explain_failure(raw: Optional[str], nodes: tuple[str, ...] = ()) -> str:
+    """A failure reason for people from a raw error (a Ray traceback, a controller message):
+    what was lost (the node or actor), what happened to the job's state, what to do. Colour
+    codes and actor / process ids are dropped; the raw text belongs in ``error_detail``.
+
+    ``nodes``: the job's nodes (named when the error does not say which node was lost)."""
+    text = _ANSI.sub("", raw or "").strip()
+    low = text.lower()
+    named = _NODE.findall(text)
+    where = named[0] if named else (", ".join(nodes) if nodes else "one of its nodes")
+    resubmit = "Submit the job again to start it from step 1."
+    if "driver lost" in low or "no heartbeat" in low:
+        lease = re.search(r"lease ([0-9.]+)s", text)
+        return ("the job's driver stopped reporting" + (f" for longer than its {lease.group(1)} s lease" if lease else "")
+                + " (killed, or its host was lost) and the job was evicted; its nodes were released and its "
+                "stored state discarded. " + resubmit)
+    if "worker died" in low or "actordied" in low or "actor died" in low or "rayactorerror" in low \
+            or "worker on" in low and "lost" in low:
+        return (f"the worker on {where} was lost; the job's state went with it. {resubmit}")
+    if "out of memory" in low or "outofmemory" in low or "oom" in low.split():
+        return (f"a worker on {where} ran out of memory; the job's state on it is lost. Lower the job's memory "
+                f"(batch, model) or give it more nodes. {resubmit}")
+    if "controller is unavailable" in low:
+        return ("the job's group controller stayed unavailable; the job stopped between phases (its stored state "
+                f"on the workers was released). {resubmit}")
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith((" ", "Traceback"))), "")
+    first = " ".join(_IDS.sub("", first).split()).strip(" ,;:") or "unknown error"
+    return f"the job failed: {first[:300]}. " + resubmit

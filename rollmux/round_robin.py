@@ -140,8 +140,8 @@ class RoundRobinQueues:
     def _is_ready(self, job_id: str, job: _Job) -> bool:
         if job.running:
             return False
-        if job.next_phase == "sync":
-            return True  # holds the training slot it already heads
+        if job.next_phase == "sync":  # holds the training slot it already heads (a resumed job waits for it)
+            return all(self._queues[n][self._ptr[n]] == job_id for n in job.train_nodes)
         return all(self._queues[n][self._ptr[n]] == job_id for n in self._nodes_of(job, job.next_phase))
 
     def ready(self) -> list[ReadyPhase]:
@@ -218,6 +218,28 @@ class RoundRobinQueues:
         else:  # sync done, or training done for a job without a sync phase: its turn ends
             self._end_turn(job_id)
         return self.ready()
+
+    def resume(self, job_id: str, phase: str, iteration: Optional[int] = None) -> None:
+        """A restarted controller learns where ``job_id`` is in its meta-iteration from its
+        driver: ``phase`` is its next phase (``iteration``: its completed iterations, kept when
+        given). A job resuming at ``train`` / ``sync`` is put at the head of its training nodes'
+        queues when their current head holds nothing (its next phase is rollout, not running);
+        otherwise it waits for its turn there. Raises ValueError while a phase of the job runs or
+        for an unknown phase, KeyError for an unknown job."""
+        job = self._jobs[job_id]
+        if job.running:
+            raise ValueError(f"job {job_id!r} has a phase running; it cannot be resumed elsewhere")
+        if phase not in _NEXT or (phase == "sync" and not job.has_sync):
+            raise ValueError(f"job {job_id!r} cannot resume at phase {phase!r}")
+        if iteration is not None:
+            job.iteration = max(0, int(iteration))
+        if phase != "rollout" and job.next_phase == "rollout":
+            for n in job.train_nodes:
+                q = self._queues[n]
+                head = self._jobs[q[self._ptr[n]]]
+                if head is job or (head.next_phase == "rollout" and not head.running):
+                    self._ptr[n] = q.index(job_id)
+        job.next_phase = phase
 
     def has_sync(self, job_id: str) -> bool:
         """Whether ``job_id`` has a sync phase. Raises KeyError if unknown."""
