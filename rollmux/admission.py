@@ -54,6 +54,7 @@ Source: RollMux §4.2, Alg. 1; §7.1 (baselines).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -70,7 +71,7 @@ from rollmux import profiler
 from rollmux.intra_group import LongTailPolicy, coexec_times
 from rollmux.models import ClusterSpec, CoExecutionGroup, GroupMember, JobSpec, PhaseProfile, Placement, PoolName
 from rollmux.nodes import node_id, node_index
-from rollmux.policies import REGISTRY, PolicySpec, group_number as _gnum, policy_spec
+from rollmux.policies import REGISTRY, PolicySpec, choose_min_cost as choose_min_cost_policy, group_number as _gnum, policy_spec
 
 SLO_REL_TOL = 1e-9
 _idx = lru_cache(maxsize=None)(node_index)
@@ -136,6 +137,10 @@ class SchedulerConfig(BaseModel):
         attach_timeout_s: an admitted job whose driver has not attached (reported ``running``)
             after this many seconds expires: its nodes are released and its record says
             ``expired`` (the GlobalScheduler's reconcile loop checks; 0 disables).
+        queue_max_jobs: most jobs the admission queue of a bounded cluster holds
+            (:class:`rollmux.admission_queue.AdmissionQueue`); more are refused (HTTP 429).
+        queue_backfill: behind a job that does not fit, try smaller queued jobs (else strict FIFO).
+        queue_scan_limit: most queued jobs one pass (after a departure) decides.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -155,6 +160,9 @@ class SchedulerConfig(BaseModel):
     saturation: Literal["paper", "slo", "off"] = "slo"
     attach_timeout_s: float = Field(default=600.0, ge=0.0, le=1e7)
     driver_lease_s: float = Field(default=30.0, ge=0.0, le=1e6)
+    queue_max_jobs: int = Field(default=1000, ge=1, le=1_000_000)
+    queue_backfill: bool = True
+    queue_scan_limit: int = Field(default=64, ge=1, le=100_000)
 
     def overridden(self, **values) -> "SchedulerConfig":
         """A validated copy with the given values; ``None`` values are ignored (an option not
@@ -255,13 +263,25 @@ class AdmissionDecision:
     placement: Optional[Placement] = None
     delta_usd_per_h: float = 0.0
     predicted_slowdowns: dict[str, float] = field(default_factory=dict)
-    candidates: list[Candidate] = field(default_factory=list)
+    _candidates: list[Candidate] = field(default_factory=list)
     _pruned_src: list = field(default_factory=list)  # (group_id, (plugin, reason)) snapshot
     latency_ms: float = 0.0
     profile: Optional[PhaseProfile] = None
     spec: Optional[JobSpec] = None
     _chosen: Optional[Candidate] = None
     _version: int = -1
+    _expand: Optional[Callable[[], list[Candidate]]] = field(default=None, repr=False)
+
+    @property
+    def candidates(self) -> list[Candidate]:
+        """Every (group, strategy) placement considered, in evaluation order (tier by tier, open
+        groups in the order they were opened), then the isolated new group, each with its verdict.
+        Candidates that the group index excluded without evaluating them (they fail the capacity
+        or the newcomer's SLO bound filter) get their verdict on first access, from the state the
+        decision was made on (groups are immutable records)."""
+        if self._expand is not None:
+            self._candidates, self._expand = self._expand(), None
+        return self._candidates
 
     @property
     def pruned(self) -> list[dict]:
@@ -338,6 +358,10 @@ class _Group:
     info: list = field(default_factory=list)  # per member: (job_id, t_solo_s, slo, node set, max load of its nodes)
     r_sorted: list = field(default_factory=list)  # rollout-node loads, ascending
     t_sorted: list = field(default_factory=list)  # training-node loads, ascending
+    cost: float = 0.0  # Cost(G), USD/h (CoExecutionGroup.cost_usd_per_h, cached)
+    t_slack: tuple = ()  # per training node, descending: min over its members of slo_k T_solo_k, minus its load (+ margin)
+    r_slack: tuple = ()  # the same for rollout nodes
+    pressure: float = 0.0  # max_k max(T_solo_k, load of k's busiest node) / T_solo_k / slo_k (<= any candidate's bound)
 
     @property
     def idle_fraction(self) -> float:
@@ -367,9 +391,105 @@ def _summarise(group: CoExecutionGroup, cluster: ClusterSpec) -> _Group:
     for m in group.members:
         nodes = frozenset(m.placement.rollout_nodes + m.placement.train_nodes)
         info.append((m.spec.job_id, m.profile.t_solo_s, m.spec.slo, nodes, max(loads[n] for n in nodes)))  # busiest node
+    budget: dict[str, float] = {}
+    for _, ts, slo, nodes, _ in info:
+        for n in nodes:
+            b = ts * slo
+            if b < budget.get(n, math.inf):
+                budget[n] = b
+
+    def slack(n: str) -> float:  # widened by a margin far above float rounding (index use only)
+        b = budget.get(n, math.inf)
+        return b * (1 + SLO_REL_TOL) - loads[n] + 1e-7 * (b + loads[n] + 1.0)
+
     return _Group(group, loads, mem, max((m.profile.t_solo_s for m in group.members), default=0.0),
                   max(loads.values(), default=0.0), info=info,
-                  r_sorted=sorted(loads[n] for n in group.rollout_nodes), t_sorted=sorted(loads[n] for n in group.train_nodes))
+                  r_sorted=sorted(loads[n] for n in group.rollout_nodes), t_sorted=sorted(loads[n] for n in group.train_nodes),
+                  cost=group.cost_usd_per_h(cluster),
+                  t_slack=tuple(sorted((slack(n) for n in group.train_nodes), reverse=True)),
+                  r_slack=tuple(sorted((slack(n) for n in group.rollout_nodes), reverse=True)),
+                  pressure=max((max(ts, ml) / ts / slo for _, ts, slo, _, ml in info), default=0.0))
+
+
+class _GroupIndex:
+    """The open groups indexed by what the cheap candidate filters read, so that a decision
+    evaluates only the groups that can pass them instead of every open group.
+
+    For every ``k``, the groups with at least ``k`` training nodes sorted by (a) the load of
+    their ``k``-th least-loaded training node and (b) the ``k``-th largest *slack* of a training
+    node (the smallest SLO budget ``slo_j T_solo_j`` of the members pinned to it minus its load);
+    likewise for rollout nodes. The capacity filter needs ``k`` nodes; the newcomer's SLO bound
+    (:func:`newcomer_slo_bound_filter`) needs that load plus its phase within its own budget;
+    the members' SLO bounds (:func:`slo_bound_filter`) need each node it is pinned to to have a
+    slack of at least its phase, so ``k`` such nodes. Each is a prefix of a sorted list.
+    :meth:`candidates` returns a superset of the (group, strategy) pairs passing these necessary
+    conditions (thresholds carry a margin far above float rounding; the filters then decide), in
+    the order the open groups were opened (the order an exhaustive scan visits them)."""
+
+    def __init__(self) -> None:
+        # (pool, "load" | "slack") -> k -> sorted [(key, seq, gid)]; slack keys are negated
+        self.tables: dict[tuple[str, str], dict[int, list[tuple[float, int, str]]]] = {
+            (p, w): {} for p in ("train", "rollout") for w in ("load", "slack")}
+        self.entries: dict[str, tuple[int, dict[tuple[str, str], tuple[float, ...]]]] = {}
+
+    def copy(self) -> "_GroupIndex":
+        c = _GroupIndex()
+        c.tables = {tk: {k: list(v) for k, v in t.items()} for tk, t in self.tables.items()}
+        c.entries = dict(self.entries)
+        return c
+
+    def add(self, gid: str, seq: int, g: "_Group") -> None:
+        keys = {("train", "load"): tuple(g.t_sorted), ("rollout", "load"): tuple(g.r_sorted),
+                ("train", "slack"): tuple(-x for x in g.t_slack), ("rollout", "slack"): tuple(-x for x in g.r_slack)}
+        self.entries[gid] = (seq, keys)
+        for tk, vals in keys.items():
+            table = self.tables[tk]
+            for k, v in enumerate(vals, start=1):
+                bisect.insort(table.setdefault(k, []), (v, seq, gid))
+
+    def remove(self, gid: str) -> None:
+        e = self.entries.pop(gid, None)
+        if e is None:
+            return
+        seq, keys = e
+        for tk, vals in keys.items():
+            table = self.tables[tk]
+            for k, v in enumerate(vals, start=1):
+                lst = table[k]
+                del lst[bisect.bisect_left(lst, (v, seq, gid))]
+
+    @staticmethod
+    def _threshold(budget_s: float, phase_s: float) -> float:
+        """Largest k-th node load that can pass ``load + phase_s <= budget_s`` (with margin)."""
+        return budget_s * (1 + SLO_REL_TOL) - phase_s + 1e-7 * (abs(budget_s) + abs(phase_s) + 1.0)
+
+    def candidates(self, new: "Newcomer", strategies: Sequence[str], open_groups: Mapping[str, "_Group"]):
+        """(group, strategy) pairs of ``open_groups`` that may pass the capacity, newcomer-SLO
+        and member-SLO bound filters for ``strategies``, in opening order then strategy order."""
+        p = new.profile
+        budget = new.job.slo * p.t_solo_s
+        if not math.isfinite(budget):
+            return []
+        add_t, add_r = p.t_train_s + p.t_sync_s, p.t_roll_s
+        conds = {("train", "load"): (new.train_nodes, self._threshold(budget, add_t)),
+                 ("train", "slack"): (new.train_nodes, -add_t + 1e-7 * (abs(add_t) + 1.0)),
+                 ("rollout", "load"): (new.rollout_nodes, self._threshold(budget, add_r)),
+                 ("rollout", "slack"): (new.rollout_nodes, -add_r + 1e-7 * (abs(add_r) + 1.0))}
+        picked: dict[str, tuple[int, list[str]]] = {}
+        for strategy in strategies:
+            need = [tk for tk in conds if strategy == "direct" or tk[0] == "train"]
+            prefixes = []
+            for tk in need:
+                k, thr = conds[tk]
+                lst = self.tables[tk].get(k, [])
+                prefixes.append((bisect.bisect_right(lst, (thr, math.inf, "")), tk, lst))
+            n, tk0, lst0 = min(prefixes, key=lambda x: x[0])
+            rest = [(conds[tk][0] - 1, conds[tk][1], tk) for tk in need if tk != tk0]
+            for _, seq, gid in lst0[:n]:
+                keys = self.entries[gid][1]
+                if all(len(keys[tk]) > i and keys[tk][i] <= thr for i, thr, tk in rest):
+                    picked.setdefault(gid, (seq, []))[1].append(strategy)
+        return [(open_groups[gid], st) for gid, (_, sts) in sorted(picked.items(), key=lambda kv: kv[1][0]) for st in sts]
 
 
 def _pick_nodes(nodes: Sequence[str], k: int, loads: dict, mem: dict, need_gb: float, cap_gb: float) -> Optional[list[str]]:
@@ -787,6 +907,11 @@ class InterGroupScheduler:
         self._groups: dict[str, _Group] = {}
         self._open: dict[str, _Group] = {}  # groups a decision evaluates
         self._closed: dict[str, tuple[str, str]] = {}  # pruned groups: (plugin, reason)
+        self._index = _GroupIndex()  # the open groups by what the cheap filters read
+        self._open_seq = 0  # opening order of the open groups (monotone)
+        self._ordinal: dict[str, int] = {}  # creation order of each group id (= order of self._groups)
+        self._small: list[tuple[int, float, int, str]] = []  # re-packing candidates, sorted: (members, Cost(G), ordinal, id)
+        self._small_key: dict[str, tuple[int, float, int, str]] = {}
         self._job_group: dict[str, str] = {}
         self._pools = {"rollout": _NodePool("rollout", cluster.rollout_pool.num_nodes),
                        "train": _NodePool("train", cluster.train_pool.num_nodes)}
@@ -816,7 +941,7 @@ class InterGroupScheduler:
 
     def cost_usd_per_h(self) -> float:
         """Hourly price of every provisioned GPU (sum of Cost(G)), USD/h."""
-        return sum(g.group.cost_usd_per_h(self.cluster) for g in self._groups.values())
+        return sum(g.cost for g in self._groups.values())
 
     def nodes_in_use(self) -> dict[str, int]:
         """Provisioned nodes per pool."""
@@ -895,15 +1020,38 @@ class InterGroupScheduler:
         pruned = list(self._closed.items())  # kept up to date on every state change (linear scan avoided)
         # Tier by tier (RollMux: direct packing, Δ = 0, then scale-out only when no direct packing
         # survives; the baselines draw among every feasible pair, so they see both in one tier).
+        # With the SLO check, only the open groups the index returns are evaluated (a superset of
+        # those passing the capacity and newcomer-SLO-bound filters); the others are rejected by
+        # one of those two filters, and their candidates are built on demand (decision.candidates).
+        indexed = spec.slo_check
+        opens = list(self._open.values()) if indexed else None
+        tiers_done: list[tuple[str, ...]] = []
+        evaluated: dict[tuple[str, str], Candidate] = {}
+        skip_score: Optional[float] = None  # a streamed branch and bound stopped below this score
         chosen: Optional[Candidate] = None
         for strategies in spec.tiers:
             tier: list[Candidate] = []
-            for g in self._open.values():
-                for strategy in strategies:
+            tiers_done.append(strategies)
+            if indexed:
+                pairs = self._index.candidates(new, strategies, self._open)
+                if spec.choose is choose_min_cost_policy and len(strategies) == 1 and self.config.tie_break == "most_slack":
+                    chosen = self._branch_and_bound(pairs, new, evaluated)
+                    if chosen is not None:
+                        skip_score = chosen.score
+                        break
+                    continue
+                for g, strategy in pairs:
                     c = self._candidate(g, new, strategy)
-                    cands.append(c)
+                    evaluated[(g.group.group_id, strategy)] = c
                     if c.ok:
                         tier.append(c)
+            else:
+                for g in self._open.values():
+                    for strategy in strategies:
+                        c = self._candidate(g, new, strategy)
+                        cands.append(c)
+                        if c.ok:
+                            tier.append(c)
             chosen = spec.choose(self, tier, prof)  # type: ignore[misc]
             if chosen is not None:
                 break
@@ -923,18 +1071,36 @@ class InterGroupScheduler:
             iso.new_nodes = tuple(new_r) + tuple(new_t)
             iso.predicted_slowdowns = {job.job_id: 1.0}
         cands.append(iso)
+        expand = None
+        if indexed:
+            cands = []
+
+            def expand() -> list[Candidate]:
+                out = []
+                for sts in tiers_done:
+                    for g in opens:  # type: ignore[union-attr]
+                        for st in sts:
+                            c = evaluated.get((g.group.group_id, st))
+                            if c is None:
+                                c = self._candidate(g, new, st)
+                                if c.ok and skip_score is not None:  # never reached by the branch and bound
+                                    c.verdict, c.reasons = "skipped", [f"bound {c.bound:.3f} >= chosen score {skip_score:.3f} (branch and bound)"]
+                            out.append(c)
+                return out + [iso]
 
         if iso.ok and (chosen is None or iso.delta_usd_per_h < chosen.delta_usd_per_h):
             chosen = iso
         if chosen is None:
+            if expand is not None:
+                cands, expand = expand(), None
             return AdmissionDecision(job.job_id, False, "retry_later", _no_placement_reason(cands, pruned),
-                                     self.policy, candidates=cands, _pruned_src=pruned, profile=prof)
+                                     self.policy, _candidates=cands, _expand=expand, _pruned_src=pruned, profile=prof)
         return AdmissionDecision(
             job.job_id, True, "ok",
             f"{chosen.strategy} into {chosen.group_id or 'a new group'} (delta {chosen.delta_usd_per_h:.2f} USD/h)",
             self.policy, group_id=chosen.group_id, strategy=chosen.strategy, placement=chosen.placement,
             delta_usd_per_h=chosen.delta_usd_per_h, predicted_slowdowns=dict(chosen.predicted_slowdowns),
-            candidates=cands, _pruned_src=pruned, profile=prof, _chosen=chosen,
+            _candidates=cands, _expand=expand, _pruned_src=pruned, profile=prof, _chosen=chosen,
         )
 
     def _newcomer(self, job: JobSpec, prof: PhaseProfile) -> Newcomer:
@@ -958,6 +1124,58 @@ class InterGroupScheduler:
             if not v.ok:
                 return c.reject(v.plugin, v.reason, v.numbers)
         return c
+
+    def _branch_and_bound(self, pairs: list, new: Newcomer, evaluated: dict) -> Optional[Candidate]:
+        """:meth:`choose_min_cost` (most-slack tie-break, one strategy) with the candidates built
+        on demand: groups are taken in order of a lower bound of their candidate's optimistic
+        score (``max(pressure, newcomer's load on the k-th least-loaded nodes / budget)``, never
+        above ``Candidate.bound``), and a candidate is visited only once every group that could
+        precede it in ``(bound, group number, opening order)`` has been built, so the visiting
+        order, the skips and the choice are those of the exhaustive evaluation; the search stops
+        when no remaining candidate's bound is below the chosen score. Built candidates are
+        recorded in ``evaluated``."""
+        p, job = new.profile, new.job
+        add_t, add_r = p.t_train_s + p.t_sync_s, p.t_roll_s
+        ts_new, slo_new, nt, nr = p.t_solo_s, job.slo, new.train_nodes, new.rollout_nodes
+        lbs = []
+        for i, (g, st) in enumerate(pairs):
+            x = max(ts_new, g.t_sorted[nt - 1] + add_t)
+            if st == "direct":
+                x = max(x, g.r_sorted[nr - 1] + add_r)
+            lbs.append((max(g.pressure, x / ts_new / slo_new), i))
+        lbs.sort()
+        overhead = self.config.migration_overhead_s if self.config.plan_migration_overhead else 0.0
+        heap: list = []
+        chosen: Optional[Candidate] = None
+        k = 0
+
+        def skip(c: Candidate) -> None:
+            c.verdict, c.reasons = "skipped", [f"bound {c.bound:.3f} >= chosen score {chosen.score:.3f} (branch and bound)"]
+
+        while True:
+            next_lb = lbs[k][0] if k < len(lbs) else math.inf
+            if heap and (heap[0][0] < next_lb or k >= len(lbs)):  # nothing unbuilt can precede it
+                _, _, _, c = heapq.heappop(heap)
+                if chosen is not None and c.bound >= chosen.score:
+                    skip(c)
+                    continue
+                _slo_sim(c, overhead)
+                if c.ok and (chosen is None or c.score < chosen.score):
+                    chosen = c
+                continue
+            if k >= len(lbs):
+                return chosen
+            if chosen is not None and next_lb >= chosen.score and (not heap or heap[0][0] >= chosen.score):
+                for _, _, _, c in heap:
+                    skip(c)
+                return chosen
+            i = lbs[k][1]
+            k += 1
+            g, st = pairs[i]
+            c = self._candidate(g, new, st)
+            evaluated[(g.group.group_id, st)] = c
+            if c.ok:
+                heapq.heappush(heap, (c.bound, _gnum(c.group_id), i, c))
 
     def choose_min_cost(self, feasible: list[Candidate]) -> Optional[Candidate]:
         """Min marginal cost, tie-break on SLO slack, over bound-feasible candidates; simulates
@@ -987,10 +1205,20 @@ class InterGroupScheduler:
         only scans open groups."""
         self._open.pop(gid, None)
         self._closed.pop(gid, None)
+        self._index.remove(gid)
+        sk = self._small_key.pop(gid, None)
+        if sk is not None:
+            del self._small[bisect.bisect_left(self._small, sk)]
         if g is None:
             del self._groups[gid]
             return
+        if gid not in self._groups:
+            self._ordinal[gid] = len(self._ordinal)
         self._groups[gid] = g
+        if len(g.group.members) <= self.config.repack_max_members:
+            sk = (len(g.group.members), g.cost, self._ordinal[gid], gid)
+            self._small_key[gid] = sk
+            bisect.insort(self._small, sk)
         for f in GROUP_FILTERS:
             if f.slo_only and not self.spec.prune_saturated:
                 continue
@@ -999,6 +1227,8 @@ class InterGroupScheduler:
                 self._closed[gid] = (v.plugin, v.reason)
                 return
         self._open[gid] = g
+        self._open_seq += 1
+        self._index.add(gid, self._open_seq, g)
 
     def commit(self, decision: AdmissionDecision) -> Optional[CoExecutionGroup]:
         """Apply an admitting decision from :meth:`decide` (no-op for a refusal: returns None).
@@ -1075,11 +1305,13 @@ class InterGroupScheduler:
     def _save(self) -> tuple:
         return (dict(self._groups), dict(self._open), dict(self._closed), dict(self._job_group),
                 {k: (list(p.free), p.next, p.used) for k, p in self._pools.items()},
-                self._next_group, self._version, self._rng.getstate())
+                self._next_group, self._version, self._rng.getstate(), self._index.copy(),
+                list(self._small), dict(self._small_key))
 
     def _load(self, saved: tuple) -> None:
-        g, o, c, jg, pools, ng, v, rng = saved
-        self._groups, self._open, self._closed, self._job_group = g, o, c, jg
+        g, o, c, jg, pools, ng, v, rng, index, small, small_key = saved
+        self._groups, self._open, self._closed, self._job_group, self._index = g, o, c, jg, index
+        self._small, self._small_key = small, small_key
         for k, (free, nxt, used) in pools.items():
             p = self._pools[k]
             p.free, p.next, p.used = free, nxt, used
@@ -1112,15 +1344,17 @@ class InterGroupScheduler:
         """
         if not self.spec.repacks or not self.config.repack_on_departure or self.config.repack_max_groups == 0:
             return []
-        cands = [gid for gid, g in self._groups.items() if len(g.group.members) <= self.config.repack_max_members]
-        cands.sort(key=lambda gid: (gid != trigger_group, len(self._groups[gid].group.members),
-                                    self._groups[gid].group.cost_usd_per_h(self.cluster)))
+        # the groups of <= repack_max_members members, the trigger group first, then fewest
+        # members, cheapest, oldest (self._small is kept sorted so)
+        top = self.config.repack_max_groups
+        cands = [gid for gid in (trigger_group,) if gid in self._small_key]
+        cands += [gid for *_, gid in itertools.islice((x for x in self._small if x[3] != trigger_group), top - len(cands))]
         moves: list[dict] = []
-        for gid in cands[: self.config.repack_max_groups]:
+        for gid in cands:
             if gid not in self._groups:
                 continue
-            before = self.cost_usd_per_h()
             saved = self._save()
+            before_groups = saved[0]
             members = list(self._groups[gid].group.members)
             for m in members:
                 self.depart(m.spec.job_id)
@@ -1135,7 +1369,10 @@ class InterGroupScheduler:
                 self.commit(d)
                 plan.append({"job_id": m.spec.job_id, "from_group": gid, "to_group": d.group_id,
                              "placement": _placement_dict(d.placement), "move_s": mv})
-            after = self.cost_usd_per_h()
+            # the $/h change is that of the dissolved group and the groups that took its members
+            touched = [gid] + sorted({mv["to_group"] for mv in plan})
+            before = sum(before_groups[x].cost for x in touched)
+            after = sum(self._groups[x].cost for x in touched if x in self._groups)
             if ok and after < before - 1e-9:
                 moves += [dict(mv, saved_usd_per_h=before - after) for mv in plan]
             else:

@@ -57,6 +57,9 @@ def simulate(
     cluster_config: Path = typer.Option(None, "--cluster", help="cluster YAML [default: configs/cluster_sim.yaml]"),
     repack: Optional[bool] = typer.Option(None, "--repack/--no-repack", help="RollMux re-packs small groups after "
                                           "departures (--no-repack: the paper's admission-only Alg. 1) [default: the config's]"),
+    queue: bool = typer.Option(False, "--queue", help="a bounded --cluster holds jobs that do not fit in the admission "
+                               "queue (admitted in order, with backfill, after departures); reports queue waits per policy. "
+                               "Scheduler policies only (rollmux, random, most-idle)"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ) -> None:
     """Replay a real cluster trace through the scheduling policies; write summary.json and plots.
@@ -67,7 +70,7 @@ def simulate(
                  window_start=window_start, window_hours=window_hours, min_duration_s=min_duration_s,
                  max_duration_s=max_duration_s, vc=vc, slo_min=slo_min, slo_max=slo_max, max_group_size=max_group_size,
                  exact_max_jobs=exact_max_jobs, cluster_config=cluster_config, repack=repack, progress=progress,
-                 config=config)
+                 config=config, queue=queue)
 
 
 if __name__ == "__main__":  # pragma: no cover

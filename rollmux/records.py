@@ -30,13 +30,16 @@ __all__ = ["JobState", "NodePlacement", "MoveRecord", "JobRecord", "REFUSAL_CODE
 
 
 class JobState(str, enum.Enum):
-    """A job's lifecycle at the GlobalScheduler, in order: admitted -> running -> finished | failed
-    (admitted -> expired when no driver attaches within the scheduler's ``attach_timeout_s``).
+    """A job's lifecycle at the GlobalScheduler, in order: (queued ->) admitted -> running ->
+    finished | failed (admitted -> expired when no driver attaches within the scheduler's
+    ``attach_timeout_s``). ``queued``: held by the admission queue of a bounded cluster, no nodes
+    yet (:mod:`rollmux.admission_queue`).
 
     Members compare by that order (``JobState.ADMITTED < JobState.RUNNING``); a record's state
     only moves forward (:meth:`advance`). ``str`` valued, so ``JobState.RUNNING == "running"``.
     """
 
+    QUEUED = "queued"
     ADMITTED = "admitted"
     RUNNING = "running"
     FINISHED = "finished"
@@ -49,10 +52,10 @@ class JobState(str, enum.Enum):
 
     def is_active(self) -> bool:
         """True while the job holds nodes in a co-execution group (admitted or running)."""
-        return self.rank < _RANK[JobState.FINISHED]
+        return _RANK[JobState.ADMITTED] <= self.rank < _RANK[JobState.FINISHED]
 
     def is_ended(self) -> bool:
-        return not self.is_active()
+        return self.rank >= _RANK[JobState.FINISHED]
 
     def advance(self, to: "JobState") -> "JobState":
         """The state after an event saying ``to``: never backwards, never out of an ended state."""
@@ -73,7 +76,8 @@ class JobState(str, enum.Enum):
         return self.value
 
 
-_RANK = {JobState.ADMITTED: 0, JobState.RUNNING: 1, JobState.FINISHED: 2, JobState.FAILED: 2, JobState.EXPIRED: 2}
+_RANK = {JobState.QUEUED: -1, JobState.ADMITTED: 0, JobState.RUNNING: 1, JobState.FINISHED: 2, JobState.FAILED: 2,
+         JobState.EXPIRED: 2}
 ACTIVE_STATES: tuple[JobState, ...] = (JobState.ADMITTED, JobState.RUNNING)
 
 #: Refusal codes of the GlobalScheduler itself (the policy's are ok | never | retry_later).
@@ -103,6 +107,9 @@ class MoveRecord(BaseModel):
     trigger: Optional[str] = Field(default=None, description="the job whose departure triggered it")
 
 
+_QUEUE_FIELDS = ("queue_position", "queued_at", "waited_s")
+
+
 class JobRecord(BaseModel):
     """A job as the GlobalScheduler tracks it: state, group and placement, iterations done,
     predicted vs measured phase times (s), slowdown vs SLO, and the moves it went through.
@@ -115,7 +122,7 @@ class JobRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     job_id: str
-    state: JobState = Field(description='"admitted" | "running" | "finished" | "failed" | "expired"')
+    state: JobState = Field(description='"queued" | "admitted" | "running" | "finished" | "failed" | "expired"')
     group_id: Optional[str] = Field(default=None, description="current group (the last one once ended)")
     placement: Optional[NodePlacement] = None
     controller: Optional[str] = Field(default=None, description="the group's GroupController actor name")
@@ -136,18 +143,26 @@ class JobRecord(BaseModel):
     spec_sha256: Optional[str] = Field(default=None, description="SHA-256 of the admitted spec (checkpoint only)")
     decision: Optional[dict[str, Any]] = Field(
         default=None, description="the admission decision as first answered, replayed to a retry (checkpoint only)")
+    queue_position: Optional[int] = Field(default=None, description="place in the admission queue, 1 = next (queued only)")
+    queued_at: Optional[float] = Field(default=None, description="when the job entered the admission queue, Unix time, s")
+    waited_s: Optional[float] = Field(default=None, description="time spent in the admission queue, s (so far, "
+                                      "while queued)")
 
     def is_active(self) -> bool:
         return self.state.is_active()
 
+    def _skip(self) -> set[str]:
+        return {k for k in _QUEUE_FIELDS if getattr(self, k) is None} | (set() if self.moves else {"moves"})
+
     def public(self) -> dict[str, Any]:
-        """The JSON-able form the scheduler answers (``moves`` only once moved; without the
-        checkpoint-only ``spec_sha256`` / ``decision``)."""
-        return self.model_dump(mode="json", exclude={"spec_sha256", "decision", *(() if self.moves else ("moves",))})
+        """The JSON-able form the scheduler answers (``moves`` only once moved; the queue fields
+        only for a job that went through the admission queue; without the checkpoint-only
+        ``spec_sha256`` / ``decision``)."""
+        return self.model_dump(mode="json", exclude={"spec_sha256", "decision", *self._skip()})
 
     def stored(self) -> dict[str, Any]:
         """The JSON-able form the checkpoint keeps: :meth:`public` plus the checkpoint-only fields."""
-        return self.model_dump(mode="json", exclude=None if self.moves else {"moves"})
+        return self.model_dump(mode="json", exclude=self._skip() or None)
 
     def note_iteration(self, iterations_done: int, t_iter_s: Optional[float], t_solo_s: Optional[float],
                        slowdown: Optional[float]) -> None:

@@ -21,7 +21,7 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
                  stochastic: bool, window_start: float, window_hours: Optional[float], min_duration_s: float,
                  max_duration_s: Optional[float], vc: Optional[str], slo_min: float, slo_max: float,
                  max_group_size: Optional[int], exact_max_jobs: int, cluster_config: Optional[Path],
-                 repack: Optional[bool], progress: bool, config: Optional[Path] = None) -> None:
+                 repack: Optional[bool], progress: bool, config: Optional[Path] = None, queue: bool = False) -> None:
     """Run ``rollmux simulate`` with parsed options: load the trace, replay, write summary.json and
     plots, print the table. Exits with code 2 and a one-line error on bad input.
 
@@ -57,6 +57,13 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
             check_policy(n)
     except ValueError as e:
         fail(f"--policies: {e}")
+    if queue:
+        from rollmux.policies import policy_spec
+
+        other = [n for n in names if policy_spec(n).kind != "scheduler"]
+        if other:
+            fail(f"--queue: {', '.join(other)} do not admit through the scheduler; with --queue give --policies among "
+                 "the scheduler policies (rollmux, random, most-idle)")
     for flag, v in (("--window-start", window_start), ("--window-hours", window_hours), ("--min-duration-s", min_duration_s),
                     ("--max-duration-s", max_duration_s), ("--slo-min", slo_min), ("--slo-max", slo_max)):
         if v is not None and not math.isfinite(v):
@@ -105,7 +112,7 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
             bar.update(task, advance=k, description=f"replay [cyan]{name}[/]")
 
         try:
-            res = run_sim(sjobs, cluster, names, stochastic=stochastic, seed=seed, config=sched_cfg,
+            res = run_sim(sjobs, cluster, names, stochastic=stochastic, seed=seed, config=sched_cfg, queue=queue,
                           exact_max_jobs=exact_max_jobs, on_event=on_event,
                           meta={"trace": str(trace), "mix": mix, "window": window.model_dump(), "cluster": cluster.name})
         except (ValueError, RuntimeError) as e:  # e.g. a bounded --cluster refusing a job
@@ -161,6 +168,12 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
         console.print(f"rollmux vs the exact optimum of the same active jobs at the same instants: {rm['cost_vs_optimal_exact']:.3f}x, "
                       f"compared over {rm['optimal_exact_time_fraction']:.0%} of its replay time and "
                       f"{rm['optimal_exact_spend_fraction']:.0%} of its spend (instants with <= {exact_max_jobs} active jobs)")
+    for name, m in summary["policies"].items():
+        if "queue_wait_s_mean" in m:
+            console.print(f"{name}: admission queue: {m['queued_jobs']} of {m['jobs']} jobs waited; wait mean "
+                          f"{m['queue_wait_s_mean'] / 3600:.2f} h, p50 {m['queue_wait_s_p50'] / 3600:.2f} h, p90 "
+                          f"{m['queue_wait_s_p90'] / 3600:.2f} h, max {m['queue_wait_s_max'] / 3600:.2f} h; peak "
+                          f"{m['queue_peak_jobs']} queued, {m['queue_refused_jobs']} refused")
     console.print(f"wrote {out / 'summary.json'} and plots in {out}")
 
 

@@ -219,9 +219,16 @@ class SimPolicy:
     gives the current allocation. ``arrive`` returns the decision latency in ms."""
 
     name: str = ""
+    #: simulated time of the event being handled, s (set by :func:`replay` before each call)
+    clock: float = 0.0
 
     def arrive(self, job: SimJob) -> float:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def take_started(self) -> Optional[list[str]]:
+        """Jobs that started running since the last call (a queued policy: an arrival admitted at
+        once, queued jobs admitted after a departure). None: every arrival starts at once."""
+        return None
 
     def depart(self, job_id: str) -> Optional[dict[str, float]]:  # pragma: no cover - interface
         """Remove a finished job. May return ``{job_id: stall_s}`` for other jobs the policy
@@ -244,11 +251,17 @@ class SchedulerPolicy(SimPolicy):
     """RollMux / random / most-idle: :class:`rollmux.admission.InterGroupScheduler` (Alg. 1 or
     the greedy baselines), one admission per arrival, departures release GPUs; RollMux then
     re-packs (``repack``, :meth:`InterGroupScheduler.repack`), and each moved job stalls for its
-    host-state copy (``move_s``)."""
+    host-state copy (``move_s``).
+
+    ``queue=True`` (a bounded cluster): a job refused ``retry_later`` waits in the scheduler's
+    :class:`rollmux.admission_queue.AdmissionQueue` (the cluster's own queue code), which is
+    drained through Alg. 1 after every departure; ``never`` refusals and arrivals to a full queue
+    are counted in ``refused`` and not replayed."""
 
     def __init__(self, name: str, cluster: ClusterSpec, real: Realisation, *, max_group_size: Optional[int] = None,
-                 seed: Optional[int] = None, repack: Optional[bool] = None, config=None):
+                 seed: Optional[int] = None, repack: Optional[bool] = None, config=None, queue: bool = False):
         from rollmux.admission import InterGroupScheduler, SchedulerConfig
+        from rollmux.admission_queue import AdmissionQueue
 
         self.name = name
         self.spec = policy_spec(name, "scheduler")
@@ -263,13 +276,45 @@ class SchedulerPolicy(SimPolicy):
         self.sched = InterGroupScheduler(cluster, config=cfg)
         self.moves = 0
         self.move_s = 0.0
+        self.queue = AdmissionQueue.from_config(cfg) if queue else None
+        self._started: list[str] = []
+        self.refused: list[str] = []
+        self.queue_peak = 0
 
     def arrive(self, job: SimJob) -> float:
+        if self.queue is not None and not self.queue.may_try_now(job.spec):  # FIFO: behind larger held jobs
+            return self._hold(job, 0.0, "queued behind larger jobs")
         d = self.sched.admit(job.spec, job.profile)
-        if not d.admitted:
+        if d.admitted:
+            self._started.append(job.spec.job_id)
+        elif self.queue is not None and d.code == "retry_later":
+            return self._hold(job, float(d.latency_ms), d.reason)
+        elif self.queue is not None:
+            self.refused.append(job.spec.job_id)
+        else:
             raise RuntimeError(f"{self.name}: job {job.spec.job_id} was refused ({d.code}: {d.reason}); "
-                               "the simulation cluster must be unbounded")
+                               "the simulation cluster must be unbounded (or replay with the admission queue)")
         return float(d.latency_ms)
+
+    def _hold(self, job: SimJob, ms: float, reason: str) -> float:
+        from rollmux.admission_queue import QueueFull
+
+        try:
+            self.queue.push(job.spec, self.clock, profile=job.profile, reason=reason)  # type: ignore[union-attr]
+        except QueueFull:
+            self.refused.append(job.spec.job_id)
+        self.queue_peak = max(self.queue_peak, len(self.queue))  # type: ignore[arg-type]
+        return ms
+
+    def take_started(self) -> Optional[list[str]]:
+        if self.queue is None:
+            return None
+        out, self._started = self._started, []
+        return out
+
+    @property
+    def waiting(self) -> int:
+        return 0 if self.queue is None else len(self.queue)
 
     def depart(self, job_id: str) -> Optional[dict[str, float]]:
         gid = self.sched.group_of(job_id).group_id
@@ -277,12 +322,17 @@ class SchedulerPolicy(SimPolicy):
         moves = self.sched.repack(gid)
         self.moves += len(moves)
         self.move_s += sum(m["move_s"] for m in moves)
+        if self.queue is not None:  # the freed room goes to queued jobs (in order, with backfill)
+            res = self.queue.drain(self.sched, self.clock)
+            self._started.extend(q.job_id for q, _ in res.admitted)
+            self.refused.extend(q.job_id for q, _ in res.dropped)
         return {m["job_id"]: m["move_s"] for m in moves}
 
     def extra(self) -> dict:
+        out = {} if self.queue is None else {"queue_refused_jobs": len(self.refused), "queue_peak_jobs": self.queue_peak}
         if not self.spec.repacks:
-            return {}
-        return {"repack_on_departure": self.sched.config.repack_on_departure, "jobs_moved": self.moves,
+            return out
+        return {**out, "repack_on_departure": self.sched.config.repack_on_departure, "jobs_moved": self.moves,
                 "move_stall_h": self.move_s / 3600.0}
 
     def groups(self) -> list[CoExecutionGroup]:
@@ -356,17 +406,22 @@ class OptimalPolicy(SimPolicy):
 
 def make_policy(name: str, cluster: ClusterSpec, real: Realisation, *, max_group_size: Optional[int] = None,
                 seed: Optional[int] = None, exact_max_jobs: int = 16, repack: Optional[bool] = None,
-                config=None) -> SimPolicy:
+                config=None, queue: bool = False) -> SimPolicy:
     """The replay's view of the policy ``name`` (:data:`rollmux.policies.REGISTRY`, by its ``kind``).
     ``config``: the :class:`rollmux.admission.SchedulerConfig` (default: its defaults);
     ``max_group_size`` / ``seed`` / ``repack`` (departure re-packing) override a copy of it when
-    given. Raises ValueError for an unknown name (message lists the known ones)."""
+    given. ``queue``: hold jobs that do not fit a bounded cluster in the admission queue (policies
+    of kind ``scheduler`` only). Raises ValueError for an unknown name (message lists the known
+    ones) or ``queue`` with a policy that does not admit through the scheduler."""
     from rollmux.admission import SchedulerConfig
 
     cfg = (config or SchedulerConfig()).overridden(max_group_size=max_group_size, seed=seed, repack_on_departure=repack)
     kind = policy_spec(name).kind
+    if queue and kind != "scheduler":
+        raise ValueError(f"policy {name!r} does not admit through the scheduler, so it cannot replay with the "
+                         "admission queue (queued replays: the policies of kind 'scheduler', e.g. rollmux, random, most-idle)")
     if kind == "scheduler":
-        return SchedulerPolicy(name, cluster, real, config=cfg)
+        return SchedulerPolicy(name, cluster, real, config=cfg, queue=queue)
     if kind == "optimal":
         return OptimalPolicy(cluster, real, max_group_size=cfg.max_group_size, exact_max_jobs=exact_max_jobs)
     return PerJobPolicy(name, cluster, real)
@@ -385,10 +440,17 @@ class JobOutcome:
     duration_s: float
     slo: float
     solo_real_over_planned: float = 1.0  # realised solo time / worst-case (planning) solo time
+    start_s: Optional[float] = None  # admission (after the admission queue); None = at arrival
+
+    @property
+    def wait_s(self) -> float:
+        """Time in the admission queue, s (0 unless replayed with the queue)."""
+        return 0.0 if self.start_s is None else self.start_s - self.arrival_s
 
     @property
     def slowdown(self) -> float:
-        return (self.departure_s - self.arrival_s) / self.duration_s
+        """Running time (from admission) over the solo duration; the queue wait is :attr:`wait_s`."""
+        return (self.departure_s - (self.arrival_s if self.start_s is None else self.start_s)) / self.duration_s
 
     @property
     def slowdown_vs_planned_solo(self) -> float:
@@ -467,6 +529,13 @@ class PolicyRun:
             "makespan_h": self.end_s / 3600.0,
             **self.extra,
         } | ({
+            # admission-queue waits (a bounded cluster replayed with the queue), over replayed jobs
+            "queue_wait_s_mean": float(np.mean(waits)),
+            "queue_wait_s_p50": float(np.percentile(waits, 50)),
+            "queue_wait_s_p90": float(np.percentile(waits, 90)),
+            "queue_wait_s_max": float(waits.max()),
+            "queued_jobs": int((waits > 0).sum()),
+        } if (waits := np.asarray([o.wait_s for o in outs])).size and "queue_peak_jobs" in self.extra else {}) | ({
             "cost_vs_optimal_exact": self.shadow_policy_usd / self.shadow_optimal_usd if self.shadow_optimal_usd > 0 else None,
             "optimal_exact_time_fraction": self.shadow_s / self.end_s if self.end_s > 0 else 0.0,
             "optimal_exact_spend_fraction": self.shadow_policy_usd / self.cost_usd if self.cost_usd > 0 else 0.0,
@@ -516,9 +585,16 @@ def replay(
     units: list[Unit] = []
     born: dict[tuple, float] = {}  # unit identity -> when it was formed (its pipeline starts empty)
     t, i, events = 0.0, 0, 0
+    start_s: dict[str, float] = {}
+
+    def start(jid: str) -> None:
+        sj = by_id[jid]
+        remaining[jid] = sj.duration_s / real.solo_time_s(sj.spec)
+        start_s[jid] = t
     best_group_size = 0
     shadow_cost: Optional[float] = None
     stalls: dict[str, float] = {}
+    queued = False  # the policy holds jobs in an admission queue (take_started is not None)
 
     def refresh() -> None:
         nonlocal cost, rg, tg, units, best_group_size, shadow_cost
@@ -558,10 +634,12 @@ def replay(
         run.rollout_gpus.append(int(rg))
         run.train_gpus.append(int(tg))
 
-    while i < len(jobs) or remaining:
+    while i < len(jobs) or remaining or getattr(policy, "waiting", 0):
         events += 1
         if events > bound:
             raise RuntimeError(f"{policy.name}: more than {bound} events")
+        if i >= len(jobs) and not remaining:  # only queued jobs left and nothing will depart
+            raise RuntimeError(f"{policy.name}: {getattr(policy, 'waiting', 0)} queued jobs can never be admitted")
         t_arr = jobs[i].arrival_s if i < len(jobs) else math.inf
         t_dep, j_dep = math.inf, None
         for jid, left in remaining.items():
@@ -590,21 +668,29 @@ def replay(
             done = [jid for jid, left in remaining.items() if left <= _EPS * max(1.0, by_id[jid].iterations) or jid == j_dep]
             for jid in done:
                 del remaining[jid]
+                policy.clock = t
                 for mj, ms in (policy.depart(jid) or {}).items():
                     stalls[mj] = stalls.get(mj, 0.0) + ms
                 real.forget(jid)
                 if shadow is not None:
                     shadow.forget(jid)
-                sj = by_id[jid]
+                sj, st = by_id[jid], start_s.pop(jid, None)
                 run.outcomes[jid] = JobOutcome(jid, sj.arrival_s, t, sj.duration_s, sj.spec.slo,
-                                               real.solo_time_s(sj.spec) / sj.profile.t_solo_s)
+                                               real.solo_time_s(sj.spec) / sj.profile.t_solo_s,
+                                               start_s=st if queued else None)
                 if on_event:
                     on_event(1)
+            for jid in policy.take_started() or ():  # queued jobs admitted into the freed room
+                start(jid)
         else:
             job = jobs[i]
             i += 1
+            policy.clock = t
             run.decision_ms.append(policy.arrive(job))
-            remaining[job.spec.job_id] = job.duration_s / real.solo_time_s(job.spec)
+            started = policy.take_started()
+            queued = queued or started is not None
+            for jid in ([job.spec.job_id] if started is None else started):
+                start(jid)
             if on_event:
                 on_event(1)
         refresh()
@@ -667,6 +753,7 @@ def simulate(
     shadow_policies: Iterable[str] = ("rollmux",),
     repack: Optional[bool] = None,
     config=None,
+    queue: bool = False,
 ) -> SimulationResult:
     """Replay the same jobs through every policy with one shared realisation.
 
@@ -675,6 +762,8 @@ def simulate(
     a copy of it when given, ``seed`` (realisation) is also the random baseline's seed.
     ``shadow_policies`` also get the same-instant exact-optimum comparison (see :func:`replay`);
     ``repack=False`` runs RollMux as the paper's admission-only Alg. 1 (no departure re-packing).
+    ``queue=True``: a bounded ``cluster`` holds the jobs that do not fit in the admission queue
+    (:class:`SchedulerPolicy`); each policy's summary then reports its jobs' queue waits.
 
     Raises:
         ValueError: an unknown policy name (before anything runs) or an empty job list.
@@ -684,19 +773,22 @@ def simulate(
     names = [check_policy(p) for p in policies]
     if not jobs:
         raise ValueError("simulate: no jobs to replay")
+    if queue and (other := [n for n in names if policy_spec(n).kind != "scheduler"]):
+        raise ValueError(f"policies {', '.join(other)} do not admit through the scheduler and cannot replay with the "
+                         "admission queue; queued replays take the policies of kind 'scheduler' (rollmux, random, most-idle)")
     cfg = (config or SchedulerConfig()).overridden(max_group_size=max_group_size, seed=seed, repack_on_departure=repack)
     max_group_size, repack = cfg.max_group_size, cfg.repack_on_departure
     real = Realisation(cluster, stochastic=stochastic, seed=seed)
     shadow_policies = tuple(shadow_policies)
     runs: dict[str, PolicyRun] = {}
     for name in names:
-        pol = make_policy(name, cluster, real, exact_max_jobs=exact_max_jobs, config=cfg)
+        pol = make_policy(name, cluster, real, exact_max_jobs=exact_max_jobs, config=cfg, queue=queue)
         cb = (lambda k, _n=name: on_event(_n, k)) if on_event else None
         shadow = (OptimalPartition(cluster, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs, time_limit_s=5.0)
                   if name in shadow_policies else None)
         runs[name] = replay(jobs, pol, real, on_event=cb, shadow=shadow)
     m = dict(meta or {}, jobs=len(jobs), stochastic=stochastic, seed=seed, max_group_size=max_group_size,
-             exact_max_jobs=exact_max_jobs, repack_on_departure=repack)
+             exact_max_jobs=exact_max_jobs, repack_on_departure=repack, **({"admission_queue": True} if queue else {}))
     return SimulationResult(runs, summarise(runs, m), real)
 
 

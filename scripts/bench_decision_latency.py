@@ -23,8 +23,9 @@ samples would just be their maximum, reported as ``max_ms``; ``scripts/_bench.py
 the state keeps its size; the optimum's rows time ``--opt-reps`` solves (p50 and max only).
 
 Writes ``results/bench_decision_latency.json``: a list of
-``{policy, active_jobs, samples, p50_ms, p90_ms, p99_ms, max_ms, ...}``. Not a test: numbers
-depend on the machine.
+``{policy, active_jobs, samples, p50_ms, p90_ms, p99_ms, max_ms, load_avg_1_5_15_min, nice, ...}``
+(the host's load average when the row was measured and the process's niceness: on a shared host
+other work inflates the tail). Not a test: numbers depend on the machine.
 
     python scripts/bench_decision_latency.py --quick   # up to 1,000 active jobs, ~3 min on 2 cores
     python scripts/bench_decision_latency.py           # up to 10,000 active jobs, ~10 min
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import sys
@@ -53,6 +55,11 @@ from rollmux.workloads import draw_jobs  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from _bench import percentiles  # noqa: E402
+
+
+def _host() -> dict:
+    """Load average (1, 5, 15 min) of the host now and this process's niceness."""
+    return {"load_avg_1_5_15_min": [round(x, 2) for x in os.getloadavg()], "nice": os.nice(0)}
 
 
 def _jobs(n: int, seed: int, prefix: str):
@@ -115,7 +122,7 @@ def bench_admission(policy: str, sizes, probes: int, direct_max: int, seed: int)
             if time.perf_counter() > t_budget:
                 break
         rows.append({"policy": policy, "active_jobs": len(sched.job_ids), **percentiles(lat),
-                     "groups": len(sched.groups), "state": how, "build_s": round(build_s, 2)})
+                     "groups": len(sched.groups), "state": how, "build_s": round(build_s, 2), **_host()})
         print(json.dumps(rows[-1]), flush=True)
         if policy == "rollmux" and sched.config.repack_on_departure:
             rows.append(bench_departure(sched, probes, seed))
@@ -143,7 +150,7 @@ def bench_departure(sched: InterGroupScheduler, probes: int, seed: int) -> dict:
         sched.admit(m.spec, m.profile)
         if time.perf_counter() > t_budget:
             break
-    return {"policy": "rollmux-departure+repack", "active_jobs": n, **percentiles(lat), "jobs_moved": moves}
+    return {"policy": "rollmux-departure+repack", "active_jobs": n, **percentiles(lat), "jobs_moved": moves, **_host()}
 
 
 def bench_optimum(sizes, reps: int, seed: int) -> list[dict]:
@@ -160,7 +167,7 @@ def bench_optimum(sizes, reps: int, seed: int) -> list[dict]:
             cands.append(res.candidates)
             exact &= res.exact
         rows.append({"policy": "optimal-cpsat", "active_jobs": n, **percentiles(lat), "exact": exact,
-                     "candidate_groups_mean": float(np.mean(cands))})
+                     "candidate_groups_mean": float(np.mean(cands)), **_host()})
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
