@@ -347,7 +347,7 @@ def test_timed_out_admission_answers_504_and_a_retry_gets_the_decision():
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("op", ["admit", "move", "fail"])
+@pytest.mark.parametrize("op", sorted(OPS))
 def test_scheduler_killed_at_every_write_gcs_store(ray_cluster, op):
     """The same on Ray's GCS internal KV (a scheduler name of its own per run)."""
     import uuid
