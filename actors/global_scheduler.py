@@ -255,8 +255,9 @@ class GlobalSchedulerImpl:
         return h
 
     def _target(self, group_id: str) -> tuple[list[dict], dict[str, str]]:
-        """The membership a group's controller must converge to: its active members (admission
-        order) and the jobs that left it, with the reason (``departed``, ``failed``, ``moved to
+        """The membership a group's controller must converge to: its active members (in the
+        planned round-robin order: the policy's member order, which admission's SLO check
+        simulated) and the jobs that left it, with the reason (``departed``, ``failed``, ``moved to
         <group>``)."""
         members, gone = [], {}
         for rec in self.jobs.values():
@@ -269,6 +270,11 @@ class GlobalSchedulerImpl:
                 gone[rec.job_id] = "departed" if rec.state == JobState.FINISHED else str(rec.state)
             elif any(m.from_group == group_id for m in rec.moves):
                 gone[rec.job_id] = f"moved to {gid}"
+        try:  # the planned round-robin order: the group's member order in the policy's table
+            rank = {j: i for i, j in enumerate(self.igs.group(group_id).job_ids)}
+            members.sort(key=lambda m: rank.get(m["job_id"], len(rank)))
+        except KeyError:
+            pass
         return members, gone
 
     def _push(self, groups, lookup: bool = False) -> None:
@@ -383,7 +389,8 @@ class GlobalSchedulerImpl:
 
     @_locked
     def group_members(self, group_id: str) -> list[dict]:
-        """Active members of a group: ``job_id, rollout_nodes, train_nodes, slo`` (admission order)."""
+        """Active members of a group: ``job_id, rollout_nodes, train_nodes, slo`` (planned
+        round-robin order)."""
         return self._target(group_id)[0]
 
     @_locked

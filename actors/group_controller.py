@@ -139,7 +139,8 @@ class GroupControllerImpl:
     async def sync_members(self, members: list[dict], gone: Optional[dict[str, str]] = None,
                            seq: Optional[int] = None) -> dict:
         """Reconcile (pushed by the GlobalScheduler, never awaited there): add ``members`` (``job_id,
-        rollout_nodes, train_nodes, slo``; pending until their drivers attach) and drop ``gone``
+        rollout_nodes, train_nodes, slo``; pending until their drivers attach; listed in the
+        planned round-robin order, which the queues take, :meth:`GroupLedger.set_order`) and drop ``gone``
         (job_id -> reason, e.g. ``"moved to group-3"`` at the job's iteration boundary,
         ``"departed"``). ``seq``: the push's sequence number; a push older than one already
         applied is ignored (``stale: True``): Ray does not keep an async actor's calls in
@@ -156,8 +157,9 @@ class GroupControllerImpl:
         # each push is the group's whole target state, so the newest one alone decides: a job it
         # lists as gone is recorded as gone even if the (older, now stale) push adding it never ran
         removed = [j for j, why in (gone or {}).items() if self.ledger.remove(j, why) or self.ledger.mark_gone(j, why)]
+        reordered = self.ledger.set_order([m["job_id"] for m in members])  # the planned round-robin order
         self._apply()
-        if added or removed:
+        if added or removed or reordered:
             self._wake_all()
         return {"added": added, "removed": removed, "stale": False}
 
@@ -167,16 +169,18 @@ class GroupControllerImpl:
         if job_id in self.ledger.members or not self.scheduler_name:
             return
         try:
-            for r in await self._scheduler().group_members.remote(self.group_id):
+            rows = await self._scheduler().group_members.remote(self.group_id)
+            for r in rows:
                 if r["job_id"] not in self.ledger.members:
                     self.ledger.add(r["job_id"], r["rollout_nodes"], r["train_nodes"], slo=r.get("slo"))
+            self.ledger.set_order([r["job_id"] for r in rows])
         except Exception as e:  # scheduler unreachable: the caller reports "not a member"
             self._sched = None
             log.warning("group %s: could not recover members for %s: %s", self.group_id, job_id, e)
 
     async def attach(self, job_id: str, *, has_sync: Optional[bool] = None) -> dict:
-        """The job's driver attached: the job joins the end of its nodes' queues (round-robin
-        order = attach order). ``has_sync=False``: its empty sync slot ends with training.
+        """The job's driver attached: the job joins its nodes' queues at its place in the planned
+        round-robin order pushed with the membership (attach order for jobs not in the plan). ``has_sync=False``: its empty sync slot ends with training.
         Raises PermitError for a job that is not a member (or already left)."""
         await self._recover_members(job_id)
         if has_sync is not None:

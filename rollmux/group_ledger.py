@@ -7,7 +7,9 @@ decides, without asyncio or Ray: it owns
   jobs that left (``gone``: reason) or leave at their iteration boundary (``moving``);
 - the phase grants (``grants``: the one answer to "is a phase of job X running here");
 - the round-robin queues (:class:`rollmux.round_robin.RoundRobinQueues`), which own the phase
-  order, the queue iteration count and whether a queued job has a sync phase;
+  order, the queue iteration count and whether a queued job has a sync phase; the round-robin
+  order is the *planned* one (:meth:`GroupLedger.set_order`: the order admission's SLO check
+  simulated, pushed by the GlobalScheduler with the membership), not the order drivers attach;
 - the iteration-boundary rule for a job moved by departure re-packing (:meth:`remove`);
 - the long-tail choice (:class:`rollmux.intra_group.LongTailPolicy`, :meth:`progress`);
 - the slowdown accounting (measured co-executed / solo iteration time, :meth:`slowdown`) and the
@@ -147,8 +149,9 @@ class GroupLedger:
         return True
 
     def activate(self, job_id: str) -> None:
-        """The job's driver is here: it joins the end of its nodes' queues (once) and its lease
-        starts. Raises PermitError for a non-member or a job that left (saying so if it moved)."""
+        """The job's driver is here: it joins its nodes' queues (once) at its place in the planned
+        round-robin order (:meth:`set_order`; the end of the attach order without a plan) and its
+        lease starts. Raises PermitError for a non-member or a job that left (saying so if it moved)."""
         m = self.members.get(job_id)
         if m is None or job_id in self.gone:
             why = self.gone.get(job_id, "not a member of this group")
@@ -160,6 +163,23 @@ class GroupLedger:
             self.rr.add_job(job_id, m.rollout_nodes, m.train_nodes, has_sync=m.has_sync)
             m.active = True
         m.heartbeat = self.clock()
+
+    def set_order(self, order: list[str]) -> bool:
+        """Plan the round-robin order of the members (job ids, first to last): the order the
+        admission SLO check simulated (RollMux §4.2 Alg. 1 line 10 with
+        :func:`rollmux.admission.best_round_robin_order`). Queued jobs take their planned places
+        at once (a running phase is never pre-empted); a job attaching later joins at its place.
+        Returns True when the plan changed."""
+        order = [j for j in dict.fromkeys(order)]
+        if tuple(order) == self.rr.planned_order:
+            return False
+        self.rr.set_order(order)
+        return True
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """The planned round-robin order (empty: attach order)."""
+        return self.rr.planned_order
 
     def has_sync(self, job_id: str) -> bool:
         """Whether the job has a sync phase (the queues' value once it is queued)."""
@@ -257,7 +277,8 @@ class GroupLedger:
             # a restarted controller: the driver's own report says where the job is in its
             # meta-iteration (the phase it asks for is its next one); resume it there
             try:
-                self.rr.resume(job_id, phase, None if iteration is None else int(iteration))
+                if not self.rr.resume(job_id, phase, None if iteration is None else int(iteration)):
+                    return None  # another job's phase holds its training nodes: ask again when it ends
                 nxt = phase
             except ValueError:
                 pass
@@ -400,5 +421,5 @@ class GroupLedger:
                        "train_nodes": m.train_nodes, "slowdown": m.slowdown()}
         pending = [j for j, m in self.members.items() if not m.active and j not in self.gone]
         return {"group_id": self.group_id, "jobs": jobs, "pending": pending, "gone": dict(self.gone),
-                "moving": dict(self.moving), "queues": self.queues(),
+                "moving": dict(self.moving), "queues": self.queues(), "order": list(self.order),
                 "migrations": list(self.migrations), "timeline_len": len(self.timeline)}

@@ -6,29 +6,43 @@ intra-group simulator (:mod:`rollmux.intra_group`) drives it with simulated time
 
 Semantics:
 
-* Every node of the group has a FIFO queue. In one *meta-iteration* each member enqueues its
-  rollout exactly once on each of its rollout nodes and its training exactly once on each of its
-  training nodes, in round-robin (admission) order; the queue of a node is therefore the cyclic
-  sequence of the jobs pinned to it, in admission order.
+* Every node of the group serves its jobs' *turns* in one global order. Job ``k``'s turn of
+  meta-iteration ``c`` is ``(c, rank_k)``; a node serves the pending turns of the jobs pinned to it
+  in increasing order, so in one *meta-iteration* each member runs its rollout once on each of its
+  rollout nodes and its training once on each of its training nodes, in round-robin order.
+* The round-robin order (``rank``) is the order jobs were added, or the *planned* order
+  (:meth:`RoundRobinQueues.set_order`): admission checks a group's SLOs for one round-robin order
+  of its members (the best one, :func:`rollmux.admission.best_round_robin_order`), which need not
+  be the order in which their drivers attach. Jobs missing from the plan follow the planned ones,
+  in the order they were added. A new plan takes effect at once, but never pre-empts a phase: a
+  node held by a running phase (or by a training whose sync is due) stays held until it ends.
 * A job cycles rollout -> train -> sync -> rollout. A phase may start when its job's previous
-  phase is done and the job is at the head of the queue of *every* node the phase is pinned to.
+  phase is done and the job is at the head of the queue of *every* node the phase is pinned to
+  (its pending turn is the smallest there and no other job holds the node).
 * Sync modelling choice (documented): the sync phase is the tail of the job's training slot. It
   holds the job's training nodes (the senders) right after training; the rollout nodes receive
-  into the job's pinned host/engine buffers and are not blocked. The training-node queue
-  advances when sync is done (or when training is done for a job without sync).
+  into the job's pinned host/engine buffers and are not blocked. The training-node turn ends
+  when sync is done (or when training is done for a job without sync).
 * Long-tail migration (:meth:`RoundRobinQueues.release`): once a rollout is tail-bound its
   stragglers are consolidated onto a few workers and the rollout stops blocking its nodes'
   queues, so the next queued rollout may start; the job still needs ``on_phase_done(rollout)``
   before its training becomes ready.
+* Joins: a job added later takes its planned place in the cycle: its first turn is the first one
+  after the last turn already served on each of its nodes (the next round where its place was
+  passed). Its turns are aligned with every group-mate it shares a node with (a set of jobs
+  connected by shared nodes is shifted as a whole when a join bridges two such sets, which keeps
+  their own order). Removing a job drops it from every queue.
 
-Jobs added later are appended at the end of each of their nodes' queues (they join the next
-turn of every node); removing a job drops it from every queue.
+No deadlock, whatever the joins, departures and plans: the job whose current turn is the
+smallest in the group is at the head of every node of its next phase once the phases holding
+those nodes end (every other pending turn there is larger), so some phase can always start or is
+running.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 from rollmux.models import PhaseName, PoolName, pool_of_phase
 
@@ -40,6 +54,8 @@ class _Job:
     rollout_nodes: tuple[str, ...]
     train_nodes: tuple[str, ...]
     has_sync: bool
+    seq: int  # add order (ties after the plan)
+    base: int = 0  # meta-iteration of the job's first turn (joins align it with its node-mates)
     next_phase: str = "rollout"
     running: bool = False
     released: bool = False  # rollout released its queue slots (long-tail migration)
@@ -67,12 +83,44 @@ class RoundRobinQueues:
 
     def __init__(self) -> None:
         self._jobs: dict[str, _Job] = {}
-        self._queues: dict[str, list[str]] = {}
-        self._ptr: dict[str, int] = {}
+        self._on: dict[str, list[str]] = {}  # node -> jobs pinned to it (add order)
+        self._pool: dict[str, str] = {}  # node -> pool
+        self._served: dict[str, tuple] = {}  # node -> the last turn granted on it
+        self._rank: dict[str, int] = {}  # planned round-robin order (set_order); empty: add order
+        self._n_added = 0
+
+    # --- turns ------------------------------------------------------------------------------
+    def _key(self, job_id: str, job: _Job) -> tuple[int, int]:
+        return self._rank.get(job_id, len(self._rank)), job.seq
+
+    def _turn(self, job_id: str, job: _Job, pool: str) -> tuple:
+        """The job's pending turn on a node of ``pool``: (meta-iteration, rank, add order)."""
+        c = job.base + job.iteration
+        if pool == "rollout" and (job.next_phase != "rollout" or job.released):
+            c += 1  # this iteration's rollout is done (or released): its next one
+        return (c, *self._key(job_id, job))
+
+    def _holder(self, node: str) -> Optional[str]:
+        """The job whose phase holds ``node`` now: a running phase on it (a released rollout no
+        longer holds), or a training whose sync is due (sync is the tail of the training slot)."""
+        train = self._pool[node] == "train"
+        for j in self._on[node]:
+            job = self._jobs[j]
+            if job.next_phase == "sync" and train:
+                return j
+            if job.running and (pool_of_phase(job.next_phase) == "train") == train and not job.released:
+                return j
+        return None
+
+    def _order(self, node: str) -> list[str]:
+        pool = self._pool[node]
+        return sorted(self._on[node], key=lambda j: self._turn(j, self._jobs[j], pool))
 
     # --- membership -------------------------------------------------------------------------
     def add_job(self, job_id: str, rollout_nodes: Iterable[str], train_nodes: Iterable[str], *, has_sync: bool = True) -> None:
-        """Append ``job_id`` to the end of the queue of each of its nodes (admission order).
+        """Add ``job_id`` to the queues of its nodes at its place in the round-robin order (the
+        end of the add order, or its planned place, :meth:`set_order`); its first turn is the
+        first after the last one served on each of its nodes.
 
         Raises ValueError if the job is already present or a node list is empty.
         """
@@ -81,25 +129,74 @@ class RoundRobinQueues:
         r, t = tuple(rollout_nodes), tuple(train_nodes)
         if not r or not t:
             raise ValueError(f"job {job_id!r} needs at least one rollout and one training node")
-        self._jobs[job_id] = _Job(r, t, has_sync)
-        for n in r + t:
-            self._queues.setdefault(n, []).append(job_id)
-            self._ptr.setdefault(n, 0)
+        job = _Job(r, t, has_sync, seq=self._n_added)
+        self._n_added += 1
+        key = self._key(job_id, job)
+        mine = r + t
+        # the sets of jobs connected (through shared nodes) to each of the new job's nodes
+        comp: dict[str, int] = {}  # node -> component id
+        for k, n in enumerate(mine):
+            if n in comp or not self._on.get(n):
+                continue
+            stack = [n]
+            comp[n] = k
+            while stack:
+                x = stack.pop()
+                for j in self._on[x]:
+                    o = self._jobs[j]
+                    for y in o.rollout_nodes + o.train_nodes:
+                        if y not in comp:
+                            comp[y] = k
+                            stack.append(y)
+        need: dict[int, int] = {}  # component -> first meta-iteration of the new job's turn there
+        for n in mine:
+            s = self._served.get(n)
+            if s is None or n not in comp:
+                continue
+            c = s[0] if key > tuple(s[1:]) else s[0] + 1
+            need[comp[n]] = max(need.get(comp[n], c), c)
+        job.base = max(need.values(), default=0)
+        for k, c in need.items():  # align each connected set with the new job (keeps its own order)
+            if c == job.base:
+                continue
+            d = job.base - c
+            nodes = [n for n, kk in comp.items() if kk == k]
+            for j in {j for n in nodes for j in self._on[n]}:
+                self._jobs[j].base += d
+            for n in nodes:
+                if n in self._served:
+                    s = self._served[n]
+                    self._served[n] = (s[0] + d, *s[1:])
+        self._jobs[job_id] = job
+        for pool, nodes in (("rollout", r), ("train", t)):
+            for n in nodes:
+                self._on.setdefault(n, []).append(job_id)
+                self._pool[n] = pool
+
+    def set_order(self, order: Sequence[str]) -> None:
+        """Plan the round-robin order: ``order`` lists job ids (queued or not yet added; unknown
+        ids are allowed, a duplicate keeps its first place). Takes effect at once for every
+        pending turn; a node held by a running phase stays held until it ends. Source: RollMux
+        §4.3, in the order the admission SLO check simulated (§4.2 Alg. 1 line 10)."""
+        rank: dict[str, int] = {}
+        for j in order:
+            rank.setdefault(j, len(rank))
+        self._rank = rank
+
+    @property
+    def planned_order(self) -> tuple[str, ...]:
+        """The planned round-robin order (:meth:`set_order`), empty if none was set."""
+        return tuple(self._rank)
 
     def remove_job(self, job_id: str) -> None:
         """Drop ``job_id`` from every queue (departure or failure). Raises KeyError if unknown."""
         job = self._jobs.pop(job_id)
         for n in job.rollout_nodes + job.train_nodes:
-            q = self._queues[n]
-            i = q.index(job_id)
-            q.pop(i)
+            q = self._on[n]
+            q.remove(job_id)
             if not q:
-                del self._queues[n], self._ptr[n]
-                continue
-            if i < self._ptr[n]:
-                self._ptr[n] -= 1
-            if self._ptr[n] >= len(q):
-                self._ptr[n] = 0
+                del self._on[n], self._pool[n]
+                self._served.pop(n, None)
 
     @property
     def job_ids(self) -> tuple[str, ...]:
@@ -107,16 +204,27 @@ class RoundRobinQueues:
 
     @property
     def nodes(self) -> tuple[str, ...]:
-        return tuple(self._queues)
+        return tuple(self._on)
 
     def queue(self, node: str) -> tuple[str, ...]:
         """The node's queue from its head, one full round (KeyError for an unknown node)."""
-        q, p = self._queues[node], self._ptr[node]
-        return tuple(q[p:] + q[:p])
+        order = self._order(node)
+        h = self._holder(node)
+        if h is not None:
+            order.remove(h)
+            order.insert(0, h)
+        return tuple(order)
 
     def head(self, node: str) -> Optional[str]:
-        q = self._queues.get(node)
-        return q[self._ptr[node]] if q else None
+        """The job at the head of ``node``'s queue (the holder of the node, else the smallest
+        pending turn); None for an unknown node."""
+        if node not in self._on:
+            return None
+        h = self._holder(node)
+        if h is not None:
+            return h
+        pool = self._pool[node]
+        return min(self._on[node], key=lambda j: self._turn(j, self._jobs[j], pool))
 
     def nodes_of(self, job_id: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """``(rollout_nodes, train_nodes)`` of ``job_id`` (KeyError if unknown)."""
@@ -140,12 +248,12 @@ class RoundRobinQueues:
     def _is_ready(self, job_id: str, job: _Job) -> bool:
         if job.running:
             return False
-        if job.next_phase == "sync":  # holds the training slot it already heads (a resumed job waits for it)
-            return all(self._queues[n][self._ptr[n]] == job_id for n in job.train_nodes)
-        return all(self._queues[n][self._ptr[n]] == job_id for n in self._nodes_of(job, job.next_phase))
+        if job.next_phase == "sync":
+            return True  # holds the training slot it already heads
+        return all(self.head(n) == job_id for n in self._nodes_of(job, job.next_phase))
 
     def ready(self) -> list[ReadyPhase]:
-        """Phases that may start now, in admission order (granting one never blocks another)."""
+        """Phases that may start now, in add order (granting one never blocks another)."""
         out = []
         for jid, job in self._jobs.items():
             if self._is_ready(jid, job):
@@ -158,16 +266,14 @@ class RoundRobinQueues:
         job = self._jobs[job_id]
         if job.next_phase != phase or not self._is_ready(job_id, job):
             raise ValueError(f"phase {phase!r} of job {job_id!r} is not ready (next: {job.next_phase}, running: {job.running})")
+        pool = pool_of_phase(phase)
+        if phase != "sync":
+            turn = self._turn(job_id, job, pool)
+            for n in self._nodes_of(job, phase):
+                self._served[n] = turn
         job.running = True
         job.released = False
-        return ReadyPhase(job_id, phase, pool_of_phase(phase), self._nodes_of(job, phase), job.iteration)  # type: ignore[arg-type]
-
-    def _advance(self, nodes: tuple[str, ...], job_id: str) -> None:
-        for n in nodes:
-            q = self._queues[n]
-            if q[self._ptr[n]] != job_id:  # pragma: no cover - guarded by the state machine
-                raise ValueError(f"node {n}: head is {q[self._ptr[n]]!r}, not {job_id!r}")
-            self._ptr[n] = (self._ptr[n] + 1) % len(q)
+        return ReadyPhase(job_id, phase, pool, self._nodes_of(job, phase), job.iteration)  # type: ignore[arg-type]
 
     def waiting_for(self, job_id: str) -> tuple[str, ...]:
         """Jobs that wait for ``job_id``'s rollout nodes: next in FIFO order after it on one of
@@ -177,9 +283,11 @@ class RoundRobinQueues:
         job = self._jobs[job_id]
         out: list[str] = []
         for n in job.rollout_nodes:
-            q = self._queues[n]
-            k = q[(self._ptr[n] + 1) % len(q)] if q[self._ptr[n]] == job_id else None
-            if k is None or k == job_id or k in out:
+            q = self.queue(n)
+            if q[0] != job_id or len(q) < 2:
+                continue
+            k = q[1]
+            if k in out:
                 continue
             o = self._jobs[k]
             if o.next_phase == "rollout" and not o.running:
@@ -196,7 +304,6 @@ class RoundRobinQueues:
         if not (job.running and job.next_phase == "rollout") or job.released:
             raise ValueError(f"job {job_id!r} has no running, unreleased rollout")
         job.released = True
-        self._advance(job.rollout_nodes, job_id)
 
     def on_phase_done(self, job_id: str, phase: str, now: Optional[float] = None) -> list[ReadyPhase]:
         """Record that ``phase`` of ``job_id`` finished (``now`` unused by the policy, kept for
@@ -209,8 +316,6 @@ class RoundRobinQueues:
             raise ValueError(f"phase {phase!r} of job {job_id!r} is not running (next: {job.next_phase}, running: {job.running})")
         job.running = False
         if phase == "rollout":
-            if not job.released:
-                self._advance(job.rollout_nodes, job_id)
             job.released = False
             job.next_phase = "train"
         elif phase == "train" and job.has_sync:
@@ -219,27 +324,33 @@ class RoundRobinQueues:
             self._end_turn(job_id)
         return self.ready()
 
-    def resume(self, job_id: str, phase: str, iteration: Optional[int] = None) -> None:
+    def resume(self, job_id: str, phase: str, iteration: Optional[int] = None) -> bool:
         """A restarted controller learns where ``job_id`` is in its meta-iteration from its
-        driver: ``phase`` is its next phase (``iteration``: its completed iterations, kept when
-        given). A job resuming at ``train`` / ``sync`` is put at the head of its training nodes'
-        queues when their current head holds nothing (its next phase is rollout, not running);
-        otherwise it waits for its turn there. Raises ValueError while a phase of the job runs or
-        for an unknown phase, KeyError for an unknown job."""
+        driver: ``phase`` is the job's next phase; ``iteration``: its completed iterations (the
+        job's turns are kept, only its count is the driver's). A job resuming at ``train`` /
+        ``sync`` already ran this meta-iteration's rollout: its training turn becomes the one
+        before its next rollout turn (so it heads its training nodes once they are free), and at
+        ``sync`` it holds them. Returns False (nothing changed; ask again once a phase ends) while
+        another job's phase holds one of its training nodes. Raises ValueError while a phase of
+        the job runs or for a phase it cannot resume at, KeyError for an unknown job."""
         job = self._jobs[job_id]
         if job.running:
             raise ValueError(f"job {job_id!r} has a phase running; it cannot be resumed elsewhere")
         if phase not in _NEXT or (phase == "sync" and not job.has_sync):
             raise ValueError(f"job {job_id!r} cannot resume at phase {phase!r}")
+        if phase != "rollout" and any(self._holder(n) not in (None, job_id) for n in job.train_nodes):
+            return False
         if iteration is not None:
-            job.iteration = max(0, int(iteration))
+            it = max(0, int(iteration))
+            job.base += job.iteration - it  # same turns, the driver's count
+            job.iteration = it
         if phase != "rollout" and job.next_phase == "rollout":
-            for n in job.train_nodes:
-                q = self._queues[n]
-                head = self._jobs[q[self._ptr[n]]]
-                if head is job or (head.next_phase == "rollout" and not head.running):
-                    self._ptr[n] = q.index(job_id)
+            job.base -= 1  # this meta-iteration's rollout is done: its training turn precedes the next rollout's
+        elif phase == "rollout" and job.next_phase != "rollout":
+            job.base += 1
         job.next_phase = phase
+        job.released = False
+        return True
 
     def has_sync(self, job_id: str) -> bool:
         """Whether ``job_id`` has a sync phase. Raises KeyError if unknown."""
@@ -256,6 +367,5 @@ class RoundRobinQueues:
 
     def _end_turn(self, job_id: str) -> None:
         job = self._jobs[job_id]
-        self._advance(job.train_nodes, job_id)
         job.next_phase = "rollout"
         job.iteration += 1

@@ -107,6 +107,131 @@ def test_ledger_moved_job_leaves_at_its_iteration_boundary():
         g.try_grant("a", "rollout", None, clk.t)
 
 
+# ---- the planned round-robin order reaches the queues (the order admission's SLO check simulated)
+def _philly_pair():
+    """Two Qwen-7B jobs of the Philly replay (tight SLOs) sharing one training node: feasible only in
+    the round-robin order (job-00025, job-00023), the reverse of their arrival order."""
+    from rollmux.config import CONFIG_DIR, load_cluster
+    from rollmux.models import JobSpec, PhaseProfile
+
+    def spec(jid, roll, train, slo):
+        return JobSpec(job_id=jid, model_params_b=7.0, num_prompts=256, responses_per_prompt=8, prompt_tokens=512,
+                       max_response_tokens=16384, num_rollout_gpus=8, num_train_gpus=8, slo=slo,
+                       measured=PhaseProfile(t_roll_s=roll, t_train_s=train, t_sync_s=6.6))
+
+    cluster = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
+    return cluster, [spec("job-00023", 341.303, 118.236, 1.1165), spec("job-00025", 315.552, 96.93, 1.0821)]
+
+
+def _drive(ledger, profiles, iterations):
+    """Run the ledger's group on a simulated clock: every driver asks for its next phase as soon as
+    its previous one ends, each phase lasts its profile's time. Returns the training node's grant
+    sequence."""
+    import heapq
+
+    heap, running, train_seq = [], set(), []
+    while min(ledger.members[j].iterations_done for j in profiles) < iterations:
+        for j in profiles:
+            if j in running:
+                continue
+            ph = ledger.rr.next_phase(j)
+            grant = ledger.try_grant(j, ph, None, ledger.clock())
+            if grant is not None:
+                p = profiles[j]
+                dur = {"rollout": p.t_roll_s, "train": p.t_train_s, "sync": p.t_sync_s}[ph]
+                heapq.heappush(heap, (ledger.clock() + dur, j, ph, ledger.clock(), grant["nodes"][0]))
+                running.add(j)
+                if ph == "train":
+                    train_seq.append(j)
+        end, j, ph, start, node = heapq.heappop(heap)
+        ledger.clock.t = end
+        running.discard(j)
+        ledger.release(j, ph, _rec(ledger, node, start, end))
+    return train_seq
+
+
+@pytest.mark.parametrize("planned", [True, False])
+def test_ledger_runs_members_in_the_planned_round_robin_order(planned):
+    """Drivers attach in arrival order (job-00023 first). With the order admission planned
+    (job-00025, job-00023) the shared training node alternates 00025, 00023 and both measured
+    slowdowns are the SLO check's prediction (within SLO); in attach order job-00025 waits behind
+    job-00023's training every iteration and breaks its SLO (1.112 > 1.0821)."""
+    from rollmux.admission import build_group
+    from rollmux.intra_group import coexec_times
+
+    cluster, (a, b) = _philly_pair()
+    grp = build_group([(a, a.measured), (b, b.measured)], cluster)
+    assert grp.job_ids == ("job-00025", "job-00023")
+    by = {m.spec.job_id: m for m in grp.members}
+    clk = Clock(0.0)
+    g = GroupLedger("group-p", lease_s=0, clock=clk)
+    for j in ("job-00023", "job-00025"):  # admitted / attached in arrival order
+        m = by[j]
+        g.add(j, list(m.placement.rollout_nodes), list(m.placement.train_nodes), slo=m.spec.slo)
+    if planned:
+        assert g.set_order(list(grp.job_ids)) and not g.set_order(list(grp.job_ids))
+    for j in ("job-00023", "job-00025"):
+        g.activate(j)
+    n = 8
+    seq = _drive(g, {j: by[j].profile for j in ("job-00023", "job-00025")}, n)
+    steady = {j: sum(g.members[j].iter_s[n // 2:]) / sum(g.members[j].solo_s[n // 2:]) for j in by}
+    if planned:
+        assert seq[2:10] == ["job-00025", "job-00023"] * 4 and g.status()["order"] == list(grp.job_ids)
+        tco = coexec_times(list(grp.members))
+        for j, m in by.items():
+            assert steady[j] == pytest.approx(tco[j] / m.profile.t_solo_s, rel=1e-9)
+            assert steady[j] <= m.spec.slo
+        assert steady["job-00025"] == pytest.approx(1.0547, abs=1e-4)
+    else:
+        assert seq[:8] == ["job-00023", "job-00025"] * 4
+        assert steady["job-00025"] == pytest.approx(1.1123, abs=1e-4) and steady["job-00025"] > b.slo
+
+
+def test_ledger_new_plan_reorders_queued_jobs_without_preempting():
+    """A plan pushed while a phase runs: the running job keeps its node; the next turn follows the plan."""
+    clk = Clock()
+    g = GroupLedger("group-o", lease_s=0, clock=clk)
+    for j in ("a", "b", "c"):
+        g.add(j, ["rollout-0"], ["train-0"])
+        g.activate(j)
+    assert g.try_grant("a", "rollout", None, clk.t) is not None
+    assert g.set_order(["c", "b", "a"])
+    assert g.try_grant("c", "rollout", None, clk.t) is None  # a still holds rollout-0
+    assert g.queues()["rollout-0"] == ["a", "c", "b"]
+    g.release("a", "rollout", _rec(g, "rollout-0", clk.t, clk.t))
+    assert g.try_grant("b", "rollout", None, clk.t) is None
+    assert g.try_grant("c", "rollout", None, clk.t) is not None
+
+
+def test_scheduler_pushes_members_in_the_planned_round_robin_order(monkeypatch):
+    """The GlobalScheduler pushes a group's members in the policy's round-robin order (the one its
+    SLO check simulated), not in admission order; a recovering controller reads the same order."""
+    import ray
+
+    from actors.global_scheduler import GlobalSchedulerImpl
+
+    monkeypatch.setattr(ray, "get", lambda *a, **k: (_ for _ in ()).throw(AssertionError("waited")))
+    cluster, (a, b) = _philly_pair()
+    s = GlobalSchedulerImpl(cluster, kv=MemoryKV(), create_controllers=False, metrics_flush_s=0)
+    log = []
+    s.create_controllers = True
+    s._handles = {"group-0": _FakeController(log)}
+    for spec in (a, b):
+        assert s.admit(spec.model_dump())["admitted"]
+    assert log[-1][:2] == (["job-00025", "job-00023"], {})
+    assert [m["job_id"] for m in s.group_members("group-0")] == ["job-00025", "job-00023"]
+
+    async def controller_takes_it():
+        c = _ctrl(lease_s=0)
+        await c.sync_members(s.group_members("group-0"), {}, seq=1)
+        await c.attach("job-00023")
+        await c.attach("job-00025")
+        return await c.status()
+
+    st = asyncio.run(controller_takes_it())
+    assert st["order"] == ["job-00025", "job-00023"] and st["queues"]["train-0"] == ["job-00025", "job-00023"]
+
+
 # ---- the controller actor's class: reconcile pushes and a watchdog that never dies silently
 def _ctrl(**kw):
     from actors.group_controller import GroupControllerImpl
@@ -199,7 +324,7 @@ def test_scheduler_pushes_target_state_to_controllers_without_waiting(local_clus
     out = s.depart(a)
     assert [(m["job_id"], m["to_group"]) for m in out["moves"]] == [(b, "group-1")]
     assert logs["group-0"][-1][:2] == ([], {a: "departed", b: "moved to group-1"})
-    assert logs["group-1"][-1][:2] == ([b, c], {})
+    assert logs["group-1"][-1][:2] == ([c, b], {})  # the planned round-robin order: the mover joins last
     seqs = [x[2] for v in logs.values() for x in v]
     assert len(set(seqs)) == len(seqs) and s.health()["unacked_pushes"] == 2
     assert s.get_job(b)["placement"] == {"rollout_nodes": ["rollout-1"], "train_nodes": ["train-1"]}

@@ -465,18 +465,20 @@ def test_round_robin_resume_puts_a_training_job_at_the_head_only_when_free():
     q = RoundRobinQueues()
     q.add_job("a", ["r0"], ["t0"])
     q.add_job("b", ["r1"], ["t0"])
-    q.resume("b", "train", iteration=4)  # a's next phase is rollout: b takes the training head
+    assert q.resume("b", "train", iteration=4)  # a's next phase is rollout: b takes the training head
     assert q.next_phase("b") == "train" and q.iteration("b") == 4 and q.head("t0") == "b"
-    assert [r.job_id for r in q.ready()] == ["a", "b"]
+    assert [(r.job_id, r.phase) for r in q.ready()] == [("a", "rollout"), ("b", "train")]
     q.grant("b", "train")
     with pytest.raises(ValueError, match="running"):
         q.resume("b", "sync")
-    q.resume("a", "sync")  # b holds the training node: a waits for its turn there
-    assert q.head("t0") == "b" and "a" not in [r.job_id for r in q.ready()]
+    # b's training holds the node: a's resume is refused for now (nothing changes; it asks again)
+    assert q.resume("a", "sync") is False and q.next_phase("a") == "rollout" and q.head("t0") == "b"
     q.on_phase_done("b", "train")
     q.grant("b", "sync")
+    assert q.resume("a", "sync") is False  # b's sync is the tail of its training slot
     q.on_phase_done("b", "sync")
-    assert q.head("t0") == "a" and [r.job_id for r in q.ready()] == ["a", "b"]
+    assert q.resume("a", "sync") and q.head("t0") == "a"
+    assert [(r.job_id, r.phase, r.iteration) for r in q.ready()] == [("a", "sync", 0), ("b", "rollout", 5)]
 
 
 def test_failed_compaction_keeps_the_committed_change():

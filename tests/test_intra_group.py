@@ -319,6 +319,76 @@ def test_queues_never_deadlock_under_joins_and_departures(ops):
     assert all(q.iteration(j) >= t for j, t in target.items())
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "remove", "order", "release", "step", "step", "step"]),
+                          st.sets(st.integers(0, 2), min_size=1), st.sets(st.integers(0, 1), min_size=1),
+                          st.permutations(range(8)), st.integers(0, 8)), min_size=5, max_size=60))
+def test_multi_node_queues_never_deadlock_under_joins_plans_and_releases(ops):
+    """Jobs spanning several nodes join mid-cycle, leave, get re-planned round-robin orders and
+    release long-tail rollouts while a driver completes running phases in any order: some phase
+    is always running (no deadlock), no node runs two unreleased phases at once, and every job
+    left completes two more iterations. (Appending a multi-node job at the end of each node's
+    list, instead of at one consistent turn, deadlocked here.)"""
+    q = RoundRobinQueues()
+    running: list[tuple[str, str]] = []
+    n_new = 0
+
+    def pump():
+        for rp in q.ready():
+            q.grant(rp.job_id, rp.phase)
+            running.append((rp.job_id, rp.phase))
+        held: dict[str, str] = {}  # node -> job running an unreleased phase on it
+        for j, ph in running:
+            if ph == "sync" or (ph == "rollout" and q._jobs[j].released):
+                continue
+            for n in q.nodes_of(j)[0 if ph == "rollout" else 1]:
+                assert held.setdefault(n, j) == j, (n, held[n], j)
+
+    for op, rn, tn, perm, k in ops:
+        if op == "add":
+            q.add_job(f"j{n_new}", [f"rollout-{x}" for x in sorted(rn)], [f"train-{x}" for x in sorted(tn)])
+            n_new += 1
+        elif op == "remove" and q.job_ids:
+            victim = q.job_ids[k % len(q.job_ids)]
+            q.remove_job(victim)
+            running[:] = [x for x in running if x[0] != victim]
+        elif op == "order":
+            q.set_order([f"j{i}" for i in perm[:k]])
+        elif op == "release":
+            for j, ph in running:
+                if ph == "rollout" and not q._jobs[j].released:
+                    q.release(j)
+                    break
+        elif running:
+            q.on_phase_done(*running.pop(k % len(running)))
+        pump()
+        assert running or not q.job_ids
+    target = {j: q.iteration(j) + 2 for j in q.job_ids}
+    for i in range(40 * (len(target) + 1) * 3):
+        pump()
+        if all(q.iteration(j) >= t for j, t in target.items()):
+            break
+        q.on_phase_done(*running.pop(i % len(running)))
+    assert all(q.iteration(j) >= t for j, t in target.items())
+
+
+def test_planned_order_places_a_late_job_and_keeps_the_head():
+    """A plan re-sorts the queues keeping a running phase's node; a job attaching later takes its
+    planned place in the cycle, or the next round where that place was already served."""
+    q = RoundRobinQueues()
+    q.set_order(["B", "C", "A"])
+    q.add_job("A", ["rollout-0"], ["train-0"])
+    q.add_job("C", ["rollout-0"], ["train-0"])
+    assert q.queue("rollout-0") == ("C", "A")
+    q.grant("C", "rollout")
+    q.add_job("B", ["rollout-0"], ["train-0"])  # B's place (before C) was served this round
+    assert q.queue("rollout-0") == ("C", "A", "B") and q.planned_order == ("B", "C", "A")
+    q.on_phase_done("C", "rollout")
+    assert [(r.job_id, r.phase) for r in q.ready()] == [("A", "rollout"), ("C", "train")]
+    q.set_order(["A", "B", "C"])
+    assert q.queue("rollout-0") == ("A", "B", "C")
+
+
 # --- the admission fast path equals the event simulation ---------------------------------------------
 
 @settings(max_examples=80, deadline=None)

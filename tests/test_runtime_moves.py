@@ -72,7 +72,7 @@ def test_departure_moves_job_record_and_checkpoint_without_ray(local_cluster_spe
     assert [(m["from_group"], m["to_group"], m["trigger"]) for m in rec["moves"]] == [("group-0", "group-1", a)]
     assert rec["state"] == "admitted" and rec["predicted_slowdown"] == pytest.approx(1.0)  # B, C interleave
     assert [(g["group_id"], sorted(g["members"])) for g in s.list_groups()] == [("group-1", sorted([b, c]))]
-    assert [m["job_id"] for m in s.group_members("group-1")] == [b, c]  # admission order of the records
+    assert [m["job_id"] for m in s.group_members("group-1")] == [c, b]  # planned round-robin order: b joined last
     # a restarted scheduler (same KV) has the moved record and the new table
     r = GlobalSchedulerImpl(local_cluster_spec, kv=kv, create_controllers=False, metrics_flush_s=0, max_group_size=2)
     assert r.restored and r.get_job(b) == rec and r.list_groups() == s.list_groups()
@@ -202,6 +202,7 @@ def test_move_updates_controllers_and_survives_scheduler_restart(ray_cluster, lo
         old, new = wait_until(pushed, timeout_s=90, what="controllers converged")
         assert old["gone"] == {a: "departed", b: "moved to group-1"} and old["pending"] == []
         assert sorted(new["pending"]) == sorted([b, c]) and new["gone"] == {}
+        assert new["order"] == [c, b]  # the planned round-robin order reached the controller
         rec = ray.get(h.get_job.remote(b))
         assert rec["group_id"] == "group-1" and rec["controller"] == f"{name}-group-1"
         assert [g["group_id"] for g in ray.get(h.list_groups.remote())] == ["group-1"]
@@ -212,7 +213,7 @@ def test_move_updates_controllers_and_survives_scheduler_restart(ray_cluster, lo
                             ignore=(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError))
         assert health is not None and health["restored"] and health["jobs"] == 2
         assert ray.get(h.get_job.remote(b)) == rec
-        assert [m["job_id"] for m in ray.get(h.group_members.remote("group-1"))] == [b, c]
+        assert [m["job_id"] for m in ray.get(h.group_members.remote("group-1"))] == [c, b]
         old, new = ray.get([ctrl["group-0"].status.remote(), ctrl["group-1"].status.remote()])
         assert old["gone"][b] == "moved to group-1" and sorted(new["pending"]) == sorted([b, c])
         for j in (b, c):
@@ -316,9 +317,10 @@ def test_job_moved_mid_run_finishes_on_policy(ray_cluster, local_cluster_spec, s
         assert first[("rollout", 2)] == "moved" and first[("train", 2)] == "moved"
         assert first[("sync", 2)] == ("warm" if switch == "warm" else "cold")
         assert {r["sync_backend"] for r in tl0 + tl1 if r["phase"] == "sync"} == {sync_backend}
-        # C's group-1 queues took B in: on rollout-1, C then B, round-robin after the move
+        # C's group-1 queues took B in at its planned place (after C, in the round C had just
+        # served: B's rollout before C's second), then round-robin C, B until B is done
         tlc = [r for r in ray.get(h.group_timeline.remote("group-1")) if r["phase"] == "rollout"]
-        assert [r["job_id"] for r in sorted(tlc, key=lambda r: r["start"])] == [c] * 2 + [b, c] * 2, \
+        assert [r["job_id"] for r in sorted(tlc, key=lambda r: r["start"])] == [c, b, c, b, c, c], \
             [(r["job_id"], r["iteration"], r["start"], r["end"]) for r in sorted(tlc, key=lambda r: r["start"])]
         try:  # metric totals are flushed by a background thread every 1 s
             wait_until(lambda: ray.get(ctrl1.status.remote())["metrics"]["switches"].get("moved") == 2, timeout_s=10,
