@@ -118,6 +118,7 @@ class GlobalSchedulerImpl:
         self._dirty: dict[str, int] = {}  # group_id -> seq of the push not yet acknowledged
         self._inflight: dict[str, tuple[int, Any, float]] = {}  # group_id -> (seq, ObjectRef, sent at)
         self._seq = time.time_ns()  # push sequence (increasing across restarts)
+        self._reopt_pending: dict[str, str] = {}  # admitted job -> its group, to re-optimise (reconcile thread)
         self._releases: list[tuple[str, Optional[str], list[str]]] = []  # (job, admission, nodes) to release
         self.release_workers = create_controllers  # ended jobs' workers are told to drop their state
         self.store = Checkpoint(self.kv, name)
@@ -369,6 +370,7 @@ class GlobalSchedulerImpl:
                     # every group with a controller (a restarted controller keeps its handle)
                     with self._lock:
                         self._push([g for g in self._active_by_group() if g in self._handles])
+                self.reoptimise_pending()
                 self.reconcile_once()
                 self.expire_unattached()
                 self.release_workers_once()
@@ -413,7 +415,9 @@ class GlobalSchedulerImpl:
         """Admit (or, with ``dry_run``, only evaluate) a job: ``AdmissionDecision.to_dict()``.
 
         On admission the job record and its group are checkpointed, then the group's controller
-        (if it exists) gets the new membership pushed. Source: RollMux §4.2, Alg. 1.
+        (if it exists) gets the new membership pushed; the admission's neighbourhood is
+        re-optimised afterwards, off the admission path (:meth:`reoptimise_pending`). Source:
+        RollMux §4.2, Alg. 1.
         """
         t0 = time.perf_counter()
         try:
@@ -449,6 +453,7 @@ class GlobalSchedulerImpl:
                 predicted_slowdown=(out.get("predicted_slowdowns") or {}).get(job.job_id), admitted_at=time.time(),
                 spec_sha256=sha, decision={k: v for k, v in out.items() if k not in ("candidates", "pruned")})
             self._checkpoint(jobs=(job.job_id,), groups=(gid,))  # target state first, then act
+        self._reopt_pending[job.job_id] = gid  # re-optimised by the reconcile thread, off the admission path
         self._push([gid])
         self.metrics.admission("admitted", out.get("latency_ms", (time.perf_counter() - t0) * 1e3))
         self.metrics.job(job.job_id, slo=job.slo, iterations=0)
@@ -483,7 +488,8 @@ class GlobalSchedulerImpl:
 
     def _end(self, job_id: str, state: JobState, error: Optional[str]) -> Optional[dict]:
         """Departure or failure of ``job_id``: the policy releases its nodes, then re-packs
-        (:meth:`rollmux.admission.InterGroupScheduler.repack`, departure re-packing); the moves
+        (:meth:`rollmux.admission.InterGroupScheduler.repack`, departure re-packing) and
+        re-optimises the departure's neighbourhood (``reoptimise``); the moves
         it committed are appended to the moved jobs' records; records and checkpoint first
         (target state), then asynchronous pushes to the touched groups' controllers.
         ``released_nodes`` is the net set of nodes the cluster no longer uses (the departed job's
@@ -501,8 +507,10 @@ class GlobalSchedulerImpl:
         before = self._nodes_in_use()
         with self._transaction():  # one checkpoint write commits it; a failed write undoes it
             self.igs.depart(job_id)
+            self._solver().forget(job_id)
             try:
                 moves = list(self.igs.repack(gid))
+                moves += self.igs.reoptimise(gid, solver=self._solver())
             except Exception:  # the policy rolls a failed attempt back; the departure itself stands
                 log.exception("departure re-packing after %s failed; no job moved", job_id)
                 moves = []
@@ -520,16 +528,7 @@ class GlobalSchedulerImpl:
                 rec.error_detail = error
             else:
                 rec.error = error
-            done = []
-            for mv in moves:  # the moved jobs' records: the move, and the policy's prediction in the new group
-                r = self.jobs[mv["job_id"]]
-                m = MoveRecord(job_id=mv["job_id"], from_group=mv["from_group"], to_group=mv["to_group"],
-                               placement=NodePlacement(rollout_nodes=list(mv["placement"]["rollout_nodes"]),
-                                                       train_nodes=list(mv["placement"]["train_nodes"])),
-                               move_s=mv.get("move_s"), at=now, trigger=job_id)
-                r.moves = [*r.moves, m]
-                r.predicted_slowdown = self.igs.group_stats(m.to_group)["predicted_slowdowns"].get(m.job_id)
-                done.append(m)
+            done = self._record_moves(moves, job_id, now)
             touched = list(dict.fromkeys([gid] + [g for m in done for g in (m.from_group, m.to_group)]))
             self._checkpoint(jobs=(job_id, *[m.job_id for m in done]), groups=tuple(touched))
         self._push(touched)
@@ -559,6 +558,72 @@ class GlobalSchedulerImpl:
             self._end(j, JobState.EXPIRED, f"expired: no driver attached within {limit:g} s of admission; its "
                       "nodes were released. Submit the job again to run it.")
         return late
+
+    @_locked
+    def reoptimise_pending(self) -> list[dict]:
+        """Re-optimise the neighbourhoods of the admissions since the last call
+        (:meth:`rollmux.admission.InterGroupScheduler.reoptimise`; the reconcile thread calls this
+        every pass, so an admission's answer never waits for it). A newcomer whose driver has not
+        started yet (state ``admitted``) has no state to copy. Moves are recorded, checkpointed and
+        pushed as a departure's are. Returns the moves as :class:`MoveRecord` dicts."""
+        pending, self._reopt_pending = self._reopt_pending, {}
+        out = []
+        for jid, gid in pending.items():
+            rec = self.jobs.get(jid)
+            if rec is None or not rec.state.is_active() or self.igs.group_of(jid) is None:
+                continue
+            gid = self.igs.group_of(jid).group_id
+            try:
+                with self._transaction():  # one checkpoint write commits the moves; a failed write undoes them
+                    try:
+                        moves = list(self.igs.reoptimise(gid, fresh=jid if rec.state == JobState.ADMITTED else None,
+                                                         solver=self._solver()))
+                    except Exception:  # the policy rolls a failed attempt back; nothing moved
+                        log.exception("re-optimisation after admitting %s failed; no job moved", jid)
+                        moves = []
+                    if not moves:
+                        continue
+                    done = self._record_moves(moves, jid, time.time())
+                    touched = list(dict.fromkeys([gid] + [g for m in done for g in (m.from_group, m.to_group)]))
+                    self._checkpoint(jobs=tuple(m.job_id for m in done), groups=tuple(touched))  # target state first
+            except Exception:  # the write failed: rolled back, nothing moved (a later admission retries)
+                log.exception("checkpoint of the re-optimisation after admitting %s failed; no job moved", jid)
+                continue
+            self._push(touched)
+            self.metrics.job_moves(len(done))
+            for g in touched:
+                if self.igs.group_snapshot(g) is None:
+                    self.metrics.group_dissolved(g)
+                else:
+                    self._cost_metrics(g)
+            out += [m.model_dump(mode="json") for m in done]
+        return out
+
+    def _solver(self):
+        """The set-partitioning solver of the policy's neighbourhood re-optimisation (its layout
+        cache lives as long as this actor; departed jobs' layouts are dropped)."""
+        if getattr(self, "_opt", None) is None:
+            from rollmux.baselines import OptimalPartition
+
+            cfg = self.igs.config
+            self._opt = OptimalPartition(self.cluster, max_group_size=cfg.max_group_size,
+                                         exact_max_jobs=max(2, cfg.reopt_max_jobs), time_limit_s=2.0)
+        return self._opt
+
+    def _record_moves(self, moves: list[dict], trigger: str, now: float) -> list[MoveRecord]:
+        """Append the policy's moves to the moved jobs' records, with the policy's predicted
+        slowdown in the new group."""
+        done = []
+        for mv in moves:
+            r = self.jobs[mv["job_id"]]
+            m = MoveRecord(job_id=mv["job_id"], from_group=mv["from_group"], to_group=mv["to_group"],
+                           placement=NodePlacement(rollout_nodes=list(mv["placement"]["rollout_nodes"]),
+                                                   train_nodes=list(mv["placement"]["train_nodes"])),
+                           move_s=mv.get("move_s"), at=now, trigger=trigger)
+            r.moves = [*r.moves, m]
+            r.predicted_slowdown = self.igs.group_stats(m.to_group)["predicted_slowdowns"].get(m.job_id)
+            done.append(m)
+        return done
 
     def _nodes_in_use(self) -> set[str]:
         return {n for g in self.igs.groups for n in (*g.rollout_nodes, *g.train_nodes)}

@@ -55,6 +55,7 @@ Source: RollMux §4.2, Alg. 1; §7.1 (baselines).
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import itertools
 import math
@@ -130,6 +131,10 @@ class SchedulerConfig(BaseModel):
             (:meth:`InterGroupScheduler.repack`); moved jobs pay one host-state copy.
         repack_max_groups: groups tried per departure (bounds the work of a departure).
         repack_max_members: only groups with at most this many members are dissolved.
+        reopt_max_jobs: after every admission and departure (after re-packing), re-partition
+            the event's neighbourhood exactly (:meth:`InterGroupScheduler.reoptimise`): the group
+            the job joined or left and the groups with the most idle node time, at most this
+            many jobs in all, by the optimum's set partitioning; 0 turns it off.
         saturation: which groups Alg. 1 line 4 prunes (:func:`saturation_filter`): ``"paper"``
             (``T_load >= T_cycle``), ``"slo"`` (``T_load >= max_k slo_k T_solo_k``) or ``"off"``.
         driver_lease_s: a GroupController evicts an attached job whose driver has not
@@ -157,6 +162,7 @@ class SchedulerConfig(BaseModel):
     repack_on_departure: bool = True
     repack_max_groups: int = Field(default=4, ge=0, le=1024)
     repack_max_members: int = Field(default=2, ge=1, le=64)
+    reopt_max_jobs: int = Field(default=8, ge=0, le=12)
     saturation: Literal["paper", "slo", "off"] = "slo"
     attach_timeout_s: float = Field(default=600.0, ge=0.0, le=1e7)
     driver_lease_s: float = Field(default=30.0, ge=0.0, le=1e6)
@@ -363,7 +369,7 @@ class _Group:
     r_slack: tuple = ()  # the same for rollout nodes
     pressure: float = 0.0  # max_k max(T_solo_k, load of k's busiest node) / T_solo_k / slo_k (<= any candidate's bound)
 
-    @property
+    @functools.cached_property
     def idle_fraction(self) -> float:
         nodes = len(self.group.rollout_nodes) + len(self.group.train_nodes)
         if self.t_cycle <= 0 or nodes == 0:
@@ -1378,6 +1384,103 @@ class InterGroupScheduler:
             else:
                 self._load(saved)
         return moves
+
+    def reoptimise(self, trigger_group: Optional[str] = None, fresh: Optional[str] = None, *, solver) -> list[dict]:
+        """Bounded exact re-optimisation of an event's neighbourhood, after every admission (with
+        the newcomer's group and ``fresh`` = the newcomer) and after every departure (after
+        :meth:`repack`, with the group the job left). The cluster's GlobalScheduler and the
+        simulator both call it.
+
+        The neighbourhood is the group ``trigger_group`` (if it exists) and then the groups with
+        the largest idle fraction of node time (fewest members first on ties), whole groups
+        only, at most ``config.reopt_max_jobs`` jobs in all. ``solver.solve(members)`` (the
+        optimum's set partitioning, :class:`rollmux.baselines.OptimalPartition` with
+        ``exact_max_jobs >= reopt_max_jobs``: every subset of at most ``max_group_size`` jobs
+        laid out by :func:`build_group`, every member's SLO in the best round-robin order,
+        CP-SAT) re-partitions its jobs; groups the partition keeps as they are stay untouched.
+        The new partition is taken only if it lowers the neighbourhood's $/h and every job of a
+        new group stays within its SLO with one host-state copy (``slowdown + move_s / T_solo <=
+        slo``, :func:`rollmux.profiler.move_time_s`; the job ``fresh`` has not started, so it
+        has no state to copy); its groups get new ids and nodes from the pools (a bounded
+        cluster without room keeps the old groups). Bounded work: one set partitioning of at
+        most ``reopt_max_jobs`` jobs (the solver caches layouts across calls). Only the
+        ``"rollmux"`` policy does this; ``reopt_max_jobs: 0`` turns it off, and so does
+        ``repack_on_departure: false`` (the paper's admission-only Alg. 1).
+
+        Returns:
+            the moves committed: ``{job_id, from_group, to_group, placement {rollout_nodes,
+            train_nodes}, move_s, saved_usd_per_h}`` (as :meth:`repack`); a move of ``fresh`` has
+            ``move_s`` 0 (nothing to copy).
+        Source: extension of RollMux §4.2 Alg. 1 towards the optimum that re-partitions at every
+        event (RollMux §7.5 "Opt"), bounded to a neighbourhood.
+        """
+        cap = self.config.reopt_max_jobs
+        if not self.spec.repacks or not self.config.repack_on_departure or cap < 2 or len(self._groups) < 2:
+            return []
+        hood: list[str] = []
+        n = 0
+        first = [trigger_group] if trigger_group in self._groups else []
+        rest = heapq.nsmallest(3 * cap, (gid for gid in self._groups if gid != trigger_group),
+                               key=lambda gid: (-self._groups[gid].idle_fraction, len(self._groups[gid].group.members),
+                                                self._ordinal[gid]))
+        for gid in first + rest:
+            k = len(self._groups[gid].group.members)
+            if n + k <= cap:
+                hood.append(gid)
+                n += k
+            if n >= cap:
+                break
+        if len(hood) < 2:
+            return []
+        members = [(m.spec, m.profile) for gid in hood for m in self._groups[gid].group.members]
+        before = sum(self._groups[gid].cost for gid in hood)
+        res = solver.solve(members)
+        current = {frozenset(self._groups[gid].group.job_ids): gid for gid in hood}
+        new = [g for g in res.groups if frozenset(g.job_ids) not in current]
+        kept = [current[frozenset(g.job_ids)] for g in res.groups if frozenset(g.job_ids) in current]
+        after = sum(self._groups[gid].cost for gid in kept) + sum(g.cost_usd_per_h(self.cluster) for g in new)
+        if not new or after >= before - 1e-6:
+            return []
+        overhead = self.config.migration_overhead_s if self.config.plan_migration_overhead else 0.0
+        plans = []
+        for g in new:
+            oc = best_round_robin_order(g.members, rollout_overhead_s=overhead)
+            if not oc.feasible:
+                return []
+            for m in oc.members:
+                mv = 0.0 if m.spec.job_id == fresh else profiler.move_time_s(m.spec, self.cluster)
+                if not _within((oc.t_coexec_s[m.spec.job_id] + mv) / m.profile.t_solo_s, m.spec.slo):
+                    return []
+            plans.append((g, oc))
+        saved = self._save()
+        origin = {m.spec.job_id: self._job_group[m.spec.job_id] for g, _ in plans for m in g.members}
+        for j in origin:
+            self.depart(j)
+        moves: list[dict] = []
+        for g, oc in plans:
+            rn = self._pools["rollout"].peek(len(g.rollout_nodes))
+            tn = self._pools["train"].peek(len(g.train_nodes))
+            if rn is None or tn is None:  # a bounded cluster without room for the new layout
+                self._load(saved)
+                return []
+            self._pools["rollout"].take(rn)
+            self._pools["train"].take(tn)
+            name = {**dict(zip(g.rollout_nodes, rn)), **dict(zip(g.train_nodes, tn))}
+            gid = f"group-{self._next_group}"
+            self._next_group += 1
+            mems = tuple(GroupMember(spec=m.spec, profile=m.profile, placement=Placement(
+                job_id=m.spec.job_id, rollout_nodes=tuple(name[x] for x in m.placement.rollout_nodes),
+                train_nodes=tuple(name[x] for x in m.placement.train_nodes))) for m in oc.members)
+            grp = CoExecutionGroup(group_id=gid, rollout_nodes=tuple(rn), train_nodes=tuple(tn), members=mems)
+            self._set_group(gid, _summarise(grp, self.cluster))
+            self._groups[gid].coexec = dict(oc.t_coexec_s)
+            for m in mems:
+                self._job_group[m.spec.job_id] = gid
+                moves.append({"job_id": m.spec.job_id, "from_group": origin[m.spec.job_id], "to_group": gid,
+                              "placement": _placement_dict(m.placement),
+                              "move_s": 0.0 if m.spec.job_id == fresh else profiler.move_time_s(m.spec, self.cluster)})
+        self._version += 1
+        return [dict(mv, saved_usd_per_h=before - after) for mv in moves]
 
     # --- checkpointing ------------------------------------------------------------------------------
     def snapshot(self) -> dict:

@@ -56,7 +56,8 @@ def simulate(
                                        help="the optimum is exact up to this many active jobs (best found beyond)"),
     cluster_config: Path = typer.Option(None, "--cluster", help="cluster YAML [default: configs/cluster_sim.yaml]"),
     repack: Optional[bool] = typer.Option(None, "--repack/--no-repack", help="RollMux re-packs small groups after "
-                                          "departures (--no-repack: the paper's admission-only Alg. 1) [default: the config's]"),
+                                          "departures and re-optimises each event's neighbourhood (--no-repack: the "
+                                          "paper's admission-only Alg. 1) [default: the config's]"),
     queue: bool = typer.Option(False, "--queue", help="a bounded --cluster holds jobs that do not fit in the admission "
                                "queue (admitted in order, with backfill, after departures); reports queue waits per policy. "
                                "Scheduler policies only (rollmux, random, most-idle)"),

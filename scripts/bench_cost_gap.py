@@ -5,17 +5,22 @@ Each run replays the first ``--jobs`` jobs of the Philly trace (the full trace w
 the bundled extract) through RollMux, Solo-D, colocated and Gavel+, with the same-instant exact
 optimum computed along RollMux's replay (``cost_vs_optimal_exact``: compared only at instants
 where a certificate proves the optimum is a lower bound, see ``docs/ARCHITECTURE.md``
-"Optimum"). Settings (one slice each, for every seed):
+"Optimum"). The grid varies one dimension at a time around the default setting (mix
+``mixed``, SLO ~ U(1.0, 2.0)):
 
-* mix ``mixed`` with SLO ~ U(1.0, 1.2), U(1.0, 2.0), U(1.5, 2.5), U(2.0, 3.0);
-* mixes ``balanced``, ``rollout-heavy``, ``training-heavy`` with SLO ~ U(1.0, 2.0).
+* the default setting on seeds 0..``--seeds``-1;
+* mix ``mixed`` with SLO ~ U(1.0, 1.2), U(1.5, 2.5), U(2.0, 3.0) on ``--slice-seeds``;
+* mixes ``balanced``, ``rollout-heavy``, ``training-heavy`` with SLO ~ U(1.0, 2.0) on ``--slice-seeds``.
 
-Writes ``results/cost_gap.json`` (``meta.quick`` says which grid): per run RollMux /
-optimum, the share of RollMux's spend and time the exact comparison covers, SLO attainment,
-saving vs Solo-D and vs colocated, and every baseline that keeps 100% SLO yet costs less than
-RollMux; per setting and overall the spend-weighted ratio, the mean and max of the per-run
-ratios; and a plot (``cost_gap.png``). Full grid: seeds 0-9, 200 jobs, 70 runs (~20 min on 2
-processes); ``--quick``: seeds 0-1, 60 jobs (a few minutes). At most 2 worker processes.
+Writes ``results/cost_gap.json`` (``meta`` says which grid ran): per run RollMux / optimum, the
+share of RollMux's spend and time the exact comparison covers, SLO attainment, saving vs Solo-D
+and vs colocated, every baseline that keeps 100% SLO yet costs less than RollMux, where the gap
+opened (the excess $ over the optimum after arrivals vs after departures), jobs per group of
+RollMux vs the optimum at the compared instants, jobs moved and the re-optimisation latency
+after each admission; per setting and overall the spend-weighted ratio, the mean and max of
+the per-run ratios; and a plot (``cost_gap.png``). It prints a Markdown table (the README's).
+Full grid: seeds 0-9 and slice seeds 3 4, 200 jobs, 22 runs; ``--quick``: seeds 0-1, slice
+seed 0, 60 jobs (a few minutes). At most 2 worker processes.
 
 Not a test: the figures depend on the trace present. Source: RollMux §7.5 ("x of optimal").
 """
@@ -39,6 +44,7 @@ SETTINGS: tuple[tuple[str, float, float], ...] = (
     ("mixed", 1.0, 1.2), ("mixed", 1.0, 2.0), ("mixed", 1.5, 2.5), ("mixed", 2.0, 3.0),
     ("balanced", 1.0, 2.0), ("rollout-heavy", 1.0, 2.0), ("training-heavy", 1.0, 2.0),
 )
+DEFAULT_SETTING = ("mixed", 1.0, 2.0)
 GOAL_MEAN, GOAL_SLICE = 1.05, 1.10
 
 
@@ -74,6 +80,11 @@ def run_one(args: tuple) -> dict:
         "saving_vs_colocated": 1.0 - rm["total_cost_usd"] / pol["colocated"]["total_cost_usd"],
         "baselines_cheaper_at_100pct_slo": cheaper,
         "jobs_moved": rm.get("jobs_moved", 0),
+        "excess_usd_after": {k: v for k, v in sorted(run.shadow_gap_usd_by_event.items())},
+        "jobs_per_group_compared": ({"rollmux": run.shadow_jobs_per_group_s[0] / run.shadow_s,
+                                     "optimum": run.shadow_jobs_per_group_s[1] / run.shadow_s} if run.shadow_s > 0 else None),
+        "reopt_latency_ms_p50": rm.get("reopt_latency_ms_p50"),
+        "reopt_latency_ms_max": rm.get("reopt_latency_ms_max"),
         "largest_group_seen": len(run.gantt_group.members) if run.gantt_group is not None else 0,
         "decision_latency_ms_p50": rm["decision_latency_ms_p50"],
         "wall_s": time.perf_counter() - t0,
@@ -81,6 +92,8 @@ def run_one(args: tuple) -> dict:
 
 
 def aggregate(rows: list[dict]) -> dict:
+    if not rows:
+        return {"runs": 0}
     ratios = [r["rollmux_vs_optimum"] for r in rows if r["rollmux_vs_optimum"] is not None]
     pu = sum(r["compared_rollmux_usd"] for r in rows)
     ou = sum(r["compared_optimum_usd"] for r in rows)
@@ -95,6 +108,11 @@ def aggregate(rows: list[dict]) -> dict:
         "saving_vs_colocated_mean": sum(r["saving_vs_colocated"] for r in rows) / len(rows),
         "runs_above_slice_goal": sum(1 for x in ratios if x > GOAL_SLICE),
         "runs_with_cheaper_100pct_slo_baseline": sum(1 for r in rows if r["baselines_cheaper_at_100pct_slo"]),
+        "excess_share_after_arrivals": (lambda a, d: a / (a + d) if a + d > 0 else None)(
+            sum(r["excess_usd_after"].get("arrival", 0.0) for r in rows),
+            sum(r["excess_usd_after"].get("departure", 0.0) for r in rows)),
+        "jobs_moved_mean": sum(r["jobs_moved"] for r in rows) / len(rows),
+        "reopt_latency_ms_p50_max": max((r["reopt_latency_ms_p50"] or 0.0 for r in rows), default=None),
     }
 
 
@@ -123,9 +141,13 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="seeds 0-1, 60 jobs (a few minutes)")
-    ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 10, quick 2)")
+    ap.add_argument("--quick", action="store_true", help="seeds 0-1, slice seed 0, 60 jobs (a few minutes)")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 of the default setting (default 10, quick 2)")
+    ap.add_argument("--slice-seeds", type=str, default=None,
+                    help="comma-separated seeds of the other settings (default 3,4; quick 0)")
     ap.add_argument("--jobs", type=int, default=None, help="jobs per replay (default 200, quick 100)")
+    ap.add_argument("--trace", type=Path, default=None,
+                    help="Philly trace CSV (default: the full trace when present, else the bundled extract)")
     ap.add_argument("--exact-max-jobs", type=int, default=16)
     ap.add_argument("--procs", type=int, default=2, help="worker processes (at most 2)")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (default results/cost_gap.json; the plot beside it)")
@@ -133,8 +155,15 @@ def main() -> None:
     seeds = args.seeds if args.seeds is not None else (2 if args.quick else 10)
     n_jobs = args.jobs if args.jobs is not None else (60 if args.quick else 200)
     out = args.out or Path("results") / "cost_gap.json"
-    trace = DEFAULT_TRACE if DEFAULT_TRACE.is_file() else EXTRACT_TRACE
-    tasks = [(str(trace), n_jobs, seed, mix, lo, hi, args.exact_max_jobs) for (mix, lo, hi) in SETTINGS for seed in range(seeds)]
+    trace = args.trace or (DEFAULT_TRACE if DEFAULT_TRACE.is_file() else EXTRACT_TRACE)
+    if not trace.is_file():
+        ap.error(f"--trace: {trace} is not a file")
+    slice_seeds = ([int(x) for x in args.slice_seeds.split(",") if x.strip()] if args.slice_seeds is not None
+                   else ([0] if args.quick else [3, 4]))
+    grid = [(st, sd) for st in SETTINGS for sd in (range(seeds) if st == DEFAULT_SETTING else slice_seeds)]
+    # the slower (looser-SLO) runs first so that the two workers finish together
+    grid.sort(key=lambda x: -x[0][2])
+    tasks = [(str(trace), n_jobs, seed, mix, lo, hi, args.exact_max_jobs) for (mix, lo, hi), seed in grid]
     t0 = time.perf_counter()
     rows: list[dict] = []
     with mp.get_context("spawn").Pool(processes=max(1, min(2, args.procs))) as pool:
@@ -148,7 +177,8 @@ def main() -> None:
     by_setting = {setting_name(*s): aggregate([r for r in rows if r["setting"] == setting_name(*s)]) for s in SETTINGS}
     overall = aggregate(rows)
     result = {
-        "meta": {"trace": trace.name, "jobs": n_jobs, "seeds": list(range(seeds)), "policies": list(POLICIES),
+        "meta": {"trace": trace.name, "jobs": n_jobs, "seeds": list(range(seeds)), "slice_seeds": slice_seeds,
+                 "default_setting": setting_name(*DEFAULT_SETTING), "policies": list(POLICIES),
                  "exact_max_jobs": args.exact_max_jobs, "goal": {"mean": GOAL_MEAN, "every_run": GOAL_SLICE},
                  "wall_s": time.perf_counter() - t0, "quick": args.quick},
         "overall": overall, "by_setting": by_setting, "runs": rows,
@@ -160,10 +190,24 @@ def main() -> None:
     print(f"\n{'setting':<28} {'runs':>4} {'rm/opt (spend-w.)':>17} {'mean':>6} {'max':>6} {'covered':>8} {'SLO min':>8} "
           f"{'vs Solo-D':>9} {'vs coloc.':>9} {'cheaper base.':>13}")
     for name, a in list(by_setting.items()) + [("all", overall)]:
+        if not a["runs"]:
+            continue
         print(f"{name:<28} {a['runs']:>4} {a['rollmux_vs_optimum_spend_weighted'] or float('nan'):>17.3f} "
               f"{a['rollmux_vs_optimum_mean'] or float('nan'):>6.3f} {a['rollmux_vs_optimum_max'] or float('nan'):>6.3f} "
               f"{a['spend_share_covered_mean']:>8.0%} {a['slo_attainment_min']:>8.0%} {-a['saving_vs_solo_d_mean']:>9.1%} "
               f"{-a['saving_vs_colocated_mean']:>9.1%} {a['runs_with_cheaper_100pct_slo_baseline']:>13}")
+    print("\n| setting | runs | RollMux / optimum (spend-weighted) | mean | max | spend covered | SLO min "
+          "| saving vs Solo-D | saving vs colocated | runs with a cheaper 100%-SLO baseline | gap opened after arrivals |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, a in list(by_setting.items()) + [("all", overall)]:
+        if not a["runs"]:
+            continue
+        ea = a["excess_share_after_arrivals"]
+        print(f"| {name} | {a['runs']} | {a['rollmux_vs_optimum_spend_weighted'] or float('nan'):.3f}x "
+              f"| {a['rollmux_vs_optimum_mean'] or float('nan'):.3f}x | {a['rollmux_vs_optimum_max'] or float('nan'):.3f}x "
+              f"| {a['spend_share_covered_mean']:.0%} | {a['slo_attainment_min']:.0%} | {a['saving_vs_solo_d_mean']:.1%} "
+              f"| {a['saving_vs_colocated_mean']:.1%} | {a['runs_with_cheaper_100pct_slo_baseline']} "
+              f"| {'-' if ea is None else format(ea, '.0%')} |")
     print(f"wrote {out} and {png}")
 
 

@@ -391,3 +391,38 @@ def test_every_scheduler_yaml_key_is_a_setting_of_both(local_cluster_spec):
     s = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), create_controllers=False, metrics_flush_s=0)
     sim = make_policy("rollmux", local_cluster_spec, Realisation(local_cluster_spec), config=cfg)
     assert s.igs.config == cfg == sim.sched.config
+
+
+def test_scheduler_reoptimises_admissions_off_the_admission_path():
+    """Admissions answer at once; the reconcile pass (here called directly) re-optimises each
+    admission's neighbourhood: the moves are in the moved jobs' records and the checkpoint, the
+    just-admitted job (driver not started) moves with nothing to copy, and $/h drops."""
+    from actors.global_scheduler import GlobalSchedulerImpl
+    from rollmux.config import CONFIG_DIR, load_cluster
+    from rollmux.traces import EXTRACT_TRACE, TraceWindow, load_trace
+    from rollmux.workloads import draw_jobs
+
+    cl = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
+    tjobs = load_trace(EXTRACT_TRACE, TraceWindow(max_jobs=30, min_duration_s=3600.0, max_duration_s=3 * 86400.0))
+    jobs = draw_jobs(tjobs, cl, mix="mixed", seed=3, slo_range=(1.5, 2.5))[:7]
+    kv = MemoryKV()
+    s = GlobalSchedulerImpl(cl, kv=kv, create_controllers=False, metrics_flush_s=0)
+    for j in jobs[:6]:
+        assert s.admit(j.spec.model_copy(update={"measured": j.profile}).model_dump(mode="json"))["admitted"]
+        assert s.reoptimise_pending() == []
+    out = s.admit(jobs[6].spec.model_copy(update={"measured": jobs[6].profile}).model_dump(mode="json"))
+    assert out["group_id"] == "group-2" and "moves" not in out
+    before = s.igs.cost_usd_per_h()
+    moves = s.reoptimise_pending()
+    assert [(m["job_id"], m["from_group"], m["to_group"]) for m in moves] == [
+        ("job-00005", "group-0", "group-3"), ("job-00006", "group-2", "group-3"),
+        ("job-00000", "group-0", "group-4"), ("job-00001", "group-0", "group-4"), ("job-00002", "group-0", "group-4")]
+    assert [m["move_s"] > 0 for m in moves] == [True, False, True, True, True]  # job-00006 had not started
+    assert all(m["trigger"] == "job-00006" for m in moves) and s.reoptimise_pending() == []
+    assert s.igs.cost_usd_per_h() < before - 1.0
+    for m in moves:
+        rec = s.get_job(m["job_id"])
+        assert rec["group_id"] == m["to_group"] == s.igs.group_of(m["job_id"]).group_id
+        assert rec["moves"][-1]["from_group"] == m["from_group"]
+    r = GlobalSchedulerImpl(cl, kv=kv, create_controllers=False, metrics_flush_s=0)
+    assert r.restored and r.list_groups() == s.list_groups() and r.get_job("job-00005") == s.get_job("job-00005")

@@ -127,3 +127,67 @@ def test_replay_moves_jobs_and_charges_the_state_copy(repack):
         assert run.cost_usd == pytest.approx(pair * (10 + 2 * 19990 + 10) / 3600)
         assert m["jobs_moved"] == 0
     assert m["slo_attainment"] == 1.0
+
+
+# --- neighbourhood re-optimisation (InterGroupScheduler.reoptimise) ---------------------------------
+
+def _two_singletons(slo, **cfg):
+    """A (rollout-heavy) and B (training-heavy) alone in group-0 and group-1 on the simulation
+    cluster (restored from a snapshot): together they interleave on one node pair."""
+    from rollmux.models import GroupMember, Placement
+
+    cl = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
+    groups = []
+    slos = slo if isinstance(slo, tuple) else (slo, slo)
+    for i, (jid, r, t) in enumerate((("A", 300.0, 60.0), ("B", 60.0, 300.0))):
+        spec = JobSpec(job_id=jid, model_params_b=7.0, num_rollout_gpus=8, num_train_gpus=8, slo=slos[i],
+                       measured=PhaseProfile(t_roll_s=r, t_train_s=t, t_sync_s=5.0))
+        m = GroupMember(spec=spec, profile=spec.measured, placement=Placement(
+            job_id=jid, rollout_nodes=(f"rollout-{i}",), train_nodes=(f"train-{i}",)))
+        groups.append({"group_id": f"group-{i}", "rollout_nodes": [f"rollout-{i}"], "train_nodes": [f"train-{i}"],
+                       "members": [m.model_dump(mode="json")]})
+    snap = {"version": 1, "policy": "rollmux", "max_group_size": 5, "seed": 0,
+            "config": SchedulerConfig(**cfg).model_dump(), "next_group": 2, "groups": groups}
+    return cl, InterGroupScheduler.restore(cl, snap)
+
+
+def test_reoptimise_merges_a_neighbourhood_when_it_is_cheaper_and_every_slo_absorbs_the_move():
+    from rollmux.baselines import OptimalPartition
+
+    cl, s = _two_singletons(1.04)
+    pair = s.cost_usd_per_h()
+    solver = OptimalPartition(cl, exact_max_jobs=8)
+    moves = s.reoptimise("group-0", solver=solver)
+    mv = profiler.move_time_s(s.member("A").spec, cl)
+    assert mv == pytest.approx(7.176)
+    assert [(m["job_id"], m["from_group"], m["to_group"]) for m in moves] == [("A", "group-0", "group-2"),
+                                                                             ("B", "group-1", "group-2")]
+    assert all(m["move_s"] == pytest.approx(mv) and m["placement"] == {"rollout_nodes": ["rollout-0"],
+                                                                        "train_nodes": ["train-0"]} for m in moves)
+    assert s.cost_usd_per_h() == pytest.approx(pair / 2) == pytest.approx(solver.solve(
+        [(m.spec, m.profile) for m in s.group("group-2").members]).cost_usd_per_h)
+    assert moves[0]["saved_usd_per_h"] == pytest.approx(pair / 2)
+    # the predicted slowdown plus one host-state copy is within every SLO
+    sd = s.group_stats("group-2")["predicted_slowdowns"]
+    assert sd == {"A": pytest.approx(370 / 365), "B": pytest.approx(370 / 365)}
+    assert all(sd[j] + mv / 365.0 <= 1.04 for j in sd)
+    # the state round-trips, and the freed nodes are reused by the next admission
+    r = InterGroupScheduler.restore(cl, s.snapshot())
+    assert r.snapshot() == s.snapshot() and r.nodes_in_use() == s.nodes_in_use() == {"rollout": 1, "train": 1}
+    assert s.reoptimise("group-2", solver=solver) == []  # nothing left to improve
+
+
+def test_reoptimise_keeps_the_groups_when_a_move_would_break_an_slo_or_it_is_off():
+    from rollmux.baselines import OptimalPartition
+
+    cl, s = _two_singletons(1.02)  # 370/365 fits 1.02, but not with the 7.2 s copy: 1.0137 + 0.0197 > 1.02
+    before = s.snapshot()
+    assert s.reoptimise("group-0", solver=OptimalPartition(cl, exact_max_jobs=8)) == [] and s.snapshot() == before
+    # a job that has not started has no state to copy: B (SLO 1.02), just admitted, joins A (SLO 1.04)
+    cl, s = _two_singletons((1.04, 1.02))
+    assert s.reoptimise("group-1", solver=OptimalPartition(cl, exact_max_jobs=8)) == []  # B would copy its state
+    moves = s.reoptimise("group-1", fresh="B", solver=OptimalPartition(cl, exact_max_jobs=8))
+    assert [(m["job_id"], m["move_s"]) for m in moves] == [("A", pytest.approx(7.176)), ("B", 0.0)]
+    assert s.group_of("B").group_id == s.group_of("A").group_id == "group-2"
+    cl, s = _two_singletons(1.04, reopt_max_jobs=0)
+    assert s.reoptimise("group-0", solver=OptimalPartition(cl, exact_max_jobs=8)) == [] and len(s.groups) == 2
