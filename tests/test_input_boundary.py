@@ -44,7 +44,7 @@ def app(paper):
     g = GlobalSchedulerImpl(paper, kv=MemoryKV(), create_controllers=False)
 
     class Client:
-        async def call(self, method, *a, retry=True):
+        async def call(self, method, *a, retry=True, outcome=None):
             out = getattr(g, method)(*a)
             return _finite(await out if inspect.isawaitable(out) else out)
 
