@@ -393,6 +393,13 @@ def test_failure_reasons_are_for_people_and_keep_the_raw_error():
     other = explain_failure("\x1b[31mRuntimeError: injected failure (pid=7)\x1b[0m")
     assert other.startswith("the job failed: RuntimeError: injected failure") and "\x1b" not in other
     assert "pid" not in other
+    for restarted in ("ActorUnavailableError: The actor 046c60e329d44df6eff4859702000000 is unavailable: The actor "
+                      "is temporarily unavailable: IOError: The actor is restarting..",
+                      "RayTaskError(KeyError): ray::RolloutWorkerImpl.receive_weights() repr=<actors.workers."
+                      "RolloutWorkerImpl object at 0x7f7d4c7c9e90>)"):
+        assert explain_failure(restarted, ("rollout-0", "train-0")) == (
+            "the worker on rollout-0, train-0 was lost; the job's state went with it. Submit the job again to "
+            "start it from step 1.")
     g = scenario(MemoryKV())
     rec = g.report("b", {"event": "failed", "error": f"worker died: {raw}"})
     assert rec["state"] == "failed" and rec["error"].startswith("the worker on rollout-0")
