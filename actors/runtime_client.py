@@ -242,6 +242,7 @@ class ScheduledRuntime:
             if pool not in j._builders:
                 raise PhaseFailed(f"job {j.job_id!r}: no @job.state({pool!r}) builder registered")
         common = {"controller": self.info["controller"], "switch": j.switch, "checkpoint_dir": j.checkpoint_dir,
+                  "admission": self.info.get("admission_id"),
                   "sync_backend": j.sync_backend,
                   "hooks": list(j._hooks), "apply": j._apply}
 

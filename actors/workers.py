@@ -78,7 +78,8 @@ class _Hosted:
         self.ctrl: Any = None  # cached handle of the controller (looked up again only when it died)
         self.rollout_workers: list[str] = cfg.get("rollout_workers", [])
         self.ckpt: Path = Path(cfg.get("checkpoint_dir") or os.path.join(tempfile.gettempdir(), "rollmux-ckpt")) / \
-            f"{job_id}-{cfg['pool']}.pt"
+            (f"{job_id}-{cfg['admission'][:16]}-{cfg['pool']}.pt" if cfg.get("admission") else f"{job_id}-{cfg['pool']}.pt")
+        self.admission: Optional[str] = cfg.get("admission")  # the scheduler's token of this admission
         self.ref: Any = None  # ObjectRef of the stored (storable) state
         self.resident: dict = {}
         self.pending_weights: Optional[dict] = None  # {"ref": [ObjectRef]} | {"dict": {name: tensor}}
@@ -115,6 +116,7 @@ class _PoolWorker:
         self.cpus = pin_to_cpus(node)
         self.jobs: dict[str, _Hosted] = {}
         self._stores: dict[str, Any] = {}  # job_id -> its rendezvous TCPStore (see reserve_store)
+        self._reserved: set[str] = set()  # jobs whose store was reserved and that did not register since
         self._lock = threading.Lock()
 
     # ---- hosting
@@ -125,7 +127,11 @@ class _PoolWorker:
         return h
 
     def register_job(self, job_id: str, cfg: dict | bytes, moved: Optional[dict] = None) -> bool:
-        """Host ``job_id`` (builder, phase functions, switch mode, controller name). Idempotent.
+        """Host ``job_id`` (builder, phase functions, switch mode, controller name). Idempotent
+        for the same admission; a registration carrying another admission token (``cfg
+        ["admission"]``: the job id was admitted again, e.g. after its driver was killed) first
+        drops the previous run's state here (stored state, pending weights, sync endpoint,
+        cold-start file), so the new run starts fresh.
 
         ``cfg`` may arrive cloudpickled (bytes): it is then unpickled here under the worker's lock,
         so that several jobs registering at once never import / build user classes concurrently.
@@ -134,12 +140,21 @@ class _PoolWorker:
         ``"moved"``) and its pending weights are applied at its next rollout.
         """
         with self._lock:
-            if job_id in self.jobs:
-                return False
             if isinstance(cfg, bytes):
                 from ray import cloudpickle
 
                 cfg = cloudpickle.loads(cfg)
+            old = self.jobs.get(job_id)
+            if old is not None:
+                if not cfg.get("admission") or old.admission == cfg.get("admission"):
+                    return False
+                # a previous admission of this id: its state is not this run's (a rendezvous store
+                # this run's driver reserved just before registering is kept)
+                keep = self._stores.get(job_id) if job_id in self._reserved else None
+                self.unregister_job(job_id)
+                if keep is not None:
+                    self._stores[job_id] = keep
+            self._reserved.discard(job_id)
             h = self.jobs[job_id] = _Hosted(job_id, {**cfg, "pool": self.pool})
             if moved:
                 if moved.get("ref") is not None or moved.get("ckpt") is not None:
@@ -158,6 +173,7 @@ class _PoolWorker:
         st = dist.TCPStore(host, 0, world_size=None, is_master=True, timeout=timedelta(seconds=SYNC_TIMEOUT_S),
                            wait_for_workers=False)
         self._stores[job_id] = st
+        self._reserved.add(job_id)  # reserved for the registration that follows
         return f"{host}:{st.port}"
 
     def _job_store(self, h: _Hosted):
@@ -227,13 +243,17 @@ class _PoolWorker:
         self.unregister_job(job_id)
         return out
 
-    def unregister_job(self, job_id: str) -> bool:
-        """Drop a job's state (departure / failure): its object-store state is freed, its sync
-        endpoint closed and its cold-start checkpoint file on this node deleted."""
-        h = self.jobs.pop(job_id, None)
-        self._stores.pop(job_id, None)
-        if h is None:
+    def unregister_job(self, job_id: str, admission: Optional[str] = None) -> bool:
+        """Drop a job's state (departure / failure / eviction): its object-store state is freed,
+        its pending weights dropped, its sync endpoint closed and its cold-start checkpoint file
+        on this node deleted. ``admission``: only when the hosted run is that admission (a late
+        release of an earlier run never drops a re-admitted one). False if nothing was dropped."""
+        h = self.jobs.get(job_id)
+        if h is None or (admission is not None and h.admission is not None and h.admission != admission):
             return False
+        self.jobs.pop(job_id, None)
+        self._stores.pop(job_id, None)
+        h.ref = h.pending_weights = h.last_weights = h.moved = None
         for v in [h.endpoint, *h.resident.values()]:  # control plane: communicators, engines
             close = getattr(v, "close", None)
             if v is not None and callable(close):
