@@ -448,6 +448,124 @@ def simulate_group(
     )
 
 
+def steady_schedule(members: Union[CoExecutionGroup, Sequence[GroupMember]], *,
+                    gpus_per_node: Optional[Mapping[str, float]] = None,
+                    max_cycles: int = 100_000) -> GroupSchedule:
+    """The steady state of the deterministic round-robin schedule (planning profiles, no long
+    tails) without the event simulation: the fields of :func:`simulate_group` (default
+    ``meta_iterations``, ``phase_times=None``, ``long_tail=None``) that describe the schedule up
+    to the end of its steady-state window, bit for bit (property-tested): ``t_coexec_s``,
+    ``t_coexec_max_s``, ``t_solo_s``, ``t_meta_s``, ``window_s``, ``busy_fraction``,
+    ``bubble_fraction`` and ``busy_curve`` on ``[0, window_s[1]]``. The schedule is the
+    recurrence of :func:`_rr_recurrence` (every node's FIFO in admission order), run until every
+    phase that starts within the window is known; the records of those phases feed the busy
+    curve. ``timeline`` is empty, ``iterations`` counts the iterations completed within the
+    window, ``horizon_s`` is the window's end and ``lifetime_busy_fraction`` covers ``[0,
+    horizon_s]`` (the event simulation also runs the drain after the window). The replay's group
+    units use it (:meth:`rollmux.simulator.Realisation.group_unit`).
+
+    Raises ValueError on an empty group or duplicate job ids, RuntimeError past ``max_cycles``.
+    Source: RollMux §4.3 (round-robin meta-iterations).
+    """
+    members = list(_members_of(members))
+    n = len(members)
+    if n == 0:
+        raise ValueError("steady_schedule needs at least one member")
+    ids = [mb.spec.job_id for mb in members]
+    if len(set(ids)) != n:
+        raise ValueError("duplicate job ids in group")
+    m_it = 2 * n + 4
+    h = m_it // 2
+    nodes: dict[tuple[str, str], int] = {}
+    rolls, trains = [], []
+    for k, mb in enumerate(members):
+        p = mb.profile
+        rn = tuple(nodes.setdefault(("rollout", x), len(nodes)) for x in mb.placement.rollout_nodes)
+        tn = tuple(nodes.setdefault(("train", x), len(nodes)) for x in mb.placement.train_nodes)
+        if gpus_per_node is None:
+            gr = gt = None
+        else:
+            gr = min(float(gpus_per_node["rollout"]), mb.spec.num_rollout_gpus / len(rn))
+            gt = min(float(gpus_per_node["train"]), mb.spec.num_train_gpus / len(tn))
+        rolls.append((k, p.t_roll_s, rn, gr))
+        trains.append((k, p.t_train_s, p.t_sync_s, tn, gt))
+    cap = {("rollout" if key[0] == "rollout" else "train", key[1]): (float(gpus_per_node[key[0]]) if gpus_per_node is not None else 1.0)
+           for key in nodes}
+    node_keys = list(nodes)
+    free = [0.0] * len(nodes)
+    last = [0.0] * n
+    rend = [0.0] * n
+    done: list[list[float]] = [[0.0] for _ in range(n)]
+    recs: list[tuple[float, int, float, float, Optional[float]]] = []  # (start, node, start, end, gpus)
+    w1 = math.inf
+    cycle = 0
+    while True:
+        starts_before = False
+        for k, tr, rn, gr in rolls:
+            s0 = last[k]
+            for x in rn:
+                if free[x] > s0:
+                    s0 = free[x]
+            e = s0 + tr
+            for x in rn:
+                free[x] = e
+                recs.append((s0, x, s0, e, gr))
+            rend[k] = e
+            starts_before |= s0 < w1
+        for k, tt, ts, tn, gt in trains:
+            s0 = rend[k]
+            for x in tn:
+                if free[x] > s0:
+                    s0 = free[x]
+            et = s0 + tt
+            e = et + ts
+            for x in tn:
+                free[x] = e
+                recs.append((s0, x, s0, et, gt))
+                recs.append((et, x, et, e, gt))
+            last[k] = e
+            done[k].append(e)
+        cycle += 1
+        if cycle == m_it:
+            w1 = done[0][m_it]
+        if cycle >= m_it and not starts_before:
+            break
+        if cycle > max_cycles:
+            raise RuntimeError(f"steady_schedule: more than {max_cycles} cycles before the window ends")
+    w0 = done[0][h]
+    deltas: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    recs.sort(key=lambda r: r[0])
+    for st, x, s0, e, g in recs:
+        if st > w1:
+            break
+        key = node_keys[x]
+        g = cap[key] if g is None else g
+        if e > s0 and g > 0:
+            deltas.setdefault(key, []).extend(((s0, g), (e, -g)))
+    pool_caps = {"rollout": {}, "train": {}}
+    for (pool, nd), c in cap.items():
+        pool_caps[pool][nd] = c
+    curve = BusyCurve.from_deltas(deltas, pool_caps)
+    t_co = {ids[k]: (c[m_it] - c[h]) / (m_it - h) for k, c in enumerate(done)}
+    t_co_max = {ids[k]: max(c[i + 1] - c[i] for i in range(h, m_it)) for k, c in enumerate(done)}
+    steady, life = curve.occupancy((w0, w1)), curve.occupancy((0.0, w1))
+    return GroupSchedule(
+        timeline=[],
+        t_coexec_s=t_co,
+        t_coexec_max_s=t_co_max,
+        t_solo_s={mb.spec.job_id: mb.profile.t_solo_s for mb in members},
+        t_meta_s=max(t_co.values()),
+        busy_fraction={p: o.busy_ratio for p, o in steady.items()},
+        bubble_fraction={p: o.bubble_ratio for p, o in steady.items()},
+        iterations={ids[k]: sum(1 for t in c[1:] if t <= w1) for k, c in enumerate(done)},
+        horizon_s=w1,
+        window_s=(w0, w1),
+        migrations=0,
+        lifetime_busy_fraction={p: o.busy_ratio for p, o in life.items()},
+        busy_curve=curve,
+    )
+
+
 # --- cached steady state for admission ---------------------------------------------------------
 
 def _canonical(members: Sequence[GroupMember], rollout_overhead_s: float = 0.0) -> tuple:

@@ -82,20 +82,37 @@ class BusyCurve:
                     raise ValueError(f"node {n!r} of pool {p!r}: GPU count must be > 0, got {g}")
         deltas: dict[tuple[str, str], list[tuple[float, float]]] = {}
         for r in records:
-            pool, node = _field(r, "pool"), _field(r, "node")
-            s, e = float(_field(r, "start_s")), float(_field(r, "end_s"))
+            if isinstance(r, dict) or not hasattr(r, "start_s"):
+                pool, node = _field(r, "pool"), _field(r, "node")
+                s, e, g = float(_field(r, "start_s")), float(_field(r, "end_s")), _field(r, "gpus")
+            else:  # a record object (the common case: PhaseRecord); no Mapping check per record
+                pool, node, s, e, g = r.pool, r.node, float(r.start_s), float(r.end_s), getattr(r, "gpus", None)
             if pool not in POOLS:
                 raise ValueError(f"record of pool {pool!r}: unknown pool (known: {', '.join(POOLS)})")
             if node not in self.nodes[pool]:
                 raise ValueError(f"record on node {node!r} of pool {pool!r}, which is not provisioned")
             if e < s:
                 raise ValueError(f"record on node {node!r} ends ({e}) before it starts ({s})")
-            g = _field(r, "gpus")
             g = self.nodes[pool][node] if g is None else float(g)
             if g < 0:
                 raise ValueError(f"record on node {node!r}: gpus must be >= 0, got {g}")
             if e > s and g > 0:
                 deltas.setdefault((pool, node), []).extend(((s, g), (e, -g)))
+        self._build(deltas)
+
+    @classmethod
+    def from_deltas(cls, deltas: dict[tuple[str, str], list[tuple[float, float]]],
+                    nodes: Mapping[str, Mapping[str, float]]) -> "BusyCurve":
+        """The curve from per-node busy-GPU changes, without per-record checks: ``deltas[(pool,
+        node)]`` lists ``(start_s, +gpus)`` and ``(end_s, -gpus)`` of each record with ``end_s >
+        start_s`` and ``gpus > 0`` (what the constructor builds from records; the caller
+        guarantees valid nodes and times). Same curve as the constructor on the same records."""
+        self = cls.__new__(cls)
+        self.nodes = {p: dict(nodes.get(p, {})) for p in POOLS}
+        self._build(deltas)
+        return self
+
+    def _build(self, deltas: dict[tuple[str, str], list[tuple[float, float]]]) -> None:
         # per pool: breakpoints of the pool's busy-GPU step function and its integral
         self._t: dict[str, list[float]] = {}
         self._cum: dict[str, list[float]] = {}

@@ -56,7 +56,7 @@ import numpy as np
 from rollmux import profiler
 from rollmux.baselines import PER_JOB_UNITS, OptimalPartition, Unit
 from rollmux.policies import POLICY_NAMES, check_policy, policy_spec
-from rollmux.intra_group import IterationTimes, LongTailPolicy, PhaseRecord, simulate_group
+from rollmux.intra_group import IterationTimes, LongTailPolicy, PhaseRecord, simulate_group, steady_schedule
 from rollmux.models import ClusterSpec, CoExecutionGroup, JobSpec, PhaseProfile
 from rollmux.workloads import SimJob
 
@@ -101,6 +101,7 @@ class Realisation:
         self._units: dict[tuple, Unit] = {}
         self._schedules: dict[tuple, object] = {}
         self._curves: dict[tuple, tuple] = {}  # (unit key, job ids) -> (BusyCurve, w0, w1)
+        self._keys_of: dict[str, list[tuple[dict, tuple]]] = {}  # job id -> (cache, key) holding it (forget)
 
     def iterations_of(self, spec: JobSpec) -> list[IterationTimes]:
         """The job's sampled iterations (stochastic) or its planning profile once (deterministic)."""
@@ -157,14 +158,21 @@ class Realisation:
                 )
             else:
                 self._schedules[key] = simulate_group(group, record_timeline=record_timeline, gpus_per_node=gpn)
+            self._remember(self._schedules, key, group)
         return self._schedules[key]
+
+    def _remember(self, cache: dict, key: tuple, group: CoExecutionGroup) -> None:
+        for jid in group.job_ids:
+            self._keys_of.setdefault(jid, []).append((cache, key))
 
     def group_unit(self, group: CoExecutionGroup) -> Unit:
         """The group as a simulator unit: its price, GPUs, realised iteration times, busy GPUs."""
         key = self._group_key(group)
         if key not in self._units:
             c = self.cluster
-            s = self.schedule(group)
+            # deterministic: the steady state without the event simulation (the same figures,
+            # bit for bit: intra_group.steady_schedule)
+            s = self.schedule(group) if self.stochastic else steady_schedule(group, gpus_per_node=self.gpus_per_node())
             rg = len(group.rollout_nodes) * c.rollout_pool.node.gpus_per_node
             tg = len(group.train_nodes) * c.train_pool.node.gpus_per_node
             self._units[key] = Unit(
@@ -178,7 +186,33 @@ class Realisation:
                 train_busy_gpus=tg * s.busy_fraction["train"],
             )
             self._curves[(group.group_id, group.job_ids)] = (s.busy_curve, *s.window_s)
+            self._remember(self._units, key, group)
         return self._units[key]
+
+    def busy_params(self, unit: Unit) -> tuple:
+        """What :meth:`busy_gpu_s` reads for ``unit``, looked up once: ``(curve, w1, busy rollout
+        GPU-s at w1, busy training GPU-s at w1, steady rollout GPUs, steady training GPUs)``;
+        ``curve`` is None for a per-job unit (then ``w1`` is None)."""
+        cur = self._curves.get((unit.key, unit.job_ids))
+        if cur is None:
+            return None, None, 0.0, 0.0, unit.rollout_busy_gpus, unit.train_busy_gpus
+        curve, _, w1 = cur
+        return (curve, w1, curve.cumulative("rollout", w1), curve.cumulative("train", w1),
+                unit.rollout_busy_gpus, unit.train_busy_gpus)
+
+    @staticmethod
+    def busy_from_params(params: tuple, age0_s: float, age1_s: float) -> tuple[float, float]:
+        """:meth:`busy_gpu_s` from :meth:`busy_params` (the same arithmetic, bit for bit)."""
+        curve, w1, c_r, c_t, s_r, s_t = params
+        if curve is None:
+            d = max(0.0, age1_s - age0_s)
+            return s_r * d, s_t * d
+        if age0_s > w1:  # both ends past the simulated window: steady state
+            return (c_r + s_r * (age1_s - w1)) - (c_r + s_r * (age0_s - w1)), (c_t + s_t * (age1_s - w1)) - (c_t + s_t * (age0_s - w1))
+        cum = curve.cumulative
+        r1 = cum("rollout", age1_s) if age1_s <= w1 else c_r + s_r * (age1_s - w1)
+        t1 = cum("train", age1_s) if age1_s <= w1 else c_t + s_t * (age1_s - w1)
+        return r1 - cum("rollout", age0_s), t1 - cum("train", age0_s)
 
     def busy_gpu_s(self, unit: Unit, age0_s: float, age1_s: float) -> tuple[float, float]:
         """Busy GPU-seconds (rollout, train) of ``unit`` between ages ``age0_s`` and ``age1_s``
@@ -204,9 +238,8 @@ class Realisation:
 
     def forget(self, job_id: str) -> None:
         """Drop cached schedules containing a departed job (bounds memory)."""
-        for cache in (self._units, self._schedules):
-            for k in [k for k in cache if any(isinstance(x, tuple) and x and x[0] == job_id for x in k)]:
-                del cache[k]
+        for cache, k in self._keys_of.pop(job_id, ()):
+            cache.pop(k, None)
         for k in [k for k in self._curves if job_id in k[1]]:
             del self._curves[k]
 
@@ -280,6 +313,7 @@ class SchedulerPolicy(SimPolicy):
                                                       migration_overhead_s=real.long_tail.migration_overhead_s,
                                                       plan_migration_overhead=real.stochastic and real.migrate)
         self.sched = InterGroupScheduler(cluster, config=cfg)
+        self._seen: dict[int, tuple] = {}  # id(group record) -> (record, unit)
         # the solver of the neighbourhood re-optimisation (InterGroupScheduler.reoptimise)
         self.solver = OptimalPartition(cluster, max_group_size=cfg.max_group_size,
                                        exact_max_jobs=max(2, cfg.reopt_max_jobs), time_limit_s=2.0)
@@ -371,7 +405,20 @@ class SchedulerPolicy(SimPolicy):
         return list(self.sched.groups)
 
     def units(self) -> list[Unit]:
-        return [self.real.group_unit(g) for g in self.groups() if g.members]
+        # a group record is replaced whenever the group changes: unchanged groups keep their unit
+        # without rebuilding its cache key
+        seen = self._seen
+        out, now = [], {}
+        for g in self.sched.groups:
+            if not g.members:
+                continue
+            e = seen.get(id(g))
+            if e is None or e[0] is not g:
+                e = (g, self.real.group_unit(g))
+            now[id(g)] = e
+            out.append(e[1])
+        self._seen = now
+        return out
 
 
 class PerJobPolicy(SimPolicy):
@@ -622,11 +669,15 @@ def replay(
     born: dict[tuple, float] = {}  # unit identity -> when it was formed (its pipeline starts empty)
     t, i, events = 0.0, 0, 0
     start_s: dict[str, float] = {}
+    done_at: dict[str, float] = {}  # iterations left at which a job counts as done
+    params: dict[int, tuple] = {}  # id(unit) -> (unit, Realisation.busy_params(unit)) of the current units
+    uparams: list[tuple] = []  # (born key, busy params) per current unit, in unit order
 
     def start(jid: str) -> None:
         sj = by_id[jid]
         remaining[jid] = sj.duration_s / real.solo_time_s(sj.spec)
         start_s[jid] = t
+        done_at[jid] = _EPS * max(1.0, sj.iterations)
     best_group_size = 0
     shadow_cost: Optional[float] = None
     shadow_jpg = [0.0, 0.0]  # jobs per group now: the policy's, the optimum's
@@ -635,8 +686,14 @@ def replay(
     queued = False  # the policy holds jobs in an admission queue (take_started is not None)
 
     def refresh() -> None:
-        nonlocal cost, rg, tg, units, best_group_size, shadow_cost
+        nonlocal cost, rg, tg, units, best_group_size, shadow_cost, params, uparams
         units = policy.units()
+        cur = {}
+        for u in units:
+            e = params.get(id(u))
+            cur[id(u)] = e if e is not None and e[0] is u else (u, real.busy_params(u))
+        params = cur
+        uparams = [((u.key, u.job_ids), params[id(u)][1]) for u in units]
         rate.clear()
         cost = sum(u.cost_usd_per_h for u in units)
         rg = sum(u.rollout_gpus for u in units)
@@ -691,9 +748,10 @@ def replay(
             run.cost_usd += cost * dt / 3600.0
             run.rollout_gpu_s += rg * dt
             run.train_gpu_s += tg * dt
-            for u in units:
-                age = t - born[(u.key, u.job_ids)]
-                b_r, b_t = real.busy_gpu_s(u, age, age + dt)
+            busy = real.busy_from_params
+            for bk, prm in uparams:
+                age = t - born[bk]
+                b_r, b_t = busy(prm, age, age + dt)
                 run.rollout_busy_gpu_s += b_r
                 run.train_busy_gpu_s += b_t
             if shadow_cost is not None:
@@ -709,9 +767,10 @@ def replay(
         t = t_next
         if t_dep <= t_arr:  # departures first on ties: they free capacity
             last_event = "departure"
-            done = [jid for jid, left in remaining.items() if left <= _EPS * max(1.0, by_id[jid].iterations) or jid == j_dep]
+            done = [jid for jid, left in remaining.items() if left <= done_at[jid] or jid == j_dep]
             for jid in done:
                 del remaining[jid]
+                del done_at[jid]
                 policy.clock = t
                 for mj, ms in (policy.depart(jid) or {}).items():
                     stalls[mj] = stalls.get(mj, 0.0) + ms

@@ -428,3 +428,37 @@ def test_stochastic_rollouts_with_long_tail_migration_shorten_meta_iterations():
     assert plain.migrations == 0 and migr.migrations >= 2 * 10
     assert migr.t_meta_s < 0.6 * plain.t_meta_s
     assert migr.busy_fraction["train"] > plain.busy_fraction["train"]
+
+
+def test_steady_schedule_equals_the_event_simulation_bit_for_bit():
+    """The replay's group units come from steady_schedule: every steady-state figure and the busy
+    curve up to the window's end equal simulate_group's exactly (not approximately)."""
+    import random
+
+    from rollmux.intra_group import steady_schedule, simulate_group
+    from rollmux.models import CoExecutionGroup, GroupMember, JobSpec, PhaseProfile, Placement
+
+    rng = random.Random(7)
+    gpn = {"rollout": 8, "train": 8}
+    for trial in range(60):
+        n, nr, nt = rng.randint(1, 5), rng.randint(1, 4), rng.randint(1, 3)
+        mems = []
+        for k in range(n):
+            rn = sorted(rng.sample(range(nr), rng.randint(1, nr)))
+            tn = sorted(rng.sample(range(nt), rng.randint(1, nt)))
+            prof = PhaseProfile(t_roll_s=rng.uniform(10, 500), t_train_s=rng.uniform(10, 500),
+                                t_sync_s=rng.choice([0.0, rng.uniform(0, 30)]))
+            spec = JobSpec(job_id=f"j{k}", model_params_b=7, slo=2.0, num_rollout_gpus=8 * len(rn),
+                           num_train_gpus=8 * len(tn), measured=prof)
+            mems.append(GroupMember(spec=spec, profile=prof, placement=Placement(
+                job_id=f"j{k}", rollout_nodes=tuple(f"rollout-{i}" for i in rn), train_nodes=tuple(f"train-{i}" for i in tn))))
+        grp = CoExecutionGroup(group_id="g", rollout_nodes=tuple(f"rollout-{i}" for i in range(nr)),
+                               train_nodes=tuple(f"train-{i}" for i in range(nt)), members=tuple(mems))
+        a = simulate_group(grp, record_timeline=False, gpus_per_node=gpn)
+        b = steady_schedule(grp, gpus_per_node=gpn)
+        assert (b.t_coexec_s, b.t_coexec_max_s, b.window_s, b.busy_fraction, b.t_meta_s) == \
+            (a.t_coexec_s, a.t_coexec_max_s, a.window_s, a.busy_fraction, a.t_meta_s), trial
+        w0, w1 = a.window_s
+        for pool in ("rollout", "train"):
+            for t in (0.0, w0 / 3, w0, (w0 + w1) / 2, w1):
+                assert b.busy_curve.cumulative(pool, t) == a.busy_curve.cumulative(pool, t), (trial, pool, t)
