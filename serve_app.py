@@ -197,9 +197,10 @@ class SchedulerClient:
         self.timeout_s = timeout_s
         self._handle = None
 
-    async def call(self, method: str, *args: Any, retry: bool = True) -> Any:
+    async def call(self, method: str, *args: Any, retry: bool = True, outcome: Optional[str] = None) -> Any:
         """``scheduler.<method>(*args)``. ``retry=False`` (a commit): if the actor dies after the call
-        was sent, answer 503 "outcome unknown" instead of sending it twice."""
+        was sent, answer 503 "outcome unknown" instead of sending it twice; if it does not answer
+        within ``timeout_s``, 504 "outcome unknown, GET <outcome>" (the URL to read the outcome)."""
         from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
         last = ""
@@ -212,6 +213,9 @@ class SchedulerClient:
                 sent = True
                 return _finite(await asyncio.wait_for(asyncio.wrap_future(ref.future()), self.timeout_s))
             except (asyncio.TimeoutError, GetTimeoutError):
+                if not retry:  # a commit was sent and may still be applied: say so (retrying the same spec is safe)
+                    raise ApiError(504, "outcome_unknown", f"the scheduler did not answer {method} within "
+                                   f"{self.timeout_s:g} s; outcome unknown, GET {outcome or '/v1/jobs/{id}'}")
                 raise ApiError(503, "scheduler_timeout", f"the scheduler did not answer {method} within {self.timeout_s:g} s")
             except RayTaskError as e:  # the actor method raised: report it without the traceback
                 cause = e.cause if getattr(e, "cause", None) is not None else e
@@ -445,7 +449,8 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
 
     async def _admit(spec: JobSpec, dry_run: bool) -> JSONResponse:
         t0 = time.perf_counter()
-        d = await client.call("admit", spec.model_dump(mode="json"), dry_run, retry=dry_run)
+        d = await client.call("admit", spec.model_dump(mode="json"), dry_run, retry=dry_run,
+                              outcome=f"/v1/jobs/{spec.job_id}")
         view = _admission_view(d, dry_run)
         view["scheduler_call_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
         if not view["admitted"]:
@@ -455,7 +460,8 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
             kind = "duplicate_job_id" if code == "duplicate" else f"not_admitted:{code}"
             return JSONResponse({"error": kind, "detail": view["explanation"]["reason"], "decision": view}, status_code=409)
         checked = AdmissionView.model_validate(view)  # a 2xx reply is validated against its model
-        return JSONResponse(checked.model_dump(mode="json"), status_code=200 if dry_run else 201)
+        # a retry of an admitted spec gets the original decision again: 200 (idempotent), not 201
+        return JSONResponse(checked.model_dump(mode="json"), status_code=200 if dry_run or d.get("replayed") else 201)
 
     @app.get("/healthz", response_model=HealthView, responses={503: err}, tags=["ops"])
     async def healthz() -> Any:
@@ -464,11 +470,15 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
 
     @app.post(
         "/v1/jobs", status_code=201, response_model=AdmissionView, dependencies=[Depends(need_token)],
-        responses={401: err, 409: err, 413: err, 415: err, 422: err, 503: err}, tags=["jobs"],
+        responses={200: {"model": AdmissionView, "description": "a retry of an admitted spec: the original decision"},
+                   401: err, 409: err, 413: err, 415: err, 422: err, 503: err, 504: err}, tags=["jobs"],
     )
     async def admit_job(spec: JobSpec) -> Any:
         """Admit a job (RollMux Alg. 1): 201 with its group, placement, marginal cost and predicted
-        slowdowns; 409 when it cannot be admitted (the reason says why) or its id is taken."""
+        slowdowns; 200 with the original decision when the same spec is posted again under a live
+        id (retries are safe); 409 when it cannot be admitted (the reason says why) or its id is
+        live with a different spec; 504 "outcome unknown" when the scheduler did not answer in time
+        (read ``GET /v1/jobs/{id}``, or post the same spec again)."""
         return await _admit(spec, dry_run=False)
 
     @app.post(

@@ -614,7 +614,13 @@ def _start_scheduler_and_app(cfg: ServeConfig, cluster, token: str, deadline: fl
     try:
         kw = {"name": cfg.scheduler_name} if cfg.scheduler_name else {}
         sched = get_or_create_scheduler(cluster, checkpoint_path=str(cfg.checkpoint), **kw)
-        ray.get(sched.health.remote(), timeout=max(5.0, deadline - time.monotonic()))
+        try:
+            ray.get(sched.health.remote(), timeout=max(5.0, deadline - time.monotonic()))
+        except Exception as e:  # e.g. a bad checkpoint: the scheduler refuses to start and says why
+            why = next((ln.strip() for ln in str(e).splitlines() if "refusing to start" in ln), None)
+            if why is None:
+                raise
+            _fail(why[why.index("refusing to start"):])
         _DEPLOY(cfg, token)
     finally:
         ray.shutdown()

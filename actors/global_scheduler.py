@@ -14,7 +14,9 @@ record when it ends. Controller names derive from the group id (:func:`actors.na
 
 The singleton never waits on a controller. The *target state* (job records + the policy's
 snapshot) is checkpointed to a KV store (:mod:`actors.kv`; Ray GCS internal KV by default, a
-file directory with ``checkpoint_path``) first; then each touched group's controller gets the
+file directory with ``checkpoint_path``) first, as ONE write-ahead record per state change
+(:mod:`actors.checkpoint`: a crash before the write means the change never happened, after it
+that it did; a failed write rolls the change back; a bad checkpoint refuses to start); then each touched group's controller gets the
 group's target membership pushed asynchronously (``GroupController.sync_members``, stamped with
 an increasing sequence number so a late push never undoes a newer one), and a reconcile thread
 re-pushes until each push is acknowledged and, every ``RECONCILE_FULL_S``, re-pushes every
@@ -27,19 +29,28 @@ dies.
 Contract (docs/ARCHITECTURE.md "GlobalScheduler actor contract"): every method returns
 JSON-able dicts / lists; refusals are values (``AdmissionDecision.to_dict()`` with ``admitted:
 False`` and a ``code``), not exceptions. Codes besides the policy's (ok | never | retry_later):
-``invalid`` (spec fails validation) and ``duplicate`` (the job id is already admitted or running).
+``invalid`` (spec fails validation) and ``duplicate`` (the job id is admitted or running with a
+different spec; the same spec again gets the original decision, ``replayed: True``). Ended jobs'
+workers are told to drop the job's state (:meth:`release_workers_once`); admitted jobs that no
+driver attaches to expire (:meth:`expire_unattached`); a failed job's ``error`` is written for
+people (:func:`rollmux.records.explain_failure`), the raw error kept in ``error_detail``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import json
 import logging
 import threading
 import time
+import uuid
 from typing import Any, Optional
 
 from pydantic import ValidationError
 
+from actors.checkpoint import Checkpoint, CheckpointError  # noqa: F401  (CheckpointError re-exported)
 from actors.kv import make_kv
 from actors.metrics import RollmuxMetrics
 from actors.naming import (  # noqa: F401  (NAMESPACE, SCHEDULER_NAME, get_scheduler re-exported)
@@ -48,13 +59,11 @@ from actors.naming import (  # noqa: F401  (NAMESPACE, SCHEDULER_NAME, get_sched
 from rollmux.admission import AdmissionDecision, InterGroupScheduler, SchedulerConfig, load_scheduler_config
 from rollmux.models import ClusterSpec, JobSpec
 from rollmux.nodes import node_index
-from rollmux.records import JobRecord, JobState, MoveRecord, NodePlacement
+from rollmux.records import JobRecord, JobState, MoveRecord, NodePlacement, explain_failure
 
 log = logging.getLogger("rollmux.scheduler")
 
-CHECKPOINT_VERSION = 1
 MAX_FINISHED_RECORDS = 5000
-PROGRESS_CHECKPOINT_S = 2.0  # iteration progress (soft state) is checkpointed at most this often
 RECONCILE_S = 1.0  # the reconcile loop's period, s
 RECONCILE_FULL_S = 15.0  # every group's controller is re-pushed this often, s
 PUSH_RETRY_S = 10.0  # an unacknowledged push is sent again after this long, s
@@ -98,7 +107,6 @@ class GlobalSchedulerImpl:
         self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec.model_validate(cluster)
         self.name = name
         self.kv = kv if kv is not None else make_kv(checkpoint_path, namespace=NAMESPACE)
-        self.key = f"{name}.meta"  # header; groups under <name>.g.<gid>, jobs under <name>.j.<job_id>
         self.create_controllers = create_controllers
         self.controller_kw = dict(controller_kw or {})
         self.metrics = RollmuxMetrics(flush_interval_s=metrics_flush_s, enabled=create_controllers)
@@ -111,9 +119,15 @@ class GlobalSchedulerImpl:
         self._inflight: dict[str, tuple[int, Any, float]] = {}  # group_id -> (seq, ObjectRef, sent at)
         self._seq = time.time_ns()  # push sequence (increasing across restarts)
         self._reopt_pending: dict[str, str] = {}  # admitted job -> its group, to re-optimise (reconcile thread)
-        meta = self.kv.get(self.key)
-        if meta and meta.get("version") == CHECKPOINT_VERSION:
-            self._restore(meta)
+        self._releases: list[tuple[str, Optional[str], list[str]]] = []  # (job, admission, nodes) to release
+        self.release_workers = create_controllers  # ended jobs' workers are told to drop their state
+        self.store = Checkpoint(self.kv, name)
+        state = self.store.load()  # raises CheckpointError (naming the store) for a bad checkpoint
+        if state is not None:
+            self._load_state(state)
+            self.restored = True
+            if self.store._legacy:  # a version-1 checkpoint: rewritten as a base once
+                self.store.create(self._full_state())
         else:
             base = load_scheduler_config() if config is None else SchedulerConfig.model_validate(
                 config.model_dump() if isinstance(config, SchedulerConfig) else config)
@@ -121,7 +135,7 @@ class GlobalSchedulerImpl:
                                            "repack_on_departure": repack_on_departure}.items() if v is not None}
             cfg = SchedulerConfig.model_validate({**base.model_dump(), **overrides})
             self.igs = InterGroupScheduler(self.cluster, config=cfg)
-            self._checkpoint()
+            self.store.create(self._full_state())
         # new GroupControllers carry the config's long-tail settings; explicit controller_kw wins
         self.controller_kw = {**self.igs.config.controller_settings(), **self.controller_kw}
         self._stop = threading.Event()
@@ -160,60 +174,67 @@ class GlobalSchedulerImpl:
                 out.setdefault(gid, []).append(rec)
         return out
 
-    # ---- checkpoint (incremental: only the changed job records and groups are rewritten)
-    def _gkey(self, gid: str) -> str:
-        return f"{self.name}.g.{gid}"
-
-    def _jkey(self, job_id: str) -> str:
-        return f"{self.name}.j.{job_id}"
-
     @staticmethod
     def _stored(rec: JobRecord) -> dict:
         """What the checkpoint keeps of a record: an active job's placement is the policy's
         (stored in its group), so only an ended job's frozen placement is written."""
         if rec.state.is_active():
             rec = rec.model_copy(update={"group_id": None, "placement": None, "controller": None})
-        return rec.public()
+        return rec.stored()
+
+    # ---- checkpoint: a base snapshot plus a write-ahead log, one atomic write per state change
+    def _delta(self, jobs: tuple = (), groups: tuple = (), dropped: tuple = ()) -> dict:
+        """What one state change wrote: the given job records and groups (None: gone), the
+        policy's snapshot header and group order, and the records dropped from the table."""
+        return {"header": self.igs.snapshot_header(), "group_ids": [g.group_id for g in self.igs.groups],
+                "groups": {gid: self.igs.group_snapshot(gid) for gid in groups},
+                "jobs": {j: self._stored(self.jobs[j]) for j in jobs if j in self.jobs}, "dropped": list(dropped)}
 
     def _checkpoint(self, jobs: tuple = (), groups: tuple = ()) -> None:
-        """Write the target state: the given job records and groups, then the header (the policy's
-        snapshot header and group ids). Records of finished jobs beyond MAX_FINISHED_RECORDS are
-        dropped. Crash between writes: see :meth:`_restore` (an uncommitted job is marked failed)."""
-        self._last_checkpoint = time.time()
+        """Commit one state change: ONE write-ahead record (:class:`actors.checkpoint.Checkpoint`)
+        carrying the changed job records and groups (a crash before it: the change never
+        happened; after it: it did). Records of ended jobs beyond MAX_FINISHED_RECORDS are
+        dropped in the same record. Raises (and the caller rolls back) when the store fails."""
         done = [j for j, r in self.jobs.items() if not r.state.is_active()]
-        for j in done[: max(0, len(done) - MAX_FINISHED_RECORDS)]:
-            del self.jobs[j]
-            self.kv.delete(self._jkey(j))
-        for j in jobs:
-            if j in self.jobs:
-                self.kv.put(self._jkey(j), self._stored(self.jobs[j]))
-        for gid in groups:
-            entry = self.igs.group_snapshot(gid)
-            if entry is None:
-                self.kv.delete(self._gkey(gid))
-            else:
-                self.kv.put(self._gkey(gid), entry)
-        self.kv.put(self.key, {"version": CHECKPOINT_VERSION, "snapshot": self.igs.snapshot_header(),
-                               "group_ids": [g.group_id for g in self.igs.groups], "t": time.time()})
+        drop = tuple(done[: max(0, len(done) - MAX_FINISHED_RECORDS)])
+        self.store.append(self._delta(jobs, groups, drop))
+        for j in drop:
+            self.jobs.pop(j, None)
+        self._last_checkpoint = time.time()
+        if self.store.wants_compaction():  # the change is committed: a failing compaction is retried later
+            try:
+                self.store.compact(self._full_state())
+            except Exception:
+                log.exception("checkpoint compaction failed; the write-ahead records stay and it is retried")
 
-    def _restore(self, meta: dict) -> None:
-        """Rebuild the group table and job records from the checkpoint (RollMux fault tolerance).
+    def _full_state(self) -> dict:
+        return {"header": self.igs.snapshot_header(), "group_ids": [g.group_id for g in self.igs.groups],
+                "groups": {g.group_id: self.igs.group_snapshot(g.group_id) for g in self.igs.groups},
+                "jobs": {j: self._stored(r) for j, r in self.jobs.items()}}
 
-        Jobs whose admission was not committed to the table before a crash are marked failed."""
-        groups = [g for g in (self.kv.get(self._gkey(gid)) for gid in meta["group_ids"]) if g]
-        self.igs = InterGroupScheduler.restore(self.cluster, {**meta["snapshot"], "groups": groups})
-        for key in self.kv.keys(f"{self.name}.j."):
-            raw = self.kv.get(key)
-            if raw:
-                rec = JobRecord.model_validate(raw)
-                self.jobs[rec.job_id] = rec
-        for jid, rec in self.jobs.items():
-            if rec.state.is_active() and self.igs.group_of(jid) is None:
-                rec.state, rec.error, rec.ended_at = (JobState.FAILED, "lost: admission not committed before a "
-                                                      "scheduler restart", time.time())
-                self.kv.put(self._jkey(jid), self._stored(rec))
-        self.jobs = dict(sorted(self.jobs.items(), key=lambda kv: kv[1].admitted_at or 0.0))
-        self.restored = True
+    def _load_state(self, state: dict) -> None:
+        """Rebuild the policy's table and the job records from a restored state (see
+        :meth:`actors.checkpoint.Checkpoint.load`)."""
+        groups = [state["groups"][g] for g in state["group_ids"] if state["groups"].get(g)]
+        self.igs = InterGroupScheduler.restore(self.cluster, {**state["header"], "groups": groups})
+        jobs = {}
+        for raw in state["jobs"].values():
+            rec = JobRecord.model_validate(raw)
+            jobs[rec.job_id] = rec
+        self.jobs = dict(sorted(jobs.items(), key=lambda kv: kv[1].admitted_at or 0.0))
+
+    @contextlib.contextmanager
+    def _transaction(self):
+        """Roll the policy's table and the active records back when the body raises (e.g. the
+        checkpoint write failed): a state change that was not committed did not happen."""
+        saved = self.igs.snapshot()
+        jobs = {j: r.model_copy(deep=True) if r.state.is_active() else r for j, r in self.jobs.items()}
+        try:
+            yield
+        except Exception:
+            self.igs = InterGroupScheduler.restore(self.cluster, saved)
+            self.jobs = jobs
+            raise
 
     # ---- controllers: handles, asynchronous pushes, the reconcile loop
     def _controller(self, group_id: str, create: bool = False, lookup: bool = True):
@@ -247,7 +268,7 @@ class GlobalSchedulerImpl:
                 members.append({"job_id": rec.job_id, "rollout_nodes": pl.rollout_nodes,
                                 "train_nodes": pl.train_nodes, "slo": rec.slo})
             elif gid == group_id:
-                gone[rec.job_id] = "failed" if rec.state == JobState.FAILED else "departed"
+                gone[rec.job_id] = "departed" if rec.state == JobState.FINISHED else str(rec.state)
             elif any(m.from_group == group_id for m in rec.moves):
                 gone[rec.job_id] = f"moved to {gid}"
         try:  # the planned round-robin order: the group's member order in the policy's table
@@ -315,6 +336,29 @@ class GlobalSchedulerImpl:
             self._push(again, lookup=True)
         return {"pushed": again, "acked": [g for g, _ in acked]}
 
+    def release_workers_once(self, lookup=None) -> list[tuple[str, str]]:
+        """Tell the workers of jobs that ended (finished, failed, evicted, expired) to drop their
+        state (``unregister_job``: stored state, pending weights, sync endpoint, cold-start file),
+        also when the driver died and never said goodbye. Fire and forget; a worker that does not
+        exist hosts nothing. ``lookup``: name -> handle (default :func:`actors.naming.get_actor`).
+        Returns the (job, node) pairs sent."""
+        from actors.naming import worker_name
+
+        lookup = lookup or get_actor
+        with self._lock:
+            todo, self._releases = self._releases, []
+        sent = []
+        for job_id, admission, nodes in todo:
+            for node in dict.fromkeys(nodes):
+                try:
+                    lookup(worker_name(node)).unregister_job.remote(job_id, admission)
+                    sent.append((job_id, node))
+                except ValueError:
+                    continue
+                except Exception as e:
+                    log.warning("release of %s on %s failed: %s", job_id, node, e)
+        return sent
+
     def _reconcile_loop(self) -> None:
         """Converge every controller to the target state; a failing pass is logged, never fatal."""
         last_full = time.monotonic()
@@ -328,6 +372,8 @@ class GlobalSchedulerImpl:
                         self._push([g for g in self._active_by_group() if g in self._handles])
                 self.reoptimise_pending()
                 self.reconcile_once()
+                self.expire_unattached()
+                self.release_workers_once()
             except Exception:
                 log.exception("reconcile pass failed; continuing")
             self.metrics.reconcile(time.perf_counter() - t0)
@@ -379,27 +425,35 @@ class GlobalSchedulerImpl:
         except ValidationError as e:
             jid = spec.get("job_id") if isinstance(spec, dict) else None
             return self._refusal(jid, "invalid", f"invalid job spec: {e}", t0, dry_run)
+        sha = hashlib.sha256(json.dumps(job.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
         old = self.jobs.get(job.job_id)
         if old is not None and old.state.is_active():
-            return self._refusal(job.job_id, "duplicate", f"job {job.job_id!r} is already {old.state}", t0, dry_run)
+            if old.spec_sha256 == sha and old.decision is not None:  # a retry: the original decision, again
+                now = self._view(old)  # with where the job is now (a re-packing may have moved it)
+                return {**old.decision, "group_id": now.group_id, "replayed": True,
+                        "placement": now.placement.model_dump(mode="json") if now.placement else None}
+            return self._refusal(job.job_id, "duplicate", f"job {job.job_id!r} is already {old.state} with a "
+                                 "different spec", t0, dry_run)
         decision = self.igs.decide(job)
         out = decision.to_dict()
         if dry_run or not out.get("admitted"):
             if not dry_run:
                 self.metrics.admission(out.get("code", "refused"), out.get("latency_ms", 0.0))
             return out
-        grp = self.igs.commit(decision)
-        gid = out["group_id"] = grp.group_id if grp is not None else out["group_id"]
+        with self._transaction():  # one checkpoint write commits it; a failed write undoes it
+            grp = self.igs.commit(decision)
+            gid = out["group_id"] = grp.group_id if grp is not None else out["group_id"]
+            member = self.igs.member(job.job_id)
+            prof = member.profile if member is not None else None
+            self.jobs.pop(job.job_id, None)  # a re-admitted id goes to the end (admission order)
+            self.jobs[job.job_id] = JobRecord(
+                job_id=job.job_id, state=JobState.ADMITTED, slo=job.slo, admission_id=uuid.uuid4().hex,
+                predicted=None if prof is None else {"t_roll_s": prof.t_roll_s, "t_train_s": prof.t_train_s,
+                                                     "t_sync_s": prof.t_sync_s, "t_solo_s": prof.t_solo_s},
+                predicted_slowdown=(out.get("predicted_slowdowns") or {}).get(job.job_id), admitted_at=time.time(),
+                spec_sha256=sha, decision={k: v for k, v in out.items() if k not in ("candidates", "pruned")})
+            self._checkpoint(jobs=(job.job_id,), groups=(gid,))  # target state first, then act
         self._reopt_pending[job.job_id] = gid  # re-optimised by the reconcile thread, off the admission path
-        member = self.igs.member(job.job_id)
-        prof = member.profile if member is not None else None
-        self.jobs.pop(job.job_id, None)  # a re-admitted id goes to the end (admission order)
-        self.jobs[job.job_id] = JobRecord(
-            job_id=job.job_id, state=JobState.ADMITTED, slo=job.slo,
-            predicted=None if prof is None else {"t_roll_s": prof.t_roll_s, "t_train_s": prof.t_train_s,
-                                                 "t_sync_s": prof.t_sync_s, "t_solo_s": prof.t_solo_s},
-            predicted_slowdown=(out.get("predicted_slowdowns") or {}).get(job.job_id), admitted_at=time.time())
-        self._checkpoint(jobs=(job.job_id,), groups=(gid,))  # target state first, then act
         self._push([gid])
         self.metrics.admission("admitted", out.get("latency_ms", (time.perf_counter() - t0) * 1e3))
         self.metrics.job(job.job_id, slo=job.slo, iterations=0)
@@ -451,22 +505,32 @@ class GlobalSchedulerImpl:
         final = self._view(rec)  # freeze where it was before the policy forgets it
         gid = final.group_id
         before = self._nodes_in_use()
-        self.igs.depart(job_id)
-        self._solver().forget(job_id)
-        try:
-            moves = list(self.igs.repack(gid))
-            moves += self.igs.reoptimise(gid, solver=self._solver())
-        except Exception:  # the policy rolls a failed attempt back; the departure itself stands
-            log.exception("departure re-packing after %s failed; no job moved", job_id)
-            moves = []
-        released = sorted(before - self._nodes_in_use(), key=lambda n: (n.split("-")[0], node_index(n)))
-        now = time.time()
-        rec.group_id, rec.placement, rec.controller = final.group_id, final.placement, final.controller
-        rec.state, rec.error, rec.ended_at = state, error, now
-        self.metrics.job_ended(job_id)
-        done = self._record_moves(moves, job_id, now)
-        touched = list(dict.fromkeys([gid] + [g for m in done for g in (m.from_group, m.to_group)]))
-        self._checkpoint(jobs=(job_id, *[m.job_id for m in done]), groups=tuple(touched))
+        with self._transaction():  # one checkpoint write commits it; a failed write undoes it
+            self.igs.depart(job_id)
+            self._solver().forget(job_id)
+            try:
+                moves = list(self.igs.repack(gid))
+                moves += self.igs.reoptimise(gid, solver=self._solver())
+            except Exception:  # the policy rolls a failed attempt back; the departure itself stands
+                log.exception("departure re-packing after %s failed; no job moved", job_id)
+                moves = []
+            released = sorted(before - self._nodes_in_use(), key=lambda n: (n.split("-")[0], node_index(n)))
+            now = time.time()
+            rec.group_id, rec.placement, rec.controller = final.group_id, final.placement, final.controller
+            if self.release_workers and final.placement is not None:  # its workers drop its state (reconcile loop)
+                self._releases.append((job_id, rec.admission_id,
+                                       [*final.placement.rollout_nodes, *final.placement.train_nodes]))
+            rec.state, rec.ended_at = state, now
+            self.metrics.job_ended(job_id)
+            if state == JobState.FAILED:  # a reason for people; the raw error kept apart
+                pl = final.placement
+                rec.error = explain_failure(error, tuple(pl.rollout_nodes + pl.train_nodes) if pl else ())
+                rec.error_detail = error
+            else:
+                rec.error = error
+            done = self._record_moves(moves, job_id, now)
+            touched = list(dict.fromkeys([gid] + [g for m in done for g in (m.from_group, m.to_group)]))
+            self._checkpoint(jobs=(job_id, *[m.job_id for m in done]), groups=tuple(touched))
         self._push(touched)
         self.metrics.job_moves(len(done))
         dissolved = [g for g in touched if self.igs.group_snapshot(g) is None]
@@ -477,6 +541,23 @@ class GlobalSchedulerImpl:
                 self._cost_metrics(g)
         return {"job_id": job_id, "state": str(state), "released_nodes": released, "group_dissolved": gid in dissolved,
                 "dissolved_groups": dissolved, "moves": [m.model_dump(mode="json") for m in done]}
+
+    @_locked
+    def expire_unattached(self, now: Optional[float] = None) -> list[str]:
+        """Expire admitted jobs whose driver has not attached (reported ``running``) within the
+        config's ``attach_timeout_s``: each is one departure (nodes released, one checkpoint
+        write) ending in state ``expired``. Returns the expired job ids. Called by the reconcile
+        loop; 0 disables."""
+        limit = self.igs.config.attach_timeout_s
+        if not limit:
+            return []
+        now = time.time() if now is None else now
+        late = [j for j, r in self.jobs.items()
+                if r.state == JobState.ADMITTED and r.admitted_at is not None and now - r.admitted_at > limit]
+        for j in late:
+            self._end(j, JobState.EXPIRED, f"expired: no driver attached within {limit:g} s of admission; its "
+                      "nodes were released. Submit the job again to run it.")
+        return late
 
     @_locked
     def reoptimise_pending(self) -> list[dict]:
@@ -493,16 +574,21 @@ class GlobalSchedulerImpl:
                 continue
             gid = self.igs.group_of(jid).group_id
             try:
-                moves = list(self.igs.reoptimise(gid, fresh=jid if rec.state == JobState.ADMITTED else None,
-                                                 solver=self._solver()))
-            except Exception:  # the policy rolls a failed attempt back; nothing moved
-                log.exception("re-optimisation after admitting %s failed; no job moved", jid)
+                with self._transaction():  # one checkpoint write commits the moves; a failed write undoes them
+                    try:
+                        moves = list(self.igs.reoptimise(gid, fresh=jid if rec.state == JobState.ADMITTED else None,
+                                                         solver=self._solver()))
+                    except Exception:  # the policy rolls a failed attempt back; nothing moved
+                        log.exception("re-optimisation after admitting %s failed; no job moved", jid)
+                        moves = []
+                    if not moves:
+                        continue
+                    done = self._record_moves(moves, jid, time.time())
+                    touched = list(dict.fromkeys([gid] + [g for m in done for g in (m.from_group, m.to_group)]))
+                    self._checkpoint(jobs=tuple(m.job_id for m in done), groups=tuple(touched))  # target state first
+            except Exception:  # the write failed: rolled back, nothing moved (a later admission retries)
+                log.exception("checkpoint of the re-optimisation after admitting %s failed; no job moved", jid)
                 continue
-            if not moves:
-                continue
-            done = self._record_moves(moves, jid, time.time())
-            touched = list(dict.fromkeys([gid] + [g for m in done for g in (m.from_group, m.to_group)]))
-            self._checkpoint(jobs=tuple(m.job_id for m in done), groups=tuple(touched))  # target state first
             self._push(touched)
             self.metrics.job_moves(len(done))
             for g in touched:
@@ -551,15 +637,17 @@ class GlobalSchedulerImpl:
             return None
         kind = event.get("event")
         if kind == "running" and rec.state == JobState.ADMITTED:
-            rec.state = JobState.RUNNING
-            self._checkpoint(jobs=(job_id,))
-        elif kind == "iteration":  # also after the end: events from controller and driver may cross
-            rec.state = rec.state.advance(JobState.RUNNING)
-            rec.note_iteration(int(event.get("iterations_done", 0)), event.get("t_iter_s"), event.get("t_solo_s"),
-                               event.get("slowdown"))
-            self.metrics.job(job_id, iterations=rec.iterations_done, slowdown=rec.slowdown)
-            if time.time() - self._last_checkpoint > PROGRESS_CHECKPOINT_S:
+            with self._transaction():
+                rec.state = JobState.RUNNING
                 self._checkpoint(jobs=(job_id,))
+        elif kind == "iteration":  # also after the end: events from controller and driver may cross
+            with self._transaction():
+                rec.state = rec.state.advance(JobState.RUNNING)
+                rec.note_iteration(int(event.get("iterations_done", 0)), event.get("t_iter_s"),
+                                   event.get("t_solo_s"), event.get("slowdown"))
+                self._checkpoint(jobs=(job_id,))  # progress is written with the event that changes it
+            rec = self.jobs[job_id]
+            self.metrics.job(job_id, iterations=rec.iterations_done, slowdown=rec.slowdown)
         elif kind in (JobState.FINISHED, JobState.FAILED):
             if event.get("iterations_done") is not None:
                 rec.iterations_done = max(rec.iterations_done, int(event["iterations_done"]))

@@ -143,14 +143,20 @@ class GroupControllerImpl:
         planned round-robin order, which the queues take, :meth:`GroupLedger.set_order`) and drop ``gone``
         (job_id -> reason, e.g. ``"moved to group-3"`` at the job's iteration boundary,
         ``"departed"``). ``seq``: the push's sequence number; a push older than one already
-        applied is ignored (``stale: True``). Idempotent. Returns ``{added, removed, stale}``."""
+        applied is ignored (``stale: True``): Ray does not keep an async actor's calls in
+        submission order, so an older push may arrive after a newer one. Each push is the whole
+        target state, so the newest alone is enough (a job it lists as gone is recorded as gone
+        even when the push that added it was the stale one). Idempotent. Returns ``{added,
+        removed, stale}``."""
         if seq is not None:
             if seq <= self._seq:
                 return {"added": [], "removed": [], "stale": True}
             self._seq = seq
         added = [m["job_id"] for m in members
                  if self.ledger.add(m["job_id"], m["rollout_nodes"], m["train_nodes"], slo=m.get("slo"))]
-        removed = [j for j, why in (gone or {}).items() if self.ledger.remove(j, why)]
+        # each push is the group's whole target state, so the newest one alone decides: a job it
+        # lists as gone is recorded as gone even if the (older, now stale) push adding it never ran
+        removed = [j for j, why in (gone or {}).items() if self.ledger.remove(j, why) or self.ledger.mark_gone(j, why)]
         reordered = self.ledger.set_order([m["job_id"] for m in members])  # the planned round-robin order
         self._apply()
         if added or removed or reordered:

@@ -47,6 +47,14 @@ class KVStore(ABC):
     @abstractmethod
     def keys(self, prefix: str = "") -> list[str]: ...
 
+    def where(self, key: str) -> str:
+        """Where ``key`` is stored, for messages (a file path, a KV namespace)."""
+        return f"{type(self).__name__} key {key!r}"
+
+    def recovery_hint(self) -> str:
+        """How an operator discards this store's checkpoint (named in a refusal to start)."""
+        return "delete the scheduler's keys from the store"
+
 
 class MemoryKV(KVStore):
     """In-process dict store (tests). Values are round-tripped through JSON like the others."""
@@ -77,6 +85,12 @@ class FileKV(KVStore):
 
     def _path(self, key: str) -> Path:
         return self.root / f"{_check_key(key)}.json"
+
+    def where(self, key: str) -> str:
+        return f"file {self._path(key)}"
+
+    def recovery_hint(self) -> str:
+        return f"`rollmux down --purge` (deletes {self.root}), or `mv {self.root} {self.root}.bad`"
 
     def get(self, key: str) -> Optional[Any]:
         p = self._path(key)
@@ -110,6 +124,12 @@ class RayInternalKV(KVStore):
 
     def __init__(self, namespace: str = "rollmux") -> None:
         self.namespace = namespace
+
+    def where(self, key: str) -> str:
+        return f"Ray GCS internal KV {self.namespace}/{key}"
+
+    def recovery_hint(self) -> str:
+        return "restart the Ray cluster (`ray stop --force`; the GCS KV goes with it) or pass a checkpoint path"
 
     def _kv(self):
         from ray.experimental import internal_kv

@@ -15,10 +15,15 @@ meta-iterations. The driver learns it when a permit is refused (no extra round t
 it then reads its record, moves its stored state to the new nodes' workers, attaches to the new
 group's controller and retries the permit once (:meth:`ScheduledRuntime._rehome`).
 
-Limits: a phase runs on the first node of its pool in the placement (the phase function is one
-process); the permit covers every node of the placement. The sync weights travel through the
-object store (TrainWorker -> RolloutWorker) by default, or through collectives/ (gloo) with
-``Job(sync_backend="gloo")``.
+Multi-node phases: a job placed on k rollout nodes and m training nodes runs every phase on all
+of them as one SPMD step (:meth:`actors.workers._PoolWorker.run`): the driver calls the pool's
+rank-0 worker, which starts the other ranks, and gets the rank results in rank order; the job's
+``@job.gather(phase)`` function combines them (see :func:`rollmux.phase_state.parallel` for what
+a rank sees). Each pool's workers share a rendezvous store hosted by their rank 0 and a gloo
+process group built at first use (the job's resident control plane). The sync weights travel
+N -> M through collectives/ (gloo; RollMux §5.2 plan over the job's actual training and rollout
+workers) with ``Job(sync_backend="gloo")``, or through the object store (the fallback; every
+rollout worker pulls a full copy).
 """
 
 from __future__ import annotations
@@ -165,9 +170,10 @@ class ScheduledRuntime:
         self.info = rec
         pl = rec["placement"]
         self.rollout_nodes, self.train_nodes = list(pl["rollout_nodes"]), list(pl["train_nodes"])
-        self.rollout_worker = get_or_create_worker(self.rollout_nodes[0])
-        self.train_worker = get_or_create_worker(self.train_nodes[0])
-        self._rollout_worker_names = [worker_name(self.rollout_nodes[0])]
+        self.rollout_workers = [get_or_create_worker(n) for n in self.rollout_nodes]  # rank order
+        self.train_workers = [get_or_create_worker(n) for n in self.train_nodes]
+        self.rollout_worker, self.train_worker = self.rollout_workers[0], self.train_workers[0]  # the leaders
+        self._rollout_worker_names = [worker_name(n) for n in self.rollout_nodes]
         name = ray.get(self.sched.ensure_controller.remote(rec["group_id"]))  # KeyError if no active member
         self.controller = get_actor(name)
 
@@ -189,9 +195,10 @@ class ScheduledRuntime:
         t0 = time.perf_counter()
         old = {"group_id": self.info["group_id"], "rollout_nodes": self.rollout_nodes, "train_nodes": self.train_nodes}
         payload = None
-        if self._registered:
-            payload = dict(zip(("rollout", "train"), ray.get([self.rollout_worker.export_job.remote(jid),
-                                                               self.train_worker.export_job.remote(jid)])))
+        if self._registered:  # every rank's shard moves: rank i's state goes to the new rank i
+            k = len(self.rollout_workers)
+            got = ray.get([w.export_job.remote(jid) for w in self.rollout_workers + self.train_workers])
+            payload = {"rollout": got[:k], "train": got[k:]}
         self._home(rec)
         self.attach_info = ray.get(self.controller.attach.remote(jid, has_sync="sync" in self.job._phases))
         if self._registered:
@@ -200,7 +207,7 @@ class ScheduledRuntime:
         mv = {"from_group": old["group_id"], "to_group": rec["group_id"], "iteration": self.job.iteration,
               "from_nodes": old["rollout_nodes"] + old["train_nodes"],
               "to_nodes": self.rollout_nodes + self.train_nodes, "handover_s": time.perf_counter() - t0,
-              "state_bytes": {p: (x or {}).get("bytes") for p, x in (payload or {}).items()}}
+              "state_bytes": {p: [(x or {}).get("bytes") for x in xs] for p, xs in (payload or {}).items()}}
         self.moves.append(mv)
         self.job._emit({"event": "moved", "job_id": jid, **mv})
         log.info("job %s moved %s -> %s at iteration %d", jid, mv["from_group"], mv["to_group"], mv["iteration"])
@@ -235,22 +242,26 @@ class ScheduledRuntime:
             if pool not in j._builders:
                 raise PhaseFailed(f"job {j.job_id!r}: no @job.state({pool!r}) builder registered")
         common = {"controller": self.info["controller"], "switch": j.switch, "checkpoint_dir": j.checkpoint_dir,
+                  "admission": self.info.get("admission_id"),
                   "sync_backend": j.sync_backend,
                   "hooks": list(j._hooks), "apply": j._apply}
 
         def register() -> None:
             from ray import cloudpickle  # pickled here, unpickled under the worker's lock
 
-            ray.get([
-                self.controller.configure_job.remote(j.job_id, has_sync="sync" in j._phases),
-                self.rollout_worker.register_job.remote(j.job_id, cloudpickle.dumps({
-                    **common, "builder": j._builders["rollout"],
-                    "phases": {k: v for k, v in j._phases.items() if k == "rollout"}}), (moved or {}).get("rollout")),
-                self.train_worker.register_job.remote(j.job_id, cloudpickle.dumps({
-                    **common, "builder": j._builders["train"], "rollout_workers": self._rollout_worker_names,
-                    "phases": {k: v for k, v in j._phases.items() if k in ("train", "sync")}}),
-                    (moved or {}).get("train")),
-            ])
+            par = self._parallel_cfgs()
+            calls = [self.controller.configure_job.remote(j.job_id, has_sync="sync" in j._phases)]
+            rollout_cfg = {**common, "builder": j._builders["rollout"],
+                           "phases": {k: v for k, v in j._phases.items() if k == "rollout"}}
+            train_cfg = {**common, "builder": j._builders["train"], "rollout_workers": self._rollout_worker_names,
+                         "phases": {k: v for k, v in j._phases.items() if k in ("train", "sync")}}
+            for pool, workers, cfg in (("rollout", self.rollout_workers, rollout_cfg),
+                                       ("train", self.train_workers, train_cfg)):
+                mv = (moved or {}).get(pool) or [None] * len(workers)
+                for i, w in enumerate(workers):
+                    blob = cloudpickle.dumps({**cfg, "parallel": par[pool][i]})
+                    calls.append(w.register_job.remote(j.job_id, blob, mv[i] if i < len(mv) else None))
+            ray.get(calls)
 
         self.shipped: list[str] = []
         try:
@@ -265,6 +276,28 @@ class ScheduledRuntime:
             register()
         self.sched.report.remote(j.job_id, {"event": "running"})
         self._registered = True
+
+    def _parallel_cfgs(self) -> dict[str, list[dict]]:
+        """Per pool, each worker's SPMD place: rank, world size, the pool's worker names and nodes
+        in rank order, the host its gloo groups bind to (127.0.0.1 when every worker of the job is
+        on one machine, else each node's IP; env ROLLMUX_SYNC_HOST overrides) and, for a pool with
+        several workers, the rendezvous store its rank 0 hosts on a free port."""
+        import ray
+
+        wh = ray.get([w.where.remote() for w in self.rollout_workers + self.train_workers], timeout=120)
+        one_host = len({x["ip"] for x in wh}) == 1
+        forced = os.environ.get("ROLLMUX_SYNC_HOST")
+        k = len(self.rollout_workers)
+        out: dict[str, list[dict]] = {}
+        for pool, nodes, workers, where in (("rollout", self.rollout_nodes, self.rollout_workers, wh[:k]),
+                                            ("train", self.train_nodes, self.train_workers, wh[k:])):
+            hosts = [forced or ("127.0.0.1" if one_host else x["ip"]) for x in where]
+            addr = None
+            if len(workers) > 1:
+                addr = ray.get(workers[0].reserve_store.remote(self.job.job_id, hosts[0]), timeout=120)
+            out[pool] = [{"rank": i, "world_size": len(workers), "peers": [worker_name(n) for n in nodes],
+                          "nodes": list(nodes), "addr": addr, "host": hosts[i]} for i in range(len(workers))]
+        return out
 
     def run(self, phase: str, args: tuple, kwargs: dict) -> Any:
         """acquire -> worker.run (which releases the permit) -> the phase's result.
@@ -306,7 +339,14 @@ class ScheduledRuntime:
             raise PhaseFailed(f"job {j.job_id!r}: worker died during {phase}: {e}") from None
         rec = dict(out["record"], job_id=j.job_id, phase=phase, pool=pool_of_phase(phase))
         self.timeline.append(rec)
-        return None if phase == "sync" else out["result"]
+        if phase == "sync":
+            return None
+        res = out["result"]
+        ranks = len(self.rollout_workers if pool_of_phase(phase) == "rollout" else self.train_workers)
+        if ranks > 1:  # the ranks' results in rank order: combined by the job's gather function
+            fn = j._gathers.get(phase)
+            return fn(res) if fn is not None else res
+        return res
 
     def finish(self, ok: bool, error: Optional[str]) -> None:
         """Report finished / failed to the scheduler (departure releases the job's nodes)."""
@@ -319,8 +359,11 @@ class ScheduledRuntime:
                                                                "iterations_done": self.job.iteration}), timeout=60)
         except Exception as e:  # the scheduler restarts: it will see the departure from the controller
             log.warning("could not report %s of %s: %s", "finish" if ok else "failure", self.job.job_id, e)
-        for w in (self.rollout_worker, self.train_worker):
-            w.unregister_job.remote(self.job.job_id)
+        try:  # waited for: the job's control plane (process groups, engines) is gone when this returns
+            ray.get([w.unregister_job.remote(self.job.job_id) for w in self.rollout_workers + self.train_workers],
+                    timeout=60)
+        except Exception as e:
+            log.warning("could not unregister %s from its workers: %s", self.job.job_id, e)
 
     def group_timeline(self) -> list[dict]:
         """The whole group's timeline (every member's phases) from its GroupController."""

@@ -42,7 +42,7 @@ from typing import Any, Callable, Optional
 from actors.naming import NAMESPACE, get_actor, worker_name  # noqa: F401  (re-exported)
 from rollmux.nodes import node_resource, pool_of
 from rollmux.phase_state import (  # noqa: F401  (restore_state re-exported)
-    RuntimeHook, call_phase, restore_state, split_state, state_resume, state_suspend,
+    ParallelContext, RuntimeHook, call_phase, parallel_scope, restore_state, split_state, state_resume, state_suspend,
 )
 
 SYNC_TIMEOUT_S = 120.0
@@ -78,7 +78,8 @@ class _Hosted:
         self.ctrl: Any = None  # cached handle of the controller (looked up again only when it died)
         self.rollout_workers: list[str] = cfg.get("rollout_workers", [])
         self.ckpt: Path = Path(cfg.get("checkpoint_dir") or os.path.join(tempfile.gettempdir(), "rollmux-ckpt")) / \
-            f"{job_id}-{cfg['pool']}.pt"
+            (f"{job_id}-{cfg['admission'][:16]}-{cfg['pool']}.pt" if cfg.get("admission") else f"{job_id}-{cfg['pool']}.pt")
+        self.admission: Optional[str] = cfg.get("admission")  # the scheduler's token of this admission
         self.ref: Any = None  # ObjectRef of the stored (storable) state
         self.resident: dict = {}
         self.pending_weights: Optional[dict] = None  # {"ref": [ObjectRef]} | {"dict": {name: tensor}}
@@ -88,6 +89,18 @@ class _Hosted:
         self.plan: Any = None
         self.switches: list[dict] = []
         self.moved: Optional[dict] = None  # state carried over by a move: {"ref"} | {"ckpt": bytes}
+        # SPMD place of this worker among the job's workers of its pool (multi-node phases)
+        par = cfg.get("parallel") or {}
+        self.rank: int = int(par.get("rank", 0))
+        self.world_size: int = int(par.get("world_size", 1))
+        self.peers: list[str] = list(par.get("peers") or [])  # worker names of the pool, rank order
+        self.nodes: list[str] = list(par.get("nodes") or [])
+        self.addr: Optional[str] = par.get("addr")  # the job's rendezvous store (hosted by rank 0)
+        self.host: Optional[str] = par.get("host")  # address the job's gloo groups bind to
+        self.store: Any = None  # job's rendezvous store (PrefixStore), control plane
+        self.group: Any = None  # job's gloo process group over its workers of this pool, control plane
+        self.ctx_lock = threading.Lock()
+        self.endpoint_ready = threading.Event()
 
 
 class _PoolWorker:
@@ -102,6 +115,8 @@ class _PoolWorker:
         self.node = node
         self.cpus = pin_to_cpus(node)
         self.jobs: dict[str, _Hosted] = {}
+        self._stores: dict[str, Any] = {}  # job_id -> its rendezvous TCPStore (see reserve_store)
+        self._reserved: set[str] = set()  # jobs whose store was reserved and that did not register since
         self._lock = threading.Lock()
 
     # ---- hosting
@@ -112,7 +127,11 @@ class _PoolWorker:
         return h
 
     def register_job(self, job_id: str, cfg: dict | bytes, moved: Optional[dict] = None) -> bool:
-        """Host ``job_id`` (builder, phase functions, switch mode, controller name). Idempotent.
+        """Host ``job_id`` (builder, phase functions, switch mode, controller name). Idempotent
+        for the same admission; a registration carrying another admission token (``cfg
+        ["admission"]``: the job id was admitted again, e.g. after its driver was killed) first
+        drops the previous run's state here (stored state, pending weights, sync endpoint,
+        cold-start file), so the new run starts fresh.
 
         ``cfg`` may arrive cloudpickled (bytes): it is then unpickled here under the worker's lock,
         so that several jobs registering at once never import / build user classes concurrently.
@@ -121,18 +140,84 @@ class _PoolWorker:
         ``"moved"``) and its pending weights are applied at its next rollout.
         """
         with self._lock:
-            if job_id in self.jobs:
-                return False
             if isinstance(cfg, bytes):
                 from ray import cloudpickle
 
                 cfg = cloudpickle.loads(cfg)
+            old = self.jobs.get(job_id)
+            if old is not None:
+                if not cfg.get("admission") or old.admission == cfg.get("admission"):
+                    return False
+                # a previous admission of this id: its state is not this run's (a rendezvous store
+                # this run's driver reserved just before registering is kept)
+                keep = self._stores.get(job_id) if job_id in self._reserved else None
+                self.unregister_job(job_id)
+                if keep is not None:
+                    self._stores[job_id] = keep
+            self._reserved.discard(job_id)
             h = self.jobs[job_id] = _Hosted(job_id, {**cfg, "pool": self.pool})
             if moved:
                 if moved.get("ref") is not None or moved.get("ckpt") is not None:
                     h.moved = {"ref": moved.get("ref"), "ckpt": moved.get("ckpt")}
                 h.pending_weights = moved.get("pending_weights")
             return True
+
+    def reserve_store(self, job_id: str, host: str) -> str:
+        """Host the rendezvous store of ``job_id``'s workers of this pool on a free port of
+        ``host`` (this worker is their rank 0); returns ``"host:port"``. Called by the driver
+        before :meth:`register_job`; the store lives until the job is unregistered here."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        st = dist.TCPStore(host, 0, world_size=None, is_master=True, timeout=timedelta(seconds=SYNC_TIMEOUT_S),
+                           wait_for_workers=False)
+        self._stores[job_id] = st
+        self._reserved.add(job_id)  # reserved for the registration that follows
+        return f"{host}:{st.port}"
+
+    def _job_store(self, h: _Hosted):
+        """The job's rendezvous store for this pool (rank 0: the one :meth:`reserve_store` made;
+        others connect to it), prefixed by job and pool; built once, kept for the job's life."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        with h.ctx_lock:
+            if h.store is None:
+                base = self._stores.get(h.job_id)
+                if base is None:
+                    if h.addr is None:
+                        raise RuntimeError(f"job {h.job_id!r}: no rendezvous address for its {self.pool} workers")
+                    host, _, port = h.addr.rpartition(":")
+                    base = dist.TCPStore(host, int(port), world_size=None, is_master=False,
+                                         timeout=timedelta(seconds=SYNC_TIMEOUT_S))
+                    self._stores[h.job_id] = base
+                h.store = dist.PrefixStore(f"rollmux-job/{h.job_id}/{self.pool}/", base)
+            return h.store
+
+    def _job_group(self, h: _Hosted):
+        """The job's gloo process group over its workers of this pool (rank = its index in the
+        placement). Built on first use by every rank at the same point of an SPMD step (a
+        rendezvous), kept across phases and other jobs' phases (control plane)."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        store = self._job_store(h)
+        with h.ctx_lock:
+            if h.group is None:
+                opts = dist.ProcessGroupGloo._Options()
+                opts._timeout = timedelta(seconds=SYNC_TIMEOUT_S)
+                opts._devices = [dist.ProcessGroupGloo.create_device(hostname=h.host or "127.0.0.1")]
+                h.group = dist.ProcessGroupGloo(dist.PrefixStore("group/", store), h.rank, h.world_size, opts)
+            return h.group
+
+    def _parallel(self, h: _Hosted) -> ParallelContext:
+        """The :class:`ParallelContext` handed to the job's builder and phases on this worker."""
+        return ParallelContext(self.pool, h.rank, h.world_size, tuple(h.nodes or [self.node]),
+                               group_factory=lambda: self._job_group(h),
+                               store_factory=(lambda: self._job_store(h)) if (h.addr or h.job_id in self._stores) else None)
 
     def export_job(self, job_id: str) -> Optional[dict]:
         """Hand a job's stored state over for a move (departure re-packing) and stop hosting it.
@@ -158,17 +243,31 @@ class _PoolWorker:
         self.unregister_job(job_id)
         return out
 
-    def unregister_job(self, job_id: str) -> bool:
-        """Drop a job's state (departure / failure): its object-store state is freed, its sync
-        endpoint closed and its cold-start checkpoint file on this node deleted."""
-        h = self.jobs.pop(job_id, None)
-        if h is None:
+    def unregister_job(self, job_id: str, admission: Optional[str] = None) -> bool:
+        """Drop a job's state (departure / failure / eviction): its object-store state is freed,
+        its pending weights dropped, its sync endpoint closed and its cold-start checkpoint file
+        on this node deleted. ``admission``: only when the hosted run is that admission (a late
+        release of an earlier run never drops a re-admitted one). False if nothing was dropped."""
+        h = self.jobs.get(job_id)
+        if h is None or (admission is not None and h.admission is not None and h.admission != admission):
             return False
-        if h.endpoint is not None:
+        self.jobs.pop(job_id, None)
+        self._stores.pop(job_id, None)
+        h.ref = h.pending_weights = h.last_weights = h.moved = None
+        for v in [h.endpoint, *h.resident.values()]:  # control plane: communicators, engines
+            close = getattr(v, "close", None)
+            if v is not None and callable(close):
+                try:
+                    close()
+                except Exception:
+                    pass
+        h.resident = {}
+        if h.group is not None:
             try:
-                h.endpoint.close()
+                h.group.shutdown()
             except Exception:
                 pass
+        h.group = h.store = None
         h.ckpt.unlink(missing_ok=True)
         return True
 
@@ -194,7 +293,8 @@ class _PoolWorker:
         if h.moved is None and h.ref is not None and h.switch == "warm":
             state, kind = dict(ray.get(h.ref)), "warm"
         else:  # cold start, or the first phase after a move: builder + the saved / carried state
-            state = h.builder()
+            with parallel_scope(self._parallel(h)):
+                state = h.builder()
             if not isinstance(state, dict):
                 raise TypeError(f"job {h.job_id}: the {self.pool} state builder must return a dict")
             mv, saved = h.moved, None
@@ -292,10 +392,16 @@ class _PoolWorker:
                 ctrl.progress.remote(h.job_id, event["done"], event["total"])
 
     # ---- phases
-    def run(self, job_id: str, phase: str, args: tuple, kwargs: dict, grant: dict) -> dict:
+    def run(self, job_id: str, phase: str, args: tuple, kwargs: dict, grant: dict, follower: bool = False) -> dict:
         """Run a granted phase: warm/cold start, the user's function, offload, release the permit.
 
-        Returns ``{"result": ..., "record": timeline record}``. Raises the phase's own exception
+        A job on several nodes of the phase's pool runs it as one SPMD step: the driver calls its
+        rank-0 worker (the *leader*), which starts the same phase on the other ranks
+        (``follower=True``: no permit bookkeeping), runs its own shard, gathers the ranks' results
+        in rank order and releases the permit once, after every rank finished.
+
+        Returns ``{"result": ..., "record": timeline record}`` (``result``: the rank results in
+        rank order when the job has several workers of this pool). Raises the phase's own exception
         (after releasing the permit with ``ok=False``) and KeyError for a job not hosted here.
         """
         import ray
@@ -303,38 +409,60 @@ class _PoolWorker:
         h = self.jobs.get(job_id)
         if h is None:
             raise KeyError(f"job {job_id!r} is not hosted on {worker_name(self.node)}")
-        rec: dict = {"node": self.node, "iteration": grant.get("iteration"), "start": time.time(),
-                     "switch": None, "switch_s": None, "ok": False, "error": None}
+        rec: dict = {"node": self.node, "nodes": list(h.nodes or [self.node]), "iteration": grant.get("iteration"),
+                     "start": time.time(), "switch": None, "switch_s": None, "ok": False, "error": None}
         result = None
-        try:
-            ctrl = self._controller(h)
-            ctrl.phase_started.remote(job_id, phase)
-        except Exception:  # the controller died: look it up again (it restarts with max_restarts=-1)
-            ctrl = self._controller(h, fresh=True)
-            ctrl.phase_started.remote(job_id, phase)
+        ctrl = None
+        peers: list = []
+        if not follower:
+            try:
+                ctrl = self._controller(h)
+                ctrl.phase_started.remote(job_id, phase)
+            except Exception:  # the controller died: look it up again (it restarts with max_restarts=-1)
+                ctrl = self._controller(h, fresh=True)
+                ctrl.phase_started.remote(job_id, phase)
+            if h.world_size > 1:  # SPMD: the other ranks run the same phase now (the permit covers them)
+                peers = [get_actor(n).run.remote(job_id, phase, args, kwargs, grant, True) for n in h.peers[1:]]
         try:
             state, kind, sw = self._materialise(h)
             rec.update(switch=kind, switch_s=sw)
             h.switches.append({"phase": phase, "kind": kind, "seconds": sw})
             t1 = time.perf_counter()
+            ctx = self._parallel(h)
             if phase == "sync":
-                result = self._sync(h, state)
+                with parallel_scope(ctx):
+                    result = self._sync(h, state, follower)
                 rec["sync_backend"] = h.sync_backend
                 rec["sync_receivers"] = result.get("receivers")
                 rec["sync_cross_bytes"] = result.get("cross_bytes")
             else:
                 if h.pending_weights is not None and h.apply is not None:
                     pw = h.pending_weights
-                    h.apply(state, pw["dict"] if "dict" in pw else ray.get(pw["ref"][0]))
+                    with parallel_scope(ctx):
+                        h.apply(state, pw["dict"] if "dict" in pw else ray.get(pw["ref"][0]))
                     h.pending_weights = None
                     if h.switch == "cold":  # re-applied to a rollout engine rebuilt by the next cold start
                         h.last_weights = pw
                 last = [-1]
                 hook = RuntimeHook(job_id, phase, grant.get("iteration", 0), lambda e: self._emit(h, ctrl, e, last))
-                result = call_phase(h.phases[phase], phase, state, tuple(args), dict(kwargs), hook)
+                with parallel_scope(ctx):
+                    result = call_phase(h.phases[phase], phase, state, tuple(args), dict(kwargs), hook)
             rec["run_s"] = time.perf_counter() - t1
             rec["offload_s"] = self._offload(h, state)
             del state
+            if peers:
+                outs = ray.get(peers, timeout=SYNC_TIMEOUT_S * 10)
+                peers = []
+                rec["ranks"] = [{k: rec.get(k) for k in ("node", "switch", "switch_s", "run_s", "offload_s")}] + \
+                    [{k: o["record"].get(k) for k in ("node", "switch", "switch_s", "run_s", "offload_s")} for o in outs]
+                rec["nodes"] = [r["node"] for r in rec["ranks"]]
+                if phase == "sync":
+                    cross = [result.get("cross_bytes")] + [o["result"].get("cross_bytes") for o in outs]
+                    rec["sync_cross_bytes_by_rank"] = cross
+                    rec["sync_cross_bytes"] = sum(int(c or 0) for c in cross)
+                    result = dict(result, cross_bytes=rec["sync_cross_bytes"])
+                else:
+                    result = [result] + [o["result"] for o in outs]
             rec["ok"] = True
         except BaseException as e:
             rec["error"] = f"{type(e).__name__}: {e}"
@@ -342,10 +470,24 @@ class _PoolWorker:
             raise
         finally:
             rec["end"] = time.time()
-            self._release(h, phase, rec)
+            if not follower:
+                self._release(h, phase, rec)
         return {"result": result, "record": rec}
 
-    def _sync(self, h: _Hosted, state: dict) -> dict:
+    def open_sync_endpoint(self, job_id: str, plan, addr: str, index: int, host: str) -> dict:
+        """Join the job's collectives group as this pool's worker ``index`` (kept for the job's life)."""
+        from collectives import open_endpoint
+
+        h = self._hosted(job_id)
+        if h.endpoint is not None:
+            h.endpoint.close()
+        h.plan = plan
+        h.endpoint = open_endpoint(plan, self.pool, index, addr=addr, job_id=job_id, bind_host=host,
+                                   timeout_s=SYNC_TIMEOUT_S)
+        h.endpoint_ready.set()
+        return {"node": self.node, "index": index}
+
+    def _sync(self, h: _Hosted, state: dict, follower: bool = False) -> dict:
         raise NotImplementedError
 
 
@@ -366,18 +508,6 @@ class RolloutWorkerImpl(_PoolWorker):
         h.pending_weights = {"ref": list(refs)}
         return {"node": self.node, "fetch_s": time.perf_counter() - t0, "backend": "object_store"}
 
-    def open_sync_endpoint(self, job_id: str, plan, addr: str, index: int, host: str) -> dict:
-        """Join the job's collectives group as rollout worker ``index`` (kept for the job's life)."""
-        from collectives import open_endpoint
-
-        h = self._hosted(job_id)
-        if h.endpoint is not None:
-            h.endpoint.close()
-        h.plan = plan
-        h.endpoint = open_endpoint(plan, "rollout", index, addr=addr, job_id=job_id, bind_host=host,
-                                   timeout_s=SYNC_TIMEOUT_S)
-        return {"node": self.node, "index": index}
-
     def receive_sync(self, job_id: str) -> dict:
         """Sync receive side over collectives/ (atomic); applied at the job's next rollout."""
         import torch
@@ -388,7 +518,8 @@ class RolloutWorkerImpl(_PoolWorker):
         h.pending_weights = {"dict": h.endpoint.receive(template)}
         st = h.endpoint.last_stats
         return {"node": self.node, "fetch_s": time.perf_counter() - t0, "backend": "gloo",
-                "cross_recv_bytes": getattr(st, "cross_recv_bytes", None)}
+                "cross_recv_bytes": getattr(st, "cross_recv_bytes", None),
+                "intra_recv_bytes": getattr(st, "intra_recv_bytes", None)}
 
 
 class TrainWorkerImpl(_PoolWorker):
@@ -396,7 +527,12 @@ class TrainWorkerImpl(_PoolWorker):
 
     pool = "train"
 
-    def _sync(self, h: _Hosted, state: dict) -> dict:
+    def _sync(self, h: _Hosted, state: dict, follower: bool = False) -> dict:
+        """Sync send side. Every training rank runs the job's ``sync`` function; with
+        ``sync_backend="gloo"`` each sends its shard of the N->M plan (N = the job's training
+        workers, M = its rollout workers; RollMux §5.2), so one model copy crosses the boundary in
+        all; ``cross_bytes`` is what this rank's executor sent (the leader adds the ranks up).
+        The object-store fallback puts the leader's weights once; every rollout worker pulls them."""
         import ray
 
         fn = h.phases.get("sync")
@@ -404,37 +540,56 @@ class TrainWorkerImpl(_PoolWorker):
             raise KeyError(f"job {h.job_id!r} has no sync phase")
         weights = fn(state)
         if h.sync_backend == "gloo":
+            if follower:
+                return {"cross_bytes": self._send_follower(h, weights)}
             acks = self._sync_collective(h, weights)
-            st = h.endpoint.last_stats  # what the executor sent across the boundary
+            st = h.endpoint.last_stats  # what this rank's executor sent across the boundary
             return {"receivers": acks, "cross_bytes": int(getattr(st, "cross_sent_bytes", 0) or 0)}
+        if follower:
+            return {"cross_bytes": 0}
         nbytes = sum(int(v.numel() * v.element_size()) for v in weights.values() if hasattr(v, "element_size"))
         ref = ray.put(weights)
         del weights
-        acks = ray.get([ray.get_actor(w, namespace=NAMESPACE).receive_weights.remote(h.job_id, [ref])
-                        for w in h.rollout_workers], timeout=600)
+        acks = ray.get([get_actor(w).receive_weights.remote(h.job_id, [ref]) for w in h.rollout_workers], timeout=600)
         # object store: every rollout node pulls the whole object across the boundary
         return {"receivers": acks, "cross_bytes": nbytes * len(acks)}
 
+    def _send_follower(self, h: _Hosted, weights: dict) -> int:
+        """A non-leader training rank: wait for the endpoint the leader opens here, send the shard."""
+        t_end = time.monotonic() + SYNC_TIMEOUT_S
+        while h.endpoint is None or getattr(h.endpoint, "broken", None):
+            if time.monotonic() > t_end:
+                raise TimeoutError(f"job {h.job_id!r}: no sync endpoint opened on {self.node} in {SYNC_TIMEOUT_S:g} s")
+            h.endpoint_ready.wait(0.05)
+        st = h.endpoint.send(weights)
+        return int(st.cross_sent_bytes)
+
     def _sync_collective(self, h: _Hosted, weights: dict) -> list:
-        """RollMux §5.2 through collectives/ (gloo): the plan and endpoints are built at the first
-        sync and kept alive in the worker processes; each sync sends the shards and the rollout
-        workers receive atomically. Endpoints bind to 127.0.0.1 when all of the job's workers
-        share this machine, else to the node IP (env ROLLMUX_SYNC_HOST overrides)."""
+        """RollMux §5.2 through collectives/ (gloo), N training ranks -> M rollout workers: the
+        plan and endpoints are built at the first sync (by the leader, on every endpoint) and kept
+        alive in the worker processes; each sync every rank sends its shards and the rollout
+        workers receive atomically. Endpoints bind to the job's host (127.0.0.1 when all of its
+        workers share this machine, else the node IP; env ROLLMUX_SYNC_HOST overrides)."""
         import ray
 
         from collectives import free_port, open_endpoint
         from rollmux.sync_plan import build_plan, metas_of
 
-        peers = [ray.get_actor(w, namespace=NAMESPACE) for w in h.rollout_workers]
+        peers = [get_actor(w) for w in h.rollout_workers]
+        trainers = [get_actor(w) for w in h.peers[1:]]
         if h.endpoint is None or getattr(h.endpoint, "broken", None):
             if h.endpoint is not None:
                 h.endpoint.close()
-            ip = ray.util.get_node_ip_address()
-            ips = {w["ip"] for w in ray.get([p.where.remote() for p in peers])}
-            host = os.environ.get("ROLLMUX_SYNC_HOST") or ("127.0.0.1" if ips <= {ip} else ip)
-            plan = build_plan(metas_of(weights), 1, len(peers), scheme="topo")
+            host = os.environ.get("ROLLMUX_SYNC_HOST") or h.host
+            if host is None:
+                ip = ray.util.get_node_ip_address()
+                ips = {w["ip"] for w in ray.get([p.where.remote() for p in peers + trainers])}
+                host = "127.0.0.1" if ips <= {ip} else ip
+            plan = build_plan(metas_of(weights), max(1, h.world_size), len(peers), scheme="topo")
             addr = f"{host}:{free_port(host)}"
             opening = [p.open_sync_endpoint.remote(h.job_id, plan, addr, j, host) for j, p in enumerate(peers)]
+            opening += [t.open_sync_endpoint.remote(h.job_id, plan, addr, i, host) for i, t in enumerate(trainers, 1)]
+            h.plan = plan
             h.endpoint = open_endpoint(plan, "train", 0, addr=addr, job_id=h.job_id, bind_host=host,
                                        timeout_s=SYNC_TIMEOUT_S)
             ray.get(opening, timeout=SYNC_TIMEOUT_S)

@@ -7,6 +7,6 @@
 __version__ = "0.1.0"
 
 # Phase API (RollMux §5): the user-facing decorators; scheduled mode imports actors/ lazily.
-from rollmux.phase_api import Job, phase, runtime_hook  # noqa: E402,F401
+from rollmux.phase_api import Job, parallel, phase, runtime_hook  # noqa: E402,F401
 
-__all__ = ["Job", "phase", "runtime_hook", "__version__"]
+__all__ = ["Job", "parallel", "phase", "runtime_hook", "__version__"]

@@ -137,6 +137,11 @@ class SchedulerConfig(BaseModel):
             many jobs in all, by the optimum's set partitioning; 0 turns it off.
         saturation: which groups Alg. 1 line 4 prunes (:func:`saturation_filter`): ``"paper"``
             (``T_load >= T_cycle``), ``"slo"`` (``T_load >= max_k slo_k T_solo_k``) or ``"off"``.
+        driver_lease_s: a GroupController evicts an attached job whose driver has not
+            heart-beaten for this many seconds while none of its phases runs (0 disables).
+        attach_timeout_s: an admitted job whose driver has not attached (reported ``running``)
+            after this many seconds expires: its nodes are released and its record says
+            ``expired`` (the GlobalScheduler's reconcile loop checks; 0 disables).
         queue_max_jobs: most jobs the admission queue of a bounded cluster holds
             (:class:`rollmux.admission_queue.AdmissionQueue`); more are refused (HTTP 429).
         queue_backfill: behind a job that does not fit, try smaller queued jobs (else strict FIFO).
@@ -159,6 +164,8 @@ class SchedulerConfig(BaseModel):
     repack_max_members: int = Field(default=2, ge=1, le=64)
     reopt_max_jobs: int = Field(default=8, ge=0, le=12)
     saturation: Literal["paper", "slo", "off"] = "slo"
+    attach_timeout_s: float = Field(default=600.0, ge=0.0, le=1e7)
+    driver_lease_s: float = Field(default=30.0, ge=0.0, le=1e6)
     queue_max_jobs: int = Field(default=1000, ge=1, le=1_000_000)
     queue_backfill: bool = True
     queue_scan_limit: int = Field(default=64, ge=1, le=100_000)
@@ -177,7 +184,8 @@ class SchedulerConfig(BaseModel):
     def controller_settings(self) -> dict:
         """Keyword arguments of a GroupController that carry these long-tail settings."""
         return {"migrate": self.tail_migration, "tail_trigger_fraction": self.tail_trigger_fraction,
-                "tail_gpus": self.tail_gpus, "migration_overhead_s": self.migration_overhead_s}
+                "tail_gpus": self.tail_gpus, "migration_overhead_s": self.migration_overhead_s,
+                "lease_s": self.driver_lease_s}
 
 
 def load_scheduler_config(path: Union[str, Path, None] = None) -> SchedulerConfig:

@@ -62,6 +62,7 @@ class Member:
     has_sync: bool = True
     active: bool = False
     heartbeat: Optional[float] = None
+    confirmed: bool = False  # this ledger granted it a phase (its queue position is this ledger's own)
     iterations_done: int = 0
     iter_start: Optional[float] = None
     phase_s: dict[str, float] = field(default_factory=dict)
@@ -225,6 +226,17 @@ class GroupLedger:
         self.pending.append(_metric("job_ended", job_id, ignore_late=False))
         return True
 
+    def mark_gone(self, job_id: str, reason: str) -> bool:
+        """Record that ``job_id`` left this group although this ledger never knew it as a member
+        (e.g. a target-state push that lists it as gone overtook, and so superseded, the older push
+        that added it: calls to an async actor may run out of submission order). Its driver's
+        later call is then told why (e.g. that it moved) instead of "not a member". False (and
+        nothing changed) for a known job: :meth:`remove` handles those."""
+        if job_id in self.members or job_id in self.gone:
+            return False
+        self.gone[job_id] = reason
+        return True
+
     def take_effects(self) -> list[Effect]:
         """Effects queued by state changes (e.g. a job leaving), for the actor to carry out."""
         out, self.pending = self.pending, []
@@ -260,6 +272,16 @@ class GroupLedger:
         if not self.is_queued(job_id):
             self.activate(job_id)
         nxt = self.rr.next_phase(job_id)
+        m = self.members[job_id]
+        if nxt != phase and not m.confirmed and not self.rr.is_running(job_id):
+            # a restarted controller: the driver's own report says where the job is in its
+            # meta-iteration (the phase it asks for is its next one); resume it there
+            try:
+                if not self.rr.resume(job_id, phase, None if iteration is None else int(iteration)):
+                    return None  # another job's phase holds its training nodes: ask again when it ends
+                nxt = phase
+            except ValueError:
+                pass
         if nxt != phase:
             raise PermitError(f"group {self.group_id}: job {job_id!r} asked for {phase} but its next phase is {nxt}")
         if not any(r.job_id == job_id for r in self.rr.ready()):
@@ -271,7 +293,7 @@ class GroupLedger:
                  "rr_iteration": rp.iteration, "granted_at": now, "waited_s": now - waited_since,
                  "group_id": self.group_id}
         self.grants[job_id] = grant
-        m = self.members[job_id]
+        m.confirmed = True
         if phase == "rollout" and m.iter_start is None:
             m.iter_start = now
         return grant

@@ -58,8 +58,8 @@ from typing import Any, Callable, Literal, Optional
 
 from rollmux.models import JobSpec, PhaseName, PoolName
 from rollmux.phase_state import (  # noqa: F401  (re-exported: the phase API's public names)
-    PHASES, POOL_OF_PHASE, AdmissionRefused, PhaseFailed, RuntimeHook, call_phase, is_resident, one_thread,
-    restore_state, split_state, state_resume, state_suspend,
+    PHASES, POOL_OF_PHASE, AdmissionRefused, ParallelContext, PhaseFailed, RuntimeHook, call_phase, is_resident,
+    one_thread, parallel, restore_state, split_state, state_resume, state_suspend,
 )
 
 log = logging.getLogger("rollmux.phase_api")
@@ -75,6 +75,8 @@ __all__ = [
     "phase",
     "runtime_hook",
     "current_job",
+    "parallel",
+    "ParallelContext",
     "is_resident",
     "split_state",
     "state_suspend",
@@ -176,6 +178,7 @@ class Job:
         self._builders: dict[str, Callable[[], dict]] = {}
         self._phases: dict[str, Callable] = {}
         self._apply: Optional[Callable] = None
+        self._gathers: dict[str, Callable[[list], Any]] = {}
         self._hooks: list[Callable[[dict], None]] = list(_PENDING_HOOKS)
         _PENDING_HOOKS.clear()
         self.iteration = 0
@@ -266,6 +269,20 @@ class Job:
         """Register ``fn(rollout_state, weights)`` applying synced weights on the rollout side."""
         self._apply = fn
         return fn
+
+    def gather(self, name: PhaseName) -> Callable[[Callable[[list], Any]], Callable[[list], Any]]:
+        """Register ``fn(results) -> result`` combining the per-rank results of phase ``name``
+        when the job runs it on several nodes (``results`` in rank order, see
+        :func:`rollmux.phase_state.parallel`). Without one, a multi-node phase returns the list.
+        Raises ValueError on an unknown phase name."""
+        if name not in _PHASES:
+            raise ValueError(f"phase must be one of {_PHASES}, got {name!r}")
+
+        def deco(fn):
+            self._gathers[name] = fn
+            return fn
+
+        return deco
 
     def runtime_hook(self, fn: Callable[[dict], None]) -> Callable[[dict], None]:
         """Register a callback for runtime events (``event``: granted | done | progress | failed)."""

@@ -17,6 +17,7 @@ Pure (no Ray): the plain runtime (:mod:`rollmux.phase_api`) and the Ray pool wor
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import threading
 import time
@@ -168,3 +169,78 @@ def restore_state(fresh: dict, saved: dict) -> dict:
         else:
             fresh[k] = v
     return fresh
+
+
+class ParallelContext:
+    """Where this copy of a phase runs inside its job's SPMD step (RollMux §5.1, multi-node phases).
+
+    A job placed on k rollout nodes and m training nodes runs each rollout phase on its k rollout
+    workers and each training / sync phase on its m training workers at once: every worker runs
+    the same phase function on its shard (rollout: its slice of the prompts; training: its slice
+    of each minibatch, gradients averaged over the job's process group). In plain mode and on a
+    single node, ``rank == 0`` and ``world_size == 1``.
+
+    Attributes:
+        pool: ``"rollout"`` or ``"train"``.
+        rank / world_size: this worker's index among the job's workers of ``pool``, and their number.
+        nodes: the job's nodes of ``pool`` in rank order (``()`` in plain mode).
+    ``group`` and ``store`` are built on first use (by every rank at the same point of the SPMD
+    step: construction is a rendezvous) and kept for the job's life in the worker process (the
+    job's resident control plane): ``group`` is a gloo process group over the job's workers of
+    ``pool`` (None when ``world_size == 1``); ``store`` the job's rendezvous key-value store
+    (``torch.distributed.Store``; None in plain mode).
+    """
+
+    def __init__(self, pool: str, rank: int = 0, world_size: int = 1, nodes: tuple = (),
+                 group_factory: Optional[Callable[[], Any]] = None,
+                 store_factory: Optional[Callable[[], Any]] = None):
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"parallel context: need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+        self.pool, self.rank, self.world_size, self.nodes = pool, int(rank), int(world_size), tuple(nodes)
+        self._group_factory, self._store_factory = group_factory, store_factory
+
+    @property
+    def group(self) -> Any:
+        if self.world_size == 1 or self._group_factory is None:
+            return None
+        return self._group_factory()
+
+    @property
+    def store(self) -> Any:
+        return None if self._store_factory is None else self._store_factory()
+
+    def shard(self, n: int) -> slice:
+        """This rank's contiguous slice of ``n`` items (the first ``n % world_size`` ranks get one
+        more); ranks in order cover ``0..n`` exactly once."""
+        q, r = divmod(int(n), self.world_size)
+        start = self.rank * q + min(self.rank, r)
+        return slice(start, start + q + (1 if self.rank < r else 0))
+
+    def __repr__(self) -> str:
+        return f"ParallelContext(pool={self.pool!r}, rank={self.rank}, world_size={self.world_size})"
+
+
+_PARALLEL: "contextvars.ContextVar[Optional[ParallelContext]]" = contextvars.ContextVar("rollmux_parallel", default=None)
+
+
+def parallel(pool: str = "?") -> ParallelContext:
+    """The :class:`ParallelContext` of the phase (or state builder) running in this thread; a
+    single-rank context (``rank 0 of 1``) outside the runtime's SPMD steps (plain mode)."""
+    ctx = _PARALLEL.get()
+    return ctx if ctx is not None else ParallelContext(pool)
+
+
+class parallel_scope:
+    """Context manager: :func:`parallel` returns ``ctx`` inside (set by the runtime's workers
+    around a builder or phase call; thread- and task-local)."""
+
+    def __init__(self, ctx: Optional[ParallelContext]):
+        self.ctx, self._token = ctx, None
+
+    def __enter__(self) -> Optional[ParallelContext]:
+        self._token = _PARALLEL.set(self.ctx)
+        return self.ctx
+
+    def __exit__(self, *exc) -> bool:
+        _PARALLEL.reset(self._token)
+        return False

@@ -20,17 +20,20 @@ Pure: no Ray import; every value here is JSON-able through ``model_dump(mode="js
 from __future__ import annotations
 
 import enum
+import re
 from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["JobState", "NodePlacement", "MoveRecord", "JobRecord", "REFUSAL_CODES", "ACTIVE_STATES"]
+__all__ = ["JobState", "NodePlacement", "MoveRecord", "JobRecord", "REFUSAL_CODES", "ACTIVE_STATES",
+           "explain_failure"]
 
 
 class JobState(str, enum.Enum):
     """A job's lifecycle at the GlobalScheduler, in order: (queued ->) admitted -> running ->
-    finished | failed. ``queued``: held by the admission queue of a bounded cluster, no nodes yet
-    (:mod:`rollmux.admission_queue`).
+    finished | failed (admitted -> expired when no driver attaches within the scheduler's
+    ``attach_timeout_s``). ``queued``: held by the admission queue of a bounded cluster, no nodes
+    yet (:mod:`rollmux.admission_queue`).
 
     Members compare by that order (``JobState.ADMITTED < JobState.RUNNING``); a record's state
     only moves forward (:meth:`advance`). ``str`` valued, so ``JobState.RUNNING == "running"``.
@@ -41,6 +44,7 @@ class JobState(str, enum.Enum):
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
+    EXPIRED = "expired"  # admitted, but no driver attached within the attach timeout
 
     @property
     def rank(self) -> int:
@@ -72,7 +76,8 @@ class JobState(str, enum.Enum):
         return self.value
 
 
-_RANK = {JobState.QUEUED: -1, JobState.ADMITTED: 0, JobState.RUNNING: 1, JobState.FINISHED: 2, JobState.FAILED: 2}
+_RANK = {JobState.QUEUED: -1, JobState.ADMITTED: 0, JobState.RUNNING: 1, JobState.FINISHED: 2, JobState.FAILED: 2,
+         JobState.EXPIRED: 2}
 ACTIVE_STATES: tuple[JobState, ...] = (JobState.ADMITTED, JobState.RUNNING)
 
 #: Refusal codes of the GlobalScheduler itself (the policy's are ok | never | retry_later).
@@ -117,7 +122,7 @@ class JobRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     job_id: str
-    state: JobState = Field(description='"queued" | "admitted" | "running" | "finished" | "failed"')
+    state: JobState = Field(description='"queued" | "admitted" | "running" | "finished" | "failed" | "expired"')
     group_id: Optional[str] = Field(default=None, description="current group (the last one once ended)")
     placement: Optional[NodePlacement] = None
     controller: Optional[str] = Field(default=None, description="the group's GroupController actor name")
@@ -127,10 +132,17 @@ class JobRecord(BaseModel):
     predicted_slowdown: Optional[float] = Field(default=None, description="worst-case co-executed / solo iteration time")
     measured: Optional[dict[str, Optional[float]]] = None
     slowdown: Optional[float] = Field(default=None, description="measured co-executed / solo iteration time")
-    error: Optional[str] = None
+    admission_id: Optional[str] = Field(default=None, description="token of this admission: a re-used job id "
+                                        "gets a new one, so workers never resume a previous run's state")
+    error: Optional[str] = Field(default=None, description="why the job failed, for people: what was lost, what "
+                                 "happened to its state, what to do (:func:`explain_failure`)")
+    error_detail: Optional[str] = Field(default=None, description="the raw error the failure was reported with")
     admitted_at: Optional[float] = Field(default=None, description="Unix time, s")
     ended_at: Optional[float] = Field(default=None, description="Unix time, s")
     moves: list[MoveRecord] = []
+    spec_sha256: Optional[str] = Field(default=None, description="SHA-256 of the admitted spec (checkpoint only)")
+    decision: Optional[dict[str, Any]] = Field(
+        default=None, description="the admission decision as first answered, replayed to a retry (checkpoint only)")
     queue_position: Optional[int] = Field(default=None, description="place in the admission queue, 1 = next (queued only)")
     queued_at: Optional[float] = Field(default=None, description="when the job entered the admission queue, Unix time, s")
     waited_s: Optional[float] = Field(default=None, description="time spent in the admission queue, s (so far, "
@@ -139,11 +151,18 @@ class JobRecord(BaseModel):
     def is_active(self) -> bool:
         return self.state.is_active()
 
+    def _skip(self) -> set[str]:
+        return {k for k in _QUEUE_FIELDS if getattr(self, k) is None} | (set() if self.moves else {"moves"})
+
     def public(self) -> dict[str, Any]:
-        """The JSON-able form the scheduler answers and checkpoints (``moves`` only once moved; the
-        queue fields only for a job that went through the admission queue)."""
-        skip = {k for k in _QUEUE_FIELDS if getattr(self, k) is None} | (set() if self.moves else {"moves"})
-        return self.model_dump(mode="json", exclude=skip or None)
+        """The JSON-able form the scheduler answers (``moves`` only once moved; the queue fields
+        only for a job that went through the admission queue; without the checkpoint-only
+        ``spec_sha256`` / ``decision``)."""
+        return self.model_dump(mode="json", exclude={"spec_sha256", "decision", *self._skip()})
+
+    def stored(self) -> dict[str, Any]:
+        """The JSON-able form the checkpoint keeps: :meth:`public` plus the checkpoint-only fields."""
+        return self.model_dump(mode="json", exclude=self._skip() or None)
 
     def note_iteration(self, iterations_done: int, t_iter_s: Optional[float], t_solo_s: Optional[float],
                        slowdown: Optional[float]) -> None:
@@ -157,3 +176,38 @@ class JobRecord(BaseModel):
                 m[k] = m[k] + (float(v) - m[k]) / n
         self.measured = m
         self.slowdown = slowdown
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_NODE = re.compile(r"\b((?:rollout|train)-\d+)\b")
+_IDS = re.compile(r"\(?\b(?:actor_id|ActorID|Actor ID|pid|ip|node_id)[=: ]+[^\s,)]+[,)]?", re.I)
+
+
+def explain_failure(raw: Optional[str], nodes: tuple[str, ...] = ()) -> str:
+    """A failure reason for people from a raw error (a Ray traceback, a controller message):
+    what was lost (the node or actor), what happened to the job's state, what to do. Colour
+    codes and actor / process ids are dropped; the raw text belongs in ``error_detail``.
+
+    ``nodes``: the job's nodes (named when the error does not say which node was lost)."""
+    text = _ANSI.sub("", raw or "").strip()
+    low = text.lower()
+    named = _NODE.findall(text)
+    where = named[0] if named else (", ".join(nodes) if nodes else "one of its nodes")
+    resubmit = "Submit the job again to start it from step 1."
+    if "driver lost" in low or "no heartbeat" in low:
+        lease = re.search(r"lease ([0-9.]+)s", text)
+        return ("the job's driver stopped reporting" + (f" for longer than its {lease.group(1)} s lease" if lease else "")
+                + " (killed, or its host was lost) and the job was evicted; its nodes were released and its "
+                "stored state discarded. " + resubmit)
+    if "worker died" in low or "actordied" in low or "actor died" in low or "rayactorerror" in low \
+            or "worker on" in low and "lost" in low:
+        return (f"the worker on {where} was lost; the job's state went with it. {resubmit}")
+    if "out of memory" in low or "outofmemory" in low or "oom" in low.split():
+        return (f"a worker on {where} ran out of memory; the job's state on it is lost. Lower the job's memory "
+                f"(batch, model) or give it more nodes. {resubmit}")
+    if "controller is unavailable" in low:
+        return ("the job's group controller stayed unavailable; the job stopped between phases (its stored state "
+                f"on the workers was released). {resubmit}")
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith((" ", "Traceback"))), "")
+    first = " ".join(_IDS.sub("", first).split()).strip(" ,;:") or "unknown error"
+    return f"the job failed: {first[:300]}. " + resubmit

@@ -324,6 +324,34 @@ class RoundRobinQueues:
             self._end_turn(job_id)
         return self.ready()
 
+    def resume(self, job_id: str, phase: str, iteration: Optional[int] = None) -> bool:
+        """A restarted controller learns where ``job_id`` is in its meta-iteration from its
+        driver: ``phase`` is the job's next phase; ``iteration``: its completed iterations (the
+        job's turns are kept, only its count is the driver's). A job resuming at ``train`` /
+        ``sync`` already ran this meta-iteration's rollout: its training turn becomes the one
+        before its next rollout turn (so it heads its training nodes once they are free), and at
+        ``sync`` it holds them. Returns False (nothing changed; ask again once a phase ends) while
+        another job's phase holds one of its training nodes. Raises ValueError while a phase of
+        the job runs or for a phase it cannot resume at, KeyError for an unknown job."""
+        job = self._jobs[job_id]
+        if job.running:
+            raise ValueError(f"job {job_id!r} has a phase running; it cannot be resumed elsewhere")
+        if phase not in _NEXT or (phase == "sync" and not job.has_sync):
+            raise ValueError(f"job {job_id!r} cannot resume at phase {phase!r}")
+        if phase != "rollout" and any(self._holder(n) not in (None, job_id) for n in job.train_nodes):
+            return False
+        if iteration is not None:
+            it = max(0, int(iteration))
+            job.base += job.iteration - it  # same turns, the driver's count
+            job.iteration = it
+        if phase != "rollout" and job.next_phase == "rollout":
+            job.base -= 1  # this meta-iteration's rollout is done: its training turn precedes the next rollout's
+        elif phase == "rollout" and job.next_phase != "rollout":
+            job.base += 1
+        job.next_phase = phase
+        job.released = False
+        return True
+
     def has_sync(self, job_id: str) -> bool:
         """Whether ``job_id`` has a sync phase. Raises KeyError if unknown."""
         return self._jobs[job_id].has_sync

@@ -43,7 +43,7 @@ def app(paper):
     g = GlobalSchedulerImpl(paper, kv=MemoryKV(), create_controllers=False)
 
     class Client:
-        async def call(self, method, *a, retry=True):
+        async def call(self, method, *a, retry=True, outcome=None):
             return _finite(getattr(g, method)(*a))
 
     with TestClient(create_app(AppSettings(token_sha256=_sha256(TOKEN), max_request_bytes=4096), client=Client())) as c:

@@ -178,7 +178,9 @@ def test_admission_and_refusals_through_the_actor(sched):
     assert d["admitted"] and d["placement"]["rollout_nodes"] and d["group_id"]
     rec = ray.get(h.get_job.remote(jid))
     assert rec["state"] == "admitted" and rec["predicted"]["t_solo_s"] == pytest.approx(4.0)
-    assert ray.get(h.admit.remote(toy_spec(jid, "small")))["code"] == "duplicate"
+    again = ray.get(h.admit.remote(toy_spec(jid, "small")))  # a retry: the original decision
+    assert again["admitted"] and again["replayed"] and again["group_id"] == d["group_id"]
+    assert ray.get(h.admit.remote(toy_spec(jid, "small", slo=6.0)))["code"] == "duplicate"  # another spec
     bad = ray.get(h.admit.remote({**toy_spec(f"bad-{_uid()}", "small"), "slo": 0.2}))
     assert bad["code"] == "invalid" and "slo" in bad["reason"]
     huge = ray.get(h.admit.remote({**toy_spec(f"huge-{_uid()}", "small"), "num_rollout_gpus": 64}))
@@ -212,7 +214,8 @@ def test_lost_driver_is_evicted_and_mates_continue(ray_cluster, local_cluster_sp
         loop(mate, fns, 3, out, "m")
         assert len(out["m"]) == 3 and "m:error" not in out
         rec = ray.get(h.get_job.remote(lost.job_id))
-        assert rec["state"] == "failed" and "driver lost" in rec["error"]
+        assert rec["state"] == "failed" and "driver lost" in rec["error_detail"]
+        assert "driver stopped reporting" in rec["error"] and "step 1" in rec["error"]
         assert ray.get(h.get_job.remote(mate.job_id))["state"] == "finished"
     finally:
         ray.kill(h, no_restart=True)
@@ -360,9 +363,11 @@ def test_long_tail_settings_reach_controllers_and_simulator():
 
     sim = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
     g = GlobalSchedulerImpl(sim, kv=MemoryKV(), create_controllers=False,
-                            config={"tail_trigger_fraction": 0.5, "tail_gpus": 2, "migration_overhead_s": 3.0})
+                            config={"tail_trigger_fraction": 0.5, "tail_gpus": 2, "migration_overhead_s": 3.0,
+                                    "driver_lease_s": 7.0})
     c = GroupControllerImpl("group-0", None, **g.controller_kw, metrics_enabled=False)
     assert c.long_tail == LongTailPolicy(0.5, 2, 3.0) and c.migrate is True
+    assert c.ledger.lease_s == 7.0  # the driver lease comes from configs/scheduler.yaml too
     off = GlobalSchedulerImpl(sim, kv=MemoryKV(), create_controllers=False, config={"tail_migration": False})
     assert GroupControllerImpl("group-1", None, **off.controller_kw, metrics_enabled=False).migrate is False
     # an explicit controller_kw still wins
@@ -403,3 +408,40 @@ def test_cpu_pinning_gives_each_node_its_cpu(local_cluster_spec):
     env = {**__import__("os").environ, "ROLLMUX_CPU_PIN": json.dumps({"train-0": [0]})}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60).stdout
     assert out.split() == ["[0]", "[0]"]
+
+
+@ray_test
+def test_killing_the_group_controller_twice_fails_no_job(sched):
+    """A three-job run whose GroupController is killed twice (Ray restarts it): the restarted
+    controller re-reads the membership from the scheduler and takes each job's position in its
+    meta-iteration from the driver's next permit request; every job finishes all iterations."""
+    import ray
+
+    from actors.naming import NAMESPACE
+
+    name, h = sched
+    n = 4
+    kinds = ["big", "small", "small"]
+    ids = [f"{k}-{_uid()}" for k in kinds]
+    jobs = [rollmux.Job(toy_spec(jid, kind), attach=True, scheduler_name=name) for jid, kind in zip(ids, kinds)]
+    fns = [make_toy(job, kind, seed=i) for i, (job, kind) in enumerate(zip(jobs, kinds))]
+    out: dict = {}
+    threads = [threading.Thread(target=loop, args=(j, f, n, out, j.job_id)) for j, f in zip(jobs, fns)]
+    for t in threads:
+        t.start()
+    ctl = wait_until(lambda: (getattr(jobs[0], "info", None) or {}).get("controller"), timeout_s=60, interval_s=0.1,
+                     what="controller attached")
+    kills = 0
+    for at_iter in (1, 2):  # kill while jobs are mid-iteration
+        wait_until(lambda: len(out.get(ids[0], [])) >= at_iter or out.get(ids[0] + ":error"), timeout_s=120,
+                   interval_s=0.05, what=f"iteration {at_iter}")
+        time.sleep(0.1)  # inside the next iteration's phases
+        ray.kill(ray.get_actor(ctl, namespace=NAMESPACE), no_restart=False)
+        kills += 1
+    for t in threads:
+        t.join(timeout=180)
+    assert kills == 2 and not any(t.is_alive() for t in threads)
+    assert not [k for k in out if k.endswith(":error")], {k: v for k, v in out.items() if k.endswith(":error")}
+    for jid in ids:
+        rec = ray.get(h.get_job.remote(jid))
+        assert rec["state"] == "finished" and rec["iterations_done"] == n, rec

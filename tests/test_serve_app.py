@@ -143,8 +143,11 @@ def test_refusals_are_409_with_reason(api, clean):
 @pytest.mark.ray
 def test_duplicate_job_id_is_409(api, clean):
     j = _id("dup")
-    assert api.post("/v1/jobs", json=spec(j)).status_code == 201
-    r = api.post("/v1/jobs", json=spec(j))
+    first = api.post("/v1/jobs", json=spec(j))
+    assert first.status_code == 201
+    again = api.post("/v1/jobs", json=spec(j))  # a retry of the same spec: 200, the original decision
+    assert again.status_code == 200 and again.json()["group_id"] == first.json()["group_id"]
+    r = api.post("/v1/jobs", json=spec(j, slo=3.0))  # another spec under the live id
     assert r.status_code == 409 and r.json()["error"] == "duplicate_job_id" and j in r.json()["detail"]
     assert _active(api).count(j) == 1
 
@@ -378,6 +381,10 @@ def test_cli_submit_and_status_through_the_api(serve_api, tmp_path, clean):
     assert r.exit_code == 0 and "admissible" in r.output, r.output
     r = CliRunner().invoke(app, ["submit", str(job)], env=env)
     assert r.exit_code == 0 and "admitted" in r.output and "USD/h" in r.output, r.output
+    r = CliRunner().invoke(app, ["submit", str(job)], env=env)  # a retry: the original decision, HTTP 200
+    assert r.exit_code == 0 and "HTTP 200" in r.output, r.output
+    job.write_text("job:\n" + "".join(f"  {k}: {v}\n" for k, v in spec(jid, measured=None, slo=3.0).items()
+                                      if v is not None))
     r = CliRunner().invoke(app, ["submit", str(job)], env=env)
     assert r.exit_code == 1 and "duplicate_job_id" in r.output
     r = CliRunner().invoke(app, ["status"], env=env)

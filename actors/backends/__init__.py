@@ -50,7 +50,8 @@ def make_train_backend(
 ) -> TrainBackend:
     """Training backend by name: ``torch`` (plain AdamW) or ``deepspeed`` (ZeRO on the
     accelerator DeepSpeed finds: CPU over gloo, or CUDA over NCCL; ``kw``: ``stage``,
-    ``micro_batch``, ``rank``, ``world_size``, ``master_addr``, ``master_port``, ``torch_adam``).
+    ``micro_batch``, ``rank``, ``world_size``, ``store``, ``master_addr``, ``master_port``, ``torch_adam``;
+    ``torch``: ``group``, the job's process group for data-parallel training).
 
     Raises:
         ValueError: unknown name. BackendUnavailable: DeepSpeed missing, or its process group conflicts.
@@ -58,7 +59,7 @@ def make_train_backend(
     if name == "torch":
         from actors.backends.torch_train import TorchTrainBackend
 
-        return TorchTrainBackend(model, lr=lr, max_grad_norm=max_grad_norm, device=device)
+        return TorchTrainBackend(model, lr=lr, max_grad_norm=max_grad_norm, device=device, group=kw.get("group"))
     if name == "deepspeed":
         from actors.backends.deepspeed_train import DeepSpeedTrainBackend
 

@@ -10,11 +10,13 @@ the low-precision flat buffers, gradients and Adam moments move, not only module
 
 Process group: DeepSpeed's engines use the process's default ``torch.distributed`` group. The
 job's rank and world size come from its placement (its index among its training workers, and
-their number); rank 0 picks a free port on ``master_addr`` unless one is given (one port per job,
-never a fixed one, so two DeepSpeed workers on one host do not collide). A process joins one
-default group for its life: every single-rank DeepSpeed job hosted by a worker process shares its
-world of size 1; a job with another rank / world size in the same process raises
-:class:`BackendUnavailable` naming the conflict.
+their number). A multi-rank job's world meets through the job's own rendezvous store (``store``:
+the key-value store its rank-0 training worker hosts on a free port, RollMux's per-job control
+plane); without one, rank 0 picks a free port on ``master_addr`` (never a fixed one, so two
+DeepSpeed workers on one host do not collide). A process holds one default group at a time: every
+single-rank DeepSpeed job hosted by a worker process shares its world of size 1; a job needing
+another world replaces it once no live engine uses it (:meth:`DeepSpeedTrainBackend.close`, called
+when a job leaves the worker), else :class:`BackendUnavailable` names the conflict.
 
 The first ``init_distributed`` on CPU builds DeepSpeed's shared-memory comm op with ninja and the
 C++ compiler (~1-1.5 min, cached under ``~/.cache/torch_extensions`` afterwards). ``torch_adam``
@@ -72,31 +74,62 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+# the world this process's default group belongs to: its key (None: single-rank, shared; else the
+# job's rendezvous store object) and how many live engines use it
+_WORLD: dict = {"key": None, "users": 0}
+
+
 def ensure_process_group(rank: int, world_size: int, master_addr: str = "127.0.0.1",
-                         master_port: Optional[int] = None) -> str:
-    """Join (once per process) the default process group DeepSpeed uses, over the accelerator's
-    communication backend. Returns the backend name. Raises BackendUnavailable when this process
-    already belongs to a world of another rank / size."""
+                         master_port: Optional[int] = None, store=None) -> str:
+    """Join the default process group DeepSpeed uses, over the accelerator's communication
+    backend, and count this caller as one of its users (:func:`release_process_group`). A
+    multi-rank world meets through ``store`` (the job's rendezvous store) when given, else at
+    ``master_addr:master_port``. A world of another job (another store) or another rank / size
+    replaces the current one once nothing uses it. Returns the backend name. Raises
+    BackendUnavailable when this process's current world is still in use by another job."""
     import torch.distributed as dist
     from deepspeed.accelerator import get_accelerator
 
     backend = get_accelerator().communication_backend_name()
+    key = store if world_size > 1 else None
     with _INIT_LOCK:
         if dist.is_initialized():
-            if (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
+            same = (dist.get_rank(), dist.get_world_size()) == (rank, world_size) and _WORLD["key"] is key
+            if same:
+                _WORLD["users"] += 1
+                return backend
+            if _WORLD["users"] > 0:
                 raise BackendUnavailable(
                     f"train_backend 'deepspeed': this worker process already joined a DeepSpeed world as rank "
-                    f"{dist.get_rank()} of {dist.get_world_size()}; a job as rank {rank} of {world_size} needs its "
-                    f"own process")
-            return backend
-        if world_size > 1 and master_port is None:
-            raise ValueError("deepspeed: a multi-rank job needs the master_port chosen by its rank 0")
-        port = master_port or free_port(master_addr)
-        os.environ.update(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world_size), MASTER_ADDR=master_addr,
-                          MASTER_PORT=str(port))
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False,
-                                   init_method=f"tcp://{master_addr}:{port}", rank=rank, world_size=world_size)
+                    f"{dist.get_rank()} of {dist.get_world_size()}, still used by {_WORLD['users']} engine(s); a "
+                    f"job as rank {rank} of {world_size} of another world needs its own process")
+            import deepspeed.comm as ds_comm
+
+            ds_comm.destroy_process_group()  # also drops DeepSpeed's cached groups of the old world
+        if store is not None and world_size > 1:
+            import torch.distributed as tdist
+
+            os.environ.update(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world_size))  # DeepSpeed's checks
+            tdist.init_process_group(backend, store=tdist.PrefixStore("deepspeed/", store), rank=rank,
+                                     world_size=world_size)
+            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+        else:
+            if world_size > 1 and master_port is None:
+                raise ValueError("deepspeed: a multi-rank job needs its rendezvous store or the master_port "
+                                 "chosen by its rank 0")
+            port = master_port or free_port(master_addr)
+            os.environ.update(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world_size), MASTER_ADDR=master_addr,
+                              MASTER_PORT=str(port))
+            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False,
+                                       init_method=f"tcp://{master_addr}:{port}", rank=rank, world_size=world_size)
+        _WORLD.update(key=key, users=1)
     return backend
+
+
+def release_process_group() -> None:
+    """One user of this process's DeepSpeed world is gone (its engine closed)."""
+    with _INIT_LOCK:
+        _WORLD["users"] = max(0, _WORLD["users"] - 1)
 
 
 class DeepSpeedTrainBackend(TrainBackend):
@@ -108,7 +141,8 @@ class DeepSpeedTrainBackend(TrainBackend):
         stage: ZeRO stage 0-3 (CPU: 1 and 2 are tested bit-identical to torch AdamW).
         micro_batch: ``train_micro_batch_size_per_gpu`` (DeepSpeed bookkeeping only).
         rank / world_size: this process's place in the job's training workers.
-        master_addr / master_port: the job's rendezvous (port: free one picked when None, rank 0).
+        store: the job's rendezvous store (multi-rank worlds meet there; RollMux's workers pass it).
+        master_addr / master_port: the rendezvous without a store (port: free one picked when None, rank 0).
         torch_adam: use ``torch.optim.AdamW`` inside DeepSpeed (no Adam op build).
     Raises:
         BackendUnavailable: DeepSpeed missing, or this process belongs to another DeepSpeed world.
@@ -119,7 +153,8 @@ class DeepSpeedTrainBackend(TrainBackend):
 
     def __init__(self, model: torch.nn.Module, *, lr: float, max_grad_norm: float = 1.0, stage: int = 2,
                  micro_batch: int = 64, bf16: bool = False, rank: int = 0, world_size: int = 1,
-                 master_addr: str = "127.0.0.1", master_port: Optional[int] = None, torch_adam: bool = True) -> None:
+                 master_addr: str = "127.0.0.1", master_port: Optional[int] = None, torch_adam: bool = True,
+                 store=None) -> None:
         if not HAVE_DEEPSPEED:
             raise BackendUnavailable("train_backend 'deepspeed' needs the deepspeed package (pip install deepspeed ninja)")
         if stage not in (0, 1, 2, 3):
@@ -127,7 +162,8 @@ class DeepSpeedTrainBackend(TrainBackend):
         from deepspeed.accelerator import get_accelerator
 
         acc = get_accelerator()
-        self.comm_backend = ensure_process_group(rank, world_size, master_addr, master_port)
+        self.comm_backend = ensure_process_group(rank, world_size, master_addr, master_port, store=store)
+        self.closed = False
         self.stage = stage
         self.rank, self.world_size = rank, world_size
         self.device = acc.device_name() if acc.device_name() == "cpu" else f"{acc.device_name()}:{acc.current_device()}"
@@ -172,3 +208,15 @@ class DeepSpeedTrainBackend(TrainBackend):
     def offloaded_states(self) -> set:
         """The state kinds DeepSpeed reports offloaded now (empty after :meth:`load`)."""
         return {str(s.value) if hasattr(s, "value") else str(s) for s in getattr(self.engine.optimizer, "offloaded_states", ())}
+
+    def close(self) -> None:
+        """The job left this worker: drop the engine and release this process's DeepSpeed world
+        (another job may then build its own). Idempotent."""
+        if getattr(self, "closed", True):
+            return
+        self.closed = True
+        try:
+            self.engine.destroy()
+        except Exception:
+            pass
+        release_process_group()

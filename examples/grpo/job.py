@@ -8,6 +8,13 @@ The phase functions are plain functions of a state dict, so they run identically
   "step": int}``. Every random draw comes from a generator inside the state (no global RNG), so a
   job re-run solo with the same seed is bit-identical to its co-executed run (RollMux §5).
 * :func:`make_job` registers them on a :class:`rollmux.Job`; :func:`run_job` is the user's loop.
+* On several nodes (scheduled mode, RollMux §5.1 multi-node phases) every rank runs the same phase
+  (:func:`rollmux.parallel` says which rank): a rollout generates its contiguous shard of the
+  batch's rows (every rank draws the same prompts and per-call seed from its identical state, so the
+  ranks stay in lockstep), :func:`gather_rollout` concatenates the shards in rank order; training is
+  data-parallel (each rank takes its shard of every minibatch, gradients are averaged over the job's
+  process group by the train backend) and :func:`gather_train` checks that every rank ends with the
+  same weights.
 
 Source: GRPO (DeepSeekMath) for the algorithm.
 """
@@ -27,6 +34,7 @@ from examples.grpo.config import GRPOJobConfig
 from examples.grpo.model import build_model
 from examples.grpo.task import PromptSampler, reward
 from examples.grpo.tokenizer import CharTokenizer
+from rollmux.phase_state import parallel
 
 TOK = CharTokenizer()
 
@@ -66,10 +74,15 @@ def build_train_state(cfg: GRPOJobConfig) -> dict:
     torch.set_num_threads(r.threads)
     from actors.backends import make_train_backend
 
+    ctx = parallel("train")
     if r.train_backend == "deepspeed":
         kw = {"micro_batch": r.minibatch_size, "stage": r.zero_stage, "torch_adam": r.torch_adam}
+        if ctx.world_size > 1:  # ZeRO over the job's training workers (rank / world size from placement)
+            kw.update(rank=ctx.rank, world_size=ctx.world_size, store=ctx.store)
     else:
         kw = {"device": r.device}
+        if ctx.world_size > 1:  # data-parallel: gradients averaged over the job's gloo group
+            kw["group"] = ctx.group
     trainer = make_train_backend(
         r.train_backend, build_model(cfg.model, r.seed, TOK), lr=r.lr, max_grad_norm=r.max_grad_norm, **kw
     )
@@ -103,6 +116,13 @@ def rollout_phase(cfg: GRPOJobConfig, state: dict, iteration: int, hook: Any = N
     min_new: Any = r.min_new_tokens
     if r.response_tail_sigma > 0:  # long-tailed lengths, seeded from this call's seed
         min_new = response_minimums(prompts.shape[0], r.min_new_tokens, r.max_new_tokens, r.response_tail_sigma, seed)
+    ctx = parallel("rollout")
+    if ctx.world_size > 1:  # this rank's rows; its own sampling seed
+        rows = ctx.shard(prompts.shape[0])
+        prompts, answers = prompts[rows], answers[rows]
+        if isinstance(min_new, torch.Tensor):
+            min_new = min_new[rows]
+        seed = (seed + ctx.rank * 0x9E3779B97F4A7C15) % 2**62
     seq = state["engine"].generate(
         prompts, max_new_tokens=r.max_new_tokens, temperature=r.temperature, seed=seed,
         eos_id=TOK.eos_id, pad_id=TOK.pad_id, progress=progress, min_new_tokens=min_new,
@@ -114,7 +134,37 @@ def rollout_phase(cfg: GRPOJobConfig, state: dict, iteration: int, hook: Any = N
         "seq": seq, "prompt_len": P, "rewards": rew, "iteration": iteration,
         "policy_version": state["version"], "reward_mean": float(rew.mean()),
         "response_len_mean": float(mask.sum() / seq.shape[0]),
+        "received_sha256": [state.get("received_sha256")],
     }
+
+
+def gather_rollout(results: list[dict]) -> dict:
+    """The rollout ranks' shards (rank order) as one batch: sequences (right-padded to the longest)
+    and rewards concatenated, means recomputed over the batch, ``received_sha256`` one entry per
+    rank (the weights each rollout worker applied last). Raises ValueError if the ranks' policy
+    versions differ (a rank missed a sync)."""
+    if len({x["policy_version"] for x in results}) != 1:
+        raise ValueError(f"rollout ranks hold different policy versions: {[x['policy_version'] for x in results]}")
+    from actors.backends import pad_to
+
+    L = max(x["seq"].shape[1] for x in results)
+    seq = torch.cat([pad_to(x["seq"], L, TOK.pad_id) for x in results])
+    rew = torch.cat([x["rewards"] for x in results])
+    P = results[0]["prompt_len"]
+    mask = algo.response_mask(seq, P, TOK.eos_id)
+    return {"seq": seq, "prompt_len": P, "rewards": rew, "iteration": results[0]["iteration"],
+            "policy_version": results[0]["policy_version"], "reward_mean": float(rew.mean()),
+            "response_len_mean": float(mask.sum() / seq.shape[0]),
+            "received_sha256": [h for x in results for h in x["received_sha256"]]}
+
+
+def gather_train(results: list[dict]) -> dict:
+    """The training ranks' metrics (rank order): rank 0's, with the loss averaged over ranks.
+    Raises ValueError when the ranks' weights differ (data parallelism broke)."""
+    digests = {x["weights_sha256"] for x in results}
+    if len(digests) != 1:
+        raise ValueError(f"data-parallel training ranks ended with different weights: {sorted(digests)}")
+    return {**results[0], "loss": sum(x["loss"] for x in results) / len(results), "dp_ranks": len(results)}
 
 
 def train_phase(cfg: GRPOJobConfig, state: dict, samples: dict) -> dict:
@@ -128,6 +178,9 @@ def train_phase(cfg: GRPOJobConfig, state: dict, samples: dict) -> dict:
     if r.fail_in_train_at is not None and state["step"] == r.fail_in_train_at:
         raise InjectedFailure(f"{cfg.job.job_id}: injected failure in training phase at iteration {state['step']}")
     tr = state["trainer"]
+    ctx = parallel("train")
+    if ctx.world_size > 1 and getattr(tr, "name", "") == "torch":
+        tr.group = ctx.group  # the job's process group (control plane, kept by the worker) for this step
     dev = getattr(tr, "device", "cpu")
     P = samples["prompt_len"]
     seq = samples["seq"].to(dev)
@@ -141,7 +194,10 @@ def train_phase(cfg: GRPOJobConfig, state: dict, samples: dict) -> dict:
     B = seq.shape[0]
     for _ in range(r.ppo_epochs):
         for s in range(0, B, r.minibatch_size):
-            mb = slice(s, s + r.minibatch_size)
+            mb = slice(s, min(B, s + r.minibatch_size))
+            if ctx.world_size > 1:  # data-parallel: this rank's shard of the minibatch
+                part = ctx.shard(mb.stop - mb.start)
+                mb = slice(s + part.start, s + part.stop)
             logp = algo.token_logprobs(tr.forward(seq[mb]), seq[mb])
             loss, stats = algo.clipped_pg_loss(
                 logp, old_logp[mb], adv[mb], mask[mb], r.clip_eps,
@@ -153,7 +209,7 @@ def train_phase(cfg: GRPOJobConfig, state: dict, samples: dict) -> dict:
     return {
         "iteration": samples["iteration"], "step": state["step"], "loss": sum(losses) / len(losses),
         "reward_mean": samples["reward_mean"], "response_len_mean": samples["response_len_mean"],
-        "weights_sha256": weights_digest(tr.weights()), **stats,
+        "weights_sha256": weights_digest(tr.weights()), "received_sha256": samples.get("received_sha256"), **stats,
     }
 
 
@@ -163,9 +219,11 @@ def publish_weights(cfg: GRPOJobConfig, state: dict) -> dict[str, torch.Tensor]:
 
 
 def apply_weights(cfg: GRPOJobConfig, state: dict, weights: dict[str, torch.Tensor]) -> None:
-    """Sync (receive side): install the weights into the rollout engine; bump the policy version."""
+    """Sync (receive side): install the weights into the rollout engine; bump the policy version;
+    keep their SHA-256 (``received_sha256`` of the next rollout's samples)."""
     state["engine"].load_weights(weights)
     state["version"] += 1
+    state["received_sha256"] = weights_digest(weights)
 
 
 @dataclass
@@ -192,6 +250,8 @@ def make_job(cfg: GRPOJobConfig, *, attach: Optional[bool] = None, **job_kw) -> 
     train = job.phase("train")(Bound(train_phase, cfg))
     publish = job.phase("sync")(Bound(publish_weights, cfg))
     job.apply_weights(Bound(apply_weights, cfg))
+    job.gather("rollout")(gather_rollout)
+    job.gather("train")(gather_train)
     return GRPOJob(job, rollout, train, publish)
 
 
@@ -244,10 +304,11 @@ def run_job(
 
 
 def run_coexecuted(cfgs: list[GRPOJobConfig], scheduler_name: str, *, admit_timeout_s: float,
-                   finish_timeout_s: float) -> dict[str, Any]:
+                   finish_timeout_s: float, **job_kw) -> dict[str, Any]:
     """Run ``cfgs`` attached to the scheduler ``scheduler_name``: admitted one after another in
     list order (so Alg. 1's online packing is deterministic), then started together by a barrier.
 
+    ``job_kw`` go to every job's :class:`rollmux.Job` (e.g. ``sync_backend``).
     Returns ``{job_id: run_job result, or the exception that job raised}``.
     Raises TimeoutError when a job is not admitted within ``admit_timeout_s`` or the jobs do not
     finish within ``finish_timeout_s`` (seconds each).
@@ -264,7 +325,7 @@ def run_coexecuted(cfgs: list[GRPOJobConfig], scheduler_name: str, *, admit_time
             barrier.wait()
 
         try:
-            results[cfg.job.job_id] = run_job(cfg, attach=True, scheduler_name=scheduler_name, ready=ready)
+            results[cfg.job.job_id] = run_job(cfg, attach=True, scheduler_name=scheduler_name, ready=ready, **job_kw)
         except BaseException as e:  # returned to the caller
             results[cfg.job.job_id] = e
             admitted[i].set()

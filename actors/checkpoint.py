@@ -1,0 +1,205 @@
+"""The GlobalScheduler's checkpoint: a base snapshot plus a write-ahead log, over a KV store.
+
+Crash consistency by construction (RollMux fault tolerance, §5): every state change of the
+scheduler (admission, departure, failure, expiry, progress, the moves of a departure
+re-packing) is ONE atomic ``put`` of one write-ahead record ``<prefix>.w.<seq>``; a crash before
+it means the change never happened, after it that it did. Restore reads the base
+``<prefix>.base`` and applies the records after its ``seq`` in order; applying a record only
+overwrites (job records, groups), so it is idempotent. Every ``COMPACT_EVERY`` records a new
+base is written (one put) and the records it covers are deleted; a crash between the two leaves
+records that restore skips.
+
+Every value carries ``format``, ``version`` and the SHA-256 of its body. A base that is missing
+while records exist, a record with a gap before it, a value that is truncated, garbled, of
+another version or failing its checksum make :meth:`Checkpoint.load` raise
+:class:`CheckpointError` naming the store location and the recovery command, never an empty
+start. Keys derive from the scheduler name (hashed when it is long or has other characters),
+never from a job id, so no job id can make a write fail after the policy committed.
+
+A checkpoint of the previous layout (``<name>.meta`` + ``<name>.g.<group>`` + ``<name>.j.<job>``,
+version 1) is read once and rewritten as a base.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any, Optional
+
+from actors.kv import KVStore
+
+FORMAT = "rollmux-checkpoint"
+VERSION = 2
+COMPACT_EVERY = 64  # write-ahead records between two bases
+_PLAIN = re.compile(r"^[A-Za-z0-9._:-]{1,120}$")
+
+
+class CheckpointError(RuntimeError):
+    """The checkpoint cannot be read: the message names where it is and how to recover."""
+
+
+def _digest(body: Any) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def key_prefix(name: str) -> str:
+    """The KV key prefix of scheduler ``name``: the name itself when it is short and plain, else
+    ``h-`` + 24 hex digits of its SHA-256."""
+    return name if _PLAIN.match(name) else "h-" + hashlib.sha256(name.encode()).hexdigest()[:24]
+
+
+class Checkpoint:
+    """Base + write-ahead log of one scheduler's state in ``kv``.
+
+    The state is ``{header, group_ids, groups: {group_id: group snapshot}, jobs: {job_id:
+    record dict}}`` (the policy's snapshot header and groups, :meth:`rollmux.admission.
+    InterGroupScheduler.snapshot_header`, and the stored job records); a record (delta) has the
+    same keys, ``groups`` / ``jobs`` holding only what changed (a group ``None``: dissolved) and
+    ``dropped`` the job ids whose records were deleted.
+    """
+
+    def __init__(self, kv: KVStore, name: str, *, compact_every: int = COMPACT_EVERY) -> None:
+        self.kv, self.name, self.compact_every = kv, name, max(1, int(compact_every))
+        self.prefix = key_prefix(name)
+        self.base_key = f"{self.prefix}.base"
+        self.seq = 0  # the last record written (or restored)
+        self.base_seq = 0
+        self._legacy: list[str] = []
+
+    def _wal_keys(self) -> list[str]:
+        return [k for k in self.kv.keys(f"{self.prefix}.w.") if re.fullmatch(r"\d{12}", k[len(self.prefix) + 3:])]
+
+    def _wkey(self, seq: int) -> str:
+        return f"{self.prefix}.w.{seq:012d}"
+
+    # ---- errors
+    def _where(self, key: str) -> str:
+        where = getattr(self.kv, "where", None)
+        return where(key) if where else key
+
+    def _refuse(self, key: str, problem: str) -> CheckpointError:
+        hint = getattr(self.kv, "recovery_hint", lambda: "delete the scheduler's keys")()
+        return CheckpointError(
+            f"refusing to start scheduler {self.name!r}: its checkpoint {self._where(key)} {problem}. Restore the "
+            f"checkpoint from a backup, or discard it and start with no jobs: {hint}")
+
+    def _read(self, key: str, kind: str) -> Optional[dict]:
+        try:
+            v = self.kv.get(key)
+        except Exception as e:  # truncated or garbled JSON, unreadable file
+            raise self._refuse(key, f"cannot be read ({type(e).__name__}: {str(e)[:200]})") from e
+        if v is None:
+            return None
+        if not isinstance(v, dict) or v.get("format") != FORMAT or v.get("kind") != kind:
+            raise self._refuse(key, f"is not a {FORMAT} {kind} value")
+        if v.get("version") != VERSION:
+            raise self._refuse(key, f"has version {v.get('version')!r}; this scheduler reads version {VERSION}")
+        if not isinstance(v.get("body"), dict) or _digest(v["body"]) != v.get("sha256"):
+            raise self._refuse(key, "fails its SHA-256 checksum (garbled)")
+        return v["body"]
+
+    def _wrap(self, kind: str, body: dict) -> dict:
+        return {"format": FORMAT, "version": VERSION, "kind": kind, "sha256": _digest(body), "body": body}
+
+    # ---- restore
+    def load(self) -> Optional[dict]:
+        """The restored state, or None when the store holds nothing of this scheduler (a fresh
+        start). Raises :class:`CheckpointError` (see the module docstring)."""
+        wal = self._wal_keys()
+        base = self._read(self.base_key, "base")
+        if base is None:
+            if wal:
+                raise self._refuse(self.base_key, f"is missing while {len(wal)} write-ahead records exist")
+            return self._load_legacy()
+        state, self.base_seq = base["state"], int(base["seq"])
+        self.seq = self.base_seq
+        for key in wal:
+            seq = int(key.rsplit(".", 1)[1])
+            if seq <= self.base_seq:
+                continue  # covered by the base (a crash between a compaction and its deletes)
+            if seq != self.seq + 1:
+                raise self._refuse(key, f"follows record {self.seq}: records in between are missing")
+            delta = self._read(key, "wal")
+            if delta is None or int(delta.get("seq", -1)) != seq:
+                raise self._refuse(key, "does not hold the record its key names")
+            apply(state, delta)
+            self.seq = seq
+        return state
+
+    def _load_legacy(self) -> Optional[dict]:
+        mkey = f"{self.name}.meta"
+        if not _PLAIN.match(self.name) or len(mkey) > 200:
+            return None
+        try:
+            meta = self.kv.get(mkey)
+        except Exception as e:
+            raise self._refuse(mkey, f"cannot be read ({type(e).__name__}: {str(e)[:200]})") from e
+        if meta is None:
+            others = self.kv.keys(f"{self.name}.j.") + self.kv.keys(f"{self.name}.g.")
+            if others:
+                raise self._refuse(mkey, f"is missing while {len(others)} job / group records exist")
+            return None
+        if not isinstance(meta, dict) or meta.get("version") != 1 or "snapshot" not in meta:
+            raise self._refuse(mkey, "is not a version-1 checkpoint header")
+        groups = {}
+        for gid in meta.get("group_ids", []):
+            g = self.kv.get(f"{self.name}.g.{gid}")
+            if g:
+                groups[gid] = g
+        jobs = {}
+        for key in self.kv.keys(f"{self.name}.j."):
+            raw = self.kv.get(key)
+            if raw:
+                jobs[raw["job_id"]] = raw
+        self._legacy = [mkey, *(f"{self.name}.g.{g}" for g in meta.get("group_ids", [])),
+                        *self.kv.keys(f"{self.name}.j.")]
+        return {"header": meta["snapshot"], "group_ids": list(meta.get("group_ids", [])), "groups": groups,
+                "jobs": jobs}
+
+    # ---- write
+    def create(self, state: dict) -> None:
+        """Write the first base (a fresh scheduler, or a migrated version-1 checkpoint)."""
+        self.compact(state)
+        for k in self._legacy:
+            self.kv.delete(k)
+        self._legacy = []
+
+    def append(self, delta: dict) -> int:
+        """Write one record (ONE put); its sequence number. Raises when the store fails (nothing
+        was committed)."""
+        seq = self.seq + 1
+        self.kv.put(self._wkey(seq), self._wrap("wal", {**delta, "seq": seq}))
+        self.seq = seq
+        return seq
+
+    def wants_compaction(self) -> bool:
+        return self.seq - self.base_seq >= self.compact_every
+
+    def compact(self, state: dict) -> None:
+        """Write ``state`` (the state after record ``seq``) as the base, then delete the records it covers."""
+        self.kv.put(self.base_key, self._wrap("base", {"seq": self.seq, "state": state}))
+        old, self.base_seq = self.base_seq, self.seq
+        for key in self._wal_keys():
+            if int(key.rsplit(".", 1)[1]) <= self.base_seq:
+                self.kv.delete(key)
+        del old
+
+    def keys(self) -> list[str]:
+        """Every key this checkpoint holds (tests, leak checks)."""
+        return self.kv.keys(f"{self.prefix}.")
+
+
+def apply(state: dict, delta: dict) -> dict:
+    """Apply one write-ahead record to ``state`` in place (idempotent: it only overwrites)."""
+    state["header"], state["group_ids"] = delta["header"], list(delta["group_ids"])
+    for gid, g in delta.get("groups", {}).items():
+        if g is None:
+            state["groups"].pop(gid, None)
+        else:
+            state["groups"][gid] = g
+    for jid, rec in delta.get("jobs", {}).items():
+        state["jobs"][jid] = rec
+    for jid in delta.get("dropped", []):
+        state["jobs"].pop(jid, None)
+    return state

@@ -1,0 +1,567 @@
+"""Crash consistency of the GlobalScheduler's checkpoint, by fault injection.
+
+The scheduler is "killed" (a ``BaseException`` raised from the store, like the process dying
+mid-call) at every checkpoint write of admit, depart, move (a departure re-packing), fail,
+expire and progress, on the memory, file and (marked ``ray``) GCS stores, and restarted from the
+store. After each: the restored state is the state before or after the operation, never in
+between; no ghost member; no node in two groups; DELETE and re-admission answer correctly;
+the total cost is the policy's cost of the restored groups. Plus: a corrupt, truncated or
+half-missing checkpoint refuses to start (naming the file), a failed write rolls back, long
+keys, retries and timed-out admissions.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from actors.checkpoint import CheckpointError
+from actors.kv import FileKV, KVStore, MemoryKV, RayInternalKV
+from rollmux.admission import InterGroupScheduler
+from rollmux.config import CONFIG_DIR, load_cluster
+
+PAPER = load_cluster(CONFIG_DIR / "cluster_paper.yaml")
+
+
+class Crash(BaseException):
+    """The scheduler process died (not an ``Exception``: nothing in it may catch this)."""
+
+
+class CrashKV(KVStore):
+    """Passes through to ``inner``; raises :class:`Crash` instead of the ``at``-th write
+    (put or delete) counted from :meth:`arm`."""
+
+    def __init__(self, inner: KVStore) -> None:
+        self.inner, self.at, self.n = inner, None, 0
+
+    def arm(self, at: int) -> None:
+        self.at, self.n = at, 0
+
+    def _write(self, what: str) -> None:
+        if self.at is not None:
+            self.n += 1
+            if self.n == self.at:
+                raise Crash(what)
+
+    def get(self, key):
+        return self.inner.get(key)
+
+    def keys(self, prefix=""):
+        return self.inner.keys(prefix)
+
+    def put(self, key, value):
+        self._write(f"put {key}")
+        self.inner.put(key, value)
+
+    def delete(self, key):
+        self._write(f"delete {key}")
+        self.inner.delete(key)
+
+
+def spec(job_id: str, t_roll: float, t_train: float, **kw) -> dict:
+    return {"job_id": job_id, "model_params_b": 7, "slo": 2.0,
+            "measured": {"t_roll_s": t_roll, "t_train_s": t_train, "t_sync_s": 3}, **kw}
+
+
+SPECS = {"a": spec("a", 100, 40), "b": spec("b", 40, 100), "c": spec("c", 100, 40), "d": spec("d", 40, 100)}
+
+
+def sched(kv, **kw):
+    from actors.global_scheduler import GlobalSchedulerImpl
+
+    return GlobalSchedulerImpl(PAPER, kv=kv, create_controllers=False, metrics_flush_s=0,
+                               config={"attach_timeout_s": 60.0}, **kw)
+
+
+def scenario(kv):
+    """group-0 = {a, b}, group-1 = {c}; a and b running, b with 3 iterations. Departing ``a``
+    moves ``b`` into group-1 (departure re-packing)."""
+    g = sched(kv)
+    for j in "abc":
+        assert g.admit(SPECS[j])["admitted"]
+    for j in "ab":
+        g.report(j, {"event": "running"})
+    g.report("b", {"event": "iteration", "iterations_done": 3, "t_iter_s": 150.0, "t_solo_s": 143.0, "slowdown": 1.05})
+    return g
+
+
+OPS = {
+    "admit": lambda g: g.admit(SPECS["d"]),
+    "depart": lambda g: g.depart("c"),
+    "move": lambda g: g.depart("a"),  # b moves to group-1
+    "fail": lambda g: g.report("b", {"event": "failed", "error": "boom"}),
+    "expire": lambda g: g.expire_unattached(now=time.time() + 3600),  # c never attached
+    "progress": lambda g: g.report("b", {"event": "iteration", "iterations_done": 4, "t_iter_s": 150.0}),
+}
+
+
+def fingerprint(g) -> tuple:
+    jobs = tuple(sorted((j["job_id"], j["state"], j["group_id"], j["iterations_done"], len(j.get("moves", [])))
+                        for j in g.list_jobs()))
+    groups = tuple(sorted((x["group_id"], tuple(x["members"]), tuple(x["rollout_nodes"]), tuple(x["train_nodes"]))
+                          for x in g.list_groups()))
+    return jobs, groups
+
+
+def check_invariants(g) -> None:
+    active = {j["job_id"] for j in g.list_jobs() if j["state"] in ("admitted", "running")}
+    groups = g.list_groups()
+    members = [m for x in groups for m in x["members"]]
+    assert sorted(members) == sorted(active), "ghost member or lost admitted job"
+    nodes = [n for x in groups for n in (*x["rollout_nodes"], *x["train_nodes"])]
+    assert len(nodes) == len(set(nodes)), "a node in two groups"
+    total = sum(x["cost_usd_per_h"] for x in groups)
+    again = InterGroupScheduler.restore(PAPER, g.igs.snapshot()).cost_usd_per_h()
+    assert total == pytest.approx(g.igs.cost_usd_per_h()) and total == pytest.approx(again)
+    # retries and DELETE answer correctly on the restored scheduler
+    for j in sorted(active):
+        r = g.admit(SPECS[j])
+        assert r["admitted"] and r["replayed"] and r["group_id"] == g.get_job(j)["group_id"]
+    ended = [j["job_id"] for j in g.list_jobs() if j["job_id"] not in active]
+    for j in ended:
+        assert g.depart(j)["already_ended"]
+    for j in sorted(active):
+        assert g.depart(j)["state"] == "finished"
+    assert g.list_groups() == [] and g.igs.cost_usd_per_h() == 0
+    for j in ended:  # an ended id can be admitted again
+        assert g.admit(SPECS[j])["admitted"]
+
+
+def _stores(tmp_path):
+    return {"memory": lambda i: MemoryKV(), "file": lambda i: FileKV(tmp_path / f"ck{i}")}
+
+
+@pytest.mark.parametrize("compact", [False, True], ids=["wal", "compaction"])
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("store", ["memory", "file"])
+def test_scheduler_killed_at_every_checkpoint_write(store, op, compact, tmp_path):
+    """Kill at write k = 1, 2, ... of the operation until it completes without reaching k."""
+    make = _stores(tmp_path)[store]
+    ref = scenario(make("ref"))
+    before = fingerprint(ref)
+    OPS[op](ref)
+    after = fingerprint(ref)
+    assert after != before  # the operation changes the state
+    crashes = 0
+    for k in range(1, 20):
+        kv = CrashKV(make(k))
+        g = scenario(kv)
+        if compact:
+            g.store.compact_every = 1  # every write is followed by a compaction (base + deletes)
+        kv.arm(k)
+        try:
+            OPS[op](g)
+        except Crash:
+            crashes += 1
+            restarted = sched(kv.inner)
+            got = fingerprint(restarted)
+            # the first write commits the operation: a crash before it is "before", after it "after"
+            assert got == (before if k == 1 else after), f"kill at write {k}"
+            check_invariants(restarted)
+            continue
+        assert fingerprint(g) == after
+        break
+    # one write commits the operation; a compaction adds the base and the deletes of covered records
+    assert crashes == 1 if not compact else crashes >= 3
+
+
+def test_failed_write_rolls_back():
+    """A store error (not a crash) during admit / depart: the call raises, nothing changed, and
+    the retry succeeds."""
+
+    class Flaky(MemoryKV):
+        fail = False
+
+        def put(self, key, value):
+            if self.fail:
+                raise OSError("disk full")
+            super().put(key, value)
+
+    kv = Flaky()
+    g = scenario(kv)
+    before = fingerprint(g)
+    kv.fail = True
+    for op in ("admit", "move", "fail", "expire"):
+        with pytest.raises(OSError):
+            OPS[op](g)
+        assert fingerprint(g) == before and fingerprint(sched(kv)) == before
+    kv.fail = False
+    assert g.admit(SPECS["d"])["admitted"] and fingerprint(sched(kv)) == fingerprint(g)
+
+
+def test_long_scheduler_name_and_128_char_job_id_commit_once():
+    """Keys derive from the (hashed) scheduler name, never from a job id: a 70-character name and
+    a 128-character id are admitted, checkpointed and restored; the retry replays the decision."""
+    kv = MemoryKV()
+    g = sched(kv, name="s" * 70 + "/x")
+    s = {"job_id": "y" * 128, "model_params_b": 7}
+    d = g.admit(s)
+    assert d["admitted"] and "y" * 128 in g.igs.job_ids
+    assert all(len(k) <= 200 for k in kv.keys())
+    r = sched(kv, name="s" * 70 + "/x")
+    assert r.restored and r.get_job("y" * 128)["state"] == "admitted"
+    again = r.admit(s)
+    assert again["admitted"] and again["replayed"] and again["group_id"] == d["group_id"]
+
+
+def test_crash_at_departure_write_leaves_no_ghost(tmp_path):
+    """A scheduler killed while writing a departure restarts either before it (the job still a
+    member, departable) or after it; never a finished job that is still a member."""
+    for at in (1, 2):
+        kv = CrashKV(FileKV(tmp_path / f"g{at}"))
+        g = sched(kv)
+        g.admit(SPECS["a"]), g.admit(SPECS["b"])
+        g.store.compact_every = 1
+        kv.arm(at)
+        with pytest.raises(Crash):
+            g.depart("a")
+        r = sched(FileKV(tmp_path / f"g{at}"))
+        a = r.get_job("a")
+        members = [m for x in r.list_groups() for m in x["members"]]
+        if at == 1:  # killed before the departure was written: a is still active and departable
+            assert a["state"] == "admitted" and "a" in members and r.depart("a")["state"] == "finished"
+        else:
+            assert a["state"] == "finished" and "a" not in members and r.depart("a")["already_ended"]
+        assert r.admit(SPECS["a"])["admitted"]
+        r.depart("a")
+        c = r.admit(spec("c", 100, 40))  # joins b's group at no extra cost
+        assert c["strategy"] == "direct" and c["delta_usd_per_h"] == 0
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbled", "version", "base_missing", "gap", "not_json_header"])
+def test_bad_checkpoint_refuses_to_start_naming_the_file(damage, tmp_path):
+    d = tmp_path / "ck"
+    g = sched(FileKV(d))
+    for j in "abc":
+        g.admit(SPECS[j])
+    base = d / "rollmux-global-scheduler.base.json"
+    wal = sorted(d.glob("rollmux-global-scheduler.w.*.json"))
+    assert base.is_file() and len(wal) == 3
+    if damage == "truncated":
+        wal[-1].write_text(wal[-1].read_text()[:50])
+        named = wal[-1]
+    elif damage == "garbled":
+        v = json.loads(base.read_text())
+        v["body"]["state"]["header"]["next_group"] = 7
+        base.write_text(json.dumps(v))
+        named = base
+    elif damage == "version":
+        v = json.loads(wal[0].read_text())
+        v["version"] = 99
+        wal[0].write_text(json.dumps(v))
+        named = wal[0]
+    elif damage == "base_missing":
+        base.unlink()
+        named = base
+    elif damage == "gap":
+        wal[1].unlink()
+        named = wal[2]
+    else:
+        base.write_text("{not json")
+        named = base
+    with pytest.raises(CheckpointError) as e:
+        sched(FileKV(d))
+    msg = str(e.value)
+    assert str(named) in msg and "rollmux down --purge" in msg and "refusing to start" in msg
+
+
+def test_empty_store_starts_fresh_and_old_layout_is_migrated(tmp_path):
+    g = sched(FileKV(tmp_path / "new"))
+    assert not g.restored and g.list_jobs() == []
+    # the previous layout (<name>.meta + .g.<group> + .j.<job>) is read once and rewritten
+    kv = MemoryKV()
+    ref = scenario(MemoryKV())
+    name = "rollmux-global-scheduler"
+    kv.put(f"{name}.meta", {"version": 1, "snapshot": ref.igs.snapshot_header(),
+                            "group_ids": [x.group_id for x in ref.igs.groups], "t": 0})
+    for x in ref.igs.groups:
+        kv.put(f"{name}.g.{x.group_id}", ref.igs.group_snapshot(x.group_id))
+    for j, rec in ref.jobs.items():
+        kv.put(f"{name}.j.{j}", ref._stored(rec))
+    r = sched(kv)
+    assert r.restored and fingerprint(r) == fingerprint(ref)
+    assert not kv.keys(f"{name}.meta") and not kv.keys(f"{name}.j.") and kv.keys(f"{name}.base")
+    assert fingerprint(sched(kv)) == fingerprint(ref)
+
+
+def test_expired_job_releases_its_nodes():
+    g = scenario(MemoryKV())
+    assert g.expire_unattached(now=time.time() + 30) == []
+    assert g.expire_unattached(now=time.time() + 3600) == ["c"]  # a and b reported running
+    c = g.get_job("c")
+    assert c["state"] == "expired" and "no driver attached within 60 s" in c["error"]
+    assert "c" not in [m for x in g.list_groups() for m in x["members"]]
+    assert g.admit(SPECS["c"])["admitted"]
+
+
+def test_timed_out_admission_answers_504_and_a_retry_gets_the_decision():
+    """The HTTP face: a scheduler slower than the request timeout gives 504 "outcome unknown";
+    the job is admitted afterwards, and posting the same spec again answers 200 with the
+    original decision (a different spec under the live id: 409)."""
+    import concurrent.futures
+
+    from fastapi.testclient import TestClient
+
+    from serve_app import AppSettings, SchedulerClient, _sha256, create_app
+
+    g = sched(MemoryKV())
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    delay = {"s": 1.0}
+
+    class Ref:
+        def __init__(self, f):
+            self.f = f
+
+        def future(self):
+            return self.f
+
+    class Method:
+        def __init__(self, n):
+            self.n = n
+
+        def remote(self, *a):
+            return Ref(pool.submit(lambda: (time.sleep(delay["s"]), getattr(g, self.n)(*a))[1]))
+
+    class Handle:
+        def __getattr__(self, n):
+            return Method(n)
+
+    cl = SchedulerClient(timeout_s=0.3)
+    cl._handle = Handle()
+    c = TestClient(create_app(AppSettings(token_sha256=_sha256("t" * 32)), client=cl))
+    auth = {"Authorization": "Bearer " + "t" * 32}
+    body = {"job_id": "j1", "model_params_b": 7}
+    r = c.post("/v1/jobs", json=body, headers=auth)
+    assert r.status_code == 504 and r.json()["error"] == "outcome_unknown"
+    assert "outcome unknown, GET /v1/jobs/j1" in r.json()["detail"]
+    pool.shutdown(wait=True)
+    assert g.get_job("j1")["state"] == "admitted"
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    delay["s"] = 0.0
+    r2 = c.post("/v1/jobs", json=body, headers=auth)
+    assert r2.status_code == 200 and r2.json()["group_id"] == g.get_job("j1")["group_id"]
+    r3 = c.post("/v1/jobs", json={**body, "slo": 3.0}, headers=auth)
+    assert r3.status_code == 409 and r3.json()["error"] == "duplicate_job_id"
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_scheduler_killed_at_every_write_gcs_store(ray_cluster, op):
+    """The same on Ray's GCS internal KV (a scheduler name of its own per run)."""
+    import uuid
+
+    ref = scenario(MemoryKV())
+    before = fingerprint(ref)
+    OPS[op](ref)
+    after = fingerprint(ref)
+    for k in (1, 2, 3):
+        name = f"crash-{uuid.uuid4().hex[:8]}"
+        kv = CrashKV(RayInternalKV())
+        g = sched(kv, name=name)
+        for j in "abc":
+            g.admit(SPECS[j])
+        for j in "ab":
+            g.report(j, {"event": "running"})
+        g.report("b", {"event": "iteration", "iterations_done": 3, "t_iter_s": 150.0, "t_solo_s": 143.0,
+                       "slowdown": 1.05})
+        g.store.compact_every = 1
+        kv.arm(k)
+        with pytest.raises(Crash):
+            OPS[op](g)
+        r = sched(RayInternalKV(), name=name)
+        assert fingerprint(r) == (before if k == 1 else after)
+        check_invariants(r)
+        for key in r.store.keys():
+            RayInternalKV().delete(key)
+
+
+def test_failure_reasons_are_for_people_and_keep_the_raw_error():
+    from rollmux.records import explain_failure
+
+    raw = ("\x1b[36mray::RolloutWorker.run()\x1b[39m (pid=4242, ip=10.0.0.7, actor_id=8f3e2a1b0c) "
+           "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
+           "  class_name: RolloutWorker\n  actor_id: 8f3e2a1b0c")
+    why = explain_failure(f"worker died: {raw}", ("rollout-0", "train-0"))
+    assert why == "the worker on rollout-0, train-0 was lost; the job's state went with it. " \
+                  "Submit the job again to start it from step 1."
+    assert explain_failure("phase failed on rollout-1: RayActorError: actor_id=ab12") .startswith(
+        "the worker on rollout-1 was lost")
+    lease = explain_failure("driver lost: no heartbeat for 31.0s (lease 30.0s)")
+    assert "longer than its 30.0 s lease" in lease and "evicted" in lease
+    other = explain_failure("\x1b[31mRuntimeError: injected failure (pid=7)\x1b[0m")
+    assert other.startswith("the job failed: RuntimeError: injected failure") and "\x1b" not in other
+    assert "pid" not in other
+    g = scenario(MemoryKV())
+    rec = g.report("b", {"event": "failed", "error": f"worker died: {raw}"})
+    assert rec["state"] == "failed" and rec["error"].startswith("the worker on rollout-0")
+    assert rec["error_detail"] == f"worker died: {raw}"
+    assert sched(g.kv).get_job("b") == g.get_job("b")
+
+
+# ---- GroupController restarts: the ledger is rebuilt from the target membership, positions from the drivers
+
+def _drive_with_restarts(kills: set[int], iterations: int = 3) -> dict:
+    """Three drivers (two share a rollout node, all share the training node) run ``iterations``
+    meta-iterations against a GroupLedger that is replaced by a fresh one (a restarted
+    controller: members pushed again in admission order, no grants, no positions) at the steps
+    in ``kills``. Drivers keep their own position and report it on their next permit request.
+    Returns {job: completed iterations}; raises PermitError when a job would fail."""
+    from rollmux.group_ledger import GroupLedger
+
+    members = {"a": (["rollout-0"], ["train-0"]), "b": (["rollout-0"], ["train-0"]), "c": (["rollout-1"], ["train-0"])}
+    phases = ["rollout", "train", "sync"]
+
+    def fresh():
+        led = GroupLedger("group-0", lease_s=0)
+        for j, (r, t) in members.items():
+            if it[j] < iterations:  # a finished job departed: the target membership lacks it
+                led.add(j, r, t, has_sync=True)
+        return led
+
+    pos = {j: 0 for j in members}
+    it = {j: 0 for j in members}
+    led = fresh()
+    flight: dict[str, tuple] = {}  # job -> (phase, the ledger that granted it)
+    step = 0
+    while any(it[j] < iterations for j in members) and step < 500:
+        step += 1
+        if step in kills:
+            led = fresh()
+        for j in members:
+            if it[j] >= iterations:
+                continue
+            ph = phases[pos[j]]
+            if j in flight:
+                led.release(j, ph, {"ok": True, "node": members[j][0][0]})
+                del flight[j]
+                pos[j] = (pos[j] + 1) % 3
+                it[j] += pos[j] == 0
+                if it[j] >= iterations:
+                    led.remove(j, "departed")
+                continue
+            g = led.try_grant(j, ph, it[j], 0.0)
+            if g is not None:
+                led.phase_started(j, ph)
+                # no node held by two phases granted by the same ledger
+                for k, (kph, kled) in flight.items():
+                    if kled is led:
+                        kn = members[k][0] if kph == "rollout" else members[k][1]
+                        assert not set(kn) & set(g["nodes"]), (j, ph, k, kph)
+                flight[j] = (ph, led)
+    return it
+
+
+@pytest.mark.parametrize("kills", [set(), {3}, {4, 9}, {2, 5, 7, 11, 13}, set(range(2, 40, 3))],
+                         ids=["none", "mid-phase", "twice", "mid-sync", "every-third-step"])
+def test_group_ledger_restarted_any_number_of_times_fails_no_job(kills):
+    assert _drive_with_restarts(kills) == {"a": 3, "b": 3, "c": 3}
+
+
+def test_round_robin_resume_puts_a_training_job_at_the_head_only_when_free():
+    from rollmux.round_robin import RoundRobinQueues
+
+    q = RoundRobinQueues()
+    q.add_job("a", ["r0"], ["t0"])
+    q.add_job("b", ["r1"], ["t0"])
+    assert q.resume("b", "train", iteration=4)  # a's next phase is rollout: b takes the training head
+    assert q.next_phase("b") == "train" and q.iteration("b") == 4 and q.head("t0") == "b"
+    assert [(r.job_id, r.phase) for r in q.ready()] == [("a", "rollout"), ("b", "train")]
+    q.grant("b", "train")
+    with pytest.raises(ValueError, match="running"):
+        q.resume("b", "sync")
+    # b's training holds the node: a's resume is refused for now (nothing changes; it asks again)
+    assert q.resume("a", "sync") is False and q.next_phase("a") == "rollout" and q.head("t0") == "b"
+    q.on_phase_done("b", "train")
+    q.grant("b", "sync")
+    assert q.resume("a", "sync") is False  # b's sync is the tail of its training slot
+    q.on_phase_done("b", "sync")
+    assert q.resume("a", "sync") and q.head("t0") == "a"
+    assert [(r.job_id, r.phase, r.iteration) for r in q.ready()] == [("a", "sync", 0), ("b", "rollout", 5)]
+
+
+def test_failed_compaction_keeps_the_committed_change():
+    class NoBase(MemoryKV):
+        def put(self, key, value):
+            if key.endswith(".base"):
+                raise OSError("disk full")
+            super().put(key, value)
+
+    kv = MemoryKV()
+    g = sched(kv)
+    g.kv = g.store.kv = NoBase()
+    g.kv._d = kv._d
+    g.store.compact_every = 1
+    assert g.admit(SPECS["a"])["admitted"]  # the record is written; the base is not, and that is fine
+    assert sched(kv).get_job("a")["state"] == "admitted" and g.get_job("a")["state"] == "admitted"
+
+
+def test_readmitted_job_id_starts_fresh_on_a_worker_that_hosted_the_dead_run(tmp_path):
+    """The scheduler gives every admission its own token; a worker that still hosts a job id
+    from a previous admission (its driver was killed) drops that run's state when the new
+    admission registers, so the new run starts from step 1 (no warm start from the dead run)."""
+    from actors.workers import RolloutWorkerImpl
+
+    g = sched(MemoryKV())
+    t1 = g.admit(SPECS["a"]) and g.get_job("a")["admission_id"]
+    g.report("a", {"event": "failed", "error": "driver lost: no heartbeat for 31.0s (lease 30.0s)"})
+    t2 = g.admit(SPECS["a"]) and g.get_job("a")["admission_id"]
+    assert t1 and t2 and t1 != t2
+    w = RolloutWorkerImpl("rollout-0")
+    cfg = {"builder": dict, "controller": "c", "checkpoint_dir": str(tmp_path)}
+    assert w.register_job("a", {**cfg, "admission": t1})
+    h = w.jobs["a"]
+    h.ref, h.pending_weights = "state-of-step-14", {"dict": {"w": 1}}
+    h.ckpt.write_bytes(b"step 14")
+    assert not w.register_job("a", {**cfg, "admission": t1})  # the same admission: idempotent
+    assert w.jobs["a"] is h
+    assert w.register_job("a", {**cfg, "admission": t2})  # a new admission: fresh state
+    new = w.jobs["a"]
+    assert new is not h and new.ref is None and new.pending_weights is None and not h.ckpt.exists()
+    assert new.ckpt != h.ckpt and t2[:16] in new.ckpt.name
+
+
+def test_ended_jobs_state_is_released_on_every_worker(tmp_path):
+    """A job that fails (e.g. its driver was killed and it was evicted) or expires has its state
+    dropped on each of its workers by the scheduler, not only by a driver that says goodbye; a
+    late release of an earlier admission never drops a re-admitted run."""
+    from actors.workers import RolloutWorkerImpl, TrainWorkerImpl
+
+    g = sched(MemoryKV())
+    g.release_workers = True
+    g.admit(SPECS["a"])
+    rec = g.get_job("a")
+    workers = {f"rollmux-worker-{n}": (RolloutWorkerImpl if n.startswith("rollout") else TrainWorkerImpl)(n)
+               for n in (*rec["placement"]["rollout_nodes"], *rec["placement"]["train_nodes"])}
+    cfg = {"builder": dict, "controller": "c", "checkpoint_dir": str(tmp_path), "admission": rec["admission_id"]}
+    for w in workers.values():
+        w.register_job("a", cfg)
+        w.jobs["a"].ckpt.write_bytes(b"state")
+        w.jobs["a"].pending_weights = {"dict": {}}
+    files = [w.jobs["a"].ckpt for w in workers.values()]
+
+    class Direct:  # a handle whose .remote calls the worker in-process
+        def __init__(self, w):
+            self.w = w
+
+        def __getattr__(self, n):
+            return type("M", (), {"remote": staticmethod(getattr(self.w, n))})
+
+    def lookup(name):
+        if name not in workers:
+            raise ValueError(name)
+        return Direct(workers[name])
+
+    g.report("a", {"event": "failed", "error": "driver lost: no heartbeat for 31.0s (lease 30.0s)"})
+    assert sorted(n for _, n in g.release_workers_once(lookup)) == sorted(w.node for w in workers.values())
+    assert all("a" not in w.jobs for w in workers.values()) and not any(f.exists() for f in files)
+    # re-admitted: a late release carrying the old token leaves the new run alone
+    g.admit(SPECS["a"])
+    new = g.get_job("a")["admission_id"]
+    for w in workers.values():
+        assert w.register_job("a", {**cfg, "admission": new})
+        assert not w.unregister_job("a", rec["admission_id"]) and "a" in w.jobs
+    g.expire_unattached(now=time.time() + 3600)
+    assert g.get_job("a")["state"] == "expired" and g.release_workers_once(lookup)
+    assert all("a" not in w.jobs for w in workers.values())
