@@ -409,8 +409,8 @@ class _PoolWorker:
         h = self.jobs.get(job_id)
         if h is None:
             raise KeyError(f"job {job_id!r} is not hosted on {worker_name(self.node)}")
-        rec: dict = {"node": self.node, "iteration": grant.get("iteration"), "start": time.time(),
-                     "switch": None, "switch_s": None, "ok": False, "error": None}
+        rec: dict = {"node": self.node, "nodes": list(h.nodes or [self.node]), "iteration": grant.get("iteration"),
+                     "start": time.time(), "switch": None, "switch_s": None, "ok": False, "error": None}
         result = None
         ctrl = None
         peers: list = []

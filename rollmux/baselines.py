@@ -288,6 +288,11 @@ class OptimalPartition:
     time_limit_s: float = 10.0
     _layouts: dict = field(default_factory=dict, repr=False)
     _cols: dict = field(default_factory=dict, repr=False)
+    _keys_of: dict = field(default_factory=dict, repr=False)  # job id -> cached job sets holding it (forget)
+
+    def _remember(self, key: frozenset) -> None:
+        for j in key:
+            self._keys_of.setdefault(j, []).append(key)
 
     def layout(self, members: Sequence[tuple[JobSpec, PhaseProfile]]) -> Optional[CoExecutionGroup]:
         """Cached min-cost feasible layout of ``members`` (``None`` if infeasible)."""
@@ -296,6 +301,7 @@ class OptimalPartition:
         key = frozenset(j.job_id for j, _ in members)
         if key not in self._layouts:
             self._layouts[key] = build_group(list(members), self.cluster)
+            self._remember(key)
         return self._layouts[key]
 
     def _column(self, key: frozenset, members: Sequence[tuple[JobSpec, PhaseProfile]], below: float) -> Optional[CoExecutionGroup]:
@@ -309,6 +315,7 @@ class OptimalPartition:
                 self._cols[key] = full if full is not None and full.cost_usd_per_h(self.cluster) < below - 1e-9 else None
             else:
                 self._cols[key] = build_group(list(members), self.cluster, below_usd_per_h=below)
+            self._remember(key)
         return self._cols[key]
 
     def dominates(self, partition: Sequence[tuple[Sequence[tuple[JobSpec, PhaseProfile]], float]]) -> bool:
@@ -332,9 +339,9 @@ class OptimalPartition:
 
     def forget(self, job_id: str) -> None:
         """Drop cached layouts that contain a departed job (bounds the cache)."""
-        for cache in (self._layouts, self._cols):
-            for k in [k for k in cache if job_id in k]:
-                del cache[k]
+        for k in self._keys_of.pop(job_id, ()):  # the job sets cached with it (no scan of the caches)
+            self._layouts.pop(k, None)
+            self._cols.pop(k, None)
 
     def _candidates(self, members: Sequence[tuple[JobSpec, PhaseProfile]], complete: bool = True) -> dict[frozenset, CoExecutionGroup]:
         """Every column the set partitioning needs: for each subset S of at most

@@ -210,7 +210,10 @@ def explain_failure(raw: Optional[str], nodes: tuple[str, ...] = ()) -> str:
                 + " (killed, or its host was lost) and the job was evicted; its nodes were released and its "
                 "stored state discarded. " + resubmit)
     if "worker died" in low or "actordied" in low or "actor died" in low or "rayactorerror" in low \
-            or "worker on" in low and "lost" in low:
+            or "worker on" in low and "lost" in low or "actorunavailableerror" in low or "actor is restarting" in low \
+            or "is not hosted on" in low or "workerimpl." in low and "keyerror" in low:
+        # also a restarted worker: a call that reached it while it restarted, or one that found
+        # the job's state gone from it (KeyError: not hosted)
         return (f"the worker on {where} was lost; the job's state went with it. {resubmit}")
     if "out of memory" in low or "outofmemory" in low or "oom" in low.split():
         return (f"a worker on {where} ran out of memory; the job's state on it is lost. Lower the job's memory "

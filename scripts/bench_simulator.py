@@ -26,6 +26,7 @@ size and the process's niceness (the host is shared: other work inflates the tim
 Not a test: numbers depend on the machine.
 
     python scripts/bench_simulator.py                      # 1k, 10k, 100k jobs, rollmux (~3 min on 2 cores)
+    python scripts/bench_simulator.py --sizes 1000 --no-reopt-sizes 1000 --cli none   # with and without re-optimisation
     python scripts/bench_simulator.py --sizes 200 --policies rollmux,random,most-idle,solo-d
 """
 
@@ -127,6 +128,9 @@ def main() -> None:
     ap.add_argument("--policies", default="rollmux")
     ap.add_argument("--cli", choices=("largest", "all", "none"), default="largest",
                     help="also time `rollmux simulate` end to end for these sizes")
+    ap.add_argument("--no-reopt-sizes", default="",
+                    help="sizes also replayed with the neighbourhood re-optimisation off (reopt_max_jobs 0; other "
+                         "decisions), to show what it costs")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_simulator.json")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -138,31 +142,39 @@ def main() -> None:
         for n in sizes:
             tjobs, how = repeated_trace(args.trace, n)
             jobs = draw_jobs(tjobs, cluster, mix="mixed", seed=cfg.seed)
-            for name in names:
+            variants = [(name, cfg, "default") for name in names]
+            if str(n) in args.no_reopt_sizes.split(","):
+                variants = [(name, cfg.overridden(reopt_max_jobs=0), "reopt_max_jobs=0") for name in names] + variants
+            for name, vcfg, variant in variants:
                 host0 = _host()
                 stamps = [time.perf_counter()]
                 t0 = stamps[0]
-                res = simulate(jobs, cluster, [name], seed=cfg.seed, config=cfg,
+                res = simulate(jobs, cluster, [name], seed=cfg.seed, config=vcfg,
                                on_event=lambda _p, _k: stamps.append(time.perf_counter()))
                 wall = time.perf_counter() - t0
                 run = res.runs[name]
-                row = {"policy": name, "jobs": len(jobs), "wall_s": round(wall, 2), "jobs_per_s": round(len(jobs) / wall, 1),
+                row = {"policy": name, "config": variant, "jobs": len(jobs), "wall_s": round(wall, 2), "jobs_per_s": round(len(jobs) / wall, 1),
                        "events": len(run.times_s), "ms_per_event": round(wall / max(1, len(run.times_s)) * 1e3, 3),
                        "per_event_by_active": _per_event(stamps, jobs, run),
                        "avg_cost_usd_per_h": res.summary["policies"][name]["avg_cost_usd_per_h"],
                        "host_before": host0, "host_after": _host()}
-                if name == "rollmux" and (args.cli == "all" or (args.cli == "largest" and n == max(sizes))):
+                if name == "rollmux" and variant == "default" and (args.cli == "all" or (args.cli == "largest" and n == max(sizes))):
                     row.update(_cli(tjobs, n, Path(tmp)))
                     row["host_after_cli"] = _host()
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "per_event_by_active"}), flush=True)
-    out = {"config": {"trace_repetition": how, "mix": "mixed", "policies": names, "sizes": sizes,
+                _write(args.out, how, names, sizes, rows)  # after every row: a long run keeps what it measured
+    print(f"wrote {args.out}")
+
+
+def _write(path: Path, how: dict, names: list, sizes: list, rows: list) -> None:
+    done = sorted({r["jobs"] for r in rows})
+    out = {"config": {"trace_repetition": how, "mix": "mixed", "policies": names, "sizes": sizes, "sizes_measured": done,
                       "machine": f"{platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}"},
            "goal": "rollmux replays 100,000 jobs in under 60 s on 2 cores",
            "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2))
-    print(f"wrote {args.out}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

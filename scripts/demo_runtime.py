@@ -1,20 +1,26 @@
 #!/usr/bin/env python
 """Runtime demo: three tiny GRPO jobs co-executed in one RollMux group vs the same three solo.
 
-1. Solo (first): the three jobs, the same script with ``--solo`` (plain mode, no scheduler, one
-   compute thread), one after the other; as Solo-D each job is charged its own rollout + training
-   node for its whole run. Their median phase times are reported next to the configured profile.
-2. Starts a local multi-node Ray cluster mirroring ``configs/cluster_local.yaml`` (one Ray node
-   per rollout / training node, custom resources ``rollmux_node:<id>``) and a GlobalScheduler.
-3. Co-executed: submits the three jobs of ``configs/jobs/`` (balanced = the long one, rollout-
-   heavy, train-heavy) as three user processes running ``scripts/grpo_job.py --attach``, one after
-   the other; each admits itself (Alg. 1 packs them into one co-execution group), waits at a
-   start barrier, and then they iterate round-robin.
+1. Starts a local multi-node Ray cluster mirroring ``configs/cluster_local.yaml`` (one Ray node
+   per rollout / training node, custom resources ``rollmux_node:<id>``, each node's worker pinned
+   to its own CPU where the machine has enough: ``start_local_cluster(pin_cpus=True)``).
+2. Solo: each job alone on the same cluster, one after the other, the same script attached to a
+   GlobalScheduler of its own (so it runs alone on the nodes a group of it would get); its median
+   phase times are reported next to the configured profile. As Solo-D each job is charged its own
+   rollout + training node for its whole run.
+3. Co-executed: the three jobs of ``configs/jobs/`` (balanced = the long one, rollout-heavy,
+   train-heavy) as three user processes running ``scripts/grpo_job.py --attach``, one after the
+   other; each admits itself (Alg. 1 packs them into one co-execution group), waits at a start
+   barrier, and then they iterate round-robin. Weight sync runs the N -> M plan through
+   collectives/ (gloo); the bytes that crossed the pool boundary are counted from what the
+   executors sent (one model copy per sync).
 4. Cold switch: one job re-run under the scheduler with ``--switch cold`` (state rebuilt from a
    checkpoint on disk every phase) for the warm-vs-cold start latency.
-Writes ``results/runtime_demo.json`` and Gantt PNGs (both pools, colour per job); prints a table.
+Writes ``results/runtime_demo.json`` (per job: measured slowdown vs its solo time, the policy's
+predicted slowdown, bytes across the boundary per sync vs the model's bytes, long-tail migrations
+that acted) and Gantt PNGs (both pools, colour per job); prints a table.
 
-    python scripts/demo_runtime.py --quick     # ~1-1.5 minutes on 2 cores, Ray startup included (full: ~2 min)
+    python scripts/demo_runtime.py --quick     # ~2-3 minutes on 2 cores, Ray startup included
 
 Source: RollMux §4.3 (meta-iterations), §5 (phase API, warm start), §6 (bubbles, SLO).
 """
@@ -127,43 +133,43 @@ def main(argv=None) -> int:
     t_start = time.time()
     load_start = os.getloadavg()  # the 2-core machine is shared: its load skews co-executed phase times
     con.print(f"[bold]RollMux runtime demo[/]: {len(JOBS)} GRPO jobs x {n} iterations")
-    # ---- solo (plain mode, same seeds): the same user script with --solo, one job at a time, before
-    # the cluster starts so nothing competes for the cores; they also profile the jobs
-    con.print("solo runs (plain mode, same seeds); they also profile each job's phase times")
-    solo = {}
-    for name in JOBS:
-        cmd = [sys.executable, str(ROOT / "scripts" / "grpo_job.py"), "--config", str(paths[name]), "--iterations",
-               str(n), "--job-id", ids[name], "--solo", "--quiet", "--out", str(tmp / f"solo-{name}.json")]
-        p = subprocess.run(cmd, cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-                           text=True, timeout=args.timeout_s)
-        f = tmp / f"solo-{name}.json"
-        solo[name] = json.loads(f.read_text()) if f.is_file() else {"ok": False}
-        if not solo[name].get("ok"):
-            raise RuntimeError(f"solo run of {ids[name]} failed: {(p.stdout + p.stderr)[-2000:]}")
-
-    # ---- profile: median solo phase times of this run, reported next to the configured `measured`
-    # profile that admission (Alg. 1) uses (on a shared 2-core machine they vary with its load, so the
-    # configured profile keeps the grouping deterministic)
-    profile_from_solo = {}
-    for name in JOBS:
-        med = report_phase_medians(solo[name]["timeline"])
-        profile_from_solo[name] = {
-            "t_roll_s": med["rollout"], "t_train_s": med["train"],
-            # scheduled sync moves weights through the object store: at least 50 ms
-            "t_sync_s": max(med.get("sync", 0.0), 0.05)}
-
-    con.print("starting a local multi-node Ray cluster")
+    con.print("starting a local multi-node Ray cluster (pinned nodes)")
     spec = load_cluster(args.cluster)
-    lc = start_local_cluster(spec, head_cpus=2, node_cpus=1, object_store_mb=128)
+    lc = start_local_cluster(spec, head_cpus=2, node_cpus=1, object_store_mb=128, pin_cpus=True)
     try:
-        sched_name = f"rollmux-demo-{uid}"
         import ray
+
+        sched_name = f"rollmux-demo-{uid}"
+        env = {**os.environ, "RAY_ADDRESS": lc.address, "ROLLMUX_SCHEDULER_NAME": sched_name,
+               "ROLLMUX_CKPT_DIR": str(tmp / "ckpt"), "PYTHONPATH": str(ROOT), "ROLLMUX_SYNC_BACKEND": "gloo"}
+        con.print(f"cluster up in {time.time() - t_start:.0f}s ({', '.join(lc.node_ids)})")
+        # ---- solo: each job alone on the cluster (a scheduler of its own), one after the other
+        con.print("solo runs (each job alone on the cluster, same seeds); they also profile each job's phase times")
+        solo = {}
+        for name in JOBS:
+            s_name = f"rollmux-demo-solo-{name}-{uid}"
+            sh = get_or_create_scheduler(spec, name=s_name)
+            ray.get(sh.health.remote())
+            f = tmp / f"solo-{name}.json"
+            rc = wait_all({name: submit(paths[name], f"{ids[name]}-solo", n, f, {**env, "ROLLMUX_SCHEDULER_NAME": s_name})},
+                          args.timeout_s)
+            solo[name] = json.loads(f.read_text()) if f.is_file() else {"ok": False}
+            ray.kill(sh, no_restart=True)
+            if not solo[name].get("ok"):
+                raise RuntimeError(f"solo run of {ids[name]} failed: {rc[name][1]}")
+
+        # ---- profile: median solo phase times of this run, reported next to the configured `measured`
+        # profile that admission (Alg. 1) uses (on a shared 2-core machine they vary with its load, so the
+        # configured profile keeps the grouping deterministic)
+        profile_from_solo = {}
+        for name in JOBS:
+            med = report_phase_medians(solo[name]["timeline"])
+            profile_from_solo[name] = {"t_roll_s": med["rollout"], "t_train_s": med["train"],
+                                       "t_sync_s": med.get("sync", 0.0)}
 
         sched = get_or_create_scheduler(spec, name=sched_name)
         ray.get(sched.health.remote())
-        env = {**os.environ, "RAY_ADDRESS": lc.address, "ROLLMUX_SCHEDULER_NAME": sched_name,
-               "ROLLMUX_CKPT_DIR": str(tmp / "ckpt"), "PYTHONPATH": str(ROOT)}
-        con.print(f"cluster up in {time.time() - t_start:.0f}s ({', '.join(lc.node_ids)}); submitting the jobs")
+        con.print("submitting the jobs for co-execution")
 
         # ---- co-executed under RollMux: admitted one by one (long job first, as jobs arrive over
         # time); each waits at a start barrier so that the three iterate together
@@ -250,11 +256,13 @@ def main(argv=None) -> int:
             # round-robin (what Alg. 1 predicts: `predicted_slowdown_in_group`)
             "contention_factor": sum(med_co.values()) / sum(med_solo.values()),
             "slowdown_from_queueing": t_co / sum(med_co.values()),
-            # bytes each sync sent across the pool boundary, counted by the transport (one model
-            # copy per sync: `model_bytes`), and this job's long-tail migrations that acted (another
-            # job's rollout started on the node while this job's tail still ran)
+            # bytes each sync sent across the pool boundary, counted from the sync executors' sends
+            # (one model copy per sync: `model_bytes`), and this job's long-tail migrations that acted
+            # (another job's rollout started on the node while this job's tail still ran)
             "sync_cross_bytes": [r.get("sync_cross_bytes") for r in co[name]["timeline"] if r["phase"] == "sync"],
             "model_bytes": model_bytes(cfgs[name]),
+            "sync_cross_bytes_one_model_copy": all(
+                r.get("sync_cross_bytes") == model_bytes(cfgs[name]) for r in co[name]["timeline"] if r["phase"] == "sync"),
             "migrations_acted": migrations_acted(co_tl, ids[name]),
         }
 
@@ -290,7 +298,9 @@ def main(argv=None) -> int:
         "node_seconds_ratio_solo_over_coexec": solo_u["node_seconds"] / co_u["node_seconds"],
         "wall_s": time.time() - t_start,
         "load_average_1m_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
-        "notes": "solo: plain mode, run one after another, each job charged its own rollout+train node (Solo-D); "
+        "cpu_pinning": json.loads(os.environ.get("ROLLMUX_CPU_PIN") or "{}"),
+        "notes": "solo: each job alone on the same local Ray cluster (a scheduler of its own), one after another, "
+                 "charged its own rollout+train node (Solo-D); sync: N->M plan over gloo (collectives/); "
                  "co-executed: three user processes attached to one GlobalScheduler on a local multi-node Ray cluster; "
                  "makespan / busy fractions are over the whole run (warm-up, cold start and drain included); the "
                  "steady state after every job's iteration 0 (cold start, which includes the worker processes' first "

@@ -18,7 +18,7 @@ over the seeds (min and max kept). Writes ``results/sensitivity.json`` and ``res
 docs/SENSITIVITY.md discusses the trends beside the paper's.
 
     python scripts/sweep_sensitivity.py --quick   # 60 jobs, seed 0: ~1-2 min on 2 cores
-    python scripts/sweep_sensitivity.py           # 200 jobs, seeds 0-2: ~6-7 min on 2 cores (what results/ holds)
+    python scripts/sweep_sensitivity.py           # 200 jobs, seeds 0-2: ~30 min on a shared 2-core host (what results/ holds)
 
 One process (``--procs 2`` runs the points on two); no Ray.
 """

@@ -45,11 +45,21 @@ def local_cluster_spec():
 
 
 @pytest.fixture(scope="session")
-def ray_cluster(local_cluster_spec):
-    """The session's single local multi-node Ray cluster (head + one Ray node per pool node)."""
+def scaleout_cluster_spec(local_cluster_spec):
+    """``cluster_local.yaml`` with one more rollout node (``rollout-2``): room for a rollout
+    scale-out of a 2-rollout-node job beside a group on ``rollout-0``. The session's Ray cluster
+    carries its nodes; schedulers built on ``local_cluster_spec`` never place on ``rollout-2``."""
+    pool = local_cluster_spec.rollout_pool.model_copy(update={"num_nodes": local_cluster_spec.rollout_pool.num_nodes + 1})
+    return local_cluster_spec.model_copy(update={"rollout_pool": pool})
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(scaleout_cluster_spec):
+    """The session's single local multi-node Ray cluster (head + one Ray node per pool node of
+    :func:`scaleout_cluster_spec`)."""
     from actors.local_cluster import start_local_cluster
 
-    lc = start_local_cluster(local_cluster_spec, head_cpus=2, node_cpus=1, object_store_mb=96)
+    lc = start_local_cluster(scaleout_cluster_spec, head_cpus=2, node_cpus=1, object_store_mb=96)
     import ray
 
     import factories

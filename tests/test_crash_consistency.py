@@ -404,6 +404,13 @@ def test_failure_reasons_are_for_people_and_keep_the_raw_error():
     other = explain_failure("\x1b[31mRuntimeError: injected failure (pid=7)\x1b[0m")
     assert other.startswith("the job failed: RuntimeError: injected failure") and "\x1b" not in other
     assert "pid" not in other
+    for restarted in ("ActorUnavailableError: The actor 046c60e329d44df6eff4859702000000 is unavailable: The actor "
+                      "is temporarily unavailable: IOError: The actor is restarting..",
+                      "RayTaskError(KeyError): ray::RolloutWorkerImpl.receive_weights() repr=<actors.workers."
+                      "RolloutWorkerImpl object at 0x7f7d4c7c9e90>)"):
+        assert explain_failure(restarted, ("rollout-0", "train-0")) == (
+            "the worker on rollout-0, train-0 was lost; the job's state went with it. Submit the job again to "
+            "start it from step 1.")
     g = scenario(MemoryKV())
     rec = g.report("b", {"event": "failed", "error": f"worker died: {raw}"})
     assert rec["state"] == "failed" and rec["error"].startswith("the worker on rollout-0")
@@ -576,3 +583,64 @@ def test_ended_jobs_state_is_released_on_every_worker(tmp_path):
     g.expire_unattached(now=time.time() + 3600)
     assert g.get_job("a")["state"] == "expired" and g.release_workers_once(lookup)
     assert all("a" not in w.jobs for w in workers.values())
+
+
+@pytest.mark.ray
+def test_driver_killed_with_sigkill_then_readmitted_starts_from_step_1(ray_cluster, local_cluster_spec, tmp_path):
+    """A GRPO driver process killed with SIGKILL mid-run is evicted after the (configured, short)
+    driver lease and its record says failed; the same job id admitted again runs fresh: its
+    first training step is 1, not the dead run's next step (the worker dropped the old run's
+    state when the new admission's token registered)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import uuid
+    from pathlib import Path
+
+    import ray
+
+    from actors.global_scheduler import get_or_create_scheduler
+    from factories import wait_until
+    from rollmux.admission import load_scheduler_config
+
+    root = Path(__file__).resolve().parent.parent
+    uid = uuid.uuid4().hex[:6]
+    name, jid = f"test-kill9-{uid}", f"kill9-{uid}"
+    h = get_or_create_scheduler(local_cluster_spec, name=name,
+                                config={**load_scheduler_config().model_dump(), "driver_lease_s": 3.0})
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster.address, "ROLLMUX_SCHEDULER_NAME": name,
+           "ROLLMUX_CKPT_DIR": str(tmp_path / "ckpt"), "PYTHONPATH": str(root)}
+
+    def cmd(n, out=None):
+        c = [sys.executable, str(root / "scripts" / "grpo_job.py"), "--config",
+             str(root / "configs" / "jobs" / "grpo_train_heavy.yaml"), "--iterations", str(n), "--job-id", jid,
+             "--attach", "--quiet"]
+        return c + (["--out", str(out)] if out else [])
+
+    try:
+        p = subprocess.Popen(cmd(50), cwd=str(root), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_until(lambda: (ray.get(h.get_job.remote(jid)) or {}).get("iterations_done", 0) >= 2 or p.poll() is not None,
+                       timeout_s=240, interval_s=0.2, what="two iterations of the first run")
+            assert p.poll() is None, "the first run ended before it was killed"
+        finally:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)
+        rec = wait_until(lambda: (lambda r: r if r["state"] == "failed" else None)(ray.get(h.get_job.remote(jid))),
+                         timeout_s=60, interval_s=0.2, what="the killed driver evicted")
+        assert rec["iterations_done"] >= 2 and "driver" in rec["error_detail"]
+        out = tmp_path / "again.json"
+        r = subprocess.run(cmd(1, out), cwd=str(root), env=env, capture_output=True, text=True, timeout=240)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        res = json.loads(out.read_text())
+        assert [m["step"] for m in res["history"]] == [1]
+        again = ray.get(h.get_job.remote(jid))
+        assert again["state"] == "finished" and again["iterations_done"] == 1
+    finally:
+        for g in ("group-0", "group-1"):
+            try:
+                ray.kill(ray.get_actor(f"{name}-{g}", namespace="rollmux"), no_restart=True)
+            except ValueError:
+                pass
+        ray.kill(h, no_restart=True)

@@ -107,3 +107,36 @@ def test_two_plus_two_job_coexecuted_is_bit_identical_to_solo(scheduler):
     # and the comparison can fail: another seed gives other weights
     other = job_cfg("grpo_balanced", f"mn-other-{uid}", 2, 2, seed=99, iterations=1)
     assert _run([other], scheduler())[other.job.job_id]["history"][0]["weights_sha256"] != _trace(solo)["trainer"][0]
+
+
+def test_scale_out_placement_runs_on_all_its_nodes_and_matches_solo(scheduler, scaleout_cluster_spec):
+    """A 1-rollout + 2-training job holds rollout-0 and both training nodes; the 2 + 2 job then fits
+    only by rollout scale-out (two new rollout nodes, the group's training nodes shared)."""
+    uid = uuid.uuid4().hex[:6]
+    big = job_cfg("grpo_balanced", f"so-solo-{uid}", 2, 2)
+    solo = _run([big], scheduler(scaleout_cluster_spec))[big.job.job_id]
+    co_big = big.model_copy(update={"job": big.job.model_copy(update={"job_id": f"so-co-{uid}"})})
+    mate = job_cfg("grpo_train_heavy", f"so-mate-{uid}", 1, 2)
+    res = _run([mate, co_big], scheduler(scaleout_cluster_spec))
+    co, m = res[co_big.job.job_id], res[mate.job.job_id]
+    assert m["info"]["group_id"] == co["info"]["group_id"]
+    pm, pc = m["info"]["placement"], co["info"]["placement"]
+    assert pc["train_nodes"] == pm["train_nodes"] and not set(pc["rollout_nodes"]) & set(pm["rollout_nodes"])
+    _check_multinode(co, big, 2, 2)
+    _check_multinode(m, mate, 1, 2)
+    assert _trace(co) == _trace(solo)
+
+
+def test_deepspeed_job_on_two_training_nodes_coexecuted_matches_solo(scheduler):
+    """DeepSpeed ZeRO-2 as rank i of 2 (world from the placement, met through the job's store)."""
+    uid = uuid.uuid4().hex[:6]
+    ds = job_cfg("grpo_deepspeed", f"ds-solo-{uid}", 2, 2)
+    assert ds.run.train_backend == "deepspeed"
+    solo = _run([ds], scheduler())[ds.job.job_id]
+    co_ds = ds.model_copy(update={"job": ds.job.model_copy(update={"job_id": f"ds-co-{uid}"})})
+    mate = job_cfg("grpo_train_heavy", f"ds-mate-{uid}", 1, 1)
+    res = _run([co_ds, mate], scheduler())
+    co = res[co_ds.job.job_id]
+    _check_multinode(co, ds, 2, 2)
+    assert all(h["dp_ranks"] == 2 for h in co["history"])
+    assert _trace(co) == _trace(solo)
