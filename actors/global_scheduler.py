@@ -142,6 +142,7 @@ class GlobalSchedulerImpl:
         self._releases: list[tuple[str, Optional[str], list[str]]] = []  # (job, admission, nodes) to release
         self.release_workers = create_controllers  # ended jobs' workers are told to drop their state
         self.store = Checkpoint(self.kv, name)
+        self.queue: Optional[AdmissionQueue] = None
         state = self.store.load()  # raises CheckpointError (naming the store) for a bad checkpoint
         if state is not None:
             self._load_state(state)
@@ -157,10 +158,14 @@ class GlobalSchedulerImpl:
             self.igs = InterGroupScheduler(self.cluster, config=cfg)
             self.store.create(self._full_state())
         self.queue = AdmissionQueue.from_config(self.igs.config)
-        self.queue.restore(self.kv.get(self._qkey()))
-        for jid in [q.job_id for q in self.queue.jobs()]:  # admitted before a crash between the two writes
+        legacy_queue = self.kv.get(self._qkey())  # the previous layout kept the line under its own key
+        self.queue.restore(state["queue"] if state is not None and state.get("queue") is not None else legacy_queue)
+        for jid in [q.job_id for q in self.queue.jobs()]:  # (previous layout) admitted before a crash between two writes
             if jid in self.jobs and self.jobs[jid].state.is_active():
                 self.queue.remove(jid)
+        if legacy_queue is not None:  # the line moves into a base (one put), then the old key goes
+            self.store.compact(self._full_state())
+            self.kv.delete(self._qkey())
         # new GroupControllers carry the config's long-tail settings; explicit controller_kw wins
         self.controller_kw = {**self.igs.config.controller_settings(), **self.controller_kw}
         self._stop = threading.Event()
@@ -200,7 +205,8 @@ class GlobalSchedulerImpl:
         return out
 
     def _qkey(self) -> str:
-        """The admission queue's KV key (written after the write-ahead record of the same commit)."""
+        """The admission queue's KV key of the previous layout (read once, moved into a base and
+        deleted): the line now travels in the write-ahead record of the commit that changes it."""
         return f"{self.store.prefix}.queue"
 
     @staticmethod
@@ -212,12 +218,14 @@ class GlobalSchedulerImpl:
         return rec.stored()
 
     # ---- checkpoint: a base snapshot plus a write-ahead log, one atomic write per state change
-    def _delta(self, jobs: tuple = (), groups: tuple = (), dropped: tuple = ()) -> dict:
+    def _delta(self, jobs: tuple = (), groups: tuple = (), dropped: tuple = (), queue: bool = False) -> dict:
         """What one state change wrote: the given job records and groups (None: gone), the
-        policy's snapshot header and group order, and the records dropped from the table."""
+        policy's snapshot header and group order, the records dropped from the table and, when
+        ``queue``, the whole admission queue (in the same record: one atomic put)."""
         return {"header": self.igs.snapshot_header(), "group_ids": [g.group_id for g in self.igs.groups],
                 "groups": {gid: self.igs.group_snapshot(gid) for gid in groups},
-                "jobs": {j: self._stored(self.jobs[j]) for j in jobs if j in self.jobs}, "dropped": list(dropped)}
+                "jobs": {j: self._stored(self.jobs[j]) for j in jobs if j in self.jobs}, "dropped": list(dropped),
+                **({"queue": self.queue.snapshot()} if queue else {})}
 
     def _checkpoint(self, jobs: tuple = (), groups: tuple = ()) -> None:
         """Commit a state change of ``jobs`` / ``groups``: at once, or (inside :meth:`admit_batched` /
@@ -239,9 +247,7 @@ class GlobalSchedulerImpl:
         if not (force or jobs or groups or queue_changed or waiters):
             return
         try:
-            self._write(jobs, groups)
-            if queue_changed:
-                self.kv.put(self._qkey(), self.queue.snapshot())
+            self._write(jobs, groups, queue_changed)
         except Exception as e:
             log.exception("checkpoint write failed: the batch of %d waiting calls is undone", len(waiters))
             self._reload()
@@ -257,17 +263,17 @@ class GlobalSchedulerImpl:
         state = self.store.load()
         if state is not None:
             self._load_state(state)
-        self.queue.restore(self.kv.get(self._qkey()))
+            self.queue.restore(state.get("queue"))
         self._publish_full()
 
-    def _write(self, jobs: tuple = (), groups: tuple = ()) -> None:
+    def _write(self, jobs: tuple = (), groups: tuple = (), queue: bool = False) -> None:
         """Commit one state change: ONE write-ahead record (:class:`actors.checkpoint.Checkpoint`)
-        carrying the changed job records and groups (a crash before it: the change never
-        happened; after it: it did). Records of ended jobs beyond MAX_FINISHED_RECORDS are
+        carrying the changed job records and groups and, when ``queue``, the admission queue (a
+        crash before it: the change never happened; after it: it did). Records of ended jobs beyond MAX_FINISHED_RECORDS are
         dropped in the same record. Raises (and the caller rolls back) when the store fails."""
         done = [j for j, r in self.jobs.items() if not r.state.is_active()]
         drop = tuple(done[: max(0, len(done) - MAX_FINISHED_RECORDS)])
-        self.store.append(self._delta(jobs, groups, drop))
+        self.store.append(self._delta(jobs, groups, drop, queue))
         for j in drop:
             self.jobs.pop(j, None)
         self._dropped.extend(drop)
@@ -281,7 +287,8 @@ class GlobalSchedulerImpl:
     def _full_state(self) -> dict:
         return {"header": self.igs.snapshot_header(), "group_ids": [g.group_id for g in self.igs.groups],
                 "groups": {g.group_id: self.igs.group_snapshot(g.group_id) for g in self.igs.groups},
-                "jobs": {j: self._stored(r) for j, r in self.jobs.items()}}
+                "jobs": {j: self._stored(r) for j, r in self.jobs.items()},
+                "queue": None if self.queue is None else self.queue.snapshot()}
 
     def _load_state(self, state: dict) -> None:
         """Rebuild the policy's table and the job records from a restored state (see
@@ -665,6 +672,18 @@ class GlobalSchedulerImpl:
         if not rec.state.is_active():
             return {"job_id": job_id, "state": str(rec.state), "already_ended": True, "released_nodes": [],
                     "group_dissolved": False, "dissolved_groups": [], "moves": []}
+        # the departure and the queued jobs it lets in are ONE write-ahead record (group commit)
+        defer, self._defer = self._defer, True
+        try:
+            out = self._end_deferred(job_id, rec, state, error)
+        finally:
+            self._defer = defer
+        if not defer:
+            self._flush(force=True)
+        return out
+
+    def _end_deferred(self, job_id: str, rec: JobRecord, state: JobState, error: Optional[str]) -> dict:
+        """:meth:`_end` with its writes collected (the caller flushes them as one record)."""
         final = self._view(rec)  # freeze where it was before the policy forgets it
         gid = final.group_id
         before = self._nodes_in_use()
