@@ -3,8 +3,9 @@
 RollMux §5.2 (topology-aware model sync): one model copy crosses the slow cross-cluster link
 (training worker i sends shard i to one rollout worker), then each receiver broadcasts its shard
 inside the rollout cluster. Backends: ``"gloo"`` (CPU, :mod:`collectives.gloo_executor`) and
-``"nccl"`` (cupy-NCCL on GPUs, :mod:`collectives.nccl_executor`, import-guarded). Both run the same
-algorithm (:class:`collectives.base.SyncExecutor`); only the transport differs.
+``"nccl"`` (cupy-NCCL on GPUs, :mod:`collectives.nccl_executor`, import-guarded);
+:func:`collectives.select.choose_backend` picks one for a job's workers (``sync_backend="auto"``).
+Both run the same algorithm (:class:`collectives.base.SyncExecutor`); only the transport differs.
 
 API used by the runtime's sync phase (``TrainWorker`` / ``RolloutWorker`` Ray actors)
 ---------------------------------------------------------------------------------------
@@ -15,11 +16,14 @@ API used by the runtime's sync phase (``TrainWorker`` / ``RolloutWorker`` Ray ac
        plan = build_plan(metas_of(model.state_dict()), ParallelLayout(tp=2, dp=2), 4,
                          scheme="topo", bucket_bytes=32 << 20)
 
-   and pick the rendezvous address, hosted by trainer 0 (global rank 0), e.g.
-   ``addr = f"{trainer0_node_ip}:{port}"`` with ``port = free_port(ip)`` evaluated on trainer 0.
+   and host the job's rendezvous store where trainer 0 runs (the kernel picks the port; no
+   port is ever chosen ahead of binding it)::
+
+       store, addr = host_store(trainer0_node_ip)   # addr == "ip:port"
 2. Once per worker process (inside each actor's ``__init__`` or first sync; keep the object for
    the job's lifetime: communicators survive phase suspension)::
 
+       ep = open_endpoint(plan, "train", 0, store=store, job_id=job_id, bind_host=node_ip)  # trainer 0
        ep = open_endpoint(plan, "train", i, addr=addr, job_id=job_id, bind_host=node_ip)    # trainers
        ep = open_endpoint(plan, "rollout", j, addr=addr, job_id=job_id, bind_host=node_ip)  # rollout
 
@@ -37,6 +41,9 @@ API used by the runtime's sync phase (``TrainWorker`` / ``RolloutWorker`` Ray ac
    timeout, checksum mismatch) the live weights are unchanged and the endpoints are broken (close
    and re-open them); on :class:`~rollmux.sync_plan.SyncMismatchError` (names / shapes / dtypes
    differ) nothing moved and the endpoint stays usable.
+   ``ep.abort(reason)`` (any thread) makes a sync in progress on that endpoint raise
+   :class:`~rollmux.sync_plan.SyncAbortedError` at once (the runtime calls it on every endpoint of
+   the job when one peer's task died), instead of waiting ``timeout_s``.
 4. ``ep.close()`` when the job departs. Several jobs may share a process: each has its own groups,
    keyed by ``job_id`` and its own store address.
 """
@@ -45,8 +52,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectives.base import SyncExecutor, SyncStats, backends, get_executor, register
-from collectives.gloo_executor import GlooExecutor, free_port
+from collectives.base import SyncExecutor, SyncStats, backends, get_executor, host_store, register
+from collectives.gloo_executor import GlooExecutor
+from collectives.select import SYNC_BACKENDS, choose_backend, endpoint_caps
 from rollmux.sync_plan import (
     Role,
     SyncAbortedError,
@@ -75,6 +83,7 @@ def open_endpoint(plan: SyncPlan, role: Role, index: int, *, backend: str = "glo
 
 
 __all__ = [
+    "SYNC_BACKENDS", "choose_backend", "endpoint_caps",
     "GlooExecutor", "SyncAbortedError", "SyncEndpoint", "SyncError", "SyncExecutor", "SyncMismatchError",
-    "SyncPlanError", "SyncStats", "backends", "free_port", "get_executor", "open_endpoint", "register",
+    "SyncPlanError", "SyncStats", "backends", "get_executor", "host_store", "open_endpoint", "register",
 ]

@@ -43,7 +43,7 @@ def _sums(sd):
     return {k: hashlib.sha256(flat_bytes(v).cpu().numpy().tobytes()).hexdigest() for k, v in sd.items()}
 
 
-def _gpu_endpoint(plan, role, index, port, seeds, fault, q):
+def _gpu_endpoint(plan, role, index, addr, seeds, fault, q):
     import torch
 
     from collectives import open_endpoint
@@ -54,7 +54,7 @@ def _gpu_endpoint(plan, role, index, port, seeds, fault, q):
     sums = _sums
 
     torch.cuda.set_device(index if role == "train" else plan.num_train + index)
-    ep = open_endpoint(plan, role, index, backend="nccl", addr=f"127.0.0.1:{port}", job_id="gpu", timeout_s=30)
+    ep = open_endpoint(plan, role, index, backend="nccl", addr=addr, job_id="gpu", timeout_s=30)
     live = model(999)
     out = []
     for k, seed in enumerate(seeds):
@@ -73,7 +73,7 @@ def _gpu_endpoint(plan, role, index, port, seeds, fault, q):
 def _run_gpu(n, m, seeds, fault_trainer=None, scheme="topo"):
     import torch
 
-    from collectives import free_port
+    from collectives import host_store
 
     if torch.cuda.device_count() < n + m:
         pytest.skip(f"needs {n + m} CUDA devices (NCCL: one rank per GPU), found {torch.cuda.device_count()}")
@@ -82,10 +82,10 @@ def _run_gpu(n, m, seeds, fault_trainer=None, scheme="topo"):
     plan = build_plan(sd_meta, n, m, scheme=scheme, bucket_bytes=8192)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_gpu_endpoint, args=(plan, "train", i, port, seeds, 3 if i == fault_trainer else None, q))
+    _store, addr = host_store("127.0.0.1", timeout_s=30)  # hosted by this process while the run lasts
+    procs = [ctx.Process(target=_gpu_endpoint, args=(plan, "train", i, addr, seeds, 3 if i == fault_trainer else None, q))
              for i in range(n)]
-    procs += [ctx.Process(target=_gpu_endpoint, args=(plan, "rollout", j, port, seeds, None, q)) for j in range(m)]
+    procs += [ctx.Process(target=_gpu_endpoint, args=(plan, "rollout", j, addr, seeds, None, q)) for j in range(m)]
     for p in procs:
         p.start()
     res = [q.get(timeout=120) for _ in procs]
@@ -110,3 +110,29 @@ def test_nccl_fault_keeps_previous_weights():
     for o in roll:
         assert o[0][0] == "ok" and o[1][0] == "SyncAbortedError"
         assert o[1][1] == o[0][1] == _sums(_model(5))
+
+
+@pytest.mark.gpu
+def test_auto_sync_choice_reads_the_real_cuda_device():
+    """``sync_backend="auto"`` on a CUDA machine: an endpoint reports its device's UUID; two
+    endpoints on one GPU get gloo (NCCL needs one GPU per rank), endpoints on two GPUs get NCCL
+    where cupy-NCCL loads."""
+    import torch
+
+    from collectives import choose_backend, endpoint_caps
+    from collectives.nccl_executor import available
+
+    caps = endpoint_caps()
+    ok, _ = available()
+    assert caps["cuda"] is True and caps["device"] and caps["nccl"] == ok
+    backend, why = choose_backend("auto", [dict(caps, name="train-0"), dict(caps, name="rollout-0")])
+    assert backend == "gloo" and ("shares its GPU with train-0" in why or not ok), why
+    if torch.cuda.device_count() >= 2:
+        torch.cuda.set_device(1)
+        try:
+            other = endpoint_caps()
+        finally:
+            torch.cuda.set_device(0)
+        assert other["device"] != caps["device"]
+        backend, why = choose_backend("auto", [dict(caps, name="train-0"), dict(other, name="rollout-0")])
+        assert backend == ("nccl" if ok else "gloo"), why
