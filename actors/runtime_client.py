@@ -337,8 +337,9 @@ class ScheduledRuntime:
         except RayActorError as e:
             self.controller.release.remote(j.job_id, phase, {"ok": False, "error": f"worker died: {e}"})
             raise PhaseFailed(f"job {j.job_id!r}: worker died during {phase}: {e}") from None
+        # granted_at -> start: the phase's dispatch; waited_s: how long the driver waited for the permit
         rec = dict(out["record"], job_id=j.job_id, phase=phase, pool=pool_of_phase(phase),
-                   granted_at=grant.get("granted_at"))  # grant -> start: the dispatch of the phase
+                   granted_at=grant.get("granted_at"), waited_s=grant.get("waited_s"))
         self.timeline.append(rec)
         if phase == "sync":
             return None
