@@ -289,6 +289,17 @@ class GroupControllerImpl:
         self._wake_all()
         return rec
 
+    async def abort_phase(self, job_id: str, phase: str, reason: str) -> str:
+        """The driver lost the worker running ``phase`` and will redo it from the job's last
+        committed state (:meth:`GroupLedger.abort`): ``"aborted"`` (permit withdrawn),
+        ``"done"`` (the phase was released before the loss: do not run it again) or ``"none"``.
+        Raises PermitError for a job that is not a member."""
+        await self._recover_members(job_id)
+        out, effects = self.ledger.abort(job_id, phase, reason)
+        self._apply(effects)
+        self._wake_all()
+        return out
+
     # ---- runtime hook: long-tail migration
     async def progress(self, job_id: str, done: int, total: int) -> Optional[dict]:
         """Generation progress of the running rollout; returns a migration decision once per rollout.

@@ -311,7 +311,9 @@ class GroupLedger:
 
         A successful phase moves the job on in the queues (at its iteration's end: the iteration
         is accounted, a deferred move takes effect); a failed one removes the job (group-mates
-        continue) and reports the failure. A release without this ledger's grant (e.g. granted
+        continue) and reports the failure, except a phase interrupted by a lost worker (``record
+        ["lost"]``): the job keeps its place and the phase is granted again (redone from its
+        start on the job's last committed state). A release without this ledger's grant (e.g. granted
         before a controller restart) is recorded but changes nothing. Returns (the timeline
         record, effects).
         """
@@ -326,7 +328,12 @@ class GroupLedger:
             self.timeline.append(rec)
         effects = self._account(rec, grant)
         if grant is not None and self.is_queued(job_id):
-            if ok:
+            if not ok and record.get("lost"):  # the worker (or a peer) was lost: redo, not failure
+                try:
+                    self.rr.abort(job_id, phase)
+                except ValueError:
+                    pass
+            elif ok:
                 try:
                     self.rr.on_phase_done(job_id, phase)
                 except ValueError:
@@ -339,6 +346,28 @@ class GroupLedger:
                 self.remove(job_id, f"failed: {record.get('error')}")
                 effects.append(_report(job_id, {"event": "failed", "error": record.get("error"), "phase": phase}))
         return rec, effects
+
+    def abort(self, job_id: str, phase: str, reason: str) -> tuple[str, list[Effect]]:
+        """The driver lost the worker running ``phase`` of ``job_id`` (``reason``: what was lost)
+        and will redo the phase from its start on the job's last committed state.
+
+        Returns (``"aborted"``: the grant was withdrawn, the phase is granted again when ready;
+        ``"done"``: the phase was already released as done (the worker was lost after its
+        release), so it must not run again; ``"none"``: no grant here (e.g. a restarted
+        controller, or the worker already reported the loss): ask for the phase again), effects.
+        Raises PermitError for a job that is not a member (or left)."""
+        if not self.is_member(job_id):
+            raise PermitError(f"group {self.group_id}: job {job_id!r} is not a member: "
+                              f"{self.gone.get(job_id, 'not a member of this group')}")
+        grant = self.grants.get(job_id)
+        if grant is not None and grant["phase"] == phase:
+            rec, effects = self.release(job_id, phase, {"ok": False, "lost": True, "error": reason,
+                                                        "start": grant["granted_at"], "end": self.clock()})
+            return "aborted", effects
+        if grant is None and self.is_queued(job_id) and not self.rr.is_running(job_id) \
+                and self.members[job_id].confirmed and self.rr.next_phase(job_id) != phase:
+            return "done", []
+        return "none", []
 
     def _account(self, rec: dict, grant: Optional[dict]) -> list[Effect]:
         """Per-node occupancy records of the phase (busy / bubble seconds are computed from the

@@ -156,6 +156,10 @@ class Job:
         sync_backend: scheduled-mode weight transport: ``"object_store"`` (default; env
             ``ROLLMUX_SYNC_BACKEND``) or ``"gloo"`` (the collectives/ executor of the RollMux §5.2
             plan, CPU). The cupy-NCCL executor is not wired into the workers yet.
+        durable: scheduled mode: commit the state each phase leaves (and its result) to a file
+            in ``checkpoint_dir`` before the phase counts as done, so the job survives the loss
+            of one of its workers (the interrupted phase is redone from the commit before it).
+            False skips the writes; a lost worker then fails the job.
     Raises:
         pydantic.ValidationError: invalid spec. AdmissionRefused: the scheduler refused the job.
         ValueError: unknown ``switch``.
@@ -163,7 +167,7 @@ class Job:
 
     def __init__(self, spec: JobSpec | dict, *, attach: Optional[bool] = None, switch: SwitchKind = "warm",
                  checkpoint_dir: Optional[str] = None, scheduler_name: Optional[str] = None,
-                 job_id: Optional[str] = None, sync_backend: Optional[str] = None):
+                 job_id: Optional[str] = None, sync_backend: Optional[str] = None, durable: bool = True):
         global _CURRENT
         self.spec = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec)
         if switch not in ("warm", "cold"):
@@ -173,6 +177,7 @@ class Job:
         if self.sync_backend not in ("object_store", "gloo"):
             raise ValueError(f"sync_backend must be 'object_store' or 'gloo', got {self.sync_backend!r}")
         self.checkpoint_dir = checkpoint_dir or os.environ.get("ROLLMUX_CKPT_DIR")
+        self.durable = bool(durable)
         self.scheduler_name = scheduler_name or os.environ.get("ROLLMUX_SCHEDULER_NAME")
         self.attach_job_id = job_id or os.environ.get("ROLLMUX_JOB_ID") or None
         self._builders: dict[str, Callable[[], dict]] = {}

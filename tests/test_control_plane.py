@@ -107,6 +107,36 @@ def test_ledger_moved_job_leaves_at_its_iteration_boundary():
         g.try_grant("a", "rollout", None, clk.t)
 
 
+def test_ledger_redoes_a_phase_whose_worker_was_lost_without_failing_the_job():
+    """A phase interrupted by a lost worker (the driver's abort, or the worker's release marked
+    ``lost``) is granted again at the same place, is not a failure and reports nothing; a phase
+    already released before the loss answers "done" (not run twice)."""
+    clk = Clock()
+    g = GroupLedger("group-t", lease_s=0, clock=clk)
+    for j in ("a", "b"):
+        g.add(j, ["rollout-0"], ["train-0"])
+        g.activate(j)
+    assert g.try_grant("a", "rollout", None, clk.t) is not None
+    clk.t += 2.0
+    status, eff = g.abort("a", "rollout", "worker on rollout-0 was lost")
+    assert status == "aborted" and [e for e in eff if e.kind == "report"] == []
+    assert g.is_queued("a") and "a" not in g.gone and g.rr.next_phase("a") == "rollout"
+    assert g.try_grant("b", "rollout", None, clk.t) is None  # a's turn is kept: b still waits
+    assert g.try_grant("a", "rollout", None, clk.t) is not None  # the redo
+    _, eff = g.release("a", "rollout", {"ok": False, "lost": True, "error": "peer lost", "node": "rollout-0",
+                                        "start": clk.t, "end": clk.t})
+    assert [e for e in eff if e.kind == "report"] == [] and g.rr.next_phase("a") == "rollout"
+    assert g.timeline[-1]["lost"] and not g.timeline[-1]["ok"]
+    assert g.try_grant("a", "rollout", None, clk.t) is not None
+    g.release("a", "rollout", _rec(g, "rollout-0", clk.t, clk.t + 1))
+    assert g.abort("a", "rollout", "lost after its release")[0] == "done"
+    assert g.abort("a", "train", "no grant yet")[0] == "none"
+    g.release("b", "rollout", {"ok": False, "error": "boom"})  # no grant for b: nothing changes
+    assert g.is_member("b")
+    with pytest.raises(PermitError):
+        g.abort("zz", "rollout", "x")
+
+
 # ---- the planned round-robin order reaches the queues (the order admission's SLO check simulated)
 def _philly_pair():
     """Two Qwen-7B jobs of the Philly replay (tight SLOs) sharing one training node: feasible only in
