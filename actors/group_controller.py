@@ -45,6 +45,7 @@ from rollmux.intra_group import LongTailPolicy
 log = logging.getLogger("rollmux.controller")
 
 DEFAULT_ACQUIRE_TIMEOUT_S = 3600.0
+EXIT_GRACE_S = 2.0  # a dissolved group's controller exits this long after its last member left
 
 
 class GroupControllerImpl:
@@ -80,6 +81,9 @@ class GroupControllerImpl:
         self._watchdog: Optional[asyncio.Task] = None
         self._seq = -1  # the last reconcile push applied
         self.closed = False
+        self.dissolved = False  # the newest push said the group no longer exists
+        self._exit_task: Optional[asyncio.Task] = None
+        self.exit_grace_s = EXIT_GRACE_S
 
     @property
     def timeline(self) -> list[dict]:
@@ -137,7 +141,7 @@ class GroupControllerImpl:
         return out
 
     async def sync_members(self, members: list[dict], gone: Optional[dict[str, str]] = None,
-                           seq: Optional[int] = None) -> dict:
+                           seq: Optional[int] = None, dissolved: bool = False) -> dict:
         """Reconcile (pushed by the GlobalScheduler, never awaited there): add ``members`` (``job_id,
         rollout_nodes, train_nodes, slo``; pending until their drivers attach; listed in the
         planned round-robin order, which the queues take, :meth:`GroupLedger.set_order`) and drop ``gone``
@@ -146,8 +150,11 @@ class GroupControllerImpl:
         applied is ignored (``stale: True``): Ray does not keep an async actor's calls in
         submission order, so an older push may arrive after a newer one. Each push is the whole
         target state, so the newest alone is enough (a job it lists as gone is recorded as gone
-        even when the push that added it was the stale one). Idempotent. Returns ``{added,
-        removed, stale}``."""
+        even when the push that added it was the stale one). ``dissolved``: the group no longer
+        exists (every member departed or moved): once none of its jobs is queued here (a moved
+        job leaves at its iteration boundary) the controller exits after ``EXIT_GRACE_S``
+        (:meth:`_exit_when_empty`); a newer push without it cancels that. Idempotent. Returns
+        ``{added, removed, stale}``."""
         if seq is not None:
             if seq <= self._seq:
                 return {"added": [], "removed": [], "stale": True}
@@ -161,7 +168,43 @@ class GroupControllerImpl:
         self._apply()
         if added or removed or reordered:
             self._wake_all()
+        self.dissolved = bool(dissolved) and not members
+        if self.dissolved and (self._exit_task is None or self._exit_task.done()):
+            self._exit_task = asyncio.get_event_loop().create_task(self._exit_when_empty())
         return {"added": added, "removed": removed, "stale": False}
+
+    def _empty(self) -> bool:
+        return not self.ledger.rr.job_ids and not self.ledger.grants
+
+    async def _exit_when_empty(self) -> None:
+        """A dissolved group's controller ends itself (no leaked actor): once no job is queued
+        here and ``exit_grace_s`` later still none (late calls of moved drivers are answered
+        meanwhile; after the exit they find no actor and follow their record), or at the latest
+        after two driver leases plus a minute. Cancelled by a newer push for a live group."""
+        limit = time.monotonic() + 2 * max(self.ledger.lease_s, 0.0) + 60.0
+        while self.dissolved and not self.closed:
+            await asyncio.sleep(self.exit_grace_s)
+            if not self.dissolved:
+                return
+            if self._empty() or time.monotonic() > limit:
+                break
+        if not self.dissolved or self.closed:
+            return
+        log.info("group %s dissolved: its controller exits", self.group_id)
+        self.closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        try:
+            self.metrics.flush()
+        except Exception:
+            pass
+        self._kill_self()
+
+    def _kill_self(self) -> None:
+        """End this actor for good (not restarted). Overridden by tests without Ray."""
+        import ray
+
+        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
     async def _recover_members(self, job_id: str) -> None:
         """A job this controller does not know (e.g. after a restart: its state is soft): ask the

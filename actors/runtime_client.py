@@ -324,6 +324,11 @@ class ScheduledRuntime:
                     continue
                 raise PhaseFailed(str(err)) from None
             except RayActorError:
+                # the controller is gone: the job moved and its old group's controller exited
+                # (follow the record), or it is restarting (ask again)
+                if not rehomed and self._rehome():
+                    rehomed = True
+                    continue
                 if attempt == CONTROLLER_RETRIES - 1:
                     raise PhaseFailed(f"job {j.job_id!r}: the group controller is unavailable") from None
                 time.sleep(1.0)

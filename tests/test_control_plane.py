@@ -282,6 +282,43 @@ def test_controller_applies_pushes_in_sequence_and_ignores_stale_ones():
     assert st["gone"] == {"a": "departed"} and st["pending"] == []
 
 
+def test_dissolved_groups_controller_exits_once_its_last_member_left():
+    """A push saying the group is dissolved makes the controller end itself once none of its
+    jobs is queued (a moved job in mid-iteration keeps it alive until its iteration boundary),
+    after the grace; a newer push for a live group cancels the exit."""
+    async def scenario():
+        c = _ctrl(lease_s=0)
+        c.exit_grace_s = 0.05
+        killed = []
+        c._kill_self = lambda: killed.append(c.group_id)
+        m = [{"job_id": "a", "rollout_nodes": ["rollout-0"], "train_nodes": ["train-0"], "slo": 2.0}]
+        await c.sync_members(m, {}, seq=1)
+        await c.attach("a")
+        g = await c.acquire("a", "rollout")  # a is mid-iteration when it moves away
+        await c.sync_members([], {"a": "moved to group-9"}, seq=2, dissolved=True)
+        await asyncio.sleep(0.3)
+        assert killed == [] and c.ledger.is_queued("a")  # waits for a's iteration boundary
+        for ph in ("rollout", "train", "sync"):
+            if ph != "rollout":
+                g = await c.acquire("a", ph)
+            await c.release("a", ph, {"ok": True, "node": g["nodes"][0], "start": 0.0, "end": 0.0})
+        for _ in range(40):
+            if killed:
+                break
+            await asyncio.sleep(0.05)
+        assert killed == ["group-u"] and c.closed
+        # a live group is never ended: a newer push without "dissolved" cancels a pending exit
+        c2 = _ctrl(lease_s=0)
+        c2.exit_grace_s = 0.2
+        c2._kill_self = lambda: killed.append("c2")
+        await c2.sync_members([], {}, seq=1, dissolved=True)
+        await c2.sync_members(m, {}, seq=2)
+        await asyncio.sleep(0.5)
+        return killed
+
+    assert asyncio.run(scenario()) == ["group-u"]
+
+
 def test_controller_watchdog_logs_a_failing_pass_and_goes_on(caplog):
     async def scenario():
         c = _ctrl(lease_s=0.3)
@@ -324,7 +361,7 @@ class _FakeController:
 
         class _M:
             @staticmethod
-            def remote(members, gone, seq):
+            def remote(members, gone, seq, dissolved=False):
                 outer.log.append(([m["job_id"] for m in members], dict(gone), seq))
                 return _Ref()
 
