@@ -57,6 +57,7 @@ from actors.kv import make_kv
 from actors.metrics import RollmuxMetrics
 from actors.naming import (  # noqa: F401  (NAMESPACE, SCHEDULER_NAME, get_scheduler re-exported)
     NAMESPACE, SCHEDULER_NAME, control_plane_resources, controller_name, ensure_ray, get_actor, get_scheduler,
+    hosted_key,
 )
 from rollmux.admission import AdmissionDecision, InterGroupScheduler, SchedulerConfig, load_scheduler_config
 from rollmux.admission_queue import AdmissionQueue, QueueFull
@@ -427,7 +428,7 @@ class GlobalSchedulerImpl:
         for job_id, admission, nodes in todo:
             for node in dict.fromkeys(nodes):
                 try:
-                    lookup(worker_name(node)).unregister_job.remote(job_id, admission)
+                    lookup(worker_name(node)).unregister_job.remote(hosted_key(job_id, self.name), admission)
                     sent.append((job_id, node))
                 except ValueError:
                     continue

@@ -46,6 +46,22 @@ log = logging.getLogger("rollmux.controller")
 
 DEFAULT_ACQUIRE_TIMEOUT_S = 3600.0
 EXIT_GRACE_S = 2.0  # a dissolved group's controller exits this long after its last member left
+DRIVER_LATE_S = 2 * HEARTBEAT_S  # a driver this late is checked against the cluster's list of live drivers
+
+
+def dead_ray_drivers(drivers: set[str]) -> set[str]:
+    """Which of ``drivers`` (Ray job ids, hex) the cluster's job table marks dead: their driver
+    process exited (killed, crashed). Uses Ray's GCS job table (``ray._private.state.jobs``; no
+    public API without the dashboard); an unknown id or a failing lookup counts as alive (the
+    lease stays the last resort)."""
+    try:
+        from ray._private import state
+
+        rows = state.jobs()
+    except Exception as e:
+        log.warning("could not read the cluster's job table: %s", e)
+        return set()
+    return {r["JobID"] for r in rows if r.get("JobID") in drivers and r.get("IsDead")}
 
 
 class GroupControllerImpl:
@@ -221,7 +237,7 @@ class GroupControllerImpl:
             self._sched = None
             log.warning("group %s: could not recover members for %s: %s", self.group_id, job_id, e)
 
-    async def attach(self, job_id: str, *, has_sync: Optional[bool] = None) -> dict:
+    async def attach(self, job_id: str, *, has_sync: Optional[bool] = None, driver: Optional[str] = None) -> dict:
         """The job's driver attached: the job joins its nodes' queues at its place in the planned
         round-robin order pushed with the membership (attach order for jobs not in the plan). ``has_sync=False``: its empty sync slot ends with training.
         Raises PermitError for a job that is not a member (or already left)."""
@@ -229,6 +245,7 @@ class GroupControllerImpl:
         if has_sync is not None:
             self.ledger.set_has_sync(job_id, has_sync)
         self.ledger.activate(job_id)
+        self.ledger.heartbeat(job_id, driver)
         self._ensure_watchdog()
         self._wake_all()
         return {"group_id": self.group_id, "queues": self.ledger.queues(), "lease_s": self.ledger.lease_s}
@@ -238,10 +255,11 @@ class GroupControllerImpl:
         await self._recover_members(job_id)
         return self.ledger.set_has_sync(job_id, has_sync)
 
-    async def heartbeat(self, job_id: str) -> bool:
-        """Driver liveness (its lease); False when the job is no longer a member."""
+    async def heartbeat(self, job_id: str, driver: Optional[str] = None) -> bool:
+        """Driver liveness (its lease; ``driver``: the driver's Ray job id, so that its death is
+        seen before the lease ends); False when the job is no longer a member."""
         await self._recover_members(job_id)
-        return self.ledger.heartbeat(job_id)
+        return self.ledger.heartbeat(job_id, driver)
 
     async def remove_job(self, job_id: str, reason: str = "departed") -> bool:
         """Drop the job from every queue (departure / failure). False if it was not a member.
@@ -269,11 +287,17 @@ class GroupControllerImpl:
 
     async def _watch(self) -> None:
         """Evict queued jobs whose driver stopped heart-beating for ``lease_s`` (see
-        :meth:`GroupLedger.expired`). A failing pass is logged and the loop goes on."""
+        :meth:`GroupLedger.expired`), or sooner: a driver late by ``DRIVER_LATE_S`` whose Ray
+        job the cluster reports dead (its process exited) is evicted at once. A failing pass is
+        logged and the loop goes on."""
         while not self.closed:
             await asyncio.sleep(min(1.0, self.ledger.lease_s / 3))
             try:
-                evicted, effects = self.ledger.expired()
+                dead: set[str] = set()
+                late = self.ledger.late_drivers(DRIVER_LATE_S)
+                if late:
+                    dead = await asyncio.get_event_loop().run_in_executor(None, dead_ray_drivers, set(late.values()))
+                evicted, effects = self.ledger.expired(dead)
                 self._apply(effects)
                 if evicted:
                     self._wake_all()

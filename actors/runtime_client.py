@@ -35,7 +35,7 @@ import time
 from typing import Any, Optional
 
 from actors.naming import (  # noqa: F401  (ensure_ray, control_plane_resources re-exported)
-    NAMESPACE, control_plane_resources, ensure_ray, get_actor, get_scheduler, worker_name,
+    NAMESPACE, control_plane_resources, ensure_ray, get_actor, get_scheduler, hosted_key, worker_name,
 )
 from actors.workers import JobNotHosted, WorkerLost, get_or_create_worker
 from rollmux.group_ledger import HEARTBEAT_S, PermitError
@@ -141,6 +141,8 @@ class ScheduledRuntime:
         except ValueError as e:
             raise ValueError(f"scheduled mode: no RollMux GlobalScheduler reachable ({e})") from e
         jid = job.job_id
+        self.key = hosted_key(jid, job.scheduler_name)  # what the workers host the job under
+        self.driver = ray.get_runtime_context().get_job_id()  # this process's Ray job: its death is seen
         if job.attach_job_id:
             rec = ray.get(self.sched.get_job.remote(jid))
             if rec is None:
@@ -159,7 +161,7 @@ class ScheduledRuntime:
         self._registered = False
         try:
             self._home(rec)
-            self.attach_info = ray.get(self.controller.attach.remote(jid))  # joins its nodes' queues now
+            self.attach_info = ray.get(self.controller.attach.remote(jid, driver=self.driver))  # joins its queues now
         except RayTaskError as e:  # moved between reading the record and attaching
             if not (isinstance(_unwrap(e), (PermitError, KeyError)) and self._rehome()):
                 raise
@@ -201,10 +203,11 @@ class ScheduledRuntime:
         payload = None
         if self._registered:  # every rank's shard moves: rank i's state goes to the new rank i
             k = len(self.rollout_workers)
-            got = ray.get([w.export_job.remote(jid) for w in self.rollout_workers + self.train_workers])
+            got = ray.get([w.export_job.remote(self.key) for w in self.rollout_workers + self.train_workers])
             payload = {"rollout": got[:k], "train": got[k:]}
         self._home(rec)
-        self.attach_info = ray.get(self.controller.attach.remote(jid, has_sync="sync" in self.job._phases))
+        self.attach_info = ray.get(self.controller.attach.remote(jid, has_sync="sync" in self.job._phases,
+                                                                 driver=self.driver))
         if self._registered:
             self._registered = False
             self._register(moved=payload)
@@ -226,7 +229,7 @@ class ScheduledRuntime:
         failures = 0
         while not self._stop.wait(HEARTBEAT_S):
             try:
-                ray.get(self.controller.heartbeat.remote(self.job.job_id), timeout=30)
+                ray.get(self.controller.heartbeat.remote(self.job.job_id, self.driver), timeout=30)
                 failures = 0
             except Exception as e:  # controller restarting; keep trying until finish (logged, never silent)
                 failures += 1
@@ -246,7 +249,8 @@ class ScheduledRuntime:
         for pool in ("rollout", "train"):
             if pool not in j._builders:
                 raise PhaseFailed(f"job {j.job_id!r}: no @job.state({pool!r}) builder registered")
-        common = {"controller": self.info["controller"], "switch": j.switch, "checkpoint_dir": j.checkpoint_dir,
+        common = {"job_id": j.job_id, "controller": self.info["controller"], "switch": j.switch,
+                  "checkpoint_dir": j.checkpoint_dir,
                   "admission": self.info.get("admission_id"),
                   "sync_backend": j.sync_backend, "durable": j.durable,
                   "hooks": list(j._hooks), "apply": j._apply}
@@ -265,7 +269,7 @@ class ScheduledRuntime:
                 mv = (moved or {}).get(pool) or [None] * len(workers)
                 for i, w in enumerate(workers):
                     blob = cloudpickle.dumps({**cfg, "parallel": par[pool][i]})
-                    calls.append(w.register_job.remote(j.job_id, blob, mv[i] if i < len(mv) else None, recover))
+                    calls.append(w.register_job.remote(self.key, blob, mv[i] if i < len(mv) else None, recover))
             ray.get(calls)
 
         self.shipped: list[str] = []
@@ -300,7 +304,7 @@ class ScheduledRuntime:
             hosts = [forced or ("127.0.0.1" if one_host else x["ip"]) for x in where]
             addr = None
             if len(workers) > 1:
-                addr = ray.get(workers[0].reserve_store.remote(self.job.job_id, hosts[0]), timeout=120)
+                addr = ray.get(workers[0].reserve_store.remote(self.key, hosts[0]), timeout=120)
             out[pool] = [{"rank": i, "world_size": len(workers), "peers": [worker_name(n) for n in nodes],
                           "nodes": list(nodes), "addr": addr, "host": hosts[i]} for i in range(len(workers))]
         return out
@@ -406,7 +410,7 @@ class ScheduledRuntime:
                          "nodes": grant["nodes"], "waited_s": grant["waited_s"]})
             worker = self.rollout_worker if pool == "rollout" else self.train_worker
             try:
-                out = ray.get(worker.run.remote(j.job_id, phase, args, kwargs,
+                out = ray.get(worker.run.remote(self.key, phase, args, kwargs,
                                                 {**grant, "pool_seq": seq, "replay": replay}))
                 break
             except RayTaskError as e:
@@ -446,7 +450,7 @@ class ScheduledRuntime:
         except Exception as e:  # the scheduler restarts: it will see the departure from the controller
             log.warning("could not report %s of %s: %s", "finish" if ok else "failure", self.job.job_id, e)
         try:  # waited for: the job's control plane (process groups, engines) is gone when this returns
-            ray.get([w.unregister_job.remote(self.job.job_id) for w in self.rollout_workers + self.train_workers],
+            ray.get([w.unregister_job.remote(self.key) for w in self.rollout_workers + self.train_workers],
                     timeout=60)
         except Exception as e:
             log.warning("could not unregister %s from its workers: %s", self.job.job_id, e)

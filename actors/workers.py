@@ -104,7 +104,8 @@ class _Hosted:
     """One job hosted on this worker."""
 
     def __init__(self, job_id: str, cfg: dict):
-        self.job_id = job_id
+        self.job_id = job_id  # the hosting key (:func:`actors.naming.hosted_key`: job id @ scheduler)
+        self.real_id: str = cfg.get("job_id") or job_id  # the job id the controller knows
         self.builder: Callable[[], dict] = cfg["builder"]
         self.phases: dict[str, Callable] = cfg.get("phases", {})
         self.apply: Optional[Callable] = cfg.get("apply")
@@ -335,8 +336,12 @@ class _PoolWorker:
         return True
 
     def hosted(self) -> dict:
-        return {j: {"stored": h.ref is not None, "resident": sorted(h.resident), "switches": list(h.switches),
-                    "pending_weights": h.pending_weights is not None} for j, h in self.jobs.items()}
+        """Hosted jobs by hosting key (``job_id`` or ``job_id@scheduler``, see
+        :func:`actors.naming.hosted_key`): ``job_id``, whether state is stored, resident values,
+        switches, pending weights."""
+        return {j: {"job_id": h.real_id, "stored": h.ref is not None, "resident": sorted(h.resident),
+                    "switches": list(h.switches), "pending_weights": h.pending_weights is not None}
+                for j, h in self.jobs.items()}
 
     def where(self) -> dict:
         """Placement check: this actor's Ray node id, RollMux node id, pool, pid, torch threads."""
@@ -549,7 +554,7 @@ class _PoolWorker:
 
         for attempt in range(2):
             try:
-                ray.get(self._controller(h, fresh=attempt > 0).release.remote(h.job_id, phase, record), timeout=120)
+                ray.get(self._controller(h, fresh=attempt > 0).release.remote(h.real_id, phase, record), timeout=120)
                 record.pop("release_error", None)
                 return
             except (RayActorError, ValueError) as e:  # the controller died: look it up again once
@@ -568,7 +573,7 @@ class _PoolWorker:
             bucket = int(PROGRESS_BUCKETS * event["done"] / event["total"])
             if bucket != last[0]:
                 last[0] = bucket
-                ctrl.progress.remote(h.job_id, event["done"], event["total"])
+                ctrl.progress.remote(h.real_id, event["done"], event["total"])
 
     # ---- phases
     def run(self, job_id: str, phase: str, args: tuple, kwargs: dict, grant: dict, follower: bool = False) -> dict:
@@ -599,10 +604,10 @@ class _PoolWorker:
         if not follower:
             try:
                 ctrl = self._controller(h)
-                ctrl.phase_started.remote(job_id, phase)
+                ctrl.phase_started.remote(h.real_id, phase)
             except Exception:  # the controller died: look it up again (it restarts with max_restarts=-1)
                 ctrl = self._controller(h, fresh=True)
-                ctrl.phase_started.remote(job_id, phase)
+                ctrl.phase_started.remote(h.real_id, phase)
             if h.world_size > 1:  # SPMD: the other ranks run the same phase now (the permit covers them)
                 peers = [get_actor(n).run.remote(job_id, phase, args, kwargs, grant, True) for n in h.peers[1:]]
         try:
@@ -626,7 +631,7 @@ class _PoolWorker:
                     if h.switch == "cold":  # re-applied to a rollout engine rebuilt by the next cold start
                         h.last_weights = pw
                 last = [-1]
-                hook = RuntimeHook(job_id, phase, grant.get("iteration", 0), lambda e: self._emit(h, ctrl, e, last))
+                hook = RuntimeHook(h.real_id, phase, grant.get("iteration", 0), lambda e: self._emit(h, ctrl, e, last))
                 with parallel_scope(ctx):
                     result = call_phase(h.phases[phase], phase, state, tuple(args), dict(kwargs), hook)
             rec["run_s"] = time.perf_counter() - t1

@@ -91,6 +91,29 @@ def test_ledger_lease_evicts_only_silent_drivers_without_a_running_phase():
         g.activate("b")
 
 
+def test_ledger_evicts_a_dead_drivers_job_before_the_lease():
+    """A driver the cluster reports dead (its process exited) is evicted as soon as it is late,
+    not after the whole lease; a late driver still alive, one of unknown identity and one whose
+    phase runs wait for the lease as before."""
+    clk = Clock()
+    g = GroupLedger("group-t", lease_s=30.0, clock=clk)
+    for j in ("dead", "alive", "anon", "busy"):
+        g.add(j, [f"rollout-{j}"], [f"train-{j}"])
+        g.activate(j)
+        g.heartbeat(j, None if j == "anon" else f"drv-{j}")
+    g.try_grant("busy", "rollout", None, clk.t)
+    g.phase_started("busy", "rollout")
+    clk.t += 1.0
+    assert g.late_drivers(4.0) == {}
+    clk.t += 4.0
+    assert g.late_drivers(4.0) == {"dead": "drv-dead", "alive": "drv-alive"}
+    evicted, eff = g.expired({"drv-dead", "drv-busy"})
+    assert evicted == ["dead"] and "its process exited" in eff[0].event["error"]
+    assert eff[0].event["error"].startswith("driver lost")
+    clk.t += 26.0  # the lease: the silent ones go (the running phase keeps "busy")
+    assert sorted(g.expired(set())[0]) == ["alive", "anon"]
+
+
 def test_ledger_moved_job_leaves_at_its_iteration_boundary():
     clk = Clock()
     g = GroupLedger("group-t", lease_s=0, clock=clk)
@@ -325,11 +348,11 @@ def test_controller_watchdog_logs_a_failing_pass_and_goes_on(caplog):
         calls = {"n": 0}
         real = c.ledger.expired
 
-        def flaky():
+        def flaky(*args):
             calls["n"] += 1
             if calls["n"] == 1:
                 raise RuntimeError("boom")
-            return real()
+            return real(*args)
 
         c.ledger.expired = flaky
         await c.add_job("a", ["rollout-0"], ["train-0"])

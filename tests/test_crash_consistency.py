@@ -585,12 +585,46 @@ def test_ended_jobs_state_is_released_on_every_worker(tmp_path):
     assert all("a" not in w.jobs for w in workers.values())
 
 
+def test_two_schedulers_on_one_host_never_see_each_others_job_state(tmp_path):
+    """Workers host a job under its scheduler's key (job id @ scheduler name): the same job id
+    admitted by two schedulers sharing the host's workers is two hosted jobs with their own
+    files; registering or releasing one never touches the other."""
+    from actors.naming import SCHEDULER_NAME, hosted_key
+    from actors.workers import RolloutWorkerImpl
+
+    assert hosted_key("a", None) == hosted_key("a", SCHEDULER_NAME) == "a"
+    k1, k2 = hosted_key("a", "sched-1"), hosted_key("a", "sched-2")
+    assert len({k1, k2, "a"}) == 3
+    w = RolloutWorkerImpl("rollout-0")
+    cfg = {"builder": dict, "controller": "c", "checkpoint_dir": str(tmp_path), "job_id": "a"}
+    assert w.register_job(k1, {**cfg, "admission": "1" * 32}) and w.register_job(k2, {**cfg, "admission": "2" * 32})
+    h1, h2 = w.jobs[k1], w.jobs[k2]
+    h1.ckpt.write_bytes(b"run of sched-1")
+    h2.ckpt.write_bytes(b"run of sched-2")
+    assert h1.ckpt != h2.ckpt and h1.commit_prefix != h2.commit_prefix
+    assert {v["job_id"] for v in w.hosted().values()} == {"a"} and sorted(w.hosted()) == sorted([k1, k2])
+    # sched-1's job ends: its release (its own key and admission) drops only its run
+    g = sched(MemoryKV(), name="sched-1")
+    calls = []
+
+    class Handle:
+        def __getattr__(self, n):
+            return type("M", (), {"remote": staticmethod(lambda *a: calls.append(a) or w.unregister_job(*a))})
+
+    g._releases = [("a", "1" * 32, ["rollout-0"])]
+    g.release_workers_once(lambda name: Handle())
+    assert calls == [(k1, "1" * 32)] and k1 not in w.jobs and w.jobs[k2] is h2
+    assert not h1.ckpt.exists() and h2.ckpt.read_bytes() == b"run of sched-2"
+
+
 @pytest.mark.ray
 def test_driver_killed_with_sigkill_then_readmitted_starts_from_step_1(ray_cluster, local_cluster_spec, tmp_path):
-    """A GRPO driver process killed with SIGKILL mid-run is evicted after the (configured, short)
-    driver lease and its record says failed; the same job id admitted again runs fresh: its
+    """A GRPO driver process killed with SIGKILL mid-run is evicted within seconds (its Ray
+    driver is seen dead; the 30 s driver lease is only the last resort) and its record says failed; the same job id admitted again runs fresh: its
     first training step is 1, not the dead run's next step (the worker dropped the old run's
-    state when the new admission's token registered)."""
+    state when the new admission's token registered). Meanwhile the same job id admitted by a
+    second scheduler on the same host (same workers) runs from step 1 beside it: each is hosted
+    under its own scheduler's key, neither drops nor reads the other's state."""
     import os
     import signal
     import subprocess
@@ -605,10 +639,14 @@ def test_driver_killed_with_sigkill_then_readmitted_starts_from_step_1(ray_clust
     from rollmux.admission import load_scheduler_config
 
     root = Path(__file__).resolve().parent.parent
+    from actors.naming import hosted_key, worker_name
+
     uid = uuid.uuid4().hex[:6]
     name, jid = f"test-kill9-{uid}", f"kill9-{uid}"
     h = get_or_create_scheduler(local_cluster_spec, name=name,
-                                config={**load_scheduler_config().model_dump(), "driver_lease_s": 3.0})
+                                config={**load_scheduler_config().model_dump(), "driver_lease_s": 30.0})
+    name2 = f"test-kill9b-{uid}"
+    h2 = get_or_create_scheduler(local_cluster_spec, name=name2)
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.address, "ROLLMUX_SCHEDULER_NAME": name,
            "ROLLMUX_CKPT_DIR": str(tmp_path / "ckpt"), "PYTHONPATH": str(root)}
 
@@ -619,16 +657,34 @@ def test_driver_killed_with_sigkill_then_readmitted_starts_from_step_1(ray_clust
         return c + (["--out", str(out)] if out else [])
 
     try:
-        p = subprocess.Popen(cmd(50), cwd=str(root), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        p = subprocess.Popen(cmd(500), cwd=str(root), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_until(lambda: (ray.get(h.get_job.remote(jid)) or {}).get("iterations_done", 0) >= 2 or p.poll() is not None,
                        timeout_s=240, interval_s=0.2, what="two iterations of the first run")
             assert p.poll() is None, "the first run ended before it was killed"
+            # the same job id under a second scheduler on the same workers, beside the running one
+            out2 = tmp_path / "other-scheduler.json"
+            p2 = subprocess.Popen(cmd(1, out2), cwd=str(root), env={**env, "ROLLMUX_SCHEDULER_NAME": name2},
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            node = ray.get(h.get_job.remote(jid))["placement"]["rollout_nodes"][0]
+            both = {hosted_key(jid, name), hosted_key(jid, name2)}
+            seen = wait_until(lambda: (lambda k: "both" if both <= k else "ended" if p2.poll() is not None else None)(
+                set(ray.get(ray.get_actor(worker_name(node), namespace="rollmux").hosted.remote()))),
+                timeout_s=240, interval_s=0.1, what="both schedulers' runs hosted")
+            assert seen == "both" and p2.wait(timeout=240) == 0
+            assert [m["step"] for m in json.loads(out2.read_text())["history"]] == [1]
+            before = ray.get(h.get_job.remote(jid))["iterations_done"]
+            wait_until(lambda: ray.get(h.get_job.remote(jid))["iterations_done"] > before, timeout_s=120,
+                       interval_s=0.2, what="the first scheduler's run going on")
+            assert p.poll() is None and ray.get(h.get_job.remote(jid))["state"] == "running"
         finally:
             os.kill(p.pid, signal.SIGKILL)
             p.wait(timeout=30)
+            killed_at = time.monotonic()
         rec = wait_until(lambda: (lambda r: r if r["state"] == "failed" else None)(ray.get(h.get_job.remote(jid))),
                          timeout_s=60, interval_s=0.2, what="the killed driver evicted")
+        # seen dead through the cluster's driver table within seconds, not after the 30 s lease
+        assert time.monotonic() - killed_at < 15.0 and "process exited" in rec["error_detail"], rec
         assert rec["iterations_done"] >= 2 and "driver" in rec["error_detail"]
         out = tmp_path / "again.json"
         r = subprocess.run(cmd(1, out), cwd=str(root), env=env, capture_output=True, text=True, timeout=240)
@@ -638,12 +694,14 @@ def test_driver_killed_with_sigkill_then_readmitted_starts_from_step_1(ray_clust
         again = ray.get(h.get_job.remote(jid))
         assert again["state"] == "finished" and again["iterations_done"] == 1
     finally:
-        for g in ("group-0", "group-1"):
-            try:
-                ray.kill(ray.get_actor(f"{name}-{g}", namespace="rollmux"), no_restart=True)
-            except ValueError:
-                pass
+        for n in (name, name2):
+            for g in ("group-0", "group-1"):
+                try:
+                    ray.kill(ray.get_actor(f"{n}-{g}", namespace="rollmux"), no_restart=True)
+                except ValueError:
+                    pass
         ray.kill(h, no_restart=True)
+        ray.kill(h2, no_restart=True)
 
 
 def test_lost_worker_resumes_from_the_commit_before_the_interrupted_phase(tmp_path):
