@@ -8,7 +8,8 @@ Routes (OpenAPI at ``/docs`` and ``/openapi.json``):
   than any node, SLO unreachable even alone, cluster out of GPUs, duplicate job id) -> 409 with the
   reason; a malformed spec -> 422 naming the field and what it allows; a body that is not
   ``application/json`` -> 415; a body over ``max_request_bytes`` -> 413.
-- ``POST /v1/jobs:dry-run`` (token): the same decision and status codes, nothing changed.
+- ``POST /v1/jobs:dry-run`` (token): the same decision and status codes, nothing changed; answered by the
+  replica from its copy of the published policy table (``SnapshotCache.what_if``).
 - ``POST /v1/jobs`` with ``"queue": true`` on a bounded cluster: a job that does not fit now is
   held by the admission queue -> 202 with ``queue_position``; it is admitted after a departure
   frees room (in order, smaller jobs backfilling; :mod:`rollmux.admission_queue`). A full queue
@@ -20,7 +21,7 @@ Routes (OpenAPI at ``/docs`` and ``/openapi.json``):
 
 Reads scale with replicas: each replica follows the scheduler's *published snapshot* (one version
 per commit; :meth:`actors.global_scheduler.GlobalSchedulerImpl.snapshot_since`, a long poll) and
-answers ``GET /v1/jobs`` / ``/v1/groups`` from it, never queueing behind the scheduler's writes; a
+answers ``GET /v1/jobs`` / ``/v1/groups`` and dry-runs from it, never queueing behind the scheduler's writes; a
 write waits until the replica's copy holds it, so a client reads its own writes. Writes use the
 scheduler's group commit (``admit_batched`` / ``depart_batched``: one checkpoint write per batch).
 Overload is bounded: each replica holds at most ``max_pending_writes`` writes in flight (more ->
@@ -281,6 +282,13 @@ class SnapshotCache:
         self.groups: dict[str, dict] = {}
         self._groups_json: Optional[bytes] = None
         self.queue: list[dict] = []
+        # the policy's table (dry-runs): the raw group snapshots, and a copy of the policy built on the
+        # first dry-run, then brought up to date lazily (only the groups changed since the last one)
+        self.cluster: Optional[dict] = None
+        self._policy_header: Optional[dict] = None
+        self._policy_groups: dict[str, dict] = {}
+        self._policy = None
+        self._policy_pending: dict[str, Optional[dict]] = {}
         self.ready = False
         self._changed = asyncio.Event()
         self._task: Optional[asyncio.Task] = None
@@ -310,6 +318,18 @@ class SnapshotCache:
                 continue
             if d.get("full"):
                 self.jobs, self._json, self.groups = {}, {}, {}
+                self.cluster = d.get("cluster")
+                self._policy_groups, self._policy, self._policy_pending = {}, None, {}
+            pol = d.get("policy") or {}
+            if pol.get("header") is not None:
+                self._policy_header = pol["header"]
+            for gid, snap in (pol.get("groups") or {}).items():
+                if snap is None:
+                    self._policy_groups.pop(gid, None)
+                else:
+                    self._policy_groups[gid] = snap
+                if self._policy is not None:
+                    self._policy_pending[gid] = snap
             for jid, view in d["jobs"].items():
                 if view is None:
                     self.jobs.pop(jid, None)
@@ -344,6 +364,42 @@ class SnapshotCache:
             except asyncio.TimeoutError:
                 return False
         return True
+
+    def _policy_now(self):
+        """The copy of the policy's table at this copy's version (built once, then updated with
+        the groups changed since the last call; :meth:`rollmux.admission.InterGroupScheduler.load_groups`)."""
+        from rollmux.admission import InterGroupScheduler
+        from rollmux.models import ClusterSpec
+
+        if self._policy is None:
+            self._policy = InterGroupScheduler.restore(
+                ClusterSpec.model_validate(self.cluster), {**self._policy_header, "groups": list(self._policy_groups.values())})
+            self._policy_pending = {}
+        elif self._policy_pending:
+            self._policy.load_groups(self._policy_header, self._policy_pending)
+            self._policy_pending = {}
+        return self._policy
+
+    def what_if(self, spec: JobSpec, queue: bool, explain: str) -> Optional[dict]:
+        """The dry-run answer from this copy (:func:`rollmux.admission_queue.what_if`, the function
+        the scheduler answers its own dry-runs with), with ``snapshot_version``; None when the
+        scheduler must answer: the copy is not ready, or the job id is admitted, running or queued
+        (a replay or a duplicate, decided from the scheduler's records)."""
+        from rollmux.admission_queue import what_if
+        from rollmux.records import JobState
+
+        if not self.ready or self.cluster is None or self._policy_header is None:
+            return None
+        view = self.jobs.get(spec.job_id)
+        if view is not None and JobState(view["state"]).is_active():
+            return None
+        if any(q["job_id"] == spec.job_id for q in self.queue):
+            return None
+        pol = self._policy_now()
+        out = what_if(pol, spec, [int(q.get("gpus", 0)) for q in self.queue], backfill=pol.config.queue_backfill,
+                      queue=queue, explain=explain)
+        out["snapshot_version"] = self.version
+        return _finite(out)
 
     def jobs_body(self, limit: Optional[int], offset: int) -> bytes:
         """``GET /v1/jobs`` from the copy: records in admission order, then the queued jobs."""
@@ -610,11 +666,15 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
     async def _admit(spec: JobSpec, dry_run: bool, queue: bool = False, explain: str = "full") -> JSONResponse:
         t0 = time.perf_counter()
         body = spec.model_dump(mode="json", exclude={"queue"})
-        with _WriteSlot():
-            d = await client.call("admit_batched", body, dry_run, queue, explain, retry=dry_run,
-                                  outcome=f"/v1/jobs/{spec.job_id}")
-            if not dry_run and d.get("snapshot_version") is not None:
-                await cache.wait_version(d["snapshot_version"])  # this replica then reads its own write
+        d = None
+        if dry_run and await cache.wait_version(None):  # answered by this replica from its snapshot copy
+            d = cache.what_if(JobSpec.model_validate(body), queue, explain)
+        if d is None:
+            with _WriteSlot():
+                d = await client.call("admit_batched", body, dry_run, queue, explain, retry=dry_run,
+                                      outcome=f"/v1/jobs/{spec.job_id}")
+                if not dry_run and d.get("snapshot_version") is not None:
+                    await cache.wait_version(d["snapshot_version"])  # this replica then reads its own write
         view = _admission_view(d, dry_run)
         view["queued"], view["queue_position"] = bool(d.get("queued")), d.get("queue_position")
         view["scheduler_call_ms"] = round((time.perf_counter() - t0) * 1e3, 3)

@@ -53,10 +53,13 @@ class Checkpoint:
     """Base + write-ahead log of one scheduler's state in ``kv``.
 
     The state is ``{header, group_ids, groups: {group_id: group snapshot}, jobs: {job_id:
-    record dict}}`` (the policy's snapshot header and groups, :meth:`rollmux.admission.
-    InterGroupScheduler.snapshot_header`, and the stored job records); a record (delta) has the
-    same keys, ``groups`` / ``jobs`` holding only what changed (a group ``None``: dissolved) and
-    ``dropped`` the job ids whose records were deleted.
+    record dict}, queue}`` (the policy's snapshot header and groups, :meth:`rollmux.admission.
+    InterGroupScheduler.snapshot_header`, the stored job records and the admission queue,
+    :meth:`rollmux.admission_queue.AdmissionQueue.snapshot`); a record (delta) has the same keys,
+    ``groups`` / ``jobs`` holding only what changed (a group ``None``: dissolved), ``dropped`` the
+    job ids whose records were deleted and ``queue`` only when the line changed. The queue rides
+    in the same record as the admissions it gives up or takes in, so enqueueing, cancelling and a
+    drain that admits queued jobs are each ONE atomic put.
     """
 
     def __init__(self, kv: KVStore, name: str, *, compact_every: int = COMPACT_EVERY) -> None:
@@ -202,4 +205,6 @@ def apply(state: dict, delta: dict) -> dict:
         state["jobs"][jid] = rec
     for jid in delta.get("dropped", []):
         state["jobs"].pop(jid, None)
+    if delta.get("queue") is not None:
+        state["queue"] = delta["queue"]
     return state

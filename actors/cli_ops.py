@@ -194,10 +194,36 @@ def _port_free(port: int) -> bool:
             return False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of local ports for outgoing connections (Linux default 32768-60999)."""
+    try:
+        lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _free_port(tries: int = 200) -> int:
+    """A port for a Ray process that binds it later (Ray takes port numbers, not sockets).
+
+    Drawn outside the kernel's ephemeral range, so no outgoing connection on the host can be
+    given it as its local port before Ray binds it; checked free on every address now. Only
+    another program binding that same port in between can still take it. Raises OSError when no
+    port is free after ``tries`` draws."""
+    import random
+
+    lo, hi = _ephemeral_range()
+    pool = [p for p in range(10_000, 65_000) if not lo <= p <= hi]
+    rng = random.SystemRandom()
+    for _ in range(tries):
+        port = rng.choice(pool)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        return port
+    raise OSError(f"no free TCP port outside the ephemeral range {lo}-{hi} after {tries} tries")
 
 
 def _alive(rec: dict) -> bool:

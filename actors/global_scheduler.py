@@ -43,6 +43,7 @@ import collections
 import contextlib
 import functools
 import hashlib
+import itertools
 import json
 import logging
 import threading
@@ -60,7 +61,7 @@ from actors.naming import (  # noqa: F401  (NAMESPACE, SCHEDULER_NAME, get_sched
     hosted_key,
 )
 from rollmux.admission import AdmissionDecision, InterGroupScheduler, SchedulerConfig, load_scheduler_config
-from rollmux.admission_queue import AdmissionQueue, QueueFull
+from rollmux.admission_queue import QUEUE_AHEAD_REASON, AdmissionQueue, QueueFull, what_if
 from rollmux.models import ClusterSpec, JobSpec
 from rollmux.nodes import node_index
 from rollmux.records import JobRecord, JobState, MoveRecord, NodePlacement, explain_failure, queued_records
@@ -139,10 +140,12 @@ class GlobalSchedulerImpl:
         self.version = 0
         self._deltas: collections.deque[dict] = collections.deque(maxlen=SNAPSHOT_LOG)
         self._published: Optional[asyncio.Event] = None
+        self._written: Optional[dict] = None  # the last write-ahead record (its group snapshots are published)
         self._reopt_pending: dict[str, str] = {}  # admitted job -> its group, to re-optimise (reconcile thread)
         self._releases: list[tuple[str, Optional[str], list[str]]] = []  # (job, admission, nodes) to release
         self.release_workers = create_controllers  # ended jobs' workers are told to drop their state
         self.store = Checkpoint(self.kv, name)
+        self.queue: Optional[AdmissionQueue] = None
         state = self.store.load()  # raises CheckpointError (naming the store) for a bad checkpoint
         if state is not None:
             self._load_state(state)
@@ -158,10 +161,14 @@ class GlobalSchedulerImpl:
             self.igs = InterGroupScheduler(self.cluster, config=cfg)
             self.store.create(self._full_state())
         self.queue = AdmissionQueue.from_config(self.igs.config)
-        self.queue.restore(self.kv.get(self._qkey()))
-        for jid in [q.job_id for q in self.queue.jobs()]:  # admitted before a crash between the two writes
+        legacy_queue = self.kv.get(self._qkey())  # the previous layout kept the line under its own key
+        self.queue.restore(state["queue"] if state is not None and state.get("queue") is not None else legacy_queue)
+        for jid in [q.job_id for q in self.queue.jobs()]:  # (previous layout) admitted before a crash between two writes
             if jid in self.jobs and self.jobs[jid].state.is_active():
                 self.queue.remove(jid)
+        if legacy_queue is not None:  # the line moves into a base (one put), then the old key goes
+            self.store.compact(self._full_state())
+            self.kv.delete(self._qkey())
         # new GroupControllers carry the config's long-tail settings; explicit controller_kw wins
         self.controller_kw = {**self.igs.config.controller_settings(), **self.controller_kw}
         self._stop = threading.Event()
@@ -201,7 +208,8 @@ class GlobalSchedulerImpl:
         return out
 
     def _qkey(self) -> str:
-        """The admission queue's KV key (written after the write-ahead record of the same commit)."""
+        """The admission queue's KV key of the previous layout (read once, moved into a base and
+        deleted): the line now travels in the write-ahead record of the commit that changes it."""
         return f"{self.store.prefix}.queue"
 
     @staticmethod
@@ -213,12 +221,14 @@ class GlobalSchedulerImpl:
         return rec.stored()
 
     # ---- checkpoint: a base snapshot plus a write-ahead log, one atomic write per state change
-    def _delta(self, jobs: tuple = (), groups: tuple = (), dropped: tuple = ()) -> dict:
+    def _delta(self, jobs: tuple = (), groups: tuple = (), dropped: tuple = (), queue: bool = False) -> dict:
         """What one state change wrote: the given job records and groups (None: gone), the
-        policy's snapshot header and group order, and the records dropped from the table."""
+        policy's snapshot header and group order, the records dropped from the table and, when
+        ``queue``, the whole admission queue (in the same record: one atomic put)."""
         return {"header": self.igs.snapshot_header(), "group_ids": [g.group_id for g in self.igs.groups],
                 "groups": {gid: self.igs.group_snapshot(gid) for gid in groups},
-                "jobs": {j: self._stored(self.jobs[j]) for j in jobs if j in self.jobs}, "dropped": list(dropped)}
+                "jobs": {j: self._stored(self.jobs[j]) for j in jobs if j in self.jobs}, "dropped": list(dropped),
+                **({"queue": self.queue.snapshot()} if queue else {})}
 
     def _checkpoint(self, jobs: tuple = (), groups: tuple = ()) -> None:
         """Commit a state change of ``jobs`` / ``groups``: at once, or (inside :meth:`admit_batched` /
@@ -240,9 +250,7 @@ class GlobalSchedulerImpl:
         if not (force or jobs or groups or queue_changed or waiters):
             return
         try:
-            self._write(jobs, groups)
-            if queue_changed:
-                self.kv.put(self._qkey(), self.queue.snapshot())
+            self._write(jobs, groups, queue_changed)
         except Exception as e:
             log.exception("checkpoint write failed: the batch of %d waiting calls is undone", len(waiters))
             self._reload()
@@ -258,17 +266,19 @@ class GlobalSchedulerImpl:
         state = self.store.load()
         if state is not None:
             self._load_state(state)
-        self.queue.restore(self.kv.get(self._qkey()))
+            self.queue.restore(state.get("queue"))
         self._publish_full()
 
-    def _write(self, jobs: tuple = (), groups: tuple = ()) -> None:
+    def _write(self, jobs: tuple = (), groups: tuple = (), queue: bool = False) -> None:
         """Commit one state change: ONE write-ahead record (:class:`actors.checkpoint.Checkpoint`)
-        carrying the changed job records and groups (a crash before it: the change never
-        happened; after it: it did). Records of ended jobs beyond MAX_FINISHED_RECORDS are
+        carrying the changed job records and groups and, when ``queue``, the admission queue (a
+        crash before it: the change never happened; after it: it did). Records of ended jobs beyond MAX_FINISHED_RECORDS are
         dropped in the same record. Raises (and the caller rolls back) when the store fails."""
         done = [j for j, r in self.jobs.items() if not r.state.is_active()]
         drop = tuple(done[: max(0, len(done) - MAX_FINISHED_RECORDS)])
-        self.store.append(self._delta(jobs, groups, drop))
+        delta = self._delta(jobs, groups, drop, queue)
+        self.store.append(delta)
+        self._written = delta  # its header and group snapshots are published as they were written
         for j in drop:
             self.jobs.pop(j, None)
         self._dropped.extend(drop)
@@ -282,7 +292,8 @@ class GlobalSchedulerImpl:
     def _full_state(self) -> dict:
         return {"header": self.igs.snapshot_header(), "group_ids": [g.group_id for g in self.igs.groups],
                 "groups": {g.group_id: self.igs.group_snapshot(g.group_id) for g in self.igs.groups},
-                "jobs": {j: self._stored(r) for j, r in self.jobs.items()}}
+                "jobs": {j: self._stored(r) for j, r in self.jobs.items()},
+                "queue": None if self.queue is None else self.queue.snapshot()}
 
     def _load_state(self, state: dict) -> None:
         """Rebuild the policy's table and the job records from a restored state (see
@@ -540,22 +551,20 @@ class GlobalSchedulerImpl:
         if job.job_id in self.queue:
             return self._refusal(job.job_id, "duplicate", f"job {job.job_id!r} is already queued (position "
                                  f"{self.queue.position(job.job_id)})", t0, dry_run)
+        if dry_run:  # the same function answers the Serve replicas' dry-runs from their snapshot copy
+            return what_if(self.igs, job, [q.gpus for q in self.queue.jobs()], backfill=self.queue.backfill,
+                           queue=queue, explain=explain)
         if not self.queue.may_try_now(job):  # queued jobs first: a larger newcomer waits behind them
-            why = (f"{len(self.queue)} queued jobs are ahead and this job is larger than one of them "
-                   "(admission queue order)")
-            if queue and not dry_run:
+            why = QUEUE_AHEAD_REASON(len(self.queue))
+            if queue:
                 return self._enqueue(job, why, t0)
-            d = self._refusal(job.job_id, "retry_later", why, t0, dry_run)
-            return {**d, "would_queue": True} if queue else d
+            return self._refusal(job.job_id, "retry_later", why, t0, dry_run)
         decision = self.igs.decide(job)
         out = decision.to_dict(explain)
         if queue and not out.get("admitted") and out.get("code") == "retry_later":
-            if dry_run:
-                return {**out, "would_queue": True}
             return self._enqueue(job, out.get("reason", ""), t0, out)
-        if dry_run or not out.get("admitted"):
-            if not dry_run:
-                self.metrics.admission(out.get("code", "refused"), out.get("latency_ms", 0.0))
+        if not out.get("admitted"):
+            self.metrics.admission(out.get("code", "refused"), out.get("latency_ms", 0.0))
             return out
         # one checkpoint write commits it; a failed write undoes it (group commit: the batch's
         # failed write restores the last written state instead, so no per-admission copy is taken)
@@ -688,6 +697,18 @@ class GlobalSchedulerImpl:
         if not rec.state.is_active():
             return {"job_id": job_id, "state": str(rec.state), "already_ended": True, "released_nodes": [],
                     "group_dissolved": False, "dissolved_groups": [], "moves": []}
+        # the departure and the queued jobs it lets in are ONE write-ahead record (group commit)
+        defer, self._defer = self._defer, True
+        try:
+            out = self._end_deferred(job_id, rec, state, error)
+        finally:
+            self._defer = defer
+        if not defer:
+            self._flush(force=True)
+        return out
+
+    def _end_deferred(self, job_id: str, rec: JobRecord, state: JobState, error: Optional[str]) -> dict:
+        """:meth:`_end` with its writes collected (the caller flushes them as one record)."""
         final = self._view(rec)  # freeze where it was before the policy forgets it
         gid = final.group_id
         before = self._nodes_in_use()
@@ -857,8 +878,9 @@ class GlobalSchedulerImpl:
         return None if r is None else self._view(r).public()
 
     def _queue_view(self) -> list[dict]:
-        """The admission queue as published: ``job_id, slo, queued_at, reason`` in line order."""
-        return [{"job_id": q.job_id, "slo": q.spec.slo, "queued_at": q.enqueued_at, "reason": q.reason}
+        """The admission queue as published: ``job_id, slo, queued_at, reason, gpus`` in line order
+        (``gpus``: the backfill size a replica's dry-run compares, :func:`rollmux.admission_queue.job_gpus`)."""
+        return [{"job_id": q.job_id, "slo": q.spec.slo, "queued_at": q.enqueued_at, "reason": q.reason, "gpus": q.gpus}
                 for q in self.queue.jobs()]
 
     def _queued_views(self, now: Optional[float] = None) -> list[dict]:
@@ -893,9 +915,12 @@ class GlobalSchedulerImpl:
             jids.update(dict.fromkeys(m.spec.job_id for m in grp.members))
         views = {j: (None if (r := self.jobs.get(j)) is None else self._view(r).public()) for j in jids}
         views.update({j: None for j in dropped})
+        # the policy's table changes exactly by the groups the write-ahead record carries
+        written, self._written = self._written or {}, None
+        policy = {"header": written.get("header") or self.igs.snapshot_header(), "groups": dict(written.get("groups", {}))}
         self.version += 1
         self._deltas.append({"version": self.version, "jobs": views, "groups": {g: self._group_view(g) for g in gids},
-                             "queue": self._queue_view() if queue_changed else None})
+                             "queue": self._queue_view() if queue_changed else None, "policy": policy})
         self._wake()
 
     def _publish_full(self) -> None:
@@ -906,10 +931,12 @@ class GlobalSchedulerImpl:
         self._wake()
 
     def _full_snapshot(self) -> dict:
-        return {"epoch": self.epoch, "version": self.version, "full": True,
+        return {"epoch": self.epoch, "version": self.version, "full": True, "cluster": self.cluster.model_dump(mode="json"),
                 "jobs": {j: self._view(r).public() for j, r in self.jobs.items()},
                 "groups": {g.group_id: self._group_view(g.group_id) for g in self.igs.groups},
-                "queue": self._queue_view()}
+                "queue": self._queue_view(),
+                "policy": {"header": self.igs.snapshot_header(),
+                           "groups": {g.group_id: self.igs.group_snapshot(g.group_id) for g in self.igs.groups}}}
 
     def _wake(self) -> None:
         """Wake the replicas waiting in :meth:`snapshot_since` (from any thread)."""
@@ -952,17 +979,20 @@ class GlobalSchedulerImpl:
             except asyncio.TimeoutError:
                 pass
         with self._lock:
-            newer = [d for d in self._deltas if d["version"] > version]
+            first = self._deltas[0]["version"] if self._deltas else self.version + 1
+            newer = list(itertools.islice(self._deltas, max(0, version + 1 - first), None))  # versions are consecutive
             if (epoch != self.epoch or version > self.version or any(d.get("full") for d in newer)
                     or (newer and newer[0]["version"] != version + 1)):
                 return self._full_snapshot()
             out: dict = {"epoch": self.epoch, "version": self.version, "full": False, "jobs": {}, "groups": {},
-                         "queue": None}
+                         "queue": None, "policy": {"header": None, "groups": {}}}
             for d in newer:
                 out["jobs"].update(d["jobs"])
                 out["groups"].update(d["groups"])
                 if d["queue"] is not None:
                     out["queue"] = d["queue"]
+                out["policy"]["header"] = d["policy"]["header"]
+                out["policy"]["groups"].update(d["policy"]["groups"])
             return out
 
     async def admit_batched(self, spec: dict, dry_run: bool = False, queue: bool = False,

@@ -291,7 +291,7 @@ class ScheduledRuntime:
         """Per pool, each worker's SPMD place: rank, world size, the pool's worker names and nodes
         in rank order, the host its gloo groups bind to (127.0.0.1 when every worker of the job is
         on one machine, else each node's IP; env ROLLMUX_SYNC_HOST overrides) and, for a pool with
-        several workers, the rendezvous store its rank 0 hosts on a free port."""
+        several workers, the rendezvous store its rank 0 hosts (the kernel picks its port when it binds)."""
         import ray
 
         wh = ray.get([w.where.remote() for w in self.rollout_workers + self.train_workers], timeout=120)

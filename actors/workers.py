@@ -223,7 +223,7 @@ class _PoolWorker:
             return True
 
     def reserve_store(self, job_id: str, host: str) -> str:
-        """Host the rendezvous store of ``job_id``'s workers of this pool on a free port of
+        """Host the rendezvous store of ``job_id``'s workers of this pool on a port the kernel picks on
         ``host`` (this worker is their rank 0); returns ``"host:port"``. Called by the driver
         before :meth:`register_job`; the store lives until the job is unregistered here."""
         from datetime import timedelta
@@ -792,7 +792,7 @@ class TrainWorkerImpl(_PoolWorker):
         workers share this machine, else the node IP; env ROLLMUX_SYNC_HOST overrides)."""
         import ray
 
-        from collectives import free_port, open_endpoint
+        from collectives import host_store, open_endpoint
         from rollmux.sync_plan import build_plan, metas_of
 
         peers = [get_actor(w) for w in h.rollout_workers]
@@ -806,11 +806,11 @@ class TrainWorkerImpl(_PoolWorker):
                 ips = {w["ip"] for w in ray.get([p.where.remote() for p in peers + trainers])}
                 host = "127.0.0.1" if ips <= {ip} else ip
             plan = build_plan(metas_of(weights), max(1, h.world_size), len(peers), scheme="topo")
-            addr = f"{host}:{free_port(host)}"
+            store, addr = host_store(host, timeout_s=SYNC_TIMEOUT_S)  # hosted before anyone connects
             opening = [p.open_sync_endpoint.remote(h.job_id, plan, addr, j, host) for j, p in enumerate(peers)]
             opening += [t.open_sync_endpoint.remote(h.job_id, plan, addr, i, host) for i, t in enumerate(trainers, 1)]
             h.plan = plan
-            h.endpoint = open_endpoint(plan, "train", 0, addr=addr, job_id=h.job_id, bind_host=host,
+            h.endpoint = open_endpoint(plan, "train", 0, store=store, job_id=h.job_id, bind_host=host,
                                        timeout_s=SYNC_TIMEOUT_S)
             ray.get(opening, timeout=SYNC_TIMEOUT_S)
         receiving = [p.receive_sync.remote(h.job_id) for p in peers]

@@ -15,11 +15,14 @@ API used by the runtime's sync phase (``TrainWorker`` / ``RolloutWorker`` Ray ac
        plan = build_plan(metas_of(model.state_dict()), ParallelLayout(tp=2, dp=2), 4,
                          scheme="topo", bucket_bytes=32 << 20)
 
-   and pick the rendezvous address, hosted by trainer 0 (global rank 0), e.g.
-   ``addr = f"{trainer0_node_ip}:{port}"`` with ``port = free_port(ip)`` evaluated on trainer 0.
+   and host the job's rendezvous store where trainer 0 runs (the kernel picks the port; no
+   port is ever chosen ahead of binding it)::
+
+       store, addr = host_store(trainer0_node_ip)   # addr == "ip:port"
 2. Once per worker process (inside each actor's ``__init__`` or first sync; keep the object for
    the job's lifetime: communicators survive phase suspension)::
 
+       ep = open_endpoint(plan, "train", 0, store=store, job_id=job_id, bind_host=node_ip)  # trainer 0
        ep = open_endpoint(plan, "train", i, addr=addr, job_id=job_id, bind_host=node_ip)    # trainers
        ep = open_endpoint(plan, "rollout", j, addr=addr, job_id=job_id, bind_host=node_ip)  # rollout
 
@@ -45,8 +48,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectives.base import SyncExecutor, SyncStats, backends, get_executor, register
-from collectives.gloo_executor import GlooExecutor, free_port
+from collectives.base import SyncExecutor, SyncStats, backends, get_executor, host_store, register
+from collectives.gloo_executor import GlooExecutor
 from rollmux.sync_plan import (
     Role,
     SyncAbortedError,
@@ -76,5 +79,5 @@ def open_endpoint(plan: SyncPlan, role: Role, index: int, *, backend: str = "glo
 
 __all__ = [
     "GlooExecutor", "SyncAbortedError", "SyncEndpoint", "SyncError", "SyncExecutor", "SyncMismatchError",
-    "SyncPlanError", "SyncStats", "backends", "free_port", "get_executor", "open_endpoint", "register",
+    "SyncPlanError", "SyncStats", "backends", "get_executor", "host_store", "open_endpoint", "register",
 ]

@@ -71,11 +71,32 @@ def flat_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-def open_job_store(addr: Optional[str], store: Any, *, is_master: bool, prefix: str, timeout_s: float) -> Any:
+def host_store(host: str, *, timeout_s: float = 60.0) -> tuple[Any, str]:
+    """Host a job's rendezvous store (a ``torch.distributed.TCPStore`` server) on ``host``.
+
+    The server binds a port the kernel picks and the address is read back from the bound socket,
+    so no other socket can take the port between choosing and binding it (choosing a "free" port
+    first and binding it later races with every outgoing connection on the host, whose local ports
+    come from the same range). Returns ``(store, "host:port")``: give ``store`` to the endpoint in
+    this process and the address to the others; the store lives as long as a reference to it.
+    Raises RuntimeError from torch when ``host`` is not an address of this machine.
+    """
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(host, 0, world_size=None, is_master=True, timeout=timedelta(seconds=timeout_s),
+                          wait_for_workers=False)
+    return store, f"{host}:{store.port}"
+
+
+def open_job_store(addr: Optional[str], store: Any, *, prefix: str, timeout_s: float) -> Any:
     """The job's rendezvous store (``torch.distributed.PrefixStore`` under ``prefix``).
 
-    Uses ``store`` when given, else a ``TCPStore`` at ``addr`` (``"host:port"``) hosted by
-    ``is_master``. Raises :class:`SyncPlanError` on a missing or malformed ``addr``.
+    Uses ``store`` when given, else connects as a client to the store already hosted at ``addr``
+    (``"host:port"``, see :func:`host_store`). Raises :class:`SyncPlanError` when neither is
+    given or ``addr`` is malformed, RuntimeError from torch when nothing answers within
+    ``timeout_s`` seconds.
     """
     from datetime import timedelta
 
@@ -88,8 +109,7 @@ def open_job_store(addr: Optional[str], store: Any, *, is_master: bool, prefix: 
         host, _, port = addr.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise SyncPlanError(f"addr: expected 'host:port' with a port in 1..65535, got {addr!r}")
-        store = dist.TCPStore(host, int(port), world_size=None, is_master=is_master, timeout=td,
-                              wait_for_workers=False)
+        store = dist.TCPStore(host, int(port), world_size=None, is_master=False, timeout=td)
     prefixed = dist.PrefixStore(prefix, store)
     prefixed.set_timeout(td)
     return prefixed

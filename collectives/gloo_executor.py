@@ -11,7 +11,6 @@ Groups: ``world`` (trainers + rollout workers; point-to-point across the boundar
 
 from __future__ import annotations
 
-import socket
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -22,23 +21,17 @@ from collectives.base import SyncExecutor, open_job_store, register
 from rollmux.sync_plan import Role, SyncAbortedError, SyncPlan
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` right now (for the job's store; trainer 0 hosts it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 @register("gloo")
 class GlooExecutor(SyncExecutor):
     """Sync endpoint over gloo TCP (CPU tensors).
 
     Args:
         plan, role, index, job_id, timeout_s, fault_after_buckets: see :class:`SyncExecutor`.
-        addr: ``"host:port"`` of the job's rendezvous store, hosted by trainer 0 (global rank 0).
+        addr: ``"host:port"`` of the job's rendezvous store, already hosted
+            (:func:`collectives.base.host_store`; the endpoint connects to it as a client).
         bind_host: local address gloo binds to (e.g. ``"127.0.0.1"`` or the node IP);
             ``interface``: or a network interface name; neither: gloo's default (hostname).
-        store: an existing ``torch.distributed.Store`` to use instead of ``addr``.
+        store: the store itself, instead of ``addr`` (in the process that hosts it).
     Raises:
         SyncPlanError: bad ``addr``/role/index; SyncMismatchError: endpoints hold different plans;
         RuntimeError from torch when the rendezvous times out.
@@ -50,7 +43,7 @@ class GlooExecutor(SyncExecutor):
         super().__init__(plan, role, index, job_id=job_id, timeout_s=timeout_s,
                          fault_after_buckets=fault_after_buckets)
         td = timedelta(seconds=self.timeout_s)
-        self._store = open_job_store(addr, store, is_master=self.rank == 0, prefix=f"rollmux-sync/{job_id}/",
+        self._store = open_job_store(addr, store, prefix=f"rollmux-sync/{job_id}/",
                                      timeout_s=self.timeout_s)
 
         def group(prefix: str, rank: int, size: int) -> dist.ProcessGroupGloo:
@@ -103,4 +96,4 @@ class GlooExecutor(SyncExecutor):
                 except Exception:  # pragma: no cover - best effort on teardown
                     pass
                 setattr(self, name, None)
-        self._store = None  # drops the TCP store (trainer 0: its server socket) with the last reference
+        self._store = None  # drops this endpoint's reference to the job's store (the host keeps its own)

@@ -5,7 +5,7 @@ point-to-point ``send``/``recv`` over a *world* communicator (N trainers + M rol
 cross-cluster scatter of RollMux §5.2) and ``bcast`` over a *rollout* communicator (the
 intra-cluster broadcast). Communicators are created once per job (``ncclCommInitRank`` through
 ``NcclCommunicator(ndev, unique_id, rank)``) and kept alive across phases (RollMux §5.1); the
-unique ids are exchanged through a ``torch.distributed.TCPStore`` hosted by trainer 0.
+unique ids are exchanged through the job's ``torch.distributed.TCPStore`` (:func:`collectives.base.host_store`).
 
 Each communicator has its own CUDA stream; a handle is a CUDA event recorded after the call and
 waited on by polling (bounded by ``timeout_s``; on timeout the communicators are aborted with
@@ -61,8 +61,8 @@ class _Handle:
 class NcclExecutor(SyncExecutor):
     """Sync endpoint over cupy-NCCL (CUDA tensors on ``device``, default the current device).
 
-    Args: as :class:`collectives.gloo_executor.GlooExecutor` (``addr`` of the TCP store hosted by
-    trainer 0, ``job_id``, ``timeout_s``), plus ``device`` (CUDA device index). ``bind_host`` /
+    Args: as :class:`collectives.gloo_executor.GlooExecutor` (``addr`` of the job's hosted TCP store
+    or the ``store`` itself, ``job_id``, ``timeout_s``), plus ``device`` (CUDA device index). ``bind_host`` /
     ``interface`` are accepted for a uniform endpoint signature: NCCL picks its own interfaces
     (``NCCL_SOCKET_IFNAME``); the store listens on ``addr``.
     Raises:
@@ -83,7 +83,7 @@ class NcclExecutor(SyncExecutor):
             torch.cuda.set_device(device)
         self._dev = torch.device("cuda", torch.cuda.current_device())
         self._grouped: Optional[list] = None
-        self._store = open_job_store(addr, store, is_master=self.rank == 0, prefix=f"rollmux-sync-nccl/{job_id}/",
+        self._store = open_job_store(addr, store, prefix=f"rollmux-sync-nccl/{job_id}/",
                                      timeout_s=self.timeout_s)
         self._world = self._communicator("world", self.rank, plan.world_size, creator=self.rank == 0)
         self._roll = None

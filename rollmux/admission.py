@@ -1523,6 +1523,43 @@ class InterGroupScheduler:
             "members": [m.model_dump(mode="json") for m in g.group.members],
         }
 
+    def load_groups(self, header: Mapping, groups: Mapping[str, Optional[dict]]) -> None:
+        """Bring a copy of the table up to date with published changes: each group of ``groups``
+        is replaced by its :meth:`group_snapshot` (None: gone; an unknown id: a new group, last in
+        order), and ``next_group`` taken from ``header`` (:meth:`snapshot_header`). Nodes are
+        released before any is taken, so a change that moves nodes between groups applies in any
+        order. Used by a follower (a Serve replica answering dry-runs) that holds the scheduler's
+        table without deciding for it; the table equals what :meth:`restore` of the scheduler's
+        snapshot gives, except the order among open groups (ties of equal cost). Raises
+        ValueError on a malformed group."""
+        try:
+            for gid in groups:
+                old = self._groups.get(gid)
+                if old is None:
+                    continue
+                for m in old.group.members:
+                    if self._job_group.get(m.spec.job_id) == gid:
+                        del self._job_group[m.spec.job_id]
+                self._pools["rollout"].give(old.group.rollout_nodes)
+                self._pools["train"].give(old.group.train_nodes)
+            for gid, gd in groups.items():
+                if gd is None:
+                    if gid in self._groups:
+                        self._set_group(gid, None)
+                    continue
+                grp = CoExecutionGroup(group_id=gd["group_id"], rollout_nodes=tuple(gd["rollout_nodes"]),
+                                       train_nodes=tuple(gd["train_nodes"]),
+                                       members=tuple(GroupMember.model_validate(m) for m in gd["members"]))
+                self._pools["rollout"].take(grp.rollout_nodes)
+                self._pools["train"].take(grp.train_nodes)
+                self._set_group(gid, _summarise(grp, self.cluster))
+                for m in grp.members:
+                    self._job_group[m.spec.job_id] = gid
+            self._next_group = max(self._next_group, int(header.get("next_group", self._next_group)))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"malformed group snapshot: missing or bad {e}") from e
+        self._version += 1
+
     @classmethod
     def restore(cls, cluster: ClusterSpec, snapshot: dict) -> "InterGroupScheduler":
         """Rebuild a scheduler from :meth:`snapshot` output. Raises ValueError on a malformed

@@ -28,6 +28,7 @@ backfill as in batch schedulers (Slurm ``sched/backfill``, Kueue ``BestEffortFIF
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -38,7 +39,8 @@ from rollmux.models import JobSpec, PhaseProfile
 InterGroupScheduler = Any
 AdmissionDecision = Any
 
-__all__ = ["AdmissionQueue", "QueuedJob", "QueueFull", "DrainResult", "job_gpus"]
+__all__ = ["AdmissionQueue", "QueuedJob", "QueueFull", "DrainResult", "job_gpus", "may_try_now", "what_if",
+           "QUEUE_AHEAD_REASON"]
 
 
 class QueueFull(ValueError):
@@ -48,6 +50,43 @@ class QueueFull(ValueError):
 def job_gpus(spec: JobSpec) -> int:
     """A job's GPU demand, the backfill size: ``num_rollout_gpus + num_train_gpus``."""
     return int(spec.num_rollout_gpus) + int(spec.num_train_gpus)
+
+
+def may_try_now(spec: JobSpec, held_gpus: list[int], backfill: bool) -> bool:
+    """Whether a new arrival may be decided at once instead of queueing behind held jobs
+    (``held_gpus``: the GPU demand of each held job): the line is empty, or (with ``backfill``)
+    the job is no larger than every held job."""
+    if not held_gpus:
+        return True
+    return bool(backfill) and job_gpus(spec) <= min(held_gpus)
+
+
+def QUEUE_AHEAD_REASON(n_held: int) -> str:  # noqa: N802 - a message template
+    """The reason a newcomer waits behind ``n_held`` queued jobs."""
+    return (f"{n_held} queued jobs are ahead and this job is larger than one of them "
+            "(admission queue order)")
+
+
+def what_if(sched: "InterGroupScheduler", spec: JobSpec, held_gpus: list[int], *, backfill: bool, queue: bool,
+            explain: str = "full") -> dict:
+    """The dry-run answer for ``spec`` (nothing changes; the job id is neither admitted nor
+    queued): a ``retry_later`` refusal when queued jobs go first (:func:`may_try_now`), else the
+    policy's decision (``sched.decide``, Alg. 1) as ``AdmissionDecision.to_dict(explain)``; with
+    ``queue``, ``would_queue: True`` where ``POST /v1/jobs`` would hold the job. The scheduler
+    actor and the Serve replicas (from their snapshot copy of the table) both answer with this
+    one function. Source: RollMux §4.2, Alg. 1."""
+    t0 = time.perf_counter()
+    if not may_try_now(spec, held_gpus, backfill):
+        from rollmux.admission import AdmissionDecision
+
+        d = AdmissionDecision(job_id=spec.job_id, admitted=False, code="retry_later",
+                              reason=QUEUE_AHEAD_REASON(len(held_gpus)), policy=sched.policy,
+                              delta_usd_per_h=None, latency_ms=(time.perf_counter() - t0) * 1e3).to_dict()  # type: ignore[arg-type]
+        return {**d, "would_queue": True} if queue else d
+    out = sched.decide(spec).to_dict(explain)
+    if queue and not out.get("admitted") and out.get("code") == "retry_later":
+        out["would_queue"] = True
+    return out
 
 
 @dataclass
@@ -150,9 +189,7 @@ class AdmissionQueue:
     def may_try_now(self, spec: JobSpec) -> bool:
         """Whether a new arrival may be decided at once instead of queueing behind held jobs:
         the queue is empty, or (with backfill) the job is no larger than every held job."""
-        if not self._jobs:
-            return True
-        return self.backfill and job_gpus(spec) <= min(q.gpus for q in self._jobs.values())
+        return may_try_now(spec, [q.gpus for q in self._jobs.values()], self.backfill)
 
     # --- changes -----------------------------------------------------------------------------------
     def push(self, spec: JobSpec, now: float, *, profile: Optional[PhaseProfile] = None, reason: str = "") -> int:

@@ -33,7 +33,7 @@ DEFAULT_MAX_DURATION_S = 3 * 86400.0
 @app.command()
 def simulate(
     trace: Path = typer.Option(None, "--trace", help="Philly CSV or plain arrival_s,duration_s,num_gpus CSV "
-                               "[default: the full Philly trace philly-adaptdl-philly.csv when it is installed beside the checkout, else data/philly_extract.csv]"),
+                               "[default: the full Philly trace shipped as data/philly-adaptdl-philly.csv.gz]"),
     mix: str = typer.Option("mixed", "--mix", help="workload mix: balanced | rollout-heavy | training-heavy | mixed"),
     policies: str = typer.Option(",".join(POLICY_NAMES), "--policies", help="comma-separated policies"),
     jobs: int = typer.Option(DEFAULT_JOBS, "--jobs", min=1, help="jobs replayed (first N of the window)"),

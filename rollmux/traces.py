@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import gzip
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +30,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollmux.config import REPO_ROOT
 
-#: Default trace: the read-only shared copy of the real Philly trace, next to the repo root.
-DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "traces" / "philly-adaptdl-philly.csv"
-#: Small extract kept in the repository (tests, fresh clones without ../shared).
+#: Default trace: the full Philly job log (82,247 jobs), shipped gzip-compressed in ``data/``
+#: (provenance, checksum and licence in ``data/README.md``).
+DEFAULT_TRACE = REPO_ROOT / "data" / "philly-adaptdl-philly.csv.gz"
+#: Small extract of the same trace (215 rows; the tests use it).
 EXTRACT_TRACE = REPO_ROOT / "data" / "philly_extract.csv"
 
 _PHILLY_COLS = ("timestamp", "duration", "num_gpus")
@@ -130,47 +132,51 @@ def read_raw(path: str | Path) -> list[tuple[float, float, int, str]]:
     Philly arrivals are naive timestamps converted to seconds (only differences are used).
 
     Raises:
-        TraceError: file missing, header matching neither format, malformed row
-            (the message gives the file, line and field).
+        TraceError: file missing or unreadable (bad gzip, not UTF-8), header matching neither
+            format, malformed row (the message gives the file, line and field).
     """
     p = Path(path)
     if not p.is_file():
         raise TraceError(f"trace file not found: {p}")
     rows: list[tuple[float, float, int, str]] = []
-    with p.open(newline="", encoding="utf-8-sig") as f:  # utf-8-sig: a UTF-8 byte-order mark is accepted
-        reader = csv.reader(f)
-        header = None
-        for line_no, rec in enumerate(reader, start=1):
-            if not rec or all(not c.strip() for c in rec):
-                continue  # blank line
-            if header is None:
-                header = [c.strip() for c in rec]
-                if all(c in header for c in _PHILLY_COLS):
-                    fmt, cols = "philly", _PHILLY_COLS
-                elif all(c in header for c in _PLAIN_COLS):
-                    fmt, cols = "plain", _PLAIN_COLS
-                else:
-                    raise TraceError(
-                        f"{p}: unknown header {header}; expected columns {list(_PHILLY_COLS)} (Philly) "
-                        f"or {list(_PLAIN_COLS)} (plain)"
-                    )
-                idx = [header.index(c) for c in cols]
-                cl_idx = header.index("cluster") if "cluster" in header else None
-                continue
-            where = f"{p}:{line_no}"
-            if len(rec) < len(header):
-                raise TraceError(f"{where}: expected {len(header)} columns, got {len(rec)}")
-            a, d, g = (rec[i] for i in idx)
-            arrival = _parse_philly_ts(a, where) if fmt == "philly" else _num(a, "arrival_s", where)
-            duration = _num(d, "duration" if fmt == "philly" else "duration_s", where)
-            gpus = _num(g, "num_gpus", where, cast=int)
-            if duration <= 0:
-                raise TraceError(f"{where}: field {'duration' if fmt == 'philly' else 'duration_s'}: must be > 0, got {duration}")
-            if gpus < 1:
-                raise TraceError(f"{where}: field num_gpus: must be >= 1, got {gpus}")
-            if fmt == "plain" and arrival < 0:
-                raise TraceError(f"{where}: field arrival_s: must be >= 0, got {arrival}")
-            rows.append((arrival, duration, gpus, rec[cl_idx].strip() if cl_idx is not None else ""))
+    opener = gzip.open if p.suffix == ".gz" else open  # a ``.gz`` file is read decompressed
+    try:
+        with opener(p, "rt", newline="", encoding="utf-8-sig") as f:  # utf-8-sig: a byte-order mark is accepted
+            reader = csv.reader(f)
+            header = None
+            for line_no, rec in enumerate(reader, start=1):
+                if not rec or all(not c.strip() for c in rec):
+                    continue  # blank line
+                if header is None:
+                    header = [c.strip() for c in rec]
+                    if all(c in header for c in _PHILLY_COLS):
+                        fmt, cols = "philly", _PHILLY_COLS
+                    elif all(c in header for c in _PLAIN_COLS):
+                        fmt, cols = "plain", _PLAIN_COLS
+                    else:
+                        raise TraceError(
+                            f"{p}: unknown header {header}; expected columns {list(_PHILLY_COLS)} (Philly) "
+                            f"or {list(_PLAIN_COLS)} (plain)"
+                        )
+                    idx = [header.index(c) for c in cols]
+                    cl_idx = header.index("cluster") if "cluster" in header else None
+                    continue
+                where = f"{p}:{line_no}"
+                if len(rec) < len(header):
+                    raise TraceError(f"{where}: expected {len(header)} columns, got {len(rec)}")
+                a, d, g = (rec[i] for i in idx)
+                arrival = _parse_philly_ts(a, where) if fmt == "philly" else _num(a, "arrival_s", where)
+                duration = _num(d, "duration" if fmt == "philly" else "duration_s", where)
+                gpus = _num(g, "num_gpus", where, cast=int)
+                if duration <= 0:
+                    raise TraceError(f"{where}: field {'duration' if fmt == 'philly' else 'duration_s'}: must be > 0, got {duration}")
+                if gpus < 1:
+                    raise TraceError(f"{where}: field num_gpus: must be >= 1, got {gpus}")
+                if fmt == "plain" and arrival < 0:
+                    raise TraceError(f"{where}: field arrival_s: must be >= 0, got {arrival}")
+                rows.append((arrival, duration, gpus, rec[cl_idx].strip() if cl_idx is not None else ""))
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # not gzip / truncated / not text
+        raise TraceError(f"{p}: not a readable CSV trace{' (gzip)' if opener is gzip.open else ''}: {e}") from e
     if header is None:
         raise TraceError(f"{p}: empty trace (no header)")
     return rows

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """RollMux's cost against the exact optimum over a grid of replays (seeds, SLO ranges, mixes).
 
-Each run replays the first ``--jobs`` jobs of the Philly trace (the full trace when present, else
-the bundled extract) through RollMux, Solo-D, colocated and Gavel+, with the same-instant exact
+Each run replays the first ``--jobs`` jobs of the Philly trace (the full job log shipped as
+``data/philly-adaptdl-philly.csv.gz``, or ``--trace``) through RollMux, Solo-D, colocated and Gavel+, with the same-instant exact
 optimum computed along RollMux's replay (``cost_vs_optimal_exact``: compared only at instants
 where a certificate proves the optimum is a lower bound, see ``docs/ARCHITECTURE.md``
 "Optimum"). The grid varies one dimension at a time around the default setting (mix
@@ -22,7 +22,7 @@ the per-run ratios; and a plot (``cost_gap.png``). It prints a Markdown table (t
 Full grid: seeds 0-9 and slice seeds 3 4, 200 jobs, 22 runs; ``--quick``: seeds 0-1, slice
 seed 0, 60 jobs (a few minutes). At most 2 worker processes.
 
-Not a test: the figures depend on the trace present. Source: RollMux §7.5 ("x of optimal").
+Not a test: a benchmark writing JSON. Source: RollMux §7.5 ("x of optimal").
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def main() -> None:
                     help="comma-separated seeds of the other settings (default 3,4; quick 0)")
     ap.add_argument("--jobs", type=int, default=None, help="jobs per replay (default 200, quick 100)")
     ap.add_argument("--trace", type=Path, default=None,
-                    help="Philly trace CSV (default: the full trace when present, else the bundled extract)")
+                    help="Philly trace CSV (default: the full trace data/philly-adaptdl-philly.csv.gz)")
     ap.add_argument("--exact-max-jobs", type=int, default=16)
     ap.add_argument("--procs", type=int, default=2, help="worker processes (at most 2)")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (default results/cost_gap.json; the plot beside it)")

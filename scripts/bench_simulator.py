@@ -1,8 +1,7 @@
 #!/usr/bin/env python
 """Simulator speed at trace scale: jobs replayed per second and the cost of an event.
 
-**The trace.** The Philly trace (the full file ``philly-adaptdl-philly.csv`` when installed beside the checkout,
-else the repository's extract ``data/philly_extract.csv``), filtered as ``rollmux simulate``
+**The trace.** The full Philly trace shipped as ``data/philly-adaptdl-philly.csv.gz``, filtered as ``rollmux simulate``
 does by default (jobs of at least 1 h, durations capped at 3 days), holds fewer jobs than the
 largest size (18,645 of the full trace's 82,247 rows pass). A trace of N jobs is made by
 *repeating the filtered trace back to back*: copy ``c`` (0, 1, 2, ...) is the whole filtered

@@ -48,7 +48,6 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-PORT = 29517
 STEP_TIMEOUT_S = 240.0
 
 
@@ -68,6 +67,26 @@ def make_model(model_bytes: int, seed: int) -> dict:
     return sd
 
 
+def _rendezvous(work: Path, job: str, role: str, index: int, train_ip: str) -> dict:
+    """Trainer 0 hosts ``job``'s store (the kernel picks the port) and publishes its address in
+    ``work``; every other endpoint waits (bounded) for that file and connects to it."""
+    from collectives import host_store
+
+    path = work / f"store-{job}"
+    if role == "train" and index == 0:
+        store, addr = host_store(train_ip, timeout_s=STEP_TIMEOUT_S)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(addr)
+        tmp.rename(path)  # atomic: readers never see a partial address
+        return {"store": store}
+    deadline = time.monotonic() + STEP_TIMEOUT_S
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{job}: trainer 0 published no store address within {STEP_TIMEOUT_S} s")
+        time.sleep(0.02)
+    return {"addr": path.read_text()}
+
+
 def worker(cfg_path: str, role: str, index: int) -> int:
     import hashlib
 
@@ -82,7 +101,6 @@ def worker(cfg_path: str, role: str, index: int) -> int:
     work = Path(cfg["dir"])
     out = work / f"res-{role}-{index}.jsonl"
     w = cfg["workers"]
-    port = cfg["port"]
     for p, phase in enumerate(cfg["phases"]):
         deadline = time.monotonic() + STEP_TIMEOUT_S
         while not (work / f"go-{p}").exists():  # the controller re-shapes the links between phases
@@ -95,10 +113,9 @@ def worker(cfg_path: str, role: str, index: int) -> int:
             live = make_model(size, seed=1000) if role == "rollout" else None
             for scheme in ("flat", "topo"):
                 plan = build_plan(metas_of(trainer_sd), w, w, scheme=scheme, bucket_bytes=cfg["bucket_bytes"])
-                port += 1  # a fresh rendezvous port per endpoint set (no TIME_WAIT clashes)
-                ep = open_endpoint(plan, role, index, addr=f"{cfg['train_ip']}:{port}",
-                                   job_id=f"bench-{p}-{size}-{scheme}", bind_host=cfg[f"{role}_ip"],
-                                   timeout_s=STEP_TIMEOUT_S)
+                job = f"bench-{p}-{size}-{scheme}"
+                ep = open_endpoint(plan, role, index, **_rendezvous(work, job, role, index, cfg["train_ip"]),
+                                   job_id=job, bind_host=cfg[f"{role}_ip"], timeout_s=STEP_TIMEOUT_S)
                 for r in range(cfg["repeats"]):
                     t0 = time.perf_counter()
                     if role == "train":
@@ -199,7 +216,7 @@ def run_config(net: Netns, workers: int, ratios: list[float], sizes: list[int], 
     work = Path(tempfile.mkdtemp(prefix="rmx-bench-"))
     try:
         cfg = dict(dir=str(work), workers=workers, phases=[{"ratio": r} for r in ratios], sizes=sizes,
-                   bucket_bytes=args.bucket_bytes, repeats=args.repeats, port=PORT,
+                   bucket_bytes=args.bucket_bytes, repeats=args.repeats,
                    train_ip=net.ip_a, rollout_ip=net.ip_b)
         (work / "cfg.json").write_text(json.dumps(cfg))
         ctx = mp.get_context("fork")  # children inherit the imported torch: no 2N interpreter start-ups

@@ -6,11 +6,8 @@
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 # rich tables: full width also when the output is piped to a file
 export COLUMNS="${COLUMNS:-160}"
-TRACE="${ROLLMUX_TRACE:-$ROOT/../shared/traces/philly-adaptdl-philly.csv}"
-if [ ! -f "$TRACE" ]; then
-  echo "[rollmux] $TRACE not found; using the bundled extract data/philly_extract.csv"
-  TRACE="$ROOT/data/philly_extract.csv"
-fi
+# the full Philly job log shipped in data/ (82,247 jobs, gzip); ROLLMUX_TRACE replays another file
+TRACE="${ROLLMUX_TRACE:-$ROOT/data/philly-adaptdl-philly.csv.gz}"
 echo "[rollmux] 1/2 trace replay: $TRACE"
 rollmux simulate --trace "$TRACE" --mix mixed \
   --policies rollmux,solo-d,colocated,gavel+,random,most-idle,optimal \

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 
 import pytest
 from fastapi.testclient import TestClient
@@ -132,3 +133,60 @@ def test_http_queue_202_position_admission_after_departure_and_429_when_full():
         c_now = c.get("/v1/jobs/c").json()
         assert c_now["state"] == "admitted" and c_now["group_id"] and c_now["waited_s"] >= 0
         assert {g["members"][0] for g in c.get("/v1/groups").json()} == {"b", "c"}
+
+
+def test_dry_runs_are_answered_by_the_replica_from_its_snapshot_copy_like_the_scheduler():
+    """After every change (admissions that share, scale out and open groups; departures that
+    shrink and dissolve groups and re-pack), ``POST /v1/jobs:dry-run`` is answered by the
+    replica's copy of the policy table (no scheduler call) with the decision the scheduler's own
+    dry-run gives; a live id (replay / duplicate) is still asked of the scheduler."""
+    import random
+
+    from rollmux.models import JobSpec, PhaseProfile
+
+    sim = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
+    s = GlobalSchedulerImpl(sim, kv=MemoryKV(), create_controllers=False, metrics_flush_s=0)
+    calls: list[str] = []
+
+    class Client:
+        async def call(self, method, *a, retry=True, outcome=None):
+            calls.append(method)
+            out = getattr(s, method)(*a)
+            return _finite(await out if inspect.isawaitable(out) else out)
+
+    rng = random.Random(7)
+
+    def job(jid: str) -> dict:
+        return JobSpec(job_id=jid, model_params_b=rng.choice([7.0, 14.0]), num_rollout_gpus=rng.choice([8, 16]),
+                       num_train_gpus=8, slo=round(rng.uniform(1.2, 2.0), 2),
+                       measured=PhaseProfile(t_roll_s=rng.uniform(50, 600), t_train_s=rng.uniform(50, 400),
+                                             t_sync_s=5.0)).model_dump(mode="json")
+
+    keys = ("admitted", "code", "group_id", "strategy", "placement", "delta_usd_per_h", "predicted_slowdowns")
+    live: list[str] = []
+    compared, seen = 0, set()
+    with TestClient(create_app(AppSettings(token_sha256=_sha256(TOKEN)), client=Client())) as c:
+        for step in range(40):
+            if live and rng.random() < 0.3:
+                assert c.delete(f"/v1/jobs/{live.pop(rng.randrange(len(live)))}", headers=AUTH).status_code == 200
+            else:
+                r = c.post("/v1/jobs", json=job(f"j{step}"), headers=AUTH)
+                assert r.status_code == 201
+                live.append(f"j{step}")
+            probe = job(f"probe{step}")
+            calls.clear()
+            r = c.post("/v1/jobs:dry-run", json=probe, headers=AUTH)
+            assert "admit_batched" not in calls  # the replica answered
+            v = r.json().get("decision", r.json())
+            got = {"admitted": v["admitted"], "code": v["explanation"]["code"], "group_id": v["group_id"],
+                   "strategy": v["explanation"]["strategy"], "placement": v["placement"],
+                   "delta_usd_per_h": v["marginal_cost_usd_per_h"], "predicted_slowdowns": v["predicted_slowdowns"]}
+            want = _finite(s.admit(probe, dry_run=True))
+            assert json.dumps(got, sort_keys=True) == json.dumps({k: want.get(k) for k in keys}, sort_keys=True), step
+            assert v["explanation"]["candidates"] == want["candidates"]
+            compared += 1
+            seen.add(got["strategy"])
+        assert len(s.igs.groups) > 1 and compared == 40 and seen >= {"direct", "isolated"}, seen
+        calls.clear()
+        again = c.post("/v1/jobs:dry-run", json={**job(live[0]), "job_id": live[0]}, headers=AUTH)
+        assert "admit_batched" in calls and again.status_code == 409  # a live id with another spec: the scheduler's duplicate

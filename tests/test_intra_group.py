@@ -283,40 +283,68 @@ def test_tail_stretches_within_the_planned_slack():
 
 # --- robustness: joins and departures while running ------------------------------------------------
 
+class _QueueDriver:
+    """Drives :class:`RoundRobinQueues` as a GroupController would: grants every ready phase and
+    completes running ones when told. ``exclusive_nodes``: also check, at every pump, that no node
+    runs two unreleased phases at once."""
+
+    def __init__(self, exclusive_nodes: bool = False) -> None:
+        self.q = RoundRobinQueues()
+        self.running: list[tuple[str, str]] = []
+        self.n_new = 0
+        self.exclusive_nodes = exclusive_nodes
+
+    def add(self, rollout_nodes: list[str], train_nodes: list[str]) -> None:
+        self.q.add_job(f"j{self.n_new}", rollout_nodes, train_nodes)
+        self.n_new += 1
+
+    def remove(self, k: int) -> None:
+        if self.q.job_ids:
+            victim = self.q.job_ids[k % len(self.q.job_ids)]
+            self.q.remove_job(victim)
+            self.running[:] = [x for x in self.running if x[0] != victim]
+
+    def pump(self) -> None:
+        for rp in self.q.ready():
+            self.q.grant(rp.job_id, rp.phase)
+            self.running.append((rp.job_id, rp.phase))
+        if not self.exclusive_nodes:
+            return
+        held: dict[str, str] = {}  # node -> job running an unreleased phase on it
+        for j, ph in self.running:
+            if ph == "sync" or (ph == "rollout" and self.q._jobs[j].released):
+                continue
+            for n in self.q.nodes_of(j)[0 if ph == "rollout" else 1]:
+                assert held.setdefault(n, j) == j, (n, held[n], j)
+
+    def drain(self, rounds: int, pick) -> None:
+        """Every job left completes two more iterations within a bounded number of steps;
+        ``pick(i)``: which running phase completes at step ``i``."""
+        target = {j: self.q.iteration(j) + 2 for j in self.q.job_ids}
+        for i in range(rounds * (len(target) + 1) * 3):
+            self.pump()
+            if all(self.q.iteration(j) >= t for j, t in target.items()) or not self.running:
+                break
+            self.q.on_phase_done(*self.running.pop(pick(i)))
+        assert all(self.q.iteration(j) >= t for j, t in target.items())
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["add", "remove", "step", "step", "step"]), st.integers(0, 3),
                           st.integers(0, 3)), min_size=5, max_size=60))
 def test_queues_never_deadlock_under_joins_and_departures(ops):
     """A driver completes running phases oldest-first; jobs join / leave at random points. Every
     remaining job keeps making progress (no deadlock) and FIFO heads stay valid."""
-    q = RoundRobinQueues()
-    running: list[tuple[str, str]] = []
-    n_new = 0
-
-    def pump():
-        for rp in q.ready():
-            q.grant(rp.job_id, rp.phase)
-            running.append((rp.job_id, rp.phase))
-
+    d = _QueueDriver()
     for op, a, b in ops:
         if op == "add":
-            q.add_job(f"j{n_new}", [f"rollout-{a}"], [f"train-{b}"])
-            n_new += 1
-        elif op == "remove" and q.job_ids:
-            victim = q.job_ids[a % len(q.job_ids)]
-            q.remove_job(victim)
-            running[:] = [x for x in running if x[0] != victim]
-        elif running:
-            q.on_phase_done(*running.pop(0))
-        pump()
-    # drain: every remaining job completes two more iterations in bounded steps
-    target = {j: q.iteration(j) + 2 for j in q.job_ids}
-    for _ in range(20 * (len(target) + 1) * 3):
-        pump()
-        if all(q.iteration(j) >= t for j, t in target.items()) or not running:
-            break
-        q.on_phase_done(*running.pop(0))
-    assert all(q.iteration(j) >= t for j, t in target.items())
+            d.add([f"rollout-{a}"], [f"train-{b}"])
+        elif op == "remove":
+            d.remove(a)
+        elif d.running:
+            d.q.on_phase_done(*d.running.pop(0))
+        d.pump()
+    d.drain(rounds=20, pick=lambda i: 0)  # every remaining job completes two more iterations
 
 
 @settings(max_examples=150, deadline=None)
@@ -329,29 +357,13 @@ def test_multi_node_queues_never_deadlock_under_joins_plans_and_releases(ops):
     is always running (no deadlock), no node runs two unreleased phases at once, and every job
     left completes two more iterations. (Appending a multi-node job at the end of each node's
     list, instead of at one consistent turn, deadlocked here.)"""
-    q = RoundRobinQueues()
-    running: list[tuple[str, str]] = []
-    n_new = 0
-
-    def pump():
-        for rp in q.ready():
-            q.grant(rp.job_id, rp.phase)
-            running.append((rp.job_id, rp.phase))
-        held: dict[str, str] = {}  # node -> job running an unreleased phase on it
-        for j, ph in running:
-            if ph == "sync" or (ph == "rollout" and q._jobs[j].released):
-                continue
-            for n in q.nodes_of(j)[0 if ph == "rollout" else 1]:
-                assert held.setdefault(n, j) == j, (n, held[n], j)
-
+    d = _QueueDriver(exclusive_nodes=True)
+    q, running = d.q, d.running
     for op, rn, tn, perm, k in ops:
         if op == "add":
-            q.add_job(f"j{n_new}", [f"rollout-{x}" for x in sorted(rn)], [f"train-{x}" for x in sorted(tn)])
-            n_new += 1
-        elif op == "remove" and q.job_ids:
-            victim = q.job_ids[k % len(q.job_ids)]
-            q.remove_job(victim)
-            running[:] = [x for x in running if x[0] != victim]
+            d.add([f"rollout-{x}" for x in sorted(rn)], [f"train-{x}" for x in sorted(tn)])
+        elif op == "remove":
+            d.remove(k)
         elif op == "order":
             q.set_order([f"j{i}" for i in perm[:k]])
         elif op == "release":
@@ -361,15 +373,9 @@ def test_multi_node_queues_never_deadlock_under_joins_plans_and_releases(ops):
                     break
         elif running:
             q.on_phase_done(*running.pop(k % len(running)))
-        pump()
+        d.pump()
         assert running or not q.job_ids
-    target = {j: q.iteration(j) + 2 for j in q.job_ids}
-    for i in range(40 * (len(target) + 1) * 3):
-        pump()
-        if all(q.iteration(j) >= t for j, t in target.items()):
-            break
-        q.on_phase_done(*running.pop(i % len(running)))
-    assert all(q.iteration(j) >= t for j, t in target.items())
+    d.drain(rounds=40, pick=lambda i: i % len(running))
 
 
 def test_planned_order_places_a_late_job_and_keeps_the_head():

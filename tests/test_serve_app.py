@@ -449,3 +449,22 @@ def test_a_queued_job_is_admitted_over_http_after_a_departure_frees_room(api, cl
     j = api.get(f"/v1/jobs/{wait['job_id']}").json()  # this replica's snapshot already holds the departure
     assert j["state"] == "admitted" and j["group_id"] and j["placement"]["rollout_nodes"] and j["waited_s"] > 0
     assert j.get("queue_position") is None
+
+
+def test_ports_handed_to_ray_lie_outside_the_ephemeral_range(monkeypatch):
+    """Ports that `rollmux up` passes to Ray (which binds them later) are never ones the kernel
+    could give an outgoing connection meanwhile, and are free when chosen; a busy draw is skipped."""
+    import socket
+
+    from actors import cli_ops
+
+    lo, hi = cli_ops._ephemeral_range()
+    ports = {cli_ops._free_port() for _ in range(50)}
+    assert all(not lo <= p <= hi and 10_000 <= p < 65_000 for p in ports)
+    with socket.socket() as held:
+        held.bind(("", 0))
+        busy = held.getsockname()[1]
+        free = cli_ops._free_port()
+        draws = iter([busy, busy, free])
+        monkeypatch.setattr("random.SystemRandom.choice", lambda self, seq: next(draws))
+        assert cli_ops._free_port() == free

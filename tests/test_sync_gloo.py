@@ -64,7 +64,7 @@ def _endpoint(spec: dict) -> dict:
                 os._exit(3)
 
     try:
-        kw = dict(addr=f"127.0.0.1:{spec['port']}", job_id=spec["job"], timeout_s=TIMEOUT_S, bind_host="127.0.0.1",
+        kw = dict(addr=spec["addr"], job_id=spec["job"], timeout_s=TIMEOUT_S, bind_host="127.0.0.1",
                   fault_after_buckets=spec.get("fault"))
         ep = Dying(spec["plan"], spec["role"], spec["index"], **kw) if die_after is not None else \
             open_endpoint(spec["plan"], spec["role"], spec["index"], **kw)
@@ -188,14 +188,20 @@ def pool():
     p = Pool(N_PROCS)
     yield p
     p.close()
+    _STORES.clear()
+
+
+# the jobs' rendezvous stores, hosted by this (pytest) process for the module's lifetime: every
+# endpoint connects as a client to a server that is already listening (no port chosen in advance)
+_STORES: dict[str, Any] = {}
 
 
 def specs_for(plan, job: str, syncs: list[int], **extra) -> list[dict]:
-    from collectives import free_port
+    from collectives import host_store
 
-    port = free_port()
-    out = [dict(plan=plan, role="train", index=i, port=port, job=job, syncs=syncs) for i in range(plan.num_train)]
-    out += [dict(plan=plan, role="rollout", index=j, port=port, job=job, syncs=syncs) for j in range(plan.num_rollout)]
+    _STORES[job], addr = host_store("127.0.0.1", timeout_s=TIMEOUT_S)
+    out = [dict(plan=plan, role="train", index=i, addr=addr, job=job, syncs=syncs) for i in range(plan.num_train)]
+    out += [dict(plan=plan, role="rollout", index=j, addr=addr, job=job, syncs=syncs) for j in range(plan.num_rollout)]
     for s in out:
         s.update(extra)
     return out
@@ -312,6 +318,27 @@ def test_two_jobs_share_the_same_processes(pool):
             assert rb["syncs"][0]["sums"] == sums(model(62))
 
 
+def test_endpoints_only_connect_to_a_store_that_is_already_listening():
+    """No endpoint binds a port chosen in advance (a race with every outgoing connection on the
+    host): the store's host binds a port the kernel picks, and an endpoint given only the
+    address, rank 0 included, joins it as a client."""
+    import torch.distributed
+
+    import collectives
+    from collectives import host_store
+    from collectives.base import open_job_store
+
+    assert not hasattr(collectives, "free_port")
+    hosted, addr = host_store("127.0.0.1", timeout_s=5)
+    host, _, port = addr.rpartition(":")
+    assert host == "127.0.0.1" and int(port) == hosted.port > 0
+    client = open_job_store(addr, None, prefix="rollmux-sync/j/", timeout_s=5)  # would raise EADDRINUSE if it hosted
+    client.set("k", "v")
+    assert torch.distributed.PrefixStore("rollmux-sync/j/", hosted).get("k") == b"v"
+    with pytest.raises(collectives.SyncPlanError, match="addr"):
+        open_job_store(None, None, prefix="p/", timeout_s=5)
+
+
 # ------------------------------------------------------------------------------ benchmark harness
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "bench_sync.py")
 
@@ -356,16 +383,21 @@ class SyncActor:
 
     def __init__(self) -> None:
         self.eps: dict = {}
+        self.stores: dict = {}  # job -> the rendezvous store this actor hosts (trainer 0)
 
-    def pick_addr(self) -> str:
-        from collectives import free_port
+    def host(self, job: str) -> str:
+        """Host the job's rendezvous store in this process (trainer 0); returns its address."""
+        from collectives import host_store
 
-        return f"127.0.0.1:{free_port()}"
+        self.stores[job], addr = host_store("127.0.0.1", timeout_s=30)
+        return addr
 
     def open(self, plan, role: str, index: int, addr: str, job: str) -> int:
         from collectives import open_endpoint
 
-        self.eps[job] = open_endpoint(plan, role, index, addr=addr, job_id=job, bind_host="127.0.0.1", timeout_s=30)
+        store = self.stores.get(job)
+        self.eps[job] = open_endpoint(plan, role, index, addr=None if store else addr, store=store, job_id=job,
+                                      bind_host="127.0.0.1", timeout_s=30)
         return os.getpid()
 
     def sync(self, job: str, seed: int) -> dict:
@@ -396,7 +428,7 @@ def test_endpoints_inside_ray_actors_on_their_pool_nodes(ray_cluster):
     rollouts = [Actor.options(resources={node_resource(f"rollout-{j}"): 1}).remote() for j in range(2)]
     plan = plan_for(2, 2)
     try:
-        addr = ray.get(trainers[0].pick_addr.remote(), timeout=60)
+        addr = ray.get(trainers[0].host.remote(job), timeout=60)
         pids = ray.get([a.open.remote(plan, "train", i, addr, job) for i, a in enumerate(trainers)]
                        + [a.open.remote(plan, "rollout", j, addr, job) for j, a in enumerate(rollouts)], timeout=120)
         assert len(set(pids)) == 4  # four worker processes, one endpoint each

@@ -43,7 +43,7 @@ def _sums(sd):
     return {k: hashlib.sha256(flat_bytes(v).cpu().numpy().tobytes()).hexdigest() for k, v in sd.items()}
 
 
-def _gpu_endpoint(plan, role, index, port, seeds, fault, q):
+def _gpu_endpoint(plan, role, index, addr, seeds, fault, q):
     import torch
 
     from collectives import open_endpoint
@@ -54,7 +54,7 @@ def _gpu_endpoint(plan, role, index, port, seeds, fault, q):
     sums = _sums
 
     torch.cuda.set_device(index if role == "train" else plan.num_train + index)
-    ep = open_endpoint(plan, role, index, backend="nccl", addr=f"127.0.0.1:{port}", job_id="gpu", timeout_s=30)
+    ep = open_endpoint(plan, role, index, backend="nccl", addr=addr, job_id="gpu", timeout_s=30)
     live = model(999)
     out = []
     for k, seed in enumerate(seeds):
@@ -73,7 +73,7 @@ def _gpu_endpoint(plan, role, index, port, seeds, fault, q):
 def _run_gpu(n, m, seeds, fault_trainer=None, scheme="topo"):
     import torch
 
-    from collectives import free_port
+    from collectives import host_store
 
     if torch.cuda.device_count() < n + m:
         pytest.skip(f"needs {n + m} CUDA devices (NCCL: one rank per GPU), found {torch.cuda.device_count()}")
@@ -82,10 +82,10 @@ def _run_gpu(n, m, seeds, fault_trainer=None, scheme="topo"):
     plan = build_plan(sd_meta, n, m, scheme=scheme, bucket_bytes=8192)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_gpu_endpoint, args=(plan, "train", i, port, seeds, 3 if i == fault_trainer else None, q))
+    _store, addr = host_store("127.0.0.1", timeout_s=30)  # hosted by this process while the run lasts
+    procs = [ctx.Process(target=_gpu_endpoint, args=(plan, "train", i, addr, seeds, 3 if i == fault_trainer else None, q))
              for i in range(n)]
-    procs += [ctx.Process(target=_gpu_endpoint, args=(plan, "rollout", j, port, seeds, None, q)) for j in range(m)]
+    procs += [ctx.Process(target=_gpu_endpoint, args=(plan, "rollout", j, addr, seeds, None, q)) for j in range(m)]
     for p in procs:
         p.start()
     res = [q.get(timeout=120) for _ in procs]

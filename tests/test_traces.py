@@ -59,6 +59,38 @@ def test_real_extract_reads_all_rows():
     assert arrivals[-1] < 12 * 3600
 
 
+def test_full_trace_ships_in_the_repository_byte_for_byte():
+    """The default trace is the whole Philly job log, gzip-compressed in data/ (its README gives the
+    checksum of the original file)."""
+    import gzip
+    import hashlib
+
+    from rollmux.traces import DEFAULT_TRACE, REPO_ROOT
+
+    assert DEFAULT_TRACE.is_relative_to(REPO_ROOT) and DEFAULT_TRACE.is_file()
+    digest = hashlib.sha256(gzip.decompress(DEFAULT_TRACE.read_bytes())).hexdigest()
+    assert digest == "ebffb3dd1589bdf4e7bcd74496201c5ded1d557d498ee14f560463f37ec353da"
+    assert digest in (REPO_ROOT / "data" / "README.md").read_text()
+    assert len(read_raw(DEFAULT_TRACE)) == 82_247
+    assert len(load_trace(DEFAULT_TRACE, TraceWindow(min_duration_s=3600, max_duration_s=3 * 86400))) == 18_645
+
+
+def test_unreadable_gzip_names_the_file(tmp_path):
+    import gzip
+
+    bad = tmp_path / "t.csv.gz"
+    bad.write_bytes(b"not gzip at all")
+    with pytest.raises(TraceError, match=r"t\.csv\.gz: not a readable CSV trace \(gzip\)"):
+        load_trace(bad)
+    cut = tmp_path / "cut.csv.gz"
+    cut.write_bytes(gzip.compress(b"arrival_s,duration_s,num_gpus\n0,5,1\n" * 50)[:40])  # truncated
+    with pytest.raises(TraceError, match="cut.csv.gz"):
+        load_trace(cut)
+    ok = tmp_path / "ok.csv.gz"
+    ok.write_bytes(gzip.compress(b"arrival_s,duration_s,num_gpus\n0,5,1\n"))
+    assert [(j.duration_s, j.num_gpus) for j in load_trace(ok)] == [(5.0, 1)]
+
+
 def test_bad_inputs_name_the_problem(tmp_path):
     with pytest.raises(TraceError, match="not found"):
         load_trace(tmp_path / "missing.csv")

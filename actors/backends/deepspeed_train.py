@@ -11,9 +11,9 @@ the low-precision flat buffers, gradients and Adam moments move, not only module
 Process group: DeepSpeed's engines use the process's default ``torch.distributed`` group. The
 job's rank and world size come from its placement (its index among its training workers, and
 their number). A multi-rank job's world meets through the job's own rendezvous store (``store``:
-the key-value store its rank-0 training worker hosts on a free port, RollMux's per-job control
-plane); without one, rank 0 picks a free port on ``master_addr`` (never a fixed one, so two
-DeepSpeed workers on one host do not collide). A process holds one default group at a time: every
+the key-value store its rank-0 training worker hosts on a port the kernel picks when it binds,
+RollMux's per-job control plane), or at an explicit ``master_addr:master_port``; a world of one
+uses an in-process store and binds no port (so two DeepSpeed workers on one host never collide). A process holds one default group at a time: every
 single-rank DeepSpeed job hosted by a worker process shares its world of size 1; a job needing
 another world replaces it once no live engine uses it (:meth:`DeepSpeedTrainBackend.close`, called
 when a job leaves the worker), else :class:`BackendUnavailable` names the conflict.
@@ -31,7 +31,6 @@ TrainWorker process between phases (RollMux §5 "the process and its control pla
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from typing import Optional
 
@@ -65,13 +64,6 @@ def zero_config(*, lr: float, max_grad_norm: float, stage: int, micro_batch: int
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` now (the job's rendezvous port)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 # the world this process's default group belongs to: its key (None: single-rank, shared; else the
@@ -113,11 +105,18 @@ def ensure_process_group(rank: int, world_size: int, master_addr: str = "127.0.0
             tdist.init_process_group(backend, store=tdist.PrefixStore("deepspeed/", store), rank=rank,
                                      world_size=world_size)
             deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+        elif world_size == 1 and master_port is None:
+            import torch.distributed as tdist
+
+            # a world of one meets nobody: an in-process store, no port to bind or to race for
+            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+            tdist.init_process_group(backend, store=tdist.HashStore(), rank=0, world_size=1)
+            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
         else:
-            if world_size > 1 and master_port is None:
+            if master_port is None:
                 raise ValueError("deepspeed: a multi-rank job needs its rendezvous store or the master_port "
                                  "chosen by its rank 0")
-            port = master_port or free_port(master_addr)
+            port = master_port
             os.environ.update(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world_size), MASTER_ADDR=master_addr,
                               MASTER_PORT=str(port))
             deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False,
@@ -142,7 +141,7 @@ class DeepSpeedTrainBackend(TrainBackend):
         micro_batch: ``train_micro_batch_size_per_gpu`` (DeepSpeed bookkeeping only).
         rank / world_size: this process's place in the job's training workers.
         store: the job's rendezvous store (multi-rank worlds meet there; RollMux's workers pass it).
-        master_addr / master_port: the rendezvous without a store (port: free one picked when None, rank 0).
+        master_addr / master_port: the rendezvous without a store (a world of one needs neither).
         torch_adam: use ``torch.optim.AdamW`` inside DeepSpeed (no Adam op build).
     Raises:
         BackendUnavailable: DeepSpeed missing, or this process belongs to another DeepSpeed world.
