@@ -21,9 +21,9 @@ rank-0 worker, which starts the other ranks, and gets the rank results in rank o
 ``@job.gather(phase)`` function combines them (see :func:`rollmux.phase_state.parallel` for what
 a rank sees). Each pool's workers share a rendezvous store hosted by their rank 0 and a gloo
 process group built at first use (the job's resident control plane). The sync weights travel
-N -> M through collectives/ (gloo; RollMux §5.2 plan over the job's actual training and rollout
-workers) with ``Job(sync_backend="gloo")``, or through the object store (the fallback; every
-rollout worker pulls a full copy).
+N -> M through collectives/ (RollMux §5.2 plan over the job's actual training and rollout workers;
+``Job(sync_backend="auto")``, the default, takes cupy-NCCL where every worker holds its own GPU,
+else gloo), or through the object store (the fallback; every rollout worker pulls a full copy).
 """
 
 from __future__ import annotations
@@ -427,7 +427,8 @@ class ScheduledRuntime:
                 raise PhaseFailed(f"{reason}; gave up after {WORKER_RECOVERIES} recoveries in one phase") from None
             replay = self._recover(phase, reason) == "done"
         self._seq[pool] = seq
-        rec = dict(out["record"], job_id=j.job_id, phase=phase, pool=pool_of_phase(phase))
+        rec = dict(out["record"], job_id=j.job_id, phase=phase, pool=pool_of_phase(phase),
+                   granted_at=grant.get("granted_at"))  # grant -> start: the dispatch of the phase
         self.timeline.append(rec)
         if phase == "sync":
             return None

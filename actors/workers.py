@@ -21,12 +21,14 @@ thread (``torch.set_num_threads(1)``). It hosts every job pinned to its node:
   switch kind ``"moved"``; the copy to the new node is part of its ``switch_s``). Resident values
   stay behind: they are control plane and the builder recreates them on the new node.
 
-Weight sync (scheduled mode): the TrainWorker runs the job's ``sync`` function, puts the weights
-in its object store and hands the reference to the job's RolloutWorker(s) (``receive_weights``
-pulls the object to the rollout node); the rollout side applies them at the start of the job's
-next rollout (RoundRobinQueues models sync as holding the training nodes only). With
-``sync_backend="gloo"`` the weights go through the :mod:`collectives` executor instead (RollMux
-§5.2 plan; endpoints opened at the first sync and kept alive in both workers).
+Weight sync (scheduled mode): the TrainWorkers run the job's ``sync`` function and send the weights
+N -> M through the :mod:`collectives` executor (RollMux §5.2 plan; endpoints opened at the first
+sync and kept alive in the workers; ``sync_backend="auto"``: cupy-NCCL where every worker holds its
+own GPU, else gloo); the rollout side applies them at the start of the job's next rollout
+(RoundRobinQueues models sync as holding the training nodes only). The object-store fallback
+(``sync_backend="object_store"``, or endpoints that cannot be built) puts the weights in the
+leader's object store and every RolloutWorker pulls them (``receive_weights``). A peer whose task
+dies during a sync aborts it on every endpoint within about a second (see ``TrainWorkerImpl._sync``).
 """
 
 from __future__ import annotations
@@ -121,9 +123,15 @@ class _Hosted:
         self.resident: dict = {}
         self.pending_weights: Optional[dict] = None  # {"ref": [ObjectRef]} | {"dict": {name: tensor}}
         self.last_weights: Optional[dict] = None  # applied weights, kept for a cold-rebuilt resident engine
-        self.sync_backend: str = cfg.get("sync_backend") or "object_store"
+        self.sync_backend: str = cfg.get("sync_backend") or "auto"  # asked: auto | nccl | gloo | object_store
         self.endpoint: Any = None  # collectives endpoint (control plane, alive across phases)
         self.plan: Any = None
+        self.sync_gen = 0  # generation of the job's sync endpoints (the leader's count of (re)builds)
+        self.endpoint_gen = -1  # generation of this worker's endpoint
+        self.sync_used: Optional[str] = None  # transport of the current endpoints: nccl | gloo
+        self.sync_note: Optional[str] = None  # why that transport (or why the object store)
+        self.sync_fallback: Optional[str] = None  # collectives could not be built: object store from now on
+        self.sync_signals: dict[int, tuple[str, str]] = {}  # leader -> rank: gen -> ("abort"|"object_store", why)
         self.switches: list[dict] = []
         self.moved: Optional[dict] = None  # state carried over by a move: {"ref"} | {"ckpt": bytes}
         # SPMD place of this worker among the job's workers of its pool (multi-node phases)
@@ -609,6 +617,8 @@ class _PoolWorker:
                 ctrl = self._controller(h, fresh=True)
                 ctrl.phase_started.remote(h.real_id, phase)
             if h.world_size > 1:  # SPMD: the other ranks run the same phase now (the permit covers them)
+                if phase == "sync":  # the endpoint generation this sync uses (followers wait for it)
+                    grant = dict(grant, sync_gen=self._next_sync_gen(h))
                 peers = [get_actor(n).run.remote(job_id, phase, args, kwargs, grant, True) for n in h.peers[1:]]
         try:
             state, kind, sw = self._materialise(h, seq)
@@ -618,8 +628,11 @@ class _PoolWorker:
             ctx = self._parallel(h)
             if phase == "sync":
                 with parallel_scope(ctx):
-                    result = self._sync(h, state, follower)
-                rec["sync_backend"] = h.sync_backend
+                    result = self._sync(h, state, follower, grant=grant, watch=dict(zip(peers, h.peers[1:])))
+                rec["sync_backend"] = result.get("backend", h.sync_backend)
+                rec["sync_backend_requested"] = h.sync_backend
+                rec["sync_note"] = result.get("note")
+                rec["sync_s"] = result.get("sync_s")
                 rec["sync_receivers"] = result.get("receivers")
                 rec["sync_cross_bytes"] = result.get("cross_bytes")
             else:
@@ -693,21 +706,64 @@ class _PoolWorker:
             result = result if phase == "sync" else [result] + [o["result"] for o in outs]
         return {"result": result, "record": rec}
 
-    def open_sync_endpoint(self, job_id: str, plan, addr: str, index: int, host: str) -> dict:
-        """Join the job's collectives group as this pool's worker ``index`` (kept for the job's life)."""
+    def open_sync_endpoint(self, job_id: str, plan, addr: str, index: int, host: str, backend: str = "gloo",
+                           gen: int = 0) -> dict:
+        """Join the job's collectives group as this pool's worker ``index`` over ``backend``
+        (``"gloo"``, or ``"nccl"`` on this worker's CUDA device), endpoint generation ``gen``;
+        kept for the job's life (until the leader rebuilds the endpoints). Raises what
+        :func:`collectives.open_endpoint` raises (SyncError when NCCL cannot run here)."""
         from collectives import open_endpoint
 
         h = self._hosted(job_id)
         if h.endpoint is not None:
             h.endpoint.close()
+            h.endpoint = None
         h.plan = plan
-        h.endpoint = open_endpoint(plan, self.pool, index, addr=addr, job_id=job_id, bind_host=host,
-                                   timeout_s=SYNC_TIMEOUT_S)
-        h.endpoint_ready.set()
-        return {"node": self.node, "index": index}
+        kw: dict = {}
+        if backend == "nccl":
+            import torch
 
-    def _sync(self, h: _Hosted, state: dict, follower: bool = False) -> dict:
+            kw["device"] = torch.cuda.current_device()  # the GPU Ray gave this worker
+        h.endpoint = open_endpoint(plan, self.pool, index, backend=backend, addr=addr, job_id=job_id,
+                                   bind_host=host, timeout_s=SYNC_TIMEOUT_S, **kw)
+        h.endpoint_gen, h.sync_used = gen, backend
+        h.endpoint_ready.set()
+        return {"node": self.node, "index": index, "backend": backend}
+
+    def sync_caps(self) -> dict:
+        """What this worker can use for a sync endpoint (see :func:`collectives.select.endpoint_caps`),
+        named by its node, with the IP its endpoint would bind to."""
+        import ray
+
+        from collectives import endpoint_caps
+
+        return {"name": self.node, "ip": ray.util.get_node_ip_address(), **endpoint_caps()}
+
+    def sync_signal(self, job_id: str, gen: int, kind: str, why: str) -> bool:
+        """The job's sync leader tells this worker about sync generation ``gen``: ``"abort"`` (a
+        peer failed: an endpoint of that generation aborts now, a rank waiting for one gives up)
+        or ``"object_store"`` (the collectives could not be built: this sync goes through the
+        object store). False when the job is not hosted here."""
+        h = self.jobs.get(job_id)
+        if h is None:
+            return False
+        h.sync_signals[gen] = (kind, why)
+        if kind == "object_store":  # the leader stays on the object store for the job's life
+            h.sync_fallback = why
+        for g in [g for g in h.sync_signals if g < gen - 2]:
+            h.sync_signals.pop(g, None)
+        ep = h.endpoint
+        if kind == "abort" and ep is not None and h.endpoint_gen <= gen:
+            ep.abort(why)
+        h.endpoint_ready.set()
+        return True
+
+    def _sync(self, h: _Hosted, state: dict, follower: bool = False, grant: Optional[dict] = None,
+              watch: Optional[dict] = None) -> dict:
         raise NotImplementedError
+
+    def _next_sync_gen(self, h: _Hosted) -> int:
+        return h.sync_gen
 
 
 class RolloutWorkerImpl(_PoolWorker):
@@ -732,12 +788,15 @@ class RolloutWorkerImpl(_PoolWorker):
         import torch
 
         h = self._hosted(job_id)
+        ep = h.endpoint
+        if ep is None or h.plan is None:
+            raise RuntimeError(f"job {job_id!r}: no sync endpoint on {worker_name(self.node)} (worker restarted?)")
         t0 = time.perf_counter()
         template = {m.name: torch.empty(m.shape, dtype=getattr(torch, m.dtype)) for m in h.plan.tensors}
-        h.pending_weights = {"dict": h.endpoint.receive(template)}
+        h.pending_weights = {"dict": ep.receive(template)}
         self._keep_weights(h, h.pending_weights["dict"])
-        st = h.endpoint.last_stats
-        return {"node": self.node, "fetch_s": time.perf_counter() - t0, "backend": "gloo",
+        st = ep.last_stats
+        return {"node": self.node, "fetch_s": time.perf_counter() - t0, "backend": ep.backend,
                 "cross_recv_bytes": getattr(st, "cross_recv_bytes", None),
                 "intra_recv_bytes": getattr(st, "intra_recv_bytes", None)}
 
@@ -747,75 +806,236 @@ class TrainWorkerImpl(_PoolWorker):
 
     pool = "train"
 
-    def _sync(self, h: _Hosted, state: dict, follower: bool = False) -> dict:
-        """Sync send side. Every training rank runs the job's ``sync`` function; with
-        ``sync_backend="gloo"`` each sends its shard of the N->M plan (N = the job's training
-        workers, M = its rollout workers; RollMux §5.2), so one model copy crosses the boundary in
-        all; ``cross_bytes`` is what this rank's executor sent (the leader adds the ranks up).
-        The object-store fallback puts the leader's weights once; every rollout worker pulls them."""
-        import ray
+    def _sync(self, h: _Hosted, state: dict, follower: bool = False, grant: Optional[dict] = None,
+              watch: Optional[dict] = None) -> dict:
+        """Sync send side. Every training rank runs the job's ``sync`` function; with a collectives
+        transport (``sync_backend`` ``"auto"``: cupy-NCCL where every worker holds its own CUDA
+        device, else gloo; or ``"nccl"`` / ``"gloo"`` as asked) each rank sends its shard of the
+        N->M plan (N = the job's training workers, M = its rollout workers; RollMux §5.2), so one
+        model copy crosses the boundary in all; ``cross_bytes`` is what this rank's executor sent
+        (the leader adds the ranks up). The object store (``sync_backend="object_store"``, or
+        ``"auto"`` when the collectives endpoints could not be built: ``note`` says why) puts the
+        leader's weights once and every rollout worker pulls them.
 
+        Fails fast: when a peer's task dies during the sync (a rollout worker's receive, a training
+        rank's phase), the leader aborts every endpoint of the job within a fraction of a second
+        (SyncAbortedError naming the peer; rollout weights unchanged) and the endpoints are rebuilt
+        at the next sync. ``watch``: the follower ranks' phase ObjectRefs -> worker names."""
         fn = h.phases.get("sync")
         if fn is None:
             raise KeyError(f"job {h.job_id!r} has no sync phase")
-        weights = fn(state)
-        if h.sync_backend == "gloo":
+        grant = grant or {}
+        gen = int(grant["sync_gen"]) if "sync_gen" in grant else (h.sync_gen if follower else self._next_sync_gen(h))
+        try:
+            weights = fn(state)
+        except BaseException as e:
+            if not follower and h.world_size > 1:  # ranks waiting for this sync's endpoints give up
+                self._abort_sync(h, gen, f"training rank 0 ({self.node}): sync function raised "
+                                         f"{type(e).__name__}: {e}", rollout=False)
+            raise
+        t0 = time.perf_counter()
+        if h.sync_backend != "object_store" and h.sync_fallback is None:
             if follower:
-                return {"cross_bytes": self._send_follower(h, weights)}
-            acks = self._sync_collective(h, weights)
-            st = h.endpoint.last_stats  # what this rank's executor sent across the boundary
-            return {"receivers": acks, "cross_bytes": int(getattr(st, "cross_sent_bytes", 0) or 0)}
+                out = self._send_follower(h, weights, gen)
+            else:
+                out = self._sync_collective(h, weights, gen, watch or {})
+            if out is not None:
+                return dict(out, sync_s=time.perf_counter() - t0)
         if follower:
-            return {"cross_bytes": 0}
+            return {"cross_bytes": 0, "backend": "object_store"}
+        out = self._sync_object_store(h, weights)
+        note = h.sync_fallback or "object_store asked for"
+        return dict(out, note=note, sync_s=time.perf_counter() - t0)
+
+    def _sync_object_store(self, h: _Hosted, weights: dict) -> dict:
+        import ray
+
         nbytes = sum(int(v.numel() * v.element_size()) for v in weights.values() if hasattr(v, "element_size"))
         ref = ray.put(weights)
         del weights
         acks = ray.get([get_actor(w).receive_weights.remote(h.job_id, [ref]) for w in h.rollout_workers], timeout=600)
         # object store: every rollout node pulls the whole object across the boundary
-        return {"receivers": acks, "cross_bytes": nbytes * len(acks)}
+        return {"receivers": acks, "cross_bytes": nbytes * len(acks), "backend": "object_store"}
 
-    def _send_follower(self, h: _Hosted, weights: dict) -> int:
-        """A non-leader training rank: wait for the endpoint the leader opens here, send the shard."""
+    def _abort_sync(self, h: _Hosted, gen: int, why: str, rollout: bool = True) -> None:
+        """Leader: abort sync generation ``gen`` everywhere: this rank's endpoint (its pending
+        waits give up and publish the abort in the job's store), the other ranks (and rollout
+        workers) by ``sync_signal``; the next sync rebuilds the endpoints as generation ``gen + 1``."""
+        h.sync_gen = max(h.sync_gen, gen)
+        if h.endpoint is not None:
+            h.endpoint.abort(why)
+        self._signal_ranks(h, gen, "abort", why, rollout=rollout)
+
+    def _signal_ranks(self, h: _Hosted, gen: int, kind: str, why: str, rollout: bool = False) -> None:
+        """Tell the job's other training ranks (and its rollout workers) about sync ``gen``
+        (fire and forget: a dead peer is not waited for)."""
+        names = list(h.peers[1:]) + (list(h.rollout_workers) if rollout else [])
+        for n in names:
+            try:
+                get_actor(n).sync_signal.remote(h.job_id, gen, kind, why)
+            except Exception:  # the peer's actor is gone: nothing to tell
+                pass
+
+    def _send_follower(self, h: _Hosted, weights: dict, gen: int) -> Optional[dict]:
+        """A non-leader training rank: wait for the endpoint of generation ``gen`` the leader opens
+        here (or its word that the sync goes through the object store / was aborted), then send
+        this rank's shard. Returns None for the object store."""
+        from rollmux.sync_plan import SyncAbortedError
+
         t_end = time.monotonic() + SYNC_TIMEOUT_S
-        while h.endpoint is None or getattr(h.endpoint, "broken", None):
+        while True:
+            sig = h.sync_signals.get(gen)
+            if sig is not None and sig[0] == "object_store":
+                return None
+            if sig is not None:
+                raise SyncAbortedError(f"job {h.job_id!r}: sync aborted before {self.node} sent: {sig[1]}")
+            ep = h.endpoint
+            if ep is not None and h.endpoint_gen == gen and not ep.broken:
+                break
             if time.monotonic() > t_end:
                 raise TimeoutError(f"job {h.job_id!r}: no sync endpoint opened on {self.node} in {SYNC_TIMEOUT_S:g} s")
             h.endpoint_ready.wait(0.05)
-        st = h.endpoint.send(weights)
-        return int(st.cross_sent_bytes)
+            h.endpoint_ready.clear()
+        st = ep.send(weights)
+        return {"cross_bytes": int(st.cross_sent_bytes), "backend": ep.backend}
 
-    def _sync_collective(self, h: _Hosted, weights: dict) -> list:
-        """RollMux §5.2 through collectives/ (gloo), N training ranks -> M rollout workers: the
-        plan and endpoints are built at the first sync (by the leader, on every endpoint) and kept
-        alive in the worker processes; each sync every rank sends its shards and the rollout
-        workers receive atomically. Endpoints bind to the job's host (127.0.0.1 when all of its
-        workers share this machine, else the node IP; env ROLLMUX_SYNC_HOST overrides)."""
+    def _next_sync_gen(self, h: _Hosted) -> int:
+        """The endpoint generation the next sync uses: the current one while the endpoints are
+        healthy, a new one when the leader is about to (re)build them."""
+        ep = h.endpoint
+        healthy = ep is not None and not ep.broken and h.endpoint_gen == h.sync_gen
+        return h.sync_gen if healthy else h.sync_gen + 1
+
+    def _watched(self, refs: dict, stop: threading.Event, on_fail: Callable[[str], None]) -> threading.Thread:
+        """A thread that calls ``on_fail(reason)`` as soon as one of ``refs`` (ObjectRef -> name of
+        the worker running it) fails, until ``stop`` is set."""
         import ray
 
-        from collectives import host_store, open_endpoint
+        def loop() -> None:
+            pending = dict(refs)
+            while pending and not stop.is_set():
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.2)
+                for r in ready:
+                    name = pending.pop(r)
+                    try:
+                        ray.get(r, timeout=0)
+                    except Exception as e:
+                        msg = str(e).strip().splitlines()
+                        on_fail(f"{name}: its sync task failed ({type(e).__name__}: {msg[-1][:300] if msg else ''})")
+                        return
+
+        t = threading.Thread(target=loop, name=f"rollmux-sync-watch-{self.node}", daemon=True)
+        t.start()
+        return t
+
+    def _build_endpoints(self, h: _Hosted, weights: dict, gen: int, peers: list, trainers: list) -> str:
+        """Build the job's sync endpoints (generation ``gen``) over the transport :func:`collectives.
+        choose_backend` picks for these workers; returns why that transport. Raises when they
+        cannot be built (a peer's ``open_sync_endpoint`` failed, or the rendezvous timed out)."""
+        import ray
+
+        from collectives import choose_backend, endpoint_caps, host_store, open_endpoint
         from rollmux.sync_plan import build_plan, metas_of
+
+        if h.endpoint is not None:
+            h.endpoint.close()
+            h.endpoint = None
+        caps = ray.get([t.sync_caps.remote() for t in trainers] + [p.sync_caps.remote() for p in peers],
+                       timeout=SYNC_TIMEOUT_S)
+        mine = {"name": self.node, "ip": ray.util.get_node_ip_address(), **endpoint_caps()}
+        backend, why = choose_backend("auto" if h.sync_backend == "auto" else h.sync_backend, [mine, *caps])
+        host = os.environ.get("ROLLMUX_SYNC_HOST") or h.host
+        if host is None:
+            host = "127.0.0.1" if {c["ip"] for c in caps} <= {mine["ip"]} else mine["ip"]
+        plan = build_plan(metas_of(weights), max(1, h.world_size), len(peers), scheme="topo")
+        store, addr = host_store(host, timeout_s=SYNC_TIMEOUT_S)  # hosted before anyone connects
+        names = [f"{w} (open_sync_endpoint)" for w in h.rollout_workers + h.peers[1:]]
+        opening = [p.open_sync_endpoint.remote(h.job_id, plan, addr, j, host, backend, gen) for j, p in enumerate(peers)]
+        opening += [t.open_sync_endpoint.remote(h.job_id, plan, addr, i, host, backend, gen)
+                    for i, t in enumerate(trainers, 1)]
+        box: dict = {}
+        done = threading.Event()
+
+        def build() -> None:  # the rendezvous blocks: run it beside a watch on the peers' opening
+            try:
+                kw = {"device": __import__("torch").cuda.current_device()} if backend == "nccl" else {}
+                box["ep"] = open_endpoint(plan, "train", 0, backend=backend, store=store, job_id=h.job_id,
+                                          bind_host=host, timeout_s=SYNC_TIMEOUT_S, **kw)
+            except BaseException as e:
+                box["error"] = f"{type(e).__name__}: {e}"
+            finally:
+                done.set()
+
+        failed: list = []
+        stop = threading.Event()
+        threading.Thread(target=build, name=f"rollmux-sync-build-{self.node}", daemon=True).start()
+        self._watched(dict(zip(opening, names)), stop, lambda why_: (failed.append(why_), done.set()))
+        done.wait(SYNC_TIMEOUT_S + 10)
+        stop.set()
+        if failed or "ep" not in box:
+            if box.get("ep") is not None:
+                box["ep"].close()
+            raise RuntimeError(failed[0] if failed else box.get("error", f"rendezvous timed out after {SYNC_TIMEOUT_S:g} s"))
+        try:
+            ray.get(opening, timeout=SYNC_TIMEOUT_S)
+        except Exception:
+            box["ep"].close()
+            raise
+        h.plan, h.endpoint, h.endpoint_gen, h.sync_gen, h.sync_used = plan, box["ep"], gen, gen, backend
+        return why
+
+    def _sync_collective(self, h: _Hosted, weights: dict, gen: int, watch: dict) -> Optional[dict]:
+        """RollMux §5.2 through collectives/, N training ranks -> M rollout workers: the plan and
+        endpoints are built at the first sync (and after an aborted one; by the leader, on every
+        endpoint) and kept alive in the worker processes; each sync every rank sends its shards
+        and the rollout workers receive atomically. Endpoints bind to the job's host (127.0.0.1
+        when all of its workers share this machine, else the node IP; env ROLLMUX_SYNC_HOST
+        overrides). Returns None when the collectives cannot be built and ``sync_backend`` is
+        ``"auto"`` (the caller then uses the object store, for this sync and the job's next ones)."""
+        import ray
+
+        from rollmux.sync_plan import SyncAbortedError, SyncPlanError
 
         peers = [get_actor(w) for w in h.rollout_workers]
         trainers = [get_actor(w) for w in h.peers[1:]]
-        if h.endpoint is None or getattr(h.endpoint, "broken", None):
-            if h.endpoint is not None:
-                h.endpoint.close()
-            host = os.environ.get("ROLLMUX_SYNC_HOST") or h.host
-            if host is None:
-                ip = ray.util.get_node_ip_address()
-                ips = {w["ip"] for w in ray.get([p.where.remote() for p in peers + trainers])}
-                host = "127.0.0.1" if ips <= {ip} else ip
-            plan = build_plan(metas_of(weights), max(1, h.world_size), len(peers), scheme="topo")
-            store, addr = host_store(host, timeout_s=SYNC_TIMEOUT_S)  # hosted before anyone connects
-            opening = [p.open_sync_endpoint.remote(h.job_id, plan, addr, j, host) for j, p in enumerate(peers)]
-            opening += [t.open_sync_endpoint.remote(h.job_id, plan, addr, i, host) for i, t in enumerate(trainers, 1)]
-            h.plan = plan
-            h.endpoint = open_endpoint(plan, "train", 0, store=store, job_id=h.job_id, bind_host=host,
-                                       timeout_s=SYNC_TIMEOUT_S)
-            ray.get(opening, timeout=SYNC_TIMEOUT_S)
+        note = h.sync_note
+        if h.endpoint is None or h.endpoint.broken or h.endpoint_gen != gen:
+            try:
+                note = h.sync_note = self._build_endpoints(h, weights, gen, peers, trainers)
+            except SyncPlanError as e:  # e.g. "nccl" asked where it cannot run: the user's choice, not ours
+                self._abort_sync(h, gen, f"sync endpoints refused: {e}")
+                raise
+            except Exception as e:
+                why = f"collectives sync endpoints could not be built ({str(e)[:400]}); object store used"
+                if h.sync_backend != "auto":
+                    self._abort_sync(h, gen, why)
+                    raise
+                h.sync_fallback, h.sync_gen = why, max(h.sync_gen, gen)
+                self._signal_ranks(h, gen, "object_store", why)
+                return None
+        ep = h.endpoint
         receiving = [p.receive_sync.remote(h.job_id) for p in peers]
-        h.endpoint.send(weights)
-        return ray.get(receiving, timeout=SYNC_TIMEOUT_S)
+        failed: list = []
+        stop = threading.Event()
+
+        def on_fail(why: str) -> None:
+            failed.append(why)
+            ep.abort(why)  # this rank's send gives up now and publishes the abort to the others
+
+        self._watched({**dict(zip(receiving, h.rollout_workers)), **watch}, stop, on_fail)
+        try:
+            ep.send(weights)
+            acks = ray.get(receiving, timeout=SYNC_TIMEOUT_S)
+        except Exception as e:
+            why = failed[0] if failed else f"{type(e).__name__}: {e}"
+            self._abort_sync(h, gen, why)
+            raise SyncAbortedError(f"job {h.job_id!r}: sync aborted: {why}; rollout weights unchanged, "
+                                   f"the sync endpoints are rebuilt at the next sync") from e
+        finally:
+            stop.set()
+        st = ep.last_stats  # what this rank's executor sent across the boundary
+        return {"receivers": acks, "cross_bytes": int(getattr(st, "cross_sent_bytes", 0) or 0),
+                "backend": h.sync_used, "note": note}
 
 
 def worker_num_gpus() -> float:

@@ -3,8 +3,9 @@
 RollMux §5.2 (topology-aware model sync): one model copy crosses the slow cross-cluster link
 (training worker i sends shard i to one rollout worker), then each receiver broadcasts its shard
 inside the rollout cluster. Backends: ``"gloo"`` (CPU, :mod:`collectives.gloo_executor`) and
-``"nccl"`` (cupy-NCCL on GPUs, :mod:`collectives.nccl_executor`, import-guarded). Both run the same
-algorithm (:class:`collectives.base.SyncExecutor`); only the transport differs.
+``"nccl"`` (cupy-NCCL on GPUs, :mod:`collectives.nccl_executor`, import-guarded);
+:func:`collectives.select.choose_backend` picks one for a job's workers (``sync_backend="auto"``).
+Both run the same algorithm (:class:`collectives.base.SyncExecutor`); only the transport differs.
 
 API used by the runtime's sync phase (``TrainWorker`` / ``RolloutWorker`` Ray actors)
 ---------------------------------------------------------------------------------------
@@ -40,6 +41,9 @@ API used by the runtime's sync phase (``TrainWorker`` / ``RolloutWorker`` Ray ac
    timeout, checksum mismatch) the live weights are unchanged and the endpoints are broken (close
    and re-open them); on :class:`~rollmux.sync_plan.SyncMismatchError` (names / shapes / dtypes
    differ) nothing moved and the endpoint stays usable.
+   ``ep.abort(reason)`` (any thread) makes a sync in progress on that endpoint raise
+   :class:`~rollmux.sync_plan.SyncAbortedError` at once (the runtime calls it on every endpoint of
+   the job when one peer's task died), instead of waiting ``timeout_s``.
 4. ``ep.close()`` when the job departs. Several jobs may share a process: each has its own groups,
    keyed by ``job_id`` and its own store address.
 """
@@ -50,6 +54,7 @@ from typing import Any
 
 from collectives.base import SyncExecutor, SyncStats, backends, get_executor, host_store, register
 from collectives.gloo_executor import GlooExecutor
+from collectives.select import SYNC_BACKENDS, choose_backend, endpoint_caps
 from rollmux.sync_plan import (
     Role,
     SyncAbortedError,
@@ -78,6 +83,7 @@ def open_endpoint(plan: SyncPlan, role: Role, index: int, *, backend: str = "glo
 
 
 __all__ = [
+    "SYNC_BACKENDS", "choose_backend", "endpoint_caps",
     "GlooExecutor", "SyncAbortedError", "SyncEndpoint", "SyncError", "SyncExecutor", "SyncMismatchError",
     "SyncPlanError", "SyncStats", "backends", "get_executor", "host_store", "open_endpoint", "register",
 ]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Optional
@@ -47,6 +48,7 @@ from rollmux.sync_plan import (
 log = logging.getLogger(__name__)
 
 DIGEST_BYTES = 16
+ABORT_POLL_S = 0.2  # how often a waiting endpoint looks for a peer's abort in the job's store
 DIGEST_TAG_BASE = 1 << 24  # p2p tag of shard i's digest = base + i (bucket tags are below)
 
 
@@ -145,6 +147,9 @@ class SyncExecutor(abc.ABC):
         self.fault_after_buckets = fault_after_buckets
         self.seq = 0
         self.broken: Optional[str] = None
+        self.aborted = threading.Event()  # set by :meth:`abort` (any thread): pending waits give up
+        self.abort_reason: Optional[str] = None
+        self._next_poll = 0.0  # monotonic time of the next poll of the store for a peer's abort
         self._staging: Optional[dict[str, torch.Tensor]] = None
         self._moved = 0
         self.last_stats: Optional[SyncStats] = None  # of the last successful sync on this endpoint
@@ -192,6 +197,53 @@ class SyncExecutor(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release communicators (idempotent)."""
+
+    def abort(self, reason: str) -> None:
+        """Abort this endpoint from any thread (e.g. the runtime learnt that a peer of the sync
+        died): the sync in progress here, if any, raises :class:`SyncAbortedError` naming
+        ``reason`` within a fraction of a second instead of waiting ``timeout_s``; the rollout
+        weights stay unchanged and the endpoint is broken (re-create the job's endpoints)."""
+        if self.abort_reason is None:
+            self.abort_reason = reason
+        self.broken = self.broken or f"aborted: {reason}"
+        self.aborted.set()
+
+    def _publish_abort(self, seq: int, why: str) -> None:
+        """Tell the job's other endpoints (through the store) that sync ``seq`` failed here, so
+        that their pending waits give up at their next poll instead of waiting ``timeout_s``.
+        The first reason published stays. Best effort: a dead store is a failure they see anyway."""
+        key = f"abort/{seq}"
+        try:
+            if not self._store.check([key]):
+                self._kv_set(key, why)
+        except Exception:  # store gone (its host died): peers' own store polls fail too
+            log.debug("abort publish failed", exc_info=True)
+
+    def _peer_abort(self) -> Optional[str]:
+        """Why another endpoint aborted the sync in progress, or None; polls the store at most
+        every :data:`ABORT_POLL_S` seconds (an unreachable store counts as an abort)."""
+        now = time.monotonic()
+        if now < self._next_poll:
+            return None
+        self._next_poll = now + ABORT_POLL_S
+        key = f"abort/{self.seq}"
+        try:
+            if self._store.check([key]):
+                return self._kv_get(key)
+        except Exception as e:
+            return f"the job's rendezvous store is unreachable ({type(e).__name__}: {e})"
+        return None
+
+    def _check_aborted(self) -> None:
+        """Raise :class:`SyncAbortedError` when :meth:`abort` was called (backends call it while waiting)."""
+        if not self.aborted.is_set():
+            why = self._peer_abort()
+            if why is None:
+                return
+            self.abort_reason = self.abort_reason or f"peer failed: {why}"
+            self.aborted.set()
+        raise SyncAbortedError(f"job {self.job_id}: sync {self.seq} aborted on {self.role} {self.index}: "
+                               f"{self.abort_reason}; rollout weights unchanged")
 
     def _digest(self) -> Any:
         return hashlib.blake2b(digest_size=DIGEST_BYTES)
@@ -245,6 +297,7 @@ class SyncExecutor(abc.ABC):
     # ---- protocol ----------------------------------------------------------------------------
     def _run(self, problems: list[str], body: Callable[[], tuple[Any, SyncStats, list[str]]]) -> tuple[Any, SyncStats]:
         if self.broken:
+            self._publish_abort(self.seq + 1, f"{self.role} {self.index}: endpoint is broken ({self.broken})")
             raise SyncAbortedError(f"job {self.job_id}: {self.role} {self.index}: endpoint is broken "
                                    f"({self.broken}); re-create the sync endpoints")
         self.seq += 1
@@ -271,6 +324,7 @@ class SyncExecutor(abc.ABC):
     def _fail(self, why: str) -> None:
         self.broken = why
         self._staging = None
+        self._publish_abort(self.seq, f"{self.role} {self.index}: {why}")
         try:
             self._abort()
         except Exception:  # pragma: no cover - best effort

@@ -5,19 +5,29 @@ live in one process (one Ray actor hosting several jobs) without interfering: ev
 own TCP store address or a job-prefixed store. Groups are created once per job and kept across
 phases (RollMux §5.1 "control plane stays alive"); a failed sync aborts them (peers fail fast).
 
+Waits are interruptible: a gloo wait cannot be cancelled (``ProcessGroupGloo.abort`` neither wakes
+a pending send/recv nor tells the peers), so each wait runs on the endpoint's waiter thread while
+the caller wakes on completion, on :meth:`~collectives.base.SyncExecutor.abort` (called by the
+runtime when a peer's task died), or when another endpoint of the job published that it failed
+(it writes ``abort/<seq>`` in the job's store; waits poll it every ``ABORT_POLL_S``). An abandoned wait finishes in the background within
+``timeout_s`` (its buffers stay referenced until then); the endpoint is broken meanwhile.
+
 Groups: ``world`` (trainers + rollout workers; point-to-point across the boundary, votes) and
 ``rollout`` (rollout workers only; the intra-cluster broadcasts of RollMux §5.2 step 2).
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
-from collectives.base import SyncExecutor, open_job_store, register
+from collectives.base import ABORT_POLL_S, SyncExecutor, open_job_store, register
 from rollmux.sync_plan import Role, SyncAbortedError, SyncPlan
 
 
@@ -56,6 +66,9 @@ class GlooExecutor(SyncExecutor):
                 opts._devices = [dist.ProcessGroupGloo.create_default_device()]
             return dist.ProcessGroupGloo(dist.PrefixStore(prefix, self._store), rank, size, opts)
 
+        self._waiter = ThreadPoolExecutor(1, thread_name_prefix=f"rollmux-sync-{job_id}")
+        self._cv = threading.Condition()
+        self.aborted = _NotifyingEvent(self._cv)
         self._world = group("world/", self.rank, plan.world_size)
         self._roll = group("rollout/", index, plan.num_rollout) if role == "rollout" and plan.num_rollout > 1 else None
         self._check_plan()
@@ -75,8 +88,24 @@ class GlooExecutor(SyncExecutor):
         return self._roll.broadcast([buf], opts)
 
     def _wait(self, handle: Any) -> None:
-        if handle.wait(timedelta(seconds=self.timeout_s)) is False:
+        self._check_aborted()
+        td = timedelta(seconds=self.timeout_s)
+        fut = self._waiter.submit(handle.wait, td)
+        fut.add_done_callback(lambda _: self._notify())
+        deadline = time.monotonic() + self.timeout_s + 5.0  # the gloo wait itself ends by timeout_s
+        while not fut.done():
+            with self._cv:  # wakes on completion, on abort(), or to poll the store for a peer's abort
+                self._cv.wait_for(lambda: fut.done() or self.aborted.is_set(), ABORT_POLL_S)
+            if not fut.done():
+                self._check_aborted()
+                if time.monotonic() > deadline:
+                    raise SyncAbortedError(f"timed out after {self.timeout_s} s")
+        if fut.result() is False:
             raise SyncAbortedError(f"timed out after {self.timeout_s} s")
+
+    def _notify(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
 
     def _allreduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         self._wait(self._world.allreduce([t]))
@@ -88,12 +117,39 @@ class GlooExecutor(SyncExecutor):
                 g.abort()
 
     def close(self) -> None:
-        for name in ("_roll", "_world"):
-            g = getattr(self, name, None)
-            if g is not None:
-                try:
-                    g.shutdown()
-                except Exception:  # pragma: no cover - best effort on teardown
-                    pass
-                setattr(self, name, None)
+        """Release the groups (idempotent, never blocks): shutting a gloo group down waits for its
+        pending operations, so after an aborted sync the waiter thread does it once the abandoned
+        wait has ended (within ``timeout_s``)."""
+        groups = [g for g in (getattr(self, "_roll", None), getattr(self, "_world", None)) if g is not None]
+        self._roll = self._world = None
         self._store = None  # drops this endpoint's reference to the job's store (the host keeps its own)
+        waiter = getattr(self, "_waiter", None)
+        if waiter is None:
+            _shutdown(groups)
+            return
+        try:
+            waiter.submit(_shutdown, groups)
+        except RuntimeError:  # already closed
+            pass
+        waiter.shutdown(wait=False)
+
+
+def _shutdown(groups: list) -> None:
+    for g in groups:
+        try:
+            g.shutdown()
+        except Exception:  # pragma: no cover - best effort on teardown
+            pass
+
+
+class _NotifyingEvent(threading.Event):
+    """``threading.Event`` that also wakes the endpoint's condition (an abort interrupts a wait)."""
+
+    def __init__(self, cv: threading.Condition) -> None:
+        super().__init__()
+        self._wake = cv
+
+    def set(self) -> None:
+        super().set()
+        with self._wake:
+            self._wake.notify_all()

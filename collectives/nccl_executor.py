@@ -8,8 +8,9 @@ intra-cluster broadcast). Communicators are created once per job (``ncclCommInit
 unique ids are exchanged through the job's ``torch.distributed.TCPStore`` (:func:`collectives.base.host_store`).
 
 Each communicator has its own CUDA stream; a handle is a CUDA event recorded after the call and
-waited on by polling (bounded by ``timeout_s``; on timeout the communicators are aborted with
-``ncclCommAbort`` so peers fail too). Shard digests are computed on host copies of each bucket
+waited on by polling (bounded by ``timeout_s``, interrupted by
+:meth:`~collectives.base.SyncExecutor.abort`; on timeout or abort the communicators are aborted
+with ``ncclCommAbort`` so peers fail too). Shard digests are computed on host copies of each bucket
 (correct, not the fastest path). Needs ``cupy-cuda13x`` (``pip install rollmux[gpu]``) and a GPU;
 otherwise constructing the executor raises :class:`~rollmux.sync_plan.SyncError`.
 """
@@ -142,6 +143,7 @@ class NcclExecutor(SyncExecutor):
         deadline = time.monotonic() + self.timeout_s
         delay = 1e-5
         while not handle.query():  # bounded polling: NCCL calls have no timeout of their own
+            self._check_aborted()  # abort() from another thread, or a peer published its failure
             if time.monotonic() > deadline:
                 raise SyncAbortedError(f"NCCL operation timed out after {self.timeout_s} s")
             for comm in (self._world, self._roll):

@@ -61,6 +61,7 @@ from rollmux.phase_state import (  # noqa: F401  (re-exported: the phase API's p
     PHASES, POOL_OF_PHASE, AdmissionRefused, ParallelContext, PhaseFailed, RuntimeHook, call_phase, is_resident,
     one_thread, parallel, restore_state, split_state, state_resume, state_suspend,
 )
+from rollmux.sync_plan import SYNC_BACKENDS
 
 log = logging.getLogger("rollmux.phase_api")
 
@@ -153,9 +154,12 @@ class Job:
             temp dir); must be on a path every node sees for multi-machine clusters.
         scheduler_name: the GlobalScheduler actor name (default the contract's fixed name).
         job_id: attach to this already admitted job id instead of admitting ``spec``.
-        sync_backend: scheduled-mode weight transport: ``"object_store"`` (default; env
-            ``ROLLMUX_SYNC_BACKEND``) or ``"gloo"`` (the collectives/ executor of the RollMux §5.2
-            plan, CPU). The cupy-NCCL executor is not wired into the workers yet.
+        sync_backend: scheduled-mode weight transport (env ``ROLLMUX_SYNC_BACKEND``): ``"auto"``
+            (default: the RollMux §5.2 plan between the job's training and rollout workers over
+            cupy-NCCL when every one of them holds its own CUDA device and cupy-NCCL loads, else
+            over gloo; the Ray object store only when those endpoints cannot be built, which the
+            sync phase's record says), ``"nccl"`` / ``"gloo"`` (that executor, or the sync fails),
+            ``"object_store"`` (the fallback, asked for: every rollout worker pulls a full copy).
         durable: scheduled mode: commit the state each phase leaves (and its result) to a file
             in ``checkpoint_dir`` before the phase counts as done, so the job survives the loss
             of one of its workers (the interrupted phase is redone from the commit before it).
@@ -173,9 +177,10 @@ class Job:
         if switch not in ("warm", "cold"):
             raise ValueError(f"switch must be 'warm' or 'cold', got {switch!r}")
         self.switch: SwitchKind = switch
-        self.sync_backend = sync_backend or os.environ.get("ROLLMUX_SYNC_BACKEND") or "object_store"
-        if self.sync_backend not in ("object_store", "gloo"):
-            raise ValueError(f"sync_backend must be 'object_store' or 'gloo', got {self.sync_backend!r}")
+        self.sync_backend = sync_backend or os.environ.get("ROLLMUX_SYNC_BACKEND") or "auto"
+        if self.sync_backend not in SYNC_BACKENDS:
+            raise ValueError(f"sync_backend must be one of {', '.join(map(repr, SYNC_BACKENDS))}, "
+                             f"got {self.sync_backend!r}")
         self.checkpoint_dir = checkpoint_dir or os.environ.get("ROLLMUX_CKPT_DIR")
         self.durable = bool(durable)
         self.scheduler_name = scheduler_name or os.environ.get("ROLLMUX_SCHEDULER_NAME")

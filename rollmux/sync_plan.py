@@ -38,6 +38,10 @@ DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
 
 
 # ----------------------------------------------------------------------------------------- errors
+# sync transports a job may ask for (rollmux.Job(sync_backend=...)); collectives.select picks for "auto"
+SYNC_BACKENDS = ("auto", "nccl", "gloo", "object_store")
+
+
 class SyncError(RuntimeError):
     """Base class of weight-sync failures (RollMux §5.2). Rollout weights are left unchanged."""
 

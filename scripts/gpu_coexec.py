@@ -3,7 +3,8 @@
 one RollMux group on a local Ray cluster, then the first job solo; writes JSON.
 
 Checks, per iteration, that the co-executed job's trainer weights (SHA-256) equal the solo run's
-(on-policy preserved, RollMux §5), and records the switch kinds / times each phase paid. Needs a
+(on-policy preserved, RollMux §5), records the switch kinds / times each phase paid, and checks the
+sync transport ``sync_backend="auto"`` chose (NCCL when each worker holds its own GPU, else gloo). Needs a
 CUDA GPU and the ``gpu`` extra; four pool workers share the GPU (``ROLLMUX_WORKER_GPUS=0.25``).
 
     python scripts/gpu_coexec.py --out results/gpu_check_coexec.json
@@ -91,10 +92,19 @@ def main(argv=None) -> int:
             solo = run_job(cfgs[0], attach=False)
             a = [m["weights_sha256"] for m in co["history"]]
             b = [m["weights_sha256"] for m in solo["history"]]
+            # sync transport (sync_backend="auto"): NCCL only when each worker holds its own GPU and
+            # cupy-NCCL loads; workers sharing one GPU (ROLLMUX_WORKER_GPUS < 1) sync over gloo
+            from collectives.nccl_executor import available
+
+            syncs = [r for r in co["timeline"] if r.get("phase") == "sync"]
+            own_gpu = float(os.environ.get("ROLLMUX_WORKER_GPUS", "1")) >= 1
+            expected = "nccl" if own_gpu and available()[0] else "gloo"
             out.update(bit_identical=a == b, coexec_sha256=a, solo_sha256=b,
                        switches=sorted({(r.get("phase"), r.get("switch")) for r in co["timeline"]}),
-                       group_ids=sorted({results[c.job.job_id]["info"]["group_id"] for c in cfgs}))
-            out["ok"] = bool(a == b)
+                       group_ids=sorted({results[c.job.job_id]["info"]["group_id"] for c in cfgs}),
+                       sync_backend=sorted({r.get("sync_backend") for r in syncs}), sync_backend_expected=expected,
+                       sync_note=sorted({r.get("sync_note") or "" for r in syncs}))
+            out["ok"] = bool(a == b) and out["sync_backend"] == [expected]
     finally:
         out["wall_s"] = round(time.time() - t0, 1)
         lc.shutdown()

@@ -70,7 +70,7 @@ def run_group(name, kinds, n, *, fail=None, switch=None, sync_backend=None):
 
 
 @ray_test
-@pytest.mark.parametrize("sync_backend", ["object_store", "gloo"])
+@pytest.mark.parametrize("sync_backend", ["object_store", "auto"])
 def test_three_jobs_interleave_round_robin_in_one_group(sched, sync_backend):
     import ray
 
@@ -85,8 +85,12 @@ def test_three_jobs_interleave_round_robin_in_one_group(sched, sync_backend):
     tl = [r for r in group_timeline(jobs[0]) if r["job_id"] in ids]
     assert all(r["ok"] for r in tl)
     syncs = [r for r in tl if r["phase"] == "sync"]
-    assert {r["sync_backend"] for r in syncs} == {sync_backend}
-    assert all(a["backend"] == sync_backend for r in syncs for a in r["sync_receivers"])
+    used = {"object_store": "object_store", "auto": "gloo"}[sync_backend]  # no CUDA device here: gloo
+    assert {r["sync_backend"] for r in syncs} == {used}
+    assert {r["sync_backend_requested"] for r in syncs} == {sync_backend}
+    assert all(a["backend"] == used for r in syncs for a in r["sync_receivers"])
+    if sync_backend == "auto":  # the record says why NCCL was not taken
+        assert all("nccl not usable" in r["sync_note"] and "no CUDA device" in r["sync_note"] for r in syncs)
     # one model copy crosses the pool boundary per sync (one rollout worker), counted by the transport
     assert all(r["sync_cross_bytes"] == syncs[0]["sync_cross_bytes"] > 0 for r in syncs if r["job_id"] == syncs[0]["job_id"])
     for jid in ids:  # each job: exactly one rollout, one train, one sync per meta-iteration
@@ -124,6 +128,62 @@ def test_three_jobs_interleave_round_robin_in_one_group(sched, sync_backend):
     so: dict = {}
     loop(solo, fns, n, so, "s")
     assert all(torch.equal(a, b) for a, b in zip(so["s"], out[ids[1]]))
+
+
+@ray_test
+def test_sync_fails_fast_when_a_training_rank_fails_mid_sync(sched):
+    """A job on two training nodes whose rank 1 fails in its second sync (its process stays up,
+    so no socket closes): the leader sees rank 1's task fail and aborts every sync endpoint of
+    the job, so the sync phase fails within seconds (not the collectives' 120 s timeout) and
+    names the failed rank and its error."""
+    import ray
+
+    name, h = sched
+    jid = f"ff-{_uid()}"
+    job = rollmux.Job(dict(toy_spec(jid, "small"), num_train_gpus=2), attach=True, scheduler_name=name)
+
+    @job.state("rollout")
+    def build_rollout():
+        return {"w": torch.zeros(4)}
+
+    @job.state("train")
+    def build_train():
+        return {"w": torch.zeros(4), "syncs": 0}
+
+    @job.phase("rollout")
+    def rollout(state, iteration, hook):
+        return {"it": iteration}
+
+    @job.phase("train")
+    def train(state, samples):
+        state["w"] = state["w"] + 1
+        return {}
+
+    @job.phase("sync")
+    def publish(state):
+        state["syncs"] += 1
+        if rollmux.parallel("train").rank == 1 and state["syncs"] == 2:
+            raise RuntimeError("rank 1 lost its device")
+        return {"w": state["w"].clone()}
+
+    @job.apply_weights
+    def apply(state, weights):
+        state["w"] = weights["w"].clone()
+
+    with pytest.raises(Exception, match="rank 1 lost its device"):
+        with job:
+            for it in range(3):
+                train(rollout(it))
+                publish()
+    assert len(job.info["placement"]["train_nodes"]) == 2
+    tl = ray.get(h.group_timeline.remote(job.info["group_id"]))
+    syncs = [r for r in tl if r["job_id"] == jid and r["phase"] == "sync"]
+    assert [r["ok"] for r in syncs] == [True, False], syncs
+    assert syncs[0]["sync_backend"] == "gloo" and syncs[0]["sync_backend_requested"] == "auto"
+    bad = syncs[1]
+    assert "SyncAbortedError" in bad["error"] and "rank 1 lost its device" in bad["error"], bad["error"]
+    assert job.info["placement"]["train_nodes"][1] in bad["error"] and "rollout weights unchanged" in bad["error"]
+    assert bad["end"] - bad["start"] < 15.0, bad  # the gloo timeout is 120 s
 
 
 @ray_test

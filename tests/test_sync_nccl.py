@@ -110,3 +110,29 @@ def test_nccl_fault_keeps_previous_weights():
     for o in roll:
         assert o[0][0] == "ok" and o[1][0] == "SyncAbortedError"
         assert o[1][1] == o[0][1] == _sums(_model(5))
+
+
+@pytest.mark.gpu
+def test_auto_sync_choice_reads_the_real_cuda_device():
+    """``sync_backend="auto"`` on a CUDA machine: an endpoint reports its device's UUID; two
+    endpoints on one GPU get gloo (NCCL needs one GPU per rank), endpoints on two GPUs get NCCL
+    where cupy-NCCL loads."""
+    import torch
+
+    from collectives import choose_backend, endpoint_caps
+    from collectives.nccl_executor import available
+
+    caps = endpoint_caps()
+    ok, _ = available()
+    assert caps["cuda"] is True and caps["device"] and caps["nccl"] == ok
+    backend, why = choose_backend("auto", [dict(caps, name="train-0"), dict(caps, name="rollout-0")])
+    assert backend == "gloo" and ("shares its GPU with train-0" in why or not ok), why
+    if torch.cuda.device_count() >= 2:
+        torch.cuda.set_device(1)
+        try:
+            other = endpoint_caps()
+        finally:
+            torch.cuda.set_device(0)
+        assert other["device"] != caps["device"]
+        backend, why = choose_backend("auto", [dict(caps, name="train-0"), dict(other, name="rollout-0")])
+        assert backend == ("nccl" if ok else "gloo"), why

@@ -1,0 +1,119 @@
+"""Which sync transport a job gets (``sync_backend="auto"``) and how fast a sync gives up on a
+dead peer. CPU only: the NCCL choice is decided from each endpoint's reported capabilities, so
+it is checked here without a GPU (the NCCL executor itself runs in the ``gpu``-marked tests)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from collectives import SYNC_BACKENDS, choose_backend, endpoint_caps, host_store, open_endpoint
+from rollmux.sync_plan import SyncAbortedError, SyncPlanError, TensorMeta, build_plan
+
+
+def gpu(name, device, nccl=True, why="ok"):
+    return {"name": name, "cuda": True, "nccl": nccl, "why": why, "device": device}
+
+
+def cpu(name):
+    return {"name": name, "cuda": False, "nccl": False, "why": "no CUDA device", "device": None}
+
+
+def test_auto_takes_nccl_only_when_every_endpoint_has_its_own_gpu():
+    eps = [gpu("train-0", "GPU-a"), gpu("train-1", "GPU-b"), gpu("rollout-0", "GPU-c")]
+    assert choose_backend("auto", eps)[0] == "nccl"
+    assert choose_backend("nccl", eps)[0] == "nccl"
+    assert choose_backend("gloo", eps) == ("gloo", "gloo asked for")
+
+
+@pytest.mark.parametrize("eps,needle", [
+    ([gpu("train-0", "GPU-a"), cpu("rollout-0")], "rollout-0: no CUDA device"),
+    ([gpu("train-0", "GPU-a"), gpu("rollout-0", "GPU-b", nccl=False, why="cupy.cuda.nccl not importable")],
+     "rollout-0: cupy.cuda.nccl not importable"),
+    ([gpu("train-0", "GPU-a"), gpu("rollout-0", "GPU-a")], "rollout-0: shares its GPU with train-0"),
+])
+def test_auto_falls_back_to_gloo_and_says_why_explicit_nccl_refuses(eps, needle):
+    backend, why = choose_backend("auto", eps)
+    assert backend == "gloo" and needle in why and why.startswith("nccl not usable")
+    with pytest.raises(SyncPlanError, match=needle):
+        choose_backend("nccl", eps)
+
+
+def test_choice_refuses_object_store_unknown_names_and_no_endpoints():
+    assert SYNC_BACKENDS == ("auto", "nccl", "gloo", "object_store")
+    for bad in ("object_store", "mpi", ""):
+        with pytest.raises(SyncPlanError, match="sync_backend"):
+            choose_backend(bad, [cpu("a")])
+    with pytest.raises(SyncPlanError, match="endpoints"):
+        choose_backend("auto", [])
+
+
+def test_this_cpu_machine_reports_no_cuda_so_auto_is_gloo():
+    caps = endpoint_caps()
+    if caps["cuda"]:
+        pytest.skip("this machine has a CUDA device")
+    assert caps == {"cuda": False, "nccl": False, "why": caps["why"], "device": None} and caps["why"] != "ok"
+    assert choose_backend("auto", [dict(caps, name="train-0"), dict(caps, name="rollout-0")])[0] == "gloo"
+
+
+def test_abort_interrupts_a_sync_waiting_on_a_silent_peer_within_a_second():
+    """A trainer whose rollout peer never joins the sync (its task died before receiving) would
+    wait ``timeout_s``; :meth:`abort` from another thread ends the wait at once, the rollout
+    weights stay unchanged, and the next pair of endpoints syncs normally."""
+    import torch
+
+    sd = {"w": torch.arange(4096, dtype=torch.float32), "b": torch.ones(7)}
+    plan = build_plan([TensorMeta(k, tuple(v.shape), "float32", v.numel() * 4) for k, v in sd.items()], 1, 1)
+
+    def pair(job):
+        store, addr = host_store("127.0.0.1", timeout_s=30)
+        eps = {}
+        t = threading.Thread(target=lambda: eps.update(r=open_endpoint(
+            plan, "rollout", 0, addr=addr, job_id=job, timeout_s=30, bind_host="127.0.0.1")))
+        t.start()
+        eps["t"] = open_endpoint(plan, "train", 0, store=store, job_id=job, timeout_s=30, bind_host="127.0.0.1")
+        t.join(30)
+        return eps["t"], eps["r"], store
+
+    trainer, roll, store = pair("abort-a")
+    err: list = []
+    t0 = time.monotonic()
+    threading.Timer(0.3, trainer.abort, args=("rollout-0's receive task died (ActorDiedError)",)).start()
+    with pytest.raises(SyncAbortedError, match="rollout-0's receive task died") as ei:
+        trainer.send(sd)  # the rollout endpoint never calls receive()
+    err.append(ei.value)
+    waited = time.monotonic() - t0
+    assert 0.25 < waited < 3.0, waited
+    assert trainer.broken and "rollout weights unchanged" in str(err[0])
+    with pytest.raises(SyncAbortedError, match="broken"):
+        trainer.send(sd)
+    roll.abort("peer trainer 0 aborted")
+    with pytest.raises(SyncAbortedError, match="peer trainer 0 aborted"):
+        roll.receive({k: torch.zeros_like(v) for k, v in sd.items()})
+    trainer.close()
+    roll.close()
+    # rebuilt endpoints sync normally
+    trainer, roll, store = pair("abort-b")
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.update(roll.receive({k: torch.zeros_like(v) for k, v in sd.items()})))
+    t.start()
+    trainer.send(sd)
+    t.join(30)
+    assert all(torch.equal(got[k], sd[k]) for k in sd)
+    trainer.close()
+    roll.close()
+
+
+def test_job_sync_backend_defaults_to_auto_and_names_the_choices(monkeypatch):
+    import rollmux
+    from factories import toy_spec
+
+    monkeypatch.delenv("ROLLMUX_SYNC_BACKEND", raising=False)
+    assert rollmux.Job(toy_spec("sb-a", "small"), attach=False).sync_backend == "auto"
+    assert rollmux.Job(toy_spec("sb-b", "small"), attach=False, sync_backend="nccl").sync_backend == "nccl"
+    monkeypatch.setenv("ROLLMUX_SYNC_BACKEND", "object_store")
+    assert rollmux.Job(toy_spec("sb-c", "small"), attach=False).sync_backend == "object_store"
+    with pytest.raises(ValueError, match="sync_backend must be one of 'auto', 'nccl', 'gloo', 'object_store', got 'mpi'"):
+        rollmux.Job(toy_spec("sb-d", "small"), attach=False, sync_backend="mpi")
