@@ -427,8 +427,9 @@ class ScheduledRuntime:
                 raise PhaseFailed(f"{reason}; gave up after {WORKER_RECOVERIES} recoveries in one phase") from None
             replay = self._recover(phase, reason) == "done"
         self._seq[pool] = seq
+        # granted_at -> start: the phase's dispatch; waited_s: how long the driver waited for the permit
         rec = dict(out["record"], job_id=j.job_id, phase=phase, pool=pool_of_phase(phase),
-                   granted_at=grant.get("granted_at"))  # grant -> start: the dispatch of the phase
+                   granted_at=grant.get("granted_at"), waited_s=grant.get("waited_s"))
         self.timeline.append(rec)
         if phase == "sync":
             return None

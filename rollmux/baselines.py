@@ -29,7 +29,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from rollmux import profiler
 from rollmux.models import ClusterSpec, CoExecutionGroup, GPUType, JobSpec, PhaseProfile
@@ -238,6 +238,13 @@ def gavel_unit(job: JobSpec, cluster: ClusterSpec) -> Unit:
 # --- Optimum ------------------------------------------------------------------------------------------
 
 
+#: Job sets of at most this many jobs get the dynamic programme of :meth:`OptimalPartition.solve`
+#: (at most 2^n subsets; the neighbourhood re-optimisation solves 8); larger ones go to CP-SAT.
+DP_MAX_JOBS = 10
+#: More tied optimal partitions than this: CP-SAT decides.
+DP_MAX_TIES = 64
+
+
 @dataclass
 class PartitionResult:
     """The optimum's answer for one set of active jobs.
@@ -289,6 +296,8 @@ class OptimalPartition:
     _layouts: dict = field(default_factory=dict, repr=False)
     _cols: dict = field(default_factory=dict, repr=False)
     _keys_of: dict = field(default_factory=dict, repr=False)  # job id -> cached job sets holding it (forget)
+    _floors: dict = field(default_factory=dict, repr=False)  # job set -> layout_floor_usd_per_h (partition_floor)
+    _rows: dict = field(default_factory=dict, repr=False)  # job id -> admission.layout_row
 
     def _remember(self, key: frozenset) -> None:
         for j in key:
@@ -313,6 +322,10 @@ class OptimalPartition:
             full = self._layouts.get(key, False)
             if full is not False:  # the unbounded search already ran
                 self._cols[key] = full if full is not None and full.cost_usd_per_h(self.cluster) < below - 1e-9 else None
+            elif self._floors.get(key, -math.inf) >= below - 1e-9:
+                # build_group's first layout passing memory and the node-load rule costs the floor:
+                # nothing cheaper than ``below`` exists, so its search would return None
+                self._cols[key] = None
             else:
                 self._cols[key] = build_group(list(members), self.cluster, below_usd_per_h=below)
             self._remember(key)
@@ -342,6 +355,70 @@ class OptimalPartition:
         for k in self._keys_of.pop(job_id, ()):  # the job sets cached with it (no scan of the caches)
             self._layouts.pop(k, None)
             self._cols.pop(k, None)
+            self._floors.pop(k, None)
+        self._rows.pop(job_id, None)
+
+    def partition_floor(self, members: Sequence[tuple[JobSpec, PhaseProfile]], fixed: Mapping[frozenset, float]) -> float:
+        """A lower bound, USD/h, on ``sum_{S in P} value(S)`` over every partition P of ``members``
+        into the columns the exact solve uses (:meth:`_candidates`), where ``value(S)`` is
+        ``fixed[S]`` for the job sets in ``fixed`` (the current groups at their price) and the
+        column's price otherwise. Columns already computed are priced exactly, the others by
+        :func:`rollmux.admission.layout_floor_usd_per_h` (no rollout layout searched, nothing
+        simulated); job sets it proves infeasible are remembered as such for the exact solve.
+        The minimum over partitions is a dynamic programme over job subsets.
+        :meth:`rollmux.admission.InterGroupScheduler.reoptimise` skips the exact solve when this
+        bound shows that no partition is cheaper than the current groups."""
+        from rollmux.admission import layout_floor_usd_per_h, layout_row, training_pins_feasible
+
+        by_id = {j.job_id: (j, p) for j, p in members}
+        ids = sorted(by_id)
+        n = len(ids)
+        rows = []
+        for i in ids:
+            r = self._rows.get(i)
+            if r is None:
+                r = self._rows[i] = layout_row(*by_id[i], self.cluster)
+            rows.append(r)
+        by_low: dict[int, list[tuple[int, float]]] = {}  # lowest bit -> (mask, value) of the finite sets
+        for size in range(1, min(self.max_group_size, n) + 1):
+            for combo in itertools.combinations(range(n), size):
+                s = frozenset(ids[b] for b in combo)
+                if s in fixed:
+                    v = fixed[s]
+                elif size == 1:
+                    g = self.layout([by_id[ids[combo[0]]]])
+                    v = math.inf if g is None else g.cost_usd_per_h(self.cluster)
+                elif s in self._cols:
+                    g = self._cols[s]
+                    v = math.inf if g is None else g.cost_usd_per_h(self.cluster)
+                elif s in self._layouts:
+                    g = self._layouts[s]
+                    v = math.inf if g is None else g.cost_usd_per_h(self.cluster)
+                elif s in self._floors:
+                    v = self._floors[s]
+                else:
+                    v = (layout_floor_usd_per_h([by_id[ids[b]] for b in combo], self.cluster, [rows[b][:4] for b in combo])
+                         if training_pins_feasible([rows[b] for b in combo], self.cluster) else math.inf)
+                    if v == math.inf:  # build_group finds no layout below any price: not a column
+                        self._cols[s] = None
+                    else:
+                        self._floors[s] = v
+                    self._remember(s)
+                if v < math.inf:
+                    mask = 0
+                    for b in combo:
+                        mask |= 1 << b
+                    by_low.setdefault(1 << combo[0], []).append((mask, v))
+        best = [0.0] + [math.inf] * ((1 << n) - 1)
+        for mask in range(1, 1 << n):
+            low, top = mask & -mask, math.inf
+            for m, v in by_low.get(low, ()):
+                if m & mask == m:
+                    x = v + best[mask ^ m]
+                    if x < top:
+                        top = x
+            best[mask] = top
+        return best[-1]
 
     def _candidates(self, members: Sequence[tuple[JobSpec, PhaseProfile]], complete: bool = True) -> dict[frozenset, CoExecutionGroup]:
         """Every column the set partitioning needs: for each subset S of at most
@@ -356,39 +433,97 @@ class OptimalPartition:
         by_id = {j.job_id: (j, p) for j, p in members}
         ids = sorted(by_id)
         feas: dict[frozenset, CoExecutionGroup] = {}
-        best: dict[frozenset, float] = {}
-        for i in ids:
+        # best / feasibility by bit mask over ``ids`` (the same values as by job set, cheaper keys)
+        best: dict[int, float] = {}
+        single: list[float] = []
+        for b, i in enumerate(ids):
             g = self.layout([by_id[i]])
             if g is None:  # pragma: no cover - a job alone is always feasible
                 raise ValueError(f"job {i} cannot be laid out alone")
-            s = frozenset([i])
-            feas[s] = g
-            best[s] = g.cost_usd_per_h(self.cluster)
+            feas[frozenset([i])] = g
+            single.append(g.cost_usd_per_h(self.cluster))
+            best[1 << b] = single[-1]
+        feasible = set(best)
         for size in range(2, min(self.max_group_size, len(ids)) + 1):
-            for combo in itertools.combinations(ids, size):
-                s = frozenset(combo)
-                if not complete and any((s - {x}) not in feas for x in combo):
+            for combo in itertools.combinations(range(len(ids)), size):
+                mask = 0
+                for b in combo:
+                    mask |= 1 << b
+                if not complete and any((mask ^ (1 << b)) not in feasible for b in combo):
                     continue
-                split = min(best[s - {x}] + best[frozenset([x])] for x in combo) if complete else math.inf
-                g = self._column(s, [by_id[x] for x in combo], split)
+                split = min(best[mask ^ (1 << b)] + single[b] for b in combo) if complete else math.inf
+                s = frozenset(ids[b] for b in combo)
+                g = self._column(s, [by_id[ids[b]] for b in combo], split)
                 if g is not None:
                     feas[s] = g
-                    best[s] = g.cost_usd_per_h(self.cluster)
+                    feasible.add(mask)
+                    best[mask] = g.cost_usd_per_h(self.cluster)
                 elif complete:
-                    best[s] = split
+                    best[mask] = split
         return feas
 
-    def _solve_exact(self, members, deadline: float, complete: bool = True) -> PartitionResult:
+    @staticmethod
+    def _optimal_partitions(members, cols, units: list[int], limit: int) -> tuple[int, Optional[list[tuple[int, ...]]]]:
+        """Every partition of ``members`` into the columns ``cols`` of minimum total ``units``
+        (the set partitioning's integer objective), each as its column indices in ascending order,
+        by dynamic programming over job subsets (the job with the lowest bit first, so each
+        partition is found once): ``(minimum, partitions)``, partitions None when more than
+        ``limit`` tie."""
+        bit = {j.job_id: 1 << k for k, (j, _) in enumerate(members)}
+        by_low: dict[int, list[tuple[int, int]]] = {}
+        for c, (s, _) in enumerate(cols):
+            m = 0
+            for jid in s:
+                m |= bit[jid]
+            by_low.setdefault(m & -m, []).append((m, c))
+        memo: dict[int, tuple[float, list]] = {0: (0, [()])}
+
+        def best(mask: int) -> tuple[float, list]:
+            r = memo.get(mask)
+            if r is not None:
+                return r
+            low, top, parts = mask & -mask, math.inf, []
+            for m, c in by_low.get(low, ()):
+                if m & mask != m:
+                    continue
+                sub, subparts = best(mask ^ m)
+                v = units[c] + sub
+                if v < top:
+                    top, parts = v, []
+                if v == top and len(parts) <= limit:
+                    parts.extend((c,) + p for p in subparts[: limit + 1 - len(parts)])
+            memo[mask] = (top, parts)
+            return memo[mask]
+
+        top, parts = best(sum(bit.values()))
+        return top, (None if len(parts) > limit else [tuple(sorted(p)) for p in parts])
+
+    def _solve_exact(self, members, deadline: float, complete: bool = True,
+                     indifferent: Optional[Callable[[list[CoExecutionGroup]], bool]] = None) -> PartitionResult:
         from ortools.sat.python import cp_model
+        from rollmux.admission import EXHAUSTIVE_ORDER_MAX
 
         feas = self._candidates(members, complete)
         cols = list(feas.items())
         price = [g.cost_usd_per_h(self.cluster) for _, g in cols]
+        units = [round(p * 1000) for p in price]  # the integer objective CP-SAT minimises
+        if len(members) <= DP_MAX_JOBS:
+            # The optimum without CP-SAT when that cannot change the answer: a unique optimal
+            # partition is the one CP-SAT returns (it proves optimality on these sizes), and when
+            # every tied optimum leaves the caller's decision unchanged (``indifferent``), any of
+            # them serves.
+            top, parts = self._optimal_partitions(members, cols, units, DP_MAX_TIES)
+            if parts and (len(parts) == 1 or (indifferent is not None
+                                              and all(indifferent([cols[c][1] for c in p]) for p in parts))):
+                chosen = [cols[c][1] for c in parts[0]]
+                return PartitionResult(chosen, sum(g.cost_usd_per_h(self.cluster) for g in chosen),
+                                       complete and self.max_group_size <= EXHAUSTIVE_ORDER_MAX, len(cols),
+                                       bound_usd_per_h=top / 1000.0)
         model = cp_model.CpModel()
         x = [model.NewBoolVar(f"x{i}") for i in range(len(cols))]
         for j, _ in members:
             model.AddExactlyOne(x[i] for i, (s, _) in enumerate(cols) if j.job_id in s)
-        model.Minimize(sum(round(p * 1000) * xi for p, xi in zip(price, x)))
+        model.Minimize(sum(u * xi for u, xi in zip(units, x)))
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(0.05, deadline - time.perf_counter())
         solver.parameters.num_workers = 1
@@ -398,13 +533,19 @@ class OptimalPartition:
             return PartitionResult(groups, sum(g.cost_usd_per_h(self.cluster) for g in groups), False, len(cols))
         chosen = [g for (s, g), xi in zip(cols, x) if solver.Value(xi)]
         cost = sum(g.cost_usd_per_h(self.cluster) for g in chosen)
-        from rollmux.admission import EXHAUSTIVE_ORDER_MAX
-
         exact = status == cp_model.OPTIMAL and complete and self.max_group_size <= EXHAUSTIVE_ORDER_MAX
         return PartitionResult(chosen, cost, exact, len(cols), bound_usd_per_h=solver.BestObjectiveBound() / 1000.0)
 
-    def solve(self, members: Sequence[tuple[JobSpec, PhaseProfile]]) -> PartitionResult:
+    def solve(self, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
+              indifferent: Optional[Callable[[list[CoExecutionGroup]], bool]] = None) -> PartitionResult:
         """Cheapest partition of ``members`` (``(spec, worst-case profile)`` pairs, arrival order).
+
+        Up to :data:`DP_MAX_JOBS` jobs the optimal partitions are first enumerated by dynamic
+        programming; CP-SAT runs only when several tie (it picks among them) and
+        ``indifferent`` (the caller's test that a partition leaves its decision unchanged) does
+        not hold for every one of them. So the answer is CP-SAT's whenever CP-SAT proves
+        optimality (its time limit is not hit), and CP-SAT's cost (model building, ~1-3 ms) is
+        mostly saved.
 
         Returns:
             :class:`PartitionResult` (``exact`` says whether it is proven optimal).
@@ -419,7 +560,7 @@ class OptimalPartition:
             return PartitionResult([], 0.0, True, 0, 0.0, 0.0)
         deadline = t0 + self.time_limit_s
         if len(members) <= self.exact_max_jobs:
-            res = self._solve_exact(members, deadline)
+            res = self._solve_exact(members, deadline, indifferent=indifferent)
         else:
             blocks = [members[i : i + self.exact_max_jobs] for i in range(0, len(members), self.exact_max_jobs)]
             parts = [self._solve_exact(b, deadline, complete=False) for b in blocks]

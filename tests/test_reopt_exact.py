@@ -1,0 +1,121 @@
+"""The shortcuts that make the neighbourhood re-optimisation cheap decide exactly as the full
+search: the scalar training-pin check equals build_group's, the layout floor never exceeds
+build_group's price, the partition floor never exceeds the optimum, and the dynamic programme
+returns CP-SAT's partition whenever the optimum is unique. Jobs are drawn as the simulator draws
+them (the repository's Philly extract, the ``mixed`` workload), so the sets mix 1- and 2-node jobs."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from rollmux import baselines
+from rollmux.admission import (_train_plan, build_group, layout_floor_usd_per_h, layout_row, load_scheduler_config,
+                               training_pins_feasible)
+from rollmux.baselines import OptimalPartition
+from rollmux.config import CONFIG_DIR, load_cluster
+from rollmux.traces import EXTRACT_TRACE, TraceWindow, load_trace
+from rollmux.workloads import draw_jobs
+
+
+@pytest.fixture(scope="module")
+def pool():
+    cluster = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
+    window = TraceWindow(max_jobs=300, min_duration_s=3600.0, max_duration_s=259200.0)
+    jobs = draw_jobs(load_trace(EXTRACT_TRACE, window), cluster, mix="mixed", seed=load_scheduler_config().seed)
+    return cluster, [(j.spec, j.profile) for j in jobs]
+
+
+def test_scalar_training_check_equals_build_groups_training_plan(pool):
+    cluster, jobs = pool
+    rng = random.Random(7)
+    seen = {True: 0, False: 0}
+    for _ in range(1500):
+        ms = rng.sample(jobs, rng.randint(1, 5))
+        want = _train_plan(ms, cluster, False) is not None
+        assert training_pins_feasible([layout_row(s, p, cluster) for s, p in ms], cluster) == want
+        seen[want] += 1
+    assert seen[True] > 100 and seen[False] > 100  # both outcomes exercised
+
+
+def test_layout_floor_is_a_lower_bound_of_build_group(pool):
+    cluster, jobs = pool
+    rng = random.Random(8)
+    tight = inf_ok = 0
+    for _ in range(400):
+        ms = rng.sample(jobs, rng.randint(2, 5))
+        g = build_group(ms, cluster)
+        floor = layout_floor_usd_per_h(ms, cluster)
+        if g is None:
+            inf_ok += floor == math.inf
+            continue
+        assert floor <= g.cost_usd_per_h(cluster) + 1e-9
+        tight += floor == g.cost_usd_per_h(cluster)
+    assert tight > 20 and inf_ok > 20
+
+
+def _cp_sat_only(monkeypatch):
+    monkeypatch.setattr(baselines, "DP_MAX_JOBS", -1)
+
+
+def test_dynamic_programme_returns_cp_sats_partition_when_the_optimum_is_unique(pool, monkeypatch):
+    cluster, jobs = pool
+    rng = random.Random(9)
+    unique = 0
+    for _ in range(25):
+        ms = rng.sample(jobs, 8)
+        dp = OptimalPartition(cluster, exact_max_jobs=8).solve(ms)
+        feas = OptimalPartition(cluster, exact_max_jobs=8)._candidates(ms)
+        cols = list(feas.items())
+        top, parts = OptimalPartition._optimal_partitions(ms, cols, [round(g.cost_usd_per_h(cluster) * 1000) for _, g in cols], 64)
+        with monkeypatch.context() as m:
+            _cp_sat_only(m)
+            cp = OptimalPartition(cluster, exact_max_jobs=8).solve(ms)
+        assert round(dp.cost_usd_per_h * 1000) == round(cp.cost_usd_per_h * 1000) == top
+        assert dp.exact and cp.exact
+        if parts is not None and len(parts) == 1:
+            unique += 1
+            assert [g.job_ids for g in dp.groups] == [g.job_ids for g in cp.groups]
+            assert dp.groups == cp.groups
+    assert unique >= 5
+
+
+def test_partition_floor_never_exceeds_the_optimum(pool):
+    cluster, jobs = pool
+    rng = random.Random(10)
+    tight = 0
+    for _ in range(20):
+        ms = rng.sample(jobs, 7)
+        solver = OptimalPartition(cluster, exact_max_jobs=8)
+        floor = solver.partition_floor(ms, {})
+        opt = OptimalPartition(cluster, exact_max_jobs=8).solve(ms)
+        assert floor <= opt.cost_usd_per_h + 1e-6
+        # the optimum's own groups, fixed at their price: still no partition below the optimum
+        fixed = {frozenset(g.job_ids): g.cost_usd_per_h(cluster) for g in opt.groups}
+        assert solver.partition_floor(ms, fixed) <= opt.cost_usd_per_h + 1e-6
+        tight += floor >= opt.cost_usd_per_h - 1e-6
+    assert tight >= 3  # the floor often proves the optimum (no exact search needed then)
+
+
+def test_ties_go_to_cp_sat_unless_the_caller_is_indifferent(pool, monkeypatch):
+    cluster, jobs = pool
+    calls = []
+    orig = baselines.OptimalPartition._optimal_partitions
+
+    def spy(members, cols, units, limit):
+        top, parts = orig(members, cols, units, limit)
+        calls.append(None if parts is None else len(parts))
+        return top, parts
+
+    monkeypatch.setattr(baselines.OptimalPartition, "_optimal_partitions", staticmethod(spy))
+    rng = random.Random(11)
+    for _ in range(15):
+        ms = rng.sample(jobs, 8)
+        res = OptimalPartition(cluster, exact_max_jobs=8).solve(ms, indifferent=lambda groups: True)
+        with monkeypatch.context() as m:
+            _cp_sat_only(m)
+            cp = OptimalPartition(cluster, exact_max_jobs=8).solve(ms)
+        assert round(res.cost_usd_per_h * 1000) == round(cp.cost_usd_per_h * 1000)
+    assert calls and all(c is not None for c in calls)
