@@ -58,6 +58,7 @@ from actors.kv import make_kv
 from actors.metrics import RollmuxMetrics
 from actors.naming import (  # noqa: F401  (NAMESPACE, SCHEDULER_NAME, get_scheduler re-exported)
     NAMESPACE, SCHEDULER_NAME, control_plane_resources, controller_name, ensure_ray, get_actor, get_scheduler,
+    hosted_key,
 )
 from rollmux.admission import AdmissionDecision, InterGroupScheduler, SchedulerConfig, load_scheduler_config
 from rollmux.admission_queue import QUEUE_AHEAD_REASON, AdmissionQueue, QueueFull, what_if
@@ -381,7 +382,8 @@ class GlobalSchedulerImpl:
             self._seq += 1
             members, gone = self._target(gid)
             try:
-                ref = h.sync_members.remote(members, gone, self._seq)
+                ref = h.sync_members.remote(members, gone, self._seq,
+                                            dissolved=self.igs.group_snapshot(gid) is None)
             except Exception as e:  # the handle is stale: the next reconcile pass looks it up again
                 log.warning("push to the controller of %s failed: %s", gid, e)
                 self._handles.pop(gid, None)
@@ -442,7 +444,7 @@ class GlobalSchedulerImpl:
         for job_id, admission, nodes in todo:
             for node in dict.fromkeys(nodes):
                 try:
-                    lookup(worker_name(node)).unregister_job.remote(job_id, admission)
+                    lookup(worker_name(node)).unregister_job.remote(hosted_key(job_id, self.name), admission)
                     sent.append((job_id, node))
                 except ValueError:
                     continue
@@ -474,7 +476,28 @@ class GlobalSchedulerImpl:
         groups jobs moved out of, so a crash between the checkpoint and a push loses no move)."""
         groups = set(self._active_by_group())
         groups |= {m.from_group for r in self.jobs.values() if r.state.is_active() for m in r.moves}
+        groups |= self._leftover_controllers()  # groups dissolved while no scheduler ran: told so, they exit
         self._push(sorted(groups), lookup=True)
+
+    def _leftover_controllers(self) -> set[str]:
+        """Groups of this scheduler that no longer exist but still have a live controller (the
+        scheduler died between a group's end and its last push)."""
+        import ray
+
+        prefix = controller_name("group-0", self.name).rsplit("group-0", 1)[0]
+        try:
+            names = ray.util.list_named_actors(all_namespaces=True)
+        except Exception:
+            return set()
+        out = set()
+        for a in names:
+            name = a.get("name", "") if isinstance(a, dict) else str(a)
+            ns = a.get("namespace", NAMESPACE) if isinstance(a, dict) else NAMESPACE
+            if ns == NAMESPACE and name.startswith(prefix + "group-"):
+                gid = name[len(prefix):]
+                if self.igs.group_snapshot(gid) is None:
+                    out.add(gid)
+        return out
 
     def close(self) -> None:
         """Stop the reconcile thread (tests; the actor otherwise lives until killed)."""
