@@ -135,7 +135,7 @@ def one_run(kind: str, sched, sched_name: str, env: dict, paths: dict, n: int, t
             h = ray.get(ray.get_actor(worker_name(node), namespace=NAMESPACE).hosted.remote(), timeout=30)
         except Exception:
             continue
-        mine = sorted(j for j in h if j in ids.values())
+        mine = sorted(v.get("job_id", j) for j, v in h.items() if v.get("job_id", j) in ids.values())
         if mine:
             hosted[node] = mine
     files = sorted(str(p.name) for p in (tmp / "ckpt").glob("*") if any(j in p.name for j in ids.values())) \
