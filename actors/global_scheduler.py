@@ -140,7 +140,8 @@ class GlobalSchedulerImpl:
         self.version = 0
         self._deltas: collections.deque[dict] = collections.deque(maxlen=SNAPSHOT_LOG)
         self._published: Optional[asyncio.Event] = None
-        self._written: Optional[dict] = None  # the last write-ahead record (its group snapshots are published)
+        self._written: Optional[dict] = None
+        self._ended_since_prune = True  # a job ended since ended records were last counted (O(jobs) scan)  # the last write-ahead record (its group snapshots are published)
         self._reopt_pending: dict[str, str] = {}  # admitted job -> its group, to re-optimise (reconcile thread)
         self._releases: list[tuple[str, Optional[str], list[str]]] = []  # (job, admission, nodes) to release
         self.release_workers = create_controllers  # ended jobs' workers are told to drop their state
@@ -223,9 +224,9 @@ class GlobalSchedulerImpl:
     # ---- checkpoint: a base snapshot plus a write-ahead log, one atomic write per state change
     def _delta(self, jobs: tuple = (), groups: tuple = (), dropped: tuple = (), queue: bool = False) -> dict:
         """What one state change wrote: the given job records and groups (None: gone), the
-        policy's snapshot header and group order, the records dropped from the table and, when
+        policy's snapshot header, the records dropped from the table and, when
         ``queue``, the whole admission queue (in the same record: one atomic put)."""
-        return {"header": self.igs.snapshot_header(), "group_ids": [g.group_id for g in self.igs.groups],
+        return {"header": self.igs.snapshot_header(),
                 "groups": {gid: self.igs.group_snapshot(gid) for gid in groups},
                 "jobs": {j: self._stored(self.jobs[j]) for j in jobs if j in self.jobs}, "dropped": list(dropped),
                 **({"queue": self.queue.snapshot()} if queue else {})}
@@ -267,6 +268,7 @@ class GlobalSchedulerImpl:
         if state is not None:
             self._load_state(state)
             self.queue.restore(state.get("queue"))
+        self._ended_since_prune = True
         self._publish_full()
 
     def _write(self, jobs: tuple = (), groups: tuple = (), queue: bool = False) -> None:
@@ -274,14 +276,17 @@ class GlobalSchedulerImpl:
         carrying the changed job records and groups and, when ``queue``, the admission queue (a
         crash before it: the change never happened; after it: it did). Records of ended jobs beyond MAX_FINISHED_RECORDS are
         dropped in the same record. Raises (and the caller rolls back) when the store fails."""
-        done = [j for j, r in self.jobs.items() if not r.state.is_active()]
-        drop = tuple(done[: max(0, len(done) - MAX_FINISHED_RECORDS)])
+        drop: tuple = ()
+        if self._ended_since_prune:  # only a change that ended a job can push the ended records over the bound
+            done = [j for j, r in self.jobs.items() if not r.state.is_active()]
+            drop = tuple(done[: max(0, len(done) - MAX_FINISHED_RECORDS)])
         delta = self._delta(jobs, groups, drop, queue)
         self.store.append(delta)
         self._written = delta  # its header and group snapshots are published as they were written
         for j in drop:
             self.jobs.pop(j, None)
         self._dropped.extend(drop)
+        self._ended_since_prune = False
         self._last_checkpoint = time.time()
         if self.store.wants_compaction():  # the change is committed: a failing compaction is retried later
             try:
@@ -290,7 +295,7 @@ class GlobalSchedulerImpl:
                 log.exception("checkpoint compaction failed; the write-ahead records stay and it is retried")
 
     def _full_state(self) -> dict:
-        return {"header": self.igs.snapshot_header(), "group_ids": [g.group_id for g in self.igs.groups],
+        return {"header": self.igs.snapshot_header(),
                 "groups": {g.group_id: self.igs.group_snapshot(g.group_id) for g in self.igs.groups},
                 "jobs": {j: self._stored(r) for j, r in self.jobs.items()},
                 "queue": None if self.queue is None else self.queue.snapshot()}
@@ -298,7 +303,7 @@ class GlobalSchedulerImpl:
     def _load_state(self, state: dict) -> None:
         """Rebuild the policy's table and the job records from a restored state (see
         :meth:`actors.checkpoint.Checkpoint.load`)."""
-        groups = [state["groups"][g] for g in state["group_ids"] if state["groups"].get(g)]
+        groups = [g for g in state["groups"].values() if g]
         self.igs = InterGroupScheduler.restore(self.cluster, {**state["header"], "groups": groups})
         jobs = {}
         for raw in state["jobs"].values():
@@ -637,6 +642,7 @@ class GlobalSchedulerImpl:
             now = time.time()
             for q, d in res.dropped:
                 self.jobs.pop(q.job_id, None)
+                self._ended_since_prune = True
                 self.jobs[q.job_id] = JobRecord(job_id=q.job_id, state=JobState.FAILED, slo=q.spec.slo, queued_at=q.enqueued_at,
                                                 waited_s=now - q.enqueued_at, ended_at=now,
                                                 error=f"left the admission queue, it can never be admitted: {d.reason}")
@@ -728,6 +734,7 @@ class GlobalSchedulerImpl:
                 self._releases.append((job_id, rec.admission_id,
                                        [*final.placement.rollout_nodes, *final.placement.train_nodes]))
             rec.state, rec.ended_at = state, now
+            self._ended_since_prune = True
             self.metrics.job_ended(job_id)
             if state == JobState.FAILED:  # a reason for people; the raw error kept apart
                 pl = final.placement
@@ -1008,6 +1015,12 @@ class GlobalSchedulerImpl:
             return {"job_id": spec.get("job_id") if isinstance(spec, dict) else None, "admitted": False,
                     "code": "unavailable", "reason": out["unavailable"]}
         return out
+
+    async def admit_many(self, calls: list) -> list[dict]:
+        """Several :meth:`admit_batched` calls in ONE actor call (a Serve replica's batch of
+        ``POST /v1/jobs``: ``[[spec, dry_run, queue, explain], ...]``): decided one at a time in list
+        order, sharing the group commit's write; the answers in the same order."""
+        return list(await asyncio.gather(*(self.admit_batched(*c) for c in calls)))
 
     async def depart_batched(self, job_id: str) -> Optional[dict]:
         """:meth:`depart` with group commit (see :meth:`admit_batched`); ``{"unavailable": reason}``

@@ -152,7 +152,7 @@ def test_scheduler_killed_at_every_checkpoint_write(store, op, compact, tmp_path
         kv = CrashKV(make(k))
         g = scenario(kv)
         if compact:
-            g.store.compact_every = 1  # every write is followed by a compaction (base + deletes)
+            g.store.compact_every, g.store.compact_ratio = 1, 0.0  # every write is followed by a compaction (base + deletes)
         kv.arm(k)
         try:
             OPS[op](g)
@@ -216,7 +216,7 @@ def test_crash_at_departure_write_leaves_no_ghost(tmp_path):
         kv = CrashKV(FileKV(tmp_path / f"g{at}"))
         g = sched(kv)
         g.admit(SPECS["a"]), g.admit(SPECS["b"])
-        g.store.compact_every = 1
+        g.store.compact_every, g.store.compact_ratio = 1, 0.0
         kv.arm(at)
         with pytest.raises(Crash):
             g.depart("a")
@@ -377,7 +377,7 @@ def test_scheduler_killed_at_every_write_gcs_store(ray_cluster, op):
             g.report(j, {"event": "running"})
         g.report("b", {"event": "iteration", "iterations_done": 3, "t_iter_s": 150.0, "t_solo_s": 143.0,
                        "slowdown": 1.05})
-        g.store.compact_every = 1
+        g.store.compact_every, g.store.compact_ratio = 1, 0.0
         kv.arm(k)
         with pytest.raises(Crash):
             OPS[op](g)
@@ -510,7 +510,7 @@ def test_failed_compaction_keeps_the_committed_change():
     g = sched(kv)
     g.kv = g.store.kv = NoBase()
     g.kv._d = kv._d
-    g.store.compact_every = 1
+    g.store.compact_every, g.store.compact_ratio = 1, 0.0
     assert g.admit(SPECS["a"])["admitted"]  # the record is written; the base is not, and that is fine
     assert sched(kv).get_job("a")["state"] == "admitted" and g.get_job("a")["state"] == "admitted"
 
