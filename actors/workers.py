@@ -126,7 +126,10 @@ class _Hosted:
         self.sync_backend: str = cfg.get("sync_backend") or "auto"  # asked: auto | nccl | gloo | object_store
         self.endpoint: Any = None  # collectives endpoint (control plane, alive across phases)
         self.plan: Any = None
-        self.sync_gen = 0  # generation of the job's sync endpoints (the leader's count of (re)builds)
+        # generation of the job's sync endpoints: the leader counts its (re)builds from the time it
+        # started hosting the job, so a leader re-hosted after a lost worker never reuses a number
+        # that a surviving rank's old endpoint carries
+        self.sync_gen = time.time_ns() // 1_000_000
         self.endpoint_gen = -1  # generation of this worker's endpoint
         self.sync_used: Optional[str] = None  # transport of the current endpoints: nccl | gloo
         self.sync_note: Optional[str] = None  # why that transport (or why the object store)
