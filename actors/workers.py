@@ -126,7 +126,10 @@ class _Hosted:
         self.sync_backend: str = cfg.get("sync_backend") or "auto"  # asked: auto | nccl | gloo | object_store
         self.endpoint: Any = None  # collectives endpoint (control plane, alive across phases)
         self.plan: Any = None
-        self.sync_gen = 0  # generation of the job's sync endpoints (the leader's count of (re)builds)
+        # generation of the job's sync endpoints: the leader counts its (re)builds from the time it
+        # started hosting the job, so a leader re-hosted after a lost worker never reuses a number
+        # that a surviving rank's old endpoint carries
+        self.sync_gen = time.time_ns() // 1_000_000
         self.endpoint_gen = -1  # generation of this worker's endpoint
         self.sync_used: Optional[str] = None  # transport of the current endpoints: nccl | gloo
         self.sync_note: Optional[str] = None  # why that transport (or why the object store)
@@ -462,6 +465,10 @@ class _PoolWorker:
         else:
             body["state"] = storable
             body["resident_state"] = {k: v.state_dict() for k, v in h.resident.items() if hasattr(v, "state_dict")}
+            # resident values whose state cannot be written (no state_dict: e.g. a DeepSpeed or vLLM
+            # engine): a recovery from this commit would silently restart them, so it refuses
+            body["resident_unsaved"] = {k: type(v).__name__ for k, v in h.resident.items()
+                                        if not hasattr(v, "state_dict")}
         path = _commit_path(h.commit_prefix, seq)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
@@ -497,6 +504,11 @@ class _PoolWorker:
             raise TypeError(f"job {h.job_id}: the {self.pool} state builder must return a dict")
         if seq > 1:
             body = self._load_commit(h, seq - 1)
+            unsaved = body.get("resident_unsaved") or {}
+            if unsaved:
+                raise WorkerLost(f"worker on {self.node} was lost and job {h.real_id!r}'s state cannot be recovered: "
+                                 f"its resident {', '.join(f'{k} ({t})' for k, t in sorted(unsaved.items()))} "
+                                 "keeps state outside the commits (no state_dict)")
             state = restore_state(state, dict(body["state"]))
             for k, sd in (body.get("resident_state") or {}).items():
                 if hasattr(state.get(k), "load_state_dict"):

@@ -769,6 +769,25 @@ def test_lost_worker_resumes_from_the_commit_before_the_interrupted_phase(tmp_pa
     assert torch.equal(r3.jobs["j"].pending_weights["dict"]["w"], torch.full((2,), 8.0))
     assert r3.unregister_job("j") and _commit_files(hr.commit_prefix) == []
 
+    # a resident engine without state_dict (e.g. DeepSpeed) keeps state outside the commits: a
+    # recovery says so in plain words instead of silently restarting it from its builder
+    class Engine:
+        rollmux_resident = True
+
+    ecfg = {**cfg, "builder": lambda: {"engine": Engine(), "step": 0}, "switch": "warm"}
+    e = TrainWorkerImpl("train-0")
+    e.register_job("j", ecfg)
+    he = e.jobs["j"]
+    from rollmux.phase_state import split_state
+
+    storable, he.resident = split_state({"engine": Engine(), "step": 1})
+    e._commit(he, 1, "train", storable, {})
+    e2 = TrainWorkerImpl("train-0")
+    e2.register_job("j", ecfg, recover=True)
+    with pytest.raises(WorkerLost, match=r"cannot be recovered: its resident engine \(Engine\)"):
+        e2._materialise(e2.jobs["j"], 2)
+    assert e2.unregister_job("j") and _commit_files(he.commit_prefix) == []
+
 
 class _ExitDuringRollout:
     """Runtime hook: the rollout worker's process exits (as if it crashed) at the first progress
