@@ -289,6 +289,8 @@ class SnapshotCache:
         self._policy_groups: dict[str, dict] = {}
         self._policy = None
         self._policy_pending: dict[str, Optional[dict]] = {}
+        self.want_policy = False  # set by the first dry-run: the follower then resyncs with the policy table
+        self.has_policy = False
         self.ready = False
         self._changed = asyncio.Event()
         self._task: Optional[asyncio.Task] = None
@@ -307,8 +309,10 @@ class SnapshotCache:
 
         while True:
             try:
-                d = await self.client.call("snapshot_since", self.epoch, self.version,
-                                           self.LONG_POLL_S if self.ready else 0.0)
+                ask = self.want_policy
+                resync = ask and not self.has_policy  # everything once, the policy table with it
+                d = await self.client.call("snapshot_since", None if resync else self.epoch, self.version,
+                                           self.LONG_POLL_S if self.ready and not resync else 0.0, ask)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # the scheduler restarts: readers fall back, we try again
@@ -320,6 +324,7 @@ class SnapshotCache:
                 self.jobs, self._json, self.groups = {}, {}, {}
                 self.cluster = d.get("cluster")
                 self._policy_groups, self._policy, self._policy_pending = {}, None, {}
+                self.has_policy = ask and "policy" in d
             pol = d.get("policy") or {}
             if pol.get("header") is not None:
                 self._policy_header = pol["header"]
@@ -380,6 +385,25 @@ class SnapshotCache:
             self._policy_pending = {}
         return self._policy
 
+    async def follow_policy(self, timeout_s: float = 2.0) -> bool:
+        """Follow the policy table too (the first dry-run asks): the follower's long poll is
+        restarted as one full read with the table; waits (bounded) until the copy holds it."""
+        if not self.has_policy and not self.want_policy:
+            self.want_policy = True
+            if self._task is not None and not self._task.done():
+                self._task.cancel()  # only ever cancelled while awaiting a reply, never mid-apply
+            self._task = asyncio.get_running_loop().create_task(self._follow())
+        deadline = time.monotonic() + timeout_s
+        while not self.has_policy:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except asyncio.TimeoutError:
+                return False
+        return True
+
     def what_if(self, spec: JobSpec, queue: bool, explain: str) -> Optional[dict]:
         """The dry-run answer from this copy (:func:`rollmux.admission_queue.what_if`, the function
         the scheduler answers its own dry-runs with), with ``snapshot_version``; None when the
@@ -388,6 +412,8 @@ class SnapshotCache:
         from rollmux.admission_queue import what_if
         from rollmux.records import JobState
 
+        if not self.has_policy:
+            return None
         if not self.ready or self.cluster is None or self._policy_header is None:
             return None
         view = self.jobs.get(spec.job_id)
@@ -403,13 +429,17 @@ class SnapshotCache:
 
     def jobs_body(self, limit: Optional[int], offset: int) -> bytes:
         """``GET /v1/jobs`` from the copy: records in admission order, then the queued jobs."""
-        parts = list(self._json.values())
+        import itertools
+
+        parts = self._json.values()
         if self.queue:
             import json
 
-            parts += [json.dumps(v, separators=(",", ":")).encode() for v in queued_records(self.queue, time.time())]
-        parts = parts[offset: None if limit is None else offset + limit]
-        return b"[" + b",".join(parts) + b"]"
+            parts = itertools.chain(parts, [json.dumps(v, separators=(",", ":")).encode()
+                                            for v in queued_records(self.queue, time.time())])
+        # a page costs its own length, not the number of stored jobs (dict views are not sliceable)
+        page = itertools.islice(parts, offset, None if limit is None else offset + limit)
+        return b"[" + b",".join(page) + b"]"
 
     def job(self, job_id: str) -> Optional[dict]:
         if job_id in self.jobs:
@@ -429,6 +459,52 @@ class SnapshotCache:
                 self._groups_json = body
             return body
         return self._groups_json
+
+
+class _AdmitBatcher:
+    """Sends a replica's admissions to the scheduler in batches (``admit_many``: one actor call
+    for many requests, decided one at a time in arrival order). A request is sent at once while
+    fewer than ``max_inflight`` batches are in flight, else it joins the next batch (at most
+    ``max_batch``), so a lone request waits for nothing and under load the actor calls per
+    admission fall with the load. A failed call fails every request of its batch alike (a commit
+    is never resent: 503 / 504 "outcome unknown", see :class:`SchedulerClient`)."""
+
+    def __init__(self, client: "SchedulerClient", max_inflight: int = 2, max_batch: int = 64):
+        self.client, self.max_inflight, self.max_batch = client, max_inflight, max_batch
+        self._queue: list[tuple[list, asyncio.Future]] = []
+        self._inflight = 0
+
+    async def admit(self, args: list) -> dict:
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.append((args, fut))
+        self._kick()
+        return await fut
+
+    def _kick(self) -> None:
+        while self._queue and self._inflight < self.max_inflight:
+            batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch:]
+            self._inflight += 1
+            asyncio.get_running_loop().create_task(self._send(batch))
+
+    async def _send(self, batch: list) -> None:
+        try:
+            outs = await self.client.call("admit_many", [a for a, _ in batch], retry=False,
+                                          outcome="/v1/jobs/{job_id}")
+            for (_, f), out in zip(batch, outs):
+                if not f.done():
+                    f.set_result(out)
+        except BaseException as e:  # noqa: BLE001 - handed to every waiting request
+            for args, f in batch:
+                if f.done():
+                    continue
+                if isinstance(e, ApiError):  # each request names its own job's URL to read the outcome
+                    f.set_exception(ApiError(e.status, e.kind, e.detail.replace("{job_id}", str(args[0].get("job_id"))),
+                                             **e.extra))
+                else:
+                    f.set_exception(e)
+        finally:
+            self._inflight -= 1
+            self._kick()
 
 
 # ----------------------------------------------------------------------------- the input boundary
@@ -650,6 +726,7 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
 
     cache = SnapshotCache(client)
     writes = {"pending": 0}
+    batcher = _AdmitBatcher(client)
 
     class _WriteSlot:
         """Bounds the writes this replica has in flight: beyond ``max_pending_writes`` -> 429."""
@@ -667,12 +744,14 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
         t0 = time.perf_counter()
         body = spec.model_dump(mode="json", exclude={"queue"})
         d = None
-        if dry_run and await cache.wait_version(None):  # answered by this replica from its snapshot copy
-            d = cache.what_if(JobSpec.model_validate(body), queue, explain)
+        if dry_run and await cache.wait_version(None) and await cache.follow_policy():
+            d = cache.what_if(JobSpec.model_validate(body), queue, explain)  # this replica's snapshot copy answers
         if d is None:
             with _WriteSlot():
-                d = await client.call("admit_batched", body, dry_run, queue, explain, retry=dry_run,
-                                      outcome=f"/v1/jobs/{spec.job_id}")
+                if dry_run:  # the copy is not ready, or the id is live: the scheduler answers
+                    d = await client.call("admit_batched", body, dry_run, queue, explain, retry=True)
+                else:
+                    d = await batcher.admit([body, False, queue, explain])
                 if not dry_run and d.get("snapshot_version") is not None:
                     await cache.wait_version(d["snapshot_version"])  # this replica then reads its own write
         view = _admission_view(d, dry_run)

@@ -5,9 +5,12 @@ scheduler (admission, departure, failure, expiry, progress, the moves of a depar
 re-packing) is ONE atomic ``put`` of one write-ahead record ``<prefix>.w.<seq>``; a crash before
 it means the change never happened, after it that it did. Restore reads the base
 ``<prefix>.base`` and applies the records after its ``seq`` in order; applying a record only
-overwrites (job records, groups), so it is idempotent. Every ``COMPACT_EVERY`` records a new
-base is written (one put) and the records it covers are deleted; a crash between the two leaves
-records that restore skips.
+overwrites (job records, groups), so it is idempotent. A new base is written (one put) and the
+records it covers are deleted once at least ``COMPACT_EVERY`` records hold at least
+``COMPACT_RATIO`` times the base's bytes (or ``MAX_WAL_RECORDS`` records exist): compaction costs
+O(state) but comes after O(state) bytes of records, so its cost per change does not grow with
+the number of stored jobs. A crash between the put and the deletes leaves records that restore
+skips.
 
 Every value carries ``format``, ``version`` and the SHA-256 of its body. A base that is missing
 while records exist, a record with a gap before it, a value that is truncated, garbled, of
@@ -31,7 +34,9 @@ from actors.kv import KVStore
 
 FORMAT = "rollmux-checkpoint"
 VERSION = 2
-COMPACT_EVERY = 64  # write-ahead records between two bases
+COMPACT_EVERY = 64  # fewest write-ahead records between two bases
+COMPACT_RATIO = 0.5  # ... and their bytes at least this share of the base's bytes
+MAX_WAL_RECORDS = 4096  # ... or this many records (bounds a restore's reads)
 _PLAIN = re.compile(r"^[A-Za-z0-9._:-]{1,120}$")
 
 
@@ -39,8 +44,12 @@ class CheckpointError(RuntimeError):
     """The checkpoint cannot be read: the message names where it is and how to recover."""
 
 
+def _encoded(body: Any) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
 def _digest(body: Any) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(_encoded(body)).hexdigest()
 
 
 def key_prefix(name: str) -> str:
@@ -52,7 +61,7 @@ def key_prefix(name: str) -> str:
 class Checkpoint:
     """Base + write-ahead log of one scheduler's state in ``kv``.
 
-    The state is ``{header, group_ids, groups: {group_id: group snapshot}, jobs: {job_id:
+    The state is ``{header, groups: {group_id: group snapshot} (in the policy's group order), jobs: {job_id:
     record dict}, queue}`` (the policy's snapshot header and groups, :meth:`rollmux.admission.
     InterGroupScheduler.snapshot_header`, the stored job records and the admission queue,
     :meth:`rollmux.admission_queue.AdmissionQueue.snapshot`); a record (delta) has the same keys,
@@ -62,8 +71,13 @@ class Checkpoint:
     drain that admits queued jobs are each ONE atomic put.
     """
 
-    def __init__(self, kv: KVStore, name: str, *, compact_every: int = COMPACT_EVERY) -> None:
+    def __init__(self, kv: KVStore, name: str, *, compact_every: int = COMPACT_EVERY,
+                 compact_ratio: float = COMPACT_RATIO) -> None:
         self.kv, self.name, self.compact_every = kv, name, max(1, int(compact_every))
+        self.compact_ratio = float(compact_ratio)
+        self.base_bytes = 0  # bytes of the base's body
+        self.wal_bytes = 0  # bytes of the records after it
+        self._size = 0  # bytes of the last value read or wrapped
         self.prefix = key_prefix(name)
         self.base_key = f"{self.prefix}.base"
         self.seq = 0  # the last record written (or restored)
@@ -98,12 +112,16 @@ class Checkpoint:
             raise self._refuse(key, f"is not a {FORMAT} {kind} value")
         if v.get("version") != VERSION:
             raise self._refuse(key, f"has version {v.get('version')!r}; this scheduler reads version {VERSION}")
-        if not isinstance(v.get("body"), dict) or _digest(v["body"]) != v.get("sha256"):
+        raw = _encoded(v["body"]) if isinstance(v.get("body"), dict) else b""
+        if not raw or hashlib.sha256(raw).hexdigest() != v.get("sha256"):
             raise self._refuse(key, "fails its SHA-256 checksum (garbled)")
+        self._size = len(raw)
         return v["body"]
 
     def _wrap(self, kind: str, body: dict) -> dict:
-        return {"format": FORMAT, "version": VERSION, "kind": kind, "sha256": _digest(body), "body": body}
+        raw = _encoded(body)
+        self._size = len(raw)
+        return {"format": FORMAT, "version": VERSION, "kind": kind, "sha256": hashlib.sha256(raw).hexdigest(), "body": body}
 
     # ---- restore
     def load(self) -> Optional[dict]:
@@ -115,8 +133,8 @@ class Checkpoint:
             if wal:
                 raise self._refuse(self.base_key, f"is missing while {len(wal)} write-ahead records exist")
             return self._load_legacy()
-        state, self.base_seq = base["state"], int(base["seq"])
-        self.seq = self.base_seq
+        state, self.base_seq = _ordered(base["state"]), int(base["seq"])
+        self.seq, self.base_bytes, self.wal_bytes = self.base_seq, self._size, 0
         for key in wal:
             seq = int(key.rsplit(".", 1)[1])
             if seq <= self.base_seq:
@@ -128,6 +146,7 @@ class Checkpoint:
                 raise self._refuse(key, "does not hold the record its key names")
             apply(state, delta)
             self.seq = seq
+            self.wal_bytes += self._size
         return state
 
     def _load_legacy(self) -> Optional[dict]:
@@ -157,8 +176,8 @@ class Checkpoint:
                 jobs[raw["job_id"]] = raw
         self._legacy = [mkey, *(f"{self.name}.g.{g}" for g in meta.get("group_ids", [])),
                         *self.kv.keys(f"{self.name}.j.")]
-        return {"header": meta["snapshot"], "group_ids": list(meta.get("group_ids", [])), "groups": groups,
-                "jobs": jobs}
+        return _ordered({"header": meta["snapshot"], "group_ids": list(meta.get("group_ids", [])), "groups": groups,
+                         "jobs": jobs})
 
     # ---- write
     def create(self, state: dict) -> None:
@@ -174,15 +193,20 @@ class Checkpoint:
         seq = self.seq + 1
         self.kv.put(self._wkey(seq), self._wrap("wal", {**delta, "seq": seq}))
         self.seq = seq
+        self.wal_bytes += self._size
         return seq
 
     def wants_compaction(self) -> bool:
-        return self.seq - self.base_seq >= self.compact_every
+        """Whether a new base is due (see the module docstring)."""
+        n = self.seq - self.base_seq
+        return n >= self.compact_every and (self.wal_bytes >= self.compact_ratio * self.base_bytes
+                                            or n >= MAX_WAL_RECORDS)
 
     def compact(self, state: dict) -> None:
         """Write ``state`` (the state after record ``seq``) as the base, then delete the records it covers."""
         self.kv.put(self.base_key, self._wrap("base", {"seq": self.seq, "state": state}))
         old, self.base_seq = self.base_seq, self.seq
+        self.base_bytes, self.wal_bytes = self._size, 0
         for key in self._wal_keys():
             if int(key.rsplit(".", 1)[1]) <= self.base_seq:
                 self.kv.delete(key)
@@ -193,14 +217,29 @@ class Checkpoint:
         return self.kv.keys(f"{self.prefix}.")
 
 
+def _ordered(state: dict) -> dict:
+    """``state`` with its groups in the order of ``group_ids`` (the earlier layout's explicit order,
+    then dropped): the order of ``groups`` is the policy's group order."""
+    ids = state.pop("group_ids", None)
+    if ids is not None:
+        state["groups"] = {g: state["groups"][g] for g in ids if state["groups"].get(g)}
+    return state
+
+
 def apply(state: dict, delta: dict) -> dict:
-    """Apply one write-ahead record to ``state`` in place (idempotent: it only overwrites)."""
-    state["header"], state["group_ids"] = delta["header"], list(delta["group_ids"])
+    """Apply one write-ahead record to ``state`` in place (idempotent: it only overwrites). The
+    group order is the order of ``state["groups"]``: a new group goes last, a dissolved one is
+    removed, a changed one keeps its place (the policy's order), so a record carries only the
+    groups that changed, never the whole order (an earlier layout's ``group_ids`` is honoured)."""
+    state["header"] = delta["header"]
     for gid, g in delta.get("groups", {}).items():
         if g is None:
             state["groups"].pop(gid, None)
         else:
             state["groups"][gid] = g
+    if "group_ids" in delta:
+        state["group_ids"] = delta["group_ids"]
+        _ordered(state)
     for jid, rec in delta.get("jobs", {}).items():
         state["jobs"][jid] = rec
     for jid in delta.get("dropped", []):

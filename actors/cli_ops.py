@@ -402,15 +402,20 @@ def up(
     config: Optional[Path] = typer.Option(None, "--config", help=_CFG_HELP),
     host: Optional[str] = typer.Option(None, help="HTTP host (default 127.0.0.1)"),
     port: Optional[int] = typer.Option(None, help="HTTP port (default 8000)"),
-    cluster_spec: Optional[Path] = typer.Option(None, "--cluster-spec", help="cluster YAML for the scheduler"),
+    cluster_spec: Optional[Path] = typer.Option(None, "--cluster-spec", help="cluster YAML for the scheduler "
+                                                "(default configs/cluster_local.yaml)"),
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="state, token and checkpoint directory"),
     address: Optional[str] = typer.Option(None, "--address", help="deploy the scheduler and the API onto this running "
                                           "Ray cluster (GCS host:port, or 'auto'; run on its head node) instead of starting one"),
-    ray_port: Optional[int] = typer.Option(None, "--ray-port", help="GCS port of the Ray head"),
-    dashboard_port: Optional[int] = typer.Option(None, "--dashboard-port"),
-    metrics_export_port: Optional[int] = typer.Option(None, "--metrics-export-port"),
-    open_read_routes: Optional[bool] = typer.Option(None, "--open-read-routes/--protect-read-routes"),
-    pool_nodes: Optional[bool] = typer.Option(None, "--pool-nodes/--no-pool-nodes", help="start one Ray node per pool node"),
+    ray_port: Optional[int] = typer.Option(None, "--ray-port", help="GCS port of the Ray head (default 6390)"),
+    dashboard_port: Optional[int] = typer.Option(None, "--dashboard-port", help="Ray dashboard and job submission "
+                                                 "port on 127.0.0.1 (default 8265)"),
+    metrics_export_port: Optional[int] = typer.Option(None, "--metrics-export-port", help="Prometheus metrics port "
+                                                      "of the Ray head (default 8080)"),
+    open_read_routes: Optional[bool] = typer.Option(None, "--open-read-routes/--protect-read-routes",
+                                                    help="GET routes answer without the API token (default: open)"),
+    pool_nodes: Optional[bool] = typer.Option(None, "--pool-nodes/--no-pool-nodes", help="start one Ray node per pool "
+                                              "node of the cluster spec (default: on)"),
     ray_auth: Optional[str] = typer.Option(None, "--ray-auth", help="Ray's own authentication: token (default) | disabled"),
     expose: bool = typer.Option(False, EXPOSE_FLAG, help="with --ray-auth disabled on a host with a non-loopback address: "
                                 "accept that anyone who reaches this host's Ray ports (GCS, Ray Client, dashboard agent "

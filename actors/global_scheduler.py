@@ -58,6 +58,7 @@ from actors.kv import make_kv
 from actors.metrics import RollmuxMetrics
 from actors.naming import (  # noqa: F401  (NAMESPACE, SCHEDULER_NAME, get_scheduler re-exported)
     NAMESPACE, SCHEDULER_NAME, control_plane_resources, controller_name, ensure_ray, get_actor, get_scheduler,
+    hosted_key,
 )
 from rollmux.admission import AdmissionDecision, InterGroupScheduler, SchedulerConfig, load_scheduler_config
 from rollmux.admission_queue import QUEUE_AHEAD_REASON, AdmissionQueue, QueueFull, what_if
@@ -139,7 +140,8 @@ class GlobalSchedulerImpl:
         self.version = 0
         self._deltas: collections.deque[dict] = collections.deque(maxlen=SNAPSHOT_LOG)
         self._published: Optional[asyncio.Event] = None
-        self._written: Optional[dict] = None  # the last write-ahead record (its group snapshots are published)
+        self._written: Optional[dict] = None
+        self._ended_since_prune = True  # a job ended since ended records were last counted (O(jobs) scan)  # the last write-ahead record (its group snapshots are published)
         self._reopt_pending: dict[str, str] = {}  # admitted job -> its group, to re-optimise (reconcile thread)
         self._releases: list[tuple[str, Optional[str], list[str]]] = []  # (job, admission, nodes) to release
         self.release_workers = create_controllers  # ended jobs' workers are told to drop their state
@@ -222,9 +224,9 @@ class GlobalSchedulerImpl:
     # ---- checkpoint: a base snapshot plus a write-ahead log, one atomic write per state change
     def _delta(self, jobs: tuple = (), groups: tuple = (), dropped: tuple = (), queue: bool = False) -> dict:
         """What one state change wrote: the given job records and groups (None: gone), the
-        policy's snapshot header and group order, the records dropped from the table and, when
+        policy's snapshot header, the records dropped from the table and, when
         ``queue``, the whole admission queue (in the same record: one atomic put)."""
-        return {"header": self.igs.snapshot_header(), "group_ids": [g.group_id for g in self.igs.groups],
+        return {"header": self.igs.snapshot_header(),
                 "groups": {gid: self.igs.group_snapshot(gid) for gid in groups},
                 "jobs": {j: self._stored(self.jobs[j]) for j in jobs if j in self.jobs}, "dropped": list(dropped),
                 **({"queue": self.queue.snapshot()} if queue else {})}
@@ -266,6 +268,7 @@ class GlobalSchedulerImpl:
         if state is not None:
             self._load_state(state)
             self.queue.restore(state.get("queue"))
+        self._ended_since_prune = True
         self._publish_full()
 
     def _write(self, jobs: tuple = (), groups: tuple = (), queue: bool = False) -> None:
@@ -273,14 +276,17 @@ class GlobalSchedulerImpl:
         carrying the changed job records and groups and, when ``queue``, the admission queue (a
         crash before it: the change never happened; after it: it did). Records of ended jobs beyond MAX_FINISHED_RECORDS are
         dropped in the same record. Raises (and the caller rolls back) when the store fails."""
-        done = [j for j, r in self.jobs.items() if not r.state.is_active()]
-        drop = tuple(done[: max(0, len(done) - MAX_FINISHED_RECORDS)])
+        drop: tuple = ()
+        if self._ended_since_prune:  # only a change that ended a job can push the ended records over the bound
+            done = [j for j, r in self.jobs.items() if not r.state.is_active()]
+            drop = tuple(done[: max(0, len(done) - MAX_FINISHED_RECORDS)])
         delta = self._delta(jobs, groups, drop, queue)
         self.store.append(delta)
         self._written = delta  # its header and group snapshots are published as they were written
         for j in drop:
             self.jobs.pop(j, None)
         self._dropped.extend(drop)
+        self._ended_since_prune = False
         self._last_checkpoint = time.time()
         if self.store.wants_compaction():  # the change is committed: a failing compaction is retried later
             try:
@@ -289,7 +295,7 @@ class GlobalSchedulerImpl:
                 log.exception("checkpoint compaction failed; the write-ahead records stay and it is retried")
 
     def _full_state(self) -> dict:
-        return {"header": self.igs.snapshot_header(), "group_ids": [g.group_id for g in self.igs.groups],
+        return {"header": self.igs.snapshot_header(),
                 "groups": {g.group_id: self.igs.group_snapshot(g.group_id) for g in self.igs.groups},
                 "jobs": {j: self._stored(r) for j, r in self.jobs.items()},
                 "queue": None if self.queue is None else self.queue.snapshot()}
@@ -297,7 +303,7 @@ class GlobalSchedulerImpl:
     def _load_state(self, state: dict) -> None:
         """Rebuild the policy's table and the job records from a restored state (see
         :meth:`actors.checkpoint.Checkpoint.load`)."""
-        groups = [state["groups"][g] for g in state["group_ids"] if state["groups"].get(g)]
+        groups = [g for g in state["groups"].values() if g]
         self.igs = InterGroupScheduler.restore(self.cluster, {**state["header"], "groups": groups})
         jobs = {}
         for raw in state["jobs"].values():
@@ -376,7 +382,8 @@ class GlobalSchedulerImpl:
             self._seq += 1
             members, gone = self._target(gid)
             try:
-                ref = h.sync_members.remote(members, gone, self._seq)
+                ref = h.sync_members.remote(members, gone, self._seq,
+                                            dissolved=self.igs.group_snapshot(gid) is None)
             except Exception as e:  # the handle is stale: the next reconcile pass looks it up again
                 log.warning("push to the controller of %s failed: %s", gid, e)
                 self._handles.pop(gid, None)
@@ -437,7 +444,7 @@ class GlobalSchedulerImpl:
         for job_id, admission, nodes in todo:
             for node in dict.fromkeys(nodes):
                 try:
-                    lookup(worker_name(node)).unregister_job.remote(job_id, admission)
+                    lookup(worker_name(node)).unregister_job.remote(hosted_key(job_id, self.name), admission)
                     sent.append((job_id, node))
                 except ValueError:
                     continue
@@ -469,7 +476,28 @@ class GlobalSchedulerImpl:
         groups jobs moved out of, so a crash between the checkpoint and a push loses no move)."""
         groups = set(self._active_by_group())
         groups |= {m.from_group for r in self.jobs.values() if r.state.is_active() for m in r.moves}
+        groups |= self._leftover_controllers()  # groups dissolved while no scheduler ran: told so, they exit
         self._push(sorted(groups), lookup=True)
+
+    def _leftover_controllers(self) -> set[str]:
+        """Groups of this scheduler that no longer exist but still have a live controller (the
+        scheduler died between a group's end and its last push)."""
+        import ray
+
+        prefix = controller_name("group-0", self.name).rsplit("group-0", 1)[0]
+        try:
+            names = ray.util.list_named_actors(all_namespaces=True)
+        except Exception:
+            return set()
+        out = set()
+        for a in names:
+            name = a.get("name", "") if isinstance(a, dict) else str(a)
+            ns = a.get("namespace", NAMESPACE) if isinstance(a, dict) else NAMESPACE
+            if ns == NAMESPACE and name.startswith(prefix + "group-"):
+                gid = name[len(prefix):]
+                if self.igs.group_snapshot(gid) is None:
+                    out.add(gid)
+        return out
 
     def close(self) -> None:
         """Stop the reconcile thread (tests; the actor otherwise lives until killed)."""
@@ -614,6 +642,7 @@ class GlobalSchedulerImpl:
             now = time.time()
             for q, d in res.dropped:
                 self.jobs.pop(q.job_id, None)
+                self._ended_since_prune = True
                 self.jobs[q.job_id] = JobRecord(job_id=q.job_id, state=JobState.FAILED, slo=q.spec.slo, queued_at=q.enqueued_at,
                                                 waited_s=now - q.enqueued_at, ended_at=now,
                                                 error=f"left the admission queue, it can never be admitted: {d.reason}")
@@ -705,6 +734,7 @@ class GlobalSchedulerImpl:
                 self._releases.append((job_id, rec.admission_id,
                                        [*final.placement.rollout_nodes, *final.placement.train_nodes]))
             rec.state, rec.ended_at = state, now
+            self._ended_since_prune = True
             self.metrics.job_ended(job_id)
             if state == JobState.FAILED:  # a reason for people; the raw error kept apart
                 pl = final.placement
@@ -907,13 +937,15 @@ class GlobalSchedulerImpl:
         self._deltas.append({"version": self.version, "full": True})
         self._wake()
 
-    def _full_snapshot(self) -> dict:
-        return {"epoch": self.epoch, "version": self.version, "full": True, "cluster": self.cluster.model_dump(mode="json"),
-                "jobs": {j: self._view(r).public() for j, r in self.jobs.items()},
-                "groups": {g.group_id: self._group_view(g.group_id) for g in self.igs.groups},
-                "queue": self._queue_view(),
-                "policy": {"header": self.igs.snapshot_header(),
-                           "groups": {g.group_id: self.igs.group_snapshot(g.group_id) for g in self.igs.groups}}}
+    def _full_snapshot(self, policy: bool = False) -> dict:
+        out = {"epoch": self.epoch, "version": self.version, "full": True, "cluster": self.cluster.model_dump(mode="json"),
+               "jobs": {j: self._view(r).public() for j, r in self.jobs.items()},
+               "groups": {g.group_id: self._group_view(g.group_id) for g in self.igs.groups},
+               "queue": self._queue_view()}
+        if policy:
+            out["policy"] = {"header": self.igs.snapshot_header(),
+                             "groups": {g.group_id: self.igs.group_snapshot(g.group_id) for g in self.igs.groups}}
+        return out
 
     def _wake(self) -> None:
         """Wake the replicas waiting in :meth:`snapshot_since` (from any thread)."""
@@ -940,11 +972,14 @@ class GlobalSchedulerImpl:
         for f in waiters:  # each on its own event loop (the actor has one)
             f.get_loop().call_soon_threadsafe(done, f)
 
-    async def snapshot_since(self, epoch: Optional[str], version: int, wait_s: float = 5.0) -> dict:
+    async def snapshot_since(self, epoch: Optional[str], version: int, wait_s: float = 5.0,
+                             policy: bool = False) -> dict:
         """The published state changes after ``version`` of ``epoch`` (this actor instance's id):
         ``{epoch, version, full: False, jobs: {id: view | None}, groups: {id: view | None},
         queue: [..] | None}`` (None: gone / unchanged), or everything (``full: True``) when the
-        caller is new, of another instance, or too far behind. Waits up to ``wait_s`` for a new
+        caller is new, of another instance, or too far behind. ``policy``: also the policy
+        table's changes, ``policy: {header, groups: {id: group snapshot | None}}`` (what a
+        replica answering dry-runs follows; only callers that ask pay for it). Waits up to ``wait_s`` for a new
         version when the caller is current (a long poll: the waiting costs the actor nothing).
         Versions count commits: a reply is at most one commit old."""
         self._loop = asyncio.get_running_loop()
@@ -960,16 +995,19 @@ class GlobalSchedulerImpl:
             newer = list(itertools.islice(self._deltas, max(0, version + 1 - first), None))  # versions are consecutive
             if (epoch != self.epoch or version > self.version or any(d.get("full") for d in newer)
                     or (newer and newer[0]["version"] != version + 1)):
-                return self._full_snapshot()
+                return self._full_snapshot(policy)
             out: dict = {"epoch": self.epoch, "version": self.version, "full": False, "jobs": {}, "groups": {},
-                         "queue": None, "policy": {"header": None, "groups": {}}}
+                         "queue": None}
+            if policy:
+                out["policy"] = {"header": None, "groups": {}}
             for d in newer:
                 out["jobs"].update(d["jobs"])
                 out["groups"].update(d["groups"])
                 if d["queue"] is not None:
                     out["queue"] = d["queue"]
-                out["policy"]["header"] = d["policy"]["header"]
-                out["policy"]["groups"].update(d["policy"]["groups"])
+                if policy:
+                    out["policy"]["header"] = d["policy"]["header"]
+                    out["policy"]["groups"].update(d["policy"]["groups"])
             return out
 
     async def admit_batched(self, spec: dict, dry_run: bool = False, queue: bool = False,
@@ -985,6 +1023,12 @@ class GlobalSchedulerImpl:
             return {"job_id": spec.get("job_id") if isinstance(spec, dict) else None, "admitted": False,
                     "code": "unavailable", "reason": out["unavailable"]}
         return out
+
+    async def admit_many(self, calls: list) -> list[dict]:
+        """Several :meth:`admit_batched` calls in ONE actor call (a Serve replica's batch of
+        ``POST /v1/jobs``: ``[[spec, dry_run, queue, explain], ...]``): decided one at a time in list
+        order, sharing the group commit's write; the answers in the same order."""
+        return list(await asyncio.gather(*(self.admit_batched(*c) for c in calls)))
 
     async def depart_batched(self, job_id: str) -> Optional[dict]:
         """:meth:`depart` with group commit (see :meth:`admit_batched`); ``{"unavailable": reason}``

@@ -45,6 +45,23 @@ from rollmux.intra_group import LongTailPolicy
 log = logging.getLogger("rollmux.controller")
 
 DEFAULT_ACQUIRE_TIMEOUT_S = 3600.0
+EXIT_GRACE_S = 2.0  # a dissolved group's controller exits this long after its last member left
+DRIVER_LATE_S = 2 * HEARTBEAT_S  # a driver this late is checked against the cluster's list of live drivers
+
+
+def dead_ray_drivers(drivers: set[str]) -> set[str]:
+    """Which of ``drivers`` (Ray job ids, hex) the cluster's job table marks dead: their driver
+    process exited (killed, crashed). Uses Ray's GCS job table (``ray._private.state.jobs``; no
+    public API without the dashboard); an unknown id or a failing lookup counts as alive (the
+    lease stays the last resort)."""
+    try:
+        from ray._private import state
+
+        rows = state.jobs()
+    except Exception as e:
+        log.warning("could not read the cluster's job table: %s", e)
+        return set()
+    return {r["JobID"] for r in rows if r.get("JobID") in drivers and r.get("IsDead")}
 
 
 class GroupControllerImpl:
@@ -80,6 +97,9 @@ class GroupControllerImpl:
         self._watchdog: Optional[asyncio.Task] = None
         self._seq = -1  # the last reconcile push applied
         self.closed = False
+        self.dissolved = False  # the newest push said the group no longer exists
+        self._exit_task: Optional[asyncio.Task] = None
+        self.exit_grace_s = EXIT_GRACE_S
 
     @property
     def timeline(self) -> list[dict]:
@@ -137,7 +157,7 @@ class GroupControllerImpl:
         return out
 
     async def sync_members(self, members: list[dict], gone: Optional[dict[str, str]] = None,
-                           seq: Optional[int] = None) -> dict:
+                           seq: Optional[int] = None, dissolved: bool = False) -> dict:
         """Reconcile (pushed by the GlobalScheduler, never awaited there): add ``members`` (``job_id,
         rollout_nodes, train_nodes, slo``; pending until their drivers attach; listed in the
         planned round-robin order, which the queues take, :meth:`GroupLedger.set_order`) and drop ``gone``
@@ -146,8 +166,11 @@ class GroupControllerImpl:
         applied is ignored (``stale: True``): Ray does not keep an async actor's calls in
         submission order, so an older push may arrive after a newer one. Each push is the whole
         target state, so the newest alone is enough (a job it lists as gone is recorded as gone
-        even when the push that added it was the stale one). Idempotent. Returns ``{added,
-        removed, stale}``."""
+        even when the push that added it was the stale one). ``dissolved``: the group no longer
+        exists (every member departed or moved): once none of its jobs is queued here (a moved
+        job leaves at its iteration boundary) the controller exits after ``EXIT_GRACE_S``
+        (:meth:`_exit_when_empty`); a newer push without it cancels that. Idempotent. Returns
+        ``{added, removed, stale}``."""
         if seq is not None:
             if seq <= self._seq:
                 return {"added": [], "removed": [], "stale": True}
@@ -161,7 +184,43 @@ class GroupControllerImpl:
         self._apply()
         if added or removed or reordered:
             self._wake_all()
+        self.dissolved = bool(dissolved) and not members
+        if self.dissolved and (self._exit_task is None or self._exit_task.done()):
+            self._exit_task = asyncio.get_event_loop().create_task(self._exit_when_empty())
         return {"added": added, "removed": removed, "stale": False}
+
+    def _empty(self) -> bool:
+        return not self.ledger.rr.job_ids and not self.ledger.grants
+
+    async def _exit_when_empty(self) -> None:
+        """A dissolved group's controller ends itself (no leaked actor): once no job is queued
+        here and ``exit_grace_s`` later still none (late calls of moved drivers are answered
+        meanwhile; after the exit they find no actor and follow their record), or at the latest
+        after two driver leases plus a minute. Cancelled by a newer push for a live group."""
+        limit = time.monotonic() + 2 * max(self.ledger.lease_s, 0.0) + 60.0
+        while self.dissolved and not self.closed:
+            await asyncio.sleep(self.exit_grace_s)
+            if not self.dissolved:
+                return
+            if self._empty() or time.monotonic() > limit:
+                break
+        if not self.dissolved or self.closed:
+            return
+        log.info("group %s dissolved: its controller exits", self.group_id)
+        self.closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        try:
+            self.metrics.flush()
+        except Exception:
+            pass
+        self._kill_self()
+
+    def _kill_self(self) -> None:
+        """End this actor for good (not restarted). Overridden by tests without Ray."""
+        import ray
+
+        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
     async def _recover_members(self, job_id: str) -> None:
         """A job this controller does not know (e.g. after a restart: its state is soft): ask the
@@ -178,7 +237,7 @@ class GroupControllerImpl:
             self._sched = None
             log.warning("group %s: could not recover members for %s: %s", self.group_id, job_id, e)
 
-    async def attach(self, job_id: str, *, has_sync: Optional[bool] = None) -> dict:
+    async def attach(self, job_id: str, *, has_sync: Optional[bool] = None, driver: Optional[str] = None) -> dict:
         """The job's driver attached: the job joins its nodes' queues at its place in the planned
         round-robin order pushed with the membership (attach order for jobs not in the plan). ``has_sync=False``: its empty sync slot ends with training.
         Raises PermitError for a job that is not a member (or already left)."""
@@ -186,6 +245,7 @@ class GroupControllerImpl:
         if has_sync is not None:
             self.ledger.set_has_sync(job_id, has_sync)
         self.ledger.activate(job_id)
+        self.ledger.heartbeat(job_id, driver)
         self._ensure_watchdog()
         self._wake_all()
         return {"group_id": self.group_id, "queues": self.ledger.queues(), "lease_s": self.ledger.lease_s}
@@ -195,10 +255,11 @@ class GroupControllerImpl:
         await self._recover_members(job_id)
         return self.ledger.set_has_sync(job_id, has_sync)
 
-    async def heartbeat(self, job_id: str) -> bool:
-        """Driver liveness (its lease); False when the job is no longer a member."""
+    async def heartbeat(self, job_id: str, driver: Optional[str] = None) -> bool:
+        """Driver liveness (its lease; ``driver``: the driver's Ray job id, so that its death is
+        seen before the lease ends); False when the job is no longer a member."""
         await self._recover_members(job_id)
-        return self.ledger.heartbeat(job_id)
+        return self.ledger.heartbeat(job_id, driver)
 
     async def remove_job(self, job_id: str, reason: str = "departed") -> bool:
         """Drop the job from every queue (departure / failure). False if it was not a member.
@@ -226,11 +287,17 @@ class GroupControllerImpl:
 
     async def _watch(self) -> None:
         """Evict queued jobs whose driver stopped heart-beating for ``lease_s`` (see
-        :meth:`GroupLedger.expired`). A failing pass is logged and the loop goes on."""
+        :meth:`GroupLedger.expired`), or sooner: a driver late by ``DRIVER_LATE_S`` whose Ray
+        job the cluster reports dead (its process exited) is evicted at once. A failing pass is
+        logged and the loop goes on."""
         while not self.closed:
             await asyncio.sleep(min(1.0, self.ledger.lease_s / 3))
             try:
-                evicted, effects = self.ledger.expired()
+                dead: set[str] = set()
+                late = self.ledger.late_drivers(DRIVER_LATE_S)
+                if late:
+                    dead = await asyncio.get_event_loop().run_in_executor(None, dead_ray_drivers, set(late.values()))
+                evicted, effects = self.ledger.expired(dead)
                 self._apply(effects)
                 if evicted:
                     self._wake_all()
@@ -288,6 +355,17 @@ class GroupControllerImpl:
         self._apply(effects)
         self._wake_all()
         return rec
+
+    async def abort_phase(self, job_id: str, phase: str, reason: str) -> str:
+        """The driver lost the worker running ``phase`` and will redo it from the job's last
+        committed state (:meth:`GroupLedger.abort`): ``"aborted"`` (permit withdrawn),
+        ``"done"`` (the phase was released before the loss: do not run it again) or ``"none"``.
+        Raises PermitError for a job that is not a member."""
+        await self._recover_members(job_id)
+        out, effects = self.ledger.abort(job_id, phase, reason)
+        self._apply(effects)
+        self._wake_all()
+        return out
 
     # ---- runtime hook: long-tail migration
     async def progress(self, job_id: str, done: int, total: int) -> Optional[dict]:

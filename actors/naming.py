@@ -4,7 +4,8 @@ Imports nothing from ``actors/`` (a leaf of the import graph, so the scheduler, 
 workers, driver client, CLI and HTTP app can all import it without circles):
 
 - :data:`NAMESPACE`: the Ray namespace of every RollMux actor;
-- actor names: :data:`SCHEDULER_NAME`, :func:`controller_name`, :func:`worker_name`;
+- actor names: :data:`SCHEDULER_NAME`, :func:`controller_name`, :func:`worker_name`; the key a
+  worker hosts a job under, scoped by its scheduler: :func:`hosted_key`;
 - :func:`ensure_ray`: connect this process to the cluster; :func:`control_plane_resources`:
   pin control-plane actors to the head node; :func:`get_actor`: a named actor's handle.
 """
@@ -32,6 +33,15 @@ def controller_name(group_id: str, scheduler_name: Optional[str] = None) -> str:
 def worker_name(node: str) -> str:
     """Actor name of the worker hosting jobs on ``node``."""
     return f"rollmux-worker-{node}"
+
+
+def hosted_key(job_id: str, scheduler_name: Optional[str] = None) -> str:
+    """The key a worker hosts ``job_id`` under: the job id for the default GlobalScheduler,
+    ``<job_id>@<scheduler name>`` for another one, so two schedulers sharing a host (and its
+    workers) never see or drop each other's job state, even for equal job ids."""
+    if not scheduler_name or scheduler_name == SCHEDULER_NAME:
+        return job_id
+    return f"{job_id}@{scheduler_name}"
 
 
 def ensure_ray(address: Optional[str] = None) -> None:

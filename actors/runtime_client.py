@@ -35,9 +35,9 @@ import time
 from typing import Any, Optional
 
 from actors.naming import (  # noqa: F401  (ensure_ray, control_plane_resources re-exported)
-    NAMESPACE, control_plane_resources, ensure_ray, get_actor, get_scheduler, worker_name,
+    NAMESPACE, control_plane_resources, ensure_ray, get_actor, get_scheduler, hosted_key, worker_name,
 )
-from actors.workers import get_or_create_worker
+from actors.workers import JobNotHosted, WorkerLost, get_or_create_worker
 from rollmux.group_ledger import HEARTBEAT_S, PermitError
 from rollmux.models import pool_of_phase
 from rollmux.phase_state import AdmissionRefused, PhaseFailed
@@ -45,6 +45,8 @@ from rollmux.records import JobState
 
 log = logging.getLogger("rollmux.runtime")
 CONTROLLER_RETRIES = 60  # x 1 s: how long a driver waits for a restarting GroupController
+WORKER_RECOVERIES = 3  # how many lost workers one phase survives (each: re-host the job, redo the phase)
+WORKER_RESTART_S = 120.0  # how long a driver waits for a lost worker to be restarted by Ray
 
 
 def scheduler_reachable(name: Optional[str] = None) -> bool:
@@ -139,6 +141,8 @@ class ScheduledRuntime:
         except ValueError as e:
             raise ValueError(f"scheduled mode: no RollMux GlobalScheduler reachable ({e})") from e
         jid = job.job_id
+        self.key = hosted_key(jid, job.scheduler_name)  # what the workers host the job under
+        self.driver = ray.get_runtime_context().get_job_id()  # this process's Ray job: its death is seen
         if job.attach_job_id:
             rec = ray.get(self.sched.get_job.remote(jid))
             if rec is None:
@@ -152,10 +156,12 @@ class ScheduledRuntime:
             rec = ray.get(self.sched.get_job.remote(jid))
         self.timeline: list[dict] = []
         self.moves: list[dict] = []  # departure re-packing moves this driver carried out
+        self.recoveries: list[dict] = []  # lost workers this driver recovered from
+        self._seq = {"rollout": 0, "train": 0}  # phases of each pool done (their commits' numbers)
         self._registered = False
         try:
             self._home(rec)
-            self.attach_info = ray.get(self.controller.attach.remote(jid))  # joins its nodes' queues now
+            self.attach_info = ray.get(self.controller.attach.remote(jid, driver=self.driver))  # joins its queues now
         except RayTaskError as e:  # moved between reading the record and attaching
             if not (isinstance(_unwrap(e), (PermitError, KeyError)) and self._rehome()):
                 raise
@@ -197,10 +203,11 @@ class ScheduledRuntime:
         payload = None
         if self._registered:  # every rank's shard moves: rank i's state goes to the new rank i
             k = len(self.rollout_workers)
-            got = ray.get([w.export_job.remote(jid) for w in self.rollout_workers + self.train_workers])
+            got = ray.get([w.export_job.remote(self.key) for w in self.rollout_workers + self.train_workers])
             payload = {"rollout": got[:k], "train": got[k:]}
         self._home(rec)
-        self.attach_info = ray.get(self.controller.attach.remote(jid, has_sync="sync" in self.job._phases))
+        self.attach_info = ray.get(self.controller.attach.remote(jid, has_sync="sync" in self.job._phases,
+                                                                 driver=self.driver))
         if self._registered:
             self._registered = False
             self._register(moved=payload)
@@ -222,7 +229,7 @@ class ScheduledRuntime:
         failures = 0
         while not self._stop.wait(HEARTBEAT_S):
             try:
-                ray.get(self.controller.heartbeat.remote(self.job.job_id), timeout=30)
+                ray.get(self.controller.heartbeat.remote(self.job.job_id, self.driver), timeout=30)
                 failures = 0
             except Exception as e:  # controller restarting; keep trying until finish (logged, never silent)
                 failures += 1
@@ -230,9 +237,10 @@ class ScheduledRuntime:
                     log.warning("job %s: heartbeat to its controller failed %d time(s): %s",
                                 self.job.job_id, failures, e)
 
-    def _register(self, moved: Optional[dict] = None) -> None:
+    def _register(self, moved: Optional[dict] = None, recover: bool = False) -> None:
         """Register the job's builders and phases on its node workers (``moved``: the state each
-        pool's old worker exported, see :meth:`_rehome`)."""
+        pool's old worker exported, see :meth:`_rehome`; ``recover``: a worker was lost, every
+        worker of the job drops what it holds and resumes from the job's commits)."""
         import ray
 
         if self._registered:
@@ -241,9 +249,10 @@ class ScheduledRuntime:
         for pool in ("rollout", "train"):
             if pool not in j._builders:
                 raise PhaseFailed(f"job {j.job_id!r}: no @job.state({pool!r}) builder registered")
-        common = {"controller": self.info["controller"], "switch": j.switch, "checkpoint_dir": j.checkpoint_dir,
+        common = {"job_id": j.job_id, "controller": self.info["controller"], "switch": j.switch,
+                  "checkpoint_dir": j.checkpoint_dir,
                   "admission": self.info.get("admission_id"),
-                  "sync_backend": j.sync_backend,
+                  "sync_backend": j.sync_backend, "durable": j.durable,
                   "hooks": list(j._hooks), "apply": j._apply}
 
         def register() -> None:
@@ -260,7 +269,7 @@ class ScheduledRuntime:
                 mv = (moved or {}).get(pool) or [None] * len(workers)
                 for i, w in enumerate(workers):
                     blob = cloudpickle.dumps({**cfg, "parallel": par[pool][i]})
-                    calls.append(w.register_job.remote(j.job_id, blob, mv[i] if i < len(mv) else None))
+                    calls.append(w.register_job.remote(self.key, blob, mv[i] if i < len(mv) else None, recover))
             ray.get(calls)
 
         self.shipped: list[str] = []
@@ -274,7 +283,8 @@ class ScheduledRuntime:
                 raise
             log.warning("job %s: workers cannot import %s; shipping it by value", j.job_id, self.shipped)
             register()
-        self.sched.report.remote(j.job_id, {"event": "running"})
+        if not recover:
+            self.sched.report.remote(j.job_id, {"event": "running"})
         self._registered = True
 
     def _parallel_cfgs(self) -> dict[str, list[dict]]:
@@ -294,29 +304,23 @@ class ScheduledRuntime:
             hosts = [forced or ("127.0.0.1" if one_host else x["ip"]) for x in where]
             addr = None
             if len(workers) > 1:
-                addr = ray.get(workers[0].reserve_store.remote(self.job.job_id, hosts[0]), timeout=120)
+                addr = ray.get(workers[0].reserve_store.remote(self.key, hosts[0]), timeout=120)
             out[pool] = [{"rank": i, "world_size": len(workers), "peers": [worker_name(n) for n in nodes],
                           "nodes": list(nodes), "addr": addr, "host": hosts[i]} for i in range(len(workers))]
         return out
 
-    def run(self, phase: str, args: tuple, kwargs: dict) -> Any:
-        """acquire -> worker.run (which releases the permit) -> the phase's result.
-
-        Raises the phase's own exception, PhaseFailed when the permit cannot be granted or the
-        worker died.
-        """
+    def _acquire(self, phase: str) -> dict:
+        """The controller's permit for ``phase`` (follows a move once; waits for a restarting
+        controller). Raises PhaseFailed when it cannot be granted."""
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
-        self._register()
         j = self.job
-        grant = None
         rehomed = False
         for attempt in range(CONTROLLER_RETRIES):  # bounded: a restarting controller comes back
             try:
-                grant = ray.get(self.controller.acquire.remote(j.job_id, phase, iteration=j.iteration,
-                                                              has_sync="sync" in j._phases))
-                break
+                return ray.get(self.controller.acquire.remote(j.job_id, phase, iteration=j.iteration,
+                                                             has_sync="sync" in j._phases))
             except RayTaskError as e:
                 err = _unwrap(e)
                 if isinstance(err, PermitError) and not rehomed and self._rehome():
@@ -324,21 +328,108 @@ class ScheduledRuntime:
                     continue
                 raise PhaseFailed(str(err)) from None
             except RayActorError:
+                # the controller is gone: the job moved and its old group's controller exited
+                # (follow the record), or it is restarting (ask again)
+                if not rehomed and self._rehome():
+                    rehomed = True
+                    continue
                 if attempt == CONTROLLER_RETRIES - 1:
                     raise PhaseFailed(f"job {j.job_id!r}: the group controller is unavailable") from None
                 time.sleep(1.0)
-        j._emit({"event": "granted", "job_id": j.job_id, "phase": phase, "iteration": grant["iteration"],
-                 "nodes": grant["nodes"], "waited_s": grant["waited_s"]})
-        worker = self.rollout_worker if pool_of_phase(phase) == "rollout" else self.train_worker
-        try:
-            out = ray.get(worker.run.remote(j.job_id, phase, args, kwargs, grant))
-        except RayTaskError as e:
-            raise _unwrap(e) from None
-        except RayActorError as e:
-            self.controller.release.remote(j.job_id, phase, {"ok": False, "error": f"worker died: {e}"})
-            raise PhaseFailed(f"job {j.job_id!r}: worker died during {phase}: {e}") from None
+        raise PhaseFailed(f"job {j.job_id!r}: the group controller is unavailable")  # pragma: no cover
+
+    def _wait_workers(self, deadline: float) -> None:
+        """Until every worker of the job answers (Ray restarts a lost one: ``max_restarts=-1``).
+        Raises PhaseFailed naming the node whose worker did not come back."""
+        import ray
+
+        for node, w in zip(self.rollout_nodes + self.train_nodes, self.rollout_workers + self.train_workers):
+            while True:
+                try:
+                    ray.get(w.where.remote(), timeout=max(1.0, min(10.0, deadline - time.monotonic())))
+                    break
+                except Exception as e:
+                    if time.monotonic() > deadline:
+                        raise PhaseFailed(f"worker on {node} was lost and did not come back within "
+                                          f"{WORKER_RESTART_S:.0f} s ({type(e).__name__}); the job's committed "
+                                          "state is kept on disk but the job cannot go on without that node") from None
+                    time.sleep(0.5)
+
+    def _recover(self, phase: str, reason: str) -> str:
+        """A worker of the job was lost during ``phase``: wait for Ray to restart it, re-host the
+        job on every one of its workers from its last commits and withdraw the interrupted
+        permit. Returns the controller's answer (``"aborted"`` / ``"none"``: redo the phase;
+        ``"done"``: it was released before the loss, replay its committed result)."""
+        import ray
+
+        t0 = time.monotonic()
+        self._wait_workers(t0 + WORKER_RESTART_S)
+        self._registered = False
+        self._register(recover=True)
+        status = "none"
+        for attempt in range(CONTROLLER_RETRIES):
+            try:
+                status = ray.get(self.controller.abort_phase.remote(self.job.job_id, phase, reason))
+                break
+            except Exception as e:
+                if isinstance(_unwrap(e), PermitError) or attempt == CONTROLLER_RETRIES - 1:
+                    raise PhaseFailed(f"{reason}; the job could not resume: {_unwrap(e)}") from None
+                time.sleep(1.0)
+        self.recoveries.append({"phase": phase, "iteration": self.job.iteration, "reason": reason,
+                                "controller": status, "recovery_s": time.monotonic() - t0})
+        self.job._emit({"event": "recovered", "job_id": self.job.job_id, "phase": phase, **self.recoveries[-1]})
+        log.warning("job %s: %s; re-hosted from its last commit (%s) in %.1f s", self.job.job_id, reason, status,
+                    time.monotonic() - t0)
+        return status
+
+    def run(self, phase: str, args: tuple, kwargs: dict) -> Any:
+        """acquire -> worker.run (which releases the permit) -> the phase's result.
+
+        A lost worker (it died, or restarted without the job) does not fail the job: the job is
+        re-hosted from its last commit on every one of its workers and the phase is redone from
+        its start (:meth:`_recover`; at most ``WORKER_RECOVERIES`` times per phase), so the
+        iteration either completes or is redone, never half-applied.
+
+        Raises the phase's own exception, PhaseFailed when the permit cannot be granted or a
+        lost worker's job cannot be recovered (saying which worker and why).
+        """
+        import ray
+        from ray.exceptions import RayActorError, RayTaskError
+
+        self._register()
+        j = self.job
+        pool = pool_of_phase(phase)
+        leader_node = (self.rollout_nodes if pool == "rollout" else self.train_nodes)[0]
+        seq = self._seq[pool] + 1
+        replay = False
+        for attempt in range(WORKER_RECOVERIES + 1):
+            grant = {"job_id": j.job_id, "phase": phase, "iteration": j.iteration, "nodes": [],
+                     "waited_s": 0.0} if replay else self._acquire(phase)
+            if not replay:
+                j._emit({"event": "granted", "job_id": j.job_id, "phase": phase, "iteration": grant["iteration"],
+                         "nodes": grant["nodes"], "waited_s": grant["waited_s"]})
+            worker = self.rollout_worker if pool == "rollout" else self.train_worker
+            try:
+                out = ray.get(worker.run.remote(self.key, phase, args, kwargs,
+                                                {**grant, "pool_seq": seq, "replay": replay}))
+                break
+            except RayTaskError as e:
+                err = _unwrap(e)
+                if not isinstance(err, (WorkerLost, JobNotHosted)) or "cannot be recovered" in str(err):
+                    raise err from None
+                reason = f"worker on {leader_node} was lost during {phase}" if isinstance(err, JobNotHosted) else str(err)
+            except RayActorError as e:
+                reason = f"worker on {leader_node} was lost during {phase} ({type(e).__name__})"
+            if not j.durable:
+                raise PhaseFailed(f"{reason}; the job keeps no committed state (durable=False), so its state "
+                                  "went with the worker") from None
+            if attempt == WORKER_RECOVERIES:
+                raise PhaseFailed(f"{reason}; gave up after {WORKER_RECOVERIES} recoveries in one phase") from None
+            replay = self._recover(phase, reason) == "done"
+        self._seq[pool] = seq
+        # granted_at -> start: the phase's dispatch; waited_s: how long the driver waited for the permit
         rec = dict(out["record"], job_id=j.job_id, phase=phase, pool=pool_of_phase(phase),
-                   granted_at=grant.get("granted_at"))  # grant -> start: the dispatch of the phase
+                   granted_at=grant.get("granted_at"), waited_s=grant.get("waited_s"))
         self.timeline.append(rec)
         if phase == "sync":
             return None
@@ -361,7 +452,7 @@ class ScheduledRuntime:
         except Exception as e:  # the scheduler restarts: it will see the departure from the controller
             log.warning("could not report %s of %s: %s", "finish" if ok else "failure", self.job.job_id, e)
         try:  # waited for: the job's control plane (process groups, engines) is gone when this returns
-            ray.get([w.unregister_job.remote(self.job.job_id) for w in self.rollout_workers + self.train_workers],
+            ray.get([w.unregister_job.remote(self.key) for w in self.rollout_workers + self.train_workers],
                     timeout=60)
         except Exception as e:
             log.warning("could not unregister %s from its workers: %s", self.job.job_id, e)

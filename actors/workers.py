@@ -48,6 +48,20 @@ from rollmux.phase_state import (  # noqa: F401  (restore_state re-exported)
 )
 
 SYNC_TIMEOUT_S = 120.0
+KEEP_COMMITS = 3  # committed phase states kept per job, pool and rank (a redo needs the one before the last)
+
+
+class JobNotHosted(KeyError):
+    """The job is not hosted on this worker (never registered here, ended, or the worker
+    restarted and lost it: the driver then re-registers the job and redoes the phase)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else "job not hosted"
+
+
+class WorkerLost(RuntimeError):
+    """A phase was interrupted because one of the job's workers was lost (died, or restarted
+    without the job's state). The driver redoes the phase from the job's last committed state."""
 PROGRESS_BUCKETS = 20  # progress is forwarded to the controller at most once per 1/20 of the responses
 
 
@@ -66,11 +80,34 @@ def pin_to_cpus(node: str) -> Optional[list[int]]:
     return sorted(os.sched_getaffinity(0))
 
 
+def _commit_path(prefix: str, seq: int) -> Path:
+    return Path(f"{prefix}.commit{seq}.pt")
+
+
+def _weights_path(prefix: str) -> Path:
+    return Path(f"{prefix}.weights.pt")
+
+
+def _commit_files(prefix: str) -> list[Path]:
+    """The job's commit and weights files (and leftovers of interrupted writes) under ``prefix``."""
+    p = Path(prefix)
+    if not p.parent.is_dir():
+        return []
+    return [f for f in p.parent.iterdir() if f.name.startswith(p.name + ".commit") or f.name.startswith(p.name + ".weights")]
+
+
+def _commit_seq(path: Path) -> Optional[int]:
+    """The phase number of a commit file (None for the weights file or a temp file)."""
+    tail = path.name.rsplit(".commit", 1)[-1]
+    return int(tail[:-3]) if tail.endswith(".pt") and tail[:-3].isdigit() else None
+
+
 class _Hosted:
     """One job hosted on this worker."""
 
     def __init__(self, job_id: str, cfg: dict):
-        self.job_id = job_id
+        self.job_id = job_id  # the hosting key (:func:`actors.naming.hosted_key`: job id @ scheduler)
+        self.real_id: str = cfg.get("job_id") or job_id  # the job id the controller knows
         self.builder: Callable[[], dict] = cfg["builder"]
         self.phases: dict[str, Callable] = cfg.get("phases", {})
         self.apply: Optional[Callable] = cfg.get("apply")
@@ -89,7 +126,10 @@ class _Hosted:
         self.sync_backend: str = cfg.get("sync_backend") or "auto"  # asked: auto | nccl | gloo | object_store
         self.endpoint: Any = None  # collectives endpoint (control plane, alive across phases)
         self.plan: Any = None
-        self.sync_gen = 0  # generation of the job's sync endpoints (the leader's count of (re)builds)
+        # generation of the job's sync endpoints: the leader counts its (re)builds from the time it
+        # started hosting the job, so a leader re-hosted after a lost worker never reuses a number
+        # that a surviving rank's old endpoint carries
+        self.sync_gen = time.time_ns() // 1_000_000
         self.endpoint_gen = -1  # generation of this worker's endpoint
         self.sync_used: Optional[str] = None  # transport of the current endpoints: nccl | gloo
         self.sync_note: Optional[str] = None  # why that transport (or why the object store)
@@ -109,6 +149,14 @@ class _Hosted:
         self.group: Any = None  # job's gloo process group over its workers of this pool, control plane
         self.ctx_lock = threading.Lock()
         self.endpoint_ready = threading.Event()
+        # durable commits (a worker may die): after every phase, the state the phase left (and its
+        # result) is written next to the cold-start file; a phase redone after a lost worker starts
+        # from the commit before it. ``seq``: how many of the job's phases of this pool the state
+        # in memory holds (None: nothing in memory, e.g. just re-registered on a restarted worker)
+        self.durable: bool = bool(cfg.get("durable", True))
+        self.seq: Optional[int] = None
+        self.commit_prefix: str = str(self.ckpt)[: -len(".pt")] + (f"-rank{self.rank}" if self.world_size > 1 else "")
+        self.weights_after: Optional[int] = None  # the rollout commit the pending weights follow
 
 
 class _PoolWorker:
@@ -131,10 +179,17 @@ class _PoolWorker:
     def _hosted(self, job_id: str) -> _Hosted:
         h = self.jobs.get(job_id)
         if h is None:
-            raise KeyError(f"job {job_id!r} is not hosted on {worker_name(self.node)}")
+            raise JobNotHosted(f"job {job_id!r} is not hosted on {worker_name(self.node)}")
         return h
 
-    def register_job(self, job_id: str, cfg: dict | bytes, moved: Optional[dict] = None) -> bool:
+    def hosts(self, job_id: str, admission: Optional[str] = None) -> bool:
+        """Whether this worker hosts ``job_id`` (of that admission, when given): False after the
+        worker restarted (its hosted state is gone)."""
+        h = self.jobs.get(job_id)
+        return h is not None and (admission is None or h.admission in (None, admission))
+
+    def register_job(self, job_id: str, cfg: dict | bytes, moved: Optional[dict] = None,
+                     recover: bool = False) -> bool:
         """Host ``job_id`` (builder, phase functions, switch mode, controller name). Idempotent
         for the same admission; a registration carrying another admission token (``cfg
         ["admission"]``: the job id was admitted again, e.g. after its driver was killed) first
@@ -146,6 +201,9 @@ class _PoolWorker:
         ``moved``: the :meth:`export_job` payload of the node the job moved from; the job's first
         phase here then starts from it (builder() + :func:`restore_state`, switch kind
         ``"moved"``) and its pending weights are applied at its next rollout.
+        ``recover``: one of the job's workers was lost; whatever this worker still holds of the
+        job is dropped (its committed files are kept) and the job's next phase here starts from
+        its last commit (switch kind ``"recovered"``).
         """
         with self._lock:
             if isinstance(cfg, bytes):
@@ -153,7 +211,12 @@ class _PoolWorker:
 
                 cfg = cloudpickle.loads(cfg)
             old = self.jobs.get(job_id)
-            if old is not None:
+            if old is not None and recover and old.admission == cfg.get("admission"):
+                keep = self._stores.get(job_id) if job_id in self._reserved else None
+                self.unregister_job(job_id, keep_files=True)
+                if keep is not None:
+                    self._stores[job_id] = keep
+            elif old is not None:
                 if not cfg.get("admission") or old.admission == cfg.get("admission"):
                     return False
                 # a previous admission of this id: its state is not this run's (a rendezvous store
@@ -248,14 +311,15 @@ class _PoolWorker:
                 ckpt = h.ckpt.read_bytes()
             out = {"job_id": job_id, "node": self.node, "pool": self.pool, "ref": ref, "ckpt": ckpt,
                    "pending_weights": h.pending_weights, "bytes": None if ckpt is None else len(ckpt)}
-        self.unregister_job(job_id)
+        self.unregister_job(job_id, keep_files=True)  # the job's commits (shared path) stay its own
         return out
 
-    def unregister_job(self, job_id: str, admission: Optional[str] = None) -> bool:
+    def unregister_job(self, job_id: str, admission: Optional[str] = None, keep_files: bool = False) -> bool:
         """Drop a job's state (departure / failure / eviction): its object-store state is freed,
         its pending weights dropped, its sync endpoint closed and its cold-start checkpoint file
-        on this node deleted. ``admission``: only when the hosted run is that admission (a late
-        release of an earlier run never drops a re-admitted one). False if nothing was dropped."""
+        and committed phase states on this node deleted (the commits are kept with
+        ``keep_files``: a move or a recovery continues from them). ``admission``: only when the hosted run is that admission (a late release of
+        an earlier run never drops a re-admitted one). False if nothing was dropped."""
         h = self.jobs.get(job_id)
         if h is None or (admission is not None and h.admission is not None and h.admission != admission):
             return False
@@ -277,11 +341,18 @@ class _PoolWorker:
                 pass
         h.group = h.store = None
         h.ckpt.unlink(missing_ok=True)
+        if not keep_files:
+            for f in _commit_files(h.commit_prefix):
+                f.unlink(missing_ok=True)
         return True
 
     def hosted(self) -> dict:
-        return {j: {"stored": h.ref is not None, "resident": sorted(h.resident), "switches": list(h.switches),
-                    "pending_weights": h.pending_weights is not None} for j, h in self.jobs.items()}
+        """Hosted jobs by hosting key (``job_id`` or ``job_id@scheduler``, see
+        :func:`actors.naming.hosted_key`): ``job_id``, whether state is stored, resident values,
+        switches, pending weights."""
+        return {j: {"job_id": h.real_id, "stored": h.ref is not None, "resident": sorted(h.resident),
+                    "switches": list(h.switches), "pending_weights": h.pending_weights is not None}
+                for j, h in self.jobs.items()}
 
     def where(self) -> dict:
         """Placement check: this actor's Ray node id, RollMux node id, pool, pid, torch threads."""
@@ -293,12 +364,22 @@ class _PoolWorker:
                 "pid": os.getpid(), "torch_threads": torch.get_num_threads(), "cpus": self.cpus}
 
     # ---- warm / cold start
-    def _materialise(self, h: _Hosted) -> tuple[dict, str, float]:
+    def _materialise(self, h: _Hosted, seq: Optional[int] = None) -> tuple[dict, str, float]:
+        """The job's live state at the start of its pool's phase number ``seq`` (1-based; None:
+        an old driver without numbering). Warm: the stored state; cold: builder + cold-start file;
+        moved: builder + the carried state; recovered (the state in memory is not the one this
+        phase starts from, e.g. the worker restarted): builder + the commit of phase ``seq - 1``.
+        Raises WorkerLost when that commit is missing (the state cannot be recovered)."""
         import ray
         import torch
 
         t0 = time.perf_counter()
-        if h.moved is None and h.ref is not None and h.switch == "warm":
+        recovering = (seq is not None and h.moved is None and h.durable and h.seq != seq - 1
+                      and (seq > 1 or h.seq is not None))
+        if recovering:
+            state = self._recover(h, seq)
+            kind = "recovered"
+        elif h.moved is None and h.ref is not None and h.switch == "warm":
             state, kind = dict(ray.get(h.ref)), "warm"
         else:  # cold start, or the first phase after a move: builder + the saved / carried state
             with parallel_scope(self._parallel(h)):
@@ -348,7 +429,9 @@ class _PoolWorker:
         state_resume(state)
         return state, kind, time.perf_counter() - t0
 
-    def _offload(self, h: _Hosted, state: dict) -> float:
+    def _offload(self, h: _Hosted, state: dict) -> tuple[float, dict]:
+        """Suspend and store the state (warm: object store; cold: the cold-start file).
+        Returns (seconds, the storable part)."""
         import ray
         import torch
 
@@ -363,7 +446,120 @@ class _PoolWorker:
             torch.save(storable, tmp)
             os.replace(tmp, h.ckpt)
             h.ref = None
+        return time.perf_counter() - t0, storable
+
+    # ---- durable commits (a lost worker's jobs resume from them)
+    def _commit(self, h: _Hosted, seq: int, phase: str, storable: dict, result: Any) -> float:
+        """Write the state phase ``seq`` left and its result to ``<prefix>.commit<seq>.pt``
+        (atomic: temp file + rename), before the permit is released and the result returned, so
+        a phase the driver saw finish is always committed. A sync leaves the training state as
+        it was: its commit refers to the previous one instead of copying it. Keeps the last
+        :data:`KEEP_COMMITS` commits. Returns seconds."""
+        import torch
+        from ray import cloudpickle
+
+        t0 = time.perf_counter()
+        body: dict = {"rollmux_commit": 1, "seq": seq, "phase": phase, "result": result, "admission": h.admission}
+        if phase == "sync" and seq > 1 and _commit_path(h.commit_prefix, seq - 1).is_file():
+            body["state_of"] = seq - 1
+        else:
+            body["state"] = storable
+            body["resident_state"] = {k: v.state_dict() for k, v in h.resident.items() if hasattr(v, "state_dict")}
+            # resident values whose state cannot be written (no state_dict: e.g. a DeepSpeed or vLLM
+            # engine): a recovery from this commit would silently restart them, so it refuses
+            body["resident_unsaved"] = {k: type(v).__name__ for k, v in h.resident.items()
+                                        if not hasattr(v, "state_dict")}
+        path = _commit_path(h.commit_prefix, seq)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(body, tmp, pickle_module=cloudpickle)
+        os.replace(tmp, path)
+        for f in _commit_files(h.commit_prefix):
+            k = _commit_seq(f)
+            if k is not None and k <= seq - KEEP_COMMITS:
+                f.unlink(missing_ok=True)
         return time.perf_counter() - t0
+
+    def _load_commit(self, h: _Hosted, seq: int) -> dict:
+        import torch
+
+        path = _commit_path(h.commit_prefix, seq)
+        if not path.is_file():
+            raise WorkerLost(f"worker on {self.node} was lost and job {h.job_id!r}'s state after its {self.pool} "
+                             f"phase {seq} was not committed ({path.name} missing): it cannot be recovered")
+        body = torch.load(path, weights_only=False)
+        if "state_of" in body:
+            body = {**self._load_commit(h, int(body["state_of"])), "result": body.get("result")}
+        return body
+
+    def _recover(self, h: _Hosted, seq: int) -> dict:
+        """builder() + the commit of phase ``seq - 1`` (nothing committed before phase 1: the
+        fresh builder state) and, on the rollout side, the synced weights received after that
+        commit (re-applied at this rollout). Returns the live state."""
+        import torch
+
+        with parallel_scope(self._parallel(h)):
+            state = h.builder()
+        if not isinstance(state, dict):
+            raise TypeError(f"job {h.job_id}: the {self.pool} state builder must return a dict")
+        if seq > 1:
+            body = self._load_commit(h, seq - 1)
+            unsaved = body.get("resident_unsaved") or {}
+            if unsaved:
+                raise WorkerLost(f"worker on {self.node} was lost and job {h.real_id!r}'s state cannot be recovered: "
+                                 f"its resident {', '.join(f'{k} ({t})' for k, t in sorted(unsaved.items()))} "
+                                 "keeps state outside the commits (no state_dict)")
+            state = restore_state(state, dict(body["state"]))
+            for k, sd in (body.get("resident_state") or {}).items():
+                if hasattr(state.get(k), "load_state_dict"):
+                    state[k].load_state_dict(sd)
+        for v in h.resident.values():  # nothing of the lost run's control plane is reused
+            close = getattr(v, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception:
+                    pass
+        h.resident = {}
+        wf = _weights_path(h.commit_prefix)
+        if self.pool == "rollout" and wf.is_file():
+            w = torch.load(wf, weights_only=False)
+            if int(w.get("after", -1)) == seq - 1:  # received after that commit: not in it yet
+                h.pending_weights, h.weights_after = {"dict": w["weights"]}, seq - 1
+        return state
+
+    def _keep_weights(self, h: _Hosted, weights: dict) -> None:
+        """Rollout side: write received weights durably (applied at the job's next rollout; a
+        recovery re-applies them when the rollout they precede is redone), tagged with the
+        rollout commit they follow."""
+        import torch
+
+        if not h.durable:
+            return
+        after = h.seq
+        if after is None:  # nothing in memory (recovered, no rollout since): the last commit on disk
+            after = max((k for k in map(_commit_seq, _commit_files(h.commit_prefix)) if k is not None), default=0)
+        h.weights_after = after
+        path = _weights_path(h.commit_prefix)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save({"after": after, "weights": weights}, tmp)
+        os.replace(tmp, path)
+
+    def _peer_lost(self, h: _Hosted) -> Optional[str]:
+        """After a phase failed: the first of the job's other workers (this pool's ranks, and the
+        rollout workers a sync sends to) that is unreachable or no longer hosts the job (it
+        restarted), as ``"<node>"``; None when all of them still host it."""
+        import ray
+
+        names = [n for n in dict.fromkeys([*h.peers, *h.rollout_workers]) if n != worker_name(self.node)]
+        for n in names:
+            try:
+                if not ray.get(get_actor(n).hosts.remote(h.job_id, h.admission), timeout=30):
+                    return n
+            except Exception:
+                return n
+        return None
 
     def _controller(self, h: _Hosted, fresh: bool = False):
         """The job's controller handle: cached per hosted job, looked up by name only the first
@@ -378,7 +574,7 @@ class _PoolWorker:
 
         for attempt in range(2):
             try:
-                ray.get(self._controller(h, fresh=attempt > 0).release.remote(h.job_id, phase, record), timeout=120)
+                ray.get(self._controller(h, fresh=attempt > 0).release.remote(h.real_id, phase, record), timeout=120)
                 record.pop("release_error", None)
                 return
             except (RayActorError, ValueError) as e:  # the controller died: look it up again once
@@ -397,7 +593,7 @@ class _PoolWorker:
             bucket = int(PROGRESS_BUCKETS * event["done"] / event["total"])
             if bucket != last[0]:
                 last[0] = bucket
-                ctrl.progress.remote(h.job_id, event["done"], event["total"])
+                ctrl.progress.remote(h.real_id, event["done"], event["total"])
 
     # ---- phases
     def run(self, job_id: str, phase: str, args: tuple, kwargs: dict, grant: dict, follower: bool = False) -> dict:
@@ -416,7 +612,10 @@ class _PoolWorker:
 
         h = self.jobs.get(job_id)
         if h is None:
-            raise KeyError(f"job {job_id!r} is not hosted on {worker_name(self.node)}")
+            raise JobNotHosted(f"job {job_id!r} is not hosted on {worker_name(self.node)}")
+        seq = grant.get("pool_seq")  # the driver's number of this phase among its pool's phases
+        if grant.get("replay"):  # the phase was released before a worker was lost: its committed result
+            return self._replay(h, job_id, phase, args, kwargs, grant, follower)
         rec: dict = {"node": self.node, "nodes": list(h.nodes or [self.node]), "iteration": grant.get("iteration"),
                      "start": time.time(), "switch": None, "switch_s": None, "ok": False, "error": None}
         result = None
@@ -425,16 +624,16 @@ class _PoolWorker:
         if not follower:
             try:
                 ctrl = self._controller(h)
-                ctrl.phase_started.remote(job_id, phase)
+                ctrl.phase_started.remote(h.real_id, phase)
             except Exception:  # the controller died: look it up again (it restarts with max_restarts=-1)
                 ctrl = self._controller(h, fresh=True)
-                ctrl.phase_started.remote(job_id, phase)
+                ctrl.phase_started.remote(h.real_id, phase)
             if h.world_size > 1:  # SPMD: the other ranks run the same phase now (the permit covers them)
                 if phase == "sync":  # the endpoint generation this sync uses (followers wait for it)
                     grant = dict(grant, sync_gen=self._next_sync_gen(h))
                 peers = [get_actor(n).run.remote(job_id, phase, args, kwargs, grant, True) for n in h.peers[1:]]
         try:
-            state, kind, sw = self._materialise(h)
+            state, kind, sw = self._materialise(h, seq)
             rec.update(switch=kind, switch_s=sw)
             h.switches.append({"phase": phase, "kind": kind, "seconds": sw})
             t1 = time.perf_counter()
@@ -457,12 +656,17 @@ class _PoolWorker:
                     if h.switch == "cold":  # re-applied to a rollout engine rebuilt by the next cold start
                         h.last_weights = pw
                 last = [-1]
-                hook = RuntimeHook(job_id, phase, grant.get("iteration", 0), lambda e: self._emit(h, ctrl, e, last))
+                hook = RuntimeHook(h.real_id, phase, grant.get("iteration", 0), lambda e: self._emit(h, ctrl, e, last))
                 with parallel_scope(ctx):
                     result = call_phase(h.phases[phase], phase, state, tuple(args), dict(kwargs), hook)
             rec["run_s"] = time.perf_counter() - t1
-            rec["offload_s"] = self._offload(h, state)
+            rec["offload_s"], storable = self._offload(h, state)
             del state
+            h.seq = None  # until committed: a redo of this phase starts from the commit before it
+            if h.durable and seq is not None:
+                rec["commit_s"] = self._commit(h, seq, phase, storable, result)
+            del storable
+            h.seq = seq
             if peers:
                 outs = ray.get(peers, timeout=SYNC_TIMEOUT_S * 10)
                 peers = []
@@ -480,11 +684,38 @@ class _PoolWorker:
         except BaseException as e:
             rec["error"] = f"{type(e).__name__}: {e}"
             rec["traceback"] = traceback.format_exc(limit=8)
+            lost = None if isinstance(e, WorkerLost) and "cannot be recovered" in str(e) else \
+                (str(e) if isinstance(e, WorkerLost) else self._peer_lost(h) if h.durable and seq is not None else None)
+            if lost is not None:
+                # a peer died (or restarted without the job): not the job's fault; the driver
+                # re-hosts the job and redoes this phase from its last commit
+                rec["lost"] = True
+                h.seq = None
+                if not isinstance(e, WorkerLost):
+                    raise WorkerLost(f"worker {lost} was lost during {job_id}'s {phase}: {rec['error']}") from e
             raise
         finally:
             rec["end"] = time.time()
             if not follower:
                 self._release(h, phase, rec)
+        return {"result": result, "record": rec}
+
+    def _replay(self, h: _Hosted, job_id: str, phase: str, args: tuple, kwargs: dict, grant: dict,
+                follower: bool) -> dict:
+        """The committed result of phase ``grant["pool_seq"]`` (it finished and was released,
+        but the driver lost the answer with a worker): nothing runs, no permit is released.
+        The leader gathers its ranks' results in rank order, as :meth:`run` does."""
+        import ray
+
+        body = self._load_commit(h, int(grant["pool_seq"]))
+        rec = {"node": self.node, "nodes": list(h.nodes or [self.node]), "iteration": grant.get("iteration"),
+               "start": time.time(), "end": time.time(), "switch": "replayed", "switch_s": 0.0, "ok": True,
+               "error": None, "replayed": True}
+        result = body.get("result")
+        if not follower and h.world_size > 1:
+            outs = ray.get([get_actor(n).run.remote(job_id, phase, args, kwargs, grant, True) for n in h.peers[1:]],
+                           timeout=SYNC_TIMEOUT_S)
+            result = result if phase == "sync" else [result] + [o["result"] for o in outs]
         return {"result": result, "record": rec}
 
     def open_sync_endpoint(self, job_id: str, plan, addr: str, index: int, host: str, backend: str = "gloo",
@@ -556,11 +787,11 @@ class RolloutWorkerImpl(_PoolWorker):
         """Sync receive side: pull the weights object to this node; applied at the next rollout."""
         import ray
 
-        h = self.jobs.get(job_id)
-        if h is None:
-            raise KeyError(f"job {job_id!r} is not hosted on {worker_name(self.node)}")
+        h = self._hosted(job_id)
         t0 = time.perf_counter()
         ray.wait(list(refs), fetch_local=True, timeout=600)
+        if h.durable:
+            self._keep_weights(h, ray.get(refs[0]))
         h.pending_weights = {"ref": list(refs)}
         return {"node": self.node, "fetch_s": time.perf_counter() - t0, "backend": "object_store"}
 
@@ -575,6 +806,7 @@ class RolloutWorkerImpl(_PoolWorker):
         t0 = time.perf_counter()
         template = {m.name: torch.empty(m.shape, dtype=getattr(torch, m.dtype)) for m in h.plan.tensors}
         h.pending_weights = {"dict": ep.receive(template)}
+        self._keep_weights(h, h.pending_weights["dict"])
         st = ep.last_stats
         return {"node": self.node, "fetch_s": time.perf_counter() - t0, "backend": ep.backend,
                 "cross_recv_bytes": getattr(st, "cross_recv_bytes", None),

@@ -302,11 +302,11 @@ class AdmissionDecision:
         built (the hot path of many admissions); ``"full"``
         (default) lists every candidate."""
         if explain == "chosen" and self._chosen is not None:
-            return {**self._to_dict([self._chosen.to_dict()]), "pruned": [], "pruned_groups": len(self._pruned_src),
+            return {**self._to_dict([self._chosen.to_dict()], []), "pruned_groups": len(self._pruned_src),
                     "candidates_listed": "chosen"}
         return self._to_dict([c.to_dict() for c in self.candidates])
 
-    def _to_dict(self, candidates: list[dict]) -> dict:
+    def _to_dict(self, candidates: list[dict], pruned: Optional[list[dict]] = None) -> dict:
         return {
             "job_id": self.job_id,
             "admitted": self.admitted,
@@ -319,7 +319,7 @@ class AdmissionDecision:
             "delta_usd_per_h": self.delta_usd_per_h,
             "predicted_slowdowns": dict(self.predicted_slowdowns),
             "candidates": candidates,
-            "pruned": self.pruned,
+            "pruned": self.pruned if pruned is None else pruned,
             "latency_ms": self.latency_ms,
             "profile": None if self.profile is None else self.profile.model_dump(),
         }

@@ -33,31 +33,31 @@ DEFAULT_MAX_DURATION_S = 3 * 86400.0
 @app.command()
 def simulate(
     trace: Path = typer.Option(None, "--trace", help="Philly CSV or plain arrival_s,duration_s,num_gpus CSV "
-                               "[default: the full Philly trace shipped as data/philly-adaptdl-philly.csv.gz]"),
+                               "\\[default: the full Philly trace shipped as data/philly-adaptdl-philly.csv.gz]"),
     mix: str = typer.Option("mixed", "--mix", help="workload mix: balanced | rollout-heavy | training-heavy | mixed"),
     policies: str = typer.Option(",".join(POLICY_NAMES), "--policies", help="comma-separated policies"),
     jobs: int = typer.Option(DEFAULT_JOBS, "--jobs", min=1, help="jobs replayed (first N of the window)"),
     seed: Optional[int] = typer.Option(None, "--seed", help="seed of the workload draw, of stochastic phase times and of "
-                                       "the random baseline [default: the config's seed]"),
+                                       "the random baseline \\[default: the config's seed]"),
     out: Path = typer.Option(Path("results/sim"), "--out", help="output folder (summary.json, PNG plots)"),
     stochastic: bool = typer.Option(False, "--stochastic", help="long-tailed rollout lengths per iteration (long-tail migration on)"),
     window_start: float = typer.Option(DEFAULT_WINDOW_START_H, "--window-start", min=0, help="window start, hours after the first (filtered) arrival"),
-    window_hours: Optional[float] = typer.Option(None, "--window-hours", help="window length, hours [default: unbounded]"),
+    window_hours: Optional[float] = typer.Option(None, "--window-hours", help="window length, hours \\[default: unbounded]"),
     min_duration_s: float = typer.Option(DEFAULT_MIN_DURATION_S, "--min-duration-s", min=0, help="drop trace jobs shorter than this"),
     max_duration_s: Optional[float] = typer.Option(DEFAULT_MAX_DURATION_S, "--max-duration-s", help="cap trace durations at this"),
     vc: Optional[str] = typer.Option(None, "--vc", help="keep one Philly virtual cluster (cluster column)"),
     slo_min: float = typer.Option(1.0, "--slo-min", help="SLO ~ U(slo-min, slo-max)"),
     slo_max: float = typer.Option(2.0, "--slo-max"),
     config: Path = typer.Option(None, "--config", help="scheduler settings YAML, the file the cluster's GlobalScheduler "
-                                "reads [default: configs/scheduler.yaml]; the flags below override a copy"),
+                                "reads \\[default: configs/scheduler.yaml]; the flags below override a copy"),
     max_group_size: Optional[int] = typer.Option(None, "--max-group-size", min=1, max=16,
-                                                 help="jobs per co-execution group [default: the config's]"),
+                                                 help="jobs per co-execution group \\[default: the config's]"),
     exact_max_jobs: int = typer.Option(16, "--exact-max-jobs", min=1, max=64,
                                        help="the optimum is exact up to this many active jobs (best found beyond)"),
-    cluster_config: Path = typer.Option(None, "--cluster", help="cluster YAML [default: configs/cluster_sim.yaml]"),
+    cluster_config: Path = typer.Option(None, "--cluster", help="cluster YAML \\[default: configs/cluster_sim.yaml]"),
     repack: Optional[bool] = typer.Option(None, "--repack/--no-repack", help="RollMux re-packs small groups after "
                                           "departures and re-optimises each event's neighbourhood (--no-repack: the "
-                                          "paper's admission-only Alg. 1) [default: the config's]"),
+                                          "paper's admission-only Alg. 1) \\[default: the config's]"),
     queue: bool = typer.Option(False, "--queue", help="a bounded --cluster holds jobs that do not fit in the admission "
                                "queue (admitted in order, with backfill, after departures); reports queue waits per policy. "
                                "Scheduler policies only (rollmux, random, most-idle)"),

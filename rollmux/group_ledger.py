@@ -63,6 +63,7 @@ class Member:
     active: bool = False
     heartbeat: Optional[float] = None
     confirmed: bool = False  # this ledger granted it a phase (its queue position is this ledger's own)
+    driver: Optional[str] = None  # the driver's process identity (a Ray job id), if it told
     iterations_done: int = 0
     iter_start: Optional[float] = None
     phase_s: dict[str, float] = field(default_factory=dict)
@@ -196,12 +197,25 @@ class GroupLedger:
             self.rr.set_has_sync(job_id, has_sync)
         return True
 
-    def heartbeat(self, job_id: str) -> bool:
-        """Driver liveness; False when the job is no longer a member."""
+    def heartbeat(self, job_id: str, driver: Optional[str] = None) -> bool:
+        """Driver liveness (``driver``: its process identity, kept for :meth:`late_drivers`);
+        False when the job is no longer a member."""
         if not self.is_member(job_id):
             return False
-        self.members[job_id].heartbeat = self.clock()
+        m = self.members[job_id]
+        m.heartbeat = self.clock()
+        if driver:
+            m.driver = driver
         return True
+
+    def late_drivers(self, late_s: float) -> dict[str, str]:
+        """Queued jobs with no phase running whose driver (of known identity) has not
+        heart-beaten for ``late_s`` seconds: job id -> driver identity. The controller asks the
+        cluster whether those drivers' processes still exist (:meth:`expired` ``dead_drivers``)."""
+        now = self.clock()
+        return {j: m.driver for j in self.rr.job_ids if (m := self.members[j]).driver
+                and not self.grants.get(j, {}).get("started") and m.heartbeat is not None
+                and now - m.heartbeat > late_s}
 
     def remove(self, job_id: str, reason: str = "departed") -> bool:
         """Drop the job from every queue (departure / failure). False if it was not a member.
@@ -242,19 +256,27 @@ class GroupLedger:
         out, self.pending = self.pending, []
         return out
 
-    def expired(self) -> tuple[list[str], list[Effect]]:
+    def expired(self, dead_drivers: frozenset[str] | set[str] = frozenset()) -> tuple[list[str], list[Effect]]:
         """Evict queued jobs whose driver has not heart-beaten for ``lease_s`` while none of their
         phases runs on a worker (a crashed driver must not stall its group-mates); also frees a
-        permit granted to a driver that died before using it. Returns (evicted ids, effects)."""
+        permit granted to a driver that died before using it. ``dead_drivers``: driver
+        identities the cluster says no longer exist (:meth:`late_drivers`): their jobs are
+        evicted now, without waiting for the lease. Returns (evicted ids, effects)."""
         if self.lease_s <= 0:
             return [], []
         now = self.clock()
         out, effects = [], []
         for j in list(self.rr.job_ids):
             m = self.members[j]
-            if self.grants.get(j, {}).get("started") or m.heartbeat is None or now - m.heartbeat <= self.lease_s:
+            if self.grants.get(j, {}).get("started") or m.heartbeat is None:
                 continue  # a phase running on a worker always ends with a release
-            err = f"driver lost: no heartbeat for {now - m.heartbeat:.1f}s (lease {self.lease_s:.1f}s)"
+            if m.driver is not None and m.driver in dead_drivers:
+                err = (f"driver lost: its process exited (Ray driver {m.driver} is dead); "
+                       f"no heartbeat for {now - m.heartbeat:.1f}s")
+            elif now - m.heartbeat <= self.lease_s:
+                continue
+            else:
+                err = f"driver lost: no heartbeat for {now - m.heartbeat:.1f}s (lease {self.lease_s:.1f}s)"
             self.remove(j, f"failed: {err}")
             out.append(j)
             effects.append(_report(j, {"event": "failed", "error": err}))
@@ -311,7 +333,9 @@ class GroupLedger:
 
         A successful phase moves the job on in the queues (at its iteration's end: the iteration
         is accounted, a deferred move takes effect); a failed one removes the job (group-mates
-        continue) and reports the failure. A release without this ledger's grant (e.g. granted
+        continue) and reports the failure, except a phase interrupted by a lost worker (``record
+        ["lost"]``): the job keeps its place and the phase is granted again (redone from its
+        start on the job's last committed state). A release without this ledger's grant (e.g. granted
         before a controller restart) is recorded but changes nothing. Returns (the timeline
         record, effects).
         """
@@ -326,7 +350,12 @@ class GroupLedger:
             self.timeline.append(rec)
         effects = self._account(rec, grant)
         if grant is not None and self.is_queued(job_id):
-            if ok:
+            if not ok and record.get("lost"):  # the worker (or a peer) was lost: redo, not failure
+                try:
+                    self.rr.abort(job_id, phase)
+                except ValueError:
+                    pass
+            elif ok:
                 try:
                     self.rr.on_phase_done(job_id, phase)
                 except ValueError:
@@ -339,6 +368,28 @@ class GroupLedger:
                 self.remove(job_id, f"failed: {record.get('error')}")
                 effects.append(_report(job_id, {"event": "failed", "error": record.get("error"), "phase": phase}))
         return rec, effects
+
+    def abort(self, job_id: str, phase: str, reason: str) -> tuple[str, list[Effect]]:
+        """The driver lost the worker running ``phase`` of ``job_id`` (``reason``: what was lost)
+        and will redo the phase from its start on the job's last committed state.
+
+        Returns (``"aborted"``: the grant was withdrawn, the phase is granted again when ready;
+        ``"done"``: the phase was already released as done (the worker was lost after its
+        release), so it must not run again; ``"none"``: no grant here (e.g. a restarted
+        controller, or the worker already reported the loss): ask for the phase again), effects.
+        Raises PermitError for a job that is not a member (or left)."""
+        if not self.is_member(job_id):
+            raise PermitError(f"group {self.group_id}: job {job_id!r} is not a member: "
+                              f"{self.gone.get(job_id, 'not a member of this group')}")
+        grant = self.grants.get(job_id)
+        if grant is not None and grant["phase"] == phase:
+            rec, effects = self.release(job_id, phase, {"ok": False, "lost": True, "error": reason,
+                                                        "start": grant["granted_at"], "end": self.clock()})
+            return "aborted", effects
+        if grant is None and self.is_queued(job_id) and not self.rr.is_running(job_id) \
+                and self.members[job_id].confirmed and self.rr.next_phase(job_id) != phase:
+            return "done", []
+        return "none", []
 
     def _account(self, rec: dict, grant: Optional[dict]) -> list[Effect]:
         """Per-node occupancy records of the phase (busy / bubble seconds are computed from the

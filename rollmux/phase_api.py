@@ -160,6 +160,10 @@ class Job:
             over gloo; the Ray object store only when those endpoints cannot be built, which the
             sync phase's record says), ``"nccl"`` / ``"gloo"`` (that executor, or the sync fails),
             ``"object_store"`` (the fallback, asked for: every rollout worker pulls a full copy).
+        durable: scheduled mode: commit the state each phase leaves (and its result) to a file
+            in ``checkpoint_dir`` before the phase counts as done, so the job survives the loss
+            of one of its workers (the interrupted phase is redone from the commit before it).
+            False skips the writes; a lost worker then fails the job.
     Raises:
         pydantic.ValidationError: invalid spec. AdmissionRefused: the scheduler refused the job.
         ValueError: unknown ``switch``.
@@ -167,7 +171,7 @@ class Job:
 
     def __init__(self, spec: JobSpec | dict, *, attach: Optional[bool] = None, switch: SwitchKind = "warm",
                  checkpoint_dir: Optional[str] = None, scheduler_name: Optional[str] = None,
-                 job_id: Optional[str] = None, sync_backend: Optional[str] = None):
+                 job_id: Optional[str] = None, sync_backend: Optional[str] = None, durable: bool = True):
         global _CURRENT
         self.spec = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec)
         if switch not in ("warm", "cold"):
@@ -178,6 +182,7 @@ class Job:
             raise ValueError(f"sync_backend must be one of {', '.join(map(repr, SYNC_BACKENDS))}, "
                              f"got {self.sync_backend!r}")
         self.checkpoint_dir = checkpoint_dir or os.environ.get("ROLLMUX_CKPT_DIR")
+        self.durable = bool(durable)
         self.scheduler_name = scheduler_name or os.environ.get("ROLLMUX_SCHEDULER_NAME")
         self.attach_job_id = job_id or os.environ.get("ROLLMUX_JOB_ID") or None
         self._builders: dict[str, Callable[[], dict]] = {}

@@ -305,6 +305,19 @@ class RoundRobinQueues:
             raise ValueError(f"job {job_id!r} has no running, unreleased rollout")
         job.released = True
 
+    def abort(self, job_id: str, phase: str) -> None:
+        """The running ``phase`` of ``job_id`` was interrupted (the worker running it was lost):
+        the job is no longer running and its next phase stays ``phase``, at the same turn, so the
+        phase is granted again (redone from its start) as soon as it is ready. Its nodes' turns
+        already served stay served: the redo does not wait a round.
+
+        Raises ValueError if that phase is not running, KeyError for an unknown job."""
+        job = self._jobs[job_id]
+        if not job.running or job.next_phase != phase:
+            raise ValueError(f"phase {phase!r} of job {job_id!r} is not running (next: {job.next_phase}, running: {job.running})")
+        job.running = False
+        job.released = False
+
     def on_phase_done(self, job_id: str, phase: str, now: Optional[float] = None) -> list[ReadyPhase]:
         """Record that ``phase`` of ``job_id`` finished (``now`` unused by the policy, kept for
         the runtime's logs); returns the phases ready afterwards.

@@ -35,7 +35,7 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
     from rollmux import plots
     from rollmux.config import CONFIG_DIR, ConfigError, load_cluster
     from rollmux.simulator import gantt_records, simulate as run_sim
-    from rollmux.traces import DEFAULT_TRACE, EXTRACT_TRACE, TraceError, TraceWindow, load_trace
+    from rollmux.traces import DEFAULT_TRACE, EXTRACT_TRACE, TraceError, TraceWindow, load_trace, trace_label
     from rollmux.workloads import draw_jobs
 
     console = Console(width=None if sys.stdout.isatty() else 160)
@@ -114,7 +114,7 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
         try:
             res = run_sim(sjobs, cluster, names, stochastic=stochastic, seed=seed, config=sched_cfg, queue=queue,
                           exact_max_jobs=exact_max_jobs, on_event=on_event,
-                          meta={"trace": str(trace), "mix": mix, "window": window.model_dump(), "cluster": cluster.name})
+                          meta={"trace": trace_label(trace), "mix": mix, "window": window.model_dump(), "cluster": cluster.name})
         except (ValueError, RuntimeError) as e:  # e.g. a bounded --cluster refusing a job
             fail(f"--cluster: {e}" if cluster_config else str(e))
             return

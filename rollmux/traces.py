@@ -40,6 +40,24 @@ _PHILLY_COLS = ("timestamp", "duration", "num_gpus")
 _PLAIN_COLS = ("arrival_s", "duration_s", "num_gpus")
 
 
+def trace_label(path: str | Path) -> str:
+    """How a result file names the trace it replayed: the path relative to the repository root for a
+    trace inside the repository (``data/philly-adaptdl-philly.csv.gz``), else the file's name only, so
+    no result records a machine's directory layout.
+
+    Args:
+        path: the trace file as given (absolute or relative to the working directory).
+
+    Returns:
+        A POSIX path relative to the repository root, or the bare file name.
+    """
+    p = Path(path).expanduser().resolve()
+    try:
+        return p.relative_to(REPO_ROOT.resolve()).as_posix()
+    except ValueError:
+        return p.name
+
+
 class TraceError(ValueError):
     """A trace file is missing, has an unknown header, or a row is malformed (message names it)."""
 

@@ -10,11 +10,14 @@ number of stored jobs in ``--stored`` (the scheduler is topped up between them):
 * ``admit_closed``: ``--clients`` clients each posting ``POST /v1/jobs`` (a new job id each) as
   fast as answers come back (closed loop): the saturation throughput;
 * ``admit_paced``: the same clients together offering ``--rate`` admissions/s (each client sends
-  on its own schedule, or at once when late): latency at the goal rate;
+  on its own schedule, or at once when late): latency at the goal rate; ``admit_paced_low``: the
+  same at ``--rate-low`` (50/s, below this host's ceiling): latency when the path is not saturated;
 * ``read_*``: the clients reading ``GET /v1/jobs?limit=20``, ``GET /v1/jobs/{id}`` and
   ``GET /v1/groups?limit=20`` (closed loop), served by the replicas from their snapshot copies;
 * ``serve_ceiling_trivial_app``: the same clients on a FastAPI app answering ``{}`` behind the same
-  Serve proxy (what Serve's HTTP path carries on this host at all);
+  Serve proxy (what Serve's HTTP path carries on this host at all); ``serve_ceiling_actor_hop``:
+  ``POST`` of a job spec to that app, which calls a no-op actor and returns its answer (a write's
+  ceiling: proxy -> replica -> one actor, nothing decided or written);
 * ``read_job_app_in_process``: ``GET /v1/jobs/{id}`` on the API app built in this process (one
   replica's code and snapshot copy, no Serve proxy).
 
@@ -134,16 +137,29 @@ async def run_level(base_url: str, token: str, clients: int, n_requests: int, ti
 
 
 def deploy_ceiling(replicas: int) -> None:
-    """A trivial FastAPI app (``GET /ceiling/x`` -> ``{}``) on the same Serve proxy, same replica
-    count and settings: the most requests/s Serve's HTTP path carries on this host."""
+    """A trivial FastAPI app on the same Serve proxy, same replica count and settings: ``GET
+    /ceiling/x`` -> ``{}`` (the most requests/s Serve's HTTP path carries on this host) and ``POST
+    /ceiling/hop`` -> one call of a no-op actor, its answer returned (what a write's extra hop,
+    replica -> one actor, leaves of it)."""
+    import ray
     from fastapi import FastAPI
     from ray import serve
 
+    @ray.remote(num_cpus=0)
+    class Noop:
+        async def echo(self, body: dict) -> dict:
+            return body
+
+    noop = Noop.options(name="bench-noop", lifetime="detached", get_if_exists=True).remote()
     app = FastAPI()
 
     @app.get("/x")
     async def x() -> dict:
         return {}
+
+    @app.post("/hop")
+    async def hop(body: dict) -> dict:
+        return await ray.get_actor("bench-noop").echo.remote(body)
 
     @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=256,
                       logging_config={"enable_access_log": False})
@@ -169,8 +185,10 @@ async def inprocess_reads(token: str, args, ids: list[str]) -> dict:
 
 
 LEVELS = (("admit_closed", "POST /v1/jobs, closed loop"), ("admit_paced", "POST /v1/jobs, offered 200/s"),
+          ("admit_paced_low", "POST /v1/jobs, offered 50/s"),
           ("read_jobs_page", "GET /v1/jobs?limit=20"), ("read_job", "GET /v1/jobs/{id}"),
           ("read_groups_page", "GET /v1/groups?limit=20"), ("serve_ceiling_trivial_app", "GET of a trivial app (Serve's ceiling)"),
+          ("serve_ceiling_actor_hop", "POST of a trivial app calling a no-op actor (a write's ceiling)"),
           ("read_job_app_in_process", "GET /v1/jobs/{id}, the app in-process (no proxy)"))
 
 
@@ -197,6 +215,8 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--requests", type=int, default=1500, help="requests per level (>= 1,000 for a p99)")
     ap.add_argument("--rate", type=float, default=200.0, help="offered admissions/s of the paced level")
+    ap.add_argument("--rate-low", type=float, default=50.0,
+                    help="offered admissions/s of a second paced level, below the host's ceiling (latency unsaturated)")
     ap.add_argument("--time-cap-s", type=float, default=60.0, help="wall-time bound per level")
     ap.add_argument("--cluster", default=str(CONFIG_DIR / "cluster_sim.yaml"))
     ap.add_argument("--out", default=str(ROOT / "results" / "bench_admission.json"))
@@ -234,8 +254,9 @@ def main() -> None:
             held = ray.get(sched.health.remote(), timeout=120)["jobs"]
             if held >= target:
                 return time.perf_counter() - t0
-            refs = [sched.admit.remote(make_spec(rng, f"pre-{n_pre + i:06d}").model_dump(mode="json"), False, False, "chosen")
-                    for i in range(min(100, target - held))]
+            refs = [sched.admit_batched.remote(make_spec(rng, f"pre-{n_pre + i:06d}").model_dump(mode="json"), False,
+                                               False, "chosen")
+                    for i in range(min(200, target - held))]  # group commit: one write per batch
             n_pre += len(refs)
             ray.get(refs, timeout=600)
 
@@ -268,6 +289,11 @@ def main() -> None:
                 base, token, args.clients, args.requests, args.time_cap_s,
                 lambda i: ("POST", "/v1/jobs", specs[args.requests + i]), rate_per_s=args.rate))
             print("admit_paced", json.dumps(entry["admit_paced"]), flush=True)
+            low = [make_spec(rng, f"bench-{tag}-low-{i:05d}").model_dump(mode="json") for i in range(args.requests)]
+            entry["admit_paced_low"] = asyncio.run(run_level(
+                base, token, args.clients, args.requests, args.time_cap_s,
+                lambda i: ("POST", "/v1/jobs", low[i]), rate_per_s=args.rate_low))
+            print("admit_paced_low", json.dumps(entry["admit_paced_low"]), flush=True)
             for name, req in (("read_jobs_page", lambda i: ("GET", "/v1/jobs?limit=20", None)),
                               ("read_job", lambda i: ("GET", f"/v1/jobs/{ids[i % len(ids)]}", None)),
                               ("read_groups_page", lambda i: ("GET", "/v1/groups?limit=20", None))):
@@ -277,6 +303,10 @@ def main() -> None:
             entry["serve_ceiling_trivial_app"] = asyncio.run(run_level(
                 base, token, args.clients, args.requests, args.time_cap_s, lambda i: ("GET", "/ceiling/x", None)))
             print("serve_ceiling_trivial_app", json.dumps(entry["serve_ceiling_trivial_app"]), flush=True)
+            entry["serve_ceiling_actor_hop"] = asyncio.run(run_level(
+                base, token, args.clients, args.requests, args.time_cap_s,
+                lambda i: ("POST", "/ceiling/hop", specs[i])))
+            print("serve_ceiling_actor_hop", json.dumps(entry["serve_ceiling_actor_hop"]), flush=True)
             # the same reads answered by the API app in this process (one replica's code, no Serve proxy)
             entry["read_job_app_in_process"] = asyncio.run(inprocess_reads(token, args, ids))
             print("read_job_app_in_process", json.dumps(entry["read_job_app_in_process"]), flush=True)
@@ -286,6 +316,7 @@ def main() -> None:
         paced = first["admit_paced"]
         reads = max(first[k]["ok_per_s"] or 0 for k in ("read_jobs_page", "read_job", "read_groups_page"))
         ceiling = first["serve_ceiling_trivial_app"]["ok_per_s"] or 0
+        hop = first["serve_ceiling_actor_hop"]["ok_per_s"] or 0
         verdict = {
             "admissions_per_s_closed_64": first["admit_closed"]["ok_per_s"],
             "admissions_per_s_paced": paced["ok_per_s"], "admission_p99_ms_paced": paced.get("p99_ms"),
@@ -293,8 +324,18 @@ def main() -> None:
             and paced.get("p99_ms") is not None and paced["p99_ms"] < GOALS["admission_p99_ms"],
             "reads_per_s_best": reads, "reads_goal_met": reads >= GOALS["reads_per_s"],
             "serve_trivial_app_per_s": ceiling, "reads_over_serve_ceiling": round(reads / max(1e-9, ceiling), 3),
+            "serve_actor_hop_per_s": hop,
+            "admissions_over_actor_hop_ceiling": round((first["admit_closed"]["ok_per_s"] or 0) / max(1e-9, hop), 3),
+            "admissions_closed_over_ceiling_by_stored_jobs": {
+                r["stored_jobs"]: round((r["admit_closed"]["ok_per_s"] or 0)
+                                        / max(1e-9, r["serve_ceiling_actor_hop"]["ok_per_s"] or 0), 3) for r in runs},
             "reads_per_s_app_in_process": first["read_job_app_in_process"]["ok_per_s"],
             "admissions_closed_ratio_last_over_first": round(flat, 3),
+            "admission_p99_ms_paced_low": first["admit_paced_low"].get("p99_ms"),
+            "admissions_per_s_paced_low": first["admit_paced_low"]["ok_per_s"],
+            "admissions_closed_ratio_last_over_first_vs_ceiling": round(
+                flat * (first["serve_ceiling_actor_hop"]["ok_per_s"] or 0)
+                / max(1e-9, last["serve_ceiling_actor_hop"]["ok_per_s"] or 0), 3),
             "flat_goal_met": flat >= GOALS["flat_ratio_min"],
         }
         out = {

@@ -54,7 +54,7 @@ from rollmux.admission import load_scheduler_config  # noqa: E402
 from rollmux.cli import DEFAULT_MAX_DURATION_S, DEFAULT_MIN_DURATION_S  # noqa: E402
 from rollmux.config import CONFIG_DIR, load_cluster  # noqa: E402
 from rollmux.simulator import simulate  # noqa: E402
-from rollmux.traces import DEFAULT_TRACE, EXTRACT_TRACE, TraceJob, TraceWindow, load_trace  # noqa: E402
+from rollmux.traces import DEFAULT_TRACE, EXTRACT_TRACE, TraceJob, TraceWindow, load_trace, trace_label  # noqa: E402
 from rollmux.workloads import draw_jobs  # noqa: E402
 
 PERIOD_GAP_S = 3600.0
@@ -77,7 +77,7 @@ def repeated_trace(trace: Path, n: int) -> tuple[list[TraceJob], dict]:
                 break
             out.append(TraceJob(len(out), j.arrival_s + c * period, j.duration_s, j.num_gpus, j.cluster))
         c += 1
-    how = {"trace": str(trace), "filtered_jobs": len(base), "window": window.model_dump(), "period_s": period,
+    how = {"trace": trace_label(trace), "filtered_jobs": len(base), "window": window.model_dump(), "period_s": period,
            "copies": c, "method": "the filtered trace repeated back to back, copy c shifted by c x period "
                                  "(period = span of the filtered trace + 1 h); first N jobs"}
     return out, how

@@ -13,6 +13,10 @@ restarts it: ``max_restarts=-1``). Recorded per kill:
 - ``jobs_failed``: jobs whose record ended ``failed`` (with the record's reason);
 - ``jobs_finished_all_iterations``: jobs ``finished`` with ``iterations_done`` equal to the
   iterations asked;
+- ``jobs_bit_identical_to_solo``: jobs whose final trainer weights' SHA-256 equals the same job
+  run solo (plain mode, same iterations) before the kills; ``phases_redone_after_a_lost_worker``:
+  per job, its phase records that started from a commit after a lost worker (``recovered``) or
+  returned a committed result (``replayed``);
 - ``leaked``: what the run left behind after every job ended: job state still hosted on a worker
   (``hosted``), cold-start files of the run's jobs (``cold_start_files``) and live controllers of
   groups that no longer exist (``controllers_of_dissolved_groups``).
@@ -84,7 +88,17 @@ def _probe_unavailable(sched, stop: threading.Event, out: dict) -> None:
     out["s"] = total
 
 
-def one_run(kind: str, sched, sched_name: str, env: dict, paths: dict, n: int, tmp: Path, timeout_s: float) -> dict:
+def solo_digests(paths: dict, n: int) -> dict[str, str]:
+    """SHA-256 of each job's trainer weights after ``n`` iterations run solo (plain mode, in this
+    process): what a run that lost an actor must end with (on-policy: bit-identical)."""
+    from examples.grpo.config import load_job_config
+    from examples.grpo.job import run_job
+
+    return {name: run_job(load_job_config(p, iterations=n), attach=False)["weights_sha256"] for name, p in paths.items()}
+
+
+def one_run(kind: str, sched, sched_name: str, env: dict, paths: dict, n: int, tmp: Path, timeout_s: float,
+            solo: dict[str, str]) -> dict:
     import ray
 
     from actors.naming import NAMESPACE, worker_name
@@ -135,7 +149,7 @@ def one_run(kind: str, sched, sched_name: str, env: dict, paths: dict, n: int, t
             h = ray.get(ray.get_actor(worker_name(node), namespace=NAMESPACE).hosted.remote(), timeout=30)
         except Exception:
             continue
-        mine = sorted(j for j in h if j in ids.values())
+        mine = sorted(v.get("job_id", j) for j, v in h.items() if v.get("job_id", j) in ids.values())
         if mine:
             hosted[node] = mine
     files = sorted(str(p.name) for p in (tmp / "ckpt").glob("*") if any(j in p.name for j in ids.values())) \
@@ -147,7 +161,18 @@ def one_run(kind: str, sched, sched_name: str, env: dict, paths: dict, n: int, t
         name = a["name"] if isinstance(a, dict) else a
         if any(name == f"{sched_name}-{g}" for g in ended_groups):
             ctrls.append(name)
+    recovered, identical = {}, []
+    for name, jid in ids.items():
+        try:
+            res = json.loads((tmp / f"{kind}-{name}.json").read_text())
+        except (OSError, ValueError):
+            continue
+        recovered[jid] = sum(1 for r in res.get("timeline") or [] if r.get("switch") in ("recovered", "replayed"))
+        if res.get("ok") and res.get("weights_sha256") == solo[name]:
+            identical.append(jid)
     return {"killed": kind, "actor": target, "job_ids": sorted(ids.values()), "iterations": n,
+            "phases_redone_after_a_lost_worker": recovered,
+            "jobs_bit_identical_to_solo": len(identical),
             "api_unavailable_s": round(unavailable.get("s", 0.0), 3),
             "jobs_failed": len(failed), "failed": failed,
             "jobs_finished_all_iterations": len(done),
@@ -174,6 +199,7 @@ def main(argv=None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="rollmux-chaos-"))
     paths = {name: Path(args.jobs_dir) / f"{name}.yaml" for name in JOBS}
     spec = load_cluster(args.cluster)
+    solo = solo_digests(paths, n)
     lc = start_local_cluster(spec, head_cpus=2, node_cpus=1, object_store_mb=128)
     rows = []
     try:
@@ -186,7 +212,7 @@ def main(argv=None) -> int:
                "ROLLMUX_CKPT_DIR": str(tmp / "ckpt"), "PYTHONPATH": str(ROOT)}
         for kind in kinds:
             con.print(f"run with a {kind} kill ({len(JOBS)} jobs x {n} iterations)")
-            rows.append(one_run(kind, sched, sched_name, env, paths, n, tmp, args.timeout_s))
+            rows.append(one_run(kind, sched, sched_name, env, paths, n, tmp, args.timeout_s, solo))
     finally:
         lc.shutdown()
     out = {"iterations_per_job": n, "jobs": list(JOBS), "cluster": Path(args.cluster).name,
@@ -194,11 +220,13 @@ def main(argv=None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     t = Table(title=f"chaos run: {len(JOBS)} GRPO jobs x {n} iterations per kill")
-    for c in ("killed", "actor", "API unavailable s", "jobs failed", "finished all iterations", "leaked"):
+    for c in ("killed", "actor", "API unavailable s", "jobs failed", "finished all iterations",
+              "bit-identical to solo", "phases redone", "leaked"):
         t.add_column(c)
     for r in rows:
         t.add_row(r["killed"], r["actor"], f"{r['api_unavailable_s']:.2f}", str(r["jobs_failed"]),
-                  f"{r['jobs_finished_all_iterations']}/{len(JOBS)}", str(r["leaked"]["total"]))
+                  f"{r['jobs_finished_all_iterations']}/{len(JOBS)}", f"{r['jobs_bit_identical_to_solo']}/{len(JOBS)}",
+                  str(sum(r["phases_redone_after_a_lost_worker"].values())), str(r["leaked"]["total"]))
     con.print(t)
     con.print(f"wrote {args.out}")
     return 0

@@ -8,8 +8,8 @@ Submit to a RollMux cluster (the job registers itself with the GlobalScheduler):
         -- python scripts/grpo_job.py --config configs/jobs/grpo_balanced.yaml
 
 Writes a JSON result (``--out``): per-iteration metrics, ``final_reward``, ``weights_sha256``,
-``timeline`` (this job's phase records), ``mode`` (plain | scheduled). Exit code 1 with a one-line
-message on bad input or a failed job (no traceback).
+``timeline`` (this job's phase records), ``mode`` (plain | scheduled). A one-line message (no traceback) and
+exit code 2 on bad input (a missing or invalid job file), 1 on a failed job.
 """
 
 from __future__ import annotations

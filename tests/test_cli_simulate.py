@@ -34,6 +34,8 @@ def test_simulate_writes_summary_and_plots(tmp_path):
     assert s["policies"]["optimal"]["cost_vs_optimal"] == 1.0
     assert s["policies"]["colocated"]["peak_rollout_gpus"] == 0
     assert s["meta"]["jobs"] == 12 and s["meta"]["mix"] == "mixed"
+    # given as an absolute path, the trace is recorded relative to the repository (no machine's layout)
+    assert s["meta"]["trace"] == "data/philly_extract.csv"
     ratios = s["rollmux_cost_ratios"]
     assert ratios["solo-d_over_rollmux"]["paper"] == 1.84 and ratios["colocated_over_rollmux"]["paper"] == 1.38
     assert (out / "cost_over_time.png").stat().st_size > 1000
@@ -88,3 +90,17 @@ def test_simulate_input_handling(tmp_path):
     assert r.exit_code == 2 and "--slo-min: must be a finite number" in r.stderr
     r = runner.invoke(app, base + ["--trace", str(EXTRACT_TRACE), "--slo-min", "2", "--slo-max", "1.5", "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "--slo-min/--slo-max" in r.stderr
+
+
+def test_simulate_help_shows_every_default():
+    # Help texts stating a default in brackets must survive typer's rich markup (an unescaped
+    # "[default: ...]" is read as a style tag and silently dropped from the help).
+    import rollmux_cli
+
+    r = CliRunner().invoke(rollmux_cli.app, ["simulate", "--help"], env={"COLUMNS": "400"})
+    assert r.exit_code == 0, r.output
+    for text in ("[default: the full Philly trace shipped as data/philly-adaptdl-philly.csv.gz]",
+                 "[default: the config's seed]", "[default: unbounded]", "[default: configs/scheduler.yaml]",
+                 "[default: configs/cluster_sim.yaml]"):
+        assert text in r.output, text
+    assert "\\[" not in r.output

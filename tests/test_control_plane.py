@@ -91,6 +91,29 @@ def test_ledger_lease_evicts_only_silent_drivers_without_a_running_phase():
         g.activate("b")
 
 
+def test_ledger_evicts_a_dead_drivers_job_before_the_lease():
+    """A driver the cluster reports dead (its process exited) is evicted as soon as it is late,
+    not after the whole lease; a late driver still alive, one of unknown identity and one whose
+    phase runs wait for the lease as before."""
+    clk = Clock()
+    g = GroupLedger("group-t", lease_s=30.0, clock=clk)
+    for j in ("dead", "alive", "anon", "busy"):
+        g.add(j, [f"rollout-{j}"], [f"train-{j}"])
+        g.activate(j)
+        g.heartbeat(j, None if j == "anon" else f"drv-{j}")
+    g.try_grant("busy", "rollout", None, clk.t)
+    g.phase_started("busy", "rollout")
+    clk.t += 1.0
+    assert g.late_drivers(4.0) == {}
+    clk.t += 4.0
+    assert g.late_drivers(4.0) == {"dead": "drv-dead", "alive": "drv-alive"}
+    evicted, eff = g.expired({"drv-dead", "drv-busy"})
+    assert evicted == ["dead"] and "its process exited" in eff[0].event["error"]
+    assert eff[0].event["error"].startswith("driver lost")
+    clk.t += 26.0  # the lease: the silent ones go (the running phase keeps "busy")
+    assert sorted(g.expired(set())[0]) == ["alive", "anon"]
+
+
 def test_ledger_moved_job_leaves_at_its_iteration_boundary():
     clk = Clock()
     g = GroupLedger("group-t", lease_s=0, clock=clk)
@@ -105,6 +128,36 @@ def test_ledger_moved_job_leaves_at_its_iteration_boundary():
     assert g.gone == {"a": "moved to group-9"} and g.moving == {}
     with pytest.raises(PermitError, match="moved to another group"):
         g.try_grant("a", "rollout", None, clk.t)
+
+
+def test_ledger_redoes_a_phase_whose_worker_was_lost_without_failing_the_job():
+    """A phase interrupted by a lost worker (the driver's abort, or the worker's release marked
+    ``lost``) is granted again at the same place, is not a failure and reports nothing; a phase
+    already released before the loss answers "done" (not run twice)."""
+    clk = Clock()
+    g = GroupLedger("group-t", lease_s=0, clock=clk)
+    for j in ("a", "b"):
+        g.add(j, ["rollout-0"], ["train-0"])
+        g.activate(j)
+    assert g.try_grant("a", "rollout", None, clk.t) is not None
+    clk.t += 2.0
+    status, eff = g.abort("a", "rollout", "worker on rollout-0 was lost")
+    assert status == "aborted" and [e for e in eff if e.kind == "report"] == []
+    assert g.is_queued("a") and "a" not in g.gone and g.rr.next_phase("a") == "rollout"
+    assert g.try_grant("b", "rollout", None, clk.t) is None  # a's turn is kept: b still waits
+    assert g.try_grant("a", "rollout", None, clk.t) is not None  # the redo
+    _, eff = g.release("a", "rollout", {"ok": False, "lost": True, "error": "peer lost", "node": "rollout-0",
+                                        "start": clk.t, "end": clk.t})
+    assert [e for e in eff if e.kind == "report"] == [] and g.rr.next_phase("a") == "rollout"
+    assert g.timeline[-1]["lost"] and not g.timeline[-1]["ok"]
+    assert g.try_grant("a", "rollout", None, clk.t) is not None
+    g.release("a", "rollout", _rec(g, "rollout-0", clk.t, clk.t + 1))
+    assert g.abort("a", "rollout", "lost after its release")[0] == "done"
+    assert g.abort("a", "train", "no grant yet")[0] == "none"
+    g.release("b", "rollout", {"ok": False, "error": "boom"})  # no grant for b: nothing changes
+    assert g.is_member("b")
+    with pytest.raises(PermitError):
+        g.abort("zz", "rollout", "x")
 
 
 # ---- the planned round-robin order reaches the queues (the order admission's SLO check simulated)
@@ -252,17 +305,54 @@ def test_controller_applies_pushes_in_sequence_and_ignores_stale_ones():
     assert st["gone"] == {"a": "departed"} and st["pending"] == []
 
 
+def test_dissolved_groups_controller_exits_once_its_last_member_left():
+    """A push saying the group is dissolved makes the controller end itself once none of its
+    jobs is queued (a moved job in mid-iteration keeps it alive until its iteration boundary),
+    after the grace; a newer push for a live group cancels the exit."""
+    async def scenario():
+        c = _ctrl(lease_s=0)
+        c.exit_grace_s = 0.05
+        killed = []
+        c._kill_self = lambda: killed.append(c.group_id)
+        m = [{"job_id": "a", "rollout_nodes": ["rollout-0"], "train_nodes": ["train-0"], "slo": 2.0}]
+        await c.sync_members(m, {}, seq=1)
+        await c.attach("a")
+        g = await c.acquire("a", "rollout")  # a is mid-iteration when it moves away
+        await c.sync_members([], {"a": "moved to group-9"}, seq=2, dissolved=True)
+        await asyncio.sleep(0.3)
+        assert killed == [] and c.ledger.is_queued("a")  # waits for a's iteration boundary
+        for ph in ("rollout", "train", "sync"):
+            if ph != "rollout":
+                g = await c.acquire("a", ph)
+            await c.release("a", ph, {"ok": True, "node": g["nodes"][0], "start": 0.0, "end": 0.0})
+        for _ in range(40):
+            if killed:
+                break
+            await asyncio.sleep(0.05)
+        assert killed == ["group-u"] and c.closed
+        # a live group is never ended: a newer push without "dissolved" cancels a pending exit
+        c2 = _ctrl(lease_s=0)
+        c2.exit_grace_s = 0.2
+        c2._kill_self = lambda: killed.append("c2")
+        await c2.sync_members([], {}, seq=1, dissolved=True)
+        await c2.sync_members(m, {}, seq=2)
+        await asyncio.sleep(0.5)
+        return killed
+
+    assert asyncio.run(scenario()) == ["group-u"]
+
+
 def test_controller_watchdog_logs_a_failing_pass_and_goes_on(caplog):
     async def scenario():
         c = _ctrl(lease_s=0.3)
         calls = {"n": 0}
         real = c.ledger.expired
 
-        def flaky():
+        def flaky(*args):
             calls["n"] += 1
             if calls["n"] == 1:
                 raise RuntimeError("boom")
-            return real()
+            return real(*args)
 
         c.ledger.expired = flaky
         await c.add_job("a", ["rollout-0"], ["train-0"])
@@ -294,7 +384,7 @@ class _FakeController:
 
         class _M:
             @staticmethod
-            def remote(members, gone, seq):
+            def remote(members, gone, seq, dissolved=False):
                 outer.log.append(([m["job_id"] for m in members], dict(gone), seq))
                 return _Ref()
 

@@ -152,7 +152,7 @@ def test_scheduler_killed_at_every_checkpoint_write(store, op, compact, tmp_path
         kv = CrashKV(make(k))
         g = scenario(kv)
         if compact:
-            g.store.compact_every = 1  # every write is followed by a compaction (base + deletes)
+            g.store.compact_every, g.store.compact_ratio = 1, 0.0  # every write is followed by a compaction (base + deletes)
         kv.arm(k)
         try:
             OPS[op](g)
@@ -216,7 +216,7 @@ def test_crash_at_departure_write_leaves_no_ghost(tmp_path):
         kv = CrashKV(FileKV(tmp_path / f"g{at}"))
         g = sched(kv)
         g.admit(SPECS["a"]), g.admit(SPECS["b"])
-        g.store.compact_every = 1
+        g.store.compact_every, g.store.compact_ratio = 1, 0.0
         kv.arm(at)
         with pytest.raises(Crash):
             g.depart("a")
@@ -377,7 +377,7 @@ def test_scheduler_killed_at_every_write_gcs_store(ray_cluster, op):
             g.report(j, {"event": "running"})
         g.report("b", {"event": "iteration", "iterations_done": 3, "t_iter_s": 150.0, "t_solo_s": 143.0,
                        "slowdown": 1.05})
-        g.store.compact_every = 1
+        g.store.compact_every, g.store.compact_ratio = 1, 0.0
         kv.arm(k)
         with pytest.raises(Crash):
             OPS[op](g)
@@ -510,7 +510,7 @@ def test_failed_compaction_keeps_the_committed_change():
     g = sched(kv)
     g.kv = g.store.kv = NoBase()
     g.kv._d = kv._d
-    g.store.compact_every = 1
+    g.store.compact_every, g.store.compact_ratio = 1, 0.0
     assert g.admit(SPECS["a"])["admitted"]  # the record is written; the base is not, and that is fine
     assert sched(kv).get_job("a")["state"] == "admitted" and g.get_job("a")["state"] == "admitted"
 
@@ -585,12 +585,46 @@ def test_ended_jobs_state_is_released_on_every_worker(tmp_path):
     assert all("a" not in w.jobs for w in workers.values())
 
 
+def test_two_schedulers_on_one_host_never_see_each_others_job_state(tmp_path):
+    """Workers host a job under its scheduler's key (job id @ scheduler name): the same job id
+    admitted by two schedulers sharing the host's workers is two hosted jobs with their own
+    files; registering or releasing one never touches the other."""
+    from actors.naming import SCHEDULER_NAME, hosted_key
+    from actors.workers import RolloutWorkerImpl
+
+    assert hosted_key("a", None) == hosted_key("a", SCHEDULER_NAME) == "a"
+    k1, k2 = hosted_key("a", "sched-1"), hosted_key("a", "sched-2")
+    assert len({k1, k2, "a"}) == 3
+    w = RolloutWorkerImpl("rollout-0")
+    cfg = {"builder": dict, "controller": "c", "checkpoint_dir": str(tmp_path), "job_id": "a"}
+    assert w.register_job(k1, {**cfg, "admission": "1" * 32}) and w.register_job(k2, {**cfg, "admission": "2" * 32})
+    h1, h2 = w.jobs[k1], w.jobs[k2]
+    h1.ckpt.write_bytes(b"run of sched-1")
+    h2.ckpt.write_bytes(b"run of sched-2")
+    assert h1.ckpt != h2.ckpt and h1.commit_prefix != h2.commit_prefix
+    assert {v["job_id"] for v in w.hosted().values()} == {"a"} and sorted(w.hosted()) == sorted([k1, k2])
+    # sched-1's job ends: its release (its own key and admission) drops only its run
+    g = sched(MemoryKV(), name="sched-1")
+    calls = []
+
+    class Handle:
+        def __getattr__(self, n):
+            return type("M", (), {"remote": staticmethod(lambda *a: calls.append(a) or w.unregister_job(*a))})
+
+    g._releases = [("a", "1" * 32, ["rollout-0"])]
+    g.release_workers_once(lambda name: Handle())
+    assert calls == [(k1, "1" * 32)] and k1 not in w.jobs and w.jobs[k2] is h2
+    assert not h1.ckpt.exists() and h2.ckpt.read_bytes() == b"run of sched-2"
+
+
 @pytest.mark.ray
 def test_driver_killed_with_sigkill_then_readmitted_starts_from_step_1(ray_cluster, local_cluster_spec, tmp_path):
-    """A GRPO driver process killed with SIGKILL mid-run is evicted after the (configured, short)
-    driver lease and its record says failed; the same job id admitted again runs fresh: its
+    """A GRPO driver process killed with SIGKILL mid-run is evicted within seconds (its Ray
+    driver is seen dead; the 30 s driver lease is only the last resort) and its record says failed; the same job id admitted again runs fresh: its
     first training step is 1, not the dead run's next step (the worker dropped the old run's
-    state when the new admission's token registered)."""
+    state when the new admission's token registered). Meanwhile the same job id admitted by a
+    second scheduler on the same host (same workers) runs from step 1 beside it: each is hosted
+    under its own scheduler's key, neither drops nor reads the other's state."""
     import os
     import signal
     import subprocess
@@ -605,10 +639,14 @@ def test_driver_killed_with_sigkill_then_readmitted_starts_from_step_1(ray_clust
     from rollmux.admission import load_scheduler_config
 
     root = Path(__file__).resolve().parent.parent
+    from actors.naming import hosted_key, worker_name
+
     uid = uuid.uuid4().hex[:6]
     name, jid = f"test-kill9-{uid}", f"kill9-{uid}"
     h = get_or_create_scheduler(local_cluster_spec, name=name,
-                                config={**load_scheduler_config().model_dump(), "driver_lease_s": 3.0})
+                                config={**load_scheduler_config().model_dump(), "driver_lease_s": 30.0})
+    name2 = f"test-kill9b-{uid}"
+    h2 = get_or_create_scheduler(local_cluster_spec, name=name2)
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.address, "ROLLMUX_SCHEDULER_NAME": name,
            "ROLLMUX_CKPT_DIR": str(tmp_path / "ckpt"), "PYTHONPATH": str(root)}
 
@@ -619,16 +657,34 @@ def test_driver_killed_with_sigkill_then_readmitted_starts_from_step_1(ray_clust
         return c + (["--out", str(out)] if out else [])
 
     try:
-        p = subprocess.Popen(cmd(50), cwd=str(root), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        p = subprocess.Popen(cmd(500), cwd=str(root), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_until(lambda: (ray.get(h.get_job.remote(jid)) or {}).get("iterations_done", 0) >= 2 or p.poll() is not None,
                        timeout_s=240, interval_s=0.2, what="two iterations of the first run")
             assert p.poll() is None, "the first run ended before it was killed"
+            # the same job id under a second scheduler on the same workers, beside the running one
+            out2 = tmp_path / "other-scheduler.json"
+            p2 = subprocess.Popen(cmd(1, out2), cwd=str(root), env={**env, "ROLLMUX_SCHEDULER_NAME": name2},
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            node = ray.get(h.get_job.remote(jid))["placement"]["rollout_nodes"][0]
+            both = {hosted_key(jid, name), hosted_key(jid, name2)}
+            seen = wait_until(lambda: (lambda k: "both" if both <= k else "ended" if p2.poll() is not None else None)(
+                set(ray.get(ray.get_actor(worker_name(node), namespace="rollmux").hosted.remote()))),
+                timeout_s=240, interval_s=0.1, what="both schedulers' runs hosted")
+            assert seen == "both" and p2.wait(timeout=240) == 0
+            assert [m["step"] for m in json.loads(out2.read_text())["history"]] == [1]
+            before = ray.get(h.get_job.remote(jid))["iterations_done"]
+            wait_until(lambda: ray.get(h.get_job.remote(jid))["iterations_done"] > before, timeout_s=120,
+                       interval_s=0.2, what="the first scheduler's run going on")
+            assert p.poll() is None and ray.get(h.get_job.remote(jid))["state"] == "running"
         finally:
             os.kill(p.pid, signal.SIGKILL)
             p.wait(timeout=30)
+            killed_at = time.monotonic()
         rec = wait_until(lambda: (lambda r: r if r["state"] == "failed" else None)(ray.get(h.get_job.remote(jid))),
                          timeout_s=60, interval_s=0.2, what="the killed driver evicted")
+        # seen dead through the cluster's driver table within seconds, not after the 30 s lease
+        assert time.monotonic() - killed_at < 15.0 and "process exited" in rec["error_detail"], rec
         assert rec["iterations_done"] >= 2 and "driver" in rec["error_detail"]
         out = tmp_path / "again.json"
         r = subprocess.run(cmd(1, out), cwd=str(root), env=env, capture_output=True, text=True, timeout=240)
@@ -638,9 +694,174 @@ def test_driver_killed_with_sigkill_then_readmitted_starts_from_step_1(ray_clust
         again = ray.get(h.get_job.remote(jid))
         assert again["state"] == "finished" and again["iterations_done"] == 1
     finally:
+        for n in (name, name2):
+            for g in ("group-0", "group-1"):
+                try:
+                    ray.kill(ray.get_actor(f"{n}-{g}", namespace="rollmux"), no_restart=True)
+                except ValueError:
+                    pass
+        ray.kill(h, no_restart=True)
+        ray.kill(h2, no_restart=True)
+
+
+def test_lost_worker_resumes_from_the_commit_before_the_interrupted_phase(tmp_path):
+    """Each phase commits the state it left (and its result) before it counts as done; a worker
+    restarted after a loss re-hosts the job and the interrupted phase starts from the commit
+    before it (never from a half-applied state), a phase released before the loss replays its
+    committed result, the rollout side re-applies weights received after its last commit, and a
+    missing commit says in plain words that the state cannot be recovered."""
+    import torch
+
+    from actors.workers import KEEP_COMMITS, RolloutWorkerImpl, TrainWorkerImpl, WorkerLost, _commit_files
+
+    cfg = {"builder": lambda: {"w": torch.zeros(2), "step": 0}, "switch": "cold", "controller": "c",
+           "checkpoint_dir": str(tmp_path), "admission": "token-of-run-1"}
+    w = TrainWorkerImpl("train-0")
+    assert w.register_job("j", cfg)
+    h = w.jobs["j"]
+    for seq, phase in enumerate(["train", "sync", "train", "sync", "train"], 1):
+        s, kind, _ = w._materialise(h, seq)
+        assert kind == "cold"
+        if phase == "train":
+            s["w"] += 1.0
+            s["step"] += 1
+        _, storable = w._offload(h, s)
+        w._commit(h, seq, phase, storable, {"step": s["step"], "phase": phase})
+        h.seq = seq
+    assert sorted(f.name for f in _commit_files(h.commit_prefix)) == \
+        sorted(f"{h.commit_prefix.rsplit('/', 1)[-1]}.commit{k}.pt" for k in range(6 - KEEP_COMMITS, 6))
+
+    def restarted(seq):  # a fresh worker process on the node (Ray restarted it); the driver re-registers
+        w2 = TrainWorkerImpl("train-0")
+        assert w2.register_job("j", cfg, recover=True)
+        return w2, w2.jobs["j"], w2._materialise(w2.jobs["j"], seq)
+
+    _, _, (s, kind, _) = restarted(6)  # lost during phase 6: it starts from commit 5 (3 training steps)
+    assert kind == "recovered" and s["step"] == 3 and torch.equal(s["w"], torch.full((2,), 3.0))
+    w2, h2, (s, kind, _) = restarted(5)  # phase 5 redone (its answer was lost): from commit 4 (a sync)
+    assert kind == "recovered" and s["step"] == 2 and torch.equal(s["w"], torch.full((2,), 2.0))
+    assert w2._load_commit(h2, 5)["result"] == {"step": 3, "phase": "train"}  # replay of a released phase
+    assert w2._load_commit(h2, 4)["result"] == {"step": 2, "phase": "sync"}
+    with pytest.raises(WorkerLost, match="worker on train-0 was lost .* cannot be recovered"):
+        restarted(3)  # commit 2 was pruned
+    # the same worker re-hosting (another worker of the job was lost): its own copy is dropped
+    assert w.register_job("j", cfg, recover=True) and w.jobs["j"] is not h and w.jobs["j"].seq is None
+    assert w.unregister_job("j") and _commit_files(h.commit_prefix) == []
+
+    # rollout side: weights received after commit k are re-applied when rollout k+1 is redone
+    r = RolloutWorkerImpl("rollout-0")
+    rcfg = {**cfg, "builder": lambda: {"w": torch.zeros(2), "version": 0}}
+    r.register_job("j", rcfg)
+    hr = r.jobs["j"]
+    s, _, _ = r._materialise(hr, 1)
+    _, storable = r._offload(hr, s)
+    r._commit(hr, 1, "rollout", storable, {"samples": 1})
+    hr.seq = 1
+    r._keep_weights(hr, {"w": torch.full((2,), 7.0)})
+    r2 = RolloutWorkerImpl("rollout-0")
+    r2.register_job("j", rcfg, recover=True)
+    s, kind, _ = r2._materialise(r2.jobs["j"], 2)
+    assert kind == "recovered" and torch.equal(r2.jobs["j"].pending_weights["dict"]["w"], torch.full((2,), 7.0))
+    r3 = RolloutWorkerImpl("rollout-0")
+    r3.register_job("j", rcfg, recover=True)
+    r3._keep_weights(r3.jobs["j"], {"w": torch.full((2,), 8.0)})  # nothing in memory: follows the last commit
+    s, kind, _ = r3._materialise(r3.jobs["j"], 2)
+    assert torch.equal(r3.jobs["j"].pending_weights["dict"]["w"], torch.full((2,), 8.0))
+    assert r3.unregister_job("j") and _commit_files(hr.commit_prefix) == []
+
+    # a resident engine without state_dict (e.g. DeepSpeed) keeps state outside the commits: a
+    # recovery says so in plain words instead of silently restarting it from its builder
+    class Engine:
+        rollmux_resident = True
+
+    ecfg = {**cfg, "builder": lambda: {"engine": Engine(), "step": 0}, "switch": "warm"}
+    e = TrainWorkerImpl("train-0")
+    e.register_job("j", ecfg)
+    he = e.jobs["j"]
+    from rollmux.phase_state import split_state
+
+    storable, he.resident = split_state({"engine": Engine(), "step": 1})
+    e._commit(he, 1, "train", storable, {})
+    e2 = TrainWorkerImpl("train-0")
+    e2.register_job("j", ecfg, recover=True)
+    with pytest.raises(WorkerLost, match=r"cannot be recovered: its resident engine \(Engine\)"):
+        e2._materialise(e2.jobs["j"], 2)
+    assert e2.unregister_job("j") and _commit_files(he.commit_prefix) == []
+
+
+class _ExitDuringRollout:
+    """Runtime hook: the rollout worker's process exits (as if it crashed) at the first progress
+    event of rollout ``iteration``, once (a marker file remembers it across the restart)."""
+
+    def __init__(self, marker: str, iteration: int):
+        self.marker, self.iteration = marker, iteration
+
+    def __call__(self, event: dict) -> None:
+        import os
+
+        if event.get("event") == "progress" and event.get("iteration") == self.iteration \
+                and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(1)
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(420)
+def test_worker_killed_mid_run_the_job_finishes_bit_identical_to_solo(ray_cluster, local_cluster_spec, tmp_path):
+    """The rollout worker's process dies in the middle of iteration 1's rollout and the training
+    worker is killed between iterations 1 and 2: the job is re-hosted from its last commits each
+    time, the interrupted phases are redone, and it finishes all its iterations with trainer
+    weights bit-identical (SHA-256) to the same job run solo; nothing is left on disk."""
+    import sys
+    import uuid
+
+    import ray
+
+    import rollmux
+    from actors.global_scheduler import get_or_create_scheduler
+    from actors.naming import NAMESPACE, worker_name
+    from examples.grpo.config import ModelConfig, load_job_config
+    from examples.grpo.job import run_job
+    from rollmux.config import CONFIG_DIR
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the hook above, for the worker
+    uid = uuid.uuid4().hex[:6]
+    name, jid = f"test-wkill-{uid}", f"wkill-{uid}"
+    cfg = load_job_config(CONFIG_DIR / "jobs" / "grpo_train_heavy.yaml", iterations=4)
+    cfg = cfg.model_copy(update={
+        "job": cfg.job.model_copy(update={"job_id": jid, "slo": 8.0}),
+        "run": cfg.run.model_copy(update={"max_new_tokens": 12, "min_new_tokens": 6, "num_prompts": 4,
+                                          "group_size": 4, "ppo_epochs": 1, "minibatch_size": 8}),
+        "model": ModelConfig(hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64,
+                             max_position_embeddings=48)})
+    solo = run_job(cfg, attach=False)
+    h = get_or_create_scheduler(local_cluster_spec, name=name)
+    ckpt = tmp_path / "ckpt"
+    killed = []
+
+    def kill_train_worker(m: dict) -> None:
+        if m["iteration"] == 1:  # between iterations 1 and 2
+            node = ray.get(h.get_job.remote(jid))["placement"]["train_nodes"][0]
+            ray.kill(ray.get_actor(worker_name(node), namespace=NAMESPACE), no_restart=False)
+            killed.append(node)
+
+    rollmux.runtime_hook(_ExitDuringRollout(str(tmp_path / "rollout-exited"), 1))
+    try:
+        res = run_job(cfg, attach=True, scheduler_name=name, checkpoint_dir=str(ckpt), on_iteration=kill_train_worker)
+        assert (tmp_path / "rollout-exited").exists() and killed
+        assert [m["step"] for m in res["history"]] == [1, 2, 3, 4]
+        assert res["weights_sha256"] == solo["weights_sha256"]
+        assert [m["reward_mean"] for m in res["history"]] == [m["reward_mean"] for m in solo["history"]]
+        tl = res["timeline"]
+        assert any(r["phase"] == "rollout" and r["iteration"] == 1 and r["switch"] == "recovered" for r in tl), tl
+        assert any(r["phase"] == "train" and r["iteration"] == 2 and r["switch"] == "recovered" for r in tl), tl
+        rec = ray.get(h.get_job.remote(jid))
+        assert rec["state"] == "finished" and rec["iterations_done"] == 4 and not rec.get("error"), rec
+        assert not list(ckpt.glob("*")) if ckpt.exists() else True  # every commit file removed at the end
+    finally:
         for g in ("group-0", "group-1"):
             try:
-                ray.kill(ray.get_actor(f"{name}-{g}", namespace="rollmux"), no_restart=True)
+                ray.kill(ray.get_actor(f"{name}-{g}", namespace=NAMESPACE), no_restart=True)
             except ValueError:
                 pass
         ray.kill(h, no_restart=True)

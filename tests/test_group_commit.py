@@ -147,10 +147,13 @@ def test_dry_runs_are_answered_by_the_replica_from_its_snapshot_copy_like_the_sc
     sim = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
     s = GlobalSchedulerImpl(sim, kv=MemoryKV(), create_controllers=False, metrics_flush_s=0)
     calls: list[str] = []
+    follows: list[bool] = []  # the policy flag of each snapshot_since call
 
     class Client:
         async def call(self, method, *a, retry=True, outcome=None):
             calls.append(method)
+            if method == "snapshot_since":
+                follows.append(bool(a[3:] and a[3]))
             out = getattr(s, method)(*a)
             return _finite(await out if inspect.isawaitable(out) else out)
 
@@ -174,6 +177,8 @@ def test_dry_runs_are_answered_by_the_replica_from_its_snapshot_copy_like_the_sc
                 assert r.status_code == 201
                 live.append(f"j{step}")
             probe = job(f"probe{step}")
+            if step == 0:  # a replica that has answered no dry-run does not follow the policy table
+                assert follows and not any(follows)
             calls.clear()
             r = c.post("/v1/jobs:dry-run", json=probe, headers=AUTH)
             assert "admit_batched" not in calls  # the replica answered
@@ -186,7 +191,44 @@ def test_dry_runs_are_answered_by_the_replica_from_its_snapshot_copy_like_the_sc
             assert v["explanation"]["candidates"] == want["candidates"]
             compared += 1
             seen.add(got["strategy"])
+        assert follows[-1] is True  # since the first dry-run it does
         assert len(s.igs.groups) > 1 and compared == 40 and seen >= {"direct", "isolated"}, seen
         calls.clear()
         again = c.post("/v1/jobs:dry-run", json={**job(live[0]), "job_id": live[0]}, headers=AUTH)
         assert "admit_batched" in calls and again.status_code == 409  # a live id with another spec: the scheduler's duplicate
+
+
+def test_a_replica_sends_concurrent_admissions_in_batches_decided_in_arrival_order():
+    """Concurrent ``POST /v1/jobs`` on one replica reach the scheduler as a few ``admit_many``
+    calls (at most two in flight), each decided one at a time in the batch's order; every
+    request gets its own answer."""
+    import httpx
+
+    sim = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
+    s = GlobalSchedulerImpl(sim, kv=CountingKV(), create_controllers=False, metrics_flush_s=0)
+    batches: list[list[str]] = []
+
+    class Client:
+        async def call(self, method, *a, retry=True, outcome=None):
+            if method == "admit_many":
+                batches.append([c[0]["job_id"] for c in a[0]])
+            await asyncio.sleep(0.01)  # the actor call's round trip: more requests arrive meanwhile
+            out = getattr(s, method)(*a)
+            return _finite(await out if inspect.isawaitable(out) else out)
+
+    app = create_app(AppSettings(token_sha256=_sha256(TOKEN)), client=Client())
+
+    async def run():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as c:
+            rs = await asyncio.gather(*(c.post("/v1/jobs", json={**sp(f"j{i:02d}"), "num_rollout_gpus": 8,
+                                                                  "num_train_gpus": 8}, headers=AUTH)
+                                        for i in range(24)))
+        return rs
+
+    rs = asyncio.run(run())
+    assert [r.status_code for r in rs] == [201] * 24
+    assert [r.json()["job_id"] for r in rs] == [f"j{i:02d}" for i in range(24)]
+    sent = [j for b in batches for j in b]
+    assert sorted(sent) == [f"j{i:02d}" for i in range(24)] and len(batches) < 24 and max(map(len, batches)) > 1
+    # decided in the order sent: the scheduler's records are in admission order
+    assert [j for j in s.jobs] == sent

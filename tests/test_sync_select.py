@@ -117,3 +117,65 @@ def test_job_sync_backend_defaults_to_auto_and_names_the_choices(monkeypatch):
     assert rollmux.Job(toy_spec("sb-c", "small"), attach=False).sync_backend == "object_store"
     with pytest.raises(ValueError, match="sync_backend must be one of 'auto', 'nccl', 'gloo', 'object_store', got 'mpi'"):
         rollmux.Job(toy_spec("sb-d", "small"), attach=False, sync_backend="mpi")
+
+
+def test_auto_falls_back_to_the_object_store_when_the_endpoints_cannot_be_built(monkeypatch):
+    """The sync leader's decision logic, without Ray: ``auto`` whose endpoints cannot be built
+    syncs through the object store, says why in the record's note, and stays there; an explicit
+    ``gloo`` fails instead; ``object_store`` never tries the collectives."""
+    import torch
+
+    from actors import workers as W
+
+    w = W.TrainWorkerImpl("train-0")
+    tried: list = []
+
+    def hosted(backend):
+        return W._Hosted("j", {"builder": dict, "controller": "c", "sync_backend": backend, "pool": "train",
+                               "phases": {"sync": lambda s: {"w": torch.ones(2)}},
+                               "rollout_workers": ["rollmux-worker-rollout-0"]})
+
+    def cannot_build(h, *a):
+        tried.append(h.sync_backend)
+        raise RuntimeError("rendezvous timed out after 120 s")
+
+    monkeypatch.setattr(W, "get_actor", lambda name: object())  # no peer is ever reached here
+    monkeypatch.setattr(w, "_build_endpoints", cannot_build)
+    monkeypatch.setattr(w, "_sync_object_store", lambda h, weights: {"receivers": [], "cross_bytes": 8,
+                                                                   "backend": "object_store"})
+    h = hosted("auto")
+    out = w._sync(h, {})
+    assert out["backend"] == "object_store" and out["cross_bytes"] == 8
+    assert out["note"] == ("collectives sync endpoints could not be built (rendezvous timed out after 120 s); "
+                           "object store used")
+    assert w._sync(h, {})["backend"] == "object_store" and tried == ["auto"]  # not tried again
+    with pytest.raises(RuntimeError, match="rendezvous timed out"):
+        w._sync(hosted("gloo"), {})
+    out = w._sync(hosted("object_store"), {})
+    assert out["note"] == "object_store asked for" and tried == ["auto", "gloo"]
+
+
+def test_a_training_rank_waits_for_its_leaders_word_on_the_sync_generation():
+    """A non-leader training rank waits for the endpoint generation the leader announced; the
+    leader's ``sync_signal`` ends the wait at once: ``abort`` raises naming the reason, and
+    ``object_store`` sends nothing (and keeps the rank on the object store, as the leader)."""
+    import threading as th
+
+    import torch
+
+    from actors import workers as W
+    from rollmux.sync_plan import SyncAbortedError
+
+    w = W.TrainWorkerImpl("train-1")
+    w.jobs["j"] = h = W._Hosted("j", {"builder": dict, "controller": "c", "pool": "train",
+                                       "phases": {"sync": lambda s: {"w": torch.ones(2)}}})
+    th.Timer(0.2, w.sync_signal, args=("j", 3, "abort", "rollout-0: its sync task failed")).start()
+    t0 = time.monotonic()
+    with pytest.raises(SyncAbortedError, match="rollout-0: its sync task failed"):
+        w._sync(h, {}, follower=True, grant={"sync_gen": 3})
+    assert time.monotonic() - t0 < 5.0
+    th.Timer(0.2, w.sync_signal, args=("j", 4, "object_store", "endpoints could not be built")).start()
+    assert w._sync(h, {}, follower=True, grant={"sync_gen": 4}) == {"cross_bytes": 0, "backend": "object_store"}
+    assert h.sync_fallback == "endpoints could not be built"
+    assert w._sync(h, {}, follower=True, grant={"sync_gen": 5})["backend"] == "object_store"  # no wait
+    assert w.sync_signal("not-hosted", 1, "abort", "x") is False

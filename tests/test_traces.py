@@ -108,3 +108,13 @@ def test_bad_inputs_name_the_problem(tmp_path):
         TraceWindow(min_duration_s=100, max_duration_s=10)
     with pytest.raises(ValidationError, match="start_hours"):
         TraceWindow(start_hours=-1)
+
+
+def test_trace_label_is_repository_relative_or_the_bare_name(tmp_path, monkeypatch):
+    from rollmux.traces import DEFAULT_TRACE, trace_label
+
+    assert trace_label(DEFAULT_TRACE) == "data/philly-adaptdl-philly.csv.gz"
+    monkeypatch.chdir(EXTRACT_TRACE.parent)
+    assert trace_label("philly_extract.csv") == "data/philly_extract.csv"
+    outside = tmp_path / "elsewhere" / "my-trace.csv"
+    assert trace_label(outside) == "my-trace.csv"
