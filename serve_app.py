@@ -289,6 +289,8 @@ class SnapshotCache:
         self._policy_groups: dict[str, dict] = {}
         self._policy = None
         self._policy_pending: dict[str, Optional[dict]] = {}
+        self.want_policy = False  # set by the first dry-run: the follower then resyncs with the policy table
+        self.has_policy = False
         self.ready = False
         self._changed = asyncio.Event()
         self._task: Optional[asyncio.Task] = None
@@ -307,8 +309,10 @@ class SnapshotCache:
 
         while True:
             try:
-                d = await self.client.call("snapshot_since", self.epoch, self.version,
-                                           self.LONG_POLL_S if self.ready else 0.0)
+                ask = self.want_policy
+                resync = ask and not self.has_policy  # everything once, the policy table with it
+                d = await self.client.call("snapshot_since", None if resync else self.epoch, self.version,
+                                           self.LONG_POLL_S if self.ready and not resync else 0.0, ask)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # the scheduler restarts: readers fall back, we try again
@@ -320,6 +324,7 @@ class SnapshotCache:
                 self.jobs, self._json, self.groups = {}, {}, {}
                 self.cluster = d.get("cluster")
                 self._policy_groups, self._policy, self._policy_pending = {}, None, {}
+                self.has_policy = ask and "policy" in d
             pol = d.get("policy") or {}
             if pol.get("header") is not None:
                 self._policy_header = pol["header"]
@@ -380,6 +385,25 @@ class SnapshotCache:
             self._policy_pending = {}
         return self._policy
 
+    async def follow_policy(self, timeout_s: float = 2.0) -> bool:
+        """Follow the policy table too (the first dry-run asks): the follower's long poll is
+        restarted as one full read with the table; waits (bounded) until the copy holds it."""
+        if not self.has_policy and not self.want_policy:
+            self.want_policy = True
+            if self._task is not None and not self._task.done():
+                self._task.cancel()  # only ever cancelled while awaiting a reply, never mid-apply
+            self._task = asyncio.get_running_loop().create_task(self._follow())
+        deadline = time.monotonic() + timeout_s
+        while not self.has_policy:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except asyncio.TimeoutError:
+                return False
+        return True
+
     def what_if(self, spec: JobSpec, queue: bool, explain: str) -> Optional[dict]:
         """The dry-run answer from this copy (:func:`rollmux.admission_queue.what_if`, the function
         the scheduler answers its own dry-runs with), with ``snapshot_version``; None when the
@@ -388,6 +412,8 @@ class SnapshotCache:
         from rollmux.admission_queue import what_if
         from rollmux.records import JobState
 
+        if not self.has_policy:
+            return None
         if not self.ready or self.cluster is None or self._policy_header is None:
             return None
         view = self.jobs.get(spec.job_id)
@@ -718,8 +744,8 @@ def create_app(settings: AppSettings, client: Optional[SchedulerClient] = None) 
         t0 = time.perf_counter()
         body = spec.model_dump(mode="json", exclude={"queue"})
         d = None
-        if dry_run and await cache.wait_version(None):  # answered by this replica from its snapshot copy
-            d = cache.what_if(JobSpec.model_validate(body), queue, explain)
+        if dry_run and await cache.wait_version(None) and await cache.follow_policy():
+            d = cache.what_if(JobSpec.model_validate(body), queue, explain)  # this replica's snapshot copy answers
         if d is None:
             with _WriteSlot():
                 if dry_run:  # the copy is not ready, or the id is live: the scheduler answers

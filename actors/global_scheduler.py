@@ -937,13 +937,15 @@ class GlobalSchedulerImpl:
         self._deltas.append({"version": self.version, "full": True})
         self._wake()
 
-    def _full_snapshot(self) -> dict:
-        return {"epoch": self.epoch, "version": self.version, "full": True, "cluster": self.cluster.model_dump(mode="json"),
-                "jobs": {j: self._view(r).public() for j, r in self.jobs.items()},
-                "groups": {g.group_id: self._group_view(g.group_id) for g in self.igs.groups},
-                "queue": self._queue_view(),
-                "policy": {"header": self.igs.snapshot_header(),
-                           "groups": {g.group_id: self.igs.group_snapshot(g.group_id) for g in self.igs.groups}}}
+    def _full_snapshot(self, policy: bool = False) -> dict:
+        out = {"epoch": self.epoch, "version": self.version, "full": True, "cluster": self.cluster.model_dump(mode="json"),
+               "jobs": {j: self._view(r).public() for j, r in self.jobs.items()},
+               "groups": {g.group_id: self._group_view(g.group_id) for g in self.igs.groups},
+               "queue": self._queue_view()}
+        if policy:
+            out["policy"] = {"header": self.igs.snapshot_header(),
+                             "groups": {g.group_id: self.igs.group_snapshot(g.group_id) for g in self.igs.groups}}
+        return out
 
     def _wake(self) -> None:
         """Wake the replicas waiting in :meth:`snapshot_since` (from any thread)."""
@@ -970,11 +972,14 @@ class GlobalSchedulerImpl:
         for f in waiters:  # each on its own event loop (the actor has one)
             f.get_loop().call_soon_threadsafe(done, f)
 
-    async def snapshot_since(self, epoch: Optional[str], version: int, wait_s: float = 5.0) -> dict:
+    async def snapshot_since(self, epoch: Optional[str], version: int, wait_s: float = 5.0,
+                             policy: bool = False) -> dict:
         """The published state changes after ``version`` of ``epoch`` (this actor instance's id):
         ``{epoch, version, full: False, jobs: {id: view | None}, groups: {id: view | None},
         queue: [..] | None}`` (None: gone / unchanged), or everything (``full: True``) when the
-        caller is new, of another instance, or too far behind. Waits up to ``wait_s`` for a new
+        caller is new, of another instance, or too far behind. ``policy``: also the policy
+        table's changes, ``policy: {header, groups: {id: group snapshot | None}}`` (what a
+        replica answering dry-runs follows; only callers that ask pay for it). Waits up to ``wait_s`` for a new
         version when the caller is current (a long poll: the waiting costs the actor nothing).
         Versions count commits: a reply is at most one commit old."""
         self._loop = asyncio.get_running_loop()
@@ -990,16 +995,19 @@ class GlobalSchedulerImpl:
             newer = list(itertools.islice(self._deltas, max(0, version + 1 - first), None))  # versions are consecutive
             if (epoch != self.epoch or version > self.version or any(d.get("full") for d in newer)
                     or (newer and newer[0]["version"] != version + 1)):
-                return self._full_snapshot()
+                return self._full_snapshot(policy)
             out: dict = {"epoch": self.epoch, "version": self.version, "full": False, "jobs": {}, "groups": {},
-                         "queue": None, "policy": {"header": None, "groups": {}}}
+                         "queue": None}
+            if policy:
+                out["policy"] = {"header": None, "groups": {}}
             for d in newer:
                 out["jobs"].update(d["jobs"])
                 out["groups"].update(d["groups"])
                 if d["queue"] is not None:
                     out["queue"] = d["queue"]
-                out["policy"]["header"] = d["policy"]["header"]
-                out["policy"]["groups"].update(d["policy"]["groups"])
+                if policy:
+                    out["policy"]["header"] = d["policy"]["header"]
+                    out["policy"]["groups"].update(d["policy"]["groups"])
             return out
 
     async def admit_batched(self, spec: dict, dry_run: bool = False, queue: bool = False,

@@ -147,10 +147,13 @@ def test_dry_runs_are_answered_by_the_replica_from_its_snapshot_copy_like_the_sc
     sim = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
     s = GlobalSchedulerImpl(sim, kv=MemoryKV(), create_controllers=False, metrics_flush_s=0)
     calls: list[str] = []
+    follows: list[bool] = []  # the policy flag of each snapshot_since call
 
     class Client:
         async def call(self, method, *a, retry=True, outcome=None):
             calls.append(method)
+            if method == "snapshot_since":
+                follows.append(bool(a[3:] and a[3]))
             out = getattr(s, method)(*a)
             return _finite(await out if inspect.isawaitable(out) else out)
 
@@ -174,6 +177,8 @@ def test_dry_runs_are_answered_by_the_replica_from_its_snapshot_copy_like_the_sc
                 assert r.status_code == 201
                 live.append(f"j{step}")
             probe = job(f"probe{step}")
+            if step == 0:  # a replica that has answered no dry-run does not follow the policy table
+                assert follows and not any(follows)
             calls.clear()
             r = c.post("/v1/jobs:dry-run", json=probe, headers=AUTH)
             assert "admit_batched" not in calls  # the replica answered
@@ -186,6 +191,7 @@ def test_dry_runs_are_answered_by_the_replica_from_its_snapshot_copy_like_the_sc
             assert v["explanation"]["candidates"] == want["candidates"]
             compared += 1
             seen.add(got["strategy"])
+        assert follows[-1] is True  # since the first dry-run it does
         assert len(s.igs.groups) > 1 and compared == 40 and seen >= {"direct", "isolated"}, seen
         calls.clear()
         again = c.post("/v1/jobs:dry-run", json={**job(live[0]), "job_id": live[0]}, headers=AUTH)
