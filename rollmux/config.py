@@ -22,6 +22,25 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
 
 
+def repo_label(path: str | Path) -> str:
+    """How a result file names a file it read or wrote: its path relative to the repository root
+    when it lies inside the repository (``data/philly-adaptdl-philly.csv.gz``,
+    ``results/runtime_gantt.png``), else the file's name only, so that no committed result records
+    a machine's directory layout.
+
+    Args:
+        path: absolute, or relative to the working directory.
+
+    Returns:
+        A POSIX path relative to the repository root, or the bare file name.
+    """
+    p = Path(path).expanduser().resolve()
+    try:
+        return p.relative_to(REPO_ROOT.resolve()).as_posix()
+    except ValueError:
+        return p.name
+
+
 class ConfigError(ValueError):
     """A configuration file is missing, not YAML, or fails validation (message names the field)."""
 

@@ -28,7 +28,7 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rollmux.config import REPO_ROOT
+from rollmux.config import REPO_ROOT, repo_label
 
 #: Default trace: the full Philly job log (82,247 jobs), shipped gzip-compressed in ``data/``
 #: (provenance, checksum and licence in ``data/README.md``).
@@ -41,21 +41,9 @@ _PLAIN_COLS = ("arrival_s", "duration_s", "num_gpus")
 
 
 def trace_label(path: str | Path) -> str:
-    """How a result file names the trace it replayed: the path relative to the repository root for a
-    trace inside the repository (``data/philly-adaptdl-philly.csv.gz``), else the file's name only, so
-    no result records a machine's directory layout.
-
-    Args:
-        path: the trace file as given (absolute or relative to the working directory).
-
-    Returns:
-        A POSIX path relative to the repository root, or the bare file name.
-    """
-    p = Path(path).expanduser().resolve()
-    try:
-        return p.relative_to(REPO_ROOT.resolve()).as_posix()
-    except ValueError:
-        return p.name
+    """How a result file names the trace it replayed (:func:`rollmux.config.repo_label`): relative to
+    the repository root for a trace inside it (``data/philly-adaptdl-philly.csv.gz``), else its name."""
+    return repo_label(path)
 
 
 class TraceError(ValueError):

@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     from examples.grpo.config import load_job_config
     from examples.grpo.job import run_job
     from examples.grpo.model import build_model
-    from rollmux.config import CONFIG_DIR, load_cluster
+    from rollmux.config import CONFIG_DIR, load_cluster, repo_label
 
     spec = load_cluster(CONFIG_DIR / "cluster_local.yaml")
     cfg = load_job_config(args.config, iterations=args.iterations)
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
                       "cold_over_warm": (cm / wm) if wm and cm else None,
                       "same_weights_warm_vs_cold": runs[(size, "warm")]["weights_sha256"] == runs[(size, "cold")]["weights_sha256"]})
     result = {
-        "config": str(args.config), "iterations": args.iterations, "cluster": spec.name, "sizes": sizes,
+        "config": repo_label(args.config), "iterations": args.iterations, "cluster": spec.name, "sizes": sizes,
         "warm_switch_s_median": sizes[0]["warm_switch_s_median"], "cold_switch_s_median": sizes[0]["cold_switch_s_median"],
         "wall_s": time.time() - t0,
         "notes": "switch_s = phase state start-up on the worker (warm: Ray object store -> process; cold: state builder "

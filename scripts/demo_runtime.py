@@ -186,7 +186,7 @@ def main(argv=None) -> int:
     from actors.local_cluster import start_local_cluster
     from examples.grpo import report
     from examples.grpo.config import load_job_config
-    from rollmux.config import load_cluster
+    from rollmux.config import load_cluster, repo_label
     from rollmux.plots import plot_gantt
 
     con = Console(width=None if sys.stdout.isatty() else 150)  # wide table in logs too
@@ -317,7 +317,7 @@ def main(argv=None) -> int:
         same = [m["weights_sha256"] for m in co[name]["history"]] == [m["weights_sha256"] for m in solo[name]["history"]]
         med_solo, med_co = report_phase_medians(solo[name]["timeline"]), report_phase_medians(co[name]["timeline"])
         per_job[ids[name]] = {
-            "config": str(paths[name].relative_to(ROOT)) if paths[name].is_relative_to(ROOT) else str(paths[name]),
+            "config": repo_label(paths[name]),
             "iterations": co[name]["iterations"], "initial_reward": co[name]["initial_reward"],
             "final_reward": co[name]["final_reward"], "iteration_s_coexec": t_co, "iteration_s_solo": t_solo,
             "slowdown_vs_solo": t_co / t_solo, "slo": slo, "slo_met": t_co / t_solo <= slo,
@@ -386,8 +386,8 @@ def main(argv=None) -> int:
         "warm_switch_s_median": warm,
         "cold_switch_s_median": cold_med,
         "cold_switch_runs": len([r for r in cold.get("timeline", []) if r.get("switch") == "cold"]),
-        "gantt_png": str(png),
-        "gantt_solo_png": str(png_solo),
+        "gantt_png": repo_label(png),
+        "gantt_solo_png": repo_label(png_solo),
         "node_seconds_ratio_solo_over_coexec": solo_u["node_seconds"] / co_u["node_seconds"],
         "wall_s": time.time() - t_start,
         "load_average_1m_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],

@@ -118,3 +118,12 @@ def test_trace_label_is_repository_relative_or_the_bare_name(tmp_path, monkeypat
     assert trace_label("philly_extract.csv") == "data/philly_extract.csv"
     outside = tmp_path / "elsewhere" / "my-trace.csv"
     assert trace_label(outside) == "my-trace.csv"
+
+
+def test_result_files_name_repository_files_relatively():
+    # what scripts write into results/: no absolute path of the machine that ran them
+    from rollmux.config import REPO_ROOT, repo_label
+
+    assert repo_label(REPO_ROOT / "results" / "runtime_gantt.png") == "results/runtime_gantt.png"
+    assert repo_label(REPO_ROOT / "configs" / "jobs" / ".." / "scheduler.yaml") == "configs/scheduler.yaml"
+    assert repo_label("/somewhere/else/trace.csv.gz") == "trace.csv.gz"
