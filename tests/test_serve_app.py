@@ -459,8 +459,11 @@ def test_ports_handed_to_ray_lie_outside_the_ephemeral_range(monkeypatch):
     from actors import cli_ops
 
     lo, hi = cli_ops._ephemeral_range()
-    ports = {cli_ops._free_port() for _ in range(50)}
+    ports = {cli_ops._free_port() for _ in range(200)}
     assert all(not lo <= p <= hi and 10_000 <= p < 65_000 for p in ports)
+    # nor in Ray's own client/worker ports: `ray start` refuses a port it keeps for its workers
+    # (10002-19999 by default), so a pool node given one never joined
+    assert not any(10_001 <= p <= 19_999 for p in ports)
     with socket.socket() as held:
         held.bind(("", 0))
         busy = held.getsockname()[1]
