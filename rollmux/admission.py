@@ -69,7 +69,7 @@ from typing import Callable, Iterable, Literal, Mapping, Optional, Sequence, Uni
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollmux import profiler
-from rollmux.intra_group import LongTailPolicy, coexec_times
+from rollmux.intra_group import LongTailPolicy, coexec_key, coexec_times, coexec_values
 from rollmux.models import ClusterSpec, CoExecutionGroup, GroupMember, JobSpec, PhaseProfile, Placement, PoolName
 from rollmux.nodes import node_id, node_index
 from rollmux.policies import REGISTRY, PolicySpec, choose_min_cost as choose_min_cost_policy, group_number as _gnum, policy_spec
@@ -632,14 +632,19 @@ def best_round_robin_order(members: Sequence[GroupMember], *, rollout_overhead_s
     if n > EXHAUSTIVE_ORDER_MAX:
         return OrderChoice(tuple(members), tco, False, False, 1)
     tried = 1
-    for perm in itertools.permutations(range(n)):
-        if perm == tuple(range(n)):
+    # every other order, as coexec_times would see it (the same memoised recurrence, its key built
+    # from per-member rows instead of re-reading the models; the dict only for the answer)
+    rows = [(mb.profile.t_roll_s + rollout_overhead_s, mb.profile.t_train_s, mb.profile.t_sync_s, mb.placement.rollout_nodes,
+             mb.placement.train_nodes, mb.profile.t_solo_s, mb.spec.slo) for mb in members]
+    ident = tuple(range(n))
+    for perm in itertools.permutations(ident):
+        if perm == ident:
             continue
-        ms = [members[i] for i in perm]
-        t = coexec_times(ms, rollout_overhead_s=rollout_overhead_s)
+        vals = coexec_values(coexec_key([rows[i][:5] for i in perm]))
         tried += 1
-        if _order_feasible(ms, t):
-            return OrderChoice(tuple(ms), t, True, True, tried)
+        if not any(breaks_slo(v, rows[i][5], rows[i][6]) for v, i in zip(vals, perm)):
+            ms = [members[i] for i in perm]
+            return OrderChoice(tuple(ms), {mb.spec.job_id: v for mb, v in zip(ms, vals)}, True, True, tried)
     return OrderChoice(tuple(members), tco, False, True, tried)
 
 
@@ -1454,8 +1459,24 @@ class InterGroupScheduler:
 
         # No partition of the neighbourhood (kept groups at their price) is cheaper: nothing to do.
         # The margin covers float summation order; within it the exact solve decides.
-        if solver.partition_floor(members, {s: self._groups[gid].cost for s, gid in current.items()}) \
-                >= before - 1e-6 + 1e-9 * (1.0 + before):
+        overhead = self.config.migration_overhead_s if self.config.plan_migration_overhead else 0.0
+
+        def movable(g: CoExecutionGroup) -> bool:
+            """A new group passes the checks below: feasible, every moved job's SLO absorbs its copy."""
+            oc = best_round_robin_order(g.members, rollout_overhead_s=overhead)
+            if not oc.feasible:
+                return False
+            for m in oc.members:
+                mv = 0.0 if m.spec.job_id == fresh else profiler.move_time_s(m.spec, self.cluster)
+                if not _within((oc.t_coexec_s[m.spec.job_id] + mv) / m.profile.t_solo_s, m.spec.slo):
+                    return False
+            return True
+
+        # Any partition the checks below would take is cheaper than the target and uses only new
+        # groups that pass them: when the bound over those proves none is, nothing changes.
+        target = before - 1e-6 + 1e-9 * (1.0 + before)
+        if solver.partition_floor(members, {s: self._groups[gid].cost for s, gid in current.items()}, target,
+                                  keeps=movable) >= target:
             return []
 
         def unchanged(groups: Sequence[CoExecutionGroup]) -> bool:
@@ -1467,17 +1488,11 @@ class InterGroupScheduler:
         new, after = gain(res.groups)
         if not new or after >= before - 1e-6:
             return []
-        overhead = self.config.migration_overhead_s if self.config.plan_migration_overhead else 0.0
         plans = []
         for g in new:
-            oc = best_round_robin_order(g.members, rollout_overhead_s=overhead)
-            if not oc.feasible:
+            if not movable(g):
                 return []
-            for m in oc.members:
-                mv = 0.0 if m.spec.job_id == fresh else profiler.move_time_s(m.spec, self.cluster)
-                if not _within((oc.t_coexec_s[m.spec.job_id] + mv) / m.profile.t_solo_s, m.spec.slo):
-                    return []
-            plans.append((g, oc))
+            plans.append((g, best_round_robin_order(g.members, rollout_overhead_s=overhead)))
         saved = self._save()
         origin = {m.spec.job_id: self._job_group[m.spec.job_id] for g, _ in plans for m in g.members}
         for j in origin:

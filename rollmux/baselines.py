@@ -358,17 +358,26 @@ class OptimalPartition:
             self._floors.pop(k, None)
         self._rows.pop(job_id, None)
 
-    def partition_floor(self, members: Sequence[tuple[JobSpec, PhaseProfile]], fixed: Mapping[frozenset, float]) -> float:
+    def partition_floor(self, members: Sequence[tuple[JobSpec, PhaseProfile]], fixed: Mapping[frozenset, float],
+                        target: Optional[float] = None,
+                        keeps: Optional[Callable[[CoExecutionGroup], bool]] = None) -> float:
         """A lower bound, USD/h, on ``sum_{S in P} value(S)`` over every partition P of ``members``
         into the columns the exact solve uses (:meth:`_candidates`), where ``value(S)`` is
         ``fixed[S]`` for the job sets in ``fixed`` (the current groups at their price) and the
         column's price otherwise. Columns already computed are priced exactly, the others by
         :func:`rollmux.admission.layout_floor_usd_per_h` (no rollout layout searched, nothing
         simulated); job sets it proves infeasible are remembered as such for the exact solve.
-        The minimum over partitions is a dynamic programme over job subsets.
+        The minimum over partitions is a dynamic programme over job subsets. With ``target``,
+        while the bound is below it and its cheapest partition uses floor-priced sets, those sets
+        are laid out exactly (:meth:`layout`, the unbounded search the exact solve then reuses) and
+        the bound recomputed; so a bound below ``target`` means an exactly priced partition below
+        it exists (the exact solve must decide), and one at or above it proves none does.
+        ``keeps``: the caller's test of a new group (a job set not in ``fixed``, as laid out): a
+        set whose layout fails it is priced ``inf`` (the caller would reject any partition using
+        it), checked on the sets of the cheapest partition only, as they are needed.
         :meth:`rollmux.admission.InterGroupScheduler.reoptimise` skips the exact solve when this
         bound shows that no partition is cheaper than the current groups."""
-        from rollmux.admission import layout_floor_usd_per_h, layout_row, training_pins_feasible
+        from rollmux.admission import build_group, layout_floor_usd_per_h, layout_row, training_pins_feasible
 
         by_id = {j.job_id: (j, p) for j, p in members}
         ids = sorted(by_id)
@@ -379,10 +388,15 @@ class OptimalPartition:
             if r is None:
                 r = self._rows[i] = layout_row(*by_id[i], self.cluster)
             rows.append(r)
-        by_low: dict[int, list[tuple[int, float]]] = {}  # lowest bit -> (mask, value) of the finite sets
+        by_low: dict[int, list[int]] = {}  # lowest bit -> masks of the sets with a finite value
+        val: dict[int, float] = {}
+        rough: dict[int, tuple] = {}  # mask -> (job set, combo) of the sets priced by their floor only
+        unchecked: dict[int, tuple] = {}  # mask -> (job set, combo) of new groups ``keeps`` has not seen
+        retried: set = set()  # job sets whose bounded search found nothing once (next time: unbounded)
         for size in range(1, min(self.max_group_size, n) + 1):
             for combo in itertools.combinations(range(n), size):
                 s = frozenset(ids[b] for b in combo)
+                exact = True
                 if s in fixed:
                     v = fixed[s]
                 elif size == 1:
@@ -395,7 +409,7 @@ class OptimalPartition:
                     g = self._layouts[s]
                     v = math.inf if g is None else g.cost_usd_per_h(self.cluster)
                 elif s in self._floors:
-                    v = self._floors[s]
+                    v, exact = self._floors[s], False
                 else:
                     v = (layout_floor_usd_per_h([by_id[ids[b]] for b in combo], self.cluster, [rows[b][:4] for b in combo])
                          if training_pins_feasible([rows[b] for b in combo], self.cluster) else math.inf)
@@ -403,22 +417,69 @@ class OptimalPartition:
                         self._cols[s] = None
                     else:
                         self._floors[s] = v
+                        exact = False
                     self._remember(s)
                 if v < math.inf:
                     mask = 0
                     for b in combo:
                         mask |= 1 << b
-                    by_low.setdefault(1 << combo[0], []).append((mask, v))
-        best = [0.0] + [math.inf] * ((1 << n) - 1)
-        for mask in range(1, 1 << n):
-            low, top = mask & -mask, math.inf
-            for m, v in by_low.get(low, ()):
-                if m & mask == m:
-                    x = v + best[mask ^ m]
-                    if x < top:
-                        top = x
-            best[mask] = top
-        return best[-1]
+                    by_low.setdefault(1 << combo[0], []).append(mask)
+                    val[mask] = v
+                    if not exact:
+                        rough[mask] = (s, combo)
+                    if keeps is not None and s not in fixed:
+                        unchecked[mask] = (s, combo)
+        while True:
+            best = [0.0] + [math.inf] * ((1 << n) - 1)
+            pick = [0] * (1 << n)
+            for mask in range(1, 1 << n):
+                low, top, arg = mask & -mask, math.inf, 0
+                for m in by_low.get(low, ()):
+                    if m & mask == m:
+                        x = val[m] + best[mask ^ m]
+                        if x < top:
+                            top, arg = x, m
+                best[mask], pick[mask] = top, arg
+            if target is None or best[-1] >= target:
+                return best[-1]
+            # the cheapest partition uses sets priced by their floor: lay those out exactly (the
+            # unbounded layout, cached as the exact solve would read it) and bound again
+            used, mask = [], (1 << n) - 1
+            while mask:
+                used.append(pick[mask])
+                mask ^= pick[mask]
+            todo = [m for m in used if m in rough or m in unchecked]
+            if not todo:
+                return best[-1]  # an exactly priced partition below the target: only the solve decides
+            full = (1 << n) - 1
+            for m in todo:
+                s, combo = unchecked.get(m) or rough[m]
+                if m in rough:
+                    # a partition using S costs >= exact(S) + best(rest): only layouts below
+                    # ``bound`` can take it under the target, so build_group searches those only
+                    bound = target - best[full ^ m]
+                    g = build_group([by_id[ids[b]] for b in combo], self.cluster,
+                                    below_usd_per_h=None if rough[m][0] in retried else bound)
+                    if g is None and s not in retried:
+                        # no feasible layout below ``bound``: a valid floor (kept just under it, so
+                        # that _column's floor test stays exact) and S may come back once, exactly
+                        retried.add(s)
+                        val[m] = self._floors[s] = max(val[m], bound - 2e-9)
+                        continue
+                    del rough[m]
+                    if s in retried or g is not None:
+                        self._layouts[s] = g  # the unbounded search's answer (the first feasible layout)
+                    if g is None:
+                        val[m] = math.inf
+                        unchecked.pop(m, None)
+                        continue
+                else:
+                    g = self._cols.get(s)
+                    if g is None:
+                        g = self.layout([by_id[ids[b]] for b in combo])
+                unchecked.pop(m, None)
+                val[m] = math.inf if g is None or (keeps is not None and s not in fixed and not keeps(g)) \
+                    else g.cost_usd_per_h(self.cluster)
 
     def _candidates(self, members: Sequence[tuple[JobSpec, PhaseProfile]], complete: bool = True) -> dict[frozenset, CoExecutionGroup]:
         """Every column the set partitioning needs: for each subset S of at most

@@ -569,13 +569,20 @@ def steady_schedule(members: Union[CoExecutionGroup, Sequence[GroupMember]], *,
 # --- cached steady state for admission ---------------------------------------------------------
 
 def _canonical(members: Sequence[GroupMember], rollout_overhead_s: float = 0.0) -> tuple:
+    return coexec_key([(mb.profile.t_roll_s + rollout_overhead_s, mb.profile.t_train_s, mb.profile.t_sync_s,
+                        mb.placement.rollout_nodes, mb.placement.train_nodes) for mb in members])
+
+
+def coexec_key(rows: Sequence[tuple]) -> tuple:
+    """The memo key of :func:`coexec_times` for members given in round-robin order as rows
+    ``(t_roll_s + rollout overhead, t_train_s, t_sync_s, rollout node ids, training node ids)``:
+    node ids renamed 0, 1, ... in order of first use, so groups of the same structure share it."""
     names: dict[str, int] = {}
     key = []
-    for mb in members:
-        p = mb.profile
-        r = tuple(names.setdefault(x, len(names)) for x in mb.placement.rollout_nodes)
-        t = tuple(names.setdefault(x, len(names)) for x in mb.placement.train_nodes)
-        key.append((p.t_roll_s + rollout_overhead_s, p.t_train_s, p.t_sync_s, r, t))
+    for tr, tt, ts, rn, tn in rows:
+        r = tuple(names.setdefault(x, len(names)) for x in rn)
+        t = tuple(names.setdefault(x, len(names)) for x in tn)
+        key.append((tr, tt, ts, r, t))
     return tuple(key)
 
 
@@ -620,6 +627,12 @@ def _rr_recurrence(key: tuple, m_it: int) -> tuple[float, ...]:
 @lru_cache(maxsize=16384)
 def _coexec_cached(key: tuple) -> tuple[float, ...]:
     return _rr_recurrence(key, 2 * len(key) + 4)
+
+
+def coexec_values(key: tuple) -> tuple[float, ...]:
+    """Steady-state ``t_coexec_s`` per position of a :func:`coexec_key` (memoised; what
+    :func:`coexec_times` returns, without the job ids)."""
+    return _coexec_cached(key)
 
 
 def coexec_times(members: Sequence[GroupMember], *, rollout_overhead_s: float = 0.0) -> dict[str, float]:

@@ -29,7 +29,7 @@ decision latency and the commits (published versions) per admission (group commi
 Writes ``results/bench_admission.json`` with the goals and whether each was met.
 
 Usage: ``python scripts/bench_admission.py [--preload 1000] [--stored 1000,10000] [--clients 64]``
-(~6 min on 2 cores). Source: RollMux §7 "decision latency"; goals: admissions >= 200/s with p99 <
+(~8 min on 2 cores). Source: RollMux §7 "decision latency"; goals: admissions >= 200/s with p99 <
 100 ms at 64 clients, reads >= 1,000/s at 64 clients with two replicas, throughput flat from 1,000
 to 10,000 stored jobs.
 """

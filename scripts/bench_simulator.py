@@ -24,7 +24,8 @@ Writes ``results/bench_simulator.json`` with the host's load average before and 
 size and the process's niceness (the host is shared: other work inflates the times).
 Not a test: numbers depend on the machine.
 
-    python scripts/bench_simulator.py                      # 1k, 10k, 100k jobs, rollmux (~3 min on 2 cores)
+    python scripts/bench_simulator.py                      # 1k, 10k, 100k jobs, rollmux (~1 h on a shared 2-core host)
+    python scripts/bench_simulator.py --sizes 1000,10000,100000 --no-reopt-sizes 1000 --cli none   # the README's figures
     python scripts/bench_simulator.py --sizes 1000 --no-reopt-sizes 1000 --cli none   # with and without re-optimisation
     python scripts/bench_simulator.py --sizes 200 --policies rollmux,random,most-idle,solo-d
 """

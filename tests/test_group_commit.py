@@ -212,7 +212,7 @@ def test_a_replica_sends_concurrent_admissions_in_batches_decided_in_arrival_ord
         async def call(self, method, *a, retry=True, outcome=None):
             if method == "admit_many":
                 batches.append([c[0]["job_id"] for c in a[0]])
-            await asyncio.sleep(0.01)  # the actor call's round trip: more requests arrive meanwhile
+            await asyncio.sleep(0.05)  # the actor call's round trip: more requests arrive meanwhile
             out = getattr(s, method)(*a)
             return _finite(await out if inspect.isawaitable(out) else out)
 
