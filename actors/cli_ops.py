@@ -832,8 +832,8 @@ def status(
     console.print(tg)
     console.print(tj)
     hj = h.json()
-    console.print(f"scheduler {hj.get('name', '?')}: {'ok' if hj.get('ok') else 'NOT ok'}, {hj.get('jobs', 0)} jobs, "
-                  f"{hj.get('groups', 0)} groups, {hj.get('queued', 0)} queued" + (" (restored from its checkpoint)" if hj.get("restored") else ""))
+    console.print(f"scheduler {hj.get('name', '?')}: {'ok' if hj.get('ok') else 'NOT ok'}, active jobs: {hj.get('jobs', 0)}, "
+                  f"groups: {hj.get('groups', 0)}, queued: {hj.get('queued', 0)}" + (" (restored from its checkpoint)" if hj.get("restored") else ""))
 
 
 def urls(
