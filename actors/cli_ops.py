@@ -203,17 +203,28 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+#: Ports every ``ray start`` of ``rollmux up`` keeps for itself by default: the Ray Client server
+#: (10001) and the workers' range (``--min-worker-port`` 10002 .. ``--max-worker-port`` 19999). A port
+#: handed to Ray inside it makes ``ray start`` refuse ("worker_ports is trying to use a port number
+#: ... that is used by other components").
+RAY_DEFAULT_RESERVED_PORTS = (10_001, 19_999)
+
+
 def _free_port(tries: int = 200) -> int:
     """A port for a Ray process that binds it later (Ray takes port numbers, not sockets).
 
     Drawn outside the kernel's ephemeral range, so no outgoing connection on the host can be
-    given it as its local port before Ray binds it; checked free on every address now. Only
-    another program binding that same port in between can still take it. Raises OSError when no
-    port is free after ``tries`` draws."""
+    given it as its local port before Ray binds it, and outside Ray's own default client and worker
+    ports (:data:`RAY_DEFAULT_RESERVED_PORTS`), which ``ray start`` would refuse; checked free on
+    every address now. Only another program binding that same port in between can still take it.
+    Raises OSError when no port is free after ``tries`` draws."""
     import random
 
     lo, hi = _ephemeral_range()
-    pool = [p for p in range(10_000, 65_000) if not lo <= p <= hi]
+    rlo, rhi = RAY_DEFAULT_RESERVED_PORTS
+    pool = [p for p in range(10_000, 65_000) if not lo <= p <= hi and not rlo <= p <= rhi]
+    if not pool:
+        raise OSError(f"no TCP port outside the ephemeral range {lo}-{hi} and Ray's ports {rlo}-{rhi}")
     rng = random.SystemRandom()
     for _ in range(tries):
         port = rng.choice(pool)
@@ -223,7 +234,8 @@ def _free_port(tries: int = 200) -> int:
             except OSError:
                 continue
         return port
-    raise OSError(f"no free TCP port outside the ephemeral range {lo}-{hi} after {tries} tries")
+    raise OSError(f"no free TCP port outside the ephemeral range {lo}-{hi} and Ray's ports {rlo}-{rhi} "
+                  f"after {tries} tries")
 
 
 def _alive(rec: dict) -> bool:
@@ -820,8 +832,8 @@ def status(
     console.print(tg)
     console.print(tj)
     hj = h.json()
-    console.print(f"scheduler {hj.get('name', '?')}: {'ok' if hj.get('ok') else 'NOT ok'}, {hj.get('jobs', 0)} jobs, "
-                  f"{hj.get('groups', 0)} groups, {hj.get('queued', 0)} queued" + (" (restored from its checkpoint)" if hj.get("restored") else ""))
+    console.print(f"scheduler {hj.get('name', '?')}: {'ok' if hj.get('ok') else 'NOT ok'}, active jobs: {hj.get('jobs', 0)}, "
+                  f"groups: {hj.get('groups', 0)}, queued: {hj.get('queued', 0)}" + (" (restored from its checkpoint)" if hj.get("restored") else ""))
 
 
 def urls(

@@ -389,6 +389,7 @@ def test_cli_submit_and_status_through_the_api(serve_api, tmp_path, clean):
     assert r.exit_code == 1 and "duplicate_job_id" in r.output
     r = CliRunner().invoke(app, ["status"], env=env)
     assert r.exit_code == 0 and jid in r.output and "co-execution groups" in r.output, r.output
+    assert "active jobs: " in r.output, r.output  # health counts the active jobs, not every row listed
     r = CliRunner().invoke(app, ["urls"], env=env)
     assert r.exit_code == 0 and f"http://127.0.0.1:{serve_api.config.port}/docs" in r.output
 
@@ -459,8 +460,11 @@ def test_ports_handed_to_ray_lie_outside_the_ephemeral_range(monkeypatch):
     from actors import cli_ops
 
     lo, hi = cli_ops._ephemeral_range()
-    ports = {cli_ops._free_port() for _ in range(50)}
+    ports = {cli_ops._free_port() for _ in range(200)}
     assert all(not lo <= p <= hi and 10_000 <= p < 65_000 for p in ports)
+    # nor in Ray's own client/worker ports: `ray start` refuses a port it keeps for its workers
+    # (10002-19999 by default), so a pool node given one never joined
+    assert not any(10_001 <= p <= 19_999 for p in ports)
     with socket.socket() as held:
         held.bind(("", 0))
         busy = held.getsockname()[1]
