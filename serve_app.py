@@ -359,8 +359,13 @@ class SnapshotCache:
     async def wait_version(self, version: Optional[int], timeout_s: float = 2.0) -> bool:
         """Wait (bounded) until the copy holds ``version``; True when it does."""
         self.start()
+        return await self._wait_until(lambda: self.ready and (version is None or self.version >= version), timeout_s)
+
+    async def _wait_until(self, done, timeout_s: float) -> bool:
+        """Wait (bounded by ``timeout_s`` seconds) until ``done()`` holds, re-checking at every
+        change the follower applies; True when it holds."""
         deadline = time.monotonic() + timeout_s
-        while not (self.ready and (version is None or self.version >= version)):
+        while not done():
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
@@ -393,16 +398,7 @@ class SnapshotCache:
             if self._task is not None and not self._task.done():
                 self._task.cancel()  # only ever cancelled while awaiting a reply, never mid-apply
             self._task = asyncio.get_running_loop().create_task(self._follow())
-        deadline = time.monotonic() + timeout_s
-        while not self.has_policy:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            try:
-                await asyncio.wait_for(self._changed.wait(), left)
-            except asyncio.TimeoutError:
-                return False
-        return True
+        return await self._wait_until(lambda: self.has_policy, timeout_s)
 
     def what_if(self, spec: JobSpec, queue: bool, explain: str) -> Optional[dict]:
         """The dry-run answer from this copy (:func:`rollmux.admission_queue.what_if`, the function

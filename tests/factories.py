@@ -90,3 +90,15 @@ def make_toy(job, kind: str, seed: int, fail_at: Optional[int] = None):
         state["w"] = weights["w"].clone()
 
     return rollout, train, publish
+
+
+def kill_scheduler_and_controllers(h, name: str, groups: tuple[str, ...] = ("group-0", "group-1")) -> None:
+    """Kill a test's GlobalScheduler ``h`` (named ``name``) and its groups' controllers, no restart."""
+    import ray
+
+    for g in groups:
+        try:
+            ray.kill(ray.get_actor(f"{name}-{g}", namespace="rollmux"), no_restart=True)
+        except ValueError:  # that group never had a controller (or it already exited)
+            pass
+    ray.kill(h, no_restart=True)

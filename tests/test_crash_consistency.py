@@ -136,6 +136,29 @@ def _stores(tmp_path):
     return {"memory": lambda i: MemoryKV(), "file": lambda i: FileKV(tmp_path / f"ck{i}")}
 
 
+def _kill_at_every_write(make, build, op, restart, fp, before, after, check) -> int:
+    """Run ``op`` on a scheduler built by ``build`` over a store that crashes at write k = 1, 2, ...
+    until the operation completes without reaching k. After each crash a scheduler restarted from
+    what was written must be exactly ``before`` (killed at the first write: nothing committed) or
+    ``after`` (the first write commits), and pass ``check``. Returns how many writes crashed."""
+    crashes = 0
+    for k in range(1, 20):
+        kv = CrashKV(make(k))
+        g = build(kv)
+        kv.arm(k)
+        try:
+            op(g)
+        except Crash:
+            crashes += 1
+            restarted = restart(kv.inner)
+            assert fp(restarted) == (before if k == 1 else after), f"kill at write {k}"
+            check(restarted)
+            continue
+        assert fp(g) == after
+        return crashes
+    raise AssertionError("the operation never completed within 19 writes")
+
+
 @pytest.mark.parametrize("compact", [False, True], ids=["wal", "compaction"])
 @pytest.mark.parametrize("op", sorted(OPS))
 @pytest.mark.parametrize("store", ["memory", "file"])
@@ -147,25 +170,14 @@ def test_scheduler_killed_at_every_checkpoint_write(store, op, compact, tmp_path
     OPS[op](ref)
     after = fingerprint(ref)
     assert after != before  # the operation changes the state
-    crashes = 0
-    for k in range(1, 20):
-        kv = CrashKV(make(k))
+    def build(kv):
         g = scenario(kv)
         if compact:
             g.store.compact_every, g.store.compact_ratio = 1, 0.0  # every write is followed by a compaction (base + deletes)
-        kv.arm(k)
-        try:
-            OPS[op](g)
-        except Crash:
-            crashes += 1
-            restarted = sched(kv.inner)
-            got = fingerprint(restarted)
-            # the first write commits the operation: a crash before it is "before", after it "after"
-            assert got == (before if k == 1 else after), f"kill at write {k}"
-            check_invariants(restarted)
-            continue
-        assert fingerprint(g) == after
-        break
+        return g
+
+    crashes = _kill_at_every_write(make, build, OPS[op], sched, fingerprint, before, after,
+                                   check=check_invariants)
     # one write commits the operation; a compaction adds the base and the deletes of covered records
     assert crashes == 1 if not compact else crashes >= 3
 
@@ -635,7 +647,7 @@ def test_driver_killed_with_sigkill_then_readmitted_starts_from_step_1(ray_clust
     import ray
 
     from actors.global_scheduler import get_or_create_scheduler
-    from factories import wait_until
+    from factories import kill_scheduler_and_controllers, wait_until
     from rollmux.admission import load_scheduler_config
 
     root = Path(__file__).resolve().parent.parent
@@ -694,14 +706,8 @@ def test_driver_killed_with_sigkill_then_readmitted_starts_from_step_1(ray_clust
         again = ray.get(h.get_job.remote(jid))
         assert again["state"] == "finished" and again["iterations_done"] == 1
     finally:
-        for n in (name, name2):
-            for g in ("group-0", "group-1"):
-                try:
-                    ray.kill(ray.get_actor(f"{n}-{g}", namespace="rollmux"), no_restart=True)
-                except ValueError:
-                    pass
-        ray.kill(h, no_restart=True)
-        ray.kill(h2, no_restart=True)
+        kill_scheduler_and_controllers(h, name)
+        kill_scheduler_and_controllers(h2, name2)
 
 
 def test_lost_worker_resumes_from_the_commit_before_the_interrupted_phase(tmp_path):
@@ -917,23 +923,13 @@ def test_scheduler_killed_at_every_queue_write(store, op, tmp_path):
     assert after != before
     if op == "drain":
         assert out["admitted_from_queue"] == ["w"] and [q.job_id for q in ref.queue.jobs()] == ["big"]
-    crashes = 0
-    for k in range(1, 20):
-        kv = CrashKV(make(k))
-        g = queue_scenario(kv)
-        kv.arm(k)
-        try:
-            QUEUE_OPS[op](g)
-        except Crash:
-            crashes += 1
-            restarted = qsched(kv.inner)
-            assert qfingerprint(restarted) == (before if k == 1 else after), f"kill at write {k}"
-            queued = {q.job_id for q in restarted.queue.jobs()}
-            active = {j["job_id"] for j in restarted.list_jobs() if j["state"] in ("admitted", "running")}
-            assert not queued & active, "a job both queued and admitted"
-            continue
-        assert qfingerprint(g) == after
-        break
+    def never_queued_and_admitted(restarted):
+        queued = {q.job_id for q in restarted.queue.jobs()}
+        active = {j["job_id"] for j in restarted.list_jobs() if j["state"] in ("admitted", "running")}
+        assert not queued & active, "a job both queued and admitted"
+
+    crashes = _kill_at_every_write(make, queue_scenario, QUEUE_OPS[op], qsched, qfingerprint, before, after,
+                                   check=never_queued_and_admitted)
     assert crashes == 1  # ONE write commits the operation, the line with it
     assert not any(k.endswith(".queue") for k in ref.store.keys())  # no separate queue key
 

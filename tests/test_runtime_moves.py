@@ -20,22 +20,10 @@ import torch
 
 import rollmux
 from actors.kv import MemoryKV
-from factories import make_toy, toy_spec, wait_until
+from factories import kill_scheduler_and_controllers, make_toy, toy_spec, wait_until
 from test_runtime_actors import loop
 
 pytestmark = [pytest.mark.timeout(180)]
-
-
-def _kill_all(h, name: str) -> None:
-    """Kill a test's scheduler and its two group controllers (no restart)."""
-    import ray
-
-    for g in ("group-0", "group-1"):
-        try:
-            ray.kill(ray.get_actor(f"{name}-{g}", namespace="rollmux"), no_restart=True)
-        except ValueError:
-            pass
-    ray.kill(h, no_restart=True)
 
 
 def _uid() -> str:
@@ -239,7 +227,7 @@ def test_move_updates_controllers_and_survives_scheduler_restart(ray_cluster, lo
         for j in (b, c):
             ray.get(h.depart.remote(j))
     finally:
-        _kill_all(h, name)
+        kill_scheduler_and_controllers(h, name)
 
 
 @pytest.mark.ray
@@ -365,4 +353,4 @@ def test_job_moved_mid_run_finishes_on_policy(ray_cluster, local_cluster_spec, s
             loop(solo, make_toy(solo, "small", seed=seed), n, so, "s")
             assert len(got) == n and all(torch.equal(u, v) for u, v in zip(so["s"][skip:], got[skip:]))
     finally:
-        _kill_all(h, name)
+        kill_scheduler_and_controllers(h, name)
