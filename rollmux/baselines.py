@@ -243,6 +243,8 @@ def gavel_unit(job: JobSpec, cluster: ClusterSpec) -> Unit:
 DP_MAX_JOBS = 10
 #: More tied optimal partitions than this: CP-SAT decides.
 DP_MAX_TIES = 64
+#: CP-SAT's wall-clock safety net, as a multiple of its deterministic budget ``time_limit_s``.
+WALL_CAP_FACTOR = 20.0
 
 
 @dataclass
@@ -283,7 +285,8 @@ class OptimalPartition:
     ``min sum_S c_S x_S  s.t.  sum_{S ∋ j} x_S = 1`` exactly. Layouts are cached across calls.
 
     Exact (optimal over those candidates, proven by CP-SAT) up to ``exact_max_jobs`` active
-    jobs and within ``time_limit_s``; beyond, a labelled best-found upper bound, see
+    jobs and within ``time_limit_s`` of CP-SAT's deterministic time (work units of about a core
+    second, so the answer does not depend on the host's load); beyond, a labelled best-found upper bound, see
     :class:`PartitionResult`. Measured (``scripts/bench_decision_latency.py``, median of 5 solves
     from an empty cache on a shared 2-core host): ~20-50 ms at 12-16 jobs, ~0.4 s at 32; the
     simulator's incremental use (cached layouts) defaults to 16. Source: RollMux §7.5 ("Opt", Table 5).
@@ -559,7 +562,7 @@ class OptimalPartition:
         top, parts = best(sum(bit.values()))
         return top, (None if len(parts) > limit else [tuple(sorted(p)) for p in parts])
 
-    def _solve_exact(self, members, deadline: float, complete: bool = True,
+    def _solve_exact(self, members, complete: bool = True,
                      indifferent: Optional[Callable[[list[CoExecutionGroup]], bool]] = None) -> PartitionResult:
         from ortools.sat.python import cp_model
         from rollmux.admission import EXHAUSTIVE_ORDER_MAX
@@ -586,7 +589,12 @@ class OptimalPartition:
             model.AddExactlyOne(x[i] for i, (s, _) in enumerate(cols) if j.job_id in s)
         model.Minimize(sum(u * xi for u, xi in zip(units, x)))
         solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = max(0.05, deadline - time.perf_counter())
+        # The budget is CP-SAT's deterministic time (work units, about a second of one core each),
+        # never the wall clock: the partition returned is the same on an idle or a loaded host,
+        # so replays are reproducible. One worker (and the default seed) keep the search deterministic;
+        # the wall-clock cap is only a safety net far above the budget.
+        solver.parameters.max_deterministic_time = max(0.05, self.time_limit_s)
+        solver.parameters.max_time_in_seconds = WALL_CAP_FACTOR * max(1.0, self.time_limit_s)
         solver.parameters.num_workers = 1
         status = solver.Solve(model)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):  # pragma: no cover - singletons are feasible
@@ -619,12 +627,11 @@ class OptimalPartition:
             raise ValueError("OptimalPartition.solve: duplicate job ids")
         if not members:
             return PartitionResult([], 0.0, True, 0, 0.0, 0.0)
-        deadline = t0 + self.time_limit_s
         if len(members) <= self.exact_max_jobs:
-            res = self._solve_exact(members, deadline, indifferent=indifferent)
+            res = self._solve_exact(members, indifferent=indifferent)
         else:
             blocks = [members[i : i + self.exact_max_jobs] for i in range(0, len(members), self.exact_max_jobs)]
-            parts = [self._solve_exact(b, deadline, complete=False) for b in blocks]
+            parts = [self._solve_exact(b, complete=False) for b in blocks]
             res = PartitionResult(
                 [g for p in parts for g in p.groups],
                 sum(p.cost_usd_per_h for p in parts),

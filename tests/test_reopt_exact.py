@@ -119,3 +119,39 @@ def test_ties_go_to_cp_sat_unless_the_caller_is_indifferent(pool, monkeypatch):
             cp = OptimalPartition(cluster, exact_max_jobs=8).solve(ms)
         assert round(res.cost_usd_per_h * 1000) == round(cp.cost_usd_per_h * 1000)
     assert calls and all(c is not None for c in calls)
+
+
+def test_cp_sat_answer_does_not_depend_on_the_wall_clock(pool, monkeypatch):
+    """CP-SAT's budget is deterministic time with one worker and a fixed seed: a host so loaded
+    that every clock read is 100 s later gets the same partition, still proven optimal (a
+    wall-clock budget returned unproven partitions under load and made replays irreproducible)."""
+    import time as _time
+
+    from ortools.sat.python import cp_model
+
+    cluster, jobs = pool
+    _cp_sat_only(monkeypatch)
+    members = jobs[:9]
+    calm = OptimalPartition(cluster, exact_max_jobs=12, time_limit_s=2.0).solve(members)
+    seen = []
+    real_solver = cp_model.CpSolver
+
+    def spy():
+        s = real_solver()
+        seen.append(s)
+        return s
+
+    monkeypatch.setattr(cp_model, "CpSolver", spy)
+    clock = {"t": _time.perf_counter()}
+
+    def loaded():
+        clock["t"] += 100.0
+        return clock["t"]
+
+    monkeypatch.setattr(baselines.time, "perf_counter", loaded)
+    busy = OptimalPartition(cluster, exact_max_jobs=12, time_limit_s=2.0).solve(members)
+    assert seen and all(s.parameters.max_deterministic_time == 2.0 and s.parameters.num_workers == 1
+                        and s.parameters.max_time_in_seconds >= 20.0 for s in seen)
+    assert busy.exact and calm.exact
+    assert sorted(sorted(g.job_ids) for g in busy.groups) == sorted(sorted(g.job_ids) for g in calm.groups)
+    assert busy.cost_usd_per_h == calm.cost_usd_per_h
