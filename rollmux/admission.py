@@ -1457,26 +1457,29 @@ class InterGroupScheduler:
             kept = [current[frozenset(g.job_ids)] for g in groups if frozenset(g.job_ids) in current]
             return new, sum(self._groups[gid].cost for gid in kept) + sum(g.cost_usd_per_h(self.cluster) for g in new)
 
-        # No partition of the neighbourhood (kept groups at their price) is cheaper: nothing to do.
-        # The margin covers float summation order; within it the exact solve decides.
         overhead = self.config.migration_overhead_s if self.config.plan_migration_overhead else 0.0
+        orders: dict[tuple[str, ...], Optional[OrderChoice]] = {}
 
-        def movable(g: CoExecutionGroup) -> bool:
-            """A new group passes the checks below: feasible, every moved job's SLO absorbs its copy."""
-            oc = best_round_robin_order(g.members, rollout_overhead_s=overhead)
-            if not oc.feasible:
-                return False
-            for m in oc.members:
-                mv = 0.0 if m.spec.job_id == fresh else profiler.move_time_s(m.spec, self.cluster)
-                if not _within((oc.t_coexec_s[m.spec.job_id] + mv) / m.profile.t_solo_s, m.spec.slo):
-                    return False
-            return True
+        def movable(g: CoExecutionGroup) -> Optional[OrderChoice]:
+            """A new group's round-robin order when it passes the checks below (feasible, every moved
+            job's SLO absorbs its copy), else None; searched once per member list."""
+            key = tuple(g.job_ids)
+            if key not in orders:
+                oc = best_round_robin_order(g.members, rollout_overhead_s=overhead)
+                ok = oc.feasible and all(
+                    _within((oc.t_coexec_s[m.spec.job_id]
+                             + (0.0 if m.spec.job_id == fresh else profiler.move_time_s(m.spec, self.cluster)))
+                            / m.profile.t_solo_s, m.spec.slo)
+                    for m in oc.members)
+                orders[key] = oc if ok else None
+            return orders[key]
 
         # Any partition the checks below would take is cheaper than the target and uses only new
-        # groups that pass them: when the bound over those proves none is, nothing changes.
+        # groups that pass them: when the bound over those proves none is, nothing changes. The
+        # margin covers float summation order; within it the exact solve decides.
         target = before - 1e-6 + 1e-9 * (1.0 + before)
         if solver.partition_floor(members, {s: self._groups[gid].cost for s, gid in current.items()}, target,
-                                  keeps=movable) >= target:
+                                  keeps=lambda g: movable(g) is not None) >= target:
             return []
 
         def unchanged(groups: Sequence[CoExecutionGroup]) -> bool:
@@ -1485,14 +1488,15 @@ class InterGroupScheduler:
 
         # the solver may skip choosing among tied optima when none of them would change anything
         res = solver.solve(members, indifferent=unchanged)
-        new, after = gain(res.groups)
-        if not new or after >= before - 1e-6:
+        if unchanged(res.groups):
             return []
+        new, after = gain(res.groups)
         plans = []
         for g in new:
-            if not movable(g):
+            oc = movable(g)
+            if oc is None:
                 return []
-            plans.append((g, best_round_robin_order(g.members, rollout_overhead_s=overhead)))
+            plans.append((g, oc))
         saved = self._save()
         origin = {m.spec.job_id: self._job_group[m.spec.job_id] for g, _ in plans for m in g.members}
         for j in origin:
