@@ -237,34 +237,24 @@ class _PoolWorker:
         """Host the rendezvous store of ``job_id``'s workers of this pool on a port the kernel picks on
         ``host`` (this worker is their rank 0); returns ``"host:port"``. Called by the driver
         before :meth:`register_job`; the store lives until the job is unregistered here."""
-        from datetime import timedelta
+        from collectives import host_store
 
-        import torch.distributed as dist
-
-        st = dist.TCPStore(host, 0, world_size=None, is_master=True, timeout=timedelta(seconds=SYNC_TIMEOUT_S),
-                           wait_for_workers=False)
-        self._stores[job_id] = st
+        self._stores[job_id], addr = host_store(host, timeout_s=SYNC_TIMEOUT_S)
         self._reserved.add(job_id)  # reserved for the registration that follows
-        return f"{host}:{st.port}"
+        return addr
 
     def _job_store(self, h: _Hosted):
         """The job's rendezvous store for this pool (rank 0: the one :meth:`reserve_store` made;
         others connect to it), prefixed by job and pool; built once, kept for the job's life."""
-        from datetime import timedelta
-
-        import torch.distributed as dist
+        from collectives.base import open_job_store
 
         with h.ctx_lock:
             if h.store is None:
                 base = self._stores.get(h.job_id)
-                if base is None:
-                    if h.addr is None:
-                        raise RuntimeError(f"job {h.job_id!r}: no rendezvous address for its {self.pool} workers")
-                    host, _, port = h.addr.rpartition(":")
-                    base = dist.TCPStore(host, int(port), world_size=None, is_master=False,
-                                         timeout=timedelta(seconds=SYNC_TIMEOUT_S))
-                    self._stores[h.job_id] = base
-                h.store = dist.PrefixStore(f"rollmux-job/{h.job_id}/{self.pool}/", base)
+                if base is None and h.addr is None:
+                    raise RuntimeError(f"job {h.job_id!r}: no rendezvous address for its {self.pool} workers")
+                h.store = open_job_store(h.addr, base, prefix=f"rollmux-job/{h.job_id}/{self.pool}/",
+                                         timeout_s=SYNC_TIMEOUT_S)
             return h.store
 
     def _job_group(self, h: _Hosted):

@@ -98,19 +98,12 @@ def ensure_process_group(rank: int, world_size: int, master_addr: str = "127.0.0
             import deepspeed.comm as ds_comm
 
             ds_comm.destroy_process_group()  # also drops DeepSpeed's cached groups of the old world
-        if store is not None and world_size > 1:
-            import torch.distributed as tdist
-
+        if (store is not None and world_size > 1) or (world_size == 1 and master_port is None):
+            # a multi-rank world meets through the job's store; a world of one meets nobody: an
+            # in-process store, no port to bind or to race for
+            st = dist.PrefixStore("deepspeed/", store) if world_size > 1 else dist.HashStore()
             os.environ.update(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world_size))  # DeepSpeed's checks
-            tdist.init_process_group(backend, store=tdist.PrefixStore("deepspeed/", store), rank=rank,
-                                     world_size=world_size)
-            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
-        elif world_size == 1 and master_port is None:
-            import torch.distributed as tdist
-
-            # a world of one meets nobody: an in-process store, no port to bind or to race for
-            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
-            tdist.init_process_group(backend, store=tdist.HashStore(), rank=0, world_size=1)
+            dist.init_process_group(backend, store=st, rank=rank, world_size=world_size)
             deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
         else:
             if master_port is None:
