@@ -48,10 +48,6 @@ def _encoded(body: Any) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _digest(body: Any) -> str:
-    return hashlib.sha256(_encoded(body)).hexdigest()
-
-
 def key_prefix(name: str) -> str:
     """The KV key prefix of scheduler ``name``: the name itself when it is short and plain, else
     ``h-`` + 24 hex digits of its SHA-256."""
@@ -205,12 +201,11 @@ class Checkpoint:
     def compact(self, state: dict) -> None:
         """Write ``state`` (the state after record ``seq``) as the base, then delete the records it covers."""
         self.kv.put(self.base_key, self._wrap("base", {"seq": self.seq, "state": state}))
-        old, self.base_seq = self.base_seq, self.seq
+        self.base_seq = self.seq
         self.base_bytes, self.wal_bytes = self._size, 0
         for key in self._wal_keys():
             if int(key.rsplit(".", 1)[1]) <= self.base_seq:
                 self.kv.delete(key)
-        del old
 
     def keys(self) -> list[str]:
         """Every key this checkpoint holds (tests, leak checks)."""

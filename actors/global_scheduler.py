@@ -119,7 +119,6 @@ class GlobalSchedulerImpl:
         self.metrics = RollmuxMetrics(flush_interval_s=metrics_flush_s, enabled=create_controllers)
         self.jobs: dict[str, JobRecord] = {}
         self.restored = False
-        self._last_checkpoint = 0.0
         self._lock = threading.RLock()
         self._handles: dict[str, Any] = {}  # group_id -> controller handle (soft; groups with a controller)
         self._dirty: dict[str, int] = {}  # group_id -> seq of the push not yet acknowledged
@@ -287,7 +286,6 @@ class GlobalSchedulerImpl:
             self.jobs.pop(j, None)
         self._dropped.extend(drop)
         self._ended_since_prune = False
-        self._last_checkpoint = time.time()
         if self.store.wants_compaction():  # the change is committed: a failing compaction is retried later
             try:
                 self.store.compact(self._full_state())
