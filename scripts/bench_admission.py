@@ -250,15 +250,20 @@ def main() -> None:
         """Admit through the actor until it holds ``target`` active jobs; seconds taken."""
         nonlocal n_pre
         t0 = time.perf_counter()
-        while True:
+        last = -1
+        for _ in range(target // 200 + 100):  # bounded: every batch must admit something
             held = ray.get(sched.health.remote(), timeout=120)["jobs"]
             if held >= target:
                 return time.perf_counter() - t0
+            if held <= last:
+                raise RuntimeError(f"top-up stalled at {held} of {target} jobs: the last batch admitted none")
+            last = held
             refs = [sched.admit_batched.remote(make_spec(rng, f"pre-{n_pre + i:06d}").model_dump(mode="json"), False,
                                                False, "chosen")
                     for i in range(min(200, target - held))]  # group commit: one write per batch
             n_pre += len(refs)
             ray.get(refs, timeout=600)
+        raise RuntimeError(f"top-up did not reach {target} jobs within its bound of batches")
 
     try:
         sched = get_or_create_scheduler(cluster, checkpoint_path=str(tmp / "checkpoint"), name="rollmux-bench-scheduler",
