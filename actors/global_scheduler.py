@@ -1070,14 +1070,7 @@ class GlobalSchedulerImpl:
     @_locked
     def list_groups(self) -> list[dict]:
         """Groups: members, nodes, Cost(G) USD/h, T_cycle, T_load and slack (T_cycle - T_load)."""
-        out = []
-        for g in self.igs.groups:
-            st = self.igs.group_stats(g.group_id)
-            out.append({"group_id": g.group_id, "members": st["members"], "rollout_nodes": st["rollout_nodes"],
-                        "train_nodes": st["train_nodes"], "cost_usd_per_h": st["cost_usd_per_h"],
-                        "t_cycle_s": st["t_cycle_s"], "t_load_s": st["t_load_s"], "slack_s": st["slack_s"],
-                        "controller": controller_name(g.group_id, self.name)})
-        return out
+        return [self._group_view(g.group_id) for g in self.igs.groups]
 
     @_locked
     def health(self) -> dict:
