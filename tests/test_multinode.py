@@ -17,6 +17,7 @@ from examples.grpo.config import ModelConfig, load_job_config
 from examples.grpo.job import TOK, run_coexecuted, run_job
 from examples.grpo.model import build_model
 from rollmux.config import CONFIG_DIR
+from factories import kill_scheduler_and_controllers
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
 
@@ -50,12 +51,12 @@ def scheduler(ray_cluster, local_cluster_spec):
         name = f"test-multinode-{uuid.uuid4().hex[:6]}"
         h = get_or_create_scheduler(spec, name=name)
         assert ray.get(h.health.remote(), timeout=120)["ok"]
-        made.append(h)
+        made.append((h, name))
         return name
 
     yield make
-    for h in made:
-        ray.kill(h, no_restart=True)
+    for h, name in made:
+        kill_scheduler_and_controllers(h, name)
 
 
 def _run(cfgs, sched):
