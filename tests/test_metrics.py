@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from actors.metrics import RollmuxMetrics
+from factories import unit_kw
 
 
 class _Fake:
@@ -92,7 +93,7 @@ def test_scheduler_keeps_series_of_active_jobs_only():
     from actors.kv import MemoryKV
     from rollmux.config import CONFIG_DIR, load_cluster
 
-    g = GlobalSchedulerImpl(load_cluster(CONFIG_DIR / "cluster_paper.yaml"), kv=MemoryKV(), create_controllers=False,
+    g = GlobalSchedulerImpl(load_cluster(CONFIG_DIR / "cluster_paper.yaml"), kv=MemoryKV(), **unit_kw(),
                             metrics_flush_s=0)
     spec = {"model_params_b": 7, "measured": {"t_roll_s": 100.0, "t_train_s": 100.0, "t_sync_s": 1.0}}
     for i in range(30):
@@ -108,15 +109,31 @@ def test_scheduler_keeps_series_of_active_jobs_only():
 def test_only_the_global_scheduler_records_per_job_series():
     """A GroupController reports iterations to the GlobalScheduler and records no job_id series itself
     (two processes exporting the same job's series would make a ``sum()`` count it twice)."""
-    import inspect
+    import asyncio
 
-    from actors import group_controller
-    from rollmux import group_ledger
+    from actors.group_controller import GroupControllerImpl
+    from rollmux.messages import PhaseRecord, ProgressReport
 
-    src = inspect.getsource(group_controller)  # the actor: effects of its ledger, no per-job series
-    led = inspect.getsource(group_ledger)  # the controller's bookkeeping: reports iterations
-    assert "metrics.job(" not in src and '_metric("job",' not in led
-    assert "_report(job_id, {\"event\": \"iteration\"" in led
+    sent = []
+
+    class Scheduler:  # the controller's scheduler handle, recording its reports
+        def report_nowait(self, job_id, message):
+            sent.append((job_id, message))
+
+    async def scenario():
+        c = GroupControllerImpl("group-m", None, metrics_flush_s=0, metrics_enabled=False, lease_s=0)
+        c._sched = Scheduler()
+        await c.add_job("a", ["rollout-0"], ["train-0"])
+        await c.attach("a")
+        for ph in ("rollout", "train", "sync"):
+            g = await c.acquire("a", ph, timeout_s=5)
+            await c.release(g, PhaseRecord(node=g.nodes[0], start=0.0, end=1.0, switch="warm", switch_s=0.0, ok=True))
+        return c
+
+    c = asyncio.run(scenario())
+    assert [(j, type(m)) for j, m in sent] == [("a", ProgressReport)] and sent[0][1].iterations_done == 1
+    assert c.metrics.totals["switches"]["warm"] == 3  # the controller records its group's series ...
+    assert not any(c.metrics.totals.get(k) for k in RollmuxMetrics.JOB_GAUGES)  # ... and no job_id series
 
 
 def test_group_timeline_busy_and_bubble_from_occupancy():
