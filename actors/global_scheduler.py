@@ -112,7 +112,7 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart):
         handles: where the controllers and workers come from (:class:`actors.reconciler.HandleFactory`);
             default :class:`actors.reconciler.RayHandles` (named actors on the Ray cluster).
         metrics: the metrics recorder (default a :class:`actors.metrics.RollmuxMetrics` flushing
-            every ``metrics_flush_s``).
+            every ``metrics_flush_s``, exporting Ray metrics unless ``metrics_enabled`` is False).
         reconcile_s: period of the reconcile thread, s (None: no thread; the caller runs
             :meth:`reconcile_once` and the other passes itself, e.g. a unit test).
         controller_kw: keyword arguments of new GroupControllers (e.g. ``lease_s``, ``migrate``).
@@ -121,13 +121,14 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart):
     def __init__(self, cluster: dict | ClusterSpec, checkpoint_path: Optional[str] = None, *,
                  name: str = SCHEDULER_NAME, policy: Optional[str] = None, max_group_size: Optional[int] = None,
                  seed: Optional[int] = None, kv=None, handles: Optional[HandleFactory] = None,
-                 metrics: Optional[RollmuxMetrics] = None, metrics_flush_s: float = 1.0,
+                 metrics: Optional[RollmuxMetrics] = None, metrics_flush_s: float = 1.0, metrics_enabled: bool = True,
                  reconcile_s: Optional[float] = RECONCILE_S, controller_kw: Optional[dict] = None,
                  repack_on_departure: Optional[bool] = None, config: Optional[dict | SchedulerConfig] = None):
         self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec.model_validate(cluster)
         self.name = name
         self.kv = kv if kv is not None else make_kv(checkpoint_path, namespace=NAMESPACE)
-        self.metrics = metrics if metrics is not None else RollmuxMetrics(flush_interval_s=metrics_flush_s)
+        self.metrics = metrics if metrics is not None else RollmuxMetrics(flush_interval_s=metrics_flush_s,
+                                                                          enabled=metrics_enabled)
         self.job_store = JobStore(name, lambda: self.igs)
         self.restored = False
         self._lock = threading.RLock()

@@ -242,6 +242,11 @@ class SchedulerHandle(_Handle):
         """:meth:`GlobalSchedulerImpl.admit` (a decision: ``AdmissionDecision.to_dict()``)."""
         return self._call(lambda a: a.admit.remote(spec, dry_run, queue), timeout_s=None, what="admit")
 
+    def admit_batched_nowait(self, spec: dict, dry_run: bool = False, queue: bool = False,
+                             explain: str = "chosen") -> Pending:
+        """:meth:`GlobalSchedulerImpl.admit_batched` (group commit) without waiting (a benchmark's batch)."""
+        return Pending(self.actor.admit_batched.remote(spec, dry_run, queue, explain), "admit_batched")
+
     def attach(self, job_id: str) -> Optional[AttachTicket]:
         """The job's :class:`AttachTicket` (its group's controller created and told first); None
         for an unknown job."""
