@@ -28,8 +28,8 @@ the per-job series (see :mod:`actors.metrics`).
 State is soft: the GlobalScheduler pushes the group's membership (a
 :class:`rollmux.messages.MembershipPush`; its checkpoint is the truth) before a driver attaches,
 and its reconcile loop re-pushes until acknowledged; a restarted controller (``max_restarts=-1``)
-that has applied no push yet pulls one from the scheduler when an unknown job calls; drivers
-re-join the queues on their next call. Permits granted before the restart are forgotten (their
+pulls one from the scheduler when a job it does not know calls; drivers re-join the queues on
+their next call. Permits granted before the restart are forgotten (their
 late releases are recorded but change nothing). Every Ray call goes through
 :mod:`actors.handles`.
 """
@@ -220,11 +220,12 @@ class GroupControllerImpl:
         ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
     async def _recover_members(self, job_id: str) -> None:
-        """A job this controller does not know, and no push applied yet (it restarted: its state
-        is soft): pull the group's membership from the GlobalScheduler and apply it as a push.
-        A controller that applied a push knows every member already (the scheduler pushes before
-        a driver attaches), so it asks nothing."""
-        if job_id in self.ledger.members or self._sched is None or self._seq >= 0:
+        """A job this controller does not know: pull the group's membership from the
+        GlobalScheduler and apply it as a push. The fallback only: the scheduler pushes a job's
+        membership and waits for its acknowledgement before its driver attaches
+        (``GlobalSchedulerImpl.attach``), so this runs after a controller restart (its state is
+        soft) or when that acknowledgement did not come in time."""
+        if job_id in self.ledger.members or self._sched is None:
             return
         try:
             self._apply_push(await self._sched.membership(self.group_id))

@@ -120,9 +120,10 @@ class _Never(FakeAck):
         return asyncio.sleep(3600).__await__()
 
 
-def test_a_restarted_controller_pulls_its_membership_once():
-    """A controller that applied no push yet (it restarted) pulls its group's membership when an
-    unknown job calls; one that applied a push asks nothing."""
+def test_a_restarted_controller_pulls_its_membership_when_an_unknown_job_calls():
+    """A controller that does not know a calling job (it restarted, or the attach's push was not
+    acknowledged in time) pulls its group's membership and applies it as a push; a known job's
+    calls ask nothing."""
     from actors.group_controller import GroupControllerImpl
 
     s = _sched(FakeHandles())
@@ -144,12 +145,13 @@ def test_a_restarted_controller_pulls_its_membership_once():
         c = GroupControllerImpl("group-0", None, metrics_flush_s=0, metrics_enabled=False, lease_s=0)
         c._sched = Scheduler()
         reply = await c.attach("a")  # unknown to the restarted controller: it pulls, then attaches
+        await c.heartbeat("a")  # known now: no pull
         with pytest.raises(Exception, match="not a member"):
-            await c.attach("zz")  # a push was applied: no second pull
+            await c.attach("zz")  # not in the pulled membership either
         return reply
 
     reply = asyncio.run(scenario())
-    assert pulls == ["group-0"] and reply.group_id == "group-0" and reply.queues["rollout-0"] == ("a",)
+    assert pulls == ["group-0", "group-0"] and reply.group_id == "group-0" and reply.queues["rollout-0"] == ("a",)
 
 
 def test_ended_jobs_workers_are_released_through_the_handle_factory(tmp_path):
