@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["Code", "POLICY_CODES", "REFUSAL_CODES", "HTTP_STATUS"]
+__all__ = ["Code", "HTTP_STATUS"]
 
 
 class Code(str, enum.Enum):
@@ -43,21 +43,9 @@ class Code(str, enum.Enum):
         :attr:`OK`, otherwise the code itself."""
         return "admitted" if self is Code.OK else self.value
 
-    @property
-    def is_refusal(self) -> bool:
-        """True for every code that did not admit and did not queue the job."""
-        return self not in (Code.OK, Code.QUEUED)
-
     def __str__(self) -> str:
         return self.value
 
-
-#: The policy's own codes (``AdmissionDecision`` of :mod:`rollmux.admission`).
-POLICY_CODES: tuple[Code, ...] = (Code.OK, Code.NEVER, Code.RETRY_LATER)
-
-#: Refusal codes of the GlobalScheduler itself, besides the policy's (``queued`` is not a
-#: refusal: the admission queue holds the job).
-REFUSAL_CODES: tuple[Code, ...] = (Code.INVALID, Code.DUPLICATE, Code.QUEUE_FULL, Code.UNAVAILABLE)
 
 #: The HTTP status each code is answered with by ``POST /v1/jobs`` (``serve_app``): 201 for an
 #: admission (200 when it is a replayed decision or a dry run), 202 queued, 409 a refusal by the

@@ -44,6 +44,16 @@ def test_job_state_changes_only_by_its_transitions():
     assert F.advance(R) == F  # a late event after the end changes nothing (no error)
 
 
+def test_decision_codes_are_one_enum_equal_to_their_text():
+    import json
+
+    from rollmux.codes import HTTP_STATUS, Code
+
+    assert set(HTTP_STATUS) == set(Code) and Code.RETRY_LATER == "retry_later" and json.dumps([Code.OK]) == '["ok"]'
+    assert Code("queue_full") is Code.QUEUE_FULL and {"never": 1}[Code.NEVER] == 1
+    assert (Code.OK.outcome, Code.NEVER.outcome, HTTP_STATUS[Code.QUEUED]) == ("admitted", "never", 202)
+
+
 def test_job_record_folds_iterations_and_hides_moves_until_moved():
     r = JobRecord(job_id="j", state="admitted", slo=2.0)
     r.note_iteration(1, t_iter_s=3.0, t_solo_s=2.0, slowdown=1.5)
