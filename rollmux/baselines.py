@@ -233,7 +233,7 @@ def gavel_unit(job: JobSpec, cluster: ClusterSpec) -> Unit:
     if g.kind == "colocated":
         rb, tb = 0.0, float(g.train_gpus)
     else:
-        rb, tb = g.rollout_gpus * p.t_roll_s / t, g.train_gpus * (p.t_train_s + p.t_sync_s) / t
+        rb, tb = g.rollout_gpus * p.t_roll_s / t, g.train_gpus * p.t_train_node_s / t
     return Unit(f"gavel:{job.job_id}", (job.job_id,), g.cost_usd_per_h, g.rollout_gpus, g.train_gpus, {job.job_id: t}, rb, tb)
 
 

@@ -157,6 +157,15 @@ class PhaseProfile(_Strict):
     def t_solo_s(self) -> float:
         return self.t_roll_s + self.t_train_s + self.t_sync_s
 
+    @property
+    def t_train_node_s(self) -> float:
+        """Seconds one iteration holds each of the job's training nodes: its training, then its
+        sync (the sync holds the training slot, :data:`POOL_OF_PHASE`), ``t_train_s + t_sync_s``.
+        The load the job puts on each of its training nodes per meta-iteration (the node-load
+        rule, RollMux §4.2 (3)); the one home of that sum (admission's node loads, bounds and
+        index, the optimum's layouts, the per-job baselines' busy training GPUs)."""
+        return self.t_train_s + self.t_sync_s
+
     def time_of(self, phase: PhaseName) -> float:
         return {"rollout": self.t_roll_s, "train": self.t_train_s, "sync": self.t_sync_s}[phase]
 

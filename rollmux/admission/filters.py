@@ -65,7 +65,7 @@ def newcomer_slo_bound_filter(g: "GroupSummary", new: Newcomer, c: Candidate) ->
     on the group's least-loaded nodes, its own iteration would take at least their load plus its
     phases."""
     p = new.profile
-    lb = g.t_sorted[new.train_nodes - 1] + p.t_train_s + p.t_sync_s
+    lb = g.t_sorted[new.train_nodes - 1] + p.t_train_node_s
     if c.strategy == "direct" and new.rollout_nodes <= len(g.r_sorted):
         lb = max(lb, g.r_sorted[new.rollout_nodes - 1] + p.t_roll_s)
     if breaks_slo(lb, p.t_solo_s, new.job.slo):
@@ -102,7 +102,7 @@ def slo_bound_filter(g: "GroupSummary", new: Newcomer, c: Candidate) -> Verdict:
     ``max_k slowdown_k / slo_k`` branch and bound orders by (no simulation)."""
     p = new.profile
     rn, tn = c.nodes  # type: ignore[misc]
-    add_r, add_t = p.t_roll_s, p.t_train_s + p.t_sync_s
+    add_r, add_t = p.t_roll_s, p.t_train_node_s
     new_loads = {n: g.loads.get(n, 0.0) + add_r for n in rn}
     for n in tn:
         new_loads[n] = g.loads[n] + add_t

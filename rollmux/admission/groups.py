@@ -90,7 +90,7 @@ def _member_loads(m: GroupMember, cluster: ClusterSpec):
     for n in m.placement.rollout_nodes:
         yield n, p.t_roll_s, mr
     for n in m.placement.train_nodes:
-        yield n, p.t_train_s + p.t_sync_s, mt
+        yield n, p.t_train_node_s, mt
 
 
 def summarise_group(group: CoExecutionGroup, cluster: ClusterSpec) -> GroupSummary:
@@ -183,7 +183,7 @@ class GroupIndex:
         budget = new.job.slo * p.t_solo_s
         if not math.isfinite(budget):
             return []
-        add_t, add_r = p.t_train_s + p.t_sync_s, p.t_roll_s
+        add_t, add_r = p.t_train_node_s, p.t_roll_s
         conds = {("train", "load"): (new.train_nodes, self._threshold(budget, add_t)),
                  ("train", "slack"): (new.train_nodes, -add_t + 1e-7 * (abs(add_t) + 1.0)),
                  ("rollout", "load"): (new.rollout_nodes, self._threshold(budget, add_r)),

@@ -36,7 +36,7 @@ def _pin_train(order, items, nt, mt, t_nodes, t_cap_gb):
             if not m + mt[i] <= t_cap_gb + 1e-9:
                 return None
             p = items[i][1]
-            load = load + p.t_train_s + p.t_sync_s
+            load = load + p.t_train_node_s
             m = m + mt[i]
         return {i: (x,) for i in order}, {x: load}, {x: m}
     loads: dict[str, float] = {}
@@ -48,7 +48,7 @@ def _pin_train(order, items, nt, mt, t_nodes, t_cap_gb):
         if tp is None:
             return None
         for x in tp:
-            loads[x] = loads.get(x, 0.0) + p.t_train_s + p.t_sync_s
+            loads[x] = loads.get(x, 0.0) + p.t_train_node_s
             mem[x] = mem.get(x, 0.0) + mt[i]
         pins[i] = tuple(tp)
     return pins, loads, mem
@@ -90,8 +90,9 @@ def job_layout_needs(job: JobSpec, cluster: ClusterSpec) -> tuple[int, int, floa
 
 def layout_row(job: JobSpec, profile: PhaseProfile, cluster: ClusterSpec) -> tuple:
     """One job as :func:`training_pins_feasible` reads it: ``(rollout nodes, training nodes,
-    rollout state GB, training state GB, t_train_s, t_sync_s, t_solo_s, slo)``."""
-    return (*job_layout_needs(job, cluster), profile.t_train_s, profile.t_sync_s, profile.t_solo_s, job.slo)
+    rollout state GB, training state GB, t_train_node_s, t_solo_s, slo)`` (seconds; the load on
+    each training node is :attr:`rollmux.models.PhaseProfile.t_train_node_s`)."""
+    return (*job_layout_needs(job, cluster), profile.t_train_node_s, profile.t_solo_s, job.slo)
 
 
 def training_pins_feasible(rows: Sequence[tuple], cluster: ClusterSpec) -> bool:
@@ -106,7 +107,7 @@ def training_pins_feasible(rows: Sequence[tuple], cluster: ClusterSpec) -> bool:
     cap = tnode.host_mem_gb + 1e-9
     n_t = max(r[1] for r in rows)
     load, mem, pins = [0.0] * n_t, [0.0] * n_t, []
-    for _, nt, _, mt, tt, ts, _, _ in rows:
+    for _, nt, _, mt, tl, _, _ in rows:
         fit = [x for x in range(n_t) if mem[x] + mt <= cap]
         if len(fit) < nt:
             return False
@@ -114,10 +115,10 @@ def training_pins_feasible(rows: Sequence[tuple], cluster: ClusterSpec) -> bool:
             fit.sort(key=lambda x: (load[x], mem[x], x))
             fit = fit[:nt]
         for x in fit:
-            load[x] = load[x] + tt + ts
+            load[x] = load[x] + tl
             mem[x] = mem[x] + mt
         pins.append(fit)
-    return not any(breaks_slo(node_load_bound(r[6], [load[x] for x in tp]), r[6], r[7]) for r, tp in zip(rows, pins))
+    return not any(breaks_slo(node_load_bound(r[5], [load[x] for x in tp]), r[5], r[6]) for r, tp in zip(rows, pins))
 
 
 def _train_plan(items: Sequence[tuple[JobSpec, PhaseProfile]], cluster: ClusterSpec, pin_orders: bool,

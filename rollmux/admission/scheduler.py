@@ -316,7 +316,7 @@ class InterGroupScheduler(RepackMixin):
         when no remaining candidate's bound is below the chosen score. Built candidates are
         recorded in ``evaluated``."""
         p, job = new.profile, new.job
-        add_t, add_r = p.t_train_s + p.t_sync_s, p.t_roll_s
+        add_t, add_r = p.t_train_node_s, p.t_roll_s
         ts_new, slo_new, nt, nr = p.t_solo_s, job.slo, new.train_nodes, new.rollout_nodes
         lbs = []
         for i, (g, st) in enumerate(pairs):
