@@ -84,7 +84,9 @@ class GPUType(_Frozen):
         bf16_tflops: dense bf16 peak, TFLOP/s (> 0).
         hbm_gb: device memory, GB (> 0).
         hbm_tb_per_s: device memory bandwidth, TB/s (> 0).
-        source: where the figures come from (datasheet, paper table).
+
+    Where the figures come from (datasheet, paper table) is a comment beside each entry of
+    ``configs/gpus.yaml``.
     """
 
     name: str = Field(min_length=1, max_length=64)
@@ -92,7 +94,6 @@ class GPUType(_Frozen):
     bf16_tflops: float = Field(gt=0, le=MAX_TFLOPS)
     hbm_gb: float = Field(gt=0, le=MAX_HBM_GB)
     hbm_tb_per_s: float = Field(gt=0, le=MAX_HBM_TB_PER_S)
-    source: str = Field(default="", max_length=1024)
 
 
 class NodeSpec(_Frozen):
