@@ -93,6 +93,7 @@ class Candidate:
 
 
 def placement_dict(p: Optional[Placement]) -> Optional[dict]:
+    """``{rollout_nodes, train_nodes}`` (lists of node ids) of ``p``, JSON-able; None for None."""
     return None if p is None else {"rollout_nodes": list(p.rollout_nodes), "train_nodes": list(p.train_nodes)}
 
 

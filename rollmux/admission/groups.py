@@ -62,6 +62,20 @@ class NodePool:
 
 @dataclass
 class GroupSummary:
+    """One group as the filters, the index and pruning read it (built by :func:`summarise_group`,
+    replaced whenever the group changes).
+
+    Attributes:
+        group: the group record.
+        loads: per node of the group, the phase times pinned to it per meta-iteration, seconds
+            (rollout nodes: rollouts; training nodes: training + sync,
+            :attr:`rollmux.models.PhaseProfile.t_train_node_s`).
+        mem: per node, the host-memory state of the jobs pinned to it, GB.
+        t_cycle: ``T_cycle(G) = max_k T_solo_k``, seconds (0 for no member).
+        t_load: ``T_load(G)``, the busiest node's load, seconds (0 for no member).
+        coexec: predicted co-execution iteration time per member, seconds (None until known).
+    """
+
     group: CoExecutionGroup
     loads: dict[str, float]
     mem: dict[str, float]
@@ -78,6 +92,7 @@ class GroupSummary:
 
     @functools.cached_property
     def idle_fraction(self) -> float:
+        """Idle share of the group's node-time in a meta-iteration of ``T_cycle`` (1 for an empty cycle)."""
         nodes = len(self.group.rollout_nodes) + len(self.group.train_nodes)
         if self.t_cycle <= 0 or nodes == 0:
             return 1.0
@@ -94,6 +109,9 @@ def _member_loads(m: GroupMember, cluster: ClusterSpec):
 
 
 def summarise_group(group: CoExecutionGroup, cluster: ClusterSpec) -> GroupSummary:
+    """The :class:`GroupSummary` of ``group`` on ``cluster`` (state sizes from
+    :func:`rollmux.profiler.state_gb`, Cost(G) at the cluster's prices): the one computation of a
+    group's node loads, ``T_cycle`` and ``T_load`` in the policy. Source: RollMux §4.2 (3)."""
     loads = {n: 0.0 for n in group.rollout_nodes + group.train_nodes}
     mem = dict.fromkeys(loads, 0.0)
     for m in group.members:
