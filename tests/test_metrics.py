@@ -106,17 +106,39 @@ def test_scheduler_keeps_series_of_active_jobs_only():
 
 
 def test_only_the_global_scheduler_records_per_job_series():
-    """A GroupController reports iterations to the GlobalScheduler and records no job_id series itself
-    (two processes exporting the same job's series would make a ``sum()`` count it twice)."""
-    import inspect
+    """A GroupController reports each finished iteration (iterations done, measured iteration and
+    solo time, slowdown) to the GlobalScheduler and records no per-job (``job_id``) series itself:
+    two processes exporting the same job's series would make a ``sum()`` count it twice. Its own
+    series (pool busy time, phase switches) it does record."""
+    import asyncio
 
-    from actors import group_controller
-    from rollmux import group_ledger
+    from actors.group_controller import GroupControllerImpl
 
-    src = inspect.getsource(group_controller)  # the actor: effects of its ledger, no per-job series
-    led = inspect.getsource(group_ledger)  # the controller's bookkeeping: reports iterations
-    assert "metrics.job(" not in src and '_metric("job",' not in led
-    assert "_report(job_id, {\"event\": \"iteration\"" in led
+    now = [100.0]  # seconds on the controller's clock
+    c = GroupControllerImpl("group-m", None, metrics_flush_s=0, metrics_enabled=False, lease_s=0, clock=lambda: now[0])
+    reports: list[tuple[str, dict]] = []
+    c._report = lambda job_id, event: reports.append((job_id, event))  # what goes to the GlobalScheduler
+
+    async def two_iterations():
+        await c.sync_members([{"job_id": "a", "rollout_nodes": ["rollout-0"], "train_nodes": ["train-0"], "slo": 2.0}],
+                             {}, seq=1)
+        await c.attach("a")
+        for it in range(2):
+            for ph in ("rollout", "train", "sync"):
+                g = await c.acquire("a", ph, iteration=it)
+                t = now[0]
+                now[0] = t + 1.0
+                await c.release("a", ph, {"ok": True, "node": g["nodes"][0], "start": t, "end": t + 1.0,
+                                          "switch": "warm", "switch_s": 0.01,
+                                          **({"sync_cross_bytes": 1024} if ph == "sync" else {})})
+
+    asyncio.run(two_iterations())
+    iters = [(j, e["iterations_done"], e["t_iter_s"], e["t_solo_s"], e["slowdown"]) for j, e in reports
+             if e["event"] == "iteration"]
+    assert iters == [("a", 1, 3.0, 3.0, 1.0), ("a", 2, 3.0, 3.0, 1.0)]
+    totals = c.metrics.totals
+    assert {k: dict(totals[k]) for k in RollmuxMetrics.JOB_GAUGES} == {"slowdown": {}, "slo": {}, "iters": {}}
+    assert totals["busy"]["rollout"] > 0 and totals["busy"]["train"] > 0 and totals["switch_s"]["warm"] == 0.01
 
 
 def test_group_timeline_busy_and_bubble_from_occupancy():
