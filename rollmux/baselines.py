@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
 from rollmux import profiler
+from rollmux.admission.layouts import build_group, layout_floor_usd_per_h, layout_row, training_pins_feasible
+from rollmux.admission.order import EXHAUSTIVE_ORDER_MAX
 from rollmux.models import ClusterSpec, CoExecutionGroup, GPUType, JobSpec, PhaseProfile
 
 
@@ -231,7 +233,7 @@ def gavel_unit(job: JobSpec, cluster: ClusterSpec) -> Unit:
     if g.kind == "colocated":
         rb, tb = 0.0, float(g.train_gpus)
     else:
-        rb, tb = g.rollout_gpus * p.t_roll_s / t, g.train_gpus * (p.t_train_s + p.t_sync_s) / t
+        rb, tb = g.rollout_gpus * p.t_roll_s / t, g.train_gpus * p.t_train_node_s / t
     return Unit(f"gavel:{job.job_id}", (job.job_id,), g.cost_usd_per_h, g.rollout_gpus, g.train_gpus, {job.job_id: t}, rb, tb)
 
 
@@ -300,7 +302,7 @@ class OptimalPartition:
     _cols: dict = field(default_factory=dict, repr=False)
     _keys_of: dict = field(default_factory=dict, repr=False)  # job id -> cached job sets holding it (forget)
     _floors: dict = field(default_factory=dict, repr=False)  # job set -> layout_floor_usd_per_h (partition_floor)
-    _rows: dict = field(default_factory=dict, repr=False)  # job id -> admission.layout_row
+    _rows: dict = field(default_factory=dict, repr=False)  # job id -> layout_row
 
     def _remember(self, key: frozenset) -> None:
         for j in key:
@@ -308,8 +310,6 @@ class OptimalPartition:
 
     def layout(self, members: Sequence[tuple[JobSpec, PhaseProfile]]) -> Optional[CoExecutionGroup]:
         """Cached min-cost feasible layout of ``members`` (``None`` if infeasible)."""
-        from rollmux.admission import build_group
-
         key = frozenset(j.job_id for j, _ in members)
         if key not in self._layouts:
             self._layouts[key] = build_group(list(members), self.cluster)
@@ -319,8 +319,6 @@ class OptimalPartition:
     def _column(self, key: frozenset, members: Sequence[tuple[JobSpec, PhaseProfile]], below: float) -> Optional[CoExecutionGroup]:
         """Cached min-cost feasible layout of ``members`` strictly cheaper than ``below`` $/h (a
         function of the job set only: ``below`` is derived from its subsets)."""
-        from rollmux.admission import build_group
-
         if key not in self._cols:
             full = self._layouts.get(key, False)
             if full is not False:  # the unbounded search already ran
@@ -380,8 +378,6 @@ class OptimalPartition:
         it), checked on the sets of the cheapest partition only, as they are needed.
         :meth:`rollmux.admission.InterGroupScheduler.reoptimise` skips the exact solve when this
         bound shows that no partition is cheaper than the current groups."""
-        from rollmux.admission import build_group, layout_floor_usd_per_h, layout_row, training_pins_feasible
-
         by_id = {j.job_id: (j, p) for j, p in members}
         ids = sorted(by_id)
         n = len(ids)
@@ -565,7 +561,6 @@ class OptimalPartition:
     def _solve_exact(self, members, complete: bool = True,
                      indifferent: Optional[Callable[[list[CoExecutionGroup]], bool]] = None) -> PartitionResult:
         from ortools.sat.python import cp_model
-        from rollmux.admission import EXHAUSTIVE_ORDER_MAX
 
         feas = self._candidates(members, complete)
         cols = list(feas.items())
@@ -645,7 +640,7 @@ class OptimalPartition:
 def realised(unit_fn: Callable[[JobSpec, ClusterSpec], Unit]) -> Callable[..., Unit]:
     """A per-job baseline's unit with the realisation's phase times: in stochastic replays the
     allocation's worst-case iteration time is scaled by the job's realised / planned solo time.
-    ``real``: a :class:`rollmux.simulator.Realisation` (``stochastic``, ``solo_time_s``)."""
+    ``real``: a :class:`rollmux.sim_realisation.Realisation` (``stochastic``, ``solo_time_s``)."""
 
     def unit(job: JobSpec, cluster: ClusterSpec, real) -> Unit:
         u = unit_fn(job, cluster)

@@ -7,10 +7,10 @@ per-pool busy / bubble fractions. The admission SLO check (Alg. 1 line 10) calls
 profiles; the simulator's ``--stochastic`` mode passes per-iteration :class:`IterationTimes`
 (with ``t_trigger_s``) and a :class:`LongTailPolicy` to model long-tail migration.
 
-Group-level quantities (RollMux §4.2, saturation pruning):
-``T_cycle(G) = max_j T_solo_j``; ``T_load(G)`` = max over nodes of the phase times pinned to the
-node (rollout nodes: rollouts; training nodes: training + sync, which holds the training slot);
-``G`` is saturated iff ``T_load >= T_cycle``.
+The group-level quantities of saturation pruning (RollMux §4.2: ``T_cycle(G) = max_j T_solo_j``,
+``T_load(G)`` = the busiest node's pinned phase times, rollout nodes: rollouts, training nodes:
+training + sync, which holds the training slot) are the policy's, computed once in
+:func:`rollmux.admission.groups.summarise_group` and compared by :func:`rollmux.admission.is_saturated`.
 """
 
 from __future__ import annotations
@@ -195,39 +195,8 @@ class GroupSchedule:
         return {j: self.slowdown(j) for j in self.t_coexec_s}
 
 
-# --- group-level quantities ----------------------------------------------------------------------
-
 def _members_of(g: Union[CoExecutionGroup, Sequence[GroupMember]]) -> Sequence[GroupMember]:
     return g.members if isinstance(g, CoExecutionGroup) else g
-
-
-def node_loads(group: Union[CoExecutionGroup, Sequence[GroupMember]]) -> dict[str, float]:
-    """Seconds of work per meta-iteration pinned to each node (rollout nodes: ``t_roll``;
-    training nodes: ``t_train + t_sync``). Source: RollMux §4.2 (3)."""
-    loads: dict[str, float] = {}
-    for m in _members_of(group):
-        for n in m.placement.rollout_nodes:
-            loads[n] = loads.get(n, 0.0) + m.profile.t_roll_s
-        for n in m.placement.train_nodes:
-            loads[n] = loads.get(n, 0.0) + m.profile.t_train_s + m.profile.t_sync_s
-    return loads
-
-
-def t_cycle(group: Union[CoExecutionGroup, Sequence[GroupMember]]) -> float:
-    """``T_cycle(G) = max_j T_solo_j`` seconds (0 for an empty group)."""
-    return max((m.profile.t_solo_s for m in _members_of(group)), default=0.0)
-
-
-def t_load(group: Union[CoExecutionGroup, Sequence[GroupMember]]) -> float:
-    """``T_load(G)`` = the busiest node's work per meta-iteration, seconds."""
-    return max(node_loads(group).values(), default=0.0)
-
-
-def is_saturated(group: Union[CoExecutionGroup, Sequence[GroupMember]]) -> bool:
-    """``T_load(G) >= T_cycle(G)``: no slack left to absorb another job (RollMux §4.2 (3),
-    with the inequality as stated here). An empty group is not saturated."""
-    members = _members_of(group)
-    return bool(members) and t_load(members) >= t_cycle(members)
 
 
 # --- simulation ----------------------------------------------------------------------------------
@@ -462,7 +431,7 @@ def steady_schedule(members: Union[CoExecutionGroup, Sequence[GroupMember]], *,
     curve. ``timeline`` is empty, ``iterations`` counts the iterations completed within the
     window, ``horizon_s`` is the window's end and ``lifetime_busy_fraction`` covers ``[0,
     horizon_s]`` (the event simulation also runs the drain after the window). The replay's group
-    units use it (:meth:`rollmux.simulator.Realisation.group_unit`).
+    units use it (:meth:`rollmux.sim_realisation.Realisation.group_unit`).
 
     Raises ValueError on an empty group or duplicate job ids, RuntimeError past ``max_cycles``.
     Source: RollMux §4.3 (round-robin meta-iterations).

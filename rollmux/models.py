@@ -84,7 +84,9 @@ class GPUType(_Frozen):
         bf16_tflops: dense bf16 peak, TFLOP/s (> 0).
         hbm_gb: device memory, GB (> 0).
         hbm_tb_per_s: device memory bandwidth, TB/s (> 0).
-        source: where the figures come from (datasheet, paper table).
+
+    Where the figures come from (datasheet, paper table) is a comment beside each entry of
+    ``configs/gpus.yaml``.
     """
 
     name: str = Field(min_length=1, max_length=64)
@@ -92,7 +94,6 @@ class GPUType(_Frozen):
     bf16_tflops: float = Field(gt=0, le=MAX_TFLOPS)
     hbm_gb: float = Field(gt=0, le=MAX_HBM_GB)
     hbm_tb_per_s: float = Field(gt=0, le=MAX_HBM_TB_PER_S)
-    source: str = Field(default="", max_length=1024)
 
 
 class NodeSpec(_Frozen):
@@ -156,6 +157,15 @@ class PhaseProfile(_Strict):
     @property
     def t_solo_s(self) -> float:
         return self.t_roll_s + self.t_train_s + self.t_sync_s
+
+    @property
+    def t_train_node_s(self) -> float:
+        """Seconds one iteration holds each of the job's training nodes: its training, then its
+        sync (the sync holds the training slot, :data:`POOL_OF_PHASE`), ``t_train_s + t_sync_s``.
+        The load the job puts on each of its training nodes per meta-iteration (the node-load
+        rule, RollMux §4.2 (3)); the one home of that sum (admission's node loads, bounds and
+        index, the optimum's layouts, the per-job baselines' busy training GPUs)."""
+        return self.t_train_s + self.t_sync_s
 
     def time_of(self, phase: PhaseName) -> float:
         return {"rollout": self.t_roll_s, "train": self.t_train_s, "sync": self.t_sync_s}[phase]

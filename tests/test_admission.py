@@ -309,7 +309,7 @@ def test_rollmux_never_violates_slo_or_memory(jobs, seed):
 def test_branch_and_bound_matches_exhaustive_choice(jobs, newcomer):
     """The lazily evaluated choice has the same (delta, max slowdown/SLO) as evaluating and
     simulating every candidate of every open group."""
-    from rollmux.admission import _slo_sim
+    from rollmux.admission.order import slo_sim
 
     s = InterGroupScheduler(make_cluster())
     for i, (r, t, sy, slo, nr, nt, mr, mt) in enumerate(jobs):
@@ -324,7 +324,7 @@ def test_branch_and_bound_matches_exhaustive_choice(jobs, newcomer):
         for strategy in ("direct", "scale_out"):
             cand = s._candidate(g, s._newcomer(new, prof), strategy)
             if cand.ok:
-                _slo_sim(cand)
+                slo_sim(cand)
             if cand.ok and (best is None or (cand.delta_usd_per_h, cand.score) < best):
                 best = (cand.delta_usd_per_h, cand.score)
     if best is None:

@@ -236,8 +236,8 @@ def test_a_non_finite_profile_is_refused_never_admitted(paper):
 
 
 def test_a_nan_slo_or_slowdown_is_infeasible_not_a_pass(paper):
-    assert not admission._within(math.nan, 2.0) and not admission._within(1.0, math.nan)
-    assert not admission._within(math.inf, 2.0) and admission._within(2.0, 2.0)
+    assert not admission.within(math.nan, 2.0) and not admission.within(1.0, math.nan)
+    assert not admission.within(math.inf, 2.0) and admission.within(2.0, 2.0)
     assert admission.breaks_slo(math.nan, 1.0, 2.0) and admission.breaks_slo(1.0, 1.0, math.nan)
     assert admission.is_saturated(math.nan, 10.0) and admission.is_saturated(1.0, math.inf)
     assert not admission.is_saturated(1.0, 10.0)

@@ -7,16 +7,35 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollmux.intra_group import (IterationTimes, LongTailPolicy, coexec_times, is_saturated, node_loads,
-                                 simulate_group, t_cycle, t_load)
-from rollmux.models import GroupMember, JobSpec, PhaseProfile, Placement
+from rollmux.admission import is_saturated
+from rollmux.admission.groups import GroupSummary, summarise_group
+from rollmux.config import CONFIG_DIR, load_cluster
+from rollmux.intra_group import IterationTimes, LongTailPolicy, coexec_times, simulate_group
+from rollmux.models import CoExecutionGroup, GroupMember, JobSpec, PhaseProfile, Placement
 from rollmux.round_robin import RoundRobinQueues
+
+SIM_CLUSTER = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
 
 
 def mem(j, tr, tt, ts=0.0, r=("rollout-0",), t=("train-0",), gpus=8, slo=2.0):
     return GroupMember(spec=JobSpec(job_id=j, model_params_b=7, num_rollout_gpus=gpus, slo=slo),
                        profile=PhaseProfile(t_roll_s=tr, t_train_s=tt, t_sync_s=ts),
                        placement=Placement(job_id=j, rollout_nodes=r, train_nodes=t))
+
+
+def group_figures(members) -> GroupSummary:
+    """The policy's own figures of a group of ``members`` (admission's one implementation:
+    node loads, ``T_cycle`` = max solo time, ``T_load`` = the busiest node's load, seconds)."""
+    def nodes(pool):
+        return tuple(dict.fromkeys(n for m in members for n in getattr(m.placement, f"{pool}_nodes")))
+
+    group = CoExecutionGroup(group_id="g", rollout_nodes=nodes("rollout"), train_nodes=nodes("train"), members=tuple(members))
+    return summarise_group(group, SIM_CLUSTER)
+
+
+def saturated(members) -> bool:
+    s = group_figures(members)
+    return is_saturated(s.t_load, s.t_cycle)
 
 
 # --- RoundRobinQueues ---------------------------------------------------------------------------
@@ -129,7 +148,8 @@ def test_two_job_timeline_exact():
     assert s.slowdowns == {"A": 1.0, "B": 2.0}
     assert s.busy_fraction == {"rollout": 0.75, "train": 0.75}
     assert s.bubble_fraction["train"] == pytest.approx(0.25)
-    assert (t_cycle(g), t_load(g), is_saturated(g)) == (200, 150, False)
+    s = group_figures(g)
+    assert (s.t_cycle, s.t_load, saturated(g)) == (200, 150, False)
 
 
 def test_sync_holds_training_node_and_gates_next_rollout():
@@ -142,8 +162,8 @@ def test_sync_holds_training_node_and_gates_next_rollout():
 
 def test_scale_out_group_runs_rollouts_in_parallel():
     g = [mem("A", 100, 50, r=("rollout-0",)), mem("B", 100, 50, r=("rollout-1",))]
-    assert node_loads(g) == {"rollout-0": 100, "rollout-1": 100, "train-0": 100}
-    assert not is_saturated(g)
+    assert group_figures(g).loads == {"rollout-0": 100, "rollout-1": 100, "train-0": 100}
+    assert not saturated(g)
     s = simulate_group(g)
     assert s.t_coexec_s == {"A": 150, "B": 150}
     starts = [r.start_s for r in s.timeline if r.job_id == "A" and r.phase == "rollout"][:3]
@@ -153,11 +173,11 @@ def test_scale_out_group_runs_rollouts_in_parallel():
 
 def test_saturated_group():
     g = [mem("A", 100, 100), mem("B", 100, 10)]
-    assert t_load(g) == 200 and t_cycle(g) == 200 and is_saturated(g)  # equality counts as saturated
+    s = group_figures(g)
+    assert s.t_load == 200 and s.t_cycle == 200 and saturated(g)  # equality counts as saturated
     assert simulate_group(g).t_meta_s == 200
     over = [mem("A", 100, 100), mem("B", 120, 10)]
     assert simulate_group(over).t_meta_s == 220  # overloaded: the cycle stretches to T_load > T_cycle
-    assert not is_saturated([])
 
 
 def test_phase_times_mapping_and_callable():

@@ -107,33 +107,44 @@ def test_scheduler_keeps_series_of_active_jobs_only():
 
 
 def test_only_the_global_scheduler_records_per_job_series():
-    """A GroupController reports iterations to the GlobalScheduler and records no job_id series itself
-    (two processes exporting the same job's series would make a ``sum()`` count it twice)."""
+    """A GroupController reports each finished iteration (iterations done, measured iteration and
+    solo time, slowdown) to the GlobalScheduler and records no per-job (``job_id``) series itself:
+    two processes exporting the same job's series would make a ``sum()`` count it twice. Its own
+    series (pool busy time, phase switches) it does record."""
     import asyncio
 
     from actors.group_controller import GroupControllerImpl
-    from rollmux.messages import PhaseRecord, ProgressReport
+    from rollmux.messages import MembershipPush, PhaseRecord, ProgressReport
 
-    sent = []
+    now = [100.0]  # seconds on the controller's clock
+    c = GroupControllerImpl("group-m", None, metrics_flush_s=0, metrics_enabled=False, lease_s=0, clock=lambda: now[0])
+    reports: list[tuple[str, object]] = []
 
-    class Scheduler:  # the controller's scheduler handle, recording its reports
+    class Scheduler:  # the controller's scheduler handle: what goes to the GlobalScheduler
         def report_nowait(self, job_id, message):
-            sent.append((job_id, message))
+            reports.append((job_id, message))
 
-    async def scenario():
-        c = GroupControllerImpl("group-m", None, metrics_flush_s=0, metrics_enabled=False, lease_s=0)
-        c._sched = Scheduler()
-        await c.add_job("a", ["rollout-0"], ["train-0"])
+    c._sched = Scheduler()
+
+    async def two_iterations():
+        await c.sync_members(MembershipPush.of("group-m", [{"job_id": "a", "rollout_nodes": ["rollout-0"],
+                                                             "train_nodes": ["train-0"], "slo": 2.0}], {}, seq=1))
         await c.attach("a")
-        for ph in ("rollout", "train", "sync"):
-            g = await c.acquire("a", ph, timeout_s=5)
-            await c.release(g, PhaseRecord(node=g.nodes[0], start=0.0, end=1.0, switch="warm", switch_s=0.0, ok=True))
-        return c
+        for it in range(2):
+            for ph in ("rollout", "train", "sync"):
+                g = await c.acquire("a", ph, iteration=it)
+                t = now[0]
+                now[0] = t + 1.0
+                await c.release(g, PhaseRecord(ok=True, node=g.nodes[0], start=t, end=t + 1.0, switch="warm",
+                                               switch_s=0.01, sync_cross_bytes=1024 if ph == "sync" else None))
 
-    c = asyncio.run(scenario())
-    assert [(j, type(m)) for j, m in sent] == [("a", ProgressReport)] and sent[0][1].iterations_done == 1
-    assert c.metrics.totals["switches"]["warm"] == 3  # the controller records its group's series ...
-    assert not any(c.metrics.totals.get(k) for k in RollmuxMetrics.JOB_GAUGES)  # ... and no job_id series
+    asyncio.run(two_iterations())
+    iters = [(j, e.iterations_done, e.t_iter_s, e.t_solo_s, e.slowdown) for j, e in reports
+             if isinstance(e, ProgressReport)]
+    assert iters == [("a", 1, 3.0, 3.0, 1.0), ("a", 2, 3.0, 3.0, 1.0)]
+    totals = c.metrics.totals
+    assert {k: dict(totals[k]) for k in RollmuxMetrics.JOB_GAUGES} == {"slowdown": {}, "slo": {}, "iters": {}}
+    assert totals["busy"]["rollout"] > 0 and totals["busy"]["train"] > 0 and totals["switch_s"]["warm"] == 0.01
 
 
 def test_group_timeline_busy_and_bubble_from_occupancy():

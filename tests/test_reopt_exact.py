@@ -12,8 +12,8 @@ import random
 import pytest
 
 from rollmux import baselines
-from rollmux.admission import (_train_plan, build_group, layout_floor_usd_per_h, layout_row, load_scheduler_config,
-                               training_pins_feasible)
+from rollmux.admission import build_group, layout_floor_usd_per_h, layout_row, load_scheduler_config, training_pins_feasible
+from rollmux.admission.layouts import _train_plan
 from rollmux.baselines import OptimalPartition
 from rollmux.config import CONFIG_DIR, load_cluster
 from rollmux.traces import EXTRACT_TRACE, TraceWindow, load_trace

@@ -18,8 +18,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from rollmux.intra_group import is_saturated, simulate_group, t_cycle, t_load
+from rollmux.intra_group import simulate_group
 from rollmux.models import GroupMember, JobSpec, PhaseProfile, Placement
+from tests.test_intra_group import group_figures, saturated
 
 
 def members(profs):
@@ -59,22 +60,22 @@ prof_st = st.tuples(times, times, st.sampled_from([0.0, 0.0, 5.0, 17.0]))
 @given(st.lists(prof_st, min_size=1, max_size=5))
 def test_round_robin_cycle_equals_t_cycle_when_not_saturated(profs):
     g = members(profs)
-    assume(not is_saturated(g))
+    assume(not saturated(g))
     s = simulate_group(g, record_timeline=False)
-    assert s.t_meta_s == pytest.approx(t_cycle(g), rel=1e-9)
+    assert s.t_meta_s == pytest.approx(group_figures(g).t_cycle, rel=1e-9)
     for j in s.t_coexec_s:  # every member iterates once per meta-iteration
-        assert s.t_coexec_s[j] == pytest.approx(t_cycle(g), rel=1e-9)
-    assert cyclic_period(list(range(len(profs))), profs) == pytest.approx(t_cycle(g), rel=1e-9)
+        assert s.t_coexec_s[j] == pytest.approx(group_figures(g).t_cycle, rel=1e-9)
+    assert cyclic_period(list(range(len(profs))), profs) == pytest.approx(group_figures(g).t_cycle, rel=1e-9)
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(prof_st, min_size=1, max_size=4), st.data())
 def test_no_repeating_schedule_beats_round_robin_utilisation(profs, data):
     g = members(profs)
-    assume(not is_saturated(g))
+    assume(not saturated(g))
     n = len(profs)
     rr = list(range(n))
-    u_rr = utilisation(rr, profs, t_cycle(g))
+    u_rr = utilisation(rr, profs, group_figures(g).t_cycle)
     # a bounded alternative: 1-3 extra occurrences of jobs, inserted anywhere in the cycle
     alt = list(rr)
     for _ in range(data.draw(st.integers(1, 3))):
@@ -89,7 +90,7 @@ def test_oracle_matches_simulator_on_round_robin(profs):
     g = members(profs)
     s = simulate_group(g, meta_iterations=30, record_timeline=False)
     assert s.t_meta_s == pytest.approx(cyclic_period(list(range(len(profs))), profs, cycles=30), rel=1e-6)
-    assert s.t_meta_s >= max(t_load(g), t_cycle(g)) - 1e-9
+    assert s.t_meta_s >= max(group_figures(g).t_load, group_figures(g).t_cycle) - 1e-9
 
 
 def test_repetition_example_lowers_utilisation():

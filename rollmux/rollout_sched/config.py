@@ -77,7 +77,6 @@ class BudgetConfig(_Cfg):
 
     Attributes:
         kv_capacity_tokens: KV-cache slots of the inference engine, tokens.
-        kv_bytes_per_token: bytes of KV per token (memory figures only).
         busy_trainer_fraction: share of the KV capacity inference may use while the trainer is
             busy (not waiting on rollout data); 1.0 when it is waiting. Use 1.0 on fully
             disaggregated pools, < 1 where training shares the device.
@@ -97,7 +96,6 @@ class BudgetConfig(_Cfg):
     """
 
     kv_capacity_tokens: int = Field(gt=0, le=MAX_TOKENS)
-    kv_bytes_per_token: int = Field(default=131072, gt=0, le=1 << 30)
     busy_trainer_fraction: float = Field(default=1.0, gt=0, le=1)
     short_reserved_fraction: float = Field(default=0.1, ge=0, lt=1)
     short_slots_per_window: int = Field(default=4, ge=1, le=MAX_REQUESTS)

@@ -1,0 +1,101 @@
+"""Scheduler settings: :class:`SchedulerConfig` (``configs/scheduler.yaml``), the one model the
+cluster's GlobalScheduler and ``rollmux simulate`` build the admission policy from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollmux.config import CONFIG_DIR, load_model
+from rollmux.intra_group import LongTailPolicy
+
+
+class SchedulerConfig(BaseModel):
+    """Scheduler settings (``configs/scheduler.yaml``).
+
+    Attributes:
+        policy: ``"rollmux"`` (Alg. 1), ``"random"`` or ``"most-idle"``.
+        max_group_size: most jobs in one co-execution group (paper simulation: 5).
+        tail_trigger_fraction: long-tail migration fires when this fraction of a rollout's
+            responses is done (RollMux §4.3: 0.8).
+        tail_gpus: GPUs that keep a migrated rollout's stragglers.
+        migration_overhead_s: cost of one migration (stragglers' re-prefill), seconds.
+        tail_migration: act on long-tail decisions (GroupControllers release the rollout's nodes
+            to the waiting rollout; the simulator models it); false records decisions only.
+        plan_migration_overhead: long-tail migration runs at run time, so the SLO check plans
+            every rollout of a co-executed group ``migration_overhead_s`` longer (a migrated
+            rollout ends that much later; :func:`rollmux.intra_group.coexec_times`). The
+            simulator sets it for ``--stochastic`` replays, where rollouts migrate.
+        seed: seed of the random baseline.
+        tie_break: among candidates of equal marginal cost, ``"most_slack"`` (lowest
+            ``max_k slowdown_k / slo_k``: leaves SLO headroom for stochastic phase times) or
+            ``"best_fit"`` (the tightest feasible group). The paper does not say; measured on the
+            default mix the two differ by ~1-2% in cost either way.
+        repack_on_departure: after a departure, try to dissolve small groups into the others
+            (:meth:`InterGroupScheduler.repack`); moved jobs pay one host-state copy.
+        repack_max_groups: groups tried per departure (bounds the work of a departure).
+        repack_max_members: only groups with at most this many members are dissolved.
+        reopt_max_jobs: after every admission and departure (after re-packing), re-partition
+            the event's neighbourhood exactly (:meth:`InterGroupScheduler.reoptimise`): the group
+            the job joined or left and the groups with the most idle node time, at most this
+            many jobs in all, by the optimum's set partitioning; 0 turns it off.
+        saturation: which groups Alg. 1 line 4 prunes (:func:`saturation_filter`): ``"paper"``
+            (``T_load >= T_cycle``), ``"slo"`` (``T_load >= max_k slo_k T_solo_k``) or ``"off"``.
+        driver_lease_s: a GroupController evicts an attached job whose driver has not
+            heart-beaten for this many seconds while none of its phases runs (0 disables).
+        attach_timeout_s: an admitted job whose driver has not attached (reported ``running``)
+            after this many seconds expires: its nodes are released and its record says
+            ``expired`` (the GlobalScheduler's reconcile loop checks; 0 disables).
+        queue_max_jobs: most jobs the admission queue of a bounded cluster holds
+            (:class:`rollmux.admission_queue.AdmissionQueue`); more are refused (HTTP 429).
+        queue_backfill: behind a job that does not fit, try smaller queued jobs (else strict FIFO).
+        queue_scan_limit: most queued jobs one pass (after a departure) decides.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    policy: str = "rollmux"
+    max_group_size: int = Field(default=5, ge=1, le=64)
+    tail_trigger_fraction: float = Field(default=0.8, gt=0.0, le=1.0)
+    tail_gpus: int = Field(default=1, ge=1, le=1024)
+    migration_overhead_s: float = Field(default=2.0, ge=0.0, le=3600.0)
+    tail_migration: bool = True
+    plan_migration_overhead: bool = False
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    tie_break: Literal["best_fit", "most_slack"] = "most_slack"
+    repack_on_departure: bool = True
+    repack_max_groups: int = Field(default=4, ge=0, le=1024)
+    repack_max_members: int = Field(default=2, ge=1, le=64)
+    reopt_max_jobs: int = Field(default=8, ge=0, le=12)
+    saturation: Literal["paper", "slo", "off"] = "slo"
+    attach_timeout_s: float = Field(default=600.0, ge=0.0, le=1e7)
+    driver_lease_s: float = Field(default=30.0, ge=0.0, le=1e6)
+    queue_max_jobs: int = Field(default=1000, ge=1, le=1_000_000)
+    queue_backfill: bool = True
+    queue_scan_limit: int = Field(default=64, ge=1, le=100_000)
+
+    def overridden(self, **values) -> "SchedulerConfig":
+        """A validated copy with the given values; ``None`` values are ignored (an option not
+        given keeps the config's value). How the cluster and ``rollmux simulate`` apply explicit
+        arguments / flags over ``configs/scheduler.yaml``."""
+        upd = {k: v for k, v in values.items() if v is not None}
+        return SchedulerConfig.model_validate({**self.model_dump(), **upd}) if upd else self
+
+    def long_tail_policy(self) -> LongTailPolicy:
+        """The long-tail migration settings as a :class:`LongTailPolicy` (RollMux §4.3)."""
+        return LongTailPolicy(self.tail_trigger_fraction, self.tail_gpus, self.migration_overhead_s)
+
+    def controller_settings(self) -> dict:
+        """Keyword arguments of a GroupController that carry these long-tail settings."""
+        return {"migrate": self.tail_migration, "tail_trigger_fraction": self.tail_trigger_fraction,
+                "tail_gpus": self.tail_gpus, "migration_overhead_s": self.migration_overhead_s,
+                "lease_s": self.driver_lease_s}
+
+
+def load_scheduler_config(path: Union[str, Path, None] = None) -> SchedulerConfig:
+    """``configs/scheduler.yaml`` (or ``path``) as a :class:`SchedulerConfig`.
+    Raises :class:`rollmux.config.ConfigError` naming the field."""
+    return load_model(path or CONFIG_DIR / "scheduler.yaml", SchedulerConfig)
+

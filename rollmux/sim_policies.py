@@ -1,0 +1,272 @@
+"""The policies as the trace replay sees them (:class:`SimPolicy`: ``arrive`` / ``depart`` change
+state, ``units`` gives the current allocation): the group-forming scheduler policies through the
+same :class:`rollmux.admission.InterGroupScheduler` the cluster runs (:class:`SchedulerPolicy`,
+with re-packing, re-optimisation and the admission queue), the per-job baselines
+(:class:`PerJobPolicy`) and the offline optimum (:class:`OptimalPolicy`); :func:`make_policy`
+builds one from :data:`rollmux.policies.REGISTRY`. Source: RollMux §7.1 (baselines), §7.5.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from rollmux.admission import InterGroupScheduler, SchedulerConfig
+from rollmux.admission_queue import AdmissionQueue, QueueFull
+from rollmux.baselines import PER_JOB_UNITS, OptimalPartition, Unit
+from rollmux.models import ClusterSpec, CoExecutionGroup
+from rollmux.policies import policy_spec
+from rollmux.sim_realisation import Realisation
+from rollmux.workloads import SimJob
+
+
+class SimPolicy:
+    """Interface of a policy inside the replay: ``arrive`` / ``depart`` change state; ``units``
+    gives the current allocation. ``arrive`` returns the decision latency in ms."""
+
+    name: str = ""
+    #: simulated time of the event being handled, s (set by :func:`replay` before each call)
+    clock: float = 0.0
+
+    def arrive(self, job: SimJob) -> float:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def take_started(self) -> Optional[list[str]]:
+        """Jobs that started running since the last call (a queued policy: an arrival admitted at
+        once, queued jobs admitted after a departure). None: every arrival starts at once."""
+        return None
+
+    def depart(self, job_id: str) -> Optional[dict[str, float]]:  # pragma: no cover - interface
+        """Remove a finished job. May return ``{job_id: stall_s}`` for other jobs the policy
+        moved as a consequence (departure re-packing): each loses ``stall_s`` of progress."""
+        raise NotImplementedError
+
+    def pop_stalls(self) -> dict[str, float]:
+        """Stalls of jobs the policy moved on an arrival (re-optimisation): ``{job_id: stall_s}``,
+        each loses ``stall_s`` of progress; cleared by the call."""
+        return {}
+
+    def extra(self) -> dict:
+        """Policy-specific facts for summary.json."""
+        return {}
+
+    def units(self) -> list[Unit]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def groups(self) -> list[CoExecutionGroup]:
+        """Current co-execution groups (empty for per-job baselines)."""
+        return []
+
+
+class SchedulerPolicy(SimPolicy):
+    """RollMux / random / most-idle: :class:`rollmux.admission.InterGroupScheduler` (Alg. 1 or
+    the greedy baselines), one admission per arrival, departures release GPUs; RollMux then
+    re-packs (``repack``, :meth:`InterGroupScheduler.repack`); after every admission and
+    departure it re-optimises the event's neighbourhood (:meth:`InterGroupScheduler.reoptimise`),
+    and each moved job stalls for its host-state copy (``move_s``).
+
+    ``queue=True`` (a bounded cluster): a job refused ``retry_later`` waits in the scheduler's
+    :class:`rollmux.admission_queue.AdmissionQueue` (the cluster's own queue code), which is
+    drained through Alg. 1 after every departure; ``never`` refusals and arrivals to a full queue
+    are counted in ``refused`` and not replayed."""
+
+    def __init__(self, name: str, cluster: ClusterSpec, real: Realisation, *, max_group_size: Optional[int] = None,
+                 seed: Optional[int] = None, repack: Optional[bool] = None, config=None, queue: bool = False):
+        self.name = name
+        self.spec = policy_spec(name, "scheduler")
+        self.real = real
+        # the same SchedulerConfig the cluster's GlobalScheduler builds its policy from; arguments
+        # given here override a copy of it, the policy is this one. Stochastic replays migrate long
+        # tails: admission then plans the migration overhead of every rollout.
+        cfg = (config or SchedulerConfig()).overridden(policy=name, max_group_size=max_group_size, seed=seed,
+                                                      repack_on_departure=repack,
+                                                      migration_overhead_s=real.long_tail.migration_overhead_s,
+                                                      plan_migration_overhead=real.stochastic and real.migrate)
+        self.sched = InterGroupScheduler(cluster, config=cfg)
+        self._seen: dict[int, tuple] = {}  # id(group record) -> (record, unit)
+        # the solver of the neighbourhood re-optimisation (InterGroupScheduler.reoptimise)
+        self.solver = OptimalPartition(cluster, max_group_size=cfg.max_group_size,
+                                       exact_max_jobs=max(2, cfg.reopt_max_jobs), time_limit_s=2.0)
+        self.moves = 0
+        self.move_s = 0.0
+        self.reopt_ms: list[float] = []  # re-optimisation after each admission (after the decision), ms
+        self._stalls: dict[str, float] = {}
+        self.queue = AdmissionQueue.from_config(cfg) if queue else None
+        self._started: list[str] = []
+        self.refused: list[str] = []
+        self.queue_peak = 0
+
+    def arrive(self, job: SimJob) -> float:
+        if self.queue is not None and not self.queue.may_try_now(job.spec):  # FIFO: behind larger held jobs
+            return self._hold(job, 0.0, "queued behind larger jobs")
+        d = self.sched.admit(job.spec, job.profile)
+        if d.admitted:
+            self._started.append(job.spec.job_id)
+            t0 = time.perf_counter()
+            moves = self.sched.reoptimise(self.sched.group_of(job.spec.job_id).group_id, fresh=job.spec.job_id,
+                                          solver=self.solver)
+            self.reopt_ms.append((time.perf_counter() - t0) * 1e3)
+            self._moved(moves)
+        elif self.queue is not None and d.code == "retry_later":
+            return self._hold(job, float(d.latency_ms), d.reason)
+        elif self.queue is not None:
+            self.refused.append(job.spec.job_id)
+        else:
+            raise RuntimeError(f"{self.name}: job {job.spec.job_id} was refused ({d.code}: {d.reason}); "
+                               "the simulation cluster must be unbounded (or replay with the admission queue)")
+        return float(d.latency_ms)
+
+    def _hold(self, job: SimJob, ms: float, reason: str) -> float:
+        try:
+            self.queue.push(job.spec, self.clock, profile=job.profile, reason=reason)  # type: ignore[union-attr]
+        except QueueFull:
+            self.refused.append(job.spec.job_id)
+        self.queue_peak = max(self.queue_peak, len(self.queue))  # type: ignore[arg-type]
+        return ms
+
+    def take_started(self) -> Optional[list[str]]:
+        if self.queue is None:
+            return None
+        out, self._started = self._started, []
+        return out
+
+    @property
+    def waiting(self) -> int:
+        return 0 if self.queue is None else len(self.queue)
+
+    def _moved(self, moves: list[dict]) -> None:
+        """Count the moves of started jobs (a just-admitted job placed anew copies nothing, ``move_s``
+        0); each moved job stalls for its host-state copy (summed per job)."""
+        moves = [m for m in moves if m["move_s"] > 0]
+        self.moves += len(moves)
+        for m in moves:
+            self.move_s += m["move_s"]
+            self._stalls[m["job_id"]] = self._stalls.get(m["job_id"], 0.0) + m["move_s"]
+
+    def pop_stalls(self) -> dict[str, float]:
+        out, self._stalls = self._stalls, {}
+        return out
+
+    def depart(self, job_id: str) -> Optional[dict[str, float]]:
+        gid = self.sched.group_of(job_id).group_id
+        self.sched.depart(job_id)
+        self.solver.forget(job_id)
+        self._moved(self.sched.repack(gid))
+        self._moved(self.sched.reoptimise(gid, solver=self.solver))
+        if self.queue is not None:  # the freed room goes to queued jobs (in order, with backfill)
+            res = self.queue.drain(self.sched, self.clock)
+            self._started.extend(q.job_id for q, _ in res.admitted)
+            self.refused.extend(q.job_id for q, _ in res.dropped)
+        return self.pop_stalls()
+
+    def extra(self) -> dict:
+        out = {} if self.queue is None else {"queue_refused_jobs": len(self.refused), "queue_peak_jobs": self.queue_peak}
+        if not self.spec.repacks:
+            return out
+        r = sorted(self.reopt_ms)
+        return {**out, "repack_on_departure": self.sched.config.repack_on_departure, "jobs_moved": self.moves,
+                "move_stall_h": self.move_s / 3600.0,
+                "reopt_latency_ms_p50": r[len(r) // 2] if r else None,
+                "reopt_latency_ms_max": r[-1] if r else None}
+
+    def groups(self) -> list[CoExecutionGroup]:
+        return list(self.sched.groups)
+
+    def units(self) -> list[Unit]:
+        # a group record is replaced whenever the group changes: unchanged groups keep their unit
+        # without rebuilding its cache key
+        seen = self._seen
+        out, now = [], {}
+        for g in self.sched.groups:
+            if not g.members:
+                continue
+            e = seen.get(id(g))
+            if e is None or e[0] is not g:
+                e = (g, self.real.group_unit(g))
+            now[id(g)] = e
+            out.append(e[1])
+        self._seen = now
+        return out
+
+
+class PerJobPolicy(SimPolicy):
+    """Solo-D, colocated, Gavel+: every job alone on its own allocation (no co-execution)."""
+
+    def __init__(self, name: str, cluster: ClusterSpec, real: Realisation):
+        self.name, self.cluster, self.real = name, cluster, real
+        self.spec = policy_spec(name, "per_job")
+        self._units: dict[str, Unit] = {}
+
+    def arrive(self, job: SimJob) -> float:
+        t0 = time.perf_counter()
+        spec = job.spec
+        u = PER_JOB_UNITS[self.spec.unit](spec, self.cluster, self.real)  # type: ignore[index]
+        self._units[spec.job_id] = u
+        return (time.perf_counter() - t0) * 1000.0
+
+    def depart(self, job_id: str) -> None:
+        del self._units[job_id]
+
+    def units(self) -> list[Unit]:
+        return list(self._units.values())
+
+
+class OptimalPolicy(SimPolicy):
+    """Offline optimum: at every event, the cheapest partition of the active jobs into feasible
+    groups (:class:`rollmux.baselines.OptimalPartition`), re-partitioning allowed; a lower bound
+    on any online policy's cost at that instant where ``exact``."""
+
+    name = "optimal"
+
+    def __init__(self, cluster: ClusterSpec, real: Realisation, *, max_group_size: int = 5, exact_max_jobs: int = 16,
+                 time_limit_s: float = 5.0):
+        self.real = real
+        self.opt = OptimalPartition(cluster, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs,
+                                    time_limit_s=time_limit_s)
+        self._active: dict[str, SimJob] = {}
+        self._groups: list[CoExecutionGroup] = []
+        self.exact_events = 0
+        self.events = 0
+
+    def _resolve(self) -> float:
+        res = self.opt.solve([(j.spec, j.profile) for j in self._active.values()])
+        self._groups = res.groups
+        self.events += 1
+        self.exact_events += int(res.exact)
+        return res.solve_ms
+
+    def arrive(self, job: SimJob) -> float:
+        self._active[job.spec.job_id] = job
+        return self._resolve()
+
+    def depart(self, job_id: str) -> None:
+        del self._active[job_id]
+        self.opt.forget(job_id)
+        self._resolve()
+
+    def groups(self) -> list[CoExecutionGroup]:
+        return list(self._groups)
+
+    def units(self) -> list[Unit]:
+        return [self.real.group_unit(g) for g in self._groups]
+
+
+def make_policy(name: str, cluster: ClusterSpec, real: Realisation, *, max_group_size: Optional[int] = None,
+                seed: Optional[int] = None, exact_max_jobs: int = 16, repack: Optional[bool] = None,
+                config=None, queue: bool = False) -> SimPolicy:
+    """The replay's view of the policy ``name`` (:data:`rollmux.policies.REGISTRY`, by its ``kind``).
+    ``config``: the :class:`rollmux.admission.SchedulerConfig` (default: its defaults);
+    ``max_group_size`` / ``seed`` / ``repack`` (departure re-packing) override a copy of it when
+    given. ``queue``: hold jobs that do not fit a bounded cluster in the admission queue (policies
+    of kind ``scheduler`` only). Raises ValueError for an unknown name (message lists the known
+    ones) or ``queue`` with a policy that does not admit through the scheduler."""
+    cfg = (config or SchedulerConfig()).overridden(max_group_size=max_group_size, seed=seed, repack_on_departure=repack)
+    kind = policy_spec(name).kind
+    if queue and kind != "scheduler":
+        raise ValueError(f"policy {name!r} does not admit through the scheduler, so it cannot replay with the "
+                         "admission queue (queued replays: the policies of kind 'scheduler', e.g. rollmux, random, most-idle)")
+    if kind == "scheduler":
+        return SchedulerPolicy(name, cluster, real, config=cfg, queue=queue)
+    if kind == "optimal":
+        return OptimalPolicy(cluster, real, max_group_size=cfg.max_group_size, exact_max_jobs=exact_max_jobs)
+    return PerJobPolicy(name, cluster, real)
