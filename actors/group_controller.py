@@ -6,14 +6,16 @@ rule of a moved job, the long-tail choice, slowdown accounting, the timeline); t
 adds asyncio (an ``asyncio.Event`` per job that waits for a permit, the lease watchdog) and Ray
 calls (reports to the GlobalScheduler, metrics):
 
-- ``acquire(job_id, phase)`` blocks until the ledger grants the phase;
-- ``release(job_id, phase, record)`` (called by the worker that ran the phase) records the phase
-  and enqueues the job's next phase; a failed phase removes the job so its group-mates keep
+- ``acquire(job_id, phase)`` blocks until the ledger grants the phase (a
+  :class:`rollmux.messages.Grant`);
+- ``release(grant, record)`` (called by the grant's releaser, the worker that ran the phase on
+  ``grant.nodes[0]``: :class:`rollmux.messages.Releaser` says why) records the phase and
+  enqueues the job's next phase; a failed phase removes the job so its group-mates keep
   iterating, and tells the GlobalScheduler;
 - ``remove_job(job_id, "moved to <group>")`` (departure re-packing moved the job): the removal
   waits for the job's iteration boundary; afterwards its ``acquire`` raises PermitError saying
   it moved, which tells the driver to re-attach to its new group;
-- ``progress(job_id, done, total)`` (runtime hook) decides long-tail migration (trigger
+- ``progress(RolloutProgress)`` (runtime hook) decides long-tail migration (trigger
   fraction, default 0.8, RollMux §4.3); with ``migrate=True`` the rollout's queue slots are
   released so the next queued rollout may start.
 
@@ -23,10 +25,13 @@ Timeline records: ``job_id, phase, pool, node, iteration, start, end`` (epoch se
 phase switches (kind); job iterations / slowdown go to the GlobalScheduler, which alone exports
 the per-job series (see :mod:`actors.metrics`).
 
-State is soft: the GlobalScheduler's reconcile loop pushes the group's members (its checkpoint
-is the truth); a restarted controller (``max_restarts=-1``) also asks the scheduler for the
-members when an unknown job calls; drivers re-join the queues on their next call. Permits
-granted before the restart are forgotten (their late releases are recorded but change nothing).
+State is soft: the GlobalScheduler pushes the group's membership (a
+:class:`rollmux.messages.MembershipPush`; its checkpoint is the truth) before a driver attaches,
+and its reconcile loop re-pushes until acknowledged; a restarted controller (``max_restarts=-1``)
+pulls one from the scheduler when a job it does not know calls; drivers re-join the queues on
+their next call. Permits granted before the restart are forgotten (their
+late releases are recorded but change nothing). Every Ray call goes through
+:mod:`actors.handles`.
 """
 
 from __future__ import annotations
@@ -36,11 +41,14 @@ import logging
 import time
 from typing import Optional
 
+from actors.handles import ControllerHandle, SchedulerHandle, start_actor
 from actors.naming import NAMESPACE, control_plane_resources, controller_name  # noqa: F401  (re-exported)
 from rollmux.group_ledger import (  # noqa: F401  (re-exported)
-    DEFAULT_LEASE_S, HEARTBEAT_S, MAX_TIMELINE, Effect, GroupLedger, PermitError,
+    DEFAULT_LEASE_S, HEARTBEAT_S, MAX_TIMELINE, Effect, GroupLedger, JobLeft, PermitError, PhaseSwitched, Report,
+    SyncBytes, TimelineChanged,
 )
 from rollmux.intra_group import LongTailPolicy
+from rollmux.messages import AbortOutcome, AttachReply, Grant, MembershipPush, PhaseRecord, RolloutProgress, TailDecision
 
 log = logging.getLogger("rollmux.controller")
 
@@ -90,10 +98,12 @@ class GroupControllerImpl:
         self.group_id = group_id
         self.scheduler_name = scheduler_name
         self.ledger = GroupLedger(group_id, long_tail=LongTailPolicy(tail_trigger_fraction, tail_gpus, migration_overhead_s),
-                                  migrate=migrate, lease_s=lease_s, clock=clock)
+                                  migrate=migrate, lease_s=lease_s, clock=clock,
+                                  address=controller_name(group_id, scheduler_name))
         self.metrics = RollmuxMetrics(flush_interval_s=metrics_flush_s, enabled=metrics_enabled)
         self._events: dict[str, asyncio.Event] = {}
-        self._sched = None  # cached GlobalScheduler handle (looked up again when the actor died)
+        # the GlobalScheduler (looked up by name again when it died); None: no reports
+        self._sched = SchedulerHandle(name=scheduler_name) if scheduler_name else None
         self._watchdog: Optional[asyncio.Task] = None
         self._seq = -1  # the last reconcile push applied
         self.closed = False
@@ -115,33 +125,20 @@ class GroupControllerImpl:
         """Whether long-tail decisions release the rollout's queue slots."""
         return self.ledger.migrate
 
-    # ---- effects of the ledger (the only Ray calls besides member recovery)
+    # ---- effects of the ledger (the only calls out besides the membership pull)
     def _apply(self, effects: list[Effect] = ()) -> None:
         for e in [*effects, *self.ledger.take_effects()]:
-            if e.kind == "metric":
-                getattr(self.metrics, e.name)(*e.args, **e.kwargs)
-            elif e.kind == "report":
-                self._report(e.job_id, e.event)
-
-    def _scheduler(self):
-        if self._sched is None:
-            import ray
-
-            self._sched = ray.get_actor(self.scheduler_name, namespace=NAMESPACE)
-        return self._sched
-
-    def _report(self, job_id: str, event: dict) -> None:
-        """Fire-and-forget report to the GlobalScheduler (its answer is not awaited)."""
-        if not self.scheduler_name:
-            return
-        for attempt in range(2):
-            try:
-                self._scheduler().report.remote(job_id, event)
-                return
-            except Exception as e:  # scheduler restarting: look it up again once; the event is soft state
-                self._sched = None
-                if attempt:
-                    log.warning("group %s: report %s of %s dropped: %s", self.group_id, event.get("event"), job_id, e)
+            if isinstance(e, Report):
+                if self._sched is not None:  # fire and forget: a report is soft state
+                    self._sched.report_nowait(e.job_id, e.message)
+            elif isinstance(e, TimelineChanged):
+                self.metrics.group_timeline(e.group_id, e.records, e.nodes, e.window)
+            elif isinstance(e, PhaseSwitched):
+                self.metrics.phase_switch(e.kind, e.seconds)
+            elif isinstance(e, SyncBytes):
+                self.metrics.sync_cross_bytes(e.job_id, e.nbytes)
+            elif isinstance(e, JobLeft):
+                self.metrics.job_ended(e.job_id, ignore_late=False)
 
     def _wake_all(self) -> None:
         for ev in self._events.values():
@@ -156,35 +153,35 @@ class GroupControllerImpl:
         self._wake_all()
         return out
 
-    async def sync_members(self, members: list[dict], gone: Optional[dict[str, str]] = None,
-                           seq: Optional[int] = None, dissolved: bool = False) -> dict:
-        """Reconcile (pushed by the GlobalScheduler, never awaited there): add ``members`` (``job_id,
-        rollout_nodes, train_nodes, slo``; pending until their drivers attach; listed in the
-        planned round-robin order, which the queues take, :meth:`GroupLedger.set_order`) and drop ``gone``
-        (job_id -> reason, e.g. ``"moved to group-3"`` at the job's iteration boundary,
-        ``"departed"``). ``seq``: the push's sequence number; a push older than one already
-        applied is ignored (``stale: True``): Ray does not keep an async actor's calls in
-        submission order, so an older push may arrive after a newer one. Each push is the whole
-        target state, so the newest alone is enough (a job it lists as gone is recorded as gone
-        even when the push that added it was the stale one). ``dissolved``: the group no longer
-        exists (every member departed or moved): once none of its jobs is queued here (a moved
-        job leaves at its iteration boundary) the controller exits after ``EXIT_GRACE_S``
-        (:meth:`_exit_when_empty`); a newer push without it cancels that. Idempotent. Returns
-        ``{added, removed, stale}``."""
-        if seq is not None:
-            if seq <= self._seq:
-                return {"added": [], "removed": [], "stale": True}
-            self._seq = seq
-        added = [m["job_id"] for m in members
-                 if self.ledger.add(m["job_id"], m["rollout_nodes"], m["train_nodes"], slo=m.get("slo"))]
+    async def sync_members(self, push: MembershipPush) -> dict:
+        """Reconcile (pushed by the GlobalScheduler, never awaited there): add the push's members
+        (pending until their drivers attach; listed in the planned round-robin order, which the
+        queues take, :meth:`GroupLedger.set_order`) and drop its ``gone`` jobs (job_id -> reason,
+        e.g. ``"moved to group-3"`` at the job's iteration boundary, ``"departed"``). A push older
+        than one already applied (its ``seq``) is ignored (``stale: True``): Ray does not keep an
+        async actor's calls in submission order, so an older push may arrive after a newer one.
+        Each push is the whole target state, so the newest alone is enough (a job it lists as
+        gone is recorded as gone even when the push that added it was the stale one).
+        ``dissolved``: the group no longer exists (every member departed or moved): once none of
+        its jobs is queued here (a moved job leaves at its iteration boundary) the controller
+        exits after ``EXIT_GRACE_S`` (:meth:`_exit_when_empty`); a newer push without it cancels
+        that. Idempotent. Returns ``{added, removed, stale}``."""
+        return self._apply_push(push)
+
+    def _apply_push(self, push: MembershipPush) -> dict:
+        if push.seq <= self._seq:
+            return {"added": [], "removed": [], "stale": True}
+        self._seq = push.seq
+        added = [m.job_id for m in push.members
+                 if self.ledger.add(m.job_id, list(m.rollout_nodes), list(m.train_nodes), slo=m.slo)]
         # each push is the group's whole target state, so the newest one alone decides: a job it
         # lists as gone is recorded as gone even if the (older, now stale) push adding it never ran
-        removed = [j for j, why in (gone or {}).items() if self.ledger.remove(j, why) or self.ledger.mark_gone(j, why)]
-        reordered = self.ledger.set_order([m["job_id"] for m in members])  # the planned round-robin order
+        removed = [j for j, why in push.gone.items() if self.ledger.remove(j, why) or self.ledger.mark_gone(j, why)]
+        reordered = self.ledger.set_order(list(push.order))  # the planned round-robin order
         self._apply()
         if added or removed or reordered:
             self._wake_all()
-        self.dissolved = bool(dissolved) and not members
+        self.dissolved = bool(push.dissolved) and not push.members
         if self.dissolved and (self._exit_task is None or self._exit_task.done()):
             self._exit_task = asyncio.get_event_loop().create_task(self._exit_when_empty())
         return {"added": added, "removed": removed, "stale": False}
@@ -223,21 +220,20 @@ class GroupControllerImpl:
         ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
     async def _recover_members(self, job_id: str) -> None:
-        """A job this controller does not know (e.g. after a restart: its state is soft): ask the
-        GlobalScheduler for the group's active members and re-add them (pending)."""
-        if job_id in self.ledger.members or not self.scheduler_name:
+        """A job this controller does not know: pull the group's membership from the
+        GlobalScheduler and apply it as a push. The fallback only: the scheduler pushes a job's
+        membership and waits for its acknowledgement before its driver attaches
+        (``GlobalSchedulerImpl.attach``), so this runs after a controller restart (its state is
+        soft) or when that acknowledgement did not come in time."""
+        if job_id in self.ledger.members or self._sched is None:
             return
         try:
-            rows = await self._scheduler().group_members.remote(self.group_id)
-            for r in rows:
-                if r["job_id"] not in self.ledger.members:
-                    self.ledger.add(r["job_id"], r["rollout_nodes"], r["train_nodes"], slo=r.get("slo"))
-            self.ledger.set_order([r["job_id"] for r in rows])
+            self._apply_push(await self._sched.membership(self.group_id))
         except Exception as e:  # scheduler unreachable: the caller reports "not a member"
-            self._sched = None
+            self._sched.forget()
             log.warning("group %s: could not recover members for %s: %s", self.group_id, job_id, e)
 
-    async def attach(self, job_id: str, *, has_sync: Optional[bool] = None, driver: Optional[str] = None) -> dict:
+    async def attach(self, job_id: str, *, has_sync: Optional[bool] = None, driver: Optional[str] = None) -> AttachReply:
         """The job's driver attached: the job joins its nodes' queues at its place in the planned
         round-robin order pushed with the membership (attach order for jobs not in the plan). ``has_sync=False``: its empty sync slot ends with training.
         Raises PermitError for a job that is not a member (or already left)."""
@@ -248,7 +244,7 @@ class GroupControllerImpl:
         self.ledger.heartbeat(job_id, driver)
         self._ensure_watchdog()
         self._wake_all()
-        return {"group_id": self.group_id, "queues": self.ledger.queues(), "lease_s": self.ledger.lease_s}
+        return AttachReply(self.group_id, {n: tuple(q) for n, q in self.ledger.queues().items()}, self.ledger.lease_s)
 
     async def configure_job(self, job_id: str, *, has_sync: bool = True) -> bool:
         """Declare whether the job has a sync phase (False if not a member)."""
@@ -310,13 +306,14 @@ class GroupControllerImpl:
         return self.ledger.phase_started(job_id, phase)
 
     async def acquire(self, job_id: str, phase: str, timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S,
-                      iteration: Optional[int] = None, has_sync: Optional[bool] = None) -> dict:
+                      iteration: Optional[int] = None, has_sync: Optional[bool] = None) -> Grant:
         """Block until ``phase`` of ``job_id`` may run, then grant it.
 
-        ``iteration``: the driver's own iteration index (kept in the records; the queues' count
-        restarts with a restarted controller); ``has_sync``: whether the job has a sync phase
-        (re-declared on every call so a restarted controller knows it). Returns ``{job_id, phase,
-        pool, nodes, iteration, granted_at, waited_s, group_id}``.
+        ``iteration``: the driver's own iteration index (the one owner of the count: the grant
+        carries it; the queues' count restarts with a restarted controller); ``has_sync``:
+        whether the job has a sync phase (re-declared on every call so a restarted controller
+        knows it). Returns the :class:`rollmux.messages.Grant` (its releaser: the worker running
+        the phase on ``nodes[0]``).
         Raises PermitError: the job is not (or no longer) a member, or asks a phase out of order;
         TimeoutError after ``timeout_s``.
         """
@@ -344,19 +341,20 @@ class GroupControllerImpl:
                 pass
         raise TimeoutError("acquire loop bound reached")  # pragma: no cover
 
-    async def release(self, job_id: str, phase: str, record: dict) -> dict:
-        """The worker finished ``phase`` (``record``: node, start, end, switch, switch_s, ok, error, ...).
+    async def release(self, grant: Grant, record: PhaseRecord) -> dict:
+        """The grant's releaser (the worker that ran the phase) gives ``grant`` back with what the
+        phase did (:class:`rollmux.messages.PhaseRecord`).
 
         A successful phase enqueues the job's next phase; a failed one removes the job from the
         queues (group-mates continue) and reports the failure to the GlobalScheduler.
         Returns the stored timeline record.
         """
-        rec, effects = self.ledger.release(job_id, phase, record)
+        rec, effects = self.ledger.release(grant, record)
         self._apply(effects)
         self._wake_all()
         return rec
 
-    async def abort_phase(self, job_id: str, phase: str, reason: str) -> str:
+    async def abort_phase(self, job_id: str, phase: str, reason: str) -> AbortOutcome:
         """The driver lost the worker running ``phase`` and will redo it from the job's last
         committed state (:meth:`GroupLedger.abort`): ``"aborted"`` (permit withdrawn),
         ``"done"`` (the phase was released before the loss: do not run it again) or ``"none"``.
@@ -368,13 +366,13 @@ class GroupControllerImpl:
         return out
 
     # ---- runtime hook: long-tail migration
-    async def progress(self, job_id: str, done: int, total: int) -> Optional[dict]:
+    async def progress(self, report: RolloutProgress) -> Optional[TailDecision]:
         """Generation progress of the running rollout; returns a migration decision once per rollout.
 
         The rollout is tail-bound per ``LongTailPolicy.should_migrate`` (RollMux §4.3).
         """
-        decision = self.ledger.progress(job_id, done, total)
-        if decision is not None and decision["acted"]:
+        decision = self.ledger.progress(report.job_id, report.done, report.total)
+        if decision is not None and decision.acted:
             self._wake_all()
         return decision
 
@@ -391,11 +389,11 @@ class GroupControllerImpl:
         return self.group_id
 
 
-def create_controller(group_id: str, scheduler_name: Optional[str] = None, **kw):
-    """Get or create the named, detached controller of ``group_id`` (async actor, 0 CPUs)."""
-    import ray
-
-    cls = ray.remote(GroupControllerImpl)
-    return cls.options(name=controller_name(group_id, scheduler_name), namespace=NAMESPACE,
-                       lifetime="detached", get_if_exists=True, num_cpus=0, max_restarts=-1,
-                       resources=control_plane_resources(), max_concurrency=1000).remote(group_id, scheduler_name, **kw)
+def create_controller(group_id: str, scheduler_name: Optional[str] = None, **kw) -> ControllerHandle:
+    """Get or create the named, detached controller of ``group_id`` (async actor, 0 CPUs); its
+    handle. ``kw``: the controller's keyword settings (``lease_s``, ``migrate``, ...)."""
+    name = controller_name(group_id, scheduler_name)
+    actor = start_actor(GroupControllerImpl, (group_id, scheduler_name), kw, name=name, namespace=NAMESPACE,
+                        lifetime="detached", get_if_exists=True, num_cpus=0, max_restarts=-1,
+                        resources=control_plane_resources(), max_concurrency=1000)
+    return ControllerHandle(actor, name=name)

@@ -3,7 +3,9 @@
 :class:`ScheduledRuntime` attaches a :class:`rollmux.Job` to the GlobalScheduler: it admits the
 job (or attaches to an already admitted job id), registers the job's builders and phase
 functions on the RolloutWorker / TrainWorker of its placement's nodes, and runs each phase as
-``acquire`` (GroupController permit) -> ``worker.run`` (warm start, run, offload, release).
+``acquire`` (GroupController permit, a :class:`rollmux.messages.Grant`) -> ``worker.run`` (a
+:class:`rollmux.messages.PhaseCall`: warm start, run, offload, commit; the leader worker, the
+grant's releaser, releases the permit).
 
 A job script submitted with ``ray job submit --working-dir . -- python scripts/grpo_job.py ...``
 attaches when env ``ROLLMUX_ATTACH=1`` (admit its own spec) or ``ROLLMUX_JOB_ID=<id>`` (attach to
@@ -34,11 +36,15 @@ import threading
 import time
 from typing import Any, Optional
 
+from actors.handles import REGISTER_TIMEOUT_S, REPORT_TIMEOUT_S, ActorLost, ControllerHandle, SchedulerHandle, gather
 from actors.naming import (  # noqa: F401  (ensure_ray, control_plane_resources re-exported)
-    NAMESPACE, control_plane_resources, ensure_ray, get_actor, get_scheduler, hosted_key, worker_name,
+    NAMESPACE, control_plane_resources, ensure_ray, get_scheduler, hosted_key, worker_name,
 )
-from actors.workers import JobNotHosted, WorkerLost, get_or_create_worker
+from actors.workers import JobNotHosted, WorkerLost, worker_handle
 from rollmux.group_ledger import HEARTBEAT_S, PermitError
+from rollmux.messages import (
+    AbortOutcome, AttachTicket, EventKind, Grant, JobHosting, MovedState, ParallelPlace, PhaseCall, RuntimeEvent,
+)
 from rollmux.models import pool_of_phase
 from rollmux.phase_state import AdmissionRefused, PhaseFailed
 from rollmux.records import JobState
@@ -109,20 +115,10 @@ def ship_by_value(objs) -> list[str]:
     return sorted(found)
 
 
-def _unwrap(e: BaseException) -> BaseException:
-    """The user's exception out of a RayTaskError (keeps isinstance of the original class)."""
-    from ray.exceptions import RayTaskError
-
-    if isinstance(e, RayTaskError):
-        try:
-            return e.as_instanceof_cause()
-        except Exception:
-            return e
-    return e
-
-
 class ScheduledRuntime:
-    """Scheduled mode of a :class:`rollmux.Job` (see module docstring).
+    """Scheduled mode of a :class:`rollmux.Job` (see module docstring). Reads the job's
+    :class:`rollmux.phase_api.JobProgram` (``job.program``); every Ray call goes through
+    :mod:`actors.handles`.
 
     Raises (constructor): AdmissionRefused (refused), PhaseFailed (attach to an unknown job id),
     ValueError (no GlobalScheduler reachable).
@@ -132,91 +128,88 @@ class ScheduledRuntime:
 
     def __init__(self, job):
         import ray
-        from ray.exceptions import RayTaskError
 
         ensure_ray()
         self.job = job
+        self.program = job.program
         try:
-            self.sched = get_scheduler(job.scheduler_name)
-        except ValueError as e:
+            self.sched = SchedulerHandle.connect(job.scheduler_name)
+        except ActorLost as e:
             raise ValueError(f"scheduled mode: no RollMux GlobalScheduler reachable ({e})") from e
         jid = job.job_id
         self.key = hosted_key(jid, job.scheduler_name)  # what the workers host the job under
         self.driver = ray.get_runtime_context().get_job_id()  # this process's Ray job: its death is seen
-        if job.attach_job_id:
-            rec = ray.get(self.sched.get_job.remote(jid))
-            if rec is None:
-                raise PhaseFailed(f"cannot attach: job {jid!r} is not admitted by the RollMux scheduler")
-            if JobState(rec["state"]).is_ended():
-                raise PhaseFailed(f"cannot attach: job {jid!r} is already {rec['state']}")
-        else:
-            dec = ray.get(self.sched.admit.remote(job.spec.model_dump(mode="json")))
+        if not job.attach_job_id:
+            dec = self.sched.admit(job.spec.model_dump(mode="json"))
             if not dec.get("admitted"):
                 raise AdmissionRefused(dec)
-            rec = ray.get(self.sched.get_job.remote(jid))
+        # one call: the job's record and its group's controller, which already holds its membership
+        ticket = self.sched.attach(jid)
+        if ticket is None:
+            raise PhaseFailed(f"cannot attach: job {jid!r} is not admitted by the RollMux scheduler")
+        if JobState(ticket.record["state"]).is_ended():
+            raise PhaseFailed(f"cannot attach: job {jid!r} is already {ticket.record['state']}")
         self.timeline: list[dict] = []
         self.moves: list[dict] = []  # departure re-packing moves this driver carried out
         self.recoveries: list[dict] = []  # lost workers this driver recovered from
         self._seq = {"rollout": 0, "train": 0}  # phases of each pool done (their commits' numbers)
         self._registered = False
         try:
-            self._home(rec)
-            self.attach_info = ray.get(self.controller.attach.remote(jid, driver=self.driver))  # joins its queues now
-        except RayTaskError as e:  # moved between reading the record and attaching
-            if not (isinstance(_unwrap(e), (PermitError, KeyError)) and self._rehome()):
+            self._home(ticket)
+            self.attach_info = self.controller.attach(jid, driver=self.driver)  # joins its queues now
+        except (PermitError, KeyError):  # moved between reading the record and attaching
+            if not self._rehome():
                 raise
         self._stop = threading.Event()
         self._hb = threading.Thread(target=self._heartbeat, name=f"rollmux-heartbeat-{jid}", daemon=True)
         self._hb.start()
 
-    def _home(self, rec: dict) -> None:
-        """Point this driver at the group, controller and node workers of the job record ``rec``."""
-        import ray
-
+    def _home(self, ticket: AttachTicket) -> None:
+        """Point this driver at the group, controller and node workers of ``ticket``'s record."""
+        rec = dict(ticket.record)
+        if ticket.controller is None:
+            raise KeyError(f"job {self.job.job_id!r} has no active group ({rec.get('state')})")
         self.info = rec
         pl = rec["placement"]
         self.rollout_nodes, self.train_nodes = list(pl["rollout_nodes"]), list(pl["train_nodes"])
-        self.rollout_workers = [get_or_create_worker(n) for n in self.rollout_nodes]  # rank order
-        self.train_workers = [get_or_create_worker(n) for n in self.train_nodes]
+        self.rollout_workers = [worker_handle(n) for n in self.rollout_nodes]  # rank order
+        self.train_workers = [worker_handle(n) for n in self.train_nodes]
         self.rollout_worker, self.train_worker = self.rollout_workers[0], self.train_workers[0]  # the leaders
         self._rollout_worker_names = [worker_name(n) for n in self.rollout_nodes]
-        name = ray.get(self.sched.ensure_controller.remote(rec["group_id"]))  # KeyError if no active member
-        self.controller = get_actor(name)
+        self.controller = ControllerHandle(name=ticket.controller)
 
     def _rehome(self) -> bool:
         """Departure re-packing moved this job (its permit was refused): follow it.
 
-        Reads the job's record from the GlobalScheduler (one round trip, only after a refused
+        Asks the GlobalScheduler for the job's ticket (one round trip, only after a refused
         permit); if its group changed, moves the job's stored state from the old node workers to
         the new ones (``export_job`` -> ``register_job(moved=...)``; resident state stays behind),
-        attaches to the new group's controller (created if needed) and returns True. False when
-        the job did not move (the refusal stands: failed, departed, out of order).
+        attaches to the new group's controller (created and told first) and returns True. False
+        when the job did not move (the refusal stands: failed, departed, out of order).
         """
-        import ray
-
         jid = self.job.job_id
-        rec = ray.get(self.sched.get_job.remote(jid))
+        ticket = self.sched.attach(jid)
+        rec = None if ticket is None else ticket.record
         if rec is None or not JobState(rec["state"]).is_active() or rec["group_id"] == self.info["group_id"]:
             return False
         t0 = time.perf_counter()
         old = {"group_id": self.info["group_id"], "rollout_nodes": self.rollout_nodes, "train_nodes": self.train_nodes}
-        payload = None
+        payload: Optional[dict[str, list[Optional[MovedState]]]] = None
         if self._registered:  # every rank's shard moves: rank i's state goes to the new rank i
             k = len(self.rollout_workers)
-            got = ray.get([w.export_job.remote(self.key) for w in self.rollout_workers + self.train_workers])
+            got = gather([w.export_job_nowait(self.key) for w in self.rollout_workers + self.train_workers])
             payload = {"rollout": got[:k], "train": got[k:]}
-        self._home(rec)
-        self.attach_info = ray.get(self.controller.attach.remote(jid, has_sync="sync" in self.job._phases,
-                                                                 driver=self.driver))
+        self._home(ticket)
+        self.attach_info = self.controller.attach(jid, has_sync=self.program.has_sync, driver=self.driver)
         if self._registered:
             self._registered = False
             self._register(moved=payload)
         mv = {"from_group": old["group_id"], "to_group": rec["group_id"], "iteration": self.job.iteration,
               "from_nodes": old["rollout_nodes"] + old["train_nodes"],
               "to_nodes": self.rollout_nodes + self.train_nodes, "handover_s": time.perf_counter() - t0,
-              "state_bytes": {p: [(x or {}).get("bytes") for x in xs] for p, xs in (payload or {}).items()}}
+              "state_bytes": {p: [None if x is None else x.bytes for x in xs] for p, xs in (payload or {}).items()}}
         self.moves.append(mv)
-        self.job._emit({"event": "moved", "job_id": jid, **mv})
+        self.program.emit({"event": "moved", "job_id": jid, **mv})
         log.info("job %s moved %s -> %s at iteration %d", jid, mv["from_group"], mv["to_group"], mv["iteration"])
         return True
 
@@ -224,12 +217,10 @@ class ScheduledRuntime:
         """Driver lease: tell the current GroupController this driver is alive (every HEARTBEAT_S).
         ``self.controller`` changes when the job moves; a refused heartbeat (the job left this
         controller, e.g. moved) does not stop the thread (``finish`` does)."""
-        import ray
-
         failures = 0
         while not self._stop.wait(HEARTBEAT_S):
             try:
-                ray.get(self.controller.heartbeat.remote(self.job.job_id, self.driver), timeout=30)
+                self.controller.heartbeat(self.job.job_id, self.driver)
                 failures = 0
             except Exception as e:  # controller restarting; keep trying until finish (logged, never silent)
                 failures += 1
@@ -238,39 +229,33 @@ class ScheduledRuntime:
                                 self.job.job_id, failures, e)
 
     def _register(self, moved: Optional[dict] = None, recover: bool = False) -> None:
-        """Register the job's builders and phases on its node workers (``moved``: the state each
-        pool's old worker exported, see :meth:`_rehome`; ``recover``: a worker was lost, every
-        worker of the job drops what it holds and resumes from the job's commits)."""
-        import ray
-
+        """Register the job's program on its node workers (one :class:`rollmux.messages.JobHosting`
+        per worker; ``moved``: the state each pool's old worker exported, see :meth:`_rehome`;
+        ``recover``: a worker was lost, every worker of the job drops what it holds and resumes
+        from the job's commits)."""
         if self._registered:
             return
-        j = self.job
+        j, prog = self.job, self.program
         for pool in ("rollout", "train"):
-            if pool not in j._builders:
-                raise PhaseFailed(f"job {j.job_id!r}: no @job.state({pool!r}) builder registered")
-        common = {"job_id": j.job_id, "controller": self.info["controller"], "switch": j.switch,
-                  "checkpoint_dir": j.checkpoint_dir,
-                  "admission": self.info.get("admission_id"),
-                  "sync_backend": j.sync_backend, "durable": j.durable,
-                  "hooks": list(j._hooks), "apply": j._apply}
+            prog.builder(pool, j.job_id)  # raises PhaseFailed naming the missing builder
 
         def register() -> None:
             from ray import cloudpickle  # pickled here, unpickled under the worker's lock
 
             par = self._parallel_cfgs()
-            calls = [self.controller.configure_job.remote(j.job_id, has_sync="sync" in j._phases)]
-            rollout_cfg = {**common, "builder": j._builders["rollout"],
-                           "phases": {k: v for k, v in j._phases.items() if k == "rollout"}}
-            train_cfg = {**common, "builder": j._builders["train"], "rollout_workers": self._rollout_worker_names,
-                         "phases": {k: v for k, v in j._phases.items() if k in ("train", "sync")}}
-            for pool, workers, cfg in (("rollout", self.rollout_workers, rollout_cfg),
-                                       ("train", self.train_workers, train_cfg)):
+            common = dict(job_id=j.job_id, switch=j.switch, checkpoint_dir=j.checkpoint_dir,
+                          admission=self.info.get("admission_id"), sync_backend=j.sync_backend, durable=j.durable,
+                          hooks=tuple(prog.hooks), apply=prog.apply)
+            calls = [self.controller.configure_job_nowait(j.job_id, has_sync=prog.has_sync)]
+            for pool, workers in (("rollout", self.rollout_workers), ("train", self.train_workers)):
                 mv = (moved or {}).get(pool) or [None] * len(workers)
                 for i, w in enumerate(workers):
-                    blob = cloudpickle.dumps({**cfg, "parallel": par[pool][i]})
-                    calls.append(w.register_job.remote(self.key, blob, mv[i] if i < len(mv) else None, recover))
-            ray.get(calls)
+                    hosting = JobHosting(builder=prog.builders[pool], phases=prog.phases_of(pool), parallel=par[pool][i],
+                                         rollout_workers=tuple(self._rollout_worker_names) if pool == "train" else (),
+                                         **common)
+                    calls.append(w.register_job_nowait(self.key, cloudpickle.dumps(hosting),
+                                                       mv[i] if i < len(mv) else None, recover))
+            gather(calls, timeout_s=REGISTER_TIMEOUT_S)
 
         self.shipped: list[str] = []
         try:
@@ -278,56 +263,42 @@ class ScheduledRuntime:
         except Exception as e:  # a shared worker cannot import this job's code: ship it by value
             if "No module named" not in str(e):
                 raise
-            self.shipped = ship_by_value([*j._builders.values(), *j._phases.values(), j._apply, *j._hooks])
+            self.shipped = ship_by_value(prog.callables())
             if not self.shipped:
                 raise
             log.warning("job %s: workers cannot import %s; shipping it by value", j.job_id, self.shipped)
             register()
         if not recover:
-            self.sched.report.remote(j.job_id, {"event": "running"})
+            self.sched.report_nowait(j.job_id, RuntimeEvent(EventKind.RUNNING))
         self._registered = True
 
-    def _parallel_cfgs(self) -> dict[str, list[dict]]:
+    def _parallel_cfgs(self) -> dict[str, list[ParallelPlace]]:
         """Per pool, each worker's SPMD place: rank, world size, the pool's worker names and nodes
         in rank order, the host its gloo groups bind to (127.0.0.1 when every worker of the job is
         on one machine, else each node's IP; env ROLLMUX_SYNC_HOST overrides) and, for a pool with
         several workers, the rendezvous store its rank 0 hosts (the kernel picks its port when it binds)."""
-        import ray
-
-        wh = ray.get([w.where.remote() for w in self.rollout_workers + self.train_workers], timeout=120)
-        one_host = len({x["ip"] for x in wh}) == 1
+        wh = gather([w.where_nowait() for w in self.rollout_workers + self.train_workers], timeout_s=120)
+        one_host = len({x.ip for x in wh}) == 1
         forced = os.environ.get("ROLLMUX_SYNC_HOST")
         k = len(self.rollout_workers)
-        out: dict[str, list[dict]] = {}
+        out: dict[str, list[ParallelPlace]] = {}
         for pool, nodes, workers, where in (("rollout", self.rollout_nodes, self.rollout_workers, wh[:k]),
                                             ("train", self.train_nodes, self.train_workers, wh[k:])):
-            hosts = [forced or ("127.0.0.1" if one_host else x["ip"]) for x in where]
-            addr = None
-            if len(workers) > 1:
-                addr = ray.get(workers[0].reserve_store.remote(self.key, hosts[0]), timeout=120)
-            out[pool] = [{"rank": i, "world_size": len(workers), "peers": [worker_name(n) for n in nodes],
-                          "nodes": list(nodes), "addr": addr, "host": hosts[i]} for i in range(len(workers))]
+            hosts = [forced or ("127.0.0.1" if one_host else x.ip) for x in where]
+            addr = workers[0].reserve_store(self.key, hosts[0]) if len(workers) > 1 else None
+            out[pool] = [ParallelPlace(rank=i, world_size=len(workers), peers=tuple(worker_name(n) for n in nodes),
+                                       nodes=tuple(nodes), addr=addr, host=hosts[i]) for i in range(len(workers))]
         return out
 
-    def _acquire(self, phase: str) -> dict:
+    def _acquire(self, phase: str) -> Grant:
         """The controller's permit for ``phase`` (follows a move once; waits for a restarting
         controller). Raises PhaseFailed when it cannot be granted."""
-        import ray
-        from ray.exceptions import RayActorError, RayTaskError
-
         j = self.job
         rehomed = False
         for attempt in range(CONTROLLER_RETRIES):  # bounded: a restarting controller comes back
             try:
-                return ray.get(self.controller.acquire.remote(j.job_id, phase, iteration=j.iteration,
-                                                             has_sync="sync" in j._phases))
-            except RayTaskError as e:
-                err = _unwrap(e)
-                if isinstance(err, PermitError) and not rehomed and self._rehome():
-                    rehomed = True  # moved by departure re-packing: retry once on the new group
-                    continue
-                raise PhaseFailed(str(err)) from None
-            except RayActorError:
+                return self.controller.acquire(j.job_id, phase, iteration=j.iteration, has_sync=self.program.has_sync)
+            except ActorLost:
                 # the controller is gone: the job moved and its old group's controller exited
                 # (follow the record), or it is restarting (ask again)
                 if not rehomed and self._rehome():
@@ -336,17 +307,22 @@ class ScheduledRuntime:
                 if attempt == CONTROLLER_RETRIES - 1:
                     raise PhaseFailed(f"job {j.job_id!r}: the group controller is unavailable") from None
                 time.sleep(1.0)
+            except PermitError as err:
+                if not rehomed and self._rehome():
+                    rehomed = True  # moved by departure re-packing: retry once on the new group
+                    continue
+                raise PhaseFailed(str(err)) from None
+            except Exception as err:  # the controller refused otherwise (e.g. no permit in time)
+                raise PhaseFailed(str(err)) from None
         raise PhaseFailed(f"job {j.job_id!r}: the group controller is unavailable")  # pragma: no cover
 
     def _wait_workers(self, deadline: float) -> None:
         """Until every worker of the job answers (Ray restarts a lost one: ``max_restarts=-1``).
         Raises PhaseFailed naming the node whose worker did not come back."""
-        import ray
-
         for node, w in zip(self.rollout_nodes + self.train_nodes, self.rollout_workers + self.train_workers):
             while True:
                 try:
-                    ray.get(w.where.remote(), timeout=max(1.0, min(10.0, deadline - time.monotonic())))
+                    w.where(timeout_s=max(1.0, min(10.0, deadline - time.monotonic())))
                     break
                 except Exception as e:
                     if time.monotonic() > deadline:
@@ -355,35 +331,34 @@ class ScheduledRuntime:
                                           "state is kept on disk but the job cannot go on without that node") from None
                     time.sleep(0.5)
 
-    def _recover(self, phase: str, reason: str) -> str:
+    def _recover(self, phase: str, reason: str) -> AbortOutcome:
         """A worker of the job was lost during ``phase``: wait for Ray to restart it, re-host the
         job on every one of its workers from its last commits and withdraw the interrupted
-        permit. Returns the controller's answer (``"aborted"`` / ``"none"``: redo the phase;
-        ``"done"``: it was released before the loss, replay its committed result)."""
-        import ray
-
+        permit. Returns the controller's answer (``aborted`` / ``none``: redo the phase;
+        ``done``: it was released before the loss, replay its committed result)."""
         t0 = time.monotonic()
         self._wait_workers(t0 + WORKER_RESTART_S)
         self._registered = False
         self._register(recover=True)
-        status = "none"
+        status = AbortOutcome.NONE
         for attempt in range(CONTROLLER_RETRIES):
             try:
-                status = ray.get(self.controller.abort_phase.remote(self.job.job_id, phase, reason))
+                status = self.controller.abort_phase(self.job.job_id, phase, reason)
                 break
             except Exception as e:
-                if isinstance(_unwrap(e), PermitError) or attempt == CONTROLLER_RETRIES - 1:
-                    raise PhaseFailed(f"{reason}; the job could not resume: {_unwrap(e)}") from None
+                if isinstance(e, PermitError) or attempt == CONTROLLER_RETRIES - 1:
+                    raise PhaseFailed(f"{reason}; the job could not resume: {e}") from None
                 time.sleep(1.0)
         self.recoveries.append({"phase": phase, "iteration": self.job.iteration, "reason": reason,
-                                "controller": status, "recovery_s": time.monotonic() - t0})
-        self.job._emit({"event": "recovered", "job_id": self.job.job_id, "phase": phase, **self.recoveries[-1]})
+                                "controller": str(status), "recovery_s": time.monotonic() - t0})
+        self.program.emit({"event": "recovered", "job_id": self.job.job_id, "phase": phase, **self.recoveries[-1]})
         log.warning("job %s: %s; re-hosted from its last commit (%s) in %.1f s", self.job.job_id, reason, status,
                     time.monotonic() - t0)
         return status
 
     def run(self, phase: str, args: tuple, kwargs: dict) -> Any:
-        """acquire -> worker.run (which releases the permit) -> the phase's result.
+        """acquire -> worker.run (the leader worker, the grant's releaser, releases the permit)
+        -> the phase's result.
 
         A lost worker (it died, or restarted without the job) does not fail the job: the job is
         re-hosted from its last commit on every one of its workers and the phase is redone from
@@ -393,78 +368,70 @@ class ScheduledRuntime:
         Raises the phase's own exception, PhaseFailed when the permit cannot be granted or a
         lost worker's job cannot be recovered (saying which worker and why).
         """
-        import ray
-        from ray.exceptions import RayActorError, RayTaskError
-
         self._register()
         j = self.job
         pool = pool_of_phase(phase)
         leader_node = (self.rollout_nodes if pool == "rollout" else self.train_nodes)[0]
         seq = self._seq[pool] + 1
         replay = False
+        grant: Optional[Grant] = None
         for attempt in range(WORKER_RECOVERIES + 1):
-            grant = {"job_id": j.job_id, "phase": phase, "iteration": j.iteration, "nodes": [],
-                     "waited_s": 0.0} if replay else self._acquire(phase)
-            if not replay:
-                j._emit({"event": "granted", "job_id": j.job_id, "phase": phase, "iteration": grant["iteration"],
-                         "nodes": grant["nodes"], "waited_s": grant["waited_s"]})
+            if not replay:  # a replay uses the grant of the run that was released before the loss
+                grant = self._acquire(phase)
+                self.program.emit({"event": "granted", "job_id": j.job_id, "phase": phase, "iteration": grant.iteration,
+                                   "nodes": list(grant.nodes), "waited_s": grant.waited_s})
             worker = self.rollout_worker if pool == "rollout" else self.train_worker
             try:
-                out = ray.get(worker.run.remote(self.key, phase, args, kwargs,
-                                                {**grant, "pool_seq": seq, "replay": replay}))
+                out = worker.run(self.key, PhaseCall(grant, seq, replay), args, kwargs)
                 break
-            except RayTaskError as e:
-                err = _unwrap(e)
-                if not isinstance(err, (WorkerLost, JobNotHosted)) or "cannot be recovered" in str(err):
-                    raise err from None
+            except (WorkerLost, JobNotHosted) as err:
+                if "cannot be recovered" in str(err):
+                    raise
                 reason = f"worker on {leader_node} was lost during {phase}" if isinstance(err, JobNotHosted) else str(err)
-            except RayActorError as e:
-                reason = f"worker on {leader_node} was lost during {phase} ({type(e).__name__})"
+            except ActorLost as e:
+                reason = f"worker on {leader_node} was lost during {phase} ({e.kind})"
             if not j.durable:
                 raise PhaseFailed(f"{reason}; the job keeps no committed state (durable=False), so its state "
                                   "went with the worker") from None
             if attempt == WORKER_RECOVERIES:
                 raise PhaseFailed(f"{reason}; gave up after {WORKER_RECOVERIES} recoveries in one phase") from None
-            replay = self._recover(phase, reason) == "done"
+            replay = self._recover(phase, reason) == AbortOutcome.DONE
         self._seq[pool] = seq
         # granted_at -> start: the phase's dispatch; waited_s: how long the driver waited for the permit
-        rec = dict(out["record"], job_id=j.job_id, phase=phase, pool=pool_of_phase(phase),
-                   granted_at=grant.get("granted_at"), waited_s=grant.get("waited_s"))
+        rec = dict(out.record.to_dict(), job_id=j.job_id, phase=phase, pool=pool, iteration=grant.iteration,
+                   granted_at=None if replay else grant.granted_at, waited_s=0.0 if replay else grant.waited_s)
         self.timeline.append(rec)
         if phase == "sync":
             return None
-        res = out["result"]
-        ranks = len(self.rollout_workers if pool_of_phase(phase) == "rollout" else self.train_workers)
+        res = out.result
+        ranks = len(self.rollout_workers if pool == "rollout" else self.train_workers)
         if ranks > 1:  # the ranks' results in rank order: combined by the job's gather function
-            fn = j._gathers.get(phase)
-            return fn(res) if fn is not None else res
+            return self.program.gather(phase, res)
         return res
 
     def finish(self, ok: bool, error: Optional[str]) -> None:
-        """Report finished / failed to the scheduler (departure releases the job's nodes)."""
-        import ray
-
+        """Report finished / failed to the scheduler (departure releases the job's nodes), with the
+        driver's final iteration count (the owner's value: the ended record is exact even when
+        the controller's last progress report is still on its way)."""
         self._stop.set()
+        event = RuntimeEvent(EventKind.FINISHED if ok else EventKind.FAILED, error=error,
+                             iterations_done=self.job.iteration)
         try:
-            ray.get(self.sched.report.remote(self.job.job_id, {"event": "finished" if ok else "failed",
-                                                               "error": error,
-                                                               "iterations_done": self.job.iteration}), timeout=60)
+            self.sched.report(self.job.job_id, event, timeout_s=REPORT_TIMEOUT_S)
         except Exception as e:  # the scheduler restarts: it will see the departure from the controller
             log.warning("could not report %s of %s: %s", "finish" if ok else "failure", self.job.job_id, e)
         try:  # waited for: the job's control plane (process groups, engines) is gone when this returns
-            ray.get([w.unregister_job.remote(self.key) for w in self.rollout_workers + self.train_workers],
-                    timeout=60)
+            sent = [w.unregister_job_nowait(self.key) for w in self.rollout_workers + self.train_workers]
+            gather([p for p in sent if p is not None], timeout_s=60)
         except Exception as e:
             log.warning("could not unregister %s from its workers: %s", self.job.job_id, e)
 
     def group_timeline(self) -> list[dict]:
         """The whole group's timeline (every member's phases) from its GroupController."""
-        import ray
-
-        return ray.get(self.controller.get_timeline.remote())
+        return self.controller.timeline(timeout_s=None)
 
 
 def group_timeline(job) -> list[dict]:
     """The co-execution group's timeline of a scheduled :class:`rollmux.Job` (its own in plain mode)."""
-    rt = job._runtime
+    rt = job.runtime
     return rt.group_timeline() if isinstance(rt, ScheduledRuntime) else job.timeline

@@ -16,8 +16,16 @@ decides, without asyncio or Ray: it owns
   timeline of phase records.
 
 Time comes from an injected ``clock`` (seconds, epoch by default), so tests drive it directly.
-Mutating methods return :class:`Effect` values (a report to the GlobalScheduler, a metric) that
-the actor carries out; the ledger itself calls nothing outside this package.
+Mutating methods return typed effects (:data:`Effect`: a :class:`Report` to the GlobalScheduler,
+a metric such as :class:`PhaseSwitched`) that the actor carries out; the ledger itself calls
+nothing outside this package. Permits are :class:`rollmux.messages.Grant` values and the phases'
+records :class:`rollmux.messages.PhaseRecord` values.
+
+The iteration count is the driver's (``rollmux.Job.iteration``, the one owner): each grant
+carries the index the driver asked with; a member's ``iterations_done`` here is *derived* from
+the grant of its last completed iteration (index + 1), and the queues' own turn counter
+(``RoundRobinQueues.iteration``, restarted with a controller) is reported as ``turns``, never as
+the job's iterations.
 
 Errors: :class:`PermitError` when a permit cannot be granted (not a member, left, moved, out of
 order).
@@ -27,13 +35,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional, Union
 
 from rollmux.intra_group import LongTailPolicy
+from rollmux.messages import AbortOutcome, Grant, PhaseRecord, ProgressReport, RuntimeEvent, EventKind, TailDecision
 from rollmux.models import pool_of_phase
 from rollmux.round_robin import RoundRobinQueues
 
-__all__ = ["GroupLedger", "Member", "Effect", "PermitError", "MAX_TIMELINE", "HEARTBEAT_S", "DEFAULT_LEASE_S"]
+__all__ = ["GroupLedger", "Member", "Effect", "Report", "JobLeft", "TimelineChanged", "PhaseSwitched", "SyncBytes",
+           "PermitError", "MAX_TIMELINE", "HEARTBEAT_S", "DEFAULT_LEASE_S"]
 
 MAX_TIMELINE = 100_000
 DEFAULT_LEASE_S = 30.0  # a driver silent this long (no heartbeat, no phase running) is evicted
@@ -51,9 +61,11 @@ class Member:
     """One member of the group as its controller sees it.
 
     ``has_sync`` is the declared value while the job is pending; once it joined the queues
-    (``active``) the queues own it (:meth:`GroupLedger.has_sync`). ``phase_s``: seconds of the
-    job's own phases in the current iteration; ``iter_s`` / ``solo_s``: per finished iteration,
-    wall time from its rollout grant to its last phase's end, and the sum of its phases (s).
+    (``active``) the queues own it (:meth:`GroupLedger.has_sync`). ``iterations_done`` is
+    derived: the index carried by the grant of the job's last completed iteration, + 1 (the
+    driver owns the count). ``phase_s``: seconds of the job's own phases in the current
+    iteration; ``iter_s`` / ``solo_s``: per finished iteration, wall time from its rollout grant
+    to its last phase's end, and the sum of its phases (s).
     """
 
     rollout_nodes: list[str]
@@ -64,7 +76,7 @@ class Member:
     heartbeat: Optional[float] = None
     confirmed: bool = False  # this ledger granted it a phase (its queue position is this ledger's own)
     driver: Optional[str] = None  # the driver's process identity (a Ray job id), if it told
-    iterations_done: int = 0
+    iterations_done: int = 0  # derived from the grants (see the class docstring)
     iter_start: Optional[float] = None
     phase_s: dict[str, float] = field(default_factory=dict)
     iter_s: list[float] = field(default_factory=list)
@@ -76,28 +88,59 @@ class Member:
         return sum(self.iter_s) / solo if solo > 0 else None
 
 
-@dataclass(frozen=True)
-class Effect:
-    """Something the actor must do for the ledger.
+@dataclass
+class _Held:
+    """A grant this ledger issued and that was not released yet."""
 
-    ``kind`` ``"report"``: send ``event`` about ``job_id`` to the GlobalScheduler (fire and forget);
-    ``kind`` ``"metric"``: call ``metrics.<name>(*args, **kwargs)`` on the actor's metrics sink.
-    """
+    grant: Grant
+    turn: int  # the queues' completed iterations of the job when it was granted (its iteration ends when they grow)
+    started: bool = False  # the worker began the phase (the lease then waits for its release)
+    migrated: bool = False  # a long-tail decision was taken for this rollout
+
+
+# ---- effects: what the actor must do for the ledger (typed; carried out by GroupController._apply)
+@dataclass(frozen=True)
+class Report:
+    """Send ``message`` about ``job_id`` to the GlobalScheduler (fire and forget)."""
+
+    job_id: str
+    message: Union[RuntimeEvent, ProgressReport]
+
+
+@dataclass(frozen=True)
+class JobLeft:
+    """The job left this group: its per-job totals in the group's metrics go (it may come back)."""
+
+    job_id: str
+
+
+@dataclass(frozen=True)
+class TimelineChanged:
+    """The group's occupancy records changed (``metrics.group_timeline``)."""
+
+    group_id: str
+    records: list  # one per phase and node: pool, node, start_s, end_s, gpus (s since the ledger started)
+    nodes: dict  # pool -> {node: GPUs}
+    window: tuple[float, float]  # the group's lifetime so far, s since the ledger started
+
+
+@dataclass(frozen=True)
+class PhaseSwitched:
+    """A phase started its state: ``kind`` warm | cold | moved, ``seconds`` its start-up time."""
 
     kind: str
-    job_id: Optional[str] = None
-    event: Optional[dict] = None
-    name: Optional[str] = None
-    args: tuple = ()
-    kwargs: dict = field(default_factory=dict)
+    seconds: float
 
 
-def _report(job_id: str, event: dict) -> Effect:
-    return Effect("report", job_id=job_id, event=event)
+@dataclass(frozen=True)
+class SyncBytes:
+    """A sync of ``job_id`` sent ``nbytes`` bytes across the pool boundary."""
+
+    job_id: str
+    nbytes: int
 
 
-def _metric(name: str, *args: Any, **kwargs: Any) -> Effect:
-    return Effect("metric", name=name, args=args, kwargs=kwargs)
+Effect = Union[Report, JobLeft, TimelineChanged, PhaseSwitched, SyncBytes]
 
 
 class GroupLedger:
@@ -113,8 +156,10 @@ class GroupLedger:
     """
 
     def __init__(self, group_id: str, *, long_tail: Optional[LongTailPolicy] = None, migrate: bool = False,
-                 lease_s: float = DEFAULT_LEASE_S, clock: Callable[[], float] = time.time):
+                 lease_s: float = DEFAULT_LEASE_S, clock: Callable[[], float] = time.time,
+                 address: Optional[str] = None):
         self.group_id = group_id
+        self.address = address  # the controller actor's name, stamped on every grant (where it is released)
         self.long_tail = long_tail or LongTailPolicy()
         self.migrate = migrate
         self.lease_s = float(lease_s)
@@ -124,8 +169,8 @@ class GroupLedger:
         self.members: dict[str, Member] = {}
         self.gone: dict[str, str] = {}  # job_id -> why it left ("failed: ...", "departed", "moved to <g>")
         self.moving: dict[str, str] = {}  # job_id -> "moved to <g>" (due at its iteration boundary)
-        self.grants: dict[str, dict] = {}  # job_id -> the grant of its running phase
-        self.migrations: list[dict] = []
+        self.grants: dict[str, _Held] = {}  # job_id -> the grant of its running phase (not released yet)
+        self.migrations: list[TailDecision] = []
         self.timeline: list[dict] = []
         self.pending: list[Effect] = []  # effects of state changes not returned by the call (take_effects)
         self._occ_records: list[dict] = []  # one per phase and node, seconds since t0 (occupancy)
@@ -214,7 +259,7 @@ class GroupLedger:
         cluster whether those drivers' processes still exist (:meth:`expired` ``dead_drivers``)."""
         now = self.clock()
         return {j: m.driver for j in self.rr.job_ids if (m := self.members[j]).driver
-                and not self.grants.get(j, {}).get("started") and m.heartbeat is not None
+                and not self._started(j) and m.heartbeat is not None
                 and now - m.heartbeat > late_s}
 
     def remove(self, job_id: str, reason: str = "departed") -> bool:
@@ -237,7 +282,7 @@ class GroupLedger:
         self.grants.pop(job_id, None)
         self.gone[job_id] = reason
         # its per-job totals in this group's recorder (sync bytes) go with it; it may come back
-        self.pending.append(_metric("job_ended", job_id, ignore_late=False))
+        self.pending.append(JobLeft(job_id))
         return True
 
     def mark_gone(self, job_id: str, reason: str) -> bool:
@@ -268,7 +313,7 @@ class GroupLedger:
         out, effects = [], []
         for j in list(self.rr.job_ids):
             m = self.members[j]
-            if self.grants.get(j, {}).get("started") or m.heartbeat is None:
+            if self._started(j) or m.heartbeat is None:
                 continue  # a phase running on a worker always ends with a release
             if m.driver is not None and m.driver in dead_drivers:
                 err = (f"driver lost: its process exited (Ray driver {m.driver} is dead); "
@@ -279,17 +324,21 @@ class GroupLedger:
                 err = f"driver lost: no heartbeat for {now - m.heartbeat:.1f}s (lease {self.lease_s:.1f}s)"
             self.remove(j, f"failed: {err}")
             out.append(j)
-            effects.append(_report(j, {"event": "failed", "error": err}))
+            effects.append(Report(j, RuntimeEvent(EventKind.FAILED, error=err)))
         return out, effects
 
     # ---- permits
-    def try_grant(self, job_id: str, phase: str, iteration: Optional[int], waited_since: float) -> Optional[dict]:
+    def _started(self, job_id: str) -> bool:
+        held = self.grants.get(job_id)
+        return held is not None and held.started
+
+    def try_grant(self, job_id: str, phase: str, iteration: Optional[int], waited_since: float) -> Optional[Grant]:
         """Grant ``phase`` of a queued ``job_id`` if the queues let it start now, else None.
 
-        ``iteration``: the driver's own iteration index (the record keeps it; the queue count
-        restarts with a restarted controller). Returns ``{job_id, phase, pool, nodes, iteration,
-        rr_iteration, granted_at, waited_s, group_id}``. Raises PermitError when the job is not
-        queued here or asks a phase out of order.
+        ``iteration``: the driver's own iteration index (the one owner of the count; the grant
+        carries it). None (a caller that does not count, e.g. a test of the queues): the queues'
+        count of the job's completed iterations. Raises PermitError when the job is not queued
+        here or asks a phase out of order.
         """
         if not self.is_queued(job_id):
             self.activate(job_id)
@@ -310,47 +359,52 @@ class GroupLedger:
             return None
         rp = self.rr.grant(job_id, phase)
         now = self.clock()
-        grant = {"job_id": job_id, "phase": phase, "pool": rp.pool, "nodes": list(rp.nodes),
-                 "iteration": rp.iteration if iteration is None else int(iteration),
-                 "rr_iteration": rp.iteration, "granted_at": now, "waited_s": now - waited_since,
-                 "group_id": self.group_id}
-        self.grants[job_id] = grant
+        grant = Grant(job_id=job_id, group_id=self.group_id, phase=phase, pool=rp.pool, nodes=tuple(rp.nodes),
+                      iteration=rp.iteration if iteration is None else int(iteration), granted_at=now,
+                      waited_s=now - waited_since, controller=self.address)
+        self.grants[job_id] = _Held(grant, turn=rp.iteration)
         m.confirmed = True
         if phase == "rollout" and m.iter_start is None:
             m.iter_start = now
         return grant
 
+    def grant_of(self, job_id: str) -> Optional[Grant]:
+        """The job's grant not released yet (None: no phase of it is granted here)."""
+        held = self.grants.get(job_id)
+        return None if held is None else held.grant
+
     def phase_started(self, job_id: str, phase: str) -> bool:
         """The worker began the granted phase (the lease then waits for its release)."""
-        g = self.grants.get(job_id)
-        if g is None or g["phase"] != phase:
+        held = self.grants.get(job_id)
+        if held is None or held.grant.phase != phase:
             return False
-        g["started"] = True
+        held.started = True
         return True
 
-    def release(self, job_id: str, phase: str, record: dict) -> tuple[dict, list[Effect]]:
-        """The worker finished ``phase`` (``record``: node, start, end, switch, switch_s, ok, error).
+    def release(self, grant: Grant, record: PhaseRecord) -> tuple[dict, list[Effect]]:
+        """The releaser (:attr:`Grant.releaser`) gives ``grant`` back with what the phase did.
 
         A successful phase moves the job on in the queues (at its iteration's end: the iteration
         is accounted, a deferred move takes effect); a failed one removes the job (group-mates
-        continue) and reports the failure, except a phase interrupted by a lost worker (``record
-        ["lost"]``): the job keeps its place and the phase is granted again (redone from its
-        start on the job's last committed state). A release without this ledger's grant (e.g. granted
-        before a controller restart) is recorded but changes nothing. Returns (the timeline
-        record, effects).
+        continue) and reports the failure, except a phase interrupted by a lost worker
+        (``record.lost``): the job keeps its place and the phase is granted again (redone from
+        its start on the job's last committed state). A release of a grant this ledger does not
+        hold (e.g. issued before a controller restart) is recorded but changes nothing. Returns
+        (the timeline record, effects); the record's ``iteration`` is the grant's.
         """
-        grant = self.grants.pop(job_id, None)
-        ok = bool(record.get("ok", True))
+        job_id, phase = grant.job_id, grant.phase
+        held = self.grants.pop(job_id, None)
+        ok = bool(record.ok)
         now = self.clock()
         rec = {"job_id": job_id, "phase": phase, "group_id": self.group_id, "pool": pool_of_phase(phase),
-               "iteration": grant["iteration"] if grant else record.get("iteration"), **record, "ok": ok}
-        rec["start_s"] = rec.get("start", self.t0) - self.t0
-        rec["end_s"] = rec.get("end", now) - self.t0
+               "iteration": (held.grant if held is not None else grant).iteration, **record.to_dict(), "ok": ok}
+        rec["start_s"] = (record.start if record.start is not None else self.t0) - self.t0
+        rec["end_s"] = (record.end if record.end is not None else now) - self.t0
         if len(self.timeline) < MAX_TIMELINE:
             self.timeline.append(rec)
-        effects = self._account(rec, grant)
-        if grant is not None and self.is_queued(job_id):
-            if not ok and record.get("lost"):  # the worker (or a peer) was lost: redo, not failure
+        effects = self._account(rec, held)
+        if held is not None and self.is_queued(job_id):
+            if not ok and record.lost:  # the worker (or a peer) was lost: redo, not failure
                 try:
                     self.rr.abort(job_id, phase)
                 except ValueError:
@@ -360,55 +414,57 @@ class GroupLedger:
                     self.rr.on_phase_done(job_id, phase)
                 except ValueError:
                     pass  # a stale or duplicate release must not break the group
-                if self.rr.iteration(job_id) > grant["rr_iteration"]:
+                if self.rr.iteration(job_id) > held.turn:
                     effects += self._iteration_done(job_id, rec)
                     if job_id in self.moving:  # iteration boundary: a deferred move takes effect
                         self.remove(job_id, self.moving.pop(job_id))
             else:
-                self.remove(job_id, f"failed: {record.get('error')}")
-                effects.append(_report(job_id, {"event": "failed", "error": record.get("error"), "phase": phase}))
+                self.remove(job_id, f"failed: {record.error}")
+                effects.append(Report(job_id, RuntimeEvent(EventKind.FAILED, error=record.error, phase=phase)))
         return rec, effects
 
-    def abort(self, job_id: str, phase: str, reason: str) -> tuple[str, list[Effect]]:
+    def abort(self, job_id: str, phase: str, reason: str) -> tuple[AbortOutcome, list[Effect]]:
         """The driver lost the worker running ``phase`` of ``job_id`` (``reason``: what was lost)
         and will redo the phase from its start on the job's last committed state.
 
-        Returns (``"aborted"``: the grant was withdrawn, the phase is granted again when ready;
-        ``"done"``: the phase was already released as done (the worker was lost after its
-        release), so it must not run again; ``"none"``: no grant here (e.g. a restarted
-        controller, or the worker already reported the loss): ask for the phase again), effects.
-        Raises PermitError for a job that is not a member (or left)."""
+        Returns (:class:`rollmux.messages.AbortOutcome`: ``aborted``, the grant was withdrawn,
+        the phase is granted again when ready; ``done``, the phase was already released as done
+        (the worker was lost after its release), so it must not run again; ``none``, no grant
+        here (e.g. a restarted controller, or the worker already reported the loss): ask for the
+        phase again), effects. Raises PermitError for a job that is not a member (or left)."""
         if not self.is_member(job_id):
             raise PermitError(f"group {self.group_id}: job {job_id!r} is not a member: "
                               f"{self.gone.get(job_id, 'not a member of this group')}")
-        grant = self.grants.get(job_id)
-        if grant is not None and grant["phase"] == phase:
-            rec, effects = self.release(job_id, phase, {"ok": False, "lost": True, "error": reason,
-                                                        "start": grant["granted_at"], "end": self.clock()})
-            return "aborted", effects
-        if grant is None and self.is_queued(job_id) and not self.rr.is_running(job_id) \
+        held = self.grants.get(job_id)
+        if held is not None and held.grant.phase == phase:
+            g = held.grant
+            rec, effects = self.release(g, PhaseRecord(ok=False, lost=True, error=reason, start=g.granted_at,
+                                                       end=self.clock()))
+            return AbortOutcome.ABORTED, effects
+        if held is None and self.is_queued(job_id) and not self.rr.is_running(job_id) \
                 and self.members[job_id].confirmed and self.rr.next_phase(job_id) != phase:
-            return "done", []
-        return "none", []
+            return AbortOutcome.DONE, []
+        return AbortOutcome.NONE, []
 
-    def _account(self, rec: dict, grant: Optional[dict]) -> list[Effect]:
+    def _account(self, rec: dict, held: Optional[_Held]) -> list[Effect]:
         """Per-node occupancy records of the phase (busy / bubble seconds are computed from the
         group's timeline over its lifetime so far, :func:`rollmux.occupancy.occupancy`, by the
         metrics sink), the phase switch, and the job's own phase time of this iteration."""
         dur = max(0.0, rec["end_s"] - rec["start_s"])
         pool = rec["pool"]
-        for node in (grant or {}).get("nodes", [rec.get("node")]):
+        for node in (held.grant.nodes if held is not None else [rec.get("node")]):
             if node is None or len(self._occ_records) >= MAX_TIMELINE:
                 continue
             self._occ_nodes[pool].setdefault(str(node), 1.0)
             self._occ_records.append({"pool": pool, "node": str(node), "start_s": rec["start_s"],
                                       "end_s": rec["end_s"], "gpus": rec.get("gpus")})
-        effects = [_metric("group_timeline", self.group_id, self._occ_records,
-                           {p: dict(n) for p, n in self._occ_nodes.items()}, (0.0, self.clock() - self.t0))]
+        effects: list[Effect] = [TimelineChanged(self.group_id, self._occ_records,
+                                                 {p: dict(n) for p, n in self._occ_nodes.items()},
+                                                 (0.0, self.clock() - self.t0))]
         if rec.get("switch") in ("warm", "cold", "moved"):
-            effects.append(_metric("phase_switch", rec["switch"], float(rec.get("switch_s") or 0.0)))
+            effects.append(PhaseSwitched(rec["switch"], float(rec.get("switch_s") or 0.0)))
         if rec.get("sync_cross_bytes") is not None:
-            effects.append(_metric("sync_cross_bytes", rec["job_id"], int(rec["sync_cross_bytes"])))
+            effects.append(SyncBytes(rec["job_id"], int(rec["sync_cross_bytes"])))
         m = self.members.get(rec["job_id"])
         if m is not None and rec["ok"]:
             m.phase_s[rec["phase"]] = m.phase_s.get(rec["phase"], 0.0) + dur
@@ -416,45 +472,45 @@ class GroupLedger:
 
     def _iteration_done(self, job_id: str, rec: dict) -> list[Effect]:
         m = self.members[job_id]
-        m.iterations_done = int(rec["iteration"]) + 1 if rec.get("iteration") is not None else m.iterations_done + 1
-        end = rec.get("end", self.clock())
+        m.iterations_done = int(rec["iteration"]) + 1  # derived: the grant's index (the driver's count) + 1
+        end = rec["end"] if rec.get("end") is not None else self.clock()
         iter_s = end - (m.iter_start or end)
         solo_s = sum(m.phase_s.values())  # the job's own phase time: its iteration alone
         m.iter_s.append(iter_s)
         m.solo_s.append(solo_s)
         m.iter_start, m.phase_s = end, {}
-        slowdown = m.slowdown()
         # per-job series are exported by the GlobalScheduler alone (it gets this report)
-        return [_report(job_id, {"event": "iteration", "iterations_done": m.iterations_done, "t_iter_s": iter_s,
-                                 "t_solo_s": solo_s, "slowdown": slowdown})]
+        return [Report(job_id, ProgressReport(m.iterations_done, t_iter_s=iter_s, t_solo_s=solo_s,
+                                              slowdown=m.slowdown()))]
 
     def slowdown(self, job_id: str) -> Optional[float]:
         m = self.members.get(job_id)
         return None if m is None else m.slowdown()
 
     # ---- runtime hook: long-tail migration
-    def progress(self, job_id: str, done: int, total: int) -> Optional[dict]:
+    def progress(self, job_id: str, done: int, total: int) -> Optional[TailDecision]:
         """Generation progress of the running rollout; a migration decision once per rollout
         (``LongTailPolicy.should_migrate``, RollMux §4.3): the tail / freed worker split, the next
         rollout waiting, and whether the queue slots were released (``acted``)."""
-        grant = self.grants.get(job_id)
-        if grant is None or grant["phase"] != "rollout" or grant.get("migrated"):
+        held = self.grants.get(job_id)
+        if held is None or held.grant.phase != "rollout" or held.migrated:
             return None
         if not self.long_tail.should_migrate(done, total):
             return None
-        tail, freed = self.long_tail.split_workers(grant["nodes"])
+        tail, freed = self.long_tail.split_workers(list(held.grant.nodes))
         # the same rule as the simulator's model: act only if another member waits for these nodes
         waiting = list(self.rr.waiting_for(job_id))
-        decision = {"job_id": job_id, "iteration": grant["iteration"], "done": done, "total": total,
-                    "t": self.clock(), "next_rollout": (waiting or [None])[0],
-                    "tail_workers": list(tail), "freed_workers": list(freed), "acted": False}
-        grant["migrated"] = True
-        if self.migrate and decision["next_rollout"] is not None:
+        held.migrated = True
+        acted = False
+        if self.migrate and waiting:
             try:
                 self.rr.release(job_id)
-                decision["acted"] = True
+                acted = True
             except ValueError:
                 pass
+        decision = TailDecision(job_id=job_id, iteration=held.grant.iteration, done=done, total=total, t=self.clock(),
+                                next_rollout=(waiting or [None])[0], tail_workers=tuple(tail),
+                                freed_workers=tuple(freed), acted=acted)
         self.migrations.append(decision)
         return decision
 
@@ -467,10 +523,12 @@ class GroupLedger:
         jobs = {}
         for j in self.rr.job_ids:
             m = self.members[j]
+            # iterations_done: derived from the grants (the driver's count); turns: the queues' own
+            # counter of this controller instance (restarts with it), not the job's iterations
             jobs[j] = {"next_phase": self.rr.next_phase(j), "running": self.rr.is_running(j),
-                       "iterations": self.rr.iteration(j), "rollout_nodes": m.rollout_nodes,
-                       "train_nodes": m.train_nodes, "slowdown": m.slowdown()}
+                       "iterations_done": m.iterations_done, "turns": self.rr.iteration(j),
+                       "rollout_nodes": m.rollout_nodes, "train_nodes": m.train_nodes, "slowdown": m.slowdown()}
         pending = [j for j, m in self.members.items() if not m.active and j not in self.gone]
         return {"group_id": self.group_id, "jobs": jobs, "pending": pending, "gone": dict(self.gone),
                 "moving": dict(self.moving), "queues": self.queues(), "order": list(self.order),
-                "migrations": list(self.migrations), "timeline_len": len(self.timeline)}
+                "migrations": [d.to_dict() for d in self.migrations], "timeline_len": len(self.timeline)}

@@ -54,6 +54,7 @@ import os
 import threading
 import time
 import warnings
+from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional
 
 from rollmux.models import JobSpec, PhaseName, PoolName
@@ -61,6 +62,7 @@ from rollmux.phase_state import (  # noqa: F401  (re-exported: the phase API's p
     PHASES, POOL_OF_PHASE, AdmissionRefused, ParallelContext, PhaseFailed, RuntimeHook, call_phase, is_resident,
     one_thread, parallel, restore_state, split_state, state_resume, state_suspend,
 )
+from rollmux.records import JobState
 from rollmux.sync_plan import SYNC_BACKENDS
 
 log = logging.getLogger("rollmux.phase_api")
@@ -70,6 +72,7 @@ _PHASES = PHASES
 
 __all__ = [
     "Job",
+    "JobProgram",
     "PhaseFailed",
     "AdmissionRefused",
     "RuntimeHook",
@@ -85,6 +88,61 @@ __all__ = [
 ]
 
 
+@dataclass
+class JobProgram:
+    """What a :class:`Job` runs: the one object the runtimes read (plain mode here, scheduled mode
+    in :mod:`actors.runtime_client`), filled by the job's decorators.
+
+    ``builders``: pool (rollout | train) -> zero-arg state builder; ``phases``: phase (rollout |
+    train | sync) -> function; ``apply``: ``apply_weights(rollout_state, weights)``; ``gathers``:
+    phase -> ``fn(rank results) -> result``; ``hooks``: runtime hooks ``fn(event)``.
+    """
+
+    builders: dict[str, Callable[[], dict]] = field(default_factory=dict)
+    phases: dict[str, Callable] = field(default_factory=dict)
+    apply: Optional[Callable] = None
+    gathers: dict[str, Callable[[list], Any]] = field(default_factory=dict)
+    hooks: list[Callable[[dict], None]] = field(default_factory=list)
+
+    @property
+    def has_sync(self) -> bool:
+        """Whether the job has a sync phase."""
+        return "sync" in self.phases
+
+    @property
+    def last_phase(self) -> str:
+        """The phase that ends an iteration: sync, or training for a job without sync."""
+        return "sync" if self.has_sync else "train"
+
+    def builder(self, pool: str, job_id: str = "") -> Callable[[], dict]:
+        """The ``pool`` state builder. Raises PhaseFailed when none is registered."""
+        b = self.builders.get(pool)
+        if b is None:
+            raise PhaseFailed(f"job {job_id!r}: no @job.state({pool!r}) builder registered")
+        return b
+
+    def phases_of(self, pool: str) -> dict[str, Callable]:
+        """The phase functions that run on ``pool``'s workers (rollout; train and sync)."""
+        return {k: v for k, v in self.phases.items() if POOL_OF_PHASE[k] == pool}
+
+    def gather(self, phase: str, results: list) -> Any:
+        """The ranks' results of ``phase`` combined by its gather function (the list without one)."""
+        fn = self.gathers.get(phase)
+        return fn(results) if fn is not None else results
+
+    def callables(self) -> list[Callable]:
+        """Every user callable of the program (what the workers must be able to unpickle)."""
+        return [*self.builders.values(), *self.phases.values(), self.apply, *self.hooks]
+
+    def emit(self, event: dict) -> None:
+        """Call every runtime hook with ``event``; a hook that raises is logged, never fatal."""
+        for h in list(self.hooks):
+            try:
+                h(event)
+            except Exception:  # a user's hook must not break the job
+                log.exception("runtime hook %r raised", h)
+
+
 class _PlainRuntime:
     """Solo mode: every phase runs in this process; states stay resident; a timeline is kept."""
 
@@ -98,9 +156,7 @@ class _PlainRuntime:
 
     def _state(self, pool: PoolName) -> tuple[dict, str]:
         if pool not in self.states:
-            builder = self.job._builders.get(pool)
-            if builder is None:
-                raise PhaseFailed(f"job {self.job.job_id!r}: no @job.state({pool!r}) builder registered")
+            builder = self.job.program.builder(pool, self.job.job_id)
             with one_thread():
                 st = builder()
             split_state(st)  # validates the dict shape
@@ -109,26 +165,26 @@ class _PlainRuntime:
         return self.states[pool], "resident"
 
     def run(self, phase: PhaseName, args: tuple, kwargs: dict) -> Any:
-        job = self.job
+        job, prog = self.job, self.job.program
         it = job.iteration
-        job._emit({"event": "granted", "job_id": job.job_id, "phase": phase, "iteration": it})
+        prog.emit({"event": "granted", "job_id": job.job_id, "phase": phase, "iteration": it})
         t0 = time.time()
         if phase == "sync":
             tstate, k1 = self._state("train")
             rstate, k2 = self._state("rollout")
             t1 = time.time()
             with one_thread():
-                weights = call_phase(job._phases["sync"], "sync", tstate, args, kwargs, None)
-                if job._apply is not None:
-                    job._apply(rstate, weights)
+                weights = call_phase(prog.phases["sync"], "sync", tstate, args, kwargs, None)
+                if prog.apply is not None:
+                    prog.apply(rstate, weights)
             result, kind = None, ("cold" if "cold" in (k1, k2) else "resident")
         else:
             pool = POOL_OF_PHASE[phase]
             state, kind = self._state(pool)
             t1 = time.time()
-            hook = RuntimeHook(job.job_id, phase, it, job._emit)
+            hook = RuntimeHook(job.job_id, phase, it, prog.emit)
             with one_thread():
-                result = call_phase(job._phases[phase], phase, state, args, kwargs, hook)
+                result = call_phase(prog.phases[phase], phase, state, args, kwargs, hook)
         t2 = time.time()
         self.timeline.append({
             "job_id": job.job_id, "phase": phase, "pool": POOL_OF_PHASE[phase], "node": "local",
@@ -185,14 +241,12 @@ class Job:
         self.durable = bool(durable)
         self.scheduler_name = scheduler_name or os.environ.get("ROLLMUX_SCHEDULER_NAME")
         self.attach_job_id = job_id or os.environ.get("ROLLMUX_JOB_ID") or None
-        self._builders: dict[str, Callable[[], dict]] = {}
-        self._phases: dict[str, Callable] = {}
-        self._apply: Optional[Callable] = None
-        self._gathers: dict[str, Callable[[list], Any]] = {}
-        self._hooks: list[Callable[[dict], None]] = list(_PENDING_HOOKS)
+        self.program = JobProgram(hooks=list(_PENDING_HOOKS))  # what the runtimes read
         _PENDING_HOOKS.clear()
-        self.iteration = 0
-        self.state_name = "created"  # created | running | finished | failed
+        self.iteration = 0  # the job's iteration count: its one owner (grants and records carry copies)
+        # the driver's local view of its lifecycle (the scheduler's enum, :class:`JobState`):
+        # admitted -> running -> finished | failed, changed only by JobState transitions
+        self.lifecycle: JobState = JobState.ADMITTED
         self.error: Optional[str] = None
         self._lock = threading.Lock()
         self._runtime = self._select_runtime(attach)
@@ -212,6 +266,11 @@ class Job:
     def timeline(self) -> list[dict]:
         """This job's phase records (job_id, phase, pool, node, iteration, start, end, switch, ...)."""
         return list(self._runtime.timeline)
+
+    @property
+    def runtime(self):
+        """The runtime the job runs on: plain (this process) or scheduled (:mod:`actors.runtime_client`)."""
+        return self._runtime
 
     @property
     def info(self) -> dict:
@@ -246,7 +305,7 @@ class Job:
             raise ValueError(f"state pool must be 'rollout' or 'train', got {pool!r}")
 
         def deco(fn):
-            self._builders[pool] = fn
+            self.program.builders[pool] = fn
             return fn
 
         return deco
@@ -263,7 +322,7 @@ class Job:
             raise ValueError(f"phase must be one of {_PHASES}, got {name!r}")
 
         def deco(fn):
-            self._phases[name] = fn
+            self.program.phases[name] = fn
 
             @functools.wraps(fn)
             def run(*args, **kwargs):
@@ -277,7 +336,7 @@ class Job:
 
     def apply_weights(self, fn: Callable[[dict, dict], None]) -> Callable[[dict, dict], None]:
         """Register ``fn(rollout_state, weights)`` applying synced weights on the rollout side."""
-        self._apply = fn
+        self.program.apply = fn
         return fn
 
     def gather(self, name: PhaseName) -> Callable[[Callable[[list], Any]], Callable[[list], Any]]:
@@ -289,23 +348,19 @@ class Job:
             raise ValueError(f"phase must be one of {_PHASES}, got {name!r}")
 
         def deco(fn):
-            self._gathers[name] = fn
+            self.program.gathers[name] = fn
             return fn
 
         return deco
 
     def runtime_hook(self, fn: Callable[[dict], None]) -> Callable[[dict], None]:
         """Register a callback for runtime events (``event``: granted | done | progress | failed)."""
-        self._hooks.append(fn)
+        self.program.hooks.append(fn)
         return fn
 
     # ---- running
     def _emit(self, event: dict) -> None:
-        for h in list(self._hooks):
-            try:
-                h(event)
-            except Exception:  # a user's hook must not break the job
-                log.exception("runtime hook %r raised", h)
+        self.program.emit(event)
 
     def run_phase(self, name: PhaseName, *args, **kwargs) -> Any:
         """Run one phase now (blocking): permit, warm start, run, offload, release.
@@ -313,39 +368,36 @@ class Job:
         Raises: PhaseFailed if the job is finished/failed or the phase was never registered;
         any exception raised by the phase function itself (the job is then reported failed).
         """
-        if self.state_name in ("finished", "failed"):
-            raise PhaseFailed(f"job {self.job_id!r} is {self.state_name}; no more phases")
-        if name not in self._phases:
+        if self.lifecycle.is_ended():
+            raise PhaseFailed(f"job {self.job_id!r} is {self.lifecycle}; no more phases")
+        if name not in self.program.phases:
             raise PhaseFailed(f"job {self.job_id!r}: no @job.phase({name!r}) registered")
         with self._lock:
-            self.state_name = "running"
+            self.lifecycle = self.lifecycle.advance(JobState.RUNNING)
             try:
                 result = self._runtime.run(name, args, kwargs)
             except BaseException as e:
                 self.fail(e)
                 raise
             self._emit({"event": "done", "job_id": self.job_id, "phase": name, "iteration": self.iteration})
-            if name == self._last_phase():
+            if name == self.program.last_phase:
                 self.iteration += 1
             return result
 
-    def _last_phase(self) -> str:
-        return "sync" if "sync" in self._phases else "train"
-
     def fail(self, error: BaseException | str) -> None:
         """Report the job failed: resources are released; group-mates keep iterating."""
-        if self.state_name in ("finished", "failed"):
+        if self.lifecycle.is_ended():
             return
-        self.state_name = "failed"
+        self.lifecycle = self.lifecycle.to(JobState.FAILED)
         self.error = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
         self._emit({"event": "failed", "job_id": self.job_id, "error": self.error})
         self._runtime.finish(False, self.error)
 
     def finish(self) -> None:
         """Report the job finished (departure: its nodes are released). Idempotent."""
-        if self.state_name in ("finished", "failed"):
+        if self.lifecycle.is_ended():
             return
-        self.state_name = "finished"
+        self.lifecycle = self.lifecycle.to(JobState.FINISHED)
         self._runtime.finish(True, None)
 
     def __enter__(self) -> "Job":
@@ -377,7 +429,7 @@ def phase(name: PhaseName) -> Callable[[Callable], Callable]:
 
 def runtime_hook(fn: Callable[[dict], None]) -> Callable[[dict], None]:
     """``@rollmux.runtime_hook``: register ``fn(event)`` on the current job (or the next one created)."""
-    if _CURRENT is not None and _CURRENT.state_name not in ("finished", "failed"):
+    if _CURRENT is not None and not _CURRENT.lifecycle.is_ended():
         return _CURRENT.runtime_hook(fn)
     _PENDING_HOOKS.append(fn)
     return fn

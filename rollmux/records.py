@@ -3,7 +3,8 @@
 One owner each (docs/ARCHITECTURE.md "Who owns what"):
 
 - :class:`JobState` is the job lifecycle, an ordered enum: ``admitted < running < finished |
-  failed``; :meth:`JobState.is_active` says whether the job holds nodes.
+  failed``, changed only by the transitions of :data:`TRANSITIONS` (an illegal one raises
+  :class:`IllegalTransition`); :meth:`JobState.is_active` says whether the job holds nodes.
 - :class:`JobRecord` is what the GlobalScheduler keeps per job, checkpoints, and what the HTTP
   API returns (``GET /v1/jobs``; the app validates its 2xx replies against this model). The
   group a job is in and its nodes are the policy's (``InterGroupScheduler``); the record's
@@ -11,8 +12,7 @@ One owner each (docs/ARCHITECTURE.md "Who owns what"):
   (admission, departure re-packing) and never edited elsewhere.
 - :class:`MoveRecord` is one departure re-packing move (``InterGroupScheduler.repack``), kept in
   the moved job's record and listed in the departure answer.
-- :data:`REFUSAL_CODES`: the scheduler's own refusal codes, besides the policy's
-  ``ok | never | retry_later`` (:class:`rollmux.admission.AdmissionDecision`).
+- Decision and refusal codes are :class:`rollmux.codes.Code`.
 
 Pure: no Ray import; every value here is JSON-able through ``model_dump(mode="json")``.
 """
@@ -25,18 +25,27 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["JobState", "NodePlacement", "MoveRecord", "JobRecord", "REFUSAL_CODES", "ACTIVE_STATES",
-           "explain_failure", "queued_records"]
+__all__ = ["JobState", "IllegalTransition", "TRANSITIONS", "ACTIVE_STATES", "NodePlacement", "MoveRecord",
+           "JobRecord", "explain_failure", "queued_records"]
+
+
+class IllegalTransition(ValueError):
+    """A job state change the lifecycle does not allow (e.g. ``finished -> running``)."""
 
 
 class JobState(str, enum.Enum):
-    """A job's lifecycle at the GlobalScheduler, in order: (queued ->) admitted -> running ->
-    finished | failed (admitted -> expired when no driver attaches within the scheduler's
-    ``attach_timeout_s``). ``queued``: held by the admission queue of a bounded cluster, no nodes
-    yet (:mod:`rollmux.admission_queue`).
+    """A job's lifecycle, in order: (queued ->) admitted -> running -> finished | failed
+    (admitted -> expired when no driver attaches within the scheduler's ``attach_timeout_s``;
+    queued -> cancelled when it is withdrawn from the admission queue, queued -> failed when it
+    can never be admitted). ``queued``: held by the admission queue of a bounded cluster, no
+    nodes yet (:mod:`rollmux.admission_queue`).
 
-    Members compare by that order (``JobState.ADMITTED < JobState.RUNNING``); a record's state
-    only moves forward (:meth:`advance`). ``str`` valued, so ``JobState.RUNNING == "running"``.
+    The only way a state changes is a transition of :data:`TRANSITIONS` (:meth:`to` refuses any
+    other with :class:`IllegalTransition`); :meth:`advance` is the same for events that may
+    arrive late (a no-op when the job is already there or past it). Members compare by that
+    order (``JobState.ADMITTED < JobState.RUNNING``). ``str`` valued, so
+    ``JobState.RUNNING == "running"``. The driver's local view of its job (``rollmux.Job.state``)
+    is the same enum: admitted until its first phase, running, then finished | failed.
     """
 
     QUEUED = "queued"
@@ -45,6 +54,7 @@ class JobState(str, enum.Enum):
     FINISHED = "finished"
     FAILED = "failed"
     EXPIRED = "expired"  # admitted, but no driver attached within the attach timeout
+    CANCELLED = "cancelled"  # withdrawn from the admission queue before it was admitted
 
     @property
     def rank(self) -> int:
@@ -52,15 +62,32 @@ class JobState(str, enum.Enum):
 
     def is_active(self) -> bool:
         """True while the job holds nodes in a co-execution group (admitted or running)."""
-        return _RANK[JobState.ADMITTED] <= self.rank < _RANK[JobState.FINISHED]
+        return self in ACTIVE_STATES
 
     def is_ended(self) -> bool:
         return self.rank >= _RANK[JobState.FINISHED]
 
-    def advance(self, to: "JobState") -> "JobState":
-        """The state after an event saying ``to``: never backwards, never out of an ended state."""
+    def can(self, to: "JobState | str") -> bool:
+        """Whether the lifecycle allows ``self -> to``."""
+        return JobState(to) in TRANSITIONS[self]
+
+    def to(self, to: "JobState | str") -> "JobState":
+        """The state after the transition ``self -> to``. Raises :class:`IllegalTransition` when
+        :data:`TRANSITIONS` does not allow it (e.g. out of an ended state)."""
         to = JobState(to)
-        return self if self.is_ended() or to.rank <= self.rank else to
+        if to not in TRANSITIONS[self]:
+            allowed = ", ".join(sorted(str(s) for s in TRANSITIONS[self])) or "none: it has ended"
+            raise IllegalTransition(f"a {self} job cannot become {to} (allowed from {self}: {allowed})")
+        return to
+
+    def advance(self, to: "JobState | str") -> "JobState":
+        """The state after an event saying ``to`` that may arrive late or twice (a report from a
+        controller crossing the job's end): unchanged when the job is already at ``to`` or past
+        it (or ended), else :meth:`to` (which refuses an illegal change)."""
+        to = JobState(to)
+        if self.is_ended() or to.rank <= self.rank:
+            return self
+        return self.to(to)
 
     def __lt__(self, other: object) -> bool:  # type: ignore[override]
         if not isinstance(other, JobState):
@@ -77,12 +104,17 @@ class JobState(str, enum.Enum):
 
 
 _RANK = {JobState.QUEUED: -1, JobState.ADMITTED: 0, JobState.RUNNING: 1, JobState.FINISHED: 2, JobState.FAILED: 2,
-         JobState.EXPIRED: 2}
-ACTIVE_STATES: tuple[JobState, ...] = (JobState.ADMITTED, JobState.RUNNING)
-
-#: Refusal codes of the GlobalScheduler itself (the policy's are ok | never | retry_later); ``queued`` is
-#: not a refusal: the admission queue holds the job.
-REFUSAL_CODES = ("invalid", "duplicate", "queue_full", "unavailable")
+         JobState.EXPIRED: 2, JobState.CANCELLED: 2}
+#: The states in which a job holds nodes (:meth:`JobState.is_active`).
+ACTIVE_STATES: frozenset[JobState] = frozenset({JobState.ADMITTED, JobState.RUNNING})
+#: The lifecycle: every allowed state change (nothing leaves an ended state).
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.QUEUED: frozenset({JobState.ADMITTED, JobState.FAILED, JobState.CANCELLED}),
+    JobState.ADMITTED: frozenset({JobState.RUNNING, JobState.FINISHED, JobState.FAILED, JobState.EXPIRED}),
+    JobState.RUNNING: frozenset({JobState.FINISHED, JobState.FAILED}),
+    JobState.FINISHED: frozenset(), JobState.FAILED: frozenset(), JobState.EXPIRED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
 
 
 class NodePlacement(BaseModel):

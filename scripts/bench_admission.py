@@ -235,6 +235,7 @@ def main() -> None:
     from ray import serve
 
     from actors.global_scheduler import NAMESPACE, get_or_create_scheduler
+    from actors.handles import SchedulerHandle, gather
     from serve_app import deploy
 
     cluster = load_cluster(args.cluster)
@@ -252,22 +253,25 @@ def main() -> None:
         t0 = time.perf_counter()
         last = -1
         for _ in range(target // 200 + 100):  # bounded: every batch must admit something
-            held = ray.get(sched.health.remote(), timeout=120)["jobs"]
+            held = sched.health(timeout_s=120)["jobs"]
             if held >= target:
                 return time.perf_counter() - t0
             if held <= last:
                 raise RuntimeError(f"top-up stalled at {held} of {target} jobs: the last batch admitted none")
             last = held
-            refs = [sched.admit_batched.remote(make_spec(rng, f"pre-{n_pre + i:06d}").model_dump(mode="json"), False,
-                                               False, "chosen")
-                    for i in range(min(200, target - held))]  # group commit: one write per batch
-            n_pre += len(refs)
-            ray.get(refs, timeout=600)
+            calls = [sched.admit_batched_nowait(make_spec(rng, f"pre-{n_pre + i:06d}").model_dump(mode="json"), False,
+                                                False, "chosen")
+                     for i in range(min(200, target - held))]  # group commit: one write per batch
+            n_pre += len(calls)
+            gather(calls, timeout_s=600)
         raise RuntimeError(f"top-up did not reach {target} jobs within its bound of batches")
 
     try:
-        sched = get_or_create_scheduler(cluster, checkpoint_path=str(tmp / "checkpoint"), name="rollmux-bench-scheduler",
-                                        create_controllers=False)
+        # no drivers attach here: no reconcile loop and no exported metrics (what the old test-only
+        # flag switched off for this scheduler)
+        sched = SchedulerHandle(get_or_create_scheduler(cluster, checkpoint_path=str(tmp / "checkpoint"),
+                                                        name="rollmux-bench-scheduler", reconcile_s=None,
+                                                        metrics_enabled=False))
         cfg = ServeConfig(port=free_port(), state_dir=tmp, request_timeout_s=120, scheduler_name="rollmux-bench-scheduler",
                           num_replicas=args.replicas, max_ongoing_requests=256, max_pending_writes=1024,
                           max_queued_requests=4096)
@@ -276,7 +280,7 @@ def main() -> None:
         runs = []
         for target in stored_levels:
             took = top_up(sched, max(target, args.preload))
-            h0 = ray.get(sched.health.remote(), timeout=60)
+            h0 = sched.health(timeout_s=60)
             print(f"holding {h0['jobs']} jobs ({took:.1f} s to top up)", flush=True)
             ids = [f"pre-{i:06d}" for i in range(0, n_pre, max(1, n_pre // 500))]
             tag = f"s{target}-{args.seed}"
@@ -286,7 +290,7 @@ def main() -> None:
             v0 = h0["snapshot_version"]
             entry["admit_closed"] = asyncio.run(run_level(
                 base, token, args.clients, args.requests, args.time_cap_s, lambda i: ("POST", "/v1/jobs", specs[i])))
-            v1 = ray.get(sched.health.remote(), timeout=60)["snapshot_version"]
+            v1 = sched.health(timeout_s=60)["snapshot_version"]
             n_adm = entry["admit_closed"]["status_counts"].get("201", 0)
             entry["admit_closed"]["admissions_per_commit"] = round(n_adm / max(1, v1 - v0), 2)
             print("admit_closed", json.dumps(entry["admit_closed"]), flush=True)

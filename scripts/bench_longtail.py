@@ -93,12 +93,13 @@ def run_setting(spec, migrate: bool, n: int, sigma: float) -> dict:
     import ray
 
     from actors.global_scheduler import get_or_create_scheduler
+    from actors.handles import SchedulerHandle
     from examples.grpo.job import run_coexecuted
 
     uid = uuid.uuid4().hex[:6]
     name = f"bench-longtail-{'on' if migrate else 'off'}-{uid}"
     sched = get_or_create_scheduler(spec, name=name, controller_kw={"migrate": migrate})
-    ray.get(sched.health.remote(), timeout=120)
+    SchedulerHandle(sched).health(timeout_s=120)
     cfgs = job_configs(n, sigma, uid)
     t0 = time.perf_counter()
     res = run_coexecuted(cfgs, name, admit_timeout_s=300, finish_timeout_s=900)

@@ -58,9 +58,8 @@ def main(argv=None) -> int:
                     help="model sizes: 'config' (the job file's model) and/or HIDDENxLAYERS entries")
     args = ap.parse_args(argv)
 
-    import ray
-
     from actors.global_scheduler import get_or_create_scheduler
+    from actors.handles import SchedulerHandle
     from actors.local_cluster import start_local_cluster
     from examples.grpo.config import load_job_config
     from examples.grpo.job import run_job
@@ -76,7 +75,7 @@ def main(argv=None) -> int:
     try:
         name = f"rollmux-bench-{uid}"
         h = get_or_create_scheduler(spec, name=name)
-        ray.get(h.health.remote())
+        SchedulerHandle(h).health(timeout_s=None)
         ckpt = tempfile.mkdtemp(prefix="rollmux-bench-ckpt-")
         for size in args.sizes.split(","):
             c0 = cfg

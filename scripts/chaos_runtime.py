@@ -68,14 +68,12 @@ def parse_args(argv=None):
 
 def _probe_unavailable(sched, stop: threading.Event, out: dict) -> None:
     """Seconds the scheduler's health call did not answer, from the start of the probing."""
-    import ray
-
     down_since = None
     total = 0.0
     while not stop.is_set():
         t = time.monotonic()
         try:
-            ray.get(sched.health.remote(), timeout=2.0)
+            sched.health(timeout_s=2.0)
             if down_since is not None:
                 total += t - down_since
                 down_since = None
@@ -102,6 +100,7 @@ def one_run(kind: str, sched, sched_name: str, env: dict, paths: dict, n: int, t
     import ray
 
     from actors.naming import NAMESPACE, worker_name
+    from actors.handles import WorkerHandle
 
     uid = uuid.uuid4().hex[:6]
     ids = {name: f"{name.replace('_', '-')}-{kind}-{uid}" for name in JOBS}
@@ -110,18 +109,18 @@ def one_run(kind: str, sched, sched_name: str, env: dict, paths: dict, n: int, t
     for name in JOBS:
         procs[ids[name]] = submit(paths[name], ids[name], n, tmp / f"{kind}-{name}.json", env, wait_for=barrier)
         deadline = time.monotonic() + 300
-        while ray.get(sched.get_job.remote(ids[name])) is None:
+        while sched.get_job(ids[name]) is None:
             if procs[ids[name]].poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"job {ids[name]} was not admitted: {procs[ids[name]].communicate()[0][-2000:]}")
             time.sleep(0.2)
     barrier.touch()
     first = ids[JOBS[0]]
     deadline = time.monotonic() + timeout_s
-    while (ray.get(sched.get_job.remote(first)) or {}).get("iterations_done", 0) < 1:
+    while (sched.get_job(first) or {}).get("iterations_done", 0) < 1:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{first} did not complete an iteration")
         time.sleep(0.1)
-    rec = ray.get(sched.get_job.remote(first))
+    rec = sched.get_job(first)
     if kind == "scheduler":
         target = sched_name
     elif kind == "controller":
@@ -138,15 +137,15 @@ def one_run(kind: str, sched, sched_name: str, env: dict, paths: dict, n: int, t
     probe.join()
     # let the scheduler's reconcile loop release ended jobs' workers (it runs every second)
     time.sleep(5.0)
-    recs = {j: ray.get(sched.get_job.remote(j)) for j in ids.values()}
+    recs = {j: sched.get_job(j) for j in ids.values()}
     failed = {j: r["error"] for j, r in recs.items() if r["state"] == "failed"}
     done = [j for j, r in recs.items() if r["state"] == "finished" and r["iterations_done"] == n]
     hosted = {}
-    spec = ray.get(sched.cluster_spec.remote())
+    spec = sched.cluster_spec()
     nodes = [f"{pool}-{i}" for pool in ("rollout", "train") for i in range(spec[f"{pool}_pool"]["num_nodes"])]
     for node in nodes:
         try:
-            h = ray.get(ray.get_actor(worker_name(node), namespace=NAMESPACE).hosted.remote(), timeout=30)
+            h = WorkerHandle.of_node(node).hosted(timeout_s=30)
         except Exception:
             continue
         mine = sorted(v.get("job_id", j) for j, v in h.items() if v.get("job_id", j) in ids.values())
@@ -154,7 +153,7 @@ def one_run(kind: str, sched, sched_name: str, env: dict, paths: dict, n: int, t
             hosted[node] = mine
     files = sorted(str(p.name) for p in (tmp / "ckpt").glob("*") if any(j in p.name for j in ids.values())) \
         if (tmp / "ckpt").is_dir() else []
-    live_groups = {g["group_id"] for g in ray.get(sched.list_groups.remote())}
+    live_groups = {g["group_id"] for g in sched.list_groups()}
     ended_groups = {r["group_id"] for r in recs.values() if r.get("group_id")} - live_groups
     ctrls = []
     for a in ray.util.list_named_actors(all_namespaces=True):
@@ -192,6 +191,7 @@ def main(argv=None) -> int:
     from rich.table import Table
 
     from actors.global_scheduler import get_or_create_scheduler
+    from actors.handles import SchedulerHandle
     from actors.local_cluster import start_local_cluster
     from rollmux.config import load_cluster
 
@@ -203,11 +203,9 @@ def main(argv=None) -> int:
     lc = start_local_cluster(spec, head_cpus=2, node_cpus=1, object_store_mb=128)
     rows = []
     try:
-        import ray
-
         sched_name = f"rollmux-chaos-{uuid.uuid4().hex[:6]}"
-        sched = get_or_create_scheduler(spec, name=sched_name)
-        ray.get(sched.health.remote())
+        sched = SchedulerHandle(get_or_create_scheduler(spec, name=sched_name))
+        sched.health(timeout_s=None)
         env = {**os.environ, "RAY_ADDRESS": lc.address, "ROLLMUX_SCHEDULER_NAME": sched_name,
                "ROLLMUX_CKPT_DIR": str(tmp / "ckpt"), "PYTHONPATH": str(ROOT)}
         for kind in kinds:

@@ -183,6 +183,7 @@ def main(argv=None) -> int:
     from rich.table import Table
 
     from actors.global_scheduler import get_or_create_scheduler
+    from actors.handles import SchedulerHandle
     from actors.local_cluster import start_local_cluster
     from examples.grpo import report
     from examples.grpo.config import load_job_config
@@ -217,7 +218,7 @@ def main(argv=None) -> int:
         for name in JOBS:
             s_name = f"rollmux-demo-solo-{name}-{uid}"
             sh = get_or_create_scheduler(spec, name=s_name)
-            ray.get(sh.health.remote())
+            SchedulerHandle(sh).health(timeout_s=None)
             f = tmp / f"solo-{name}.json"
             rc = wait_all({name: submit(paths[name], f"{ids[name]}-solo", n, f, {**env, "ROLLMUX_SCHEDULER_NAME": s_name})},
                           args.timeout_s)
@@ -240,8 +241,8 @@ def main(argv=None) -> int:
                                        "t_train_s": round(med["train"] + share, 4),
                                        "t_sync_s": round(med["sync"] + share, 4) if "sync" in med else 0.0}
 
-        sched = get_or_create_scheduler(spec, name=sched_name)
-        ray.get(sched.health.remote())
+        sched = SchedulerHandle(get_or_create_scheduler(spec, name=sched_name))
+        sched.health(timeout_s=None)
         con.print("submitting the jobs for co-execution")
 
         # ---- co-executed under RollMux: admitted one by one (long job first, as jobs arrive over
@@ -251,7 +252,7 @@ def main(argv=None) -> int:
         for name in JOBS:
             procs[name] = submit(paths[name], ids[name], n, tmp / f"{name}.json", env, wait_for=barrier)
             deadline = time.monotonic() + 300
-            while ray.get(sched.get_job.remote(ids[name])) is None:
+            while sched.get_job(ids[name]) is None:
                 if procs[name].poll() is not None or time.monotonic() > deadline:
                     out, _ = procs[name].communicate()
                     raise RuntimeError(f"job {ids[name]} was not admitted: {(out or '')[-2000:]}")

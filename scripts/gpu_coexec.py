@@ -37,10 +37,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "results" / "gpu_check_coexec.json"))
     args = ap.parse_args(argv)
 
-    import ray
     import torch
 
     from actors.global_scheduler import get_or_create_scheduler
+    from actors.handles import SchedulerHandle
     from actors.local_cluster import start_local_cluster
     from examples.grpo.config import ModelConfig, load_job_config
     from examples.grpo.job import run_job
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     try:
         name = f"gpu-check-{uid}"
         sched = get_or_create_scheduler(spec, name=name)
-        ray.get(sched.health.remote(), timeout=120)
+        SchedulerHandle(sched).health(timeout_s=120)
         results: dict = {}
         barrier = threading.Barrier(len(cfgs), timeout=600)
 

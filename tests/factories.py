@@ -102,3 +102,132 @@ def kill_scheduler_and_controllers(h, name: str, groups: tuple[str, ...] = ("gro
         except ValueError:  # that group never had a controller (or it already exited)
             pass
     ray.kill(h, no_restart=True)
+
+
+# ---- the scheduler without Ray: fake handles (actors.reconciler.HandleFactory) and an in-process client
+class FakeAck:
+    """A push's answer: done at once (``pending=True``: not yet; ``error``: the controller raised)."""
+
+    def __init__(self, value: Any = None, error: Optional[BaseException] = None, pending: bool = False):
+        self.value, self.error, self.pending = value, error, pending
+
+    def done(self) -> bool:
+        return not self.pending
+
+    def result(self, timeout_s: Optional[float] = None) -> Any:
+        if self.pending:
+            raise TimeoutError("not answered yet")
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+    def __await__(self):
+        async def get():
+            return self.result()
+
+        return get().__await__()
+
+
+class FakeController:
+    """A group's controller as the scheduler sees it (:class:`actors.reconciler.ControllerLike`):
+    records every push (job ids, gone, seq, dissolved); each push is answered as ``answer()`` says."""
+
+    def __init__(self, log: Optional[list] = None, answer: Optional[Callable[[Any], FakeAck]] = None):
+        self.log = [] if log is None else log
+        self.pushes: list = []
+        self.answer = answer or (lambda push: FakeAck({"added": [], "removed": [], "stale": False}))
+        self.timeline: list[dict] = []
+
+    def push(self, push):
+        self.pushes.append(push)
+        self.log.append(([m.job_id for m in push.members], dict(push.gone), push.seq))
+        return self.answer(push)
+
+    async def timeline_async(self, timeout_s: float) -> list[dict]:
+        return list(self.timeline)
+
+
+class InProcessWorker:
+    """A worker object called in-process (:class:`actors.reconciler.WorkerLike`)."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.calls: list = []
+
+    def unregister_job_nowait(self, key: str, admission: Optional[str] = None):
+        self.calls.append((key, admission))
+        return self.worker.unregister_job(key, admission)
+
+
+class FakeHandles:
+    """The scheduler's handle factory without Ray: ``controllers`` (group -> fake) exist, others
+    are created on demand (``created``); ``workers`` (node -> worker-like) exist."""
+
+    def __init__(self, controllers: Optional[dict] = None, workers: Optional[dict] = None, leftovers=()):
+        self.controllers = dict(controllers or {})
+        self.workers = dict(workers or {})
+        self.leftovers = set(leftovers)
+        self.created: list[str] = []
+
+    def controller(self, group_id: str):
+        return self.controllers.get(group_id)
+
+    def create_controller(self, group_id: str):
+        self.created.append(group_id)
+        return self.controllers.setdefault(group_id, FakeController())
+
+    def leftover_groups(self) -> set[str]:
+        return set(self.leftovers) | set(self.controllers)
+
+    def worker(self, node: str):
+        return self.workers.get(node)
+
+
+def unit_kw(handles: Optional[FakeHandles] = None) -> dict:
+    """Keyword arguments of a GlobalSchedulerImpl in a unit test: fake handles (no Ray), metrics
+    recorded as totals only, no reconcile thread (the test runs the passes)."""
+    from actors.metrics import RollmuxMetrics
+
+    return {"handles": handles if handles is not None else FakeHandles(),
+            "metrics": RollmuxMetrics(flush_interval_s=0, enabled=False), "reconcile_s": None}
+
+
+class InProcessScheduler:
+    """The HTTP app's scheduler client (:class:`serve_api.client.SchedulerApi`) calling a
+    GlobalSchedulerImpl in this process; every call goes through :meth:`invoke` (override it to
+    record or delay calls)."""
+
+    def __init__(self, sched):
+        self.s = sched
+
+    async def invoke(self, name: str, fn, *args):
+        import inspect
+
+        from serve_app import _finite
+
+        out = fn(*args)
+        return _finite(await out if inspect.isawaitable(out) else out)
+
+    async def health(self):
+        return await self.invoke("health", self.s.health)
+
+    async def admit_batched(self, spec, dry_run, queue, explain):
+        return await self.invoke("admit_batched", self.s.admit_batched, spec, dry_run, queue, explain)
+
+    async def admit_many(self, calls):
+        return await self.invoke("admit_many", self.s.admit_many, calls)
+
+    async def depart_batched(self, job_id):
+        return await self.invoke("depart_batched", self.s.depart_batched, job_id)
+
+    async def list_jobs(self):
+        return await self.invoke("list_jobs", self.s.list_jobs)
+
+    async def get_job(self, job_id):
+        return await self.invoke("get_job", self.s.get_job, job_id)
+
+    async def list_groups(self):
+        return await self.invoke("list_groups", self.s.list_groups)
+
+    async def snapshot_since(self, epoch, version, wait_s, policy):
+        return await self.invoke("snapshot_since", self.s.snapshot_since, epoch, version, wait_s, policy)

@@ -30,7 +30,7 @@ from rollmux.config import CONFIG_DIR, REPO_ROOT, load_cluster, load_gpu_types, 
 from rollmux.rollout_sched import load_rollout_sched_config
 
 #: the repository's own code: every ``.py`` file outside tests/
-SOURCE_ROOTS = ("rollmux", "actors", "collectives", "examples", "scripts", "serve_app.py", "rollmux_cli.py")
+SOURCE_ROOTS = ("rollmux", "actors", "collectives", "examples", "scripts", "serve_api", "serve_app.py", "rollmux_cli.py")
 
 Loaded = list[tuple[tuple, BaseModel, dict]]  # (key path of the mapping, validated model, the YAML mapping)
 

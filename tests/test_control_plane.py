@@ -8,9 +8,10 @@ import logging
 import pytest
 
 from actors.kv import MemoryKV
-from factories import small_spec
-from rollmux.group_ledger import GroupLedger, PermitError
-from rollmux.records import JobRecord, JobState, MoveRecord
+from factories import FakeController, FakeHandles, small_spec, unit_kw
+from rollmux.group_ledger import GroupLedger, PermitError, Report
+from rollmux.messages import Grant, MembershipPush, PhaseRecord
+from rollmux.records import IllegalTransition, JobRecord, JobState, MoveRecord
 
 
 class Clock:
@@ -32,6 +33,27 @@ def test_job_state_is_an_ordered_lifecycle():
     assert JobState("running") == "running" and str(JobState.FAILED) == "failed"
 
 
+def test_job_state_changes_only_by_its_transitions():
+    Q, A, R, F, X, E, C = (JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING, JobState.FINISHED, JobState.FAILED,
+                           JobState.EXPIRED, JobState.CANCELLED)
+    assert Q.to(A) == A and Q.to(C) == C and Q.to(X) == X and A.to(R) == R and A.to(E) == E and R.to(F) == F
+    for bad_from, bad_to in ((F, R), (R, A), (Q, R), (C, A), (E, R), (A, Q)):
+        with pytest.raises(IllegalTransition, match=f"a {bad_from} job cannot become {bad_to}"):
+            bad_from.to(bad_to)
+    assert not C.is_active() and C.is_ended() and not F.can(X)
+    assert F.advance(R) == F  # a late event after the end changes nothing (no error)
+
+
+def test_decision_codes_are_one_enum_equal_to_their_text():
+    import json
+
+    from rollmux.codes import HTTP_STATUS, Code
+
+    assert set(HTTP_STATUS) == set(Code) and Code.RETRY_LATER == "retry_later" and json.dumps([Code.OK]) == '["ok"]'
+    assert Code("queue_full") is Code.QUEUE_FULL and {"never": 1}[Code.NEVER] == 1
+    assert (Code.OK.outcome, Code.NEVER.outcome, HTTP_STATUS[Code.QUEUED]) == ("admitted", "never", 202)
+
+
 def test_job_record_folds_iterations_and_hides_moves_until_moved():
     r = JobRecord(job_id="j", state="admitted", slo=2.0)
     r.note_iteration(1, t_iter_s=3.0, t_solo_s=2.0, slowdown=1.5)
@@ -49,7 +71,11 @@ def test_job_record_folds_iterations_and_hides_moves_until_moved():
 
 # ---- the pure group ledger (injected clock)
 def _rec(ledger, node, t0, t1):
-    return {"node": node, "start": t0, "end": t1, "switch": "warm", "switch_s": 0.0, "ok": True}
+    return PhaseRecord(node=node, start=t0, end=t1, switch="warm", switch_s=0.0, ok=True)
+
+
+def _reports(effects):
+    return [e.message.to_dict() for e in effects if isinstance(e, Report)]
 
 
 def test_ledger_accounts_slowdown_from_its_clock_and_reports_iterations():
@@ -62,16 +88,16 @@ def test_ledger_accounts_slowdown_from_its_clock_and_reports_iterations():
     for j in ("a", "b"):  # a: rollout 1000-1002, train 1002-1004, sync 1004-1005; b waits for the nodes
         for ph, dur in (("rollout", 2.0), ("train", 2.0), ("sync", 1.0)):
             grant = g.try_grant(j, ph, None, clk.t)
-            assert grant is not None and grant["pool"] == ("rollout" if ph == "rollout" else "train")
+            assert grant is not None and grant.pool == ("rollout" if ph == "rollout" else "train")
             t0 = clk.t
             clk.t += dur
-            _, eff = g.release(j, ph, _rec(g, grant["nodes"][0], t0, clk.t))
-            reports += [e.event for e in eff if e.kind == "report"]
+            _, eff = g.release(grant, _rec(g, grant.nodes[0], t0, clk.t))
+            reports += _reports(eff)
     assert [r["iterations_done"] for r in reports] == [1, 1]
     a, b = reports
     assert (a["t_iter_s"], a["t_solo_s"], a["slowdown"]) == (5.0, 5.0, 1.0)
     assert (b["t_iter_s"], b["t_solo_s"], b["slowdown"]) == (5.0, 5.0, 1.0)  # b's clock starts at its grant
-    assert g.slowdown("a") == 1.0 and g.status()["jobs"]["a"]["iterations"] == 1
+    assert g.slowdown("a") == 1.0 and g.status()["jobs"]["a"]["iterations_done"] == 1
 
 
 def test_ledger_lease_evicts_only_silent_drivers_without_a_running_phase():
@@ -81,12 +107,12 @@ def test_ledger_lease_evicts_only_silent_drivers_without_a_running_phase():
         g.add(j, ["rollout-0"], ["train-0"])
         g.activate(j)
     grant = g.try_grant("a", "rollout", None, clk.t)
-    assert g.phase_started("a", "rollout") and grant["job_id"] == "a"
+    assert g.phase_started("a", "rollout") and grant.job_id == "a"
     clk.t += 31.0
     assert g.heartbeat("b") and g.expired() == ([], [])  # a runs a phase; b just heart-beat
     clk.t += 31.0
     evicted, eff = g.expired()
-    assert evicted == ["b"] and eff[0].event["event"] == "failed" and "no heartbeat for 31.0s" in eff[0].event["error"]
+    assert evicted == ["b"] and _reports(eff)[0]["event"] == "failed" and "no heartbeat for 31.0s" in _reports(eff)[0]["error"]
     with pytest.raises(PermitError, match="failed: driver lost"):
         g.activate("b")
 
@@ -108,8 +134,8 @@ def test_ledger_evicts_a_dead_drivers_job_before_the_lease():
     clk.t += 4.0
     assert g.late_drivers(4.0) == {"dead": "drv-dead", "alive": "drv-alive"}
     evicted, eff = g.expired({"drv-dead", "drv-busy"})
-    assert evicted == ["dead"] and "its process exited" in eff[0].event["error"]
-    assert eff[0].event["error"].startswith("driver lost")
+    assert evicted == ["dead"] and "its process exited" in _reports(eff)[0]["error"]
+    assert _reports(eff)[0]["error"].startswith("driver lost")
     clk.t += 26.0  # the lease: the silent ones go (the running phase keeps "busy")
     assert sorted(g.expired(set())[0]) == ["alive", "anon"]
 
@@ -119,12 +145,13 @@ def test_ledger_moved_job_leaves_at_its_iteration_boundary():
     g = GroupLedger("group-t", lease_s=0, clock=clk)
     g.add("a", ["rollout-0"], ["train-0"])
     g.activate("a")
-    g.try_grant("a", "rollout", None, clk.t)
+    grant = g.try_grant("a", "rollout", None, clk.t)
     assert g.remove("a", "moved to group-9") and g.moving == {"a": "moved to group-9"} and g.is_member("a")
     for ph in ("rollout", "train", "sync"):
         if ph != "rollout":
-            assert g.try_grant("a", ph, None, clk.t) is not None
-        g.release("a", ph, _rec(g, "train-0", clk.t, clk.t))
+            grant = g.try_grant("a", ph, None, clk.t)
+            assert grant is not None
+        g.release(grant, _rec(g, "train-0", clk.t, clk.t))
     assert g.gone == {"a": "moved to group-9"} and g.moving == {}
     with pytest.raises(PermitError, match="moved to another group"):
         g.try_grant("a", "rollout", None, clk.t)
@@ -142,19 +169,23 @@ def test_ledger_redoes_a_phase_whose_worker_was_lost_without_failing_the_job():
     assert g.try_grant("a", "rollout", None, clk.t) is not None
     clk.t += 2.0
     status, eff = g.abort("a", "rollout", "worker on rollout-0 was lost")
-    assert status == "aborted" and [e for e in eff if e.kind == "report"] == []
+    assert status == "aborted" and _reports(eff) == []
     assert g.is_queued("a") and "a" not in g.gone and g.rr.next_phase("a") == "rollout"
     assert g.try_grant("b", "rollout", None, clk.t) is None  # a's turn is kept: b still waits
-    assert g.try_grant("a", "rollout", None, clk.t) is not None  # the redo
-    _, eff = g.release("a", "rollout", {"ok": False, "lost": True, "error": "peer lost", "node": "rollout-0",
-                                        "start": clk.t, "end": clk.t})
-    assert [e for e in eff if e.kind == "report"] == [] and g.rr.next_phase("a") == "rollout"
+    redo = g.try_grant("a", "rollout", None, clk.t)  # the redo
+    assert redo is not None
+    _, eff = g.release(redo, PhaseRecord(ok=False, lost=True, error="peer lost", node="rollout-0", start=clk.t,
+                                         end=clk.t))
+    assert _reports(eff) == [] and g.rr.next_phase("a") == "rollout"
     assert g.timeline[-1]["lost"] and not g.timeline[-1]["ok"]
-    assert g.try_grant("a", "rollout", None, clk.t) is not None
-    g.release("a", "rollout", _rec(g, "rollout-0", clk.t, clk.t + 1))
+    again = g.try_grant("a", "rollout", None, clk.t)
+    assert again is not None
+    g.release(again, _rec(g, "rollout-0", clk.t, clk.t + 1))
     assert g.abort("a", "rollout", "lost after its release")[0] == "done"
     assert g.abort("a", "train", "no grant yet")[0] == "none"
-    g.release("b", "rollout", {"ok": False, "error": "boom"})  # no grant for b: nothing changes
+    stale = Grant(job_id="b", group_id="group-t", phase="rollout", pool="rollout", nodes=("rollout-0",), iteration=0,
+                  granted_at=clk.t, waited_s=0.0)
+    g.release(stale, PhaseRecord(ok=False, error="boom"))  # no grant for b: nothing changes
     assert g.is_member("b")
     with pytest.raises(PermitError):
         g.abort("zz", "rollout", "x")
@@ -192,14 +223,14 @@ def _drive(ledger, profiles, iterations):
             if grant is not None:
                 p = profiles[j]
                 dur = {"rollout": p.t_roll_s, "train": p.t_train_s, "sync": p.t_sync_s}[ph]
-                heapq.heappush(heap, (ledger.clock() + dur, j, ph, ledger.clock(), grant["nodes"][0]))
+                heapq.heappush(heap, (ledger.clock() + dur, j, ph, ledger.clock(), grant))
                 running.add(j)
                 if ph == "train":
                     train_seq.append(j)
-        end, j, ph, start, node = heapq.heappop(heap)
+        end, j, ph, start, grant = heapq.heappop(heap)
         ledger.clock.t = end
         running.discard(j)
-        ledger.release(j, ph, _rec(ledger, node, start, end))
+        ledger.release(grant, _rec(ledger, grant.nodes[0], start, end))
     return train_seq
 
 
@@ -247,11 +278,12 @@ def test_ledger_new_plan_reorders_queued_jobs_without_preempting():
     for j in ("a", "b", "c"):
         g.add(j, ["rollout-0"], ["train-0"])
         g.activate(j)
-    assert g.try_grant("a", "rollout", None, clk.t) is not None
+    held = g.try_grant("a", "rollout", None, clk.t)
+    assert held is not None
     assert g.set_order(["c", "b", "a"])
     assert g.try_grant("c", "rollout", None, clk.t) is None  # a still holds rollout-0
     assert g.queues()["rollout-0"] == ["a", "c", "b"]
-    g.release("a", "rollout", _rec(g, "rollout-0", clk.t, clk.t))
+    g.release(held, _rec(g, "rollout-0", clk.t, clk.t))
     assert g.try_grant("b", "rollout", None, clk.t) is None
     assert g.try_grant("c", "rollout", None, clk.t) is not None
 
@@ -265,10 +297,9 @@ def test_scheduler_pushes_members_in_the_planned_round_robin_order(monkeypatch):
 
     monkeypatch.setattr(ray, "get", lambda *a, **k: (_ for _ in ()).throw(AssertionError("waited")))
     cluster, (a, b) = _philly_pair()
-    s = GlobalSchedulerImpl(cluster, kv=MemoryKV(), create_controllers=False, metrics_flush_s=0)
     log = []
-    s.create_controllers = True
-    s._handles = {"group-0": _FakeController(log)}
+    s = GlobalSchedulerImpl(cluster, kv=MemoryKV(), **unit_kw(FakeHandles({"group-0": FakeController(log)})),
+                            metrics_flush_s=0)
     for spec in (a, b):
         assert s.admit(spec.model_dump())["admitted"]
     assert log[-1][:2] == (["job-00025", "job-00023"], {})
@@ -276,7 +307,7 @@ def test_scheduler_pushes_members_in_the_planned_round_robin_order(monkeypatch):
 
     async def controller_takes_it():
         c = _ctrl(lease_s=0)
-        await c.sync_members(s.group_members("group-0"), {}, seq=1)
+        await c.sync_members(MembershipPush.of("group-u", s.group_members("group-0"), {}, seq=1))
         await c.attach("job-00023")
         await c.attach("job-00025")
         return await c.status()
@@ -296,9 +327,9 @@ def test_controller_applies_pushes_in_sequence_and_ignores_stale_ones():
     async def scenario():
         c = _ctrl(lease_s=0)
         m = [{"job_id": "a", "rollout_nodes": ["rollout-0"], "train_nodes": ["train-0"], "slo": 2.0}]
-        assert (await c.sync_members(m, {}, seq=5))["added"] == ["a"]
-        assert (await c.sync_members([], {"a": "departed"}, seq=7))["removed"] == ["a"]
-        assert (await c.sync_members(m, {}, seq=6))["stale"]  # late: would re-add a departed job
+        assert (await c.sync_members(MembershipPush.of("group-u", m, {}, seq=5)))["added"] == ["a"]
+        assert (await c.sync_members(MembershipPush.of("group-u", [], {"a": "departed"}, seq=7)))["removed"] == ["a"]
+        assert (await c.sync_members(MembershipPush.of("group-u", m, {}, seq=6)))["stale"]  # late: would re-add a departed job
         return await c.status()
 
     st = asyncio.run(scenario())
@@ -315,16 +346,16 @@ def test_dissolved_groups_controller_exits_once_its_last_member_left():
         killed = []
         c._kill_self = lambda: killed.append(c.group_id)
         m = [{"job_id": "a", "rollout_nodes": ["rollout-0"], "train_nodes": ["train-0"], "slo": 2.0}]
-        await c.sync_members(m, {}, seq=1)
+        await c.sync_members(MembershipPush.of("group-u", m, {}, seq=1))
         await c.attach("a")
         g = await c.acquire("a", "rollout")  # a is mid-iteration when it moves away
-        await c.sync_members([], {"a": "moved to group-9"}, seq=2, dissolved=True)
+        await c.sync_members(MembershipPush.of("group-u", [], {"a": "moved to group-9"}, seq=2, dissolved=True))
         await asyncio.sleep(0.3)
         assert killed == [] and c.ledger.is_queued("a")  # waits for a's iteration boundary
         for ph in ("rollout", "train", "sync"):
             if ph != "rollout":
                 g = await c.acquire("a", ph)
-            await c.release("a", ph, {"ok": True, "node": g["nodes"][0], "start": 0.0, "end": 0.0})
+            await c.release(g, PhaseRecord(ok=True, node=g.nodes[0], start=0.0, end=0.0))
         for _ in range(40):
             if killed:
                 break
@@ -334,8 +365,8 @@ def test_dissolved_groups_controller_exits_once_its_last_member_left():
         c2 = _ctrl(lease_s=0)
         c2.exit_grace_s = 0.2
         c2._kill_self = lambda: killed.append("c2")
-        await c2.sync_members([], {}, seq=1, dissolved=True)
-        await c2.sync_members(m, {}, seq=2)
+        await c2.sync_members(MembershipPush.of("group-u", [], {}, seq=1, dissolved=True))
+        await c2.sync_members(MembershipPush.of("group-u", m, {}, seq=2))
         await asyncio.sleep(0.5)
         return killed
 
@@ -371,26 +402,6 @@ def test_controller_watchdog_logs_a_failing_pass_and_goes_on(caplog):
 
 
 # ---- the scheduler pushes target state and never waits on a controller
-class _Ref:
-    pass
-
-
-class _FakeController:
-    """Records pushes; ``.remote`` returns at once (the scheduler never reads the result here)."""
-
-    def __init__(self, log):
-        self.log = log
-        outer = self
-
-        class _M:
-            @staticmethod
-            def remote(members, gone, seq, dissolved=False):
-                outer.log.append(([m["job_id"] for m in members], dict(gone), seq))
-                return _Ref()
-
-        self.sync_members = _M()
-
-
 def test_scheduler_pushes_target_state_to_controllers_without_waiting(local_cluster_spec, monkeypatch):
     import ray
 
@@ -402,11 +413,14 @@ def test_scheduler_pushes_target_state_to_controllers_without_waiting(local_clus
     monkeypatch.setattr(ray, "get", never)
     monkeypatch.setattr(ray, "wait", never)
 
-    s = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), create_controllers=False, metrics_flush_s=0,
-                            max_group_size=2)
     logs = {"group-0": [], "group-1": []}
-    s.create_controllers = True  # fake handles stand in for the actors
-    s._handles = {g: _FakeController(v) for g, v in logs.items()}
+    fakes = FakeHandles({g: FakeController(v) for g, v in logs.items()})  # fake handles stand in for the actors
+    for c in fakes.controllers.values():
+        c.answer = lambda push: __import__("factories").FakeAck(pending=True)  # never acknowledged here
+    s = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(fakes), metrics_flush_s=0,
+                            max_group_size=2)
+    for v in logs.values():
+        v.clear()  # the start-up's re-push of the (empty) groups
     a, b, c = "A", "B", "C"
     for j, kind in ((a, "big"), (b, "small"), (c, "small")):
         assert s.admit(small_spec(j, kind))["admitted"]
@@ -429,7 +443,7 @@ def test_an_explicit_policy_overrides_the_config(local_cluster_spec):
     assert InterGroupScheduler(local_cluster_spec, policy="rollmux", config=cfg).policy == "rollmux"
     igs = InterGroupScheduler(local_cluster_spec, config=cfg)
     assert (igs.policy, igs.max_group_size, igs.seed) == ("random", 3, 4)
-    s = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), create_controllers=False, metrics_flush_s=0,
+    s = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0,
                             config={"policy": "random"}, policy="rollmux", max_group_size=5)
     assert (s.igs.policy, s.igs.config.policy, s.igs.max_group_size) == ("rollmux", "rollmux", 5)
 
@@ -478,7 +492,7 @@ def test_every_scheduler_yaml_key_is_a_setting_of_both(local_cluster_spec):
     keys = set(yaml.safe_load((CONFIG_DIR / "scheduler.yaml").read_text()))
     assert keys <= set(SchedulerConfig.model_fields)
     cfg = load_scheduler_config()
-    s = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), create_controllers=False, metrics_flush_s=0)
+    s = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0)
     sim = make_policy("rollmux", local_cluster_spec, Realisation(local_cluster_spec), config=cfg)
     assert s.igs.config == cfg == sim.sched.config
 
@@ -496,7 +510,7 @@ def test_scheduler_reoptimises_admissions_off_the_admission_path():
     tjobs = load_trace(EXTRACT_TRACE, TraceWindow(max_jobs=30, min_duration_s=3600.0, max_duration_s=3 * 86400.0))
     jobs = draw_jobs(tjobs, cl, mix="mixed", seed=3, slo_range=(1.5, 2.5))[:7]
     kv = MemoryKV()
-    s = GlobalSchedulerImpl(cl, kv=kv, create_controllers=False, metrics_flush_s=0)
+    s = GlobalSchedulerImpl(cl, kv=kv, **unit_kw(), metrics_flush_s=0)
     for j in jobs[:6]:
         assert s.admit(j.spec.model_copy(update={"measured": j.profile}).model_dump(mode="json"))["admitted"]
         assert s.reoptimise_pending() == []
@@ -514,5 +528,5 @@ def test_scheduler_reoptimises_admissions_off_the_admission_path():
         rec = s.get_job(m["job_id"])
         assert rec["group_id"] == m["to_group"] == s.igs.group_of(m["job_id"]).group_id
         assert rec["moves"][-1]["from_group"] == m["from_group"]
-    r = GlobalSchedulerImpl(cl, kv=kv, create_controllers=False, metrics_flush_s=0)
+    r = GlobalSchedulerImpl(cl, kv=kv, **unit_kw(), metrics_flush_s=0)
     assert r.restored and r.list_groups() == s.list_groups() and r.get_job("job-00005") == s.get_job("job-00005")

@@ -23,6 +23,8 @@ import pytest
 from actors.checkpoint import CheckpointError
 from actors.kv import FileKV, KVStore, MemoryKV, RayInternalKV
 from rollmux.admission import InterGroupScheduler
+from factories import InProcessWorker, unit_kw
+from rollmux.messages import PendingWeights
 from rollmux.config import CONFIG_DIR, load_cluster
 
 PAPER = load_cluster(CONFIG_DIR / "cluster_paper.yaml")
@@ -74,7 +76,7 @@ SPECS = {"a": spec("a", 100, 40), "b": spec("b", 40, 100), "c": spec("c", 100, 4
 def sched(kv, **kw):
     from actors.global_scheduler import GlobalSchedulerImpl
 
-    return GlobalSchedulerImpl(PAPER, kv=kv, create_controllers=False, metrics_flush_s=0,
+    return GlobalSchedulerImpl(PAPER, kv=kv, **unit_kw(), metrics_flush_s=0,
                                config={"attach_timeout_s": 60.0}, **kw)
 
 
@@ -351,8 +353,7 @@ def test_timed_out_admission_answers_504_and_a_retry_gets_the_decision():
         def __getattr__(self, n):
             return Method(n)
 
-    cl = SchedulerClient(timeout_s=0.3)
-    cl._handle = Handle()
+    cl = SchedulerClient(timeout_s=0.3, actor=Handle())
     c = TestClient(create_app(AppSettings(token_sha256=_sha256("t" * 32)), client=cl))
     auth = {"Authorization": "Bearer " + "t" * 32}
     body = {"job_id": "j1", "model_params_b": 7}
@@ -439,6 +440,7 @@ def _drive_with_restarts(kills: set[int], iterations: int = 3) -> dict:
     in ``kills``. Drivers keep their own position and report it on their next permit request.
     Returns {job: completed iterations}; raises PermitError when a job would fail."""
     from rollmux.group_ledger import GroupLedger
+    from rollmux.messages import PhaseRecord
 
     members = {"a": (["rollout-0"], ["train-0"]), "b": (["rollout-0"], ["train-0"]), "c": (["rollout-1"], ["train-0"])}
     phases = ["rollout", "train", "sync"]
@@ -464,7 +466,7 @@ def _drive_with_restarts(kills: set[int], iterations: int = 3) -> dict:
                 continue
             ph = phases[pos[j]]
             if j in flight:
-                led.release(j, ph, {"ok": True, "node": members[j][0][0]})
+                led.release(flight[j][2], PhaseRecord(ok=True, node=members[j][0][0]))
                 del flight[j]
                 pos[j] = (pos[j] + 1) % 3
                 it[j] += pos[j] == 0
@@ -475,11 +477,11 @@ def _drive_with_restarts(kills: set[int], iterations: int = 3) -> dict:
             if g is not None:
                 led.phase_started(j, ph)
                 # no node held by two phases granted by the same ledger
-                for k, (kph, kled) in flight.items():
+                for k, (kph, kled, _) in flight.items():
                     if kled is led:
                         kn = members[k][0] if kph == "rollout" else members[k][1]
-                        assert not set(kn) & set(g["nodes"]), (j, ph, k, kph)
-                flight[j] = (ph, led)
+                        assert not set(kn) & set(g.nodes), (j, ph, k, kph)
+                flight[j] = (ph, led, g)
     return it
 
 
@@ -539,10 +541,10 @@ def test_readmitted_job_id_starts_fresh_on_a_worker_that_hosted_the_dead_run(tmp
     t2 = g.admit(SPECS["a"]) and g.get_job("a")["admission_id"]
     assert t1 and t2 and t1 != t2
     w = RolloutWorkerImpl("rollout-0")
-    cfg = {"builder": dict, "controller": "c", "checkpoint_dir": str(tmp_path)}
+    cfg = {"builder": dict, "checkpoint_dir": str(tmp_path)}
     assert w.register_job("a", {**cfg, "admission": t1})
     h = w.jobs["a"]
-    h.ref, h.pending_weights = "state-of-step-14", {"dict": {"w": 1}}
+    h.ref, h.sync.pending = "state-of-step-14", PendingWeights(tensors={"w": 1})
     h.ckpt.write_bytes(b"step 14")
     assert not w.register_job("a", {**cfg, "admission": t1})  # the same admission: idempotent
     assert w.jobs["a"] is h
@@ -559,32 +561,20 @@ def test_ended_jobs_state_is_released_on_every_worker(tmp_path):
     from actors.workers import RolloutWorkerImpl, TrainWorkerImpl
 
     g = sched(MemoryKV())
-    g.release_workers = True
     g.admit(SPECS["a"])
     rec = g.get_job("a")
     workers = {f"rollmux-worker-{n}": (RolloutWorkerImpl if n.startswith("rollout") else TrainWorkerImpl)(n)
                for n in (*rec["placement"]["rollout_nodes"], *rec["placement"]["train_nodes"])}
-    cfg = {"builder": dict, "controller": "c", "checkpoint_dir": str(tmp_path), "admission": rec["admission_id"]}
+    cfg = {"builder": dict, "checkpoint_dir": str(tmp_path), "admission": rec["admission_id"]}
     for w in workers.values():
         w.register_job("a", cfg)
         w.jobs["a"].ckpt.write_bytes(b"state")
-        w.jobs["a"].pending_weights = {"dict": {}}
+        w.jobs["a"].sync.pending = PendingWeights(tensors={})
     files = [w.jobs["a"].ckpt for w in workers.values()]
-
-    class Direct:  # a handle whose .remote calls the worker in-process
-        def __init__(self, w):
-            self.w = w
-
-        def __getattr__(self, n):
-            return type("M", (), {"remote": staticmethod(getattr(self.w, n))})
-
-    def lookup(name):
-        if name not in workers:
-            raise ValueError(name)
-        return Direct(workers[name])
+    g.reconciler.handles.workers = {w.node: InProcessWorker(w) for w in workers.values()}  # called in-process
 
     g.report("a", {"event": "failed", "error": "driver lost: no heartbeat for 31.0s (lease 30.0s)"})
-    assert sorted(n for _, n in g.release_workers_once(lookup)) == sorted(w.node for w in workers.values())
+    assert sorted(n for _, n in g.release_workers_once()) == sorted(w.node for w in workers.values())
     assert all("a" not in w.jobs for w in workers.values()) and not any(f.exists() for f in files)
     # re-admitted: a late release carrying the old token leaves the new run alone
     g.admit(SPECS["a"])
@@ -593,7 +583,7 @@ def test_ended_jobs_state_is_released_on_every_worker(tmp_path):
         assert w.register_job("a", {**cfg, "admission": new})
         assert not w.unregister_job("a", rec["admission_id"]) and "a" in w.jobs
     g.expire_unattached(now=time.time() + 3600)
-    assert g.get_job("a")["state"] == "expired" and g.release_workers_once(lookup)
+    assert g.get_job("a")["state"] == "expired" and g.release_workers_once()
     assert all("a" not in w.jobs for w in workers.values())
 
 
@@ -608,7 +598,7 @@ def test_two_schedulers_on_one_host_never_see_each_others_job_state(tmp_path):
     k1, k2 = hosted_key("a", "sched-1"), hosted_key("a", "sched-2")
     assert len({k1, k2, "a"}) == 3
     w = RolloutWorkerImpl("rollout-0")
-    cfg = {"builder": dict, "controller": "c", "checkpoint_dir": str(tmp_path), "job_id": "a"}
+    cfg = {"builder": dict, "checkpoint_dir": str(tmp_path), "job_id": "a"}
     assert w.register_job(k1, {**cfg, "admission": "1" * 32}) and w.register_job(k2, {**cfg, "admission": "2" * 32})
     h1, h2 = w.jobs[k1], w.jobs[k2]
     h1.ckpt.write_bytes(b"run of sched-1")
@@ -617,15 +607,10 @@ def test_two_schedulers_on_one_host_never_see_each_others_job_state(tmp_path):
     assert {v["job_id"] for v in w.hosted().values()} == {"a"} and sorted(w.hosted()) == sorted([k1, k2])
     # sched-1's job ends: its release (its own key and admission) drops only its run
     g = sched(MemoryKV(), name="sched-1")
-    calls = []
-
-    class Handle:
-        def __getattr__(self, n):
-            return type("M", (), {"remote": staticmethod(lambda *a: calls.append(a) or w.unregister_job(*a))})
-
-    g._releases = [("a", "1" * 32, ["rollout-0"])]
-    g.release_workers_once(lambda name: Handle())
-    assert calls == [(k1, "1" * 32)] and k1 not in w.jobs and w.jobs[k2] is h2
+    worker = g.reconciler.handles.workers["rollout-0"] = InProcessWorker(w)
+    g.reconciler.release("a", "1" * 32, ["rollout-0"])
+    g.release_workers_once()
+    assert worker.calls == [(k1, "1" * 32)] and k1 not in w.jobs and w.jobs[k2] is h2
     assert not h1.ckpt.exists() and h2.ckpt.read_bytes() == b"run of sched-2"
 
 
@@ -720,7 +705,7 @@ def test_lost_worker_resumes_from_the_commit_before_the_interrupted_phase(tmp_pa
 
     from actors.workers import KEEP_COMMITS, RolloutWorkerImpl, TrainWorkerImpl, WorkerLost, _commit_files
 
-    cfg = {"builder": lambda: {"w": torch.zeros(2), "step": 0}, "switch": "cold", "controller": "c",
+    cfg = {"builder": lambda: {"w": torch.zeros(2), "step": 0}, "switch": "cold",
            "checkpoint_dir": str(tmp_path), "admission": "token-of-run-1"}
     w = TrainWorkerImpl("train-0")
     assert w.register_job("j", cfg)
@@ -732,7 +717,7 @@ def test_lost_worker_resumes_from_the_commit_before_the_interrupted_phase(tmp_pa
             s["w"] += 1.0
             s["step"] += 1
         _, storable = w._offload(h, s)
-        w._commit(h, seq, phase, storable, {"step": s["step"], "phase": phase})
+        h.commits.write(seq, phase, storable, h.resident, {"step": s["step"], "phase": phase}, h.admission)
         h.seq = seq
     assert sorted(f.name for f in _commit_files(h.commit_prefix)) == \
         sorted(f"{h.commit_prefix.rsplit('/', 1)[-1]}.commit{k}.pt" for k in range(6 - KEEP_COMMITS, 6))
@@ -746,8 +731,8 @@ def test_lost_worker_resumes_from_the_commit_before_the_interrupted_phase(tmp_pa
     assert kind == "recovered" and s["step"] == 3 and torch.equal(s["w"], torch.full((2,), 3.0))
     w2, h2, (s, kind, _) = restarted(5)  # phase 5 redone (its answer was lost): from commit 4 (a sync)
     assert kind == "recovered" and s["step"] == 2 and torch.equal(s["w"], torch.full((2,), 2.0))
-    assert w2._load_commit(h2, 5)["result"] == {"step": 3, "phase": "train"}  # replay of a released phase
-    assert w2._load_commit(h2, 4)["result"] == {"step": 2, "phase": "sync"}
+    assert h2.commits.load(5)["result"] == {"step": 3, "phase": "train"}  # replay of a released phase
+    assert h2.commits.load(4)["result"] == {"step": 2, "phase": "sync"}
     with pytest.raises(WorkerLost, match="worker on train-0 was lost .* cannot be recovered"):
         restarted(3)  # commit 2 was pruned
     # the same worker re-hosting (another worker of the job was lost): its own copy is dropped
@@ -761,18 +746,18 @@ def test_lost_worker_resumes_from_the_commit_before_the_interrupted_phase(tmp_pa
     hr = r.jobs["j"]
     s, _, _ = r._materialise(hr, 1)
     _, storable = r._offload(hr, s)
-    r._commit(hr, 1, "rollout", storable, {"samples": 1})
+    hr.commits.write(1, "rollout", storable, hr.resident, {"samples": 1}, hr.admission)
     hr.seq = 1
     r._keep_weights(hr, {"w": torch.full((2,), 7.0)})
     r2 = RolloutWorkerImpl("rollout-0")
     r2.register_job("j", rcfg, recover=True)
     s, kind, _ = r2._materialise(r2.jobs["j"], 2)
-    assert kind == "recovered" and torch.equal(r2.jobs["j"].pending_weights["dict"]["w"], torch.full((2,), 7.0))
+    assert kind == "recovered" and torch.equal(r2.jobs["j"].pending_weights.tensors["w"], torch.full((2,), 7.0))
     r3 = RolloutWorkerImpl("rollout-0")
     r3.register_job("j", rcfg, recover=True)
     r3._keep_weights(r3.jobs["j"], {"w": torch.full((2,), 8.0)})  # nothing in memory: follows the last commit
     s, kind, _ = r3._materialise(r3.jobs["j"], 2)
-    assert torch.equal(r3.jobs["j"].pending_weights["dict"]["w"], torch.full((2,), 8.0))
+    assert torch.equal(r3.jobs["j"].pending_weights.tensors["w"], torch.full((2,), 8.0))
     assert r3.unregister_job("j") and _commit_files(hr.commit_prefix) == []
 
     # a resident engine without state_dict (e.g. DeepSpeed) keeps state outside the commits: a
@@ -787,7 +772,7 @@ def test_lost_worker_resumes_from_the_commit_before_the_interrupted_phase(tmp_pa
     from rollmux.phase_state import split_state
 
     storable, he.resident = split_state({"engine": Engine(), "step": 1})
-    e._commit(he, 1, "train", storable, {})
+    he.commits.write(1, "train", storable, he.resident, {}, he.admission)
     e2 = TrainWorkerImpl("train-0")
     e2.register_job("j", ecfg, recover=True)
     with pytest.raises(WorkerLost, match=r"cannot be recovered: its resident engine \(Engine\)"):
@@ -881,7 +866,7 @@ def qspec(job_id: str, gpus: int = 1) -> dict:
 def qsched(kv):
     from actors.global_scheduler import GlobalSchedulerImpl
 
-    return GlobalSchedulerImpl(LOCAL, kv=kv, create_controllers=False, metrics_flush_s=0, max_group_size=1,
+    return GlobalSchedulerImpl(LOCAL, kv=kv, **unit_kw(), metrics_flush_s=0, max_group_size=1,
                                config={"attach_timeout_s": 0.0})
 
 

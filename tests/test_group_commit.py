@@ -5,7 +5,6 @@ the queue (202 / position / 429) through the FastAPI app with that scheduler beh
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 
 import pytest
@@ -15,6 +14,7 @@ from actors.global_scheduler import GlobalSchedulerImpl
 from actors.kv import MemoryKV
 from rollmux.config import CONFIG_DIR, load_cluster
 from serve_app import AppSettings, _finite, _sha256, create_app
+from factories import InProcessScheduler, unit_kw
 
 LOCAL = load_cluster(CONFIG_DIR / "cluster_local.yaml")  # 2 rollout + 2 training nodes
 TOKEN = "q" * 32
@@ -40,7 +40,7 @@ class CountingKV(MemoryKV):
 
 
 def sched(kv=None, **kw) -> GlobalSchedulerImpl:
-    return GlobalSchedulerImpl(LOCAL, kv=kv or MemoryKV(), create_controllers=False, metrics_flush_s=0,
+    return GlobalSchedulerImpl(LOCAL, kv=kv or MemoryKV(), **unit_kw(), metrics_flush_s=0,
                                max_group_size=1, **kw)
 
 
@@ -61,7 +61,7 @@ def test_a_queued_job_is_held_listed_with_its_position_and_admitted_after_a_depa
     assert s.metrics.totals["queue_jobs"]["admission"] == 0 and s.metrics.totals["queue_waits"] == 1
     # a queued job can be cancelled; the queue survives a restart
     assert s.admit(sp("d"), queue=True)["queue_position"] == 1
-    s2 = GlobalSchedulerImpl(LOCAL, kv=s.kv, create_controllers=False, metrics_flush_s=0)
+    s2 = GlobalSchedulerImpl(LOCAL, kv=s.kv, **unit_kw(), metrics_flush_s=0)
     assert [q.job_id for q in s2.queue.jobs()] == ["d"]
     assert s2.depart("d")["state"] == "cancelled" and s2.get_job("d") is None
 
@@ -102,12 +102,7 @@ def test_group_commit_writes_once_per_batch_and_publishes_one_version():
 def test_http_queue_202_position_admission_after_departure_and_429_when_full():
     s = sched(config={"max_group_size": 1, "queue_max_jobs": 1})
 
-    class Client:
-        async def call(self, method, *a, retry=True, outcome=None):
-            out = getattr(s, method)(*a)
-            return _finite(await out if inspect.isawaitable(out) else out)
-
-    with TestClient(create_app(AppSettings(token_sha256=_sha256(TOKEN)), client=Client())) as c:
+    with TestClient(create_app(AppSettings(token_sha256=_sha256(TOKEN)), client=InProcessScheduler(s))) as c:
         r = c.post("/v1/jobs", json=sp("a"), headers=AUTH)
         assert r.status_code == 201 and r.json()["explanation"]["candidates_listed"] == "chosen"
         assert [x["strategy"] for x in r.json()["explanation"]["candidates"]] == ["isolated"]
@@ -145,17 +140,16 @@ def test_dry_runs_are_answered_by_the_replica_from_its_snapshot_copy_like_the_sc
     from rollmux.models import JobSpec, PhaseProfile
 
     sim = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
-    s = GlobalSchedulerImpl(sim, kv=MemoryKV(), create_controllers=False, metrics_flush_s=0)
+    s = GlobalSchedulerImpl(sim, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0)
     calls: list[str] = []
     follows: list[bool] = []  # the policy flag of each snapshot_since call
 
-    class Client:
-        async def call(self, method, *a, retry=True, outcome=None):
+    class Client(InProcessScheduler):
+        async def invoke(self, method, fn, *a):
             calls.append(method)
             if method == "snapshot_since":
                 follows.append(bool(a[3:] and a[3]))
-            out = getattr(s, method)(*a)
-            return _finite(await out if inspect.isawaitable(out) else out)
+            return await super().invoke(method, fn, *a)
 
     rng = random.Random(7)
 
@@ -168,7 +162,7 @@ def test_dry_runs_are_answered_by_the_replica_from_its_snapshot_copy_like_the_sc
     keys = ("admitted", "code", "group_id", "strategy", "placement", "delta_usd_per_h", "predicted_slowdowns")
     live: list[str] = []
     compared, seen = 0, set()
-    with TestClient(create_app(AppSettings(token_sha256=_sha256(TOKEN)), client=Client())) as c:
+    with TestClient(create_app(AppSettings(token_sha256=_sha256(TOKEN)), client=Client(s))) as c:
         for step in range(40):
             if live and rng.random() < 0.3:
                 assert c.delete(f"/v1/jobs/{live.pop(rng.randrange(len(live)))}", headers=AUTH).status_code == 200
@@ -205,18 +199,17 @@ def test_a_replica_sends_concurrent_admissions_in_batches_decided_in_arrival_ord
     import httpx
 
     sim = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
-    s = GlobalSchedulerImpl(sim, kv=CountingKV(), create_controllers=False, metrics_flush_s=0)
+    s = GlobalSchedulerImpl(sim, kv=CountingKV(), **unit_kw(), metrics_flush_s=0)
     batches: list[list[str]] = []
 
-    class Client:
-        async def call(self, method, *a, retry=True, outcome=None):
+    class Client(InProcessScheduler):
+        async def invoke(self, method, fn, *a):
             if method == "admit_many":
                 batches.append([c[0]["job_id"] for c in a[0]])
             await asyncio.sleep(0.05)  # the actor call's round trip: more requests arrive meanwhile
-            out = getattr(s, method)(*a)
-            return _finite(await out if inspect.isawaitable(out) else out)
+            return await super().invoke(method, fn, *a)
 
-    app = create_app(AppSettings(token_sha256=_sha256(TOKEN)), client=Client())
+    app = create_app(AppSettings(token_sha256=_sha256(TOKEN)), client=Client(s))
 
     async def run():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as c:

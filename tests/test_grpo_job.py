@@ -200,7 +200,7 @@ def test_failing_job_raises_and_is_marked_failed():
             for it in range(3):
                 g.train(g.rollout(it))
                 g.publish()
-    assert g.job.state_name == "failed" and "InjectedFailure" in g.job.error
+    assert g.job.lifecycle == "failed" and "InjectedFailure" in g.job.error
     assert g.job.iteration == 1
 
 

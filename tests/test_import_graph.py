@@ -1,10 +1,11 @@
 """The project's import graph (stdlib ``ast``, every import statement, also those inside functions).
 
 - No circle among the repository's modules (``rollmux``, ``actors``, ``collectives``,
-  ``examples``, ``serve_app``, ``rollmux_cli``).
+  ``examples``, ``serve_api``, ``serve_app``, ``rollmux_cli``).
 - ``rollmux/`` is pure: it imports ``actors/`` only at the documented phase-API entry
   (``rollmux.phase_api`` -> ``actors.runtime_client``, scheduled mode) and never Ray.
-- ``actors/`` never imports the HTTP app or the assembled CLI.
+- ``actors/`` never imports the HTTP app (``serve_app`` and its parts in ``serve_api``) or the
+  assembled CLI.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("rollmux", "actors", "collectives", "examples")
+PACKAGES = ("rollmux", "actors", "collectives", "examples", "serve_api")
 TOP_MODULES = ("serve_app", "rollmux_cli")
 PHASE_API_ENTRY = {("rollmux.phase_api", "actors.runtime_client")}
 
@@ -128,3 +129,4 @@ def test_actors_import_neither_the_http_app_nor_the_cli():
     for mod, ts in graph.items():
         if mod.split(".")[0] in ("actors", "collectives", "rollmux"):
             assert not ts & {"serve_app", "rollmux_cli"}, mod
+            assert not any(t.split(".")[0] == "serve_api" for t in ts), mod

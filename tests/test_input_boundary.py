@@ -8,7 +8,6 @@ cluster (no Ray, no controllers).
 from __future__ import annotations
 
 import json
-import inspect
 import math
 
 import pytest
@@ -27,7 +26,8 @@ from rollmux.rollout_sched import config as rs_config
 from rollmux.rollout_sched.requests import Request
 from rollmux.traces import TraceWindow
 from examples.grpo.config import ModelConfig, RunConfig
-from serve_app import AppSettings, _finite, _sha256, create_app
+from serve_app import AppSettings, _sha256, create_app
+from factories import InProcessScheduler, unit_kw
 
 TOKEN = "t" * 32
 AUTH = {"Authorization": "Bearer " + TOKEN}
@@ -41,14 +41,10 @@ def paper():
 
 @pytest.fixture
 def app(paper):
-    g = GlobalSchedulerImpl(paper, kv=MemoryKV(), create_controllers=False)
+    g = GlobalSchedulerImpl(paper, kv=MemoryKV(), **unit_kw())
 
-    class Client:
-        async def call(self, method, *a, retry=True, outcome=None):
-            out = getattr(g, method)(*a)
-            return _finite(await out if inspect.isawaitable(out) else out)
-
-    with TestClient(create_app(AppSettings(token_sha256=_sha256(TOKEN), max_request_bytes=4096), client=Client())) as c:
+    with TestClient(create_app(AppSettings(token_sha256=_sha256(TOKEN), max_request_bytes=4096),
+                               client=InProcessScheduler(g))) as c:
         yield c
 
 

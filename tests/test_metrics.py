@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from actors.metrics import RollmuxMetrics
+from factories import unit_kw
 
 
 class _Fake:
@@ -92,7 +93,7 @@ def test_scheduler_keeps_series_of_active_jobs_only():
     from actors.kv import MemoryKV
     from rollmux.config import CONFIG_DIR, load_cluster
 
-    g = GlobalSchedulerImpl(load_cluster(CONFIG_DIR / "cluster_paper.yaml"), kv=MemoryKV(), create_controllers=False,
+    g = GlobalSchedulerImpl(load_cluster(CONFIG_DIR / "cluster_paper.yaml"), kv=MemoryKV(), **unit_kw(),
                             metrics_flush_s=0)
     spec = {"model_params_b": 7, "measured": {"t_roll_s": 100.0, "t_train_s": 100.0, "t_sync_s": 1.0}}
     for i in range(30):
@@ -113,28 +114,33 @@ def test_only_the_global_scheduler_records_per_job_series():
     import asyncio
 
     from actors.group_controller import GroupControllerImpl
+    from rollmux.messages import MembershipPush, PhaseRecord, ProgressReport
 
     now = [100.0]  # seconds on the controller's clock
     c = GroupControllerImpl("group-m", None, metrics_flush_s=0, metrics_enabled=False, lease_s=0, clock=lambda: now[0])
-    reports: list[tuple[str, dict]] = []
-    c._report = lambda job_id, event: reports.append((job_id, event))  # what goes to the GlobalScheduler
+    reports: list[tuple[str, object]] = []
+
+    class Scheduler:  # the controller's scheduler handle: what goes to the GlobalScheduler
+        def report_nowait(self, job_id, message):
+            reports.append((job_id, message))
+
+    c._sched = Scheduler()
 
     async def two_iterations():
-        await c.sync_members([{"job_id": "a", "rollout_nodes": ["rollout-0"], "train_nodes": ["train-0"], "slo": 2.0}],
-                             {}, seq=1)
+        await c.sync_members(MembershipPush.of("group-m", [{"job_id": "a", "rollout_nodes": ["rollout-0"],
+                                                             "train_nodes": ["train-0"], "slo": 2.0}], {}, seq=1))
         await c.attach("a")
         for it in range(2):
             for ph in ("rollout", "train", "sync"):
                 g = await c.acquire("a", ph, iteration=it)
                 t = now[0]
                 now[0] = t + 1.0
-                await c.release("a", ph, {"ok": True, "node": g["nodes"][0], "start": t, "end": t + 1.0,
-                                          "switch": "warm", "switch_s": 0.01,
-                                          **({"sync_cross_bytes": 1024} if ph == "sync" else {})})
+                await c.release(g, PhaseRecord(ok=True, node=g.nodes[0], start=t, end=t + 1.0, switch="warm",
+                                               switch_s=0.01, sync_cross_bytes=1024 if ph == "sync" else None))
 
     asyncio.run(two_iterations())
-    iters = [(j, e["iterations_done"], e["t_iter_s"], e["t_solo_s"], e["slowdown"]) for j, e in reports
-             if e["event"] == "iteration"]
+    iters = [(j, e.iterations_done, e.t_iter_s, e.t_solo_s, e.slowdown) for j, e in reports
+             if isinstance(e, ProgressReport)]
     assert iters == [("a", 1, 3.0, 3.0, 1.0), ("a", 2, 3.0, 3.0, 1.0)]
     totals = c.metrics.totals
     assert {k: dict(totals[k]) for k in RollmuxMetrics.JOB_GAUGES} == {"slowdown": {}, "slo": {}, "iters": {}}

@@ -70,7 +70,7 @@ def test_plain_loop_runs_phases_in_order_and_counts_iterations():
     job, r, t, p = make_job("plain-a")
     job.runtime_hook(events.append)
     hist = run(job, r, t, p, 3)
-    assert job.mode == "plain" and job.state_name == "finished" and job.iteration == 3
+    assert job.mode == "plain" and job.lifecycle == "finished" and job.iteration == 3
     assert [v for v, _ in hist] == [0, 1, 2]  # each rollout saw the weights of the previous sync
     tl = job.timeline
     assert [x["phase"] for x in tl] == ["rollout", "train", "sync"] * 3
@@ -96,7 +96,7 @@ def test_failure_inside_training_marks_failed_and_reraises():
     job.runtime_hook(events.append)
     with pytest.raises(ValueError, match="injected"):
         run(job, r, t, p, 3)
-    assert job.state_name == "failed" and "injected" in job.error
+    assert job.lifecycle == "failed" and "injected" in job.error
     assert events[-1]["event"] == "failed"
     with pytest.raises(PhaseFailed):
         r(2)
@@ -235,7 +235,7 @@ def test_cold_switch_rebuilds_residents_without_losing_their_state(tmp_path):
 
     def run_twice(worker, cls):
         worker.register_job("j", {"builder": lambda: {"engine": cls(), "x": torch.ones(1)}, "switch": "cold",
-                                  "controller": "c", "checkpoint_dir": str(tmp_path)})
+                                  "checkpoint_dir": str(tmp_path)})
         h = worker.jobs["j"]
         s1, k1, _ = worker._materialise(h)
         s1["engine"].w += 5

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import rollmux
-from factories import SLEEP, make_toy, toy_spec, wait_until  # noqa: F401  (re-exported for other tests)
+from factories import SLEEP, make_toy, toy_spec, unit_kw, wait_until  # noqa: F401  (re-exported for other tests)
+from rollmux.messages import RolloutProgress
 
 pytestmark = [pytest.mark.timeout(240)]
 ray_test = pytest.mark.ray
@@ -221,9 +222,9 @@ def test_worker_pinned_to_policy_node(ray_cluster):
     for node in ("rollout-1", "train-0"):
         where = ray.get(get_or_create_worker(node).where.remote())
         carrying = [n["NodeID"] for n in ray.nodes() if n["Alive"] and f"rollmux_node:{node}" in n["Resources"]]
-        assert carrying == [where["ray_node_id"]]
-        assert where["node"] == node and where["torch_threads"] == 1
-    assert where["pool"] == "train"
+        assert carrying == [where.ray_node_id]
+        assert where.node == node and where.torch_threads == 1
+    assert where.pool == "train"
 
 
 @ray_test
@@ -289,8 +290,10 @@ def _ctrl(**kw):
 
 
 def _rec(node, t0, t1, ok=True, switch="warm"):
-    return {"node": node, "start": t0, "end": t1, "switch": switch, "switch_s": 0.01, "ok": ok,
-            "error": None if ok else "RuntimeError: boom"}
+    from rollmux.messages import PhaseRecord
+
+    return PhaseRecord(node=node, start=t0, end=t1, switch=switch, switch_s=0.01, ok=ok,
+                       error=None if ok else "RuntimeError: boom")
 
 
 def test_controller_grants_round_robin_and_removes_failed_jobs():
@@ -311,11 +314,11 @@ def test_controller_grants_round_robin_and_removes_failed_jobs():
             for it in range(2):
                 for ph in ("rollout", "train", "sync"):
                     g = await c.acquire(j, ph, timeout_s=10)
-                    assert g["iteration"] == it
+                    assert g.iteration == it
                     order.append((j, ph, it))
                     await asyncio.sleep(0.001)
                     ok = not (ph == "train" and it == fail_train_at)
-                    await c.release(j, ph, _rec("rollout-0" if ph == "rollout" else "train-0", 0, 0, ok))
+                    await c.release(g, _rec("rollout-0" if ph == "rollout" else "train-0", 0, 0, ok))
                     if not ok:
                         return
 
@@ -326,7 +329,7 @@ def test_controller_grants_round_robin_and_removes_failed_jobs():
         assert rolls == ["a", "b", "c", "a", "c"]  # round-robin; b left after its failed training
         st = await c.status()
         assert set(st["jobs"]) == {"a", "c"} and st["gone"]["b"].startswith("failed")
-        assert st["jobs"]["a"]["iterations"] == 2 and st["queues"]["rollout-0"] == ["a", "c"]
+        assert st["jobs"]["a"]["iterations_done"] == 2 and st["queues"]["rollout-0"] == ["a", "c"]
         with pytest.raises(PermitError, match="failed"):
             await c.acquire("b", "rollout", timeout_s=1)
         with pytest.raises(PermitError, match="next phase is rollout"):
@@ -352,10 +355,10 @@ def test_controller_job_without_sync_iterates_on_training():
             for j, phases in (("a", ("rollout", "train")), ("b", ("rollout", "train", "sync"))):
                 for ph in phases:
                     g = await c.acquire(j, ph, timeout_s=5)
-                    assert g["iteration"] == it
-                    await c.release(j, ph, _rec("rollout-0" if ph == "rollout" else "train-0", 0, 0))
+                    assert g.iteration == it
+                    await c.release(g, _rec("rollout-0" if ph == "rollout" else "train-0", 0, 0))
         st = await c.status()
-        assert st["jobs"]["a"]["iterations"] == 2 and st["jobs"]["b"]["iterations"] == 2
+        assert st["jobs"]["a"]["iterations_done"] == 2 and st["jobs"]["b"]["iterations_done"] == 2
         assert not [r for r in c.timeline if r["job_id"] == "a" and r["phase"] == "sync"]
 
     asyncio.run(scenario())
@@ -370,10 +373,10 @@ def test_controller_long_tail_decision_and_migration():
             await c.add_job(j, ["rollout-0"], ["train-0"])
             await c.attach(j)
         await c.acquire("a", "rollout", timeout_s=1)
-        assert await c.progress("a", 3, 5) is None  # 60% < 80% trigger
-        d = await c.progress("a", 4, 5)
-        assert d["next_rollout"] == "b" and d["acted"] is migrate and d["tail_workers"] == ["rollout-0"]
-        assert await c.progress("a", 5, 5) is None  # one decision per rollout
+        assert await c.progress(RolloutProgress("a", 3, 5)) is None  # 60% < 80% trigger
+        d = await c.progress(RolloutProgress("a", 4, 5))
+        assert d.next_rollout == "b" and d.acted is migrate and d.tail_workers == ("rollout-0",)
+        assert await c.progress(RolloutProgress("a", 5, 5)) is None  # one decision per rollout
         got = None
         try:
             got = await c.acquire("b", "rollout", timeout_s=0.3)
@@ -382,7 +385,7 @@ def test_controller_long_tail_decision_and_migration():
         return got
 
     assert asyncio.run(scenario(False)) is None  # decision recorded only: b still waits for a
-    assert asyncio.run(scenario(True))["job_id"] == "b"  # migrated: b's rollout starts beside a's tail
+    assert asyncio.run(scenario(True)).job_id == "b"  # migrated: b's rollout starts beside a's tail
 
 
 def test_controller_evicts_silent_driver():
@@ -407,7 +410,7 @@ def test_controller_evicts_silent_driver():
         return g, st
 
     g, st = asyncio.run(scenario())
-    assert g["job_id"] == "b" and "driver lost" in st["gone"]["a"]
+    assert g.job_id == "b" and "driver lost" in st["gone"]["a"]
 
 
 def test_long_tail_settings_reach_controllers_and_simulator():
@@ -422,16 +425,16 @@ def test_long_tail_settings_reach_controllers_and_simulator():
     from rollmux.simulator import Realisation
 
     sim = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
-    g = GlobalSchedulerImpl(sim, kv=MemoryKV(), create_controllers=False,
+    g = GlobalSchedulerImpl(sim, kv=MemoryKV(), **unit_kw(),
                             config={"tail_trigger_fraction": 0.5, "tail_gpus": 2, "migration_overhead_s": 3.0,
                                     "driver_lease_s": 7.0})
     c = GroupControllerImpl("group-0", None, **g.controller_kw, metrics_enabled=False)
     assert c.long_tail == LongTailPolicy(0.5, 2, 3.0) and c.migrate is True
     assert c.ledger.lease_s == 7.0  # the driver lease comes from configs/scheduler.yaml too
-    off = GlobalSchedulerImpl(sim, kv=MemoryKV(), create_controllers=False, config={"tail_migration": False})
+    off = GlobalSchedulerImpl(sim, kv=MemoryKV(), **unit_kw(), config={"tail_migration": False})
     assert GroupControllerImpl("group-1", None, **off.controller_kw, metrics_enabled=False).migrate is False
     # an explicit controller_kw still wins
-    g2 = GlobalSchedulerImpl(sim, kv=MemoryKV(), create_controllers=False, controller_kw={"migrate": False})
+    g2 = GlobalSchedulerImpl(sim, kv=MemoryKV(), **unit_kw(), controller_kw={"migrate": False})
     assert g2.controller_kw["migrate"] is False and g2.controller_kw["tail_trigger_fraction"] == 0.8
     cfg = load_scheduler_config()
     real = Realisation(sim, stochastic=True)
@@ -447,8 +450,8 @@ def test_controller_migrates_only_when_another_rollout_waits():
         await c.add_job("a", ["rollout-0"], ["train-0"])
         await c.attach("a")
         await c.acquire("a", "rollout", timeout_s=1)
-        d = await c.progress("a", 4, 5)
-        assert d["next_rollout"] is None and d["acted"] is False
+        d = await c.progress(RolloutProgress("a", 4, 5))
+        assert d.next_rollout is None and d.acted is False
 
     asyncio.run(scenario())
 

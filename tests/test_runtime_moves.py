@@ -20,7 +20,8 @@ import torch
 
 import rollmux
 from actors.kv import MemoryKV
-from factories import kill_scheduler_and_controllers, make_toy, toy_spec, wait_until
+from factories import kill_scheduler_and_controllers, make_toy, toy_spec, unit_kw, wait_until
+from rollmux.messages import MembershipPush
 from test_runtime_actors import loop
 
 pytestmark = [pytest.mark.timeout(180)]
@@ -44,7 +45,7 @@ def test_departure_moves_job_record_and_checkpoint_without_ray(local_cluster_spe
     from actors.global_scheduler import GlobalSchedulerImpl
 
     kv = MemoryKV()
-    s = GlobalSchedulerImpl(local_cluster_spec, kv=kv, create_controllers=False, metrics_flush_s=0, max_group_size=2)
+    s = GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0, max_group_size=2)
     a, b, c = _admit_three(s.admit, "u")
     assert s.get_job(b)["predicted_slowdown"] == pytest.approx(2.5)  # B waits on big A's 10 s cycle
     out = s.depart(a)
@@ -62,7 +63,7 @@ def test_departure_moves_job_record_and_checkpoint_without_ray(local_cluster_spe
     assert [(g["group_id"], sorted(g["members"])) for g in s.list_groups()] == [("group-1", sorted([b, c]))]
     assert [m["job_id"] for m in s.group_members("group-1")] == [c, b]  # planned round-robin order: b joined last
     # a restarted scheduler (same KV) has the moved record and the new table
-    r = GlobalSchedulerImpl(local_cluster_spec, kv=kv, create_controllers=False, metrics_flush_s=0, max_group_size=2)
+    r = GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0, max_group_size=2)
     assert r.restored and r.get_job(b) == rec and r.list_groups() == s.list_groups()
     assert r.igs.group_of(b).group_id == "group-1"
     # the moved job departs normally from its new group; nothing left to re-pack
@@ -74,10 +75,10 @@ def test_departure_moves_job_record_and_checkpoint_without_ray(local_cluster_spe
     assert r.depart(c)["released_nodes"] == ["rollout-1", "train-1"] and r.list_groups() == []
     # switched off: plain Alg. 1, B stays where it was admitted (also after a restore)
     kv = MemoryKV()
-    off = GlobalSchedulerImpl(local_cluster_spec, kv=kv, create_controllers=False, metrics_flush_s=0,
+    off = GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0,
                               max_group_size=2, repack_on_departure=False)
     a, b, c = _admit_three(off.admit, "off")
-    off = GlobalSchedulerImpl(local_cluster_spec, kv=kv, create_controllers=False, metrics_flush_s=0)
+    off = GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0)
     assert off.depart(a) == {"job_id": a, "state": "finished", "released_nodes": [], "group_dissolved": False,
                              "dissolved_groups": [], "moves": []}
     assert off.get_job(b)["group_id"] == "group-0" and "moves" not in off.get_job(b)
@@ -90,7 +91,9 @@ def _ctrl():
 
 
 def _rec(node):
-    return {"node": node, "start": time.time(), "end": time.time(), "switch": "warm", "switch_s": 0.0, "ok": True}
+    from rollmux.messages import PhaseRecord
+
+    return PhaseRecord(node=node, start=time.time(), end=time.time(), switch="warm", switch_s=0.0, ok=True)
 
 
 def test_controller_moved_removal_waits_for_the_iteration_boundary():
@@ -106,20 +109,20 @@ def test_controller_moved_removal_waits_for_the_iteration_boundary():
             await c.attach(j)
         for j in ("a", "b"):  # iteration 0 of both
             for ph in ("rollout", "train", "sync"):
-                await c.acquire(j, ph, timeout_s=5)
-                await c.release(j, ph, _rec("rollout-0" if ph == "rollout" else "train-0"))
-        await c.acquire("a", "rollout", timeout_s=5)  # a holds a grant now
+                g = await c.acquire(j, ph, timeout_s=5)
+                await c.release(g, _rec("rollout-0" if ph == "rollout" else "train-0"))
+        held = await c.acquire("a", "rollout", timeout_s=5)  # a holds a grant now
         assert await c.remove_job("a", "moved to group-9")
         assert await c.remove_job("b", "moved to group-9")  # b is between iterations: leaves now
         st = await c.status()
         assert list(st["jobs"]) == ["a"] and st["moving"] == {"a": "moved to group-9"}
         assert st["gone"] == {"b": "moved to group-9"}
         assert not await c.remove_job("b", "moved to group-9")  # idempotent
-        await c.release("a", "rollout", _rec("rollout-0"))  # the running phase completes normally
+        await c.release(held, _rec("rollout-0"))  # the running phase completes normally
         for ph in ("train", "sync"):  # ... and so does the rest of a's iteration
             g = await c.acquire("a", ph, timeout_s=5)
-            assert g["rr_iteration"] == 1
-            await c.release("a", ph, _rec("train-0"))
+            assert g.iteration == 1 and c.ledger.grants["a"].turn == 1
+            await c.release(g, _rec("train-0"))
         st = await c.status()
         assert st["jobs"] == {} and st["moving"] == {} and st["gone"]["a"] == "moved to group-9"
         assert [(r["job_id"], r["phase"], r["iteration"]) for r in c.timeline if r["job_id"] == "a"][-3:] == \
@@ -147,18 +150,20 @@ def test_controller_takes_the_newest_push_when_pushes_arrive_out_of_order():
 
     async def scenario():
         c = _ctrl()
-        newer = await c.sync_members([], {"a": "departed", "b": "moved to group-1"}, seq=11)
+        newer = await c.sync_members(MembershipPush.of("group-m", [], {"a": "departed", "b": "moved to group-1"}, seq=11))
         assert newer == {"added": [], "removed": ["a", "b"], "stale": False}
-        older = await c.sync_members([{"job_id": j, "rollout_nodes": ["rollout-0"], "train_nodes": ["train-0"],
-                                       "slo": 2.0} for j in ("a", "b")], {}, seq=10)
+        older = await c.sync_members(MembershipPush.of("group-m", [
+            {"job_id": j, "rollout_nodes": ["rollout-0"], "train_nodes": ["train-0"], "slo": 2.0} for j in ("a", "b")],
+            {}, seq=10))
         assert older == {"added": [], "removed": [], "stale": True}
         st = await c.status()
         assert st["gone"] == {"a": "departed", "b": "moved to group-1"} and st["pending"] == [] and st["jobs"] == {}
         with pytest.raises(PermitError, match="moved to another group"):
             await c.acquire("b", "rollout", timeout_s=1)
         # a newer push adding an id it recorded as gone (re-admitted) makes it a member again
-        again = await c.sync_members([{"job_id": "a", "rollout_nodes": ["rollout-0"], "train_nodes": ["train-0"],
-                                       "slo": 2.0}], {"b": "moved to group-1"}, seq=12)
+        again = await c.sync_members(MembershipPush.of("group-m", [
+            {"job_id": "a", "rollout_nodes": ["rollout-0"], "train_nodes": ["train-0"], "slo": 2.0}],
+            {"b": "moved to group-1"}, seq=12))
         assert again == {"added": ["a"], "removed": [], "stale": False}
         st = await c.status()
         assert st["pending"] == ["a"] and st["gone"] == {"b": "moved to group-1"}

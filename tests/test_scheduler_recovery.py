@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from actors.kv import FileKV, MemoryKV, RayInternalKV, make_kv
-from factories import wait_until
+from factories import wait_until, unit_kw
 
 
 def _uid() -> str:
@@ -42,12 +42,12 @@ def test_restore_from_checkpoint_without_ray(local_cluster_spec):
     from actors.global_scheduler import GlobalSchedulerImpl
 
     kv = MemoryKV()
-    a = GlobalSchedulerImpl(local_cluster_spec, kv=kv, create_controllers=False, metrics_flush_s=0)
+    a = GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0)
     d1, d2 = a.admit(spec("r1", "big")), a.admit(spec("r2"))
     assert d1["admitted"] and d2["admitted"] and d2["group_id"] == d1["group_id"] and d2["strategy"] == "direct"
     a.report("r1", {"event": "running"})
     a.report("r1", {"event": "iteration", "iterations_done": 2, "t_iter_s": 3.0, "t_solo_s": 2.0, "slowdown": 1.5})
-    b = GlobalSchedulerImpl(local_cluster_spec, kv=kv, create_controllers=False, metrics_flush_s=0)
+    b = GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0)
     # progress is written with the event that changes it: the restored records are equal, counters included
     assert b.restored and b.list_jobs() == a.list_jobs() and b.list_groups() == a.list_groups()
     assert b.get_job("r1")["state"] == "running" and b.get_job("r1")["iterations_done"] == 2
@@ -68,7 +68,7 @@ def test_restore_from_checkpoint_without_ray(local_cluster_spec):
     assert out["group_dissolved"] and sorted(out["released_nodes"]) == ["rollout-0", "train-0"]
     assert b.list_groups() == [] and b.health()["jobs"] == 0
     assert b.metrics.totals["decisions"]["duplicate"] == 1
-    c = GlobalSchedulerImpl(local_cluster_spec, kv=kv, create_controllers=False, metrics_flush_s=0)
+    c = GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0)
     assert c.list_groups() == [] and c.get_job("r3")["state"] == "finished" and c.list_jobs() == b.list_jobs()
 
 
@@ -76,18 +76,18 @@ def test_scheduler_settings_come_from_configs_scheduler_yaml_and_survive_restore
     from actors.global_scheduler import GlobalSchedulerImpl
     from rollmux.admission import load_scheduler_config
 
-    d = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), create_controllers=False, metrics_flush_s=0)
+    d = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0)
     assert d.igs.config == load_scheduler_config() and d.igs.config.repack_on_departure
     kv = MemoryKV()
-    a = GlobalSchedulerImpl(local_cluster_spec, kv=kv, create_controllers=False, metrics_flush_s=0, max_group_size=2,
+    a = GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0, max_group_size=2,
                             config={"tie_break": "best_fit", "repack_max_groups": 1}, repack_on_departure=False)
     cfg = a.igs.config
     assert (cfg.tie_break, cfg.repack_max_groups, cfg.repack_on_departure, cfg.max_group_size) == ("best_fit", 1, False, 2)
     assert a.igs.max_group_size == 2
-    b = GlobalSchedulerImpl(local_cluster_spec, kv=kv, create_controllers=False, metrics_flush_s=0)  # restored
+    b = GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0)  # restored
     assert b.restored and b.igs.config == cfg
     with pytest.raises(ValueError, match="tie_break"):
-        GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), create_controllers=False, config={"tie_break": "worst"})
+        GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), config={"tie_break": "worst"})
 
 
 @pytest.mark.ray

@@ -120,62 +120,66 @@ def test_job_sync_backend_defaults_to_auto_and_names_the_choices(monkeypatch):
 
 
 def test_auto_falls_back_to_the_object_store_when_the_endpoints_cannot_be_built(monkeypatch):
-    """The sync leader's decision logic, without Ray: ``auto`` whose endpoints cannot be built
-    syncs through the object store, says why in the record's note, and stays there; an explicit
-    ``gloo`` fails instead; ``object_store`` never tries the collectives."""
+    """The sync leader's decision logic (its SyncSession), without Ray: ``auto`` whose endpoints
+    cannot be built syncs through the object store, says why in the record's note, and stays
+    there; an explicit ``gloo`` fails instead; ``object_store`` never tries the collectives."""
     import torch
 
-    from actors import workers as W
+    from actors.weight_sync import SyncSession
 
-    w = W.TrainWorkerImpl("train-0")
     tried: list = []
+    publish = lambda s: {"w": torch.ones(2)}  # noqa: E731  (the job's sync function)
 
-    def hosted(backend):
-        return W._Hosted("j", {"builder": dict, "controller": "c", "sync_backend": backend, "pool": "train",
-                               "phases": {"sync": lambda s: {"w": torch.ones(2)}},
-                               "rollout_workers": ["rollmux-worker-rollout-0"]})
+    def session(backend):
+        s = SyncSession("j", "train", "train-0", backend=backend, rollout_workers=("rollmux-worker-rollout-0",),
+                        workers=lambda name: object())  # no peer is ever reached here
 
-    def cannot_build(h, *a):
-        tried.append(h.sync_backend)
-        raise RuntimeError("rendezvous timed out after 120 s")
+        def cannot_build(*a):
+            tried.append(s.backend)
+            raise RuntimeError("rendezvous timed out after 120 s")
 
-    monkeypatch.setattr(W, "get_actor", lambda name: object())  # no peer is ever reached here
-    monkeypatch.setattr(w, "_build_endpoints", cannot_build)
-    monkeypatch.setattr(w, "_sync_object_store", lambda h, weights: {"receivers": [], "cross_bytes": 8,
-                                                                   "backend": "object_store"})
-    h = hosted("auto")
-    out = w._sync(h, {})
+        monkeypatch.setattr(s, "_build_endpoints", cannot_build)
+        monkeypatch.setattr(s, "_sync_object_store", lambda weights: {"receivers": [], "cross_bytes": 8,
+                                                                      "backend": "object_store"})
+        return s
+
+    s = session("auto")
+    out = s.run(publish, {})
     assert out["backend"] == "object_store" and out["cross_bytes"] == 8
     assert out["note"] == ("collectives sync endpoints could not be built (rendezvous timed out after 120 s); "
                            "object store used")
-    assert w._sync(h, {})["backend"] == "object_store" and tried == ["auto"]  # not tried again
+    assert s.run(publish, {})["backend"] == "object_store" and tried == ["auto"]  # not tried again
     with pytest.raises(RuntimeError, match="rendezvous timed out"):
-        w._sync(hosted("gloo"), {})
-    out = w._sync(hosted("object_store"), {})
+        session("gloo").run(publish, {})
+    out = session("object_store").run(publish, {})
     assert out["note"] == "object_store asked for" and tried == ["auto", "gloo"]
 
 
 def test_a_training_rank_waits_for_its_leaders_word_on_the_sync_generation():
     """A non-leader training rank waits for the endpoint generation the leader announced; the
-    leader's ``sync_signal`` ends the wait at once: ``abort`` raises naming the reason, and
+    leader's signal ends the wait at once: ``abort`` raises naming the reason, and
     ``object_store`` sends nothing (and keeps the rank on the object store, as the leader)."""
     import threading as th
 
     import torch
 
     from actors import workers as W
+    from rollmux.messages import SyncSignal, SyncSignalKind
     from rollmux.sync_plan import SyncAbortedError
 
     w = W.TrainWorkerImpl("train-1")
-    w.jobs["j"] = h = W._Hosted("j", {"builder": dict, "controller": "c", "pool": "train",
-                                       "phases": {"sync": lambda s: {"w": torch.ones(2)}}})
-    th.Timer(0.2, w.sync_signal, args=("j", 3, "abort", "rollout-0: its sync task failed")).start()
+    w.jobs["j"] = h = W._Hosted("j", {"builder": dict, "phases": {"sync": lambda s: {"w": torch.ones(2)}}},
+                                "train", "train-1")
+    publish = h.phases["sync"]
+    abort = SyncSignal(3, SyncSignalKind.ABORT, "rollout-0: its sync task failed")
+    th.Timer(0.2, w.sync_signal, args=("j", abort)).start()
     t0 = time.monotonic()
     with pytest.raises(SyncAbortedError, match="rollout-0: its sync task failed"):
-        w._sync(h, {}, follower=True, grant={"sync_gen": 3})
+        h.sync.run(publish, {}, follower=True, gen=3)
     assert time.monotonic() - t0 < 5.0
-    th.Timer(0.2, w.sync_signal, args=("j", 4, "object_store", "endpoints could not be built")).start()
-    assert w._sync(h, {}, follower=True, grant={"sync_gen": 4}) == {"cross_bytes": 0, "backend": "object_store"}
-    assert h.sync_fallback == "endpoints could not be built"
-    assert w._sync(h, {}, follower=True, grant={"sync_gen": 5})["backend"] == "object_store"  # no wait
-    assert w.sync_signal("not-hosted", 1, "abort", "x") is False
+    th.Timer(0.2, w.sync_signal, args=("j", SyncSignal(4, SyncSignalKind.OBJECT_STORE,
+                                                       "endpoints could not be built"))).start()
+    assert h.sync.run(publish, {}, follower=True, gen=4) == {"cross_bytes": 0, "backend": "object_store"}
+    assert h.sync.fallback == "endpoints could not be built"
+    assert h.sync.run(publish, {}, follower=True, gen=5)["backend"] == "object_store"  # no wait
+    assert w.sync_signal("not-hosted", abort) is False

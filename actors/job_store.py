@@ -1,0 +1,232 @@
+"""The GlobalScheduler's job records: the one writer of every record and of every state change.
+
+:class:`JobStore` keeps one :class:`rollmux.records.JobRecord` per job (admission order) and is
+the only code that changes a record: a job's state changes only through a transition of
+:data:`rollmux.records.TRANSITIONS` (:meth:`JobStore.transition`; an illegal one raises
+:class:`rollmux.records.IllegalTransition`), its progress only by the reports it receives
+(:meth:`JobStore.note_progress`), its moves only by the policy's committed moves
+(:meth:`JobStore.record_moves`).
+
+Where a job is (its group and nodes) is the policy's fact (``InterGroupScheduler``): an active
+record's ``group_id`` / ``placement`` / ``controller`` are read from the policy's table for every
+view (:meth:`JobStore.view`) and frozen into the record when the job ends (:meth:`JobStore.end`);
+the checkpoint keeps only an ended job's frozen placement (:meth:`JobStore.stored`).
+
+Pure bookkeeping: no Ray, no I/O (the scheduler checkpoints what changed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from typing import Callable, Iterator, Optional
+
+from actors.naming import controller_name
+from rollmux.messages import ProgressReport
+from rollmux.models import JobSpec
+from rollmux.records import JobRecord, JobState, MoveRecord, NodePlacement, explain_failure
+
+__all__ = ["JobStore", "MAX_FINISHED_RECORDS", "spec_sha256"]
+
+MAX_FINISHED_RECORDS = 5000  # ended jobs' records kept (older ones are dropped with a later write)
+
+
+def spec_sha256(job: JobSpec) -> str:
+    """SHA-256 of a spec's canonical JSON (a retry of the same spec is recognised by it)."""
+    return hashlib.sha256(json.dumps(job.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+
+
+class JobStore:
+    """Job records of one scheduler (see the module docstring).
+
+    Args:
+        scheduler_name: the scheduler's actor name (controller names derive from it).
+        policy: returns the current policy (``InterGroupScheduler``; replaced on restore and rollback).
+    """
+
+    def __init__(self, scheduler_name: str, policy: Callable[[], object]):
+        self.name = scheduler_name
+        self._policy = policy
+        self.records: dict[str, JobRecord] = {}
+        self.ended_since_prune = True  # a job ended since ended records were last counted (O(jobs) scan)
+
+    # ---- reading
+    def get(self, job_id: str) -> Optional[JobRecord]:
+        return self.records.get(job_id)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self.records
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.records)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def active(self) -> int:
+        return sum(r.state.is_active() for r in self.records.values())
+
+    def group_id(self, rec: JobRecord) -> Optional[str]:
+        """The job's group: the policy's while it is active, the frozen one once it ended."""
+        if rec.state.is_active():
+            g = self._policy().group_of(rec.job_id)
+            return None if g is None else g.group_id
+        return rec.group_id
+
+    def view(self, rec: JobRecord) -> JobRecord:
+        """The record with its placement read from the policy (active) or as frozen (ended)."""
+        if not rec.state.is_active():
+            return rec
+        igs = self._policy()
+        m = igs.member(rec.job_id)
+        if m is None:
+            return rec
+        gid = igs.group_of(rec.job_id).group_id
+        return rec.model_copy(update={
+            "group_id": gid, "controller": controller_name(gid, self.name),
+            "placement": NodePlacement(rollout_nodes=list(m.placement.rollout_nodes),
+                                       train_nodes=list(m.placement.train_nodes))})
+
+    def public(self, job_id: str) -> Optional[dict]:
+        rec = self.records.get(job_id)
+        return None if rec is None else self.view(rec).public()
+
+    def active_by_group(self) -> dict[str, list[JobRecord]]:
+        """Active records per group, in the records' admission order."""
+        out: dict[str, list[JobRecord]] = {}
+        for rec in self.records.values():
+            gid = self.group_id(rec) if rec.state.is_active() else None
+            if gid is not None:
+                out.setdefault(gid, []).append(rec)
+        return out
+
+    # ---- the checkpoint's form
+    @staticmethod
+    def stored(rec: JobRecord) -> dict:
+        """What the checkpoint keeps of a record: an active job's placement is the policy's
+        (stored in its group), so only an ended job's frozen placement is written."""
+        if rec.state.is_active():
+            rec = rec.model_copy(update={"group_id": None, "placement": None, "controller": None})
+        return rec.stored()
+
+    def snapshot(self) -> dict[str, dict]:
+        return {j: self.stored(r) for j, r in self.records.items()}
+
+    def load(self, raw_jobs: dict) -> None:
+        """Replace every record with the checkpoint's (admission order)."""
+        jobs = {}
+        for raw in raw_jobs.values():
+            rec = JobRecord.model_validate(raw)
+            jobs[rec.job_id] = rec
+        self.records = dict(sorted(jobs.items(), key=lambda kv: kv[1].admitted_at or 0.0))
+
+    def copy_active(self) -> dict[str, JobRecord]:
+        """A copy to roll back to (ended records are never changed again, so they are shared)."""
+        return {j: r.model_copy(deep=True) if r.state.is_active() else r for j, r in self.records.items()}
+
+    def prune_candidates(self) -> tuple[str, ...]:
+        """The oldest ended records beyond MAX_FINISHED_RECORDS (counted only after a job ended:
+        an O(jobs) scan); the write that follows drops them (:meth:`drop`)."""
+        if not self.ended_since_prune:
+            return ()
+        done = [j for j, r in self.records.items() if not r.state.is_active()]
+        return tuple(done[: max(0, len(done) - MAX_FINISHED_RECORDS)])
+
+    def drop(self, job_ids: tuple[str, ...]) -> None:
+        """Forget ``job_ids`` (written as dropped); the ended records are counted again after the next end."""
+        for j in job_ids:
+            self.records.pop(j, None)
+        self.ended_since_prune = False
+
+    # ---- lifecycle: the only writer of a record's state
+    def transition(self, rec: JobRecord, to: JobState) -> JobState:
+        """Move ``rec`` to ``to`` (a transition of :data:`rollmux.records.TRANSITIONS`; raises
+        :class:`rollmux.records.IllegalTransition` otherwise)."""
+        rec.state = rec.state.to(to)
+        if rec.state.is_ended():
+            self.ended_since_prune = True
+        return rec.state
+
+    def advance(self, rec: JobRecord, to: JobState) -> bool:
+        """An event saying ``to`` that may arrive late (:meth:`JobState.advance`); True when the
+        state changed."""
+        new = rec.state.advance(to)
+        if new == rec.state:
+            return False
+        self.transition(rec, new)
+        return True
+
+    def admitted(self, job: JobSpec, decision: dict, profile, *, sha: Optional[str] = None,
+                 queued=None, now: Optional[float] = None) -> JobRecord:
+        """The record of a committed admission (state ``admitted``; ``queued``: the queue entry it
+        left, ``queued -> admitted``, with its wait). A re-admitted id goes to the end (admission order)."""
+        now = time.time() if now is None else now
+        self.records.pop(job.job_id, None)
+        state = JobState.ADMITTED if queued is None else JobState.QUEUED.to(JobState.ADMITTED)
+        rec = JobRecord(
+            job_id=job.job_id, state=state, slo=job.slo, admission_id=uuid.uuid4().hex,
+            predicted=None if profile is None else {"t_roll_s": profile.t_roll_s, "t_train_s": profile.t_train_s,
+                                                    "t_sync_s": profile.t_sync_s, "t_solo_s": profile.t_solo_s},
+            predicted_slowdown=(decision.get("predicted_slowdowns") or {}).get(job.job_id), admitted_at=now,
+            spec_sha256=sha or spec_sha256(job),
+            decision={k: v for k, v in decision.items() if k not in ("candidates", "pruned")})
+        if queued is not None:
+            rec.queued_at, rec.waited_s = queued.enqueued_at, max(0.0, now - queued.enqueued_at)
+        self.records[job.job_id] = rec
+        return rec
+
+    def left_queue_failed(self, job_id: str, slo: Optional[float], enqueued_at: float, reason: str,
+                          now: float) -> JobRecord:
+        """The record of a queued job that can never be admitted (``queued -> failed``)."""
+        self.records.pop(job_id, None)
+        rec = JobRecord(job_id=job_id, state=JobState.QUEUED.to(JobState.FAILED), slo=slo, queued_at=enqueued_at,
+                        waited_s=now - enqueued_at, ended_at=now,
+                        error=f"left the admission queue, it can never be admitted: {reason}")
+        self.records[job_id] = rec
+        self.ended_since_prune = True
+        return rec
+
+    def end(self, rec: JobRecord, state: JobState, error: Optional[str], final: JobRecord, now: float) -> None:
+        """The job ended (``state``: finished | failed | expired): its placement ``final`` (its
+        view before the policy forgot it) is frozen into the record; a failure's ``error`` is
+        written for people (:func:`rollmux.records.explain_failure`), the raw one kept as ``error_detail``."""
+        rec.group_id, rec.placement, rec.controller = final.group_id, final.placement, final.controller
+        self.transition(rec, state)
+        rec.ended_at = now
+        if state == JobState.FAILED:
+            pl = final.placement
+            rec.error = explain_failure(error, tuple(pl.rollout_nodes + pl.train_nodes) if pl else ())
+            rec.error_detail = error
+        else:
+            rec.error = error
+
+    # ---- progress and moves (derived facts, from what the scheduler receives)
+    def note_progress(self, rec: JobRecord, report: ProgressReport) -> None:
+        """One measured iteration from the group's controller (also after the end: reports from
+        the controller and the driver may cross); an admitted job is running by then."""
+        self.advance(rec, JobState.RUNNING)
+        rec.note_iteration(report.iterations_done, report.t_iter_s, report.t_solo_s, report.slowdown)
+
+    @staticmethod
+    def note_final_count(rec: JobRecord, iterations_done: Optional[int]) -> None:
+        """The driver's final iteration count (the owner's value, sent with its finish / failure)."""
+        if iterations_done is not None:
+            rec.iterations_done = max(rec.iterations_done, int(iterations_done))
+
+    def record_moves(self, moves: list[dict], trigger: str, now: float, predicted: Callable[[str, str], Optional[float]]
+                     ) -> list[MoveRecord]:
+        """Append the policy's committed moves to the moved jobs' records, with the policy's
+        predicted slowdown in the new group (``predicted(group_id, job_id)``)."""
+        done = []
+        for mv in moves:
+            r = self.records[mv["job_id"]]
+            m = MoveRecord(job_id=mv["job_id"], from_group=mv["from_group"], to_group=mv["to_group"],
+                           placement=NodePlacement(rollout_nodes=list(mv["placement"]["rollout_nodes"]),
+                                                   train_nodes=list(mv["placement"]["train_nodes"])),
+                           move_s=mv.get("move_s"), at=now, trigger=trigger)
+            r.moves = [*r.moves, m]
+            r.predicted_slowdown = predicted(m.to_group, m.job_id)
+            done.append(m)
+        return done

@@ -1,0 +1,137 @@
+"""The HTTP face's input boundary: what each job-spec field allows, the body guard, field errors.
+
+Bad input gets a clear 4xx naming the field, never a traceback: a body that is not JSON -> 415,
+one over ``max_request_bytes`` -> 413 (:class:`BodyGuard`), a malformed or invalid spec -> 422
+with ``errors: [{field, msg, type}]`` whose ``msg`` ends with what the field allows
+(:func:`allowed`, read from :class:`rollmux.models.JobSpec`'s JSON schema; :func:`field_error`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from fastapi.responses import JSONResponse
+
+from rollmux.models import JobSpec
+
+
+_UNITS = (("_usd_per_h", "USD/h"), ("_gbps", "Gbit/s"), ("_gb", "GB"), ("_s", "s"), ("_tokens", "tokens"),
+          ("_gpus", "GPUs"), ("_params_b", "B params"))
+
+
+def _unit(name: str) -> str:
+    if name == "slo":
+        return " x solo time"
+    return next((" " + u for suffix, u in _UNITS if name.endswith(suffix)), "")
+
+
+def _schema_of(path: list[str]) -> Optional[dict]:
+    """The JSON schema of ``JobSpec`` field ``path`` (e.g. ``["measured", "t_roll_s"]``), or None."""
+    root = JobSpec.model_json_schema()
+    defs = root.get("$defs", {})
+    node: Optional[dict] = root
+    for part in path:
+        if node is None:
+            return None
+        node = (node.get("properties") or {}).get(part)
+        if node is None:
+            return None
+        opts = [node] + list(node.get("anyOf") or [])
+        node = next((o for o in opts if o.get("type") not in (None, "null") or "$ref" in o or "enum" in o), node)
+        if "$ref" in node:
+            node = defs.get(node["$ref"].rsplit("/", 1)[-1])
+    return node
+
+
+def allowed(path: list[str]) -> str:
+    """What field ``path`` of a job spec accepts, e.g. ``"a finite number, 0 < t_roll_s <= 604800 s"``."""
+    sch = _schema_of(path)
+    if not sch:
+        return ""
+    name, typ, unit = path[-1], sch.get("type"), _unit(path[-1])
+    if "enum" in sch:
+        return "one of " + ", ".join(repr(v) for v in sch["enum"])
+    if typ in ("number", "integer"):
+        lo = (f"{sch['exclusiveMinimum']:g} < " if "exclusiveMinimum" in sch
+              else f"{sch['minimum']:g} <= " if "minimum" in sch else "")
+        hi = (f" < {sch['exclusiveMaximum']:g}" if "exclusiveMaximum" in sch
+              else f" <= {sch['maximum']:g}" if "maximum" in sch else "")
+        kind = "an integer (JSON number without fraction, not a string or boolean)" if typ == "integer" \
+            else "a finite number (not a string, boolean, NaN or Infinity)"
+        return f"{kind}, {lo}{name}{hi}{unit}"
+    if typ == "string":
+        return f"a string matching {sch['pattern']}" if "pattern" in sch else "a string"
+    if typ == "boolean":
+        return "true or false"
+    if typ == "object":
+        return "an object with fields " + ", ".join(sch.get("properties") or {})
+    return ""
+
+
+class BodyGuard:
+    """ASGI middleware on every ``POST``/``PUT``/``PATCH`` under ``/v1/``: the body must be
+    ``application/json`` (or ``application/*+json``), else 415; at most ``max_bytes`` bytes (by
+    ``Content-Length`` and by counting a streamed body), else 413. The body is read once here,
+    bounded, and handed on unchanged."""
+
+    def __init__(self, app: Any, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http" or scope.get("method") not in ("POST", "PUT", "PATCH") \
+                or not str(scope.get("path", "")).startswith("/v1/"):
+            return await self.app(scope, receive, send)
+        headers = {k.lower(): v for k, v in scope.get("headers") or []}
+        ctype = headers.get(b"content-type", b"").decode("latin-1")
+        media = ctype.split(";", 1)[0].strip().lower()
+        if not (media == "application/json" or (media.startswith("application/") and media.endswith("+json"))):
+            return await JSONResponse(
+                {"error": "unsupported_media_type",
+                 "detail": f"Content-Type {ctype or '(none)'!s} is not accepted: send the job spec as JSON "
+                           "with Content-Type: application/json"}, status_code=415)(scope, receive, send)
+        too_big = JSONResponse({"error": "request_too_large",
+                                "detail": f"the request body exceeds {self.max_bytes} bytes (max_request_bytes)"},
+                               status_code=413)
+        length = headers.get(b"content-length")
+        if length is not None and (not length.strip().isdigit() or int(length) > self.max_bytes):
+            return await too_big(scope, receive, send)
+        chunks, total, more = [], 0, True
+        while more:
+            msg = await receive()
+            if msg["type"] != "http.request":  # the client went away
+                return
+            chunks.append(msg.get("body", b""))
+            total += len(chunks[-1])
+            more = msg.get("more_body", False)
+            if total > self.max_bytes:
+                return await too_big(scope, receive, send)
+        body, sent = b"".join(chunks), False
+
+        async def replay() -> dict:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def field_error(e: dict) -> dict:
+    """One pydantic error as ``{field, msg, type}``: the field's dotted path, the message and what
+    the field allows; malformed JSON names the body and the position, not an offset as a field."""
+    loc = [p for p in e.get("loc", ()) if p != "body"]
+    typ = e.get("type", "")
+    if typ == "json_invalid":
+        pos = loc[0] if loc and isinstance(loc[0], int) else None
+        why = (e.get("ctx") or {}).get("error") or e.get("msg", "")
+        return {"field": "body", "msg": f"malformed JSON: {why}" + (f" at character {pos}" if pos is not None else ""),
+                "type": typ}
+    path = [str(p) for p in loc]
+    msg = e.get("msg", "")
+    if path and typ != "extra_forbidden" and (what := allowed(path)):
+        msg = f"{msg} (allowed: {what})"
+    elif path and typ == "extra_forbidden":
+        parent = _schema_of(path[:-1]) if len(path) > 1 else JobSpec.model_json_schema()
+        msg = f"{msg} (unknown field; allowed fields: {', '.join((parent or {}).get('properties') or {})})"
+    return {"field": ".".join(path) or "body", "msg": msg, "type": typ}

@@ -1,0 +1,67 @@
+"""Every Ray call to one of the project's actors goes through ``actors/handles.py`` (read with ``ast``).
+
+The handles hold the timeouts, retries and error translation of those calls in one place, with
+typed methods (no method chosen by a string): outside ``actors/handles.py`` no module of the
+project calls ``<handle>.<method>.remote(...)``, creates an actor with ``ray.remote(...)`` /
+``.options(...).remote(...)``, or picks an actor's method with ``getattr`` and a name.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HANDLES = ROOT / "actors" / "handles.py"
+SOURCES = [*sorted((ROOT / "actors").rglob("*.py")), *sorted((ROOT / "rollmux").rglob("*.py")),
+           *sorted((ROOT / "collectives").rglob("*.py")), *sorted((ROOT / "serve_api").rglob("*.py")),
+           *sorted((ROOT / "examples").rglob("*.py")), *sorted((ROOT / "scripts").glob("*.py")),
+           ROOT / "serve_app.py", ROOT / "rollmux_cli.py"]
+#: the one actor outside the project's own: the admission benchmark's no-op actor measuring Serve's
+#: replica -> actor hop (a ceiling for the scheduler's, not a RollMux actor)
+NOT_OURS = {("scripts/bench_admission.py", "noop"), ("scripts/bench_admission.py", "@ray.remote")}
+
+
+def _remote_calls(tree: ast.AST) -> list[int]:
+    """Line numbers of every ``X.remote(...)`` call (a method call on an actor, an actor creation,
+    or ``ray.remote``)."""
+    return [n.lineno for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "remote"]
+
+
+def _getattr_dispatch(tree: ast.AST) -> list[int]:
+    """``getattr(<x>, <name>).remote(...)``: an actor method chosen by a string."""
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "remote":
+            v = n.func.value
+            if isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "getattr":
+                out.append(n.lineno)
+    return out
+
+
+def test_only_the_handle_module_calls_remote():
+    found = {}
+    for path in SOURCES:
+        if path == HANDLES:
+            continue
+        rel = str(path.relative_to(ROOT))
+        text = path.read_text().splitlines()
+        lines = [n for n in _remote_calls(ast.parse(path.read_text(), str(path)))
+                 if not any(rel == f and key in text[n - 1].lower() for f, key in NOT_OURS)]
+        if lines:
+            found[str(path.relative_to(ROOT))] = lines
+    assert found == {}, f"Ray calls outside actors/handles.py: {found}"
+    assert _remote_calls(ast.parse(HANDLES.read_text()))  # the checker sees them where they are
+
+
+def test_no_actor_method_is_chosen_by_a_string():
+    for path in SOURCES:
+        assert _getattr_dispatch(ast.parse(path.read_text(), str(path))) == [], path
+    src = "h = getattr(handle, method).remote(1)\nx = a.b.remote()\n"
+    assert _getattr_dispatch(ast.parse(src)) == [1] and _remote_calls(ast.parse(src)) == [1, 2]
+
+
+def test_the_test_only_scheduler_flag_is_gone():
+    for path in SOURCES:
+        assert "create_controllers" not in path.read_text(), path
