@@ -45,6 +45,7 @@ written for people (:func:`rollmux.records.explain_failure`), the raw error kept
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
@@ -82,6 +83,7 @@ from rollmux.records import JobRecord, JobState
 log = logging.getLogger("rollmux.scheduler")
 
 QUERY_TIMEOUT_S = 10.0  # the one query that reads a controller (group_timeline), s
+DISSOLVED_TIMELINES_KEPT = 64  # timelines of dissolved groups kept for group_timeline
 
 
 def _locked(fn):
@@ -132,6 +134,8 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart):
         self.job_store = JobStore(name, lambda: self.igs)
         self.restored = False
         self._lock = threading.RLock()
+        # timelines handed over by exiting controllers of dissolved groups (group_timeline)
+        self._dissolved_timelines: collections.OrderedDict[str, list[dict]] = collections.OrderedDict()
         # group commit (the HTTP path's admit_batched / depart_batched): changes wait here for ONE write
         self._defer = False
         self._pending_jobs: dict[str, None] = {}
@@ -627,10 +631,23 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart):
         the batched writes) makes the actor an async actor: its other methods are plain functions
         that run to completion on its event loop and never wait on a controller."""
         with self._lock:
-            h = self.reconciler.controller(group_id)
+            kept = self._dissolved_timelines.get(group_id)
+            h = None if kept is not None else self.reconciler.controller(group_id)
+        if kept is not None:
+            return list(kept)
         if h is None:
             return []
         return await h.timeline_async(QUERY_TIMEOUT_S)
+
+    @_locked
+    def keep_timeline(self, group_id: str, records: list[dict]) -> bool:
+        """Keep the timeline a dissolved group's controller hands over as it exits (the last
+        ``DISSOLVED_TIMELINES_KEPT`` groups, in memory: an operator query, not checkpointed)."""
+        self._dissolved_timelines[group_id] = list(records)
+        self._dissolved_timelines.move_to_end(group_id)
+        while len(self._dissolved_timelines) > DISSOLVED_TIMELINES_KEPT:
+            self._dissolved_timelines.popitem(last=False)
+        return True
 
     def cluster_spec(self) -> dict:
         return self.cluster.model_dump(mode="json")

@@ -54,6 +54,7 @@ log = logging.getLogger("rollmux.controller")
 
 DEFAULT_ACQUIRE_TIMEOUT_S = 3600.0
 EXIT_GRACE_S = 2.0  # a dissolved group's controller exits this long after its last member left
+HANDOVER_TIMEOUT_S = 5.0  # waiting for the scheduler to take a dissolved group's timeline, s
 DRIVER_LATE_S = 2 * HEARTBEAT_S  # a driver this late is checked against the cluster's list of live drivers
 
 
@@ -211,7 +212,22 @@ class GroupControllerImpl:
             self.metrics.flush()
         except Exception:
             pass
+        await self._hand_over_timeline()
         self._kill_self()
+
+    async def _hand_over_timeline(self) -> None:
+        """Give the scheduler this group's timeline before exiting, so ``group_timeline`` still
+        answers for a dissolved group (an operator query; soft state: lost if the scheduler is
+        unreachable for ``HANDOVER_TIMEOUT_S``)."""
+        if self._sched is None:
+            return
+        pending = self._sched.keep_timeline_nowait(self.group_id, list(self.ledger.timeline))
+        if pending is None:
+            return
+        try:
+            await asyncio.wait_for(pending, timeout=HANDOVER_TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001  (the exit goes on: the timeline is soft state)
+            log.warning("group %s: timeline not handed to the scheduler: %s", self.group_id, e)
 
     def _kill_self(self) -> None:
         """End this actor for good (not restarted). Overridden by tests without Ray."""

@@ -282,6 +282,11 @@ class SchedulerHandle(_Handle):
         """Report ``message`` without waiting (soft state: a report that cannot be sent is logged)."""
         return self._send(lambda a: a.report.remote(job_id, message), what=f"report of {job_id}")
 
+    def keep_timeline_nowait(self, group_id: str, records: list[dict]) -> Optional[Pending]:
+        """Hand a dissolved group's timeline to the scheduler before its controller exits
+        (awaitable; None when the scheduler cannot be reached)."""
+        return self._send(lambda a: a.keep_timeline.remote(group_id, records), what=f"timeline of {group_id}")
+
     def membership(self, group_id: str) -> Pending:
         """The group's target membership, as a push (a restarted controller pulls it; awaitable)."""
         return Pending(self.actor.membership.remote(group_id), "membership")

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from rollmux.codes import Code
 from rollmux.models import JobSpec, PhaseProfile
 
 # The scheduler (rollmux.admission.InterGroupScheduler) is passed in, never imported here: the
@@ -79,12 +80,12 @@ def what_if(sched: "InterGroupScheduler", spec: JobSpec, held_gpus: list[int], *
     if not may_try_now(spec, held_gpus, backfill):
         from rollmux.admission import AdmissionDecision
 
-        d = AdmissionDecision(job_id=spec.job_id, admitted=False, code="retry_later",
+        d = AdmissionDecision(job_id=spec.job_id, admitted=False, code=Code.RETRY_LATER,
                               reason=QUEUE_AHEAD_REASON(len(held_gpus)), policy=sched.policy,
                               delta_usd_per_h=None, latency_ms=(time.perf_counter() - t0) * 1e3).to_dict()  # type: ignore[arg-type]
         return {**d, "would_queue": True} if queue else d
     out = sched.decide(spec).to_dict(explain)
-    if queue and not out.get("admitted") and out.get("code") == "retry_later":
+    if queue and not out.get("admitted") and out.get("code") == Code.RETRY_LATER:
         out["would_queue"] = True
     return out
 
@@ -235,7 +236,7 @@ class AdmissionQueue:
                 sched.commit(d)
                 del self._jobs[q.job_id]
                 out.admitted.append((q, d))
-            elif d.code == "retry_later":
+            elif d.code == Code.RETRY_LATER:
                 q.reason = d.reason
                 blocked = min(blocked, q.gpus)
             else:  # never fits (or a duplicate id): it leaves the line with its decision

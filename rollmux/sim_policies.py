@@ -14,6 +14,7 @@ from typing import Optional
 from rollmux.admission import InterGroupScheduler, SchedulerConfig
 from rollmux.admission_queue import AdmissionQueue, QueueFull
 from rollmux.baselines import PER_JOB_UNITS, OptimalPartition, Unit
+from rollmux.codes import Code
 from rollmux.models import ClusterSpec, CoExecutionGroup
 from rollmux.policies import policy_spec
 from rollmux.sim_realisation import Realisation
@@ -107,7 +108,7 @@ class SchedulerPolicy(SimPolicy):
                                           solver=self.solver)
             self.reopt_ms.append((time.perf_counter() - t0) * 1e3)
             self._moved(moves)
-        elif self.queue is not None and d.code == "retry_later":
+        elif self.queue is not None and d.code == Code.RETRY_LATER:
             return self._hold(job, float(d.latency_ms), d.reason)
         elif self.queue is not None:
             self.refused.append(job.spec.job_id)

@@ -373,6 +373,50 @@ def test_dissolved_groups_controller_exits_once_its_last_member_left():
     assert asyncio.run(scenario()) == ["group-u"]
 
 
+def test_a_dissolved_groups_timeline_outlives_its_controller(local_cluster_spec):
+    """An exiting controller hands its timeline to the scheduler, which answers
+    ``group_timeline`` from that copy once the controller is gone (an operator reads a dissolved
+    group's phases after its last job moved away)."""
+    from actors.global_scheduler import DISSOLVED_TIMELINES_KEPT, GlobalSchedulerImpl
+
+    s = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0)
+
+    class Sched:  # the controller's scheduler handle, delivering to the scheduler in this process
+        def report_nowait(self, job_id, message):
+            return None
+
+        def keep_timeline_nowait(self, group_id, records):
+            async def deliver():
+                return s.keep_timeline(group_id, records)
+            return deliver()
+
+    async def scenario():
+        c = _ctrl(lease_s=0)
+        c.exit_grace_s = 0.01
+        c._sched = Sched()
+        killed = []
+        c._kill_self = lambda: killed.append(c.group_id)
+        m = [{"job_id": "a", "rollout_nodes": ["rollout-0"], "train_nodes": ["train-0"], "slo": 2.0}]
+        await c.sync_members(MembershipPush.of("group-u", m, {}, seq=1))
+        await c.attach("a")
+        for ph in ("rollout", "train", "sync"):
+            g = await c.acquire("a", ph)
+            await c.release(g, PhaseRecord(ok=True, node=g.nodes[0], start=1.0, end=2.0))
+        await c.sync_members(MembershipPush.of("group-u", [], {"a": "moved to group-9"}, seq=2, dissolved=True))
+        for _ in range(100):
+            if killed:
+                break
+            await asyncio.sleep(0.02)
+        assert killed == ["group-u"]
+        return await s.group_timeline("group-u")
+
+    tl = asyncio.run(scenario())
+    assert [(r["job_id"], r["phase"]) for r in tl] == [("a", "rollout"), ("a", "train"), ("a", "sync")]
+    for i in range(DISSOLVED_TIMELINES_KEPT):  # bounded: the oldest kept timeline goes first
+        s.keep_timeline(f"group-x{i}", [])
+    assert asyncio.run(s.group_timeline("group-u")) == []
+
+
 def test_controller_watchdog_logs_a_failing_pass_and_goes_on(caplog):
     async def scenario():
         c = _ctrl(lease_s=0.3)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
+from rollmux.codes import Code
 from rollmux.models import JobSpec, PhaseProfile, Placement
 
 #: The filters a candidate or group can be rejected by (``Candidate.plugin``, ``Verdict.plugin``).
@@ -100,11 +101,11 @@ def placement_dict(p: Optional[Placement]) -> Optional[dict]:
 @dataclass
 class AdmissionDecision:
     """The outcome of :meth:`InterGroupScheduler.decide` (no state change until
-    :meth:`InterGroupScheduler.commit`). ``code``: ``"ok"`` | ``"never"`` | ``"retry_later"``."""
+    :meth:`InterGroupScheduler.commit`). ``code``: :class:`rollmux.codes.Code` ``OK`` | ``NEVER`` | ``RETRY_LATER``."""
 
     job_id: str
     admitted: bool
-    code: str
+    code: Code
     reason: str
     policy: str
     group_id: Optional[str] = None
@@ -153,7 +154,7 @@ class AdmissionDecision:
         return {
             "job_id": self.job_id,
             "admitted": self.admitted,
-            "code": self.code,
+            "code": Code(self.code).value,
             "reason": self.reason,
             "policy": self.policy,
             "group_id": self.group_id,

@@ -14,6 +14,7 @@ import time
 from typing import Mapping, Optional
 
 from rollmux import profiler
+from rollmux.codes import Code
 from rollmux.admission.config import SchedulerConfig
 from rollmux.admission.decisions import AdmissionDecision, Candidate, Newcomer
 from rollmux.admission.filters import CANDIDATE_FILTERS, GROUP_FILTERS, JOB_FILTERS
@@ -190,10 +191,10 @@ class InterGroupScheduler(RepackMixin):
         try:
             prof = profile or profiler.estimate(job, self.cluster)
         except ValueError as e:
-            return AdmissionDecision(job.job_id, False, "never", str(e), self.policy)
+            return AdmissionDecision(job.job_id, False, Code.NEVER, str(e), self.policy)
         reason = self._never(job, prof)
         if reason:
-            return AdmissionDecision(job.job_id, False, "never", reason, self.policy, profile=prof)
+            return AdmissionDecision(job.job_id, False, Code.NEVER, reason, self.policy, profile=prof)
         new = self._newcomer(job, prof)
         nr, nt = new.rollout_nodes, new.train_nodes
         spec = self.spec
@@ -274,10 +275,10 @@ class InterGroupScheduler(RepackMixin):
         if chosen is None:
             if expand is not None:
                 cands, expand = expand(), None
-            return AdmissionDecision(job.job_id, False, "retry_later", _no_placement_reason(cands, pruned),
+            return AdmissionDecision(job.job_id, False, Code.RETRY_LATER, _no_placement_reason(cands, pruned),
                                      self.policy, _candidates=cands, _expand=expand, _pruned_src=pruned, profile=prof)
         return AdmissionDecision(
-            job.job_id, True, "ok",
+            job.job_id, True, Code.OK,
             f"{chosen.strategy} into {chosen.group_id or 'a new group'} (delta {chosen.delta_usd_per_h:.2f} USD/h)",
             self.policy, group_id=chosen.group_id, strategy=chosen.strategy, placement=chosen.placement,
             delta_usd_per_h=chosen.delta_usd_per_h, predicted_slowdowns=dict(chosen.predicted_slowdowns),
