@@ -426,6 +426,13 @@ class ScheduledRuntime:
         except Exception as e:
             log.warning("could not unregister %s from its workers: %s", self.job.job_id, e)
 
+    def permit_backend(self):
+        """Driver-side permits (framework integrations, ``Job.permit``) through this job's
+        GroupController: :class:`actors.driver_permits.DriverPermits`."""
+        from actors.driver_permits import DriverPermits
+
+        return DriverPermits(self)
+
     def group_timeline(self) -> list[dict]:
         """The whole group's timeline (every member's phases) from its GroupController."""
         return self.controller.timeline(timeout_s=None)

@@ -196,6 +196,12 @@ class _PlainRuntime:
     def finish(self, ok: bool, error: Optional[str]) -> None:
         self.states.clear()
 
+    def permit_backend(self):
+        """Driver-side permits in plain mode: granted at once (:mod:`rollmux.integrations.permits`)."""
+        from rollmux.integrations.permits import PlainPermits
+
+        return PlainPermits(self)
+
 
 class Job:
     """One RL job using the phase API (RollMux §5). See the module docstring for the contract.
@@ -358,6 +364,27 @@ class Job:
         self.program.hooks.append(fn)
         return fn
 
+    # ---- driver-side phases (framework integrations: rollmux.integrations, docs/INTEGRATIONS.md)
+    def driver_phases(self, *names: PhaseName) -> "Job":
+        """Declare phases that run in this (driver) process inside a framework's own code,
+        entered with :meth:`permit` instead of a ``@job.phase`` function (default: rollout,
+        train, sync). A job declaring sync iterates after its sync permit, else after training.
+        Raises ValueError on an unknown phase name."""
+        for name in names or _PHASES:
+            if name not in _PHASES:
+                raise ValueError(f"phase must be one of {_PHASES}, got {name!r}")
+            self._phases.setdefault(name, _driver_side)
+        return self
+
+    def permit(self, phase: PhaseName, *, offload=(), empty: bool = False):
+        """``with job.permit(phase, offload=[engine]) as p:`` holds the phase's permit for the
+        block (scheduled: the group's round-robin turn; plain: at once), reloading ``offload``
+        targets after the grant and offloading them before the release; ``p.nodes`` /
+        ``p.devices`` say where to run. See :class:`rollmux.integrations.permits.PermitScope`."""
+        from rollmux.integrations.permits import PermitScope
+
+        return PermitScope(self, phase, offload=offload, empty=empty)
+
     # ---- running
     def _emit(self, event: dict) -> None:
         self.program.emit(event)
@@ -409,6 +436,12 @@ class Job:
         else:
             self.finish()
         return False
+
+
+def _driver_side(*args, **kwargs):
+    """Placeholder of a phase declared with :meth:`Job.driver_phases`: it runs in the driver,
+    inside the framework's code, under :meth:`Job.permit`; calling it through the runtime is an error."""
+    raise PhaseFailed("this phase runs in the driver under job.permit(...), not through @job.phase")
 
 
 _CURRENT: Optional[Job] = None
