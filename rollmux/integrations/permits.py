@@ -176,8 +176,8 @@ class PhaseSequencer:
 
     Args:
         job: a :class:`rollmux.Job` with driver-side phases declared.
-        offload: pool -> offload targets used by every permit of that pool (``"rollout"`` /
-            ``"train"``; a sync permit uses the training targets).
+        offload: phase or pool -> offload targets of its permits (``"rollout"``, ``"train"``,
+            ``"sync"``; a sync permit without its own entry uses the training pool's targets).
     """
 
     def __init__(self, job, offload: Optional[dict[str, list]] = None):
@@ -202,8 +202,8 @@ class PhaseSequencer:
         return self.phases[(self.phases.index(after) + 1) % len(self.phases)]
 
     def _open(self, phase: str, empty: bool = False) -> PermitScope:
-        pool = pool_of_phase(phase)
-        scope = PermitScope(self.job, phase, offload=self.offload.get(pool, ()), empty=empty)
+        targets = self.offload.get(phase, self.offload.get(pool_of_phase(phase), ()))
+        scope = PermitScope(self.job, phase, offload=targets, empty=empty)
         scope.__enter__()
         return scope
 
