@@ -363,6 +363,7 @@ class JobHosting:
     admission: Optional[str] = None  # the scheduler's token of this admission (a re-used id gets a new one)
     sync_backend: str = "auto"  # weight transport asked for: auto | nccl | gloo | object_store
     durable: bool = True  # commit every phase's state and result before it counts as done
+    rebuild_resident: bool = False  # cold starts rebuild resident values (engines) with the builder; False: keep them
     rollout_workers: tuple[str, ...] = ()  # training side: the job's rollout worker names (sync targets), rank order
     parallel: ParallelPlace = field(default_factory=ParallelPlace)  # this worker's SPMD place
 

@@ -226,6 +226,10 @@ class Job:
             in ``checkpoint_dir`` before the phase counts as done, so the job survives the loss
             of one of its workers (the interrupted phase is redone from the commit before it).
             False skips the writes; a lost worker then fails the job.
+        rebuild_resident: scheduled mode, ``switch="cold"``: rebuild the resident values (rollout
+            engines, communicators) with the builder at every cold start. False (default) keeps
+            them alive across cold switches (only the stored state is read back from disk); they
+            are closed (``close()``) when the job leaves the worker.
     Raises:
         pydantic.ValidationError: invalid spec. AdmissionRefused: the scheduler refused the job.
         ValueError: unknown ``switch``.
@@ -233,7 +237,8 @@ class Job:
 
     def __init__(self, spec: JobSpec | dict, *, attach: Optional[bool] = None, switch: SwitchKind = "warm",
                  checkpoint_dir: Optional[str] = None, scheduler_name: Optional[str] = None,
-                 job_id: Optional[str] = None, sync_backend: Optional[str] = None, durable: bool = True):
+                 job_id: Optional[str] = None, sync_backend: Optional[str] = None, durable: bool = True,
+                 rebuild_resident: bool = False):
         global _CURRENT
         self.spec = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec)
         if switch not in ("warm", "cold"):
@@ -245,6 +250,7 @@ class Job:
                              f"got {self.sync_backend!r}")
         self.checkpoint_dir = checkpoint_dir or os.environ.get("ROLLMUX_CKPT_DIR")
         self.durable = bool(durable)
+        self.rebuild_resident = bool(rebuild_resident)
         self.scheduler_name = scheduler_name or os.environ.get("ROLLMUX_SCHEDULER_NAME")
         self.attach_job_id = job_id or os.environ.get("ROLLMUX_JOB_ID") or None
         self.program = JobProgram(hooks=list(_PENDING_HOOKS))  # what the runtimes read
