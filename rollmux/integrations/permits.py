@@ -171,8 +171,7 @@ class PhaseSequencer:
     ``enter(phase)`` keeps the open permit when it is already ``phase``; otherwise it ends the
     open one and walks the cycle rollout -> train -> sync (the job's declared phases only),
     running an empty permit for every phase in between, then opens ``phase``. ``close()`` ends the
-    open permit; ``finish()`` completes the current iteration (empty permits up to its last phase,
-    only when the iteration has begun) and reports the job finished.
+    open permit; ``finish()`` closes it and reports the job finished.
 
     Args:
         job: a :class:`rollmux.Job` with driver-side phases declared.
@@ -235,21 +234,11 @@ class PhaseSequencer:
         self.last_done = done
 
     def finish(self, exc: Optional[BaseException] = None) -> None:
-        """End the job: close the open permit, complete a begun iteration with empty permits
-        (so its group-mates' turns stay in order), report finished (or failed with ``exc``)."""
+        """End the job: close the open permit and report the job finished (or failed with
+        ``exc``). A begun iteration is not completed: the departure takes the job out of its
+        group's queues, so its group-mates' turns go on."""
         try:
             self.close(exc)
-            if exc is None and self.last_done is not None and self.last_done != self.phases[-1] \
-                    and self.job.state_name not in ("finished", "failed"):
-                nxt = self._next(self.last_done)
-                while True:
-                    s = self._open(nxt, empty=True)
-                    s.__exit__(None, None, None)
-                    self.empty_permits += 1
-                    self.last_done = nxt
-                    if nxt == self.phases[-1]:
-                        break
-                    nxt = self._next(nxt)
         finally:
             if exc is not None:
                 self.job.fail(exc)
