@@ -92,12 +92,16 @@ def main(argv=None) -> int:
     ap.add_argument("--digests-out", default=None, help="write the per-step weight SHA-256 list here (JSON)")
     ap.add_argument("--run-name", default="trl-grpo-tiny")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (a GPU host)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="torch.use_deterministic_algorithms (CUDA: needs CUBLAS_WORKSPACE_CONFIG=:4096:8)")
     args = ap.parse_args(argv)
 
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(1)
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True)
     tok = build_tokenizer()
     model = build_model(tok, args.seed)
     cfg = GRPOConfig(
