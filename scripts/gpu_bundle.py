@@ -17,7 +17,8 @@ CPython 3.12 manylinux x86_64 (``pip download --only-binary=:all: --python-versi
 while :data:`LOCK` is unchanged: ``DIR/manifest.json`` holds its hash); ``check DIR`` verifies
 that every requirement of every bundled wheel (its METADATA, markers evaluated for the target)
 is met by the bundle or the host, and the size; ``install DIR TARGET`` (on the host, no pip
-needed) unpacks into ``TARGET`` the wheels of distributions the host does not have.
+needed) unpacks into ``TARGET`` the wheels of distributions the host does not have (their
+scripts, e.g. the ``ninja`` binary, into ``TARGET/bin``).
 """
 
 from __future__ import annotations
@@ -201,8 +202,31 @@ def install(bundle: Path, target: Path) -> dict:
             pass
         with zipfile.ZipFile(w) as z:
             z.extractall(target)
+        _spread_data(target)
         installed.append(w.name)
-    return {"installed": installed, "kept_host": kept}
+    return {"installed": installed, "kept_host": kept, "bin": str(target / "bin")}
+
+
+def _spread_data(target: Path) -> None:
+    """A wheel's ``<dist>.data/`` folders as an installer lays them out: ``scripts/`` (e.g. the
+    ``ninja`` binary DeepSpeed's op builds call) into ``target/bin`` (executable), ``purelib`` /
+    ``platlib`` into ``target``."""
+    import shutil
+
+    for d in target.glob("*.data"):
+        for kind in ("purelib", "platlib"):
+            src = d / kind
+            if src.is_dir():
+                shutil.copytree(src, target, dirs_exist_ok=True)
+                shutil.rmtree(src)
+        scripts = d / "scripts"
+        if scripts.is_dir():
+            (target / "bin").mkdir(exist_ok=True)
+            for f in scripts.iterdir():
+                dst = target / "bin" / f.name
+                shutil.move(str(f), dst)
+                dst.chmod(0o755)
+            scripts.rmdir()
 
 
 def main(argv=None) -> int:

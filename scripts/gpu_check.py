@@ -94,6 +94,7 @@ def run(args) -> int:
     summary["install"]["seconds"] = round(time.perf_counter() - t0, 2)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(deps.resolve())]
                                                       + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+               PATH=os.pathsep.join([str((deps / "bin").resolve()), os.environ.get("PATH", "")]),
                DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cuda"), RAY_USAGE_STATS_ENABLED="0")
     sys.path.insert(0, str(deps.resolve()))
     host = json.loads(subprocess.run([sys.executable, "-c", "import json,sys; sys.path.insert(0, 'scripts'); "
@@ -240,7 +241,7 @@ def dry_run(args) -> int:
     if total >= gpu_checks.BUDGET_S:
         problems.append(f"planned checks' timeouts + install = {total} s >= {gpu_checks.BUDGET_S} s")
     not_run = {r["name"]: r["reason"] for r in rows if not r["planned"]}
-    for n in ("vllm_cuda", "nccl_two_gpu"):
+    for n in ("vllm_cuda", "nccl_two_gpu", "coexec_vllm_deepspeed"):
         if n not in not_run:
             problems.append(f"{n} should be NOT RUN on the reference host")
     if {r["name"] for r in planned} != {"env", "deepspeed_zero2_cuda", "hf_rollout_cuda", "trl_adapter_cuda",

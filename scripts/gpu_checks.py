@@ -21,6 +21,8 @@ plan (which checks run on this host, and why the others do not) is :func:`plan`.
 - ``vllm_cuda`` (only where vLLM is installed): sleep / wake, a weight update through the
   worker extension's payload, the production attention path, ``close()``.
 - ``nccl_two_gpu`` (only with two GPUs): a 1 -> 1 sync plan over cupy-NCCL, bit for bit.
+- ``coexec_vllm_deepspeed`` (only with Ray and vLLM): scripts/gpu_coexec.py, two GRPO jobs
+  co-executed on vLLM + DeepSpeed against the first one solo, SHA-256 after every iteration.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ CHECKS: dict[str, tuple[int, str]] = {
     "nccl_one_rank": (20, "cupy-cuda13x with its NCCL library"),
     "vllm_cuda": (180, "vLLM 0.33 on the host"),
     "nccl_two_gpu": (60, "two CUDA devices"),
+    "coexec_vllm_deepspeed": (300, "Ray and vLLM on the host"),
 }
 BUDGET_S = 300
 INSTALL_S = 20  # unpacking the bundle (the runner's own step)
@@ -93,6 +96,9 @@ def plan(host: dict, host_problems: dict | None = None) -> list[dict]:
         if name == "vllm_cuda" and not host.get("vllm"):
             planned, reason = False, ("vLLM is not installed on this host (a 336 MB wheel plus torch 2.14: "
                                       "beyond what the bundle can carry)")
+        elif name == "coexec_vllm_deepspeed" and not (host.get("ray") and host.get("vllm")):
+            planned, reason = False, ("two jobs co-executed on vLLM + DeepSpeed under RollMux need Ray (79 MB) and "
+                                      "vLLM, which this host does not have (scripts/gpu_coexec.py runs it where they are)")
         elif name == "nccl_two_gpu" and gpus < 2:
             planned, reason = False, f"needs two CUDA devices (NCCL: one rank per GPU); this host has {gpus}"
         elif (host_problems or {}).get(name):
@@ -293,6 +299,7 @@ def check_trl_adapter_cuda() -> dict:
             if kind == "rollmux":
                 out["timeline"] = json.loads(tl.read_text())["timeline"]
     assert runs["rollmux"]["trainer"] == "RollMuxGRPOTrainer" and runs["plain"]["trainer"] == "GRPOTrainer"
+    assert all(r["device"].startswith("cuda") for r in runs.values()), {k: r["device"] for k, r in runs.items()}
     same = runs["rollmux"]["digests"] == runs["plain"]["digests"]
     tl = out.pop("timeline")
     phases = [r["phase"] for r in tl]
@@ -394,10 +401,20 @@ def check_nccl_two_gpu() -> dict:  # pragma: no cover - two-GPU hosts
     return {"plan": "1 -> 1", "bit_identical": True}
 
 
+def check_coexec_vllm_deepspeed() -> dict:  # pragma: no cover - hosts with Ray and vLLM
+    with tempfile.TemporaryDirectory(prefix="rollmux-gpu-check-coexec-") as d:
+        out = Path(d) / "coexec.json"
+        p = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_coexec.py"), "--out", str(out)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=290)
+        res = json.loads(out.read_text()) if out.is_file() else {"ok": False, "error": p.stderr[-2000:]}
+    assert res.get("ok"), res
+    return res
+
+
 RUN: dict[str, Callable[[], dict]] = {
     "env": check_env, "deepspeed_zero2_cuda": check_deepspeed_zero2_cuda, "hf_rollout_cuda": check_hf_rollout_cuda,
     "trl_adapter_cuda": check_trl_adapter_cuda, "nccl_one_rank": check_nccl_one_rank, "vllm_cuda": check_vllm_cuda,
-    "nccl_two_gpu": check_nccl_two_gpu,
+    "nccl_two_gpu": check_nccl_two_gpu, "coexec_vllm_deepspeed": check_coexec_vllm_deepspeed,
 }
 
 

@@ -69,7 +69,9 @@ def test_plan_marks_what_a_host_cannot_run():
     one = {r["name"]: r for r in gpu_checks.plan({"cuda_devices": 1, "vllm": False})}
     assert not one["vllm_cuda"]["planned"] and not one["nccl_two_gpu"]["planned"]
     assert all(one[n]["planned"] for n in ("env", "deepspeed_zero2_cuda", "trl_adapter_cuda"))
-    two = gpu_checks.plan({"cuda_devices": 2, "vllm": True}, {"trl_adapter_cuda": "pyarrow is not installed"})
+    assert not one["coexec_vllm_deepspeed"]["planned"] and "need Ray" in one["coexec_vllm_deepspeed"]["reason"]
+    two = gpu_checks.plan({"cuda_devices": 2, "vllm": True, "ray": True},
+                          {"trl_adapter_cuda": "pyarrow is not installed"})
     assert all(r["planned"] for r in two)
     assert "pyarrow is not installed" in {r["name"]: r for r in two}["trl_adapter_cuda"]["reason"]
 

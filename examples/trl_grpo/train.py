@@ -99,6 +99,8 @@ def main(argv=None) -> int:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device")
     torch.set_num_threads(1)
     if args.deterministic:
         torch.use_deterministic_algorithms(True)
@@ -122,7 +124,7 @@ def main(argv=None) -> int:
     trainer.train()
     if args.digests_out:
         with open(args.digests_out, "w") as f:
-            json.dump({"digests": digests, "trainer": type(trainer).__name__}, f)
+            json.dump({"digests": digests, "trainer": type(trainer).__name__, "device": str(trainer.accelerator.device)}, f)
     print(json.dumps({"steps": len(digests), "final_sha256": digests[-1] if digests else None,
                       "trainer": type(trainer).__name__}))
     return 0
