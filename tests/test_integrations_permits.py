@@ -68,6 +68,21 @@ def test_a_failing_block_offloads_releases_and_fails_the_job():
         job.permit("train").__enter__()
 
 
+def test_a_permit_that_cannot_be_granted_fails_the_job():
+    job = _job("perm-refused")
+
+    class Refusing:
+        open_phase = None
+
+        def acquire(self, phase):
+            raise PhaseFailed("group group-0: job 'perm-refused' asked for rollout but its next phase is train")
+
+    job._runtime._permit_backend = Refusing()
+    with pytest.raises(PhaseFailed, match="next phase is train"):
+        job.permit("rollout").__enter__()
+    assert job.state_name == "failed" and "next phase is train" in job.error
+
+
 def test_undeclared_phase_nested_permit_and_hookless_target_are_refused():
     job = rollmux.Job(small_spec("perm-undecl"), attach=False)
     with pytest.raises(PhaseFailed, match="not declared"):

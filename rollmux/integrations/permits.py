@@ -105,7 +105,11 @@ class PermitScope:
             raise PhaseFailed(f"job {job.job_id!r}: a {be.open_phase} permit is still open; a job holds one permit at a time")
         job.state_name = "running"
         t0 = time.time()
-        grant = be.acquire(self.phase)
+        try:
+            grant = be.acquire(self.phase)
+        except BaseException as e:  # as for a @job.phase: a permit that cannot be granted fails the job
+            job.fail(e)
+            raise
         be.open_phase = self.phase
         job._emit({"event": "granted", "job_id": job.job_id, "phase": self.phase, "iteration": grant["iteration"],
                    "nodes": grant["nodes"], "waited_s": grant["waited_s"], "driver_side": True})

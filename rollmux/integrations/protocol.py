@@ -167,7 +167,7 @@ class Permit:
         """``done`` of ``total`` responses of this rollout finished (RollMux §4.3): the controller
         may decide long-tail migration (``acted``: the next job's rollout may start on the freed
         nodes; the framework should move its stragglers to ``tail_workers``). Raises ValueError
-        unless ``0 <= done <= total`` and ``total > 0``; PhaseFailed outside a rollout."""
+        unless ``0 <= done <= total`` and ``total > 0``, and outside a rollout permit."""
         if total <= 0 or not 0 <= done <= total:
             raise ValueError(f"progress: need 0 <= done <= total and total > 0, got done={done}, total={total}")
         if self.phase != "rollout":
