@@ -102,8 +102,12 @@ FakeAsyncTrainer.__name__ = "PPOTrainerColocateAsync"
 
 
 def test_v1_hooks_put_verl_phases_under_the_right_permits():
+    from actors.verl_placement import trainer_cls
+
     job = rollmux.Job(small_spec("verl-v1"), attach=False)
-    cls = adapter.rollmux_trainer_cls(FakeV1Trainer)
+    cls = trainer_cls(FakeV1Trainer)
+    assert [c.__name__ for c in cls.__mro__[:4]] == ["RollMuxFakeV1Trainer", "PinnedPlacement", "RollMuxV1Hooks",
+                                                     "FakeV1Trainer"]
     tr = cls({"steps": 4, "test_freq": 2}, rollmux_job=job)
     tr._init_resource_pool_mgr()
     assert tr.resource_pool_manager == "verl's manager"  # plain mode: nothing to pin
@@ -361,13 +365,14 @@ from verl.trainer.ppo.v1.trainer_base import PPOTrainer, get_trainer_cls
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.single_controller.ray.base import RayResourcePool, ResourcePoolManager
 import rollmux.integrations.verl as a
-cls = a.register()
+import actors.verl_placement as p
+cls = p.register()
 out = {"verl": verl.__version__, "registered": get_trainer_cls("rollmux_sync") is cls,
        "mro": [c.__name__ for c in cls.__mro__[:4]],
        "hooks": {h: list(inspect.signature(getattr(PPOTrainer, h)).parameters) for h in a.V1_HOOKS},
        "fit": list(inspect.signature(PPOTrainer.fit).parameters)}
 mgr = ResourcePoolManager(resource_pool_spec={"global_pool": [2]}, mapping={})
-pinned = a.pinned_pool_manager(mgr, {"global_pool": ["train-0"]})
+pinned = p.pinned_pool_manager(mgr, {"global_pool": ["train-0"]})
 out["pinned_manager"] = isinstance(pinned, ResourcePoolManager) and pinned.resource_pool_spec == {"global_pool": [2]}
 print(json.dumps(out))
 """
@@ -384,5 +389,5 @@ def test_the_adapter_subclasses_verls_real_trainer_in_a_verl_environment():
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["verl"] == adapter.VERL_VERSION and out["registered"] and out["pinned_manager"]
-    assert out["mro"][:3] == ["RollMuxPPOTrainerSync", "RollMuxV1Hooks", "PPOTrainerSync"]
+    assert out["mro"][:4] == ["RollMuxPPOTrainerSync", "PinnedPlacement", "RollMuxV1Hooks", "PPOTrainerSync"]
     assert all(ps == ["self"] for ps in out["hooks"].values()) and tuple(out["fit"]) == adapter.V1_FIT_PARAMS

@@ -29,12 +29,13 @@ until the next rollout. The asynchronous trainers (``colocate_async``, ``separat
 overlap rollout with training, which is not the synchronous on-policy loop RollMux multiplexes:
 :func:`rollmux_trainer_cls` refuses them.
 
-**Placement**: the trainer's ``global_pool`` (actor, reference, critic and, with verl's hybrid
-engine, the rollout replicas) is placed on the job's RollMux training nodes: its placement groups
-carry the nodes' ``rollmux_node:<id>`` resources (:class:`PinnedResourcePoolManager`), one per
-node in the job's node order; ``trainer.nnodes`` must equal the number of those nodes. verl's
-hybrid engine colocates rollout with training, so in that layout the job's RollMux rollout nodes
-hold no verl process (declare ``num_rollout_gpus`` accordingly).
+**Placement** (mechanism, so in ``actors.verl_placement``: it creates Ray placement groups): the
+trainer's ``global_pool`` (actor, reference, critic and, with verl's hybrid engine, the rollout
+replicas) is placed on the job's RollMux training nodes: its placement groups carry the nodes'
+``rollmux_node:<id>`` resources (bundles from :func:`node_bundles`), one per node in the job's
+node order; ``trainer.nnodes`` must equal the number of those nodes. verl's hybrid engine
+colocates rollout with training, so in that layout the job's RollMux rollout nodes hold no verl
+process (declare ``num_rollout_gpus`` accordingly).
 
 **The older ``RayPPOTrainer.fit()``** (``trainer.use_v1=False``) wraps every phase in
 ``marked_timer(name, ...)``; :func:`phases_by_timer` replaces the ``marked_timer`` that
@@ -43,8 +44,9 @@ the permit of the phase each name belongs to (:data:`PHASE_OF_TIMER`).
 
 Use (v1, in verl's task runner process)::
 
-    from rollmux.integrations.verl import register
-    register()                      # adds trainer_mode "rollmux_sync" (PPOTrainerSync under RollMux)
+    from actors.verl_placement import register
+    register()                      # adds trainer_mode "rollmux_sync" (PPOTrainerSync under RollMux,
+                                    # its pools on the job's nodes; rollmux.integrations.verl.register: hooks only)
     # run verl with trainer.v1.trainer_mode=rollmux_sync (and ROLLMUX_ATTACH=1 to attach)
 
 The job spec is derived from verl's config (:func:`spec_from_verl_config`); ``rollmux_spec`` /
@@ -172,13 +174,6 @@ class RollMuxV1Hooks:
         self.rollmux_job.driver_phases("rollout", "train", "sync")
         self.rollmux = PhaseSequencer(self.rollmux_job)
 
-    # ---- placement: the trainer's pools on the job's RollMux nodes
-    def _init_resource_pool_mgr(self):
-        super()._init_resource_pool_mgr()
-        nodes = list((self.rollmux_job.info.get("placement") or {}).get("train_nodes") or [])
-        if nodes:  # scheduled mode: pin the global pool's placement groups to the job's training nodes
-            self.resource_pool_manager = pinned_pool_manager(self.resource_pool_manager, {"global_pool": nodes})
-
     # ---- phases
     def on_validate_begin(self):
         self.rollmux.enter("rollout")
@@ -213,8 +208,9 @@ class RollMuxV1Hooks:
         return out
 
 
-def rollmux_trainer_cls(base: type) -> type:
-    """A subclass of the verl v1 trainer class ``base`` with :class:`RollMuxV1Hooks`.
+def rollmux_trainer_cls(base: type, extra_bases: tuple = ()) -> type:
+    """A subclass of the verl v1 trainer class ``base`` with :class:`RollMuxV1Hooks` (and
+    ``extra_bases`` before it, e.g. ``actors.verl_placement.PinnedPlacement``).
 
     Raises ValueError for verl's asynchronous trainers (rollout overlapping training is not the
     synchronous on-policy loop RollMux multiplexes) and TypeError for a class without the v1 hooks."""
@@ -224,16 +220,17 @@ def rollmux_trainer_cls(base: type) -> type:
     if "async" in base.__name__.lower() or "async" in base.__module__.lower():
         raise ValueError(f"{base.__name__}: RollMux multiplexes synchronous on-policy jobs; verl's asynchronous "
                          "trainers overlap rollout with training (use trainer.v1.trainer_mode=sync)")
-    return type(f"RollMux{base.__name__}", (RollMuxV1Hooks, base), {"__module__": __name__})
+    return type(f"RollMux{base.__name__}", (*extra_bases, RollMuxV1Hooks, base), {"__module__": base.__module__})
 
 
-def register(name: str = "rollmux_sync") -> type:
+def register(name: str = "rollmux_sync", extra_bases: tuple = ()) -> type:
     """Register ``PPOTrainerSync`` under RollMux as verl trainer mode ``name`` (call it in the
-    process that builds the trainer: verl's task runner). Returns the class. Needs verl."""
+    process that builds the trainer: verl's task runner). Returns the class. Needs verl. The
+    placement-pinning variant is ``actors.verl_placement.register``."""
     from verl.trainer.ppo.v1.trainer_base import register_trainer
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-    cls = rollmux_trainer_cls(PPOTrainerSync)
+    cls = rollmux_trainer_cls(PPOTrainerSync, extra_bases)
     return register_trainer(name)(cls)
 
 
@@ -255,49 +252,6 @@ def node_bundles(process_on_nodes: list[int], nodes: list[str], *, cpus: int, de
             b[device] = 1
         out.append([dict(b) for _ in range(int(count))])
     return out
-
-
-def pinned_pool_manager(manager: Any, nodes_of_pool: dict[str, list[str]]) -> Any:
-    """A verl ``ResourcePoolManager`` whose pools named in ``nodes_of_pool`` create placement
-    groups on those RollMux nodes (in that order). Needs verl."""
-    from verl.single_controller.ray.base import RayResourcePool
-
-    class PinnedResourcePool(RayResourcePool):
-        """A ``RayResourcePool`` whose placement groups carry RollMux node resources."""
-
-        def __init__(self, *args, rollmux_nodes: list[str], **kwargs):
-            super().__init__(*args, **kwargs)
-            self.rollmux_nodes = list(rollmux_nodes)
-
-        def get_placement_groups(self, strategy="STRICT_PACK", name=None, device_name="cuda"):
-            if self.pgs is not None:
-                return self.pgs
-            import ray
-            from ray.util.placement_group import placement_group
-
-            schemes = node_bundles(list(self._store), self.rollmux_nodes, cpus=self.max_colocate_count,
-                                   device="GPU" if self.use_gpu else None)
-            prefix = name or f"{self.name_prefix}rollmux_"
-            pgs = [placement_group(bundles=b, strategy=strategy, name=f"{prefix}{i}",
-                                   lifetime="detached" if self.detached else None) for i, b in enumerate(schemes)]
-            ray.get([pg.ready() for pg in pgs])
-            self.pgs = pgs  # in the job's node order (rank i on node i)
-            return pgs
-
-    class PinnedResourcePoolManager(type(manager)):
-        def create_resource_pool(self):
-            super().create_resource_pool()
-            for pool, nodes in nodes_of_pool.items():
-                old = self.resource_pool_dict.get(pool)
-                if old is None:
-                    continue
-                self.resource_pool_dict[pool] = PinnedResourcePool(
-                    process_on_nodes=list(old._store), use_gpu=old.use_gpu, name_prefix=old.name_prefix,
-                    max_colocate_count=old.max_colocate_count, rollmux_nodes=nodes)
-
-    new = PinnedResourcePoolManager.__new__(PinnedResourcePoolManager)
-    new.__dict__.update(manager.__dict__)
-    return new
 
 
 # ---- the older RayPPOTrainer.fit() -------------------------------------------------------------
