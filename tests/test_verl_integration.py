@@ -10,8 +10,8 @@ cannot train without GPUs, so:
   attributes, the config keys of the spec) is checked in the pinned wheel's own sources with
   ``ast`` (the wheel, 1.7 MB, is downloaded once into ``.cache/wheels``; without a package index
   that check is skipped and says it did not run);
-- where a separate verl environment exists (``ROLLMUX_VERL_PYTHON``, ``.venv-verl`` or
-  ``/work/venvs/verl``), the adapter is imported there and subclasses verl's real ``PPOTrainerSync``.
+- where a separate verl environment exists (``.venv-verl``, made by ``scripts/verl_env.sh``; or
+  env ``ROLLMUX_VERL_PYTHON``), the adapter is imported there and subclasses verl's real ``PPOTrainerSync``.
 """
 
 from __future__ import annotations
@@ -351,8 +351,7 @@ def test_config_keys_of_the_spec_exist_in_verls_ppo_config(verl_sources):
 # ---- the adapter against verl's real classes (a separate verl environment) ---------------------
 
 def _verl_python():
-    for c in (os.environ.get("ROLLMUX_VERL_PYTHON"), ROOT / ".venv-verl" / "bin" / "python",
-              Path("/work/venvs/verl/bin/python")):
+    for c in (os.environ.get("ROLLMUX_VERL_PYTHON"), ROOT / ".venv-verl" / "bin" / "python"):
         if c and Path(c).is_file():
             return Path(c)
     return None
@@ -382,8 +381,8 @@ print(json.dumps(out))
 def test_the_adapter_subclasses_verls_real_trainer_in_a_verl_environment():
     py = _verl_python()
     if py is None:
-        pytest.skip("no verl 0.9.1 environment (ROLLMUX_VERL_PYTHON / .venv-verl): the import against verl's "
-                    "real classes did NOT run (its sources are checked above)")
+        pytest.skip("no verl 0.9.1 environment (bash scripts/verl_env.sh creates .venv-verl; or set "
+                    "ROLLMUX_VERL_PYTHON): the import against verl's real classes did NOT run (its sources are checked)")
     p = subprocess.run([str(py), "-c", PROBE], env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT,
                        capture_output=True, text=True, timeout=280)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -103,8 +103,7 @@ def test_worker_extension_rebuilds_the_tensors_it_hands_to_the_model():
 
 
 def vllm_python() -> Path | None:
-    for c in (os.environ.get("ROLLMUX_VLLM_PYTHON"), ROOT / ".venv-vllm" / "bin" / "python",
-              Path("/work/venvs/vllm/bin/python")):
+    for c in (os.environ.get("ROLLMUX_VLLM_PYTHON"), ROOT / ".venv-vllm" / "bin" / "python"):
         if c and Path(c).is_file():
             return Path(c)
     return None
