@@ -344,15 +344,8 @@ class _PoolWorker:
 
         return WorkerPlace(ray_node_id=ray.get_runtime_context().get_node_id(), node=self.node, pool=self.pool,
                            ip=ray.util.get_node_ip_address(), pid=os.getpid(), torch_threads=torch.get_num_threads(),
-                           cpus=None if self.cpus is None else tuple(self.cpus))
-
-    def devices(self) -> dict:
-        """GPUs Ray assigned to this worker (``gpu_ids``) and its ``CUDA_VISIBLE_DEVICES``: the
-        devices a driver-side framework job granted this node runs on (``Job.permit``)."""
-        import ray
-
-        return {"node": self.node, "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+                           cpus=None if self.cpus is None else tuple(self.cpus),
+                           gpu_ids=tuple(str(g) for g in ray.get_gpu_ids()))
 
     # ---- warm / cold start
     def _materialise(self, h: _Hosted, seq: Optional[int] = None) -> tuple[dict, str, float]:

@@ -379,7 +379,7 @@ class Job:
         for name in names or _PHASES:
             if name not in _PHASES:
                 raise ValueError(f"phase must be one of {_PHASES}, got {name!r}")
-            self._phases.setdefault(name, _driver_side)
+            self.program.phases.setdefault(name, _driver_side)
         return self
 
     def permit(self, phase: PhaseName, *, offload=(), empty: bool = False):

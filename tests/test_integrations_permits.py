@@ -52,7 +52,7 @@ def test_plain_permits_are_granted_at_once_and_call_the_hooks_around_the_block()
     assert all(r["driver_side"] and r["ok"] and r["switch"] == "warm" and r["end"] >= r["start"] for r in tl)
     assert [r["iteration"] for r in tl] == [0, 0, 0, 1, 1, 1]
     job.finish()
-    assert job.state_name == "finished"
+    assert job.lifecycle == "finished"
 
 
 def test_a_failing_block_offloads_releases_and_fails_the_job():
@@ -62,7 +62,7 @@ def test_a_failing_block_offloads_releases_and_fails_the_job():
         with job.permit("rollout", offload=[Engine(log, "e")]):
             raise RuntimeError("boom")
     assert log == [("reload", "e"), ("offload", "e")]
-    assert job.state_name == "failed" and "boom" in job.error
+    assert job.lifecycle == "failed" and "boom" in job.error
     assert job.timeline[-1]["ok"] is False and "boom" in job.timeline[-1]["error"]
     with pytest.raises(PhaseFailed, match="failed"):
         job.permit("train").__enter__()
@@ -80,7 +80,7 @@ def test_a_permit_that_cannot_be_granted_fails_the_job():
     job._runtime._permit_backend = Refusing()
     with pytest.raises(PhaseFailed, match="next phase is train"):
         job.permit("rollout").__enter__()
-    assert job.state_name == "failed" and "next phase is train" in job.error
+    assert job.lifecycle == "failed" and "next phase is train" in job.error
 
 
 def test_undeclared_phase_nested_permit_and_hookless_target_are_refused():
@@ -133,7 +133,7 @@ def test_sequencer_fills_skipped_phases_with_empty_permits():
     phases = [(r["phase"], r["empty"]) for r in job.timeline]
     assert phases == [("rollout", False), ("train", False), ("sync", True), ("rollout", False), ("train", False),
                       ("sync", False), ("rollout", True), ("train", False)]
-    assert job.iteration == 2 and job.state_name == "finished" and seq.empty_permits == 2
+    assert job.iteration == 2 and job.lifecycle == "finished" and seq.empty_permits == 2
 
 
 def test_build_spec_names_every_field_it_cannot_derive():

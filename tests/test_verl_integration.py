@@ -124,7 +124,7 @@ def test_v1_hooks_put_verl_phases_under_the_right_permits():
     # validation before training shares the first step's rollout permit; the validation after
     # step 2 takes step 3's; the one after the last step opens a rollout the departure ends
     assert phases == ["rollout", "train", "sync"] * 4 + ["rollout"]
-    assert job.iteration == 4 and job.state_name == "finished"
+    assert job.iteration == 4 and job.lifecycle == "finished"
     assert not any(r["empty"] for r in job.timeline)
 
 
@@ -137,7 +137,7 @@ def test_a_failing_verl_step_fails_the_job():
     tr = adapter.rollmux_trainer_cls(Failing)({"steps": 2, "test_freq": 5}, rollmux_job=job)
     with pytest.raises(RuntimeError, match="update_weights failed"):
         tr.fit(None)
-    assert job.state_name == "failed" and job.timeline[-1]["phase"] == "sync" and not job.timeline[-1]["ok"]
+    assert job.lifecycle == "failed" and job.timeline[-1]["phase"] == "sync" and not job.timeline[-1]["ok"]
 
 
 def test_async_and_non_v1_trainers_are_refused():
@@ -177,7 +177,7 @@ def test_ray_ppo_trainer_timer_names_enter_their_permits():
     with adapter.phases_by_timer(Trainer(), job, module=Module) as seq:
         seq_ref.append(seq)
         Trainer().fit()
-    assert Module.marked_timer is original and job.state_name == "finished"
+    assert Module.marked_timer is original and job.lifecycle == "finished"
     got = dict(log)
     assert {n: got[n] for n in adapter.PHASE_OF_TIMER} == adapter.PHASE_OF_TIMER
     assert [r["phase"] for r in job.timeline] == ["rollout", "train", "sync", "rollout", "train", "sync", "rollout"]

@@ -26,8 +26,10 @@ import time
 from typing import Any, Iterable, Optional
 
 from rollmux.integrations.protocol import Permit, offload_hooks
+from rollmux.messages import Grant
 from rollmux.models import pool_of_phase
 from rollmux.phase_state import PHASES, PhaseFailed
+from rollmux.records import JobState
 
 log = logging.getLogger("rollmux.integrations")
 
@@ -40,15 +42,14 @@ class PlainPermits:
         self.runtime = runtime
         self.open_phase: Optional[str] = None
 
-    def acquire(self, phase: str) -> dict:
-        now = time.time()
-        return {"job_id": self.runtime.job.job_id, "phase": phase, "pool": pool_of_phase(phase), "nodes": ["local"],
-                "iteration": self.runtime.job.iteration, "granted_at": now, "waited_s": 0.0, "group_id": None}
+    def acquire(self, phase: str) -> Grant:
+        return Grant(job_id=self.runtime.job.job_id, group_id="", phase=phase, pool=pool_of_phase(phase),
+                     nodes=("local",), iteration=self.runtime.job.iteration, granted_at=time.time(), waited_s=0.0)
 
-    def release(self, phase: str, grant: dict, record: dict) -> dict:
-        t0 = getattr(self.runtime, "_t0", grant["granted_at"])
-        rec = {"job_id": grant["job_id"], "phase": phase, "pool": grant["pool"], "node": "local",
-               "iteration": grant["iteration"], **record,
+    def release(self, phase: str, grant: Grant, record: dict) -> dict:
+        t0 = getattr(self.runtime, "_t0", grant.granted_at)
+        rec = {"job_id": grant.job_id, "phase": phase, "pool": grant.pool, "node": "local",
+               "iteration": grant.iteration, **record,
                "start_s": record["start"] - t0, "end_s": record["end"] - t0}
         self.runtime.timeline.append(rec)
         return rec
@@ -56,7 +57,7 @@ class PlainPermits:
     def devices(self, nodes: list[str]) -> list[int]:
         return []
 
-    def progress(self, grant: dict, done: int, total: int) -> Optional[dict]:
+    def progress(self, grant: Grant, done: int, total: int) -> Optional[dict]:
         return None
 
 
@@ -95,15 +96,15 @@ class PermitScope:
 
     def __enter__(self) -> Permit:
         job = self.job
-        if job.state_name in ("finished", "failed"):
-            raise PhaseFailed(f"job {job.job_id!r} is {job.state_name}; no more phases")
-        if self.phase not in job._phases:
+        if job.lifecycle.is_ended():
+            raise PhaseFailed(f"job {job.job_id!r} is {job.lifecycle.value}; no more phases")
+        if self.phase not in job.program.phases:
             raise PhaseFailed(f"job {job.job_id!r}: phase {self.phase!r} is not declared "
                               "(job.driver_phases(...) before the first permit)")
         be = _backend(job)
         if be.open_phase is not None:
             raise PhaseFailed(f"job {job.job_id!r}: a {be.open_phase} permit is still open; a job holds one permit at a time")
-        job.state_name = "running"
+        job.lifecycle = job.lifecycle.advance(JobState.RUNNING)
         t0 = time.time()
         try:
             grant = be.acquire(self.phase)
@@ -111,22 +112,22 @@ class PermitScope:
             job.fail(e)
             raise
         be.open_phase = self.phase
-        job._emit({"event": "granted", "job_id": job.job_id, "phase": self.phase, "iteration": grant["iteration"],
-                   "nodes": grant["nodes"], "waited_s": grant["waited_s"], "driver_side": True})
+        job._emit({"event": "granted", "job_id": job.job_id, "phase": self.phase, "iteration": grant.iteration,
+                   "nodes": list(grant.nodes), "waited_s": grant.waited_s, "driver_side": True})
         t1 = time.time()
         try:
             for _off, rel in self.hooks:
                 if rel is not None:
                     rel()
-            devices = tuple(be.devices(list(grant["nodes"])))
+            devices = tuple(be.devices(list(grant.nodes)))
         except BaseException as e:  # a reload hook failed: the permit goes back, the job fails
             self._end(be, grant, t0, t1, time.time(), e)
             raise
         self._t = {"acquire": t0, "granted": t1, "started": time.time()}
         self.permit = Permit(job_id=job.job_id, phase=self.phase, pool=pool_of_phase(self.phase),
-                             nodes=tuple(grant["nodes"]), devices=devices, iteration=int(grant["iteration"]),
-                             granted_at=float(grant.get("granted_at") or t1), waited_s=float(grant.get("waited_s") or 0.0),
-                             group_id=grant.get("group_id"), grant=grant, _backend=be, _emit=job._emit)
+                             nodes=tuple(grant.nodes), devices=devices, iteration=int(grant.iteration),
+                             granted_at=float(grant.granted_at or t1), waited_s=float(grant.waited_s or 0.0),
+                             group_id=grant.group_id or None, grant=grant, _backend=be, _emit=job._emit)
         self._grant = grant
         return self.permit
 
@@ -135,7 +136,7 @@ class PermitScope:
         self._end(be, self._grant, self._t["acquire"], self._t["granted"], self._t["started"], exc)
         return False
 
-    def _end(self, be, grant: dict, t0: float, t1: float, t2: float, exc: Optional[BaseException]) -> None:
+    def _end(self, be, grant: Grant, t0: float, t1: float, t2: float, exc: Optional[BaseException]) -> None:
         job = self.job
         t3 = time.time()
         err: Optional[BaseException] = exc
@@ -151,16 +152,14 @@ class PermitScope:
         ok = err is None
         record = {"start": t1, "end": t4, "switch": "warm" if self.hooks else "resident", "switch_s": t2 - t1,
                   "run_s": t3 - t2, "offload_s": t4 - t3, "ok": ok, "driver_side": True, "empty": self.empty,
-                  "error": None if ok else f"{type(err).__name__}: {err}", "nodes": list(grant["nodes"])}
-        if self.permit is not None and self.permit.progress_calls:
-            record["progress_calls"] = self.permit.progress_calls
+                  "error": None if ok else f"{type(err).__name__}: {err}", "nodes": list(grant.nodes)}
         be.open_phase = None
         try:
             self.record = be.release(self.phase, grant, record)
         finally:
             if ok:
                 job._emit({"event": "done", "job_id": job.job_id, "phase": self.phase, "iteration": job.iteration})
-                if self.phase == job._last_phase():
+                if self.phase == job.program.last_phase:
                     job.iteration += 1
             else:
                 job.fail(err)
@@ -186,7 +185,7 @@ class PhaseSequencer:
     def __init__(self, job, offload: Optional[dict[str, list]] = None):
         self.job = job
         self.offload = {k: list(v) for k, v in (offload or {}).items()}
-        self.phases = tuple(p for p in CYCLE if p in job._phases)
+        self.phases = tuple(p for p in CYCLE if p in job.program.phases)
         if not {"rollout", "train"} <= set(self.phases):
             raise PhaseFailed(f"job {job.job_id!r}: declare at least rollout and train (job.driver_phases)")
         self.scope: Optional[PermitScope] = None

@@ -113,18 +113,18 @@ def offload_hooks(target: Any) -> tuple[Optional[Callable[[], Any]], Optional[Ca
 class PermitBackend(Protocol):
     """How a runtime grants driver-side permits (one backend per :class:`rollmux.Job`)."""
 
-    def acquire(self, phase: str) -> dict:
-        """Block until the job may run ``phase``; returns the grant (``job_id, phase, pool, nodes,
-        iteration, granted_at, waited_s, group_id``). Raises PhaseFailed when it cannot be granted."""
+    def acquire(self, phase: str) -> Any:
+        """Block until the job may run ``phase``; returns the :class:`rollmux.messages.Grant`.
+        Raises PhaseFailed when it cannot be granted."""
 
-    def release(self, phase: str, grant: dict, record: dict) -> dict:
+    def release(self, phase: str, grant: Any, record: dict) -> dict:
         """The phase ended (``record``: start, end, switch_s, run_s, offload_s, ok, error, ...);
         returns the stored timeline record."""
 
     def devices(self, nodes: list[str]) -> list[int]:
         """GPU ids of ``nodes`` (empty on CPU hosts and in plain mode)."""
 
-    def progress(self, grant: dict, done: int, total: int) -> Optional[dict]:
+    def progress(self, grant: Any, done: int, total: int) -> Optional[dict]:
         """Rollout progress; the controller's long-tail migration decision, if any."""
 
 
@@ -152,7 +152,7 @@ class Permit:
     granted_at: float = 0.0
     waited_s: float = 0.0
     group_id: Optional[str] = None
-    grant: dict = field(default_factory=dict, repr=False)
+    grant: Any = field(default=None, repr=False)  # the runtime's rollmux.messages.Grant
     migration: Optional[dict] = None
     _backend: Any = field(default=None, repr=False)
     _emit: Any = field(default=None, repr=False)
