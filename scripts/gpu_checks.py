@@ -285,7 +285,8 @@ def check_trl_adapter_cuda() -> dict:
     out = {}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
                CUBLAS_WORKSPACE_CONFIG=":4096:8", TOKENIZERS_PARALLELISM="false")
-    env.pop("ROLLMUX_ATTACH", None)
+    for k in ("ROLLMUX_ATTACH", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)  # one process each: no torch.distributed world, no scheduler
     with tempfile.TemporaryDirectory(prefix="rollmux-gpu-check-trl-") as d:
         runs = {}
         for kind, pre in (("plain", []), ("rollmux", ["-m", "rollmux.integrations.trl"])):

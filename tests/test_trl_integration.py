@@ -33,12 +33,15 @@ pytestmark = [pytest.mark.skipif(not HAVE_TRL, reason="TRL not installed: pip in
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "trl_grpo" / "train.py"
 STEPS = 4
+DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def _run(args: list[str], out: Path, env: dict | None = None, timeline: Path | None = None,
          wrapper: bool = False, background: bool = False):
-    e = dict(os.environ, PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false", **(env or {}))
-    e.pop("ROLLMUX_ATTACH", None) if "ROLLMUX_ATTACH" not in (env or {}) else None
+    # a single-process run: the test process may carry another test's torch.distributed variables
+    # (DeepSpeed sets RANK / WORLD_SIZE in-process), which would make the Trainer start a world
+    e = {k: v for k, v in os.environ.items() if k not in DIST_VARS and k != "ROLLMUX_ATTACH"}
+    e.update(PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false", **(env or {}))
     if timeline is not None:
         e["ROLLMUX_TIMELINE_OUT"] = str(timeline)
     cmd = [sys.executable] + (["-m", "rollmux.integrations.trl"] if wrapper else []) + \
@@ -73,7 +76,9 @@ def test_the_wrapper_alone_is_plain_trl_bit_for_bit_with_permits_in_phase_order(
     assert all(r["ok"] and r["driver_side"] and not r["empty"] for r in tl["timeline"])
 
 
-def test_spec_is_derived_from_the_trainer_and_a_missing_field_is_named(tmp_path):
+def test_spec_is_derived_from_the_trainer_and_a_missing_field_is_named(tmp_path, monkeypatch):
+    for k in DIST_VARS:  # one process: no torch.distributed world from another test's variables
+        monkeypatch.delenv(k, raising=False)
     sys.path.insert(0, str(SCRIPT.parent))
     try:
         import train as script
