@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional, Sequence
 from actors.naming import NAMESPACE, SCHEDULER_NAME, controller_name, get_actor, worker_name
 from rollmux.messages import (
     AbortOutcome, AttachReply, AttachTicket, Grant, JobHosting, MembershipPush, MovedState, PhaseCall, PhaseOutcome,
-    PhaseRecord, ProgressReport, RolloutProgress, RuntimeEvent, SyncSignal, WorkerPlace,
+    PhaseRecord, ProgressReport, RolloutProgress, RuntimeEvent, SyncSignal, TailDecision, WorkerPlace,
 )
 
 log = logging.getLogger("rollmux.handles")
@@ -413,6 +413,11 @@ class ControllerHandle(_Handle):
         (a restarted one records the release and changes nothing)."""
         return self._call(lambda a: a.release.remote(grant, record), timeout_s=RELEASE_TIMEOUT_S, retries=1,
                           what="release")
+
+    def progress(self, report: RolloutProgress, timeout_s: Optional[float] = QUERY_TIMEOUT_S) -> Optional[TailDecision]:
+        """Long-tail progress of a running rollout and the controller's decision (a driver-side
+        job's driver reads it: ``actors.driver_permits``)."""
+        return self._call(lambda a: a.progress.remote(report), timeout_s=timeout_s, what="progress")
 
     def progress_nowait(self, report: RolloutProgress) -> Optional[Pending]:
         """Long-tail progress of a running rollout (its :class:`TailDecision` answer is not read)."""

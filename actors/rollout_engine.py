@@ -575,12 +575,14 @@ class VLLMEngine(_WallClockEngine):
     run with ``max_tokens=1`` and ``logprobs=1`` (score: the sampled token's log-probability);
     replay items with ``prompt_logprobs=0`` (score: mean prompt log-probability).
     ``on_weights_updated`` resets vLLM's prefix cache (KV made by old weights is stale).
+    ``ignore_eos``: generation requests run to their ``max_tokens`` (length-exact tests).
 
     Raises:
         ImportError: vLLM is not installed (``pip install 'rollmux[gpu]'``).
     """
 
-    def __init__(self, model: str, *, slice_steps: int = 8, seed: int = 0, **engine_kwargs: Any):
+    def __init__(self, model: str, *, slice_steps: int = 8, seed: int = 0, ignore_eos: bool = False,
+                 **engine_kwargs: Any):
         try:
             from vllm import EngineArgs, LLMEngine, SamplingParams
         except ImportError as e:  # pragma: no cover - GPU hosts only
@@ -589,6 +591,7 @@ class VLLMEngine(_WallClockEngine):
         args = EngineArgs(model=model, enable_prefix_caching=True, seed=seed, **engine_kwargs)
         self.engine = LLMEngine.from_engine_args(args)
         self.slice_steps = slice_steps
+        self.ignore_eos = bool(ignore_eos)  # generations run to max_tokens (a random model may emit <eos> early)
         self._t0 = time.monotonic()
         self._types: dict[str, RequestType] = {}
 
@@ -604,7 +607,7 @@ class VLLMEngine(_WallClockEngine):
             elif r.type is RequestType.REPLAY:
                 p = SP(max_tokens=1, prompt_logprobs=0)
             else:
-                p = SP(max_tokens=r.max_tokens, temperature=1.0)
+                p = SP(max_tokens=r.max_tokens, temperature=1.0, ignore_eos=self.ignore_eos)
             self._types[r.request_id] = r.type
             self.engine.add_request(r.request_id, {"prompt_token_ids": list(r.prompt_token_ids)}, p)
 

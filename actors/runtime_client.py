@@ -245,7 +245,7 @@ class ScheduledRuntime:
             par = self._parallel_cfgs()
             common = dict(job_id=j.job_id, switch=j.switch, checkpoint_dir=j.checkpoint_dir,
                           admission=self.info.get("admission_id"), sync_backend=j.sync_backend, durable=j.durable,
-                          hooks=tuple(prog.hooks), apply=prog.apply)
+                          rebuild_resident=j.rebuild_resident, hooks=tuple(prog.hooks), apply=prog.apply)
             calls = [self.controller.configure_job_nowait(j.job_id, has_sync=prog.has_sync)]
             for pool, workers in (("rollout", self.rollout_workers), ("train", self.train_workers)):
                 mv = (moved or {}).get(pool) or [None] * len(workers)
@@ -425,6 +425,13 @@ class ScheduledRuntime:
             gather([p for p in sent if p is not None], timeout_s=60)
         except Exception as e:
             log.warning("could not unregister %s from its workers: %s", self.job.job_id, e)
+
+    def permit_backend(self):
+        """Driver-side permits (framework integrations, ``Job.permit``) through this job's
+        GroupController: :class:`actors.driver_permits.DriverPermits`."""
+        from actors.driver_permits import DriverPermits
+
+        return DriverPermits(self)
 
     def group_timeline(self) -> list[dict]:
         """The whole group's timeline (every member's phases) from its GroupController."""

@@ -94,6 +94,7 @@ class _Hosted:
         self.apply: Optional[Callable] = cfg.apply
         self.hooks: list[Callable] = list(cfg.hooks)
         self.switch: str = cfg.switch
+        self.rebuild_resident: bool = cfg.rebuild_resident  # cold starts rebuild resident values (engines)
         self.rollout_workers: list[str] = list(cfg.rollout_workers)
         self.ckpt: Path = Path(cfg.checkpoint_dir or os.path.join(tempfile.gettempdir(), "rollmux-ckpt")) / \
             (f"{job_id}-{cfg.admission[:16]}-{pool}.pt" if cfg.admission else f"{job_id}-{pool}.pt")
@@ -343,7 +344,8 @@ class _PoolWorker:
 
         return WorkerPlace(ray_node_id=ray.get_runtime_context().get_node_id(), node=self.node, pool=self.pool,
                            ip=ray.util.get_node_ip_address(), pid=os.getpid(), torch_threads=torch.get_num_threads(),
-                           cpus=None if self.cpus is None else tuple(self.cpus))
+                           cpus=None if self.cpus is None else tuple(self.cpus),
+                           gpu_ids=tuple(str(g) for g in ray.get_gpu_ids()))
 
     # ---- warm / cold start
     def _materialise(self, h: _Hosted, seq: Optional[int] = None) -> tuple[dict, str, float]:
@@ -363,6 +365,13 @@ class _PoolWorker:
             kind = "recovered"
         elif h.moved is None and h.ref is not None and h.switch == "warm":
             state, kind = dict(ray.get(h.ref)), "warm"
+        elif h.moved is None and h.resident and not h.rebuild_resident and h.ckpt.is_file():
+            # cold start with the job's engines alive in this process: the stored state comes from
+            # disk, the resident values (engines, communicators) are kept, the builder is not run
+            # again (a rollout engine is a process of its own; rebuilding it per cold phase
+            # started a new one each time). ``Job(rebuild_resident=True)`` rebuilds them instead.
+            state, kind = dict(torch.load(h.ckpt, weights_only=False)), "cold"
+            state.update(h.resident)
         else:  # cold start, or the first phase after a move: builder + the saved / carried state
             with parallel_scope(self._parallel(h)):
                 state = h.builder()

@@ -133,6 +133,11 @@ class Releaser(str, enum.Enum):
     would free the nodes while the dead driver's phase still computes there)."""
 
     LEADER_WORKER = "leader_worker"
+    #: a framework job's driver, which runs the phase in its own code under ``Job.permit``
+    #: (``actors.driver_permits``): nothing of the phase runs on RollMux's workers, so the driver
+    #: that acquired releases; a driver that dies holding the permit is evicted after its lease
+    #: (no worker marked the phase started), which frees the nodes.
+    DRIVER = "driver"
 
 
 @dataclass(frozen=True)
@@ -205,6 +210,8 @@ class PhaseRecord:
     sync_cross_bytes: Optional[int] = None  # sync: bytes sent across the pool boundary (all ranks), B
     sync_cross_bytes_by_rank: Optional[tuple[Optional[int], ...]] = None  # sync: per training rank, B
     release_error: Optional[str] = None  # the release to the controller failed ("<Type>: <message>")
+    driver_side: Optional[bool] = None  # the phase ran in the driver under a permit (framework integrations)
+    empty: Optional[bool] = None  # driver-side: the framework skipped the phase; the permit kept the job's turn
 
     def to_dict(self) -> dict:
         """The JSON-able timeline form: the core fields always, the others only when set."""
@@ -363,6 +370,7 @@ class JobHosting:
     admission: Optional[str] = None  # the scheduler's token of this admission (a re-used id gets a new one)
     sync_backend: str = "auto"  # weight transport asked for: auto | nccl | gloo | object_store
     durable: bool = True  # commit every phase's state and result before it counts as done
+    rebuild_resident: bool = False  # cold starts rebuild resident values (engines) with the builder; False: keep them
     rollout_workers: tuple[str, ...] = ()  # training side: the job's rollout worker names (sync targets), rank order
     parallel: ParallelPlace = field(default_factory=ParallelPlace)  # this worker's SPMD place
 
@@ -453,3 +461,4 @@ class WorkerPlace:
     pid: int  # the worker process
     torch_threads: int  # torch compute threads (1)
     cpus: Optional[tuple[int, ...]] = None  # the CPUs it is pinned to (None: unpinned)
+    gpu_ids: tuple[str, ...] = ()  # the GPUs Ray assigned it (where a driver-side job granted this node computes)

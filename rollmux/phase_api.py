@@ -196,6 +196,12 @@ class _PlainRuntime:
     def finish(self, ok: bool, error: Optional[str]) -> None:
         self.states.clear()
 
+    def permit_backend(self):
+        """Driver-side permits in plain mode: granted at once (:mod:`rollmux.integrations.permits`)."""
+        from rollmux.integrations.permits import PlainPermits
+
+        return PlainPermits(self)
+
 
 class Job:
     """One RL job using the phase API (RollMux §5). See the module docstring for the contract.
@@ -220,6 +226,10 @@ class Job:
             in ``checkpoint_dir`` before the phase counts as done, so the job survives the loss
             of one of its workers (the interrupted phase is redone from the commit before it).
             False skips the writes; a lost worker then fails the job.
+        rebuild_resident: scheduled mode, ``switch="cold"``: rebuild the resident values (rollout
+            engines, communicators) with the builder at every cold start. False (default) keeps
+            them alive across cold switches (only the stored state is read back from disk); they
+            are closed (``close()``) when the job leaves the worker.
     Raises:
         pydantic.ValidationError: invalid spec. AdmissionRefused: the scheduler refused the job.
         ValueError: unknown ``switch``.
@@ -227,7 +237,8 @@ class Job:
 
     def __init__(self, spec: JobSpec | dict, *, attach: Optional[bool] = None, switch: SwitchKind = "warm",
                  checkpoint_dir: Optional[str] = None, scheduler_name: Optional[str] = None,
-                 job_id: Optional[str] = None, sync_backend: Optional[str] = None, durable: bool = True):
+                 job_id: Optional[str] = None, sync_backend: Optional[str] = None, durable: bool = True,
+                 rebuild_resident: bool = False):
         global _CURRENT
         self.spec = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec)
         if switch not in ("warm", "cold"):
@@ -239,6 +250,7 @@ class Job:
                              f"got {self.sync_backend!r}")
         self.checkpoint_dir = checkpoint_dir or os.environ.get("ROLLMUX_CKPT_DIR")
         self.durable = bool(durable)
+        self.rebuild_resident = bool(rebuild_resident)
         self.scheduler_name = scheduler_name or os.environ.get("ROLLMUX_SCHEDULER_NAME")
         self.attach_job_id = job_id or os.environ.get("ROLLMUX_JOB_ID") or None
         self.program = JobProgram(hooks=list(_PENDING_HOOKS))  # what the runtimes read
@@ -358,6 +370,27 @@ class Job:
         self.program.hooks.append(fn)
         return fn
 
+    # ---- driver-side phases (framework integrations: rollmux.integrations, docs/INTEGRATIONS.md)
+    def driver_phases(self, *names: PhaseName) -> "Job":
+        """Declare phases that run in this (driver) process inside a framework's own code,
+        entered with :meth:`permit` instead of a ``@job.phase`` function (default: rollout,
+        train, sync). A job declaring sync iterates after its sync permit, else after training.
+        Raises ValueError on an unknown phase name."""
+        for name in names or _PHASES:
+            if name not in _PHASES:
+                raise ValueError(f"phase must be one of {_PHASES}, got {name!r}")
+            self.program.phases.setdefault(name, _driver_side)
+        return self
+
+    def permit(self, phase: PhaseName, *, offload=(), empty: bool = False):
+        """``with job.permit(phase, offload=[engine]) as p:`` holds the phase's permit for the
+        block (scheduled: the group's round-robin turn; plain: at once), reloading ``offload``
+        targets after the grant and offloading them before the release; ``p.nodes`` /
+        ``p.devices`` say where to run. See :class:`rollmux.integrations.permits.PermitScope`."""
+        from rollmux.integrations.permits import PermitScope
+
+        return PermitScope(self, phase, offload=offload, empty=empty)
+
     # ---- running
     def _emit(self, event: dict) -> None:
         self.program.emit(event)
@@ -409,6 +442,12 @@ class Job:
         else:
             self.finish()
         return False
+
+
+def _driver_side(*args, **kwargs):
+    """Placeholder of a phase declared with :meth:`Job.driver_phases`: it runs in the driver,
+    inside the framework's code, under :meth:`Job.permit`; calling it through the runtime is an error."""
+    raise PhaseFailed("this phase runs in the driver under job.permit(...), not through @job.phase")
 
 
 _CURRENT: Optional[Job] = None

@@ -59,7 +59,10 @@ def main(argv=None) -> int:
         c = load_job_config(CONFIG_DIR / "jobs" / f"{name}.yaml", iterations=args.iterations)
         run = c.run.model_copy(update={"rollout_backend": "vllm", "train_backend": "deepspeed", "device": "cuda",
                                        "max_new_tokens": min(c.run.max_new_tokens, 32),
-                                       "min_new_tokens": min(c.run.min_new_tokens, 8), "num_prompts": 4})
+                                       "min_new_tokens": min(c.run.min_new_tokens, 8), "num_prompts": 4,
+                                       # a fixed KV cache: no start-up memory profile while the other
+                                       # job's DeepSpeed worker frees buckets on the same GPU
+                                       "vllm_kv_cache_bytes": 64 << 20})
         cfgs.append(c.model_copy(update={"job": c.job.model_copy(update={"job_id": f"{c.job.job_id}-gpu-{uid}"}),
                                          "run": run, "model": tiny}))
     spec = load_cluster(CONFIG_DIR / "cluster_local.yaml")

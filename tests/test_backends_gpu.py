@@ -52,6 +52,19 @@ def test_hf_backend_progress_and_seeded_sampling_on_cpu():
     assert torch.equal(out, gen(b, 5)) and not torch.equal(out, gen(b, 6))
 
 
+def test_zero_config_keeps_zero12_buckets_small():
+    from actors.backends.deepspeed_train import ZERO_BUCKET_ELEMENTS, zero_config
+
+    for stage in (1, 2):
+        z = zero_config(lr=1e-3, max_grad_norm=1.0, stage=stage, micro_batch=4, bf16=False)["zero_optimization"]
+        assert z == {"stage": stage, "reduce_bucket_size": ZERO_BUCKET_ELEMENTS,
+                     "allgather_bucket_size": ZERO_BUCKET_ELEMENTS}
+        assert ZERO_BUCKET_ELEMENTS < 5e8  # DeepSpeed's default: 2 GB fp32 buckets
+    for stage in (0, 3):
+        assert zero_config(lr=1e-3, max_grad_norm=1.0, stage=stage, micro_batch=4, bf16=False)[
+            "zero_optimization"] == {"stage": stage}
+
+
 # ---- GPU ----------------------------------------------------------------------------------
 
 @pytest.mark.gpu
@@ -100,6 +113,28 @@ def test_vllm_sleep_wake_and_weight_update():
     other = build_model(TINY, 1)
     b.load_weights({k: v for k, v in other.state_dict().items()})
     assert not torch.equal(a, gen(b, 3))
+
+
+@pytest.mark.gpu
+def test_vllm_production_attention_exact_lengths_update_and_close():
+    """bf16 with head size 64 (the production attention path; the float32 head-16 TINY model runs
+    on vLLM's FlexAttention fallback), a fixed KV cache size (no memory profiling of a shared GPU),
+    every row generated to its cap (``ignore_eos``), a weight update, and ``close()``."""
+    pytest.importorskip("vllm")
+    import torch
+
+    prod = ModelConfig(hidden_size=256, num_layers=2, num_heads=4, intermediate_size=512, max_position_embeddings=64)
+    model = build_model(prod, 0).to(torch.bfloat16)
+    b = make_rollout_backend("vllm", model, dtype="bfloat16", gpu_memory_utilization=0.1,
+                             kv_cache_memory_bytes=64 << 20, ignore_eos=True)
+    out = b.generate(PROMPTS, max_new_tokens=16, temperature=1.0, seed=1, eos_id=TOK.eos_id, pad_id=TOK.pad_id)
+    assert out.shape == (4, PROMPTS.shape[1] + 16) and bool((out[:, PROMPTS.shape[1]:] != TOK.pad_id).all())
+    b.load_weights(build_model(prod, 1).to(torch.bfloat16).state_dict())
+    assert not torch.equal(out, b.generate(PROMPTS, max_new_tokens=16, temperature=1.0, seed=1, eos_id=TOK.eos_id,
+                                           pad_id=TOK.pad_id))
+    b.close()
+    assert b.closed and b.llm is None
+    b.close()  # idempotent
 
 
 @pytest.mark.gpu

@@ -208,7 +208,7 @@ def test_one_thread_is_reentrant_across_threads():
 
 
 def test_cold_switch_rebuilds_residents_without_losing_their_state(tmp_path):
-    """A cold start uses the engine its builder rebuilds when the old one hands over its state
+    """With ``Job(rebuild_resident=True)``, a cold start uses the engine its builder rebuilds when the old one hands over its state
     (or, on the rollout side, gets the last synced weights again); a training engine that cannot
     hand over keeps running (the builder's duplicate is dropped and closed)."""
     import torch
@@ -235,7 +235,7 @@ def test_cold_switch_rebuilds_residents_without_losing_their_state(tmp_path):
 
     def run_twice(worker, cls):
         worker.register_job("j", {"builder": lambda: {"engine": cls(), "x": torch.ones(1)}, "switch": "cold",
-                                  "checkpoint_dir": str(tmp_path)})
+                                  "checkpoint_dir": str(tmp_path), "rebuild_resident": True})
         h = worker.jobs["j"]
         s1, k1, _ = worker._materialise(h)
         s1["engine"].w += 5
@@ -251,3 +251,50 @@ def test_cold_switch_rebuilds_residents_without_losing_their_state(tmp_path):
     assert b is a and not a.closed and torch.equal(b.w, torch.full((2,), 5.0))
     a, b = run_twice(RolloutWorkerImpl("rollout-0"), Engine)  # rollout: rebuilt (weights re-fed)
     assert b is not a and a.closed
+
+
+def test_cold_switch_keeps_the_engine_alive_and_closes_it_when_the_job_leaves(tmp_path):
+    """Default (``rebuild_resident=False``): the builder runs once; every later cold start reads the
+    stored state back from disk and keeps the resident engine (no new engine process per cold
+    phase); the engine is asleep between phases and closed when the job leaves the worker."""
+    import torch
+
+    from actors.workers import RolloutWorkerImpl
+
+    calls = {"build": 0}
+
+    class Engine:
+        rollmux_resident = True
+
+        def __init__(self):
+            self.log, self.closed = [], False
+
+        def sleep(self):
+            self.log.append("sleep")
+
+        def wake_up(self):
+            self.log.append("wake_up")
+
+        def close(self):
+            self.closed = True
+
+    def builder():
+        calls["build"] += 1
+        return {"engine": Engine(), "step": torch.zeros(1)}
+
+    w = RolloutWorkerImpl("rollout-0")
+    w.register_job("j", {"builder": builder, "switch": "cold", "checkpoint_dir": str(tmp_path)})
+    h = w.jobs["j"]
+    engines, kinds = [], []
+    for i in range(4):
+        st, kind, _ = w._materialise(h)
+        engines.append(st["engine"])
+        kinds.append(kind)
+        assert float(st["step"]) == i  # the stored state comes back from the cold-start file
+        st["step"] = st["step"] + 1
+        w._offload(h, st)
+    assert kinds == ["cold"] * 4 and calls["build"] == 1
+    eng = engines[0]
+    assert all(e is eng for e in engines) and not eng.closed
+    assert eng.log == ["wake_up", "sleep"] * 4
+    assert w.unregister_job("j") and eng.closed

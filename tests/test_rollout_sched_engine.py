@@ -144,7 +144,7 @@ def test_vllm_engine_serves_a_mixed_stream(tmp_path):
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
     LlamaForCausalLM(cfg).save_pretrained(tmp_path)
     eng = VLLMEngine(str(tmp_path), skip_tokenizer_init=True, enforce_eager=True, gpu_memory_utilization=0.2,
-                     max_model_len=1024)
+                     max_model_len=1024, ignore_eos=True)  # a random model may emit <eos> before 64 tokens
     sched = RolloutRequestScheduler(load_rollout_sched_config(section="cpu_engine"), "mixed")
     reqs = [Request(request_id="g", prompt_token_ids=tuple(range(1, 40)), max_tokens=64),
             Request(request_id="r", prompt_token_ids=tuple(range(1, 20)), type="reward", max_tokens=1, arrival_s=0.0),

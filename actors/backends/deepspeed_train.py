@@ -48,18 +48,29 @@ except Exception:  # pragma: no cover - broken installs
 _INIT_LOCK = threading.Lock()
 
 
+#: ZeRO-1/2 reduce and all-gather bucket size, elements (DeepSpeed's default is 5e8: 2 GB fp32
+#: buffers per bucket). Small buckets keep the engine's transient GPU memory low; a vLLM engine
+#: starting on the same GPU profiles free memory and asserts it did not grow while it profiled,
+#: which a ZeRO engine freeing 2 GB buckets meanwhile trips.
+ZERO_BUCKET_ELEMENTS = 50_000_000
+
+
 def zero_config(*, lr: float, max_grad_norm: float, stage: int, micro_batch: int, bf16: bool,
-                torch_adam: bool = True) -> dict:
-    """The DeepSpeed config dict used by :class:`DeepSpeedTrainBackend` (AdamW, no weight decay)."""
+                torch_adam: bool = True, bucket_elements: int = ZERO_BUCKET_ELEMENTS) -> dict:
+    """The DeepSpeed config dict used by :class:`DeepSpeedTrainBackend` (AdamW, no weight decay;
+    ZeRO-1/2: ``reduce_bucket_size`` / ``allgather_bucket_size`` = ``bucket_elements``)."""
     params = {"lr": lr, "weight_decay": 0.0, "eps": 1e-8}
     if torch_adam:
         params["torch_adam"] = True
+    zero: dict = {"stage": stage}
+    if stage in (1, 2):
+        zero.update(reduce_bucket_size=int(bucket_elements), allgather_bucket_size=int(bucket_elements))
     return {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": 1,
         "optimizer": {"type": "AdamW", "params": params},
         "gradient_clipping": max_grad_norm,
-        "zero_optimization": {"stage": stage},
+        "zero_optimization": zero,
         "bf16": {"enabled": bf16},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
@@ -136,6 +147,7 @@ class DeepSpeedTrainBackend(TrainBackend):
         store: the job's rendezvous store (multi-rank worlds meet there; RollMux's workers pass it).
         master_addr / master_port: the rendezvous without a store (a world of one needs neither).
         torch_adam: use ``torch.optim.AdamW`` inside DeepSpeed (no Adam op build).
+        bucket_elements: ZeRO-1/2 reduce / all-gather bucket size, elements (:data:`ZERO_BUCKET_ELEMENTS`).
     Raises:
         BackendUnavailable: DeepSpeed missing, or this process belongs to another DeepSpeed world.
     """
@@ -146,7 +158,7 @@ class DeepSpeedTrainBackend(TrainBackend):
     def __init__(self, model: torch.nn.Module, *, lr: float, max_grad_norm: float = 1.0, stage: int = 2,
                  micro_batch: int = 64, bf16: bool = False, rank: int = 0, world_size: int = 1,
                  master_addr: str = "127.0.0.1", master_port: Optional[int] = None, torch_adam: bool = True,
-                 store=None) -> None:
+                 store=None, bucket_elements: int = ZERO_BUCKET_ELEMENTS) -> None:
         if not HAVE_DEEPSPEED:
             raise BackendUnavailable("train_backend 'deepspeed' needs the deepspeed package (pip install deepspeed ninja)")
         if stage not in (0, 1, 2, 3):
@@ -160,7 +172,7 @@ class DeepSpeedTrainBackend(TrainBackend):
         self.rank, self.world_size = rank, world_size
         self.device = acc.device_name() if acc.device_name() == "cpu" else f"{acc.device_name()}:{acc.current_device()}"
         cfg = zero_config(lr=lr, max_grad_norm=max_grad_norm, stage=stage, micro_batch=micro_batch, bf16=bf16,
-                          torch_adam=torch_adam)
+                          torch_adam=torch_adam, bucket_elements=bucket_elements)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=None, config=cfg)
         self.offloaded = False
 

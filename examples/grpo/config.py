@@ -63,6 +63,9 @@ class RunConfig(_Strict):
         zero_stage: DeepSpeed ZeRO stage (``train_backend: deepspeed`` only; CPU: 1 or 2 tested).
         torch_adam: DeepSpeed uses ``torch.optim.AdamW`` (no Adam op build; ``deepspeed`` only).
         device: ``cpu`` or ``cuda``.
+        vllm_kv_cache_bytes: ``rollout_backend: vllm``: the engine's KV cache size per GPU, bytes
+            (vLLM then skips the start-up memory profile that fails when a DeepSpeed worker on the
+            same GPU frees memory meanwhile; None: sized from ``gpu_memory_utilization``).
         fail_in_train_at: raise inside the training phase of this iteration (failure-isolation demo).
     """
 
@@ -88,6 +91,7 @@ class RunConfig(_Strict):
     zero_stage: int = Field(default=2, ge=0, le=3)
     torch_adam: bool = True
     device: Literal["cpu", "cuda"] = "cpu"
+    vllm_kv_cache_bytes: Optional[int] = Field(default=None, gt=0, le=2**40)
     fail_in_train_at: Optional[int] = Field(default=None, ge=0, le=100_000)
 
     @model_validator(mode="after")

@@ -61,7 +61,9 @@ def build_rollout_state(cfg: GRPOJobConfig) -> dict:
     model = build_model(cfg.model, r.seed, TOK)
     return {
         "engine": make_rollout_backend(r.rollout_backend, model, device=r.device,
-                                       **({"task_family": r.task} if r.rollout_backend == "sched" else {})),
+                                       **({"task_family": r.task} if r.rollout_backend == "sched" else {}),
+                                       **({"kv_cache_memory_bytes": r.vllm_kv_cache_bytes}
+                                          if r.rollout_backend == "vllm" and r.vllm_kv_cache_bytes else {})),
         "sampler": PromptSampler(r.task, seed=r.seed + 1, answer_len=r.answer_len),
         "rng": torch.Generator().manual_seed(r.seed + 2),
         "version": 0,
