@@ -35,7 +35,7 @@ from typing import Any, Optional
 
 from actors.handles import ActorLost, RolloutReplicaHandle, RolloutServiceHandle, start_actor
 from actors.naming import NAMESPACE, control_plane_resources
-from rollmux.rollout_sched import Request, RequestType, RolloutRequestScheduler, RolloutSchedConfig
+from rollmux.rollout_sched import RadixPrefixIndex, Request, RequestType, RolloutRequestScheduler, RolloutSchedConfig
 from rollmux.rollout_sched.api import (
     TERMINAL, Accepted, ByteTokenizer, CancelReply, FieldError, Limits, PolicyView, PollReply, Priority, Refusal,
     RolloutIn, RolloutView, Status, SubmitBatch, SubmitReply, Timings, WindowCall,
@@ -106,6 +106,8 @@ class _Replica:
     windows: int = 0
     engine_s: float = 0.0
     task: Optional[asyncio.Task] = None
+    #: prompts routed here (queued ones included): routing affinity before the engine holds their KV
+    affinity: Optional[RadixPrefixIndex] = None
 
     def backlog_kv(self) -> int:
         es = self.sched.engine_state()
@@ -167,11 +169,16 @@ class RolloutService:
             rname = f"{self.name}-replica-{i}"
             actor = start_actor(EngineReplica, (i, self.cfg.model_dump(mode="json")), name=rname, get_if_exists=True, **opts)
             rep = _Replica(i, RolloutReplicaHandle(actor, name=rname), RolloutRequestScheduler(self.cfg, self.svc.policy,
-                           log_limit=0), rname)
+                           log_limit=0), rname, affinity=self._affinity_index())
             self.replicas.append(rep)
         for rep in self.replicas:
             rep.task = asyncio.get_running_loop().create_task(self._loop(rep))
         asyncio.get_running_loop().create_task(self._reaper())
+
+    def _affinity_index(self) -> RadixPrefixIndex:
+        ic = self.cfg.index
+        return RadixPrefixIndex(ttl_versions=1 << 30, max_bytes=ic.max_bytes, node_overhead_bytes=ic.node_overhead_bytes,
+                                bytes_per_token=ic.bytes_per_token, evict_low_watermark=ic.evict_low_watermark)
 
     async def ready(self) -> dict:
         self._start()
@@ -304,15 +311,17 @@ class RolloutService:
         """Route ``rec`` (prefix-aware; ``backlog``: KV tokens queued and running per replica,
         updated here) and queue it there. Raises LookupError without a live replica."""
         req = rec.req
-        loads = [ReplicaLoad(r.index, r.alive and r.index != exclude,
-                             min(r.sched.index.match(req.prompt_token_ids), len(req.prompt_token_ids) - 1),
+        p = req.prompt_token_ids
+        held = [min(r.sched.index.match(p, touch=False), len(p) - 1) for r in self.replicas]
+        loads = [ReplicaLoad(r.index, r.alive and r.index != exclude, max(held[r.index], r.affinity.match(p)),
                              backlog[r.index], self.cfg.budget.kv_capacity_tokens) for r in self.replicas]
         i = route(req.kv_tokens, loads, sticky=sticky)
         if i is None:
             raise LookupError("no engine replica is alive")
         backlog[i] += req.kv_tokens
         rep = self.replicas[i]
-        rec.replica, rec.matched, rec.status = i, loads[i].match_tokens, Status.QUEUED
+        rep.affinity.insert(p)
+        rec.replica, rec.matched, rec.status = i, held[i], Status.QUEUED
         rep.sched.submit(req)
         self.recs[rec.id] = rec
         if req.critical:
@@ -404,6 +413,7 @@ class RolloutService:
             if sess.replica == rep.index:
                 sess.replica = None
         rep.sched = RolloutRequestScheduler(self.cfg, self.svc.policy, log_limit=0)
+        rep.affinity.clear()
         backlog = [r.backlog_kv() for r in self.replicas]
         for rec in queued:
             self._move(rec, rep.index, backlog, retry=False)
