@@ -95,7 +95,15 @@ def service_stats(svc: Any) -> dict:
         "submit_handling_ms_p50": statistics.median(overhead) if overhead else None,
         "replicas": reps,
         "uptime_s": now,
+        "service_rss_bytes": _rss(),
     }
+
+
+def _rss() -> int:
+    """Resident memory of this (the service's) process, bytes."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
 
 
 def render_prometheus(stats: dict) -> bytes:

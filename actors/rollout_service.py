@@ -121,7 +121,7 @@ class _Session:
 
 
 class RolloutService:
-    """Actor body (async). Args: ``name`` (its Ray name; replicas are ``<name>-replica-<i>``),
+    """Actor body (async). Args: ``name`` (its Ray name; replicas are ``<name>-replica-<i>-<suffix>``),
     ``config_path`` / ``section`` of ``configs/rollout_sched.yaml``, ``overrides`` of the
     section's ``service`` settings (validated)."""
 
@@ -166,8 +166,8 @@ class RolloutService:
         if res := control_plane_resources():
             opts["resources"] = res
         for i in range(self.svc.num_replicas):
-            rname = f"{self.name}-replica-{i}"
-            actor = start_actor(EngineReplica, (i, self.cfg.model_dump(mode="json")), name=rname, get_if_exists=True, **opts)
+            rname = f"{self.name}-replica-{i}-{uuid.uuid4().hex[:6]}"  # fresh: never a killed predecessor's handle
+            actor = start_actor(EngineReplica, (i, self.cfg.model_dump(mode="json")), name=rname, **opts)
             rep = _Replica(i, RolloutReplicaHandle(actor, name=rname), RolloutRequestScheduler(self.cfg, self.svc.policy,
                            log_limit=0), rname, affinity=self._affinity_index())
             self.replicas.append(rep)
