@@ -150,6 +150,11 @@ def test_sessions_and_openai_routes(http, svc):
     assert second["replica"] == first["replica"]
     assert second["matched_prefix_tokens"] >= len(b"user: hi\n") - 1
     assert _settle(http, [second["id"]])[0]["status"] == "finished" and v1["status"] == "finished"
+    # the same results as server-sent events
+    with http.stream("POST", "/v1/rollouts:stream", json={"session_id": sid, "format": "sse"}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        text = r.read().decode()
+    assert text.count("event: result") == 2 and text.rstrip().splitlines()[-2] == "event: end"
     r = http.post("/v1/completions", json={"prompt": "1+1=", "max_tokens": 5, "priority": "critical",
                                            "policy_version": 4, "logprobs": True})
     assert r.status_code == 200, r.text
