@@ -17,6 +17,7 @@ Bounds and faults:
 - a replica whose engine dies: its queued requests are routed to the live replicas; its running
   critical requests are retried once there (a second loss fails them, ``replica_lost``); its
   running non-critical requests fail with ``finish_reason = "replica_lost"``; none is lost silently;
+  a replacement replica is started in its place (at most ``max_replica_restarts`` times);
 - a stream's requests carry a lease renewed by each poll; when it lapses (the client went away)
   the unfinished ones are cancelled, ``disconnect_grace_s`` after the last poll.
 
@@ -143,7 +144,7 @@ class RolloutService:
         self._stopping = False
         self.replicas: list[_Replica] = []
         self.counters = {k: 0 for k in ("submitted", "finished", "cancelled", "failed", "refused", "rerouted",
-                                        "retried", "lease_cancelled", "samples")}
+                                        "retried", "lease_cancelled", "samples", "replica_restarts")}
         self._families: deque[str] = deque(maxlen=DIVERSITY_WINDOW)
         self._step_first: dict[int, float] = {}  # policy version -> first critical submit
         self._step_last: dict[int, float] = {}  # -> last critical result
@@ -160,20 +161,23 @@ class RolloutService:
         if self._started:
             return
         self._started = True
+        self.replicas = [self._spawn(i) for i in range(self.svc.num_replicas)]
+        asyncio.get_running_loop().create_task(self._reaper())
+
+    def _spawn(self, i: int) -> _Replica:
+        """Engine replica ``i`` (a new actor) and its serving loop."""
         from actors.rollout_replica import EngineReplica
 
         opts: dict[str, Any] = {"num_cpus": 0, "namespace": NAMESPACE, "lifetime": "detached", "max_restarts": 0}
         if res := control_plane_resources():
             opts["resources"] = res
-        for i in range(self.svc.num_replicas):
-            rname = f"{self.name}-replica-{i}-{uuid.uuid4().hex[:6]}"  # fresh: never a killed predecessor's handle
-            actor = start_actor(EngineReplica, (i, self.cfg.model_dump(mode="json")), name=rname, **opts)
-            rep = _Replica(i, RolloutReplicaHandle(actor, name=rname), RolloutRequestScheduler(self.cfg, self.svc.policy,
-                           log_limit=0), rname, affinity=self._affinity_index())
-            self.replicas.append(rep)
-        for rep in self.replicas:
-            rep.task = asyncio.get_running_loop().create_task(self._loop(rep))
-        asyncio.get_running_loop().create_task(self._reaper())
+        rname = f"{self.name}-replica-{i}-{uuid.uuid4().hex[:6]}"  # fresh: never a killed predecessor's handle
+        actor = start_actor(EngineReplica, (i, self.cfg.model_dump(mode="json")), name=rname, **opts)
+        rep = _Replica(i, RolloutReplicaHandle(actor, name=rname), RolloutRequestScheduler(self.cfg, self.svc.policy,
+                       log_limit=0), rname, affinity=self._affinity_index())
+        rep.sched.set_policy_version(self.version)
+        rep.task = asyncio.get_running_loop().create_task(self._loop(rep))
+        return rep
 
     def _affinity_index(self) -> RadixPrefixIndex:
         ic = self.cfg.index
@@ -399,7 +403,8 @@ class RolloutService:
         self._changed = asyncio.Event()
 
     def _replica_lost(self, rep: _Replica, why: str) -> None:
-        """Re-route the dead replica's queued requests; retry its running critical ones once."""
+        """Re-route the dead replica's queued requests; retry its running critical ones once; start
+        a replacement replica (at most ``max_replica_restarts`` in the service's life)."""
         rep.alive = False
         log.warning("rollout service: engine replica %d lost (%s)", rep.index, why)
         s = rep.sched
@@ -414,22 +419,27 @@ class RolloutService:
                 sess.replica = None
         rep.sched = RolloutRequestScheduler(self.cfg, self.svc.policy, log_limit=0)
         rep.affinity.clear()
+        if self.counters["replica_restarts"] < self.svc.max_replica_restarts and not self._stopping:
+            self.replicas[rep.index] = self._spawn(rep.index)  # the replacement; the dead one's work goes elsewhere first
+            self.counters["replica_restarts"] += 1
+        others = any(r.alive and r.index != rep.index for r in self.replicas)
+        exclude = rep.index if others else None
         backlog = [r.backlog_kv() for r in self.replicas]
         for rec in queued:
-            self._move(rec, rep.index, backlog, retry=False)
+            self._move(rec, rep.index, exclude, backlog, retry=False)
         for rec in running:
             if rec.req.critical and rec.retries == 0:
-                self._move(rec, rep.index, backlog, retry=True)
+                self._move(rec, rep.index, exclude, backlog, retry=True)
             else:
                 why_not = "retried once already" if rec.req.critical else "not critical (resubmit it)"
                 self._end(rec, Status.FAILED, "replica_lost",
                           f"engine replica {rep.index} died while running it; not retried: {why_not}")
                 self.counters["failed"] += 1
 
-    def _move(self, rec: _Rec, dead: int, backlog: list[int], retry: bool) -> None:
+    def _move(self, rec: _Rec, dead: int, exclude: Optional[int], backlog: list[int], retry: bool) -> None:
         rec.dispatched_s = None
         try:
-            self._enqueue(rec, backlog, exclude=dead)
+            self._enqueue(rec, backlog, exclude=exclude)
         except LookupError:
             self._end(rec, Status.FAILED, "replica_lost", f"engine replica {dead} died and no other replica is alive")
             self.counters["failed"] += 1

@@ -2,7 +2,7 @@
 
 Its queued requests are routed to the live replica; its running critical requests are retried
 once there; its running non-critical requests fail with ``finish_reason = "replica_lost"`` and an
-error naming the replica. A service of its own (two CPU engine replicas), driven through its handle.
+error naming the replica; a replacement replica takes its place. A service of its own (two CPU engine replicas), driven through its handle.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ def test_replica_killed_mid_step(ray_cluster):
         assert h.ready_sync(timeout_s=300)["num_replicas"] == 2
         names = h.replica_names_sync()
 
+        victims: list[int] = []
+
         async def run() -> tuple[list, list]:
             reqs = [RolloutIn(prompt=PREFIX + f"q{i}", max_tokens=128, critical=i % 3 != 2, task_family="f")
                     for i in range(12)]
@@ -36,6 +38,7 @@ def test_replica_killed_mid_step(ray_cluster):
             on = {a.replica for a in acc}
             assert len(on) == 1, "one shared prefix: routed to one replica"
             victim = on.pop()
+            victims.append(victim)
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:  # mid-step: some of them running on the victim
                 views = [await h.get(a.id) for a in acc]
@@ -60,8 +63,15 @@ def test_replica_killed_mid_step(ray_cluster):
                 assert not r.critical and v.finish_reason == "replica_lost" and "replica" in (v.error or "")
         assert any(v.retries == 1 for v in views), "a running critical request was retried"
         s = h.stats_sync()
-        assert [r["alive"] for r in s["replicas"]].count(False) == 1
+        assert s["counters"]["replica_restarts"] == 1 and all(r["alive"] for r in s["replicas"])  # replaced
+        assert h.replica_names_sync()[victims[0]] != names[victims[0]]
         assert s["counters"]["retried"] >= 1 and s["counters"]["rerouted"] + s["counters"]["retried"] >= 2
         assert s["queued"] == 0 and s["running"] == 0
+
+        async def after() -> list:  # the replacement serves
+            acc = (await h.submit(SubmitBatch(requests=[RolloutIn(prompt=f"after {i}", max_tokens=4) for i in range(4)]))).requests
+            return [await h.wait_result(a.id, 120) for a in acc]
+
+        assert all(v.status is Status.FINISHED for v in asyncio.run(after()))
     finally:
         h.shutdown_sync()

@@ -36,6 +36,7 @@ class ServiceConfig(BaseModel):
         max_policy_lag_versions: after ``POST /v1/policy`` with version v, requests issued by a
             version below ``v - max_policy_lag_versions`` are refused (409).
         engine_threads: torch threads of each CPU engine replica.
+        max_replica_restarts: replacement replicas started for dead ones over the service's life.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -55,3 +56,4 @@ class ServiceConfig(BaseModel):
     completion_timeout_s: float = Field(default=120.0, gt=0, le=3600)
     max_policy_lag_versions: int = Field(default=1, ge=0, le=(1 << 31) - 1)
     engine_threads: int = Field(default=1, ge=1, le=64)
+    max_replica_restarts: int = Field(default=4, ge=0, le=1000)
