@@ -38,6 +38,14 @@ def _refused(r: Refusal) -> JSONResponse:
     return JSONResponse(body, status_code=r.status, headers=headers)
 
 
+async def _detach(h: RolloutServiceHandle, ids: list[str]) -> None:
+    """Start the grace period of a broken stream's requests (their leases lapse anyway if this fails)."""
+    try:
+        await h.detach(ids)
+    except Exception:  # the service is gone: nothing to cancel there
+        pass
+
+
 class _Service:
     """The service handle of a replica, created (and the service actor with it) on first use."""
 
@@ -131,12 +139,18 @@ def rollouts_router(ctx: Any) -> APIRouter:
                     if not pending or time.monotonic() >= deadline:
                         break
                     wait = min(settings.stream_wait_s, max(0.0, deadline - time.monotonic()))
-                    reply = await h.poll(pending, body.session_id, wait)
+                    try:
+                        reply = await h.poll(pending, body.session_id, wait)
+                    except (ActorLost, CallTimeout) as e:  # headers are sent: end the stream saying why
+                        yield line({"event": "end", "delivered": len(delivered), "pending": pending,
+                                    "unknown": first.unknown, "error": "rollout_service_unavailable",
+                                    "detail": str(e).splitlines()[0][:300]}, "end")
+                        return
                 yield line({"event": "end", "delivered": len(delivered), "pending": pending, "unknown": first.unknown}, "end")
                 pending = []
             finally:
                 if pending:  # the client went away mid-stream (or the stream broke): start the grace period
-                    asyncio.ensure_future(h.detach(pending))
+                    asyncio.ensure_future(_detach(h, pending))
 
         media = "text/event-stream" if sse else "application/x-ndjson"
         return StreamingResponse(gen(), media_type=media, headers={"Cache-Control": "no-store"})
