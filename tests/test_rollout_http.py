@@ -249,3 +249,21 @@ def test_disconnected_stream_client_has_its_requests_cancelled(http, svc):
         assert svc.stats_sync()["counters"]["lease_cancelled"] >= len(cancelled)
     finally:
         svc.configure_sync({"disconnect_grace_s": 5.0})
+
+
+def test_a_restarted_service_is_found_again(http, svc, serve_api):
+    """The service actor replaced under the app (e.g. a new policy): reads find the new one at once;
+    a write answers 202, or 503 with Retry-After once (never resent: it may have reached the old one)."""
+    from actors.rollout_service import ensure_rollout_service, service_name
+
+    svc.shutdown_sync()
+    h = ensure_rollout_service(service_name(serve_api.scheduler_name), overrides={"policy": "fifo"})
+    assert h.ready_sync(timeout_s=300)["policy"] == "fifo"
+    r = http.post("/v1/rollouts", json={"prompt": "after restart", "max_tokens": 2})
+    assert r.status_code in (202, 503), r.text
+    if r.status_code == 503:
+        assert r.json()["error"] == "rollout_service_unavailable" and int(r.headers["Retry-After"]) >= 1
+    assert http.get("/v1/stats").json()["counters"]["submitted"] <= 1
+    r = http.post("/v1/rollouts", json={"prompt": "after restart", "max_tokens": 2})
+    assert r.status_code == 202, r.text
+    assert _settle(http, [r.json()["requests"][0]["id"]])[0]["status"] == "finished"
