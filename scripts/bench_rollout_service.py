@@ -51,6 +51,8 @@ import bench_rollout_sched as brs  # noqa: E402
 from _bench import percentiles  # noqa: E402
 
 POLICIES = ("fifo", "prefix", "mixed")
+STEP_TIMEOUT_S = 120.0  # bound on one trainer step's wait for its scored groups
+DRAIN_S = 60.0  # bound on waiting for the background to drain after the last step
 SERVICE_OVERRIDES = {"num_replicas": 1, "max_tokens_limit": 256, "queue_capacity": 4096}
 
 
@@ -99,6 +101,7 @@ class HttpTrainer:
         self.reward_latency_ms: list[float] = []
         self.samples = 0
         self.version = 0
+        self.timeouts = 0
 
     async def _call(self, coro):
         async with self.sem:
@@ -171,7 +174,9 @@ class HttpTrainer:
 
         consumer = asyncio.create_task(consume())
         try:
-            await asyncio.wait_for(target.wait(), 300)
+            await asyncio.wait_for(target.wait(), STEP_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            self.timeouts += 1  # recorded; the step ends with what it has
         finally:
             self.waits.append(time.monotonic() - t_submit)
             consumer.cancel()
@@ -190,25 +195,30 @@ async def http_run(base: str, token: str, spec, seed: int, connections: int) -> 
     try:
         await c.stats()  # the service may have been restarted: the first read re-finds it
         tr = HttpTrainer(c, brs.Stream(spec, seed), connections)
-        stop = asyncio.Event()
+        stop = asyncio.Event()  # never set: the background runs to its horizon, as in process
         t0 = time.monotonic()
         bg = asyncio.create_task(tr.background(t0, stop))
         for k in range(spec.steps):
             await tr.step(k)
+        steps_s = time.monotonic() - t0
+        await bg  # every background request released (open loop, up to the stream's horizon)
+        for i in range(0, len(tr.bg_ids), 512):  # as in process: the run ends when the background drained
+            async for _ in c.stream(tr.bg_ids[i:i + 512], timeout_s=max(1.0, DRAIN_S - (time.monotonic() - t0 - steps_s))):
+                pass
         wall = time.monotonic() - t0
-        stop.set()
-        await bg
+        for i in range(0, len(tr.bg_ids), 4096):  # whatever the drain bound left
+            await c.cancel(tr.bg_ids[i:i + 4096])
         views = []
         for i in range(0, len(tr.short_ids), 512):  # the short requests' queueing delay, from the service
             async for v in c.stream(tr.short_ids[i:i + 512], timeout_s=60):
                 views.append(v)
-        await c.cancel(tr.bg_ids[-4096:]) if tr.bg_ids else None
         waits = [v["timings"]["queue_wait_s"] for v in views if v["timings"]["queue_wait_s"] is not None]
         st = await c.stats()
         return {"trainer_idle_ratio": sum(tr.waits) / wall, "short_p99_wait_s": float(np.percentile(waits, 99)) if waits else None,
                 "sample_throughput": st["counters"]["samples"] / wall, "samples_seen_by_trainer": tr.samples, "prefix_hit_ratio": st["prefix_hit_ratio"],
                 "service_trainer_idle_ratio": st["trainer_idle_ratio"], "diversity_score": st["diversity_score"],
-                "index_bytes": st["index_bytes"], "steps": len(tr.waits), "wall_s": wall, "short_requests": len(waits),
+                "index_bytes": st["index_bytes"], "steps": len(tr.waits), "wall_s": wall, "steps_s": steps_s,
+                "short_requests": len(waits), "step_timeouts": tr.timeouts,
                 "reward_latency": percentiles(tr.reward_latency_ms, 2) if tr.reward_latency_ms else None,
                 "peak_concurrent_requests": tr.peak_inflight, "loadavg": _load()}
     finally:
