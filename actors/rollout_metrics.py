@@ -69,7 +69,7 @@ def service_stats(svc: Any) -> dict:
                      "index_bytes": m["index_bytes"], "index_nodes": m["index_nodes"],
                      "coldstart_phase": m.get("coldstart_phase")})
     span = now - svc._first_submit if svc._first_submit is not None else 0.0
-    pt = svc._policy_times
+    pt = list(svc._policy_times)
     steps = [b - a for a, b in zip(pt, pt[1:])]
     status = {"queued": 0, "running": 0}
     for rec in list(svc.recs.values()):

@@ -119,6 +119,11 @@ class _Replica:
 class _Session:
     replica: Optional[int]
     tokens: list[int]
+    turns: list[str] = field(default_factory=list)  # request ids, oldest first (at most MAX_TURNS kept)
+
+
+MAX_TURNS = 1024  # request ids a session remembers for its stream
+MAX_STEPS_KEPT = 1024  # training steps the idle ratio and step time look back on
 
 
 class RolloutService:
@@ -146,9 +151,9 @@ class RolloutService:
         self.counters = {k: 0 for k in ("submitted", "finished", "cancelled", "failed", "refused", "rerouted",
                                         "retried", "lease_cancelled", "samples", "replica_restarts")}
         self._families: deque[str] = deque(maxlen=DIVERSITY_WINDOW)
-        self._step_first: dict[int, float] = {}  # policy version -> first critical submit
+        self._step_first: OrderedDict[int, float] = OrderedDict()  # policy version -> first critical submit
         self._step_last: dict[int, float] = {}  # -> last critical result
-        self._policy_times: list[float] = []
+        self._policy_times: deque[float] = deque(maxlen=MAX_STEPS_KEPT)
         self._submit_ms: deque[float] = deque(maxlen=4096)
         self._first_submit: Optional[float] = None
         self._critical_live = 0
@@ -294,8 +299,13 @@ class RolloutService:
             rep = self._enqueue(rec, backlog, sticky=sess.replica if sess else None)
             if sess is not None:
                 sess.replica = rep.index
+                sess.turns.append(rid)
+                del sess.turns[:-MAX_TURNS]
             if critical:
-                self._step_first.setdefault(r.policy_version, now)
+                if r.policy_version not in self._step_first:
+                    self._step_first[r.policy_version] = now
+                    while len(self._step_first) > MAX_STEPS_KEPT:
+                        self._step_last.pop(self._step_first.popitem(last=False)[0], None)
             q = rep.sched.queue[rid]
             short = q.short
             out.append(Accepted(id=rid, replica=rep.index, queue_position=rep.sched.pending, matched_prefix_tokens=rec.matched,
@@ -395,7 +405,8 @@ class RolloutService:
             rec.error = error
         if self.recs.pop(rec.id, None) is not None and rec.req.critical:
             self._critical_live -= 1
-            self._step_last[rec.req.policy_version] = rec.finished_s
+            if rec.req.policy_version in self._step_first:
+                self._step_last[rec.req.policy_version] = rec.finished_s
         self.done[rec.id] = rec
         while len(self.done) > self.svc.max_results:
             self.done.popitem(last=False)
@@ -477,9 +488,9 @@ class RolloutService:
         deadline = self._now() + wait_s
         while True:
             want = list(dict.fromkeys(ids))
-            if session_id is not None:
-                want += [r.id for r in list(self.recs.values()) + list(self.done.values())
-                         if r.session_id == session_id and r.id not in want]
+            if session_id is not None and (sess := self.sessions.get(session_id)) is not None:
+                seen = set(want)
+                want += [rid for rid in sess.turns if rid not in seen]
             ended, pending, unknown = [], [], []
             lease = self._now() + self.svc.disconnect_grace_s
             for rid in want:
