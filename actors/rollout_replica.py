@@ -5,7 +5,8 @@ each :meth:`EngineReplica.window` call is one scheduling window on the engine: l
 version first (the engine drops its prefix KV, made by the old weights), stop aborted requests
 (their KV freed before the batch starts), start the batch, run one time slice (``slice_tokens``
 decode steps per running generation) and report what finished. Requests that asked for them get
-the log-probability of each sampled token. On GPU hosts a ``VLLMEngine`` takes the same place.
+the log-probability of each sampled token. On GPU hosts (``service.engine: vllm``) a
+:class:`actors.rollout_engine.VLLMEngine` takes the same place (no token log-probs there).
 """
 
 from __future__ import annotations
@@ -52,9 +53,15 @@ class EngineReplica:
 
         cfg = RolloutSchedConfig.model_validate(config)
         self.index = index
-        self.engine = _LogprobEngine(vocab_size=cfg.coldstart.vocab_size, max_positions=cfg.service.context_tokens,
-                                     slice_tokens=cfg.slice_tokens, seed=seed, num_threads=cfg.service.engine_threads)
+        if cfg.service.engine == "vllm":  # GPU hosts (import-guarded; no token log-probs from this adapter)
+            from actors.rollout_engine import VLLMEngine
+
+            self.engine: Any = VLLMEngine(cfg.service.vllm_model, slice_steps=cfg.slice_tokens, seed=seed)
+        else:
+            self.engine = _LogprobEngine(vocab_size=cfg.coldstart.vocab_size, max_positions=cfg.service.context_tokens,
+                                         slice_tokens=cfg.slice_tokens, seed=seed, num_threads=cfg.service.engine_threads)
         self.version = 0
+        self._max_tokens: dict[str, int] = {}
 
     def ping(self) -> int:
         return self.index
@@ -65,19 +72,25 @@ class EngineReplica:
         if call.policy_version != self.version:
             e.on_weights_updated(call.policy_version)
             self.version = call.policy_version
+        lp = isinstance(e, _LogprobEngine)
         if call.aborts:
             e.abort(call.aborts)
             for rid in call.aborts:
-                e.take_logprobs(rid)
+                self._max_tokens.pop(rid, None)
+                if lp:
+                    e.take_logprobs(rid)
         if call.batch:
-            for rid in call.logprobs:
+            for rid in call.logprobs if lp else ():
                 e.want_logprobs(rid)
+            for r in call.batch:
+                self._max_tokens[r.request_id] = r.max_tokens
             e.admit(call.batch, call.hits)
         done = e.step() if e.running else []
         out = []
         for c in done:
             toks = list(c.output_token_ids)
-            reason = "stop" if (toks and toks[-1] == e.eos) or c.score is not None else "length"
+            cap = self._max_tokens.pop(c.request_id, 0)
+            reason = "length" if c.score is None and len(toks) >= cap else "stop"
             out.append(EngineResult(id=c.request_id, output_token_ids=toks, score=c.score,
-                                    logprobs=e.take_logprobs(c.request_id), finish_reason=reason))
+                                    logprobs=e.take_logprobs(c.request_id) if lp else None, finish_reason=reason))
         return WindowReply(results=out, running=e.running, engine_s=time.perf_counter() - t0)

@@ -99,3 +99,11 @@ def test_prometheus_series_are_bounded():
     text = render_prometheus(s).decode()
     assert "rollmux_rollout_trainer_idle_ratio 0.5" in text and 'rollmux_rollout_queued{cls="background"} 2.0' in text
     assert "training_step_time" not in text  # no figure yet: no series
+
+
+def test_the_vllm_engine_needs_a_model():
+    from rollmux.rollout_sched.service_config import ServiceConfig
+
+    with pytest.raises(ValidationError, match="vllm_model"):
+        ServiceConfig(engine="vllm")
+    assert ServiceConfig(engine="vllm", vllm_model="Qwen/Qwen2.5-0.5B").engine == "vllm"

@@ -6,7 +6,9 @@ Pure pydantic, ``extra="forbid"``: a typo or an out-of-range value raises
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 #: most requests one ``POST /v1/rollouts`` may carry.
 MAX_SUBMIT_REQUESTS = 512
@@ -37,6 +39,9 @@ class ServiceConfig(BaseModel):
             version below ``v - max_policy_lag_versions`` are refused (409).
         engine_threads: torch threads of each CPU engine replica.
         max_replica_restarts: replacement replicas started for dead ones over the service's life.
+        engine: ``cpu`` (the tiny transformers model, :class:`actors.rollout_engine.CPUEngine`) or
+            ``vllm`` (GPU hosts: :class:`actors.rollout_engine.VLLMEngine` serving ``vllm_model``).
+        vllm_model: model name or path vLLM serves (``engine: vllm`` only).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -57,3 +62,11 @@ class ServiceConfig(BaseModel):
     max_policy_lag_versions: int = Field(default=1, ge=0, le=(1 << 31) - 1)
     engine_threads: int = Field(default=1, ge=1, le=64)
     max_replica_restarts: int = Field(default=4, ge=0, le=1000)
+    engine: Literal["cpu", "vllm"] = "cpu"
+    vllm_model: Optional[str] = Field(default=None, min_length=1, max_length=1024)
+
+    @model_validator(mode="after")
+    def _vllm_needs_a_model(self) -> "ServiceConfig":
+        if self.engine == "vllm" and not self.vllm_model:
+            raise ValueError("vllm_model: required with engine: vllm (a model name or path)")
+        return self
