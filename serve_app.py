@@ -54,6 +54,8 @@ from rollmux.config import ServeConfig
 from serve_api.boundary import BodyGuard, allowed, field_error  # noqa: F401  (allowed re-exported)
 from serve_api.client import AdmitBatcher, SchedulerApi, SchedulerClient  # noqa: F401  (re-exported)
 from serve_api.jobs import AppContext, jobs_router
+from serve_api.rollout_boundary import RolloutBoundary
+from serve_api.rollouts import rollouts_router
 from serve_api.snapshot import SnapshotCache  # noqa: F401  (re-exported)
 from serve_api.views import (  # noqa: F401  (re-exported: the API's types)
     MAX_REQUEST_BYTES, AdmissionView, ApiError, AppSettings, DepartureView, ErrorBody, GroupView, HealthView,
@@ -65,7 +67,7 @@ log = logging.getLogger("rollmux.serve")
 API_VERSION = "v1"
 
 #: The app's routers: ``builder(ctx: AppContext) -> APIRouter``, included in this order.
-ROUTERS: tuple[Callable[[AppContext], Any], ...] = (jobs_router,)
+ROUTERS: tuple[Callable[[AppContext], Any], ...] = (jobs_router, rollouts_router)
 
 
 
@@ -88,6 +90,12 @@ def _mount_offline_docs(app: FastAPI) -> None:
         )
 
 
+def _rollout_max_bytes() -> int:
+    from rollmux.rollout_sched.config import DEFAULT_CONFIG_PATH, load_rollout_sched_config
+
+    return load_rollout_sched_config(DEFAULT_CONFIG_PATH, "cpu_engine").service.max_request_bytes
+
+
 def create_app(settings: AppSettings, client: Optional[SchedulerApi] = None) -> FastAPI:
     """Build the FastAPI app (one per Serve replica) from :data:`ROUTERS`. ``client`` (a
     :class:`serve_api.client.SchedulerApi`) defaults to the named scheduler's :class:`SchedulerClient`."""
@@ -102,7 +110,8 @@ def create_app(settings: AppSettings, client: Optional[SchedulerApi] = None) -> 
         docs_url=None,  # served below from the bundled Swagger UI assets (no CDN: works offline)
     )
     _mount_offline_docs(app)
-    app.add_middleware(BodyGuard, max_bytes=settings.max_request_bytes)
+    # the admission routes' BodyGuard; the rollout routes' own bounds (serve_api/rollout_boundary.py)
+    app.add_middleware(RolloutBoundary, max_bytes=settings.max_request_bytes, rollout_max_bytes=_rollout_max_bytes())
     bearer = HTTPBearer(auto_error=False, description="RollMux API token (see `rollmux urls`)")
 
     def _check(creds: Optional[HTTPAuthorizationCredentials]) -> None:

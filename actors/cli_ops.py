@@ -303,6 +303,10 @@ def _start_scheduler_and_app(cfg: ServeConfig, cluster, token: str, deadline: fl
                 raise
             _fail(why[why.index("refusing to start"):])
         _DEPLOY(cfg, token)
+        from actors.rollout_service import ensure_rollout_service, service_name
+
+        ensure_rollout_service(service_name(cfg.scheduler_name or "default")).ready_sync(  # /v1/rollouts behind the app
+            timeout_s=max(30.0, deadline - time.monotonic()))
     finally:
         ray.shutdown()
 

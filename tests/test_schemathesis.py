@@ -24,6 +24,10 @@ MAX_EXAMPLES = int(os.environ.get("ROLLMUX_FUZZ_EXAMPLES", "20"))  # per operati
 OPERATIONS = [
     ("/healthz", "GET"), ("/v1/jobs", "POST"), ("/v1/jobs:dry-run", "POST"), ("/v1/jobs", "GET"),
     ("/v1/jobs/{job_id}", "GET"), ("/v1/jobs/{job_id}", "DELETE"), ("/v1/groups", "GET"),
+    # the rollout service on the same app
+    ("/v1/rollouts", "POST"), ("/v1/rollouts/{request_id}", "GET"), ("/v1/rollouts/{request_id}", "DELETE"),
+    ("/v1/rollouts:stream", "POST"), ("/v1/rollouts:cancel", "POST"), ("/v1/policy", "POST"), ("/v1/stats", "GET"),
+    ("/v1/stats/prometheus", "GET"), ("/v1/completions", "POST"), ("/v1/chat/completions", "POST"),
 ]
 
 
@@ -63,6 +67,9 @@ def test_no_5xx(api_schema, serve_api, path, method, mode):
         finally:
             if method == "POST" and path == "/v1/jobs" and resp.status_code == 201:
                 httpx.delete(f"{serve_api.base_url}/v1/jobs/{resp.json()['job_id']}", headers=auth, timeout=60)
+            if method == "POST" and path == "/v1/rollouts" and resp.status_code == 202:  # keep the engines free
+                ids = [a["id"] for a in resp.json()["requests"]]
+                httpx.post(f"{serve_api.base_url}/v1/rollouts:cancel", json={"ids": ids}, headers=auth, timeout=60)
 
     run()
     assert sum(seen.values()) >= 1

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rollmux.rollout_sched.service_config import ServiceConfig
+
 
 #: bounds shared by the fields below: weights of a score, tokens, bytes, windows, seconds.
 MAX_WEIGHT = 1000.0
@@ -140,6 +142,8 @@ class RolloutSchedConfig(_Cfg):
         hit_refresh_windows: a queued request's cached prefix hit is looked up again at least
             every this many windows (and whenever the index lost entries); candidates are always
             refreshed before being taken. 1 = exact every window, O(queue) index lookups.
+        service: the rollout service over engines of this section
+            (:class:`rollmux.rollout_sched.service_config.ServiceConfig`; defaults when absent).
     """
 
     slice_tokens: int = Field(default=32, gt=0, le=MAX_TOKENS)
@@ -150,6 +154,7 @@ class RolloutSchedConfig(_Cfg):
     budget: BudgetConfig
     index: IndexConfig = IndexConfig()
     coldstart: ColdStartConfig
+    service: ServiceConfig = ServiceConfig()
 
     @model_validator(mode="after")
     def _short_fits_slice(self) -> "RolloutSchedConfig":

@@ -1,0 +1,142 @@
+"""Metrics of the rollout service: ``GET /v1/stats`` (JSON) and its Prometheus series.
+
+The six service metrics (docs/ROLLOUT_SERVICE.md "Metrics"):
+
+=====================================  ======================================================================
+``sample_throughput_per_s``            generation + state-query samples finished / s since the first submit
+``trainer_idle_ratio``                 per training step (policy version): time from its first critical
+                                       submit to its last critical result, over the step's wall time (first
+                                       critical submit to the next step's); summed over steps
+``prefix_hit_ratio``                   prefix-index hit tokens / prompt tokens at dispatch, all replicas
+``training_step_time_s``               mean interval between policy updates (``POST /v1/policy``), s
+``diversity_score``                    normalised entropy of the task families of the last 256 dispatched
+                                       generations (1 = even mix, 0 = one family)
+``index_bytes``                        memory figure of the prefix indexes, bytes (all replicas)
+=====================================  ======================================================================
+
+Prometheus: :func:`render_prometheus` writes them as gauges named ``rollmux_rollout_<metric>``
+(no labels) plus per-replica (``replica`` = 0..num_replicas-1) and per-class / per-status
+series: every label set is bounded by the configuration, never by the requests.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+PREFIX = "rollmux_rollout_"
+
+
+def _entropy(labels: list[str]) -> float:
+    counts: dict[str, int] = {}
+    for f in labels:
+        counts[f] = counts.get(f, 0) + 1
+    if len(counts) <= 1:
+        return 0.0
+    n = len(labels)
+    h = -sum(c / n * math.log(c / n) for c in counts.values())
+    return h / math.log(len(counts))
+
+
+def idle_ratio(first: dict[int, float], last: dict[int, float], now_s: float) -> float:
+    """Trainer idle ratio from per-step (version) first critical submit / last critical result times."""
+    vs = sorted(first)
+    idle = wall = 0.0
+    for k, v in enumerate(vs):
+        end = first[vs[k + 1]] if k + 1 < len(vs) else now_s
+        w = max(0.0, end - first[v])
+        wall += w
+        idle += min(w, max(0.0, last.get(v, end) - first[v]))
+    return idle / wall if wall > 0 else 0.0
+
+
+def service_stats(svc: Any) -> dict:
+    """The stats of a :class:`actors.rollout_service.RolloutService` (read on its event loop)."""
+    now = svc._now()
+    reps = []
+    hit = prompt = 0
+    by_class = {"critical": 0, "reusable": 0, "background": 0}
+    for r in svc.replicas:
+        m = r.sched.metrics()
+        hit += m["hit_tokens"]
+        prompt += m["prompt_tokens"]
+        for k in by_class:
+            by_class[k] += m[f"queue_{k}"]
+        reps.append({"replica": r.index, "alive": r.alive, "queued": m["queue_len"], "running": m["running"],
+                     "windows": r.windows, "engine_busy_s": round(r.engine_s, 6), "policy_version": r.version,
+                     "kv_in_use_tokens": m["kv_in_use_tokens"], "prefix_hit_ratio": m["prefix_hit_ratio"],
+                     "index_bytes": m["index_bytes"], "index_nodes": m["index_nodes"],
+                     "coldstart_phase": m.get("coldstart_phase")})
+    span = now - svc._first_submit if svc._first_submit is not None else 0.0
+    pt = list(svc._policy_times)
+    steps = [b - a for a, b in zip(pt, pt[1:])]
+    status = {"queued": 0, "running": 0}
+    for rec in list(svc.recs.values()):
+        status[rec.status.value] = status.get(rec.status.value, 0) + 1
+    overhead = list(svc._submit_ms)
+    return {
+        "sample_throughput_per_s": svc.counters["samples"] / span if span > 0 else 0.0,
+        "trainer_idle_ratio": idle_ratio(svc._step_first, svc._step_last, now),
+        "prefix_hit_ratio": hit / prompt if prompt else 0.0,
+        "training_step_time_s": statistics.fmean(steps) if steps else None,
+        "last_training_step_time_s": steps[-1] if steps else None,
+        "diversity_score": _entropy(list(svc._families)),
+        "index_bytes": sum(r["index_bytes"] for r in reps),
+        "policy_version": svc.version,
+        "min_policy_version": svc.min_version,
+        "queued": status["queued"],
+        "running": status["running"],
+        "queued_by_class": by_class,
+        "queue_capacity": svc.svc.queue_capacity,
+        "results_kept": len(svc.done),
+        "sessions": len(svc.sessions),
+        "counters": dict(svc.counters),
+        "submit_handling_ms_p50": statistics.median(overhead) if overhead else None,
+        "replicas": reps,
+        "uptime_s": now,
+        "service_rss_bytes": _rss(),
+    }
+
+
+def _rss() -> int:
+    """Resident memory of this (the service's) process, bytes."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def render_prometheus(stats: dict) -> bytes:
+    """Prometheus text exposition of ``stats`` (:func:`service_stats`), bounded label sets."""
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    reg = CollectorRegistry()
+
+    def g(name: str, doc: str, value: Any, labels: tuple = (), **lv: Any) -> None:
+        if value is None:
+            return
+        gauge = gauges.get(name) or Gauge(PREFIX + name, doc, labels, registry=reg)
+        gauges[name] = gauge
+        (gauge.labels(**lv) if labels else gauge).set(float(value))
+
+    gauges: dict[str, Any] = {}
+    g("sample_throughput_per_s", "generation + state-query samples finished per second", stats["sample_throughput_per_s"])
+    g("trainer_idle_ratio", "trainer wait on critical results / step wall time", stats["trainer_idle_ratio"])
+    g("prefix_hit_ratio", "prefix hit tokens / prompt tokens at dispatch", stats["prefix_hit_ratio"])
+    g("training_step_time_seconds", "mean interval between policy updates, s", stats["training_step_time_s"])
+    g("diversity_score", "normalised entropy of recent task families", stats["diversity_score"])
+    g("index_bytes", "prefix index memory figure, bytes", stats["index_bytes"])
+    g("policy_version", "current policy version", stats["policy_version"])
+    for k, v in stats["queued_by_class"].items():
+        g("queued", "requests queued per priority class", v, ("cls",), cls=k)
+    g("running", "requests running", stats["running"])
+    for k, v in stats["counters"].items():
+        g("requests_total", "requests per outcome since start", v, ("outcome",), outcome=k)
+    for r in stats["replicas"]:
+        i = str(r["replica"])
+        g("replica_alive", "engine replica answers (1) or died (0)", 1 if r["alive"] else 0, ("replica",), replica=i)
+        g("replica_queued", "requests queued on the replica", r["queued"], ("replica",), replica=i)
+        g("replica_running", "requests running on the replica", r["running"], ("replica",), replica=i)
+        g("replica_index_bytes", "prefix index bytes of the replica", r["index_bytes"], ("replica",), replica=i)
+        g("replica_prefix_hit_ratio", "prefix hit ratio of the replica", r["prefix_hit_ratio"], ("replica",), replica=i)
+    return generate_latest(reg)

@@ -1,0 +1,260 @@
+"""The rollout service routes (one ``APIRouter``; :func:`rollouts_router`), on the admission API's app.
+
+``POST /v1/rollouts`` (one request or a batch -> 202 per request: id, ``queued``, expected window,
+queue position, matched prefix tokens), ``GET /v1/rollouts/{id}``, ``POST /v1/rollouts:stream``
+(NDJSON or server-sent events, results as they finish), ``DELETE /v1/rollouts/{id}``,
+``POST /v1/rollouts:cancel``, ``POST /v1/policy``, ``GET /v1/stats`` (JSON) and
+``GET /v1/stats/prometheus``, and the OpenAI-style ``POST /v1/completions`` /
+``POST /v1/chat/completions``. Writes need the bearer token; reads follow ``open_read_routes``.
+Bodies pass :mod:`serve_api.rollout_boundary` first. The work is done by the rollout service actor
+(:mod:`actors.rollout_service`), reached through :class:`actors.handles.RolloutServiceHandle`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import APIRouter, Depends
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from actors.handles import ActorLost, CallTimeout, RolloutServiceHandle
+from rollmux.rollout_sched.api import (
+    ID_PATTERN, ByteTokenizer, CancelBody, CancelReply, ChatBody, CompletionBody, PolicyBody, PolicyView, Refusal,
+    RolloutView, Status, StreamBody, SubmitBatch, SubmitReply, openai_request,
+)
+from serve_api.views import ApiError, ErrorBody
+
+def _refused(r: Refusal) -> JSONResponse:
+    body: dict[str, Any] = {"error": r.error, "detail": r.detail}
+    if r.errors:
+        body["errors"] = [e.model_dump() for e in r.errors]
+    headers = {"Retry-After": str(r.retry_after_s or 1)} if r.status in (429, 503) else None
+    return JSONResponse(body, status_code=r.status, headers=headers)
+
+
+async def _detach(h: RolloutServiceHandle, ids: list[str]) -> None:
+    """Start the grace period of a broken stream's requests (their leases lapse anyway if this fails)."""
+    try:
+        await h.detach(ids)
+    except Exception:  # the service is gone: nothing to cancel there
+        pass
+
+
+class _Service:
+    """The service handle of a replica, created (and the service actor with it) on first use."""
+
+    def __init__(self, name: str, timeout_s: float):
+        self.name, self.timeout_s = name, timeout_s
+        self._h: Optional[RolloutServiceHandle] = None
+
+    async def get(self) -> RolloutServiceHandle:
+        if self._h is None:
+            from actors.rollout_service import ensure_rollout_service
+
+            self._h = await asyncio.to_thread(ensure_rollout_service, self.name, timeout_s=self.timeout_s)
+        return self._h
+
+    async def call(self, fn) -> Any:
+        try:
+            return await fn(await self.get())
+        except ActorLost as e:
+            self._h = None
+            raise ApiError(503, "rollout_service_unavailable", f"the rollout service cannot be reached ({e})",
+                           retry_after_s=1) from None
+        except CallTimeout as e:
+            raise ApiError(503, "rollout_service_unavailable", str(e), retry_after_s=1) from None
+
+
+def rollouts_router(ctx: Any) -> APIRouter:
+    """The rollout routes of one replica (``ctx``: the app's :class:`serve_api.jobs.AppContext`)."""
+    from actors.rollout_service import service_name
+
+    from rollmux.rollout_sched.config import DEFAULT_CONFIG_PATH, load_rollout_sched_config
+
+    settings = load_rollout_sched_config(DEFAULT_CONFIG_PATH, "cpu_engine").service
+    app = APIRouter()
+    svc = _Service(service_name(ctx.settings.scheduler_name or "default"), ctx.settings.request_timeout_s)
+    need_token, read_access = ctx.need_token, ctx.read_access
+    err = {"model": ErrorBody}
+    tags = ["rollouts"]
+
+    @app.post("/v1/rollouts", status_code=202, response_model=SubmitReply, dependencies=[Depends(need_token)],
+              responses={401: err, 409: err, 413: err, 415: err, 422: err, 429: err, 503: err}, tags=tags)
+    async def submit_rollouts(batch: SubmitBatch) -> Any:
+        """Queue one request or a batch (``{"requests": [...]}``, at most 512): 202 with, per request,
+        its id, status ``queued``, expected window, queue position and matched prefix tokens. All or
+        nothing: a bad field -> 422 naming it (``requests.<i>.<field>``), an old policy version -> 409,
+        a full queue -> 429 with ``Retry-After``."""
+        out = await svc.call(lambda h: h.submit(batch))
+        if isinstance(out, Refusal):
+            return _refused(out)
+        return JSONResponse(out.model_dump(mode="json"), status_code=202)
+
+    @app.get("/v1/rollouts/{request_id}", response_model=RolloutView, dependencies=[Depends(read_access)],
+             responses={401: err, 404: err, 503: err}, tags=tags)
+    async def get_rollout(request_id: str = PathParam(pattern=ID_PATTERN)) -> Any:
+        """Status and result: output tokens and text, log-probs (when asked), score, finish reason, timings (s)."""
+        v = await svc.call(lambda h: h.get(request_id))
+        if v is None:
+            raise ApiError(404, "not_found", f"request_id: unknown rollout request {request_id!r}")
+        return JSONResponse(v.model_dump(mode="json"))
+
+    @app.post("/v1/rollouts:stream", dependencies=[Depends(need_token)], tags=tags,
+              responses={200: {"content": {"application/x-ndjson": {}, "text/event-stream": {}},
+                               "description": "one RolloutView per line (NDJSON) or per event (SSE), then an end record"},
+                         401: err, 404: err, 413: err, 415: err, 422: err, 503: err})
+    async def stream_rollouts(body: StreamBody) -> Any:
+        """Results of ``ids`` and/or a session's requests as they finish, over one long-lived response
+        (chunked NDJSON, or SSE with ``"format": "sse"``); ends with ``{"event": "end", ...}`` when none is
+        pending or after ``timeout_s``. A client that goes away: its unfinished requests are cancelled after
+        ``disconnect_grace_s``. Unknown ids -> 404."""
+        first = await svc.call(lambda h: h.poll(body.ids, body.session_id, 0.0))
+        if first.unknown and not first.results and not first.pending:
+            raise ApiError(404, "not_found", f"ids: unknown rollout requests {first.unknown[:8]}")
+        h = await svc.get()
+        sse = body.format == "sse"
+
+        def line(obj: dict, event: str = "result") -> bytes:
+            data = json.dumps(obj, separators=(",", ":"))
+            return f"event: {event}\ndata: {data}\n\n".encode() if sse else (data + "\n").encode()
+
+        async def gen() -> AsyncIterator[bytes]:
+            delivered: set[str] = set()
+            pending = list(first.pending)
+            deadline = time.monotonic() + body.timeout_s
+            reply = first
+            try:
+                while True:
+                    for v in reply.results:
+                        if v.id not in delivered:
+                            delivered.add(v.id)
+                            yield line(v.model_dump(mode="json"))
+                    pending = [i for i in reply.pending if i not in delivered]
+                    if not pending or time.monotonic() >= deadline:
+                        break
+                    wait = min(settings.stream_wait_s, max(0.0, deadline - time.monotonic()))
+                    try:
+                        reply = await h.poll(pending, body.session_id, wait)
+                    except (ActorLost, CallTimeout) as e:  # headers are sent: end the stream saying why
+                        yield line({"event": "end", "delivered": len(delivered), "pending": pending,
+                                    "unknown": first.unknown, "error": "rollout_service_unavailable",
+                                    "detail": str(e).splitlines()[0][:300]}, "end")
+                        return
+                yield line({"event": "end", "delivered": len(delivered), "pending": pending, "unknown": first.unknown}, "end")
+                pending = []
+            finally:
+                if pending:  # the client went away mid-stream (or the stream broke): start the grace period
+                    asyncio.ensure_future(_detach(h, pending))
+
+        media = "text/event-stream" if sse else "application/x-ndjson"
+        return StreamingResponse(gen(), media_type=media, headers={"Cache-Control": "no-store"})
+
+    @app.delete("/v1/rollouts/{request_id}", response_model=CancelReply, dependencies=[Depends(need_token)],
+                responses={401: err, 404: err, 409: err, 503: err}, tags=tags)
+    async def cancel_rollout(request_id: str = PathParam(pattern=ID_PATTERN)) -> Any:
+        """Cancel one request: queued -> dropped; running -> aborted (its KV freed in the same window).
+        404 unknown, 409 already ended."""
+        out: CancelReply = await svc.call(lambda h: h.cancel([request_id]))
+        if out.unknown:
+            raise ApiError(404, "not_found", f"request_id: unknown rollout request {request_id!r}")
+        if out.already_ended:
+            raise ApiError(409, "already_ended", f"request_id: {request_id!r} already ended")
+        return JSONResponse(out.model_dump(mode="json"))
+
+    @app.post("/v1/rollouts:cancel", response_model=CancelReply, dependencies=[Depends(need_token)],
+              responses={401: err, 413: err, 415: err, 422: err, 503: err}, tags=tags)
+    async def cancel_rollouts(body: CancelBody) -> Any:
+        """Batch cancel (e.g. the leftovers after over-sampling): which ids were dropped (queued),
+        aborted (running), had already ended, or are unknown."""
+        out = await svc.call(lambda h: h.cancel(body.ids))
+        return JSONResponse(out.model_dump(mode="json"))
+
+    @app.post("/v1/policy", response_model=PolicyView, dependencies=[Depends(need_token)],
+              responses={401: err, 409: err, 413: err, 415: err, 422: err, 503: err}, tags=tags)
+    async def set_policy(body: PolicyBody) -> Any:
+        """The trainer's weights advanced to ``version``: prefix entries made by older weights stop
+        matching at once; requests from versions below the new minimum get 409. A version older than
+        the current minimum -> 409."""
+        out = await svc.call(lambda h: h.set_policy(body.version, body.min_version))
+        if isinstance(out, Refusal):
+            return _refused(out)
+        return JSONResponse(out.model_dump(mode="json"))
+
+    @app.get("/v1/stats", dependencies=[Depends(read_access)], responses={401: err, 503: err}, tags=tags)
+    async def stats() -> Any:
+        """Sample throughput, trainer idle ratio, prefix hit ratio, training step time, diversity score,
+        prefix-index memory, queues and per-replica figures (docs/ROLLOUT_SERVICE.md)."""
+        return JSONResponse(await svc.call(lambda h: h.stats()))
+
+    @app.get("/v1/stats/prometheus", dependencies=[Depends(read_access)], tags=tags,
+             responses={200: {"content": {"text/plain": {}}}, 401: err, 503: err})
+    async def stats_prometheus() -> Any:
+        """The same figures as Prometheus series (bounded labels: replica, cls, outcome)."""
+        from actors.rollout_metrics import render_prometheus
+
+        s = await svc.call(lambda h: h.stats())
+        return Response(render_prometheus(s), media_type="text/plain; version=0.0.4")
+
+    async def _complete(body: CompletionBody | ChatBody, chat: bool) -> Any:
+        try:
+            req = openai_request(body)
+        except ValidationError as e:
+            raise RequestValidationError([{**x, "loc": ("body", *x.get("loc", ()))} for x in e.errors()]) from None
+        timeout = settings.completion_timeout_s
+        out = await svc.call(lambda h: h.submit(SubmitBatch(requests=[req])))
+        if isinstance(out, Refusal):
+            return _refused(out)
+        acc = out.requests[0]
+        h = await svc.get()
+        v: RolloutView = await svc.call(lambda h: h.wait_result(acc.id, timeout))
+        if v is None or v.status is not Status.FINISHED:
+            if v is not None and v.status in (Status.QUEUED, Status.RUNNING):
+                await h.cancel([acc.id])
+                raise ApiError(503, "timeout", f"request {acc.id} did not finish within {timeout:g} s (cancelled)",
+                               retry_after_s=1)
+            raise ApiError(409 if v is not None and v.status is Status.CANCELLED else 503,
+                           str(v.finish_reason if v else "lost"), (v.error if v else None) or "the request did not finish",
+                           retry_after_s=1)
+        text = v.text or ""
+        n_prompt = len(req.token_ids())
+        lp = None
+        if v.logprobs is not None:
+            lp = {"tokens": [ByteTokenizer.decode([t]) for t in v.output_token_ids], "token_logprobs": v.logprobs}
+        choice: dict[str, Any] = {"index": 0, "finish_reason": v.finish_reason, "logprobs": lp}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return JSONResponse({
+            "id": v.id, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": body.model or "rollmux-rollout", "choices": [choice],
+            "usage": {"prompt_tokens": n_prompt, "completion_tokens": len(v.output_token_ids),
+                      "total_tokens": n_prompt + len(v.output_token_ids)},
+            "rollmux": {"priority": v.priority.value, "policy_version": v.policy_version, "replica": v.replica,
+                        "matched_prefix_tokens": v.matched_prefix_tokens, "session_id": v.session_id,
+                        "timings": v.timings.model_dump()},
+        })
+
+    oa = ["openai"]
+
+    @app.post("/v1/completions", dependencies=[Depends(need_token)], tags=oa,
+              responses={401: err, 409: err, 413: err, 415: err, 422: err, 429: err, 503: err})
+    async def completions(body: CompletionBody) -> Any:
+        """OpenAI-style completion through the same scheduler; extra fields ``priority``,
+        ``policy_version``, ``task_family``, ``session_id``. Answers when the generation finished."""
+        return await _complete(body, chat=False)
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(need_token)], tags=oa,
+              responses={401: err, 409: err, 413: err, 415: err, 422: err, 429: err, 503: err})
+    async def chat_completions(body: ChatBody) -> Any:
+        """OpenAI-style chat completion (messages rendered as ``<|role|>\\ncontent\\n``); extra fields as
+        ``/v1/completions``. With ``session_id`` send only the new messages: the session's history is kept."""
+        return await _complete(body, chat=True)
+
+    return app
