@@ -253,11 +253,13 @@ async def hold_1000(base: str, token: str, svc) -> dict:
 
     c = AsyncTrainerClient(base, token, timeout_s=120, max_connections=4)
     try:
-        before = (await c.stats())["service_rss_bytes"]
+        st0 = await c.stats()
+        before, version = st0["service_rss_bytes"], st0["policy_version"]  # the trainer's current version
         ids = []
         for k in range(2):
             ids += [a["id"] for a in await _submit(c, [{"prompt_token_ids": [int(x) % 255 + 1 for x in range(k, k + 64)],
-                                                      "max_tokens": 256, "background": True} for _ in range(500)])]
+                                                      "max_tokens": 256, "background": True, "policy_version": version}
+                                                     for _ in range(500)])]
         st = await c.stats()
         await c.cancel(ids)
         after = (await c.stats())
