@@ -457,6 +457,19 @@ class InterGroupScheduler(RepackMixin):
         self.commit(d)
         return d
 
+    def update_profile(self, job_id: str, profile: PhaseProfile) -> bool:
+        """Replace the planning profile of admitted job ``job_id`` (e.g. by its measured profile,
+        :mod:`rollmux.measured`); its group's summary is rebuilt, nothing moves. Returns False when
+        the profile is unchanged. Raises KeyError for an unknown job."""
+        gid = self._job_group[job_id]
+        old = self._groups[gid].group
+        if next(m for m in old.members if m.spec.job_id == job_id).profile == profile:
+            return False
+        members = tuple(m.model_copy(update={"profile": profile}) if m.spec.job_id == job_id else m for m in old.members)
+        self._set_group(gid, summarise_group(old.model_copy(update={"members": members}), self.cluster))
+        self._version += 1
+        return True
+
     def depart(self, job_id: str) -> list[str]:
         """Remove a finished job from its group; release nodes no member uses any more (e.g. its
         scale-out rollout nodes) and the whole group when it becomes empty.
