@@ -143,6 +143,13 @@ def scaled(p: PhaseProfile, f: float) -> PhaseProfile:
     return _profile({k: getattr(p, k) * f for k in _PHASES})
 
 
+def differs(a: PhaseProfile, b: PhaseProfile, rel: float = 0.05) -> bool:
+    """Whether any phase time of ``b`` differs from ``a``'s by more than ``rel`` (relative): a
+    planning profile is replaced only then (a window that drifts by a few percent per report
+    does not rewrite the group table on every iteration)."""
+    return any(abs(getattr(a, p) - getattr(b, p)) > rel * max(getattr(a, p), getattr(b, p)) for p in _PHASES)
+
+
 def kind_of(spec: JobSpec) -> tuple:
     """The kind of a job for priors: the same model size and task (single- or multi-turn, turns,
     response cap) -- jobs of one kind have about the same measured/worst-case ratio per phase."""
