@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from rollmux.admission.slo_watch import SloAction, predict_slowdowns, watch
+from rollmux.admission.slo_watch import SloAction, at_risk, predict_slowdowns, watch
 from rollmux.measured import MeasuredPhases, kind_of, ratio_prior, ratios_of
 from rollmux.models import CoExecutionGroup, JobSpec, PhaseProfile
 
@@ -42,6 +42,7 @@ class MeasuredLoop:
         self.actions: list[SloAction] = []
         self._checked: dict[str, int] = {}  # group id -> id() of the group record last checked
         self._pred: dict[tuple, dict] = {}
+        sched.slo_guard = lambda g: not at_risk(g, self.predict(g), self.cfg.slo_watch_headroom)
 
     def profile_for(self, spec: JobSpec, declared: PhaseProfile) -> PhaseProfile:
         """The planning profile of an arriving job (its kind's prior, else its worst case)."""

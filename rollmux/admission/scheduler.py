@@ -99,6 +99,11 @@ class InterGroupScheduler(RepackMixin):
                        "train": NodePool("train", cluster.train_pool.num_nodes)}
         self._next_group = 0
         self._version = 0
+        #: optional check of a group on measured phase times (True: every member keeps its SLO),
+        #: set by the SLO watch's owner (profile_source measured / blended); re-packing and
+        #: re-optimisation then never form a group it refuses, so the watch and they never undo
+        #: each other's moves (:mod:`rollmux.admission.slo_watch`)
+        self.slo_guard = None
 
     # --- queries -------------------------------------------------------------------------------
     @property
