@@ -33,9 +33,14 @@ class SloPart:
     """The SLO-watch methods of the GlobalScheduler (see the module docstring)."""
 
     def _note_slo_check(self, job_id: str) -> None:
-        if self.igs.config.profile_source != "worst_case":
+        cfg = self.igs.config
+        if cfg.profile_source != "worst_case":
             pending = self.__dict__.setdefault("_slo_pending", {})
             pending[job_id] = None
+            if self.igs.slo_guard is None:  # (again after a restore or a rolled-back transaction)
+                # re-packing and re-optimisation never form a group the watch would refuse (no oscillation)
+                self.igs.slo_guard = lambda g: not at_risk(
+                    g, predict_slowdowns(g, self._measured_samples(g.job_ids)), cfg.slo_watch_headroom)
 
     def _measured_samples(self, job_ids) -> dict:
         out = {}
