@@ -69,6 +69,7 @@ from actors.reconciler import (  # noqa: F401  (re-exported)
 from actors.scheduler_commit import GROUP_COMMIT_WINDOW_S, CommitPart  # noqa: F401  (re-exported)
 from actors.scheduler_queue import QueuePart
 from actors.scheduler_reopt import ReoptPart
+from actors.scheduler_slo import SloPart
 from actors.snapshot_log import SNAPSHOT_LOG, SnapshotLog  # noqa: F401  (re-exported)
 from rollmux.admission import AdmissionDecision, InterGroupScheduler, SchedulerConfig, load_scheduler_config
 from rollmux.admission_queue import QUEUE_AHEAD_REASON, AdmissionQueue, what_if
@@ -97,7 +98,7 @@ def _locked(fn):
     return run
 
 
-class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart):
+class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart):
     """The scheduler's logic (plain class, wrapped by :func:`get_or_create_scheduler`).
 
     Args:
@@ -273,6 +274,7 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart):
                     with self._lock:
                         self._push([g for g in self.job_store.active_by_group() if self.reconciler.has_controller(g)])
                 self.reoptimise_pending()
+                self.slo_watch_pending()
                 self.reconcile_once()
                 self.expire_unattached()
                 self.release_workers_once()
@@ -530,6 +532,7 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart):
                 self._checkpoint(jobs=(job_id,))  # progress is written with the event that changes it
             rec = self.job_store.get(job_id)
             self.metrics.job(job_id, iterations=rec.iterations_done, slowdown=rec.slowdown)
+            self._note_slo_check(job_id)  # re-checked on measured times by the reconcile thread (SloPart)
         elif msg.kind == EventKind.RUNNING:
             if rec.state == JobState.ADMITTED:
                 with self._transaction():

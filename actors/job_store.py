@@ -24,6 +24,7 @@ import uuid
 from typing import Callable, Iterator, Optional
 
 from actors.naming import controller_name
+from rollmux.measured import MeasuredPhases
 from rollmux.messages import ProgressReport
 from rollmux.models import JobSpec
 from rollmux.records import JobRecord, JobState, MoveRecord, NodePlacement, explain_failure
@@ -208,6 +209,18 @@ class JobStore:
         the controller and the driver may cross); an admitted job is running by then."""
         self.advance(rec, JobState.RUNNING)
         rec.note_iteration(report.iterations_done, report.t_iter_s, report.t_solo_s, report.slowdown)
+        if report.t_roll_s is not None and report.t_train_s is not None:  # the job's measured profile (sliding window)
+            win = rec.measured_phases or MeasuredPhases(window=self._policy().config.measured_window)
+            try:
+                rec.measured_phases = win.add(report.t_roll_s, report.t_train_s, report.t_sync_s or 0.0)
+            except ValueError:  # a non-finite or over-long report is dropped, never folded in
+                pass
+
+    @staticmethod
+    def note_slo_action(rec: JobRecord, action: dict) -> None:
+        """The SLO watch's decision about the job (:class:`rollmux.admission.slo_watch.SloAction`
+        dict with ``at``), kept in its record."""
+        rec.slo_action = dict(action)
 
     @staticmethod
     def note_final_count(rec: JobRecord, iterations_done: Optional[int]) -> None:

@@ -16,6 +16,7 @@ rollmux_admission_decisions_total   counter    outcome       admitted | retry_la
 rollmux_admission_latency_ms        histogram  -             policy decision latency, ms
 rollmux_phase_switch_total          counter    kind          warm | cold | moved phase switches
 rollmux_job_moves_total             counter    -             jobs moved by departure re-packing
+rollmux_slo_actions_total           counter    action        SLO watch actions: move | move_neighbour | scale_out | isolate | slo_at_risk
 rollmux_phase_switch_seconds        gauge      kind          last switch latency, s (warm | cold | moved)
 rollmux_reconcile_seconds           gauge      loop          duration of the last reconcile pass, s
 rollmux_queue_jobs                  gauge      queue         jobs held by the admission queue (queue="admission")
@@ -114,6 +115,10 @@ class RollmuxMetrics:
         if n:
             self._push("moves", (int(n),))
 
+    def slo_action(self, action: str) -> None:
+        """The SLO watch took ``action`` (:data:`rollmux.admission.slo_watch.ACTIONS`)."""
+        self._push("slo_action", (str(action),))
+
     def pool_time(self, pool: str, busy_s: float = 0.0, bubble_s: float = 0.0) -> None:
         self._push("pool_time", (pool, float(busy_s), float(bubble_s)))
 
@@ -176,6 +181,8 @@ class RollmuxMetrics:
                                     tag_keys=("kind",)),
                 "switch_s": g("rollmux_phase_switch_seconds", "Last phase switch latency, s", "kind"),
                 "moves": Counter("rollmux_job_moves_total", description="Jobs moved by departure re-packing"),
+                "slo_actions": Counter("rollmux_slo_actions_total", description="SLO watch actions on measured phase times",
+                                       tag_keys=("action",)),
                 "reconcile_s": g("rollmux_reconcile_seconds", "Duration of the last reconcile pass, s", "loop"),
                 "sync_cross": Counter("rollmux_sync_cross_bytes_total",
                                       description="Weight-sync bytes sent across the pool boundary", tag_keys=("job_id",)),
@@ -241,6 +248,11 @@ class RollmuxMetrics:
             t["moves"] = t.get("moves", 0) + a[0]
             if m:
                 m["moves"].inc(float(a[0]))
+        elif kind == "slo_action":
+            (action,) = a
+            t.setdefault("slo_actions", {})[action] = t.get("slo_actions", {}).get(action, 0) + 1
+            if m:
+                m["slo_actions"].inc(1.0, tags={"action": action})
         elif kind == "pool_time":
             pool, busy, bubble = a
             t["busy"][pool] = t["busy"].get(pool, 0.0) + busy

@@ -61,6 +61,10 @@ def simulate(
     queue: bool = typer.Option(False, "--queue", help="a bounded --cluster holds jobs that do not fit in the admission "
                                "queue (admitted in order, with backfill, after departures); reports queue waits per policy. "
                                "Scheduler policies only (rollmux, random, most-idle)"),
+    profile_source: Optional[str] = typer.Option(None, "--profile-source", help="phase times admission plans with: "
+                                                 "worst_case | measured (learned from the iterations each job has run; the "
+                                                 "SLO watch re-checks and moves jobs at iteration boundaries) | blended "
+                                                 "\\[default: the config's]"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ) -> None:
     """Replay a real cluster trace through the scheduling policies; write summary.json and plots.
@@ -71,7 +75,7 @@ def simulate(
                  window_start=window_start, window_hours=window_hours, min_duration_s=min_duration_s,
                  max_duration_s=max_duration_s, vc=vc, slo_min=slo_min, slo_max=slo_max, max_group_size=max_group_size,
                  exact_max_jobs=exact_max_jobs, cluster_config=cluster_config, repack=repack, progress=progress,
-                 config=config, queue=queue)
+                 config=config, queue=queue, profile_source=profile_source)
 
 
 if __name__ == "__main__":  # pragma: no cover

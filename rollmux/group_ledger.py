@@ -476,12 +476,14 @@ class GroupLedger:
         end = rec["end"] if rec.get("end") is not None else self.clock()
         iter_s = end - (m.iter_start or end)
         solo_s = sum(m.phase_s.values())  # the job's own phase time: its iteration alone
+        phases = dict(m.phase_s)
         m.iter_s.append(iter_s)
         m.solo_s.append(solo_s)
         m.iter_start, m.phase_s = end, {}
         # per-job series are exported by the GlobalScheduler alone (it gets this report)
         return [Report(job_id, ProgressReport(m.iterations_done, t_iter_s=iter_s, t_solo_s=solo_s,
-                                              slowdown=m.slowdown()))]
+                                              slowdown=m.slowdown(), t_roll_s=phases.get("rollout"),
+                                              t_train_s=phases.get("train"), t_sync_s=phases.get("sync")))]
 
     def slowdown(self, job_id: str) -> Optional[float]:
         m = self.members.get(job_id)

@@ -309,10 +309,16 @@ class ProgressReport:
     t_iter_s: Optional[float] = None  # co-executed iteration time: its rollout grant -> its last phase's end, s
     t_solo_s: Optional[float] = None  # the job's own phase time in that iteration (its solo iteration), s
     slowdown: Optional[float] = None  # measured co-executed / solo iteration time over its finished iterations
+    # the job's own phase times in that iteration, s (None: not reported); they feed its measured
+    # profile (rollmux.measured) and the SLO watch
+    t_roll_s: Optional[float] = None
+    t_train_s: Optional[float] = None
+    t_sync_s: Optional[float] = None
 
     def to_dict(self) -> dict:
         return {"event": "iteration", "iterations_done": self.iterations_done, "t_iter_s": self.t_iter_s,
-                "t_solo_s": self.t_solo_s, "slowdown": self.slowdown}
+                "t_solo_s": self.t_solo_s, "slowdown": self.slowdown, "t_roll_s": self.t_roll_s,
+                "t_train_s": self.t_train_s, "t_sync_s": self.t_sync_s}
 
 
 def parse_report(event: "RuntimeEvent | ProgressReport | Mapping[str, Any]") -> "RuntimeEvent | ProgressReport":
@@ -324,7 +330,7 @@ def parse_report(event: "RuntimeEvent | ProgressReport | Mapping[str, Any]") -> 
     kind = event.get("event")
     if kind == "iteration":
         return ProgressReport(int(event.get("iterations_done", 0)), event.get("t_iter_s"), event.get("t_solo_s"),
-                              event.get("slowdown"))
+                              event.get("slowdown"), event.get("t_roll_s"), event.get("t_train_s"), event.get("t_sync_s"))
     try:
         k = EventKind(kind)
     except ValueError:

@@ -31,6 +31,12 @@ def pool_of_phase(phase: str) -> PoolName:
 MAX_PHASE_S = 7 * 24 * 3600.0
 #: largest policy model, billions of parameters (today's largest dense/MoE models are ~1-2T).
 MAX_MODEL_PARAMS_B = 2000.0
+#: smallest policy model, billions of parameters (1e-6 B = 1,000 parameters): below it no job can
+#: exist, and a measured profile of such a "model" would steer admission with noise.
+MIN_MODEL_PARAMS_B = 1e-6
+#: shortest phase time a job may declare or report, s (1 ms): a rollout, training step or weight
+#: sync shorter than this is a measurement artefact (sync may also be exactly 0: no sync).
+MIN_PHASE_S = 1e-3
 #: longest prompt or response, tokens (1 Mi tokens).
 MAX_TOKENS = 1 << 20
 #: most prompts per iteration.
@@ -171,6 +177,29 @@ class PhaseProfile(_Strict):
         return {"rollout": self.t_roll_s, "train": self.t_train_s, "sync": self.t_sync_s}[phase]
 
 
+class DeclaredProfile(PhaseProfile):
+    """Phase times a job declares or its runtime reports (``JobSpec.measured``), seconds: a
+    :class:`PhaseProfile` with a floor of :data:`MIN_PHASE_S` (1 ms) per phase (sync: 0 = no sync,
+    else at least 1 ms). Below it a time is a measurement artefact that would steer admission
+    (an internal estimate, e.g. the roofline of a tiny test model, may be shorter: it is a
+    plain :class:`PhaseProfile`).
+
+    Raises:
+        pydantic.ValidationError: a time below the floor (the error names the field and the floor).
+    """
+
+    t_roll_s: float = Field(ge=MIN_PHASE_S, le=MAX_PHASE_S)
+    t_train_s: float = Field(ge=MIN_PHASE_S, le=MAX_PHASE_S)
+    t_sync_s: float = Field(default=0.0, ge=0, le=MAX_PHASE_S)
+
+    @field_validator("t_sync_s")
+    @classmethod
+    def _sync_floor(cls, v: float) -> float:
+        if 0.0 < v < MIN_PHASE_S:
+            raise ValueError(f"t_sync_s = {v:.3g} s: must be 0 (no sync) or at least the floor of {MIN_PHASE_S} s (1 ms)")
+        return v
+
+
 TrainPrecision = Literal["bf16_mixed", "fp32", "bf16"]
 
 
@@ -201,10 +230,11 @@ class JobSpec(_Strict):
             1: optimizer state, 2: + gradients, 3: + weights = FSDP full shard; default 3).
 
     Every number is finite and bounded (strict types: no string or boolean coercion):
-    ``0 < model_params_b <= 2000`` (B params); ``num_prompts`` 1..1e6; ``responses_per_prompt``
+    ``1e-6 <= model_params_b <= 2000`` (B params, :data:`MIN_MODEL_PARAMS_B`); ``num_prompts`` 1..1e6; ``responses_per_prompt``
     1..1024; ``prompt_tokens``, ``max_response_tokens``, ``mean_response_tokens`` 1..1,048,576
     tokens; ``turns`` 1..1000; GPU counts 1..65,536; ``1 <= slo <= 100``; ``mem_*_gb`` in
-    (0, 65,536] GB; phase times in (0, 604,800] s (sync [0, 604,800] s); ``zero_stage`` 0..3.
+    (0, 65,536] GB; ``measured`` phase times in [0.001, 604,800] s (:data:`MIN_PHASE_S`; sync 0 or
+    in [0.001, 604,800] s); ``zero_stage`` 0..3.
 
     Raises:
         pydantic.ValidationError: a non-finite or out-of-range number, a wrong type, SLO < 1,
@@ -213,7 +243,7 @@ class JobSpec(_Strict):
     """
 
     job_id: str = Field(min_length=1, max_length=JOB_ID_MAX_LEN, pattern=JOB_ID_PATTERN)
-    model_params_b: float = Field(gt=0, le=MAX_MODEL_PARAMS_B)
+    model_params_b: float = Field(ge=MIN_MODEL_PARAMS_B, le=MAX_MODEL_PARAMS_B)
     num_prompts: int = Field(default=256, gt=0, le=MAX_PROMPTS)
     responses_per_prompt: int = Field(default=8, gt=0, le=MAX_RESPONSES_PER_PROMPT)
     prompt_tokens: int = Field(default=512, gt=0, le=MAX_TOKENS)
@@ -226,9 +256,23 @@ class JobSpec(_Strict):
     slo: float = Field(default=1.5, ge=1.0, le=MAX_SLO)
     mem_roll_gb: Optional[float] = Field(default=None, gt=0, le=MAX_HOST_MEM_GB)
     mem_train_gb: Optional[float] = Field(default=None, gt=0, le=MAX_HOST_MEM_GB)
-    measured: Optional[PhaseProfile] = None
+    measured: Optional[DeclaredProfile] = None
     train_precision: TrainPrecision = "bf16_mixed"
     zero_stage: int = Field(default=3, ge=0, le=3)
+
+    @field_validator("measured", mode="before")
+    @classmethod
+    def _measured_as_declared(cls, v):
+        # a PhaseProfile given in code is checked against the floors of a declared profile
+        if isinstance(v, PhaseProfile) and not isinstance(v, DeclaredProfile):
+            return DeclaredProfile(t_roll_s=v.t_roll_s, t_train_s=v.t_train_s, t_sync_s=v.t_sync_s)
+        return v
+
+    @field_validator("measured", mode="after")
+    @classmethod
+    def _measured_as_profile(cls, v):
+        # once checked, the job carries a plain PhaseProfile (equal to the one given)
+        return None if v is None else PhaseProfile(t_roll_s=v.t_roll_s, t_train_s=v.t_train_s, t_sync_s=v.t_sync_s)
 
     @model_validator(mode="after")
     def _check(self) -> "JobSpec":

@@ -25,6 +25,8 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollmux.measured import MeasuredPhases
+
 __all__ = ["JobState", "IllegalTransition", "TRANSITIONS", "ACTIVE_STATES", "NodePlacement", "MoveRecord",
            "JobRecord", "explain_failure", "queued_records"]
 
@@ -141,6 +143,7 @@ class MoveRecord(BaseModel):
 
 
 _QUEUE_FIELDS = ("queue_position", "queued_at", "waited_s")
+_OPTIONAL_FIELDS = _QUEUE_FIELDS + ("measured_phases", "slo_action")  # listed only when set
 
 
 class JobRecord(BaseModel):
@@ -180,12 +183,19 @@ class JobRecord(BaseModel):
     queued_at: Optional[float] = Field(default=None, description="when the job entered the admission queue, Unix time, s")
     waited_s: Optional[float] = Field(default=None, description="time spent in the admission queue, s (so far, "
                                       "while queued)")
+    measured_phases: Optional[MeasuredPhases] = Field(
+        default=None, description="the job's reported phase times per iteration, a sliding window (rollmux.measured); "
+        "checkpointed with the record")
+    slo_action: Optional[dict[str, Any]] = Field(
+        default=None, description="the SLO watch's last decision about this job on measured phase times: action "
+        "(move | move_neighbour | scale_out | isolate | slo_at_risk), reason, group_id, to_group, mover, "
+        "predicted_slowdown, slo, at (Unix time, s)")
 
     def is_active(self) -> bool:
         return self.state.is_active()
 
     def _skip(self) -> set[str]:
-        return {k for k in _QUEUE_FIELDS if getattr(self, k) is None} | (set() if self.moves else {"moves"})
+        return {k for k in _OPTIONAL_FIELDS if getattr(self, k) is None} | (set() if self.moves else {"moves"})
 
     def public(self) -> dict[str, Any]:
         """The JSON-able form the scheduler answers (``moves`` only once moved; the queue fields

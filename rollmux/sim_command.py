@@ -21,13 +21,14 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
                  stochastic: bool, window_start: float, window_hours: Optional[float], min_duration_s: float,
                  max_duration_s: Optional[float], vc: Optional[str], slo_min: float, slo_max: float,
                  max_group_size: Optional[int], exact_max_jobs: int, cluster_config: Optional[Path],
-                 repack: Optional[bool], progress: bool, config: Optional[Path] = None, queue: bool = False) -> None:
+                 repack: Optional[bool], progress: bool, config: Optional[Path] = None, queue: bool = False,
+                 profile_source: Optional[str] = None) -> None:
     """Run ``rollmux simulate`` with parsed options: load the trace, replay, write summary.json and
     plots, print the table. Exits with code 2 and a one-line error on bad input.
 
     The scheduler settings come from ``config`` (default ``configs/scheduler.yaml``, the file the
     cluster's GlobalScheduler reads: one :class:`rollmux.admission.SchedulerConfig`); ``seed``,
-    ``max_group_size`` and ``repack`` override a copy of it when given."""
+    ``max_group_size``, ``repack`` and ``profile_source`` override a copy of it when given."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -90,7 +91,8 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
 
         sched_cfg = load_scheduler_config(config)
         seed = sched_cfg.seed if seed is None else seed
-        sched_cfg = sched_cfg.overridden(seed=seed, max_group_size=max_group_size, repack_on_departure=repack)
+        sched_cfg = sched_cfg.overridden(seed=seed, max_group_size=max_group_size, repack_on_departure=repack,
+                                         profile_source=profile_source)
     except (ValueError, ConfigError) as e:
         fail(f"--config: {e}")
     try:

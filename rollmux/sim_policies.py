@@ -17,6 +17,7 @@ from rollmux.baselines import PER_JOB_UNITS, OptimalPartition, Unit
 from rollmux.codes import Code
 from rollmux.models import ClusterSpec, CoExecutionGroup
 from rollmux.policies import policy_spec
+from rollmux.sim_learning import MeasuredLoop
 from rollmux.sim_realisation import Realisation
 from rollmux.workloads import SimJob
 
@@ -50,6 +51,16 @@ class SimPolicy:
     def extra(self) -> dict:
         """Policy-specific facts for summary.json."""
         return {}
+
+    def learn_points(self) -> dict[str, int]:
+        """``{job_id: iterations}``: call :meth:`learn` when the job has run that many iterations
+        (a policy that learns from measured phase times; default: none)."""
+        return {}
+
+    def learn(self, job_id: str, iterations: int) -> Optional[dict[str, float]]:
+        """The job has run ``iterations`` iterations: take its measured times, re-check, act.
+        May return ``{job_id: stall_s}`` of the jobs moved (as :meth:`depart`)."""
+        return None
 
     def units(self) -> list[Unit]:  # pragma: no cover - interface
         raise NotImplementedError
@@ -96,18 +107,26 @@ class SchedulerPolicy(SimPolicy):
         self._started: list[str] = []
         self.refused: list[str] = []
         self.queue_peak = 0
+        # profile_source measured / blended: plan on measured phase times, re-check and act (SLO watch)
+        self.loop = (MeasuredLoop(self.sched, real) if cfg.profile_source != "worst_case" and self.spec.slo_check
+                     else None)
 
     def arrive(self, job: SimJob) -> float:
         if self.queue is not None and not self.queue.may_try_now(job.spec):  # FIFO: behind larger held jobs
             return self._hold(job, 0.0, "queued behind larger jobs")
-        d = self.sched.admit(job.spec, job.profile)
+        prof = job.profile if self.loop is None else self.loop.profile_for(job.spec, job.profile)
+        d = self.sched.admit(job.spec, prof)
         if d.admitted:
             self._started.append(job.spec.job_id)
+            if self.loop is not None:
+                self.loop.started(job.spec.job_id)
             t0 = time.perf_counter()
             moves = self.sched.reoptimise(self.sched.group_of(job.spec.job_id).group_id, fresh=job.spec.job_id,
                                           solver=self.solver)
             self.reopt_ms.append((time.perf_counter() - t0) * 1e3)
             self._moved(moves)
+            if self.loop is not None:
+                self._moved(self.loop.check())
         elif self.queue is not None and d.code == Code.RETRY_LATER:
             return self._hold(job, float(d.latency_ms), d.reason)
         elif self.queue is not None:
@@ -158,10 +177,24 @@ class SchedulerPolicy(SimPolicy):
             res = self.queue.drain(self.sched, self.clock)
             self._started.extend(q.job_id for q, _ in res.admitted)
             self.refused.extend(q.job_id for q, _ in res.dropped)
+        if self.loop is not None:
+            self.loop.departed(job_id)
+            self._moved(self.loop.check())
+        return self.pop_stalls()
+
+    def learn_points(self) -> dict[str, int]:
+        return {} if self.loop is None else self.loop.learn_points()
+
+    def learn(self, job_id: str, iterations: int) -> Optional[dict[str, float]]:
+        if self.loop is None:
+            return None
+        self._moved(self.loop.learn(job_id, iterations))
         return self.pop_stalls()
 
     def extra(self) -> dict:
         out = {} if self.queue is None else {"queue_refused_jobs": len(self.refused), "queue_peak_jobs": self.queue_peak}
+        if self.loop is not None:
+            out.update(self.loop.extra())
         if not self.spec.repacks:
             return out
         r = sorted(self.reopt_ms)

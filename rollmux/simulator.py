@@ -234,13 +234,14 @@ def replay(
     born: dict[tuple, float] = {}  # unit identity -> when it was formed (its pipeline starts empty)
     t, i, events = 0.0, 0, 0
     start_s: dict[str, float] = {}
+    total_it: dict[str, float] = {}  # iterations of each started job in all
     done_at: dict[str, float] = {}  # iterations left at which a job counts as done
     params: dict[int, tuple] = {}  # id(unit) -> (unit, Realisation.busy_params(unit)) of the current units
     uparams: list[tuple] = []  # (born key, busy params) per current unit, in unit order
 
     def start(jid: str) -> None:
         sj = by_id[jid]
-        remaining[jid] = sj.duration_s / real.solo_time_s(sj.spec)
+        remaining[jid] = total_it[jid] = sj.duration_s / real.solo_time_s(sj.spec)
         start_s[jid] = t
         done_at[jid] = _EPS * max(1.0, sj.iterations)
     best_group_size = 0
@@ -307,7 +308,18 @@ def replay(
             td = t + left / rate[jid]
             if td < t_dep:
                 t_dep, j_dep = td, jid
-        t_next = min(t_arr, t_dep)
+        # a policy that learns from measured iterations (profile_source measured / blended) asks
+        # to be called when a job has run a given number of iterations (an iteration boundary)
+        t_learn, learners = math.inf, ()
+        if (want := policy.learn_points()):
+            for jid, n_it in want.items():
+                if jid in remaining:
+                    tl = t + max(0.0, n_it - (total_it[jid] - remaining[jid])) / rate[jid]
+                    if tl < t_learn - 1e-9 * max(1.0, abs(tl)):
+                        t_learn, learners = tl, [jid]
+                    elif abs(tl - t_learn) <= 1e-9 * max(1.0, abs(tl)):
+                        learners.append(jid)
+        t_next = min(t_arr, t_dep, t_learn)
         dt = t_next - t
         if dt > 0:
             run.cost_usd += cost * dt / 3600.0
@@ -330,7 +342,13 @@ def replay(
             for jid in remaining:
                 remaining[jid] -= rate[jid] * dt
         t = t_next
-        if t_dep <= t_arr:  # departures first on ties: they free capacity
+        if t_learn < min(t_arr, t_dep):  # iteration boundaries of learning jobs: measure, re-check, act
+            events -= 1  # not an arrival or departure: bounded by the policy's learn points instead
+            policy.clock = t
+            for jid in learners:
+                for mj, ms in (policy.learn(jid, round(want[jid])) or {}).items():
+                    stalls[mj] = stalls.get(mj, 0.0) + ms
+        elif t_dep <= t_arr:  # departures first on ties: they free capacity
             last_event = "departure"
             done = [jid for jid, left in remaining.items() if left <= done_at[jid] or jid == j_dep]
             for jid in done:

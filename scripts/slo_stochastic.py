@@ -3,10 +3,13 @@
 
 Replays the quickstart's window (first 200 jobs of the trace, duration >= 1 h capped at 3 days,
 ``mixed`` mix, SLO ~ U(1, 2)) with ``stochastic=True`` (long-tailed rollouts, long-tail migration)
-through RollMux, with departure re-packing on and off, and Solo-D for the cost reference. Per run:
+through RollMux, per ``profile_source`` (``worst_case``: admission on worst-case profiles, with
+departure re-packing on and off; ``measured``: jobs planned on their measured phase times once they
+have run, a prior of their kind before, and the SLO watch re-checking groups on measured iterations
+and moving jobs at iteration boundaries), and Solo-D for the cost reference. Per run:
 ``slo_attainment`` (slowdown against the job's realised solo time), ``slo_attainment_vs_planned_solo``
 (lifetime-average iteration time within ``slo x`` the worst-case solo time: the bound worst-case
-admission guarantees), ``max_slowdown_over_slo``, cost and bubble ratios.
+admission guarantees), ``max_slowdown_over_slo``, cost, bubble ratios, jobs moved and the SLO watch's actions.
 docs/ARCHITECTURE.md "SLO guarantee of worst-case admission" explains the difference.
 
     python scripts/slo_stochastic.py            # ~30 s on 2 cores; writes results/slo_stochastic.json
@@ -16,12 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from rollmux.admission import SchedulerConfig  # noqa: E402
 from rollmux.config import CONFIG_DIR, load_cluster  # noqa: E402
 from rollmux.simulator import simulate  # noqa: E402
 from rollmux.traces import DEFAULT_TRACE, EXTRACT_TRACE, TraceWindow, load_trace  # noqa: E402
@@ -37,22 +43,34 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "slo_stochastic.json")
+    ap.add_argument("--profile-sources", default="worst_case,measured", help="comma-separated profile_source values")
     args = ap.parse_args(argv)
     cluster = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
     trace = load_trace(args.trace, TraceWindow(max_jobs=args.jobs, min_duration_s=3600, max_duration_s=3 * 86400))
     rows = []
     for seed in [int(x) for x in args.seeds.split(",")]:
         jobs = draw_jobs(trace, cluster, mix="mixed", seed=seed, slo_range=(1.0, 2.0))
-        for repack in (True, False):
-            r = simulate(jobs, cluster, ["rollmux", "solo-d"], stochastic=True, seed=seed, repack=repack, shadow_policies=())
+        runs = [(src, repack) for src in args.profile_sources.split(",")
+                for repack in ((True, False) if src == "worst_case" else (True,))]
+        for src, repack in runs:
+            t0 = time.perf_counter()
+            r = simulate(jobs, cluster, ["rollmux", "solo-d"], stochastic=True, seed=seed, repack=repack, shadow_policies=(),
+                         config=SchedulerConfig(profile_source=src))
             m = r.summary["policies"]["rollmux"]
-            row = {"seed": seed, "repack_on_departure": repack, **{k: m[k] for k in KEYS},
-                   "solo_d_total_cost_usd": r.summary["policies"]["solo-d"]["total_cost_usd"]}
+            row = {"seed": seed, "profile_source": src, "repack_on_departure": repack, **{k: m[k] for k in KEYS},
+                   "jobs_moved": m.get("jobs_moved", 0), "slo_actions": m.get("slo_actions", {}),
+                   "solo_d_total_cost_usd": r.summary["policies"]["solo-d"]["total_cost_usd"],
+                   "wall_s": time.perf_counter() - t0, "loadavg": list(os.getloadavg())}
             rows.append(row)
-            print(f"seed {seed} repack {'on ' if repack else 'off'}: SLO attainment {row['slo_attainment']:.1%} "
+            print(f"seed {seed} {src} repack {'on ' if repack else 'off'}: SLO attainment {row['slo_attainment']:.1%} "
                   f"(vs worst-case solo {row['slo_attainment_vs_planned_solo']:.1%}), max slowdown/SLO "
                   f"{row['max_slowdown_over_slo']:.3f}, cost {row['total_cost_usd'] / 1e3:.1f} k$ "
                   f"(Solo-D {row['solo_d_total_cost_usd'] / 1e3:.1f} k$)")
+    for seed in sorted({r["seed"] for r in rows}):  # measured vs worst-case admission (re-packing on), same run
+        ref = next((r for r in rows if r["seed"] == seed and r["profile_source"] == "worst_case" and r["repack_on_departure"]), None)
+        for r in rows:
+            if ref is not None and r["seed"] == seed:
+                r["cost_vs_worst_case"] = r["total_cost_usd"] / ref["total_cost_usd"]
     out = {"config": {"trace": args.trace.name, "jobs": args.jobs, "mix": "mixed", "slo_range": [1.0, 2.0],
                       "stochastic": True, "policy": "rollmux"}, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -256,7 +256,7 @@ def test_build_group_layouts():
 # --- property: never an SLO violation on worst-case times -------------------------------------------
 
 phase = st.floats(min_value=20, max_value=900, allow_nan=False)
-job_st = st.tuples(phase, phase, st.floats(0, 30), st.floats(1.0, 2.0), st.sampled_from([8, 16]),
+job_st = st.tuples(phase, phase, st.one_of(st.just(0.0), st.floats(0.001, 30)), st.floats(1.0, 2.0), st.sampled_from([8, 16]),
                    st.sampled_from([8, 16]), st.floats(5, 60), st.floats(5, 60))
 
 

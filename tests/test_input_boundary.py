@@ -70,7 +70,7 @@ def test_an_infinite_phase_time_is_422_naming_the_field_and_nothing_is_admitted(
     assert r.status_code == 422, r.text
     d = r.json()
     assert [e["field"] for e in d["errors"]] == ["measured.t_roll_s"]
-    assert "finite" in d["detail"] and "0 < t_roll_s <= 604800 s" in d["detail"]
+    assert "finite" in d["detail"] and "0.001 <= t_roll_s <= 604800 s" in d["detail"]
     assert app.get("/v1/groups").json() == [] and app.get("/v1/jobs").json() == []
 
 
@@ -82,7 +82,15 @@ def test_an_infinite_phase_time_is_422_naming_the_field_and_nothing_is_admitted(
     ('{"job_id": "a", "model_params_b": 7, "num_train_gpus": true}', "num_train_gpus", "not a string or boolean"),
     ('{"job_id": "a", "model_params_b": 7, "num_train_gpus": 8.0}', "num_train_gpus", "integer"),
     ('{"job_id": "a", "model_params_b": 7, "num_train_gpus": "8"}', "num_train_gpus", "0 < num_train_gpus <= 65536 GPUs"),
-    ('{"job_id": "a", "model_params_b": 1e300}', "model_params_b", "0 < model_params_b <= 2000 B params"),
+    ('{"job_id": "a", "model_params_b": 1e300}', "model_params_b", "1e-06 <= model_params_b <= 2000 B params"),
+    # the floors: no job has a model of 5e-324 B parameters or phases of 5e-324 s
+    ('{"job_id": "a", "model_params_b": 5e-324}', "model_params_b", "1e-06 <= model_params_b <= 2000 B params"),
+    ('{"job_id": "a", "model_params_b": 7, "measured": {"t_roll_s": 5e-324, "t_train_s": 1}}',
+     "measured.t_roll_s", "0.001 <= t_roll_s <= 604800 s"),
+    ('{"job_id": "a", "model_params_b": 7, "measured": {"t_roll_s": 1, "t_train_s": 0.0009}}',
+     "measured.t_train_s", "0.001 <= t_train_s <= 604800 s"),
+    ('{"job_id": "a", "model_params_b": 7, "measured": {"t_roll_s": 1, "t_train_s": 1, "t_sync_s": 1e-300}}',
+     "measured.t_sync_s", "0 (no sync) or at least the floor of 0.001 s"),
     ('{"job_id": "a", "model_params_b": 7, "mem_train_gb": 1e308}', "mem_train_gb", "<= 65536 GB"),
     ('{"job_id": "a", "model_params_b": 7, "max_response_tokens": 100000000000000000000}', "max_response_tokens", "tokens"),
     ('{"job_id": "a", "model_params_b": 7, "measured": {"t_roll_s": 1, "t_train_s": 1, "t_sync_s": NaN}}',

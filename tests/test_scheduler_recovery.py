@@ -132,7 +132,7 @@ def test_scheduler_actor_restart_restores_state(ray_cluster, local_cluster_spec,
                         timeout_s=120, interval_s=0.5, what="scheduler restored",
                         ignore=(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError))
     assert health is not None and health["restored"] and health["jobs"] == 2
-    soft = ("iterations_done", "measured", "slowdown")
+    soft = ("iterations_done", "measured", "slowdown", "measured_phases")  # progress: reports may land after the read
     hard = lambda js: [{k: v for k, v in x.items() if k not in soft} for x in js]  # noqa: E731
     assert hard(ray.get(h.list_jobs.remote())) == hard(jobs_before)
     assert ray.get(h.list_groups.remote()) == groups_before

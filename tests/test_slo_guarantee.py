@@ -35,7 +35,7 @@ def _completions(sched, job_id: str) -> list[float]:
 
 
 job_st = st.tuples(
-    st.floats(20, 1500), st.floats(20, 1500), st.floats(0, 60),  # worst-case roll, train, sync (s)
+    st.floats(20, 1500), st.floats(20, 1500), st.one_of(st.just(0.0), st.floats(0.001, 60)),  # worst-case roll, train, sync (s; sync 0 or >= 1 ms)
     st.floats(1.0, 3.0),  # SLO
     st.sampled_from([8, 16]),  # GPUs per pool
 )

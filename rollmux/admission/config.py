@@ -52,6 +52,18 @@ class SchedulerConfig(BaseModel):
             (:class:`rollmux.admission_queue.AdmissionQueue`); more are refused (HTTP 429).
         queue_backfill: behind a job that does not fit, try smaller queued jobs (else strict FIFO).
         queue_scan_limit: most queued jobs one pass (after a departure) decides.
+        profile_source: the phase times decisions plan with (:mod:`rollmux.measured`):
+            ``"worst_case"`` (the declared / estimated worst case, the paper's planning),
+            ``"measured"`` (a job's measured high quantile once it has run, a prior of its kind
+            before) or ``"blended"`` (measured and worst case weighted by iterations run). With
+            ``measured`` / ``blended`` the SLO watch (:mod:`rollmux.admission.slo_watch`)
+            re-checks groups on measured times and acts at iteration boundaries.
+        measured_window: iterations kept per job (sliding window).
+        measured_min_iterations: reports needed before a job's window is used.
+        measured_quantile: the high quantile per phase of the measured profile.
+        measured_margin: the measured profile is ``margin x`` that quantile.
+        blend_prior_iterations: weight of the worst case in ``blended``, in iterations.
+        slo_watch_headroom: the watch acts when ``slowdown > slo x (1 - headroom)``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -75,6 +87,22 @@ class SchedulerConfig(BaseModel):
     queue_max_jobs: int = Field(default=1000, ge=1, le=1_000_000)
     queue_backfill: bool = True
     queue_scan_limit: int = Field(default=64, ge=1, le=100_000)
+    profile_source: Literal["worst_case", "measured", "blended"] = "worst_case"
+    measured_window: int = Field(default=16, ge=1, le=1024)
+    measured_min_iterations: int = Field(default=2, ge=1, le=1024)
+    measured_quantile: float = Field(default=0.9, gt=0.0, le=1.0)
+    measured_margin: float = Field(default=0.99, gt=0.0, le=10.0)
+    blend_prior_iterations: int = Field(default=8, ge=0, le=100_000)
+    slo_watch_headroom: float = Field(default=0.0, ge=0.0, lt=1.0)
+
+    def planning_profile(self, declared, measured=None, prior=None):
+        """The profile a decision plans a job with under :attr:`profile_source`
+        (:func:`rollmux.measured.planning_profile` with these settings)."""
+        from rollmux.measured import planning_profile
+
+        return planning_profile(self.profile_source, declared, measured, min_iterations=self.measured_min_iterations,
+                                quantile=self.measured_quantile, margin=self.measured_margin, prior=prior,
+                                prior_iterations=self.blend_prior_iterations)
 
     def overridden(self, **values) -> "SchedulerConfig":
         """A validated copy with the given values; ``None`` values are ignored (an option not

@@ -93,6 +93,9 @@ class RepackMixin:
                     ok = False
                     break
                 self.commit(d)
+                if self.slo_guard is not None and not self.slo_guard(self._groups[d.group_id].group):
+                    ok = False
+                    break
                 plan.append({"job_id": m.spec.job_id, "from_group": gid, "to_group": d.group_id,
                              "placement": placement_dict(d.placement), "move_s": mv})
             # the $/h change is that of the dissolved group and the groups that took its members
@@ -176,6 +179,8 @@ class RepackMixin:
                              + (0.0 if m.spec.job_id == fresh else profiler.move_time_s(m.spec, self.cluster)))
                             / m.profile.t_solo_s, m.spec.slo)
                     for m in oc.members)
+                if ok and self.slo_guard is not None:
+                    ok = self.slo_guard(g.model_copy(update={"members": tuple(oc.members)}))
                 orders[key] = oc if ok else None
             return orders[key]
 

@@ -99,6 +99,11 @@ class InterGroupScheduler(RepackMixin):
                        "train": NodePool("train", cluster.train_pool.num_nodes)}
         self._next_group = 0
         self._version = 0
+        #: optional check of a group on measured phase times (True: every member keeps its SLO),
+        #: set by the SLO watch's owner (profile_source measured / blended); re-packing and
+        #: re-optimisation then never form a group it refuses, so the watch and they never undo
+        #: each other's moves (:mod:`rollmux.admission.slo_watch`)
+        self.slo_guard = None
 
     # --- queries -------------------------------------------------------------------------------
     @property
@@ -456,6 +461,19 @@ class InterGroupScheduler(RepackMixin):
         d = self.decide(job, profile)
         self.commit(d)
         return d
+
+    def update_profile(self, job_id: str, profile: PhaseProfile) -> bool:
+        """Replace the planning profile of admitted job ``job_id`` (e.g. by its measured profile,
+        :mod:`rollmux.measured`); its group's summary is rebuilt, nothing moves. Returns False when
+        the profile is unchanged. Raises KeyError for an unknown job."""
+        gid = self._job_group[job_id]
+        old = self._groups[gid].group
+        if next(m for m in old.members if m.spec.job_id == job_id).profile == profile:
+            return False
+        members = tuple(m.model_copy(update={"profile": profile}) if m.spec.job_id == job_id else m for m in old.members)
+        self._set_group(gid, summarise_group(old.model_copy(update={"members": members}), self.cluster))
+        self._version += 1
+        return True
 
     def depart(self, job_id: str) -> list[str]:
         """Remove a finished job from its group; release nodes no member uses any more (e.g. its
