@@ -1,7 +1,8 @@
 """The HTTP face's input boundary: what each job-spec field allows, the body guard, field errors.
 
 Bad input gets a clear 4xx naming the field, never a traceback: a body that is not JSON -> 415,
-one over ``max_request_bytes`` -> 413 (:class:`BodyGuard`), a malformed or invalid spec -> 422
+one over ``max_request_bytes`` -> 413, one that is not UTF-8 or nests arrays / objects deeper than
+:data:`MAX_JSON_DEPTH` -> 422 naming ``body`` (:class:`BodyGuard`, :func:`json_body_problem`), a malformed or invalid spec -> 422
 with ``errors: [{field, msg, type}]`` whose ``msg`` ends with what the field allows
 (:func:`allowed`, read from :class:`rollmux.models.JobSpec`'s JSON schema; :func:`field_error`).
 """
@@ -106,6 +107,10 @@ class BodyGuard:
             if total > self.max_bytes:
                 return await too_big(scope, receive, send)
         body, sent = b"".join(chunks), False
+        if (problem := json_body_problem(body)) is not None:
+            return await JSONResponse({"error": "invalid_request", "detail": f"body: {problem}",
+                                       "errors": [{"field": "body", "msg": problem, "type": "json_invalid"}]},
+                                      status_code=422)(scope, receive, send)
 
         async def replay() -> dict:
             nonlocal sent
@@ -115,6 +120,39 @@ class BodyGuard:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+MAX_JSON_DEPTH = 32  # nesting levels of arrays / objects a request body may have (a job spec has 2)
+
+
+def json_body_problem(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> Optional[str]:
+    """Why ``body`` cannot be a request (answered 422 by :class:`BodyGuard`): not UTF-8 (the
+    byte offset named), or arrays / objects nested deeper than ``max_depth``; None otherwise
+    (the JSON itself is parsed, and its errors named, by the route). O(len(body))."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"malformed JSON: not valid UTF-8 (byte {e.start})"
+    if text.count("[") + text.count("{") <= max_depth:
+        return None
+    depth, in_str, esc = 0, False, False
+    for i, ch in enumerate(text):
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            if depth > max_depth:
+                return f"malformed JSON: nested deeper than {max_depth} levels at character {i}"
+        elif ch in "]}":
+            depth -= 1
+    return None
 
 
 def field_error(e: dict) -> dict:

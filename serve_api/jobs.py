@@ -155,8 +155,9 @@ def jobs_router(ctx: AppContext) -> APIRouter:
     async def get_job(job_id: str = PathParam(max_length=JOB_ID_MAX_LEN, pattern=JOB_ID_PATTERN)) -> Any:
         """One job: state, iterations done, measured vs predicted phase times (s), slowdown vs SLO
         (a queued job: ``queue_position`` and ``waited_s``)."""
-        job = cache.job(job_id) if await cache.wait_version(None) else None
-        if job is None:  # not in this replica's copy (yet): ask the scheduler
+        if await cache.wait_version(None):  # the copy answers, also "unknown" (a write waits until its copy holds it)
+            job = cache.job(job_id)
+        else:  # no copy yet (or the scheduler unreachable for the follower): ask the scheduler
             job = await client.get_job(job_id)
         if job is None:
             raise ApiError(404, "not_found", f"unknown job_id {job_id!r}")

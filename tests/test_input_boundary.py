@@ -296,3 +296,35 @@ def test_a_refusal_names_the_deciding_filter_saturation_is_not_out_of_gpus():
     assert not d.admitted and d.code == "retry_later"
     assert "saturation: group-0" in d.reason  # the deciding filter of the existing group
     assert "a new group refused by capacity (cluster out of GPUs" in d.reason
+
+
+@pytest.mark.parametrize("body, says", [
+    (b"[" * 1000 + b"]" * 1000, "nested deeper than 32 levels"),
+    (b'{"job_id": "a", "model_params_b": 7, "x": ' + b"[" * 40 + b"]" * 40 + b"}", "nested deeper than 32 levels"),
+    (b'{"job_id": "\xff\xfe", "model_params_b": 7}', "not valid UTF-8 (byte 12)"),
+])
+def test_deep_nesting_and_invalid_utf8_are_422_naming_the_body(app, body, says):
+    r = app.post("/v1/jobs", headers=JSON, content=body)
+    d = r.json()
+    assert r.status_code == 422 and d["error"] == "invalid_request", d
+    assert [e["field"] for e in d["errors"]] == ["body"] and says in d["detail"]
+    assert app.get("/v1/jobs", headers=AUTH).json() == []  # nothing admitted
+
+
+def test_unknown_job_is_404_from_the_replica_copy_without_asking_the_scheduler(paper):
+    g = GlobalSchedulerImpl(paper, kv=MemoryKV(), **unit_kw())
+    calls = []
+
+    class Recording(InProcessScheduler):
+        async def invoke(self, name, fn, *args):
+            calls.append(name)
+            return await super().invoke(name, fn, *args)
+
+    with TestClient(create_app(AppSettings(token_sha256=_sha256(TOKEN)), client=Recording(g))) as c:
+        assert c.post("/v1/jobs", headers=JSON, json={"job_id": "a", "model_params_b": 7}).status_code == 201
+        assert c.get("/v1/jobs/a").status_code == 200
+        before = list(calls)
+        for i in range(20):
+            r = c.get(f"/v1/jobs/nope-{i}")
+            assert r.status_code == 404 and r.json()["error"] == "not_found"
+        assert "get_job" not in calls and [x for x in calls[len(before):] if x != "snapshot_since"] == []
