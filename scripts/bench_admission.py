@@ -45,6 +45,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import socket
 import sys
 import tempfile
@@ -340,6 +341,7 @@ def main() -> None:
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
             ray.shutdown()
+            shutil.rmtree(tmp, ignore_errors=True)  # its checkpoint: nothing left in /tmp
         return
     try:
         # no drivers attach here: no reconcile loop and no exported metrics (what the old test-only
@@ -446,6 +448,7 @@ def main() -> None:
         except Exception:  # noqa: BLE001 - best effort on the way out
             pass
         ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)  # its checkpoint: nothing left in /tmp
 
 
 if __name__ == "__main__":
