@@ -54,6 +54,7 @@ from rollmux.config import ServeConfig
 from serve_api.boundary import BodyGuard, allowed, field_error  # noqa: F401  (allowed re-exported)
 from serve_api.client import AdmitBatcher, SchedulerApi, SchedulerClient  # noqa: F401  (re-exported)
 from serve_api.jobs import AppContext, jobs_router
+from serve_api.ratelimit import ClientRateLimit
 from serve_api.rollout_boundary import RolloutBoundary
 from serve_api.rollouts import rollouts_router
 from serve_api.snapshot import SnapshotCache  # noqa: F401  (re-exported)
@@ -123,9 +124,17 @@ def create_app(settings: AppSettings, client: Optional[SchedulerApi] = None) -> 
     def need_token(creds: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
         _check(creds)
 
-    def read_access(creds: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
+    limit = ClientRateLimit(settings.open_read_rate_per_s, settings.open_read_burst)
+
+    def read_access(request: Request, creds: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
         if not settings.open_read_routes:
             _check(creds)
+        elif creds is None or not hmac.compare_digest(_sha256(creds.credentials), settings.token_sha256):
+            wait = limit.take(request.client.host if request.client else "?")  # per client address, this replica
+            if wait:
+                raise ApiError(429, "rate_limited", "too many reads without a token from this address "
+                               f"(open_read_rate_per_s={settings.open_read_rate_per_s:g}); retry later or send the "
+                               "API token", retry_after_s=ClientRateLimit.retry_after_s(wait))
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import threading
 from typing import Any, Optional
 
 from actors.kv import KVStore
@@ -79,6 +80,11 @@ class Checkpoint:
         self.seq = 0  # the last record written (or restored)
         self.base_seq = 0
         self._legacy: list[str] = []
+        # what a restore would read now (the base with every record after it applied), kept in
+        # step by every write: a new base is a copy of it, never a re-encoding of the live tables
+        self.state: Optional[dict] = None
+        self._wal_sizes: dict[int, int] = {}  # bytes of each record after the base
+        self._book = threading.Lock()  # seq / base bookkeeping: the writer and a compacting thread
 
     def _wal_keys(self) -> list[str]:
         return [k for k in self.kv.keys(f"{self.prefix}.w.") if re.fullmatch(r"\d{12}", k[len(self.prefix) + 3:])]
@@ -115,9 +121,12 @@ class Checkpoint:
         return v["body"]
 
     def _wrap(self, kind: str, body: dict) -> dict:
+        return self._wrap_sized(kind, body)[0]
+
+    @staticmethod
+    def _wrap_sized(kind: str, body: dict) -> tuple[dict, int]:
         raw = _encoded(body)
-        self._size = len(raw)
-        return {"format": FORMAT, "version": VERSION, "kind": kind, "sha256": hashlib.sha256(raw).hexdigest(), "body": body}
+        return {"format": FORMAT, "version": VERSION, "kind": kind, "sha256": hashlib.sha256(raw).hexdigest(), "body": body}, len(raw)
 
     # ---- restore
     def load(self) -> Optional[dict]:
@@ -130,7 +139,7 @@ class Checkpoint:
                 raise self._refuse(self.base_key, f"is missing while {len(wal)} write-ahead records exist")
             return self._load_legacy()
         state, self.base_seq = _ordered(base["state"]), int(base["seq"])
-        self.seq, self.base_bytes, self.wal_bytes = self.base_seq, self._size, 0
+        self.seq, self.base_bytes, self.wal_bytes, self._wal_sizes = self.base_seq, self._size, 0, {}
         for key in wal:
             seq = int(key.rsplit(".", 1)[1])
             if seq <= self.base_seq:
@@ -143,6 +152,8 @@ class Checkpoint:
             apply(state, delta)
             self.seq = seq
             self.wal_bytes += self._size
+            self._wal_sizes[seq] = self._size
+        self.state = _copy_state(state)
         return state
 
     def _load_legacy(self) -> Optional[dict]:
@@ -185,11 +196,17 @@ class Checkpoint:
 
     def append(self, delta: dict) -> int:
         """Write one record (ONE put); its sequence number. Raises when the store fails (nothing
-        was committed)."""
+        was committed). ``delta``'s values must not be changed afterwards (the state mirror,
+        :attr:`state`, holds them)."""
         seq = self.seq + 1
-        self.kv.put(self._wkey(seq), self._wrap("wal", {**delta, "seq": seq}))
-        self.seq = seq
-        self.wal_bytes += self._size
+        value, size = self._wrap_sized("wal", {**delta, "seq": seq})
+        self.kv.put(self._wkey(seq), value)
+        with self._book:
+            self.seq = seq
+            self.wal_bytes += size
+            self._wal_sizes[seq] = size
+            if self.state is not None:
+                apply(self.state, delta)
         return seq
 
     def wants_compaction(self) -> bool:
@@ -200,16 +217,44 @@ class Checkpoint:
 
     def compact(self, state: dict) -> None:
         """Write ``state`` (the state after record ``seq``) as the base, then delete the records it covers."""
-        self.kv.put(self.base_key, self._wrap("base", {"seq": self.seq, "state": state}))
-        self.base_seq = self.seq
-        self.base_bytes, self.wal_bytes = self._size, 0
+        self.write_base(self.seq, state)
+        self.state = _copy_state(state)
+
+    def base_view(self) -> Optional[tuple[int, dict]]:
+        """``(seq, state)``: the state after record ``seq`` as restore would read it, for
+        :meth:`write_base`; a shallow copy of the mirror (O(jobs) references, nothing encoded),
+        cheap enough to take under the scheduler's lock. None before the first base."""
+        with self._book:
+            if self.state is None:
+                return None
+            return self.seq, _copy_state(self.state)
+
+    def write_base(self, seq: int, state: dict) -> bool:
+        """Write ``state`` (the state after record ``seq``, e.g. :meth:`base_view`) as the base
+        (one put), then delete the records it covers. It may run on another thread than
+        :meth:`append` (one base writer at a time): encoding and the store's writes need no lock
+        of the scheduler. False (nothing written) when a newer base exists. Raises when the store fails."""
+        if seq < self.base_seq:
+            return False
+        value, size = self._wrap_sized("base", {"seq": seq, "state": state})
+        self.kv.put(self.base_key, value)
+        with self._book:
+            self.base_seq, self.base_bytes = seq, size
+            for s in [s for s in self._wal_sizes if s <= seq]:
+                self.wal_bytes -= self._wal_sizes.pop(s)
         for key in self._wal_keys():
-            if int(key.rsplit(".", 1)[1]) <= self.base_seq:
+            if int(key.rsplit(".", 1)[1]) <= seq:
                 self.kv.delete(key)
+        return True
 
     def keys(self) -> list[str]:
         """Every key this checkpoint holds (tests, leak checks)."""
         return self.kv.keys(f"{self.prefix}.")
+
+
+def _copy_state(state: dict) -> dict:
+    """A copy of a state's containers (the values, never changed in place, are shared)."""
+    return {**state, "groups": dict(state["groups"]), "jobs": dict(state["jobs"])}
 
 
 def _ordered(state: dict) -> dict:

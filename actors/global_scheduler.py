@@ -66,7 +66,7 @@ from actors.naming import (  # noqa: F401  (NAMESPACE, SCHEDULER_NAME, get_sched
 from actors.reconciler import (  # noqa: F401  (re-exported)
     ATTACH_PUSH_TIMEOUT_S, PUSH_RETRY_S, RECONCILE_FULL_S, RECONCILE_S, HandleFactory, RayHandles, Reconciler,
 )
-from actors.scheduler_commit import GROUP_COMMIT_WINDOW_S, CommitPart  # noqa: F401  (re-exported)
+from actors.scheduler_commit import COMPACTION_MODES, GROUP_COMMIT_WINDOW_S, CommitPart  # noqa: F401  (re-exported)
 from actors.scheduler_queue import QueuePart
 from actors.scheduler_reopt import ReoptPart
 from actors.scheduler_slo import SloPart
@@ -119,6 +119,14 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart):
         reconcile_s: period of the reconcile thread, s (None: no thread; the caller runs
             :meth:`reconcile_once` and the other passes itself, e.g. a unit test).
         controller_kw: keyword arguments of new GroupControllers (e.g. ``lease_s``, ``migrate``).
+        compaction: where a due compaction of the checkpoint log runs: ``"inline"`` (inside the
+            write that makes it due: deterministic, unit tests), ``"background"`` (a compactor
+            thread, off every reply path: :func:`get_or_create_scheduler`'s default) or
+            ``"manual"`` (off the reply path; the caller runs :meth:`compact_pending`).
+        reopt_worker: where the admissions' re-optimisation solves run (:mod:`actors.reopt_worker`):
+            ``"thread"`` (the thread calling :meth:`reoptimise_pending`) or ``"process"`` (a child
+            process: the solves never take the actor's interpreter lock;
+            :func:`get_or_create_scheduler`'s default).
     """
 
     def __init__(self, cluster: dict | ClusterSpec, checkpoint_path: Optional[str] = None, *,
@@ -126,7 +134,15 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart):
                  seed: Optional[int] = None, kv=None, handles: Optional[HandleFactory] = None,
                  metrics: Optional[RollmuxMetrics] = None, metrics_flush_s: float = 1.0, metrics_enabled: bool = True,
                  reconcile_s: Optional[float] = RECONCILE_S, controller_kw: Optional[dict] = None,
-                 repack_on_departure: Optional[bool] = None, config: Optional[dict | SchedulerConfig] = None):
+                 repack_on_departure: Optional[bool] = None, config: Optional[dict | SchedulerConfig] = None,
+                 compaction: str = "inline", reopt_worker: str = "thread"):
+        if compaction not in COMPACTION_MODES:
+            raise ValueError(f"compaction must be one of {', '.join(COMPACTION_MODES)}, not {compaction!r}")
+        self.compaction = compaction
+        if reopt_worker not in ("thread", "process"):
+            raise ValueError(f"reopt_worker must be 'thread' or 'process', not {reopt_worker!r}")
+        self.reopt_worker = reopt_worker
+        self._compact_wake = threading.Event()
         self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec.model_validate(cluster)
         self.name = name
         self.kv = kv if kv is not None else make_kv(checkpoint_path, namespace=NAMESPACE)
@@ -149,6 +165,7 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart):
         self._written: Optional[dict] = None  # the last write-ahead record (its group snapshots are published)
         self.snapshots = SnapshotLog()  # the published snapshot (Serve replicas answer reads from it)
         self._reopt_pending: dict[str, str] = {}  # admitted job -> its group, to re-optimise (reconcile thread)
+        self._reopt_forget: list[str] = []  # departed jobs the admissions' solver forgets at its next pass
         self.store = Checkpoint(self.kv, name)
         self.queue: Optional[AdmissionQueue] = None
         state = self.store.load()  # raises CheckpointError (naming the store) for a bad checkpoint
@@ -180,6 +197,10 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart):
                                      self._target, lambda gid: self.igs.group_snapshot(gid) is not None)
         self._stop = threading.Event()
         self._reconciler_thread: Optional[threading.Thread] = None
+        self._compactor_thread: Optional[threading.Thread] = None
+        if compaction == "background":
+            self._compactor_thread = threading.Thread(target=self._compact_loop, name="rollmux-compactor", daemon=True)
+            self._compactor_thread.start()
         self._refind_controllers()
         if reconcile_s:
             self._reconcile_s = float(reconcile_s)
@@ -292,8 +313,11 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart):
         self._push(sorted(groups), lookup=True)
 
     def close(self) -> None:
-        """Stop the reconcile thread (tests; the actor otherwise lives until killed)."""
+        """Stop the reconcile and compactor threads (tests; the actor otherwise lives until killed)."""
         self._stop.set()
+        self._compact_wake.set()
+        if self._reopt_planner is not None:
+            self._reopt_planner.close()
 
     @_locked
     def membership(self, group_id: str) -> MembershipPush:
@@ -476,7 +500,7 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart):
         before = self._nodes_in_use()
         with self._transaction():  # one checkpoint write commits it; a failed write undoes it
             self.igs.depart(job_id)
-            self._solver().forget(job_id)
+            self._forget(job_id)
             moves = self._departure_moves(gid, job_id)
             released = sorted(before - self._nodes_in_use(), key=lambda n: (n.split("-")[0], node_index(n)))
             now = time.time()
@@ -625,7 +649,10 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart):
     def health(self) -> dict:
         return {"ok": True, "jobs": self.job_store.active(), "groups": len(self.igs.groups), "queued": len(self.queue),
                 "snapshot_version": self.version, "restored": self.restored, "name": self.name,
-                "unacked_pushes": len(self.reconciler.dirty)}
+                "unacked_pushes": len(self.reconciler.dirty), "checkpoint_seq": self.store.seq,
+                "checkpoint_base_seq": self.store.base_seq, "compactions_inline": self.compactions_inline,
+                "compactions_off_reply": self.compactions_off_reply, "reopt_planned": self.reopt_planned,
+                "reopt_applied": self.reopt_applied, "reopt_stale": self.reopt_stale}
 
     async def group_timeline(self, group_id: str) -> list[dict]:
         """The timeline recorded by a group's controller (also after the group dissolved). An
@@ -662,7 +689,8 @@ def get_or_create_scheduler(cluster: Optional[ClusterSpec | dict] = None, *, che
 
     ``cluster`` defaults to ``configs/cluster_local.yaml``. Connects to Ray (``RAY_ADDRESS`` or
     ``auto``) if this process is not connected. Extra ``kw`` (config, policy, max_group_size,
-    seed, ...) go to the constructor. Returns Ray's actor handle (wrap it in
+    seed, compaction (default ``"background"``), reopt_worker (default ``"process"``), ...) go to
+    the constructor. Returns Ray's actor handle (wrap it in
     :class:`actors.handles.SchedulerHandle` to call it).
     """
     ensure_ray()
@@ -673,6 +701,8 @@ def get_or_create_scheduler(cluster: Optional[ClusterSpec | dict] = None, *, che
     spec = cluster.model_dump(mode="json") if isinstance(cluster, ClusterSpec) else cluster
     if isinstance(kw.get("config"), SchedulerConfig):
         kw["config"] = kw["config"].model_dump()
+    kw.setdefault("compaction", "background")  # the checkpoint's compaction never on a reply path
+    kw.setdefault("reopt_worker", "process")  # re-optimisation solves never take the actor's interpreter lock
     return start_actor(GlobalSchedulerImpl, (spec, checkpoint_path), {"name": name, **kw}, name=name,
                        namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
                        resources=control_plane_resources(), max_restarts=-1, max_task_retries=0)

@@ -73,7 +73,7 @@ class MemoryKV(KVStore):
         self._d.pop(_check_key(key), None)
 
     def keys(self, prefix: str = "") -> list[str]:
-        return sorted(k for k in self._d if k.startswith(prefix))
+        return sorted(k for k in list(self._d) if k.startswith(prefix))  # a copy: another thread may write
 
 
 class FileKV(KVStore):

@@ -15,6 +15,11 @@ checkpoint write; only then are the callers answered and the touched groups' con
 happened, each caller gets code ``unavailable``. Each write publishes the next snapshot version
 (:mod:`actors.snapshot_log`).
 
+Compaction (a new base, :mod:`actors.checkpoint`) is O(stored jobs): with ``compaction=
+"background"`` (the actor's default) a write that makes one due only wakes the compactor
+thread (:meth:`CommitPart.compact_pending`), which copies the checkpoint's state mirror under
+the lock and encodes and writes the base outside it; the reply never waits for it.
+
 This part (:class:`CommitPart`, mixed into ``GlobalSchedulerImpl``) owns the changes waiting for
 the next write (``_pending_*``, ``_waiters``, ``_defer``) and the last record written (``_written``).
 """
@@ -32,13 +37,19 @@ from rollmux.codes import Code
 
 log = logging.getLogger("rollmux.scheduler")
 
-__all__ = ["CommitPart", "GROUP_COMMIT_WINDOW_S"]
+__all__ = ["CommitPart", "GROUP_COMMIT_WINDOW_S", "COMPACTION_MODES"]
 
 GROUP_COMMIT_WINDOW_S = 0.002  # a batch of the HTTP path's decisions collects this long before its one write, s
+COMPACT_POLL_S = 5.0  # the compactor thread also looks for a due base this often, s
+COMPACTION_MODES = ("inline", "background", "manual")
 
 
 class CommitPart:
     """The checkpoint and group-commit methods of the GlobalScheduler (see the module docstring)."""
+
+    compaction = "inline"  # where a due compaction runs: inline (in the write) | background | manual
+    compactions_inline = 0  # bases written inside a write (on its caller's reply path)
+    compactions_off_reply = 0  # bases written by compact_pending (off the reply path)
 
     # ---- checkpoint: a base snapshot plus a write-ahead log, one atomic write per state change
     def _delta(self, jobs: tuple = (), groups: tuple = (), dropped: tuple = (), queue: bool = False) -> dict:
@@ -102,10 +113,50 @@ class CommitPart:
         self.job_store.drop(drop)
         self._dropped.extend(drop)
         if self.store.wants_compaction():  # the change is committed: a failing compaction is retried later
-            try:
-                self.store.compact(self._full_state())
-            except Exception:
-                log.exception("checkpoint compaction failed; the write-ahead records stay and it is retried")
+            if self.compaction == "inline":
+                self.compactions_inline += 1
+                self._compact_now()
+            else:  # off the reply path: the compactor thread (or the caller) runs compact_pending
+                self._compact_wake.set()
+
+    def _compact_now(self) -> bool:
+        """Write the state mirror as the new base; a failure is logged (the records stay)."""
+        view = self.store.base_view()
+        try:
+            return view is not None and self.store.write_base(*view)
+        except Exception:
+            log.exception("checkpoint compaction failed; the write-ahead records stay and it is retried")
+            return False
+
+    def compact_pending(self) -> bool:
+        """Compact the checkpoint log when a new base is due, off the reply path (the compactor
+        thread calls this when ``compaction="background"``; a caller with ``"manual"``). Holds
+        the scheduler's lock only to copy the state mirror's containers
+        (:meth:`actors.checkpoint.Checkpoint.base_view`); encoding the base, its write and the
+        deletes of the records it covers run outside it, so no admission waits for them. True
+        when a base was written (counted in ``compactions_off_reply``)."""
+        with self._lock:
+            if not self.store.wants_compaction():
+                return False
+            view = self.store.base_view()
+        if view is None:
+            return False
+        try:
+            done = self.store.write_base(*view)
+        except Exception:
+            log.exception("checkpoint compaction failed; the write-ahead records stay and it is retried")
+            return False
+        self.compactions_off_reply += int(done)
+        return done
+
+    def _compact_loop(self) -> None:
+        """The compactor thread: waits for a write that made a base due, then compacts."""
+        while not self._stop.is_set():
+            self._compact_wake.wait(COMPACT_POLL_S)
+            self._compact_wake.clear()
+            if self._stop.is_set():
+                return
+            self.compact_pending()
 
     def _full_state(self) -> dict:
         return {"header": self.igs.snapshot_header(),

@@ -8,7 +8,9 @@ while the job's driver has not started: nothing to copy yet). Every committed mo
 to the moved job's record (``JobStore.record_moves``), checkpointed with both groups *before*
 the controllers hear of it, then pushed. This part (:class:`ReoptPart`, mixed into
 ``GlobalSchedulerImpl``) owns the admissions waiting for re-optimisation (``_reopt_pending``)
-and the set-partitioning solver (its layout cache lives as long as the actor).
+and the set-partitioning solvers (their layout caches live as long as the actor). The admissions'
+re-optimisation solves outside the scheduler's lock (plan, then commit if the neighbourhood is
+unchanged), so no admission or read waits for a solve.
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ __all__ = ["ReoptPart"]
 class ReoptPart:
     """The re-optimisation methods of the GlobalScheduler (see the module docstring)."""
 
-    _opt = None  # the OptimalPartition solver (built on first use)
+    _opt = None  # the departures' OptimalPartition solver (built on first use; used under the lock)
+    _reopt_planner = None  # where the admissions' solves run (actors.reopt_worker; built on first use)
+    reopt_worker = "thread"  # "thread" | "process" (the actor's default: a child process)
+    reopt_planned = 0  # re-optimisation solves run off the lock
+    reopt_applied = 0  # ... whose plan was committed
+    reopt_stale = 0  # ... whose neighbourhood changed before the commit (dropped)
 
     def _note_admission(self, job_id: str, group_id: str) -> None:
         self._reopt_pending[job_id] = group_id  # re-optimised by the reconcile thread, off the admission path
@@ -67,29 +74,66 @@ class ReoptPart:
             else:
                 self._cost_metrics(g)
 
+    def _forget(self, job_id: str) -> None:
+        """A departed job's layouts leave both solvers' caches (the admissions' solver is the
+        planner's: it forgets at the next solve, :meth:`reoptimise_pending`)."""
+        self._solver().forget(job_id)
+        self._reopt_forget.append(job_id)
+        del self._reopt_forget[:-4096]  # bounded: the planner's cache is dropped with its process anyway
+
+    def _planner(self):
+        """Where the admissions' re-optimisation solves run (:mod:`actors.reopt_worker`: this
+        thread, or a child process with ``reopt_worker="process"``); built on first use."""
+        if self._reopt_planner is None:
+            from actors.reopt_worker import make_planner
+
+            self._reopt_planner = make_planner(self.reopt_worker, self.cluster, self.igs.config)
+        return self._reopt_planner
+
     def reoptimise_pending(self) -> list[dict]:
         """Re-optimise the neighbourhoods of the admissions since the last call
         (:meth:`rollmux.admission.InterGroupScheduler.reoptimise`; the reconcile thread calls this
         every pass, so an admission's answer never waits for it). A newcomer whose driver has not
         started yet (state ``admitted``) has no state to copy. Moves are recorded, checkpointed and
-        pushed as a departure's are. Returns the moves as :class:`MoveRecord` dicts."""
+        pushed as a departure's are. Returns the moves as :class:`MoveRecord` dicts.
+
+        The scheduler's lock is held only to capture each neighbourhood (O(groups)) and to
+        commit a plan; the solve (:meth:`~rollmux.admission.InterGroupScheduler.plan_reoptimise`)
+        runs outside it, so admissions and reads are never queued behind it. A plan whose
+        neighbourhood changed meanwhile is dropped (``reopt_stale`` counts them). Counters:
+        ``reopt_planned`` (solves run off the lock), ``reopt_applied`` (plans committed)."""
         with self._lock:
             pending, self._reopt_pending = self._reopt_pending, {}
-            out = []
-            for jid, gid in pending.items():
+        out = []
+        for jid in pending:
+            with self._lock:  # short: which neighbourhood, captured as values
                 rec = self.job_store.get(jid)
                 if rec is None or not rec.state.is_active() or self.igs.group_of(jid) is None:
                     continue
                 gid = self.igs.group_of(jid).group_id
+                fresh = jid if rec.state == JobState.ADMITTED else None
+                hood = self.igs.reopt_neighbourhood(gid)
+                forget, self._reopt_forget = (self._reopt_forget, []) if hood is not None else ([], self._reopt_forget)
+            if hood is None:
+                continue
+            try:  # the solve, off the lock: it reads only the captured neighbourhood
+                plan = self._planner().plan(hood, fresh, forget)
+            except Exception:
+                log.exception("re-optimisation after admitting %s failed; no job moved", jid)
+                continue
+            self.reopt_planned += 1
+            if plan is None:
+                continue
+            with self._lock:
+                rec = self.job_store.get(jid)
+                if fresh is not None and (rec is None or rec.state != JobState.ADMITTED):
+                    self.reopt_stale += 1  # the newcomer started meanwhile: its copy was not planned for
+                    continue
                 try:
                     with self._transaction():  # one checkpoint write commits the moves; a failed write undoes them
-                        try:
-                            moves = list(self.igs.reoptimise(gid, fresh=jid if rec.state == JobState.ADMITTED else None,
-                                                             solver=self._solver()))
-                        except Exception:  # the policy rolls a failed attempt back; nothing moved
-                            log.exception("re-optimisation after admitting %s failed; no job moved", jid)
-                            moves = []
+                        moves = self.igs.apply_reoptimise(plan)
                         if not moves:
+                            self.reopt_stale += 1  # the neighbourhood changed since it was captured
                             continue
                         done = self._record_moves(moves, jid, time.time())
                         touched = list(dict.fromkeys([gid] + [g for m in done for g in (m.from_group, m.to_group)]))
@@ -97,7 +141,8 @@ class ReoptPart:
                 except Exception:  # the write failed: rolled back, nothing moved (a later admission retries)
                     log.exception("checkpoint of the re-optimisation after admitting %s failed; no job moved", jid)
                     continue
+                self.reopt_applied += 1
                 self._push(touched)
                 self._moved_metrics(touched, len(done))
                 out += [m.model_dump(mode="json") for m in done]
-            return out
+        return out

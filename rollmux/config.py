@@ -146,6 +146,10 @@ class ServeConfig(BaseModel):
         token_env: name of the environment variable holding the bearer token.
         token_file: file holding the token (default ``<state_dir>/api_token``).
         open_read_routes: GET routes answer without a token when true.
+        open_read_rate_per_s: requests per second one client (by address) may make on the read
+            routes without a token, per replica (a token bucket holding ``open_read_burst``);
+            more get 429 with ``Retry-After``. Requests with the token are not limited.
+        open_read_burst: the bucket's size (requests a client may send at once).
         cluster_spec: cluster YAML the GlobalScheduler plans for.
         state_dir: where ``rollmux up`` keeps its state file, token and checkpoint.
         checkpoint_path: scheduler checkpoint directory (default ``<state_dir>/checkpoint``).
@@ -181,6 +185,8 @@ class ServeConfig(BaseModel):
     token_env: str = Field(default="ROLLMUX_API_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     token_file: Optional[Path] = None
     open_read_routes: bool = True
+    open_read_rate_per_s: float = Field(default=50.0, gt=0, le=1_000_000, allow_inf_nan=False)
+    open_read_burst: int = Field(default=100, ge=1, le=1_000_000)
     cluster_spec: Path = CONFIG_DIR / "cluster_local.yaml"
     state_dir: Path = Path("~/.rollmux")
     checkpoint_path: Optional[Path] = None

@@ -1,14 +1,15 @@
 """The HTTP face's input boundary: what each job-spec field allows, the body guard, field errors.
 
 Bad input gets a clear 4xx naming the field, never a traceback: a body that is not JSON -> 415,
-one over ``max_request_bytes`` -> 413 (:class:`BodyGuard`), a malformed or invalid spec -> 422
+one over ``max_request_bytes`` -> 413, one that is not UTF-8 or nests arrays / objects deeper than
+:data:`MAX_JSON_DEPTH` -> 422 naming ``body`` (:class:`BodyGuard`, :func:`json_body_problem`), a malformed or invalid spec -> 422
 with ``errors: [{field, msg, type}]`` whose ``msg`` ends with what the field allows
 (:func:`allowed`, read from :class:`rollmux.models.JobSpec`'s JSON schema; :func:`field_error`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from fastapi.responses import JSONResponse
 
@@ -72,10 +73,18 @@ class BodyGuard:
     """ASGI middleware on every ``POST``/``PUT``/``PATCH`` under ``/v1/``: the body must be
     ``application/json`` (or ``application/*+json``), else 415; at most ``max_bytes`` bytes (by
     ``Content-Length`` and by counting a streamed body), else 413. The body is read once here,
-    bounded, and handed on unchanged."""
+    bounded, and handed on unchanged. A body that is not UTF-8 or nests deeper than ``max_depth``
+    -> 422 naming ``body``; ``check`` (optional: body -> ``(msg, type)`` of a further 422, or None)
+    adds a route family's own rule. ``limit_name`` names the setting in the 413, ``what`` the body
+    in the 415. The rollout routes use a second instance with their own bounds
+    (:mod:`serve_api.rollout_boundary`)."""
 
-    def __init__(self, app: Any, max_bytes: int):
+    def __init__(self, app: Any, max_bytes: int, max_depth: Optional[int] = None,
+                 check: Optional[Callable[[bytes], Optional[tuple[str, str]]]] = None,
+                 limit_name: str = "max_request_bytes", what: str = "the job spec"):
         self.app, self.max_bytes = app, max_bytes
+        self.max_depth = MAX_JSON_DEPTH if max_depth is None else max_depth
+        self.check, self.limit_name, self.what = check, limit_name, what
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope.get("type") != "http" or scope.get("method") not in ("POST", "PUT", "PATCH") \
@@ -87,10 +96,10 @@ class BodyGuard:
         if not (media == "application/json" or (media.startswith("application/") and media.endswith("+json"))):
             return await JSONResponse(
                 {"error": "unsupported_media_type",
-                 "detail": f"Content-Type {ctype or '(none)'!s} is not accepted: send the job spec as JSON "
+                 "detail": f"Content-Type {ctype or '(none)'!s} is not accepted: send {self.what} as JSON "
                            "with Content-Type: application/json"}, status_code=415)(scope, receive, send)
         too_big = JSONResponse({"error": "request_too_large",
-                                "detail": f"the request body exceeds {self.max_bytes} bytes (max_request_bytes)"},
+                                "detail": f"the request body exceeds {self.max_bytes} bytes ({self.limit_name})"},
                                status_code=413)
         length = headers.get(b"content-length")
         if length is not None and (not length.strip().isdigit() or int(length) > self.max_bytes):
@@ -106,6 +115,12 @@ class BodyGuard:
             if total > self.max_bytes:
                 return await too_big(scope, receive, send)
         body, sent = b"".join(chunks), False
+        problem = json_body_problem(body, self.max_depth)
+        bad = (problem, "json_invalid") if problem is not None else self.check(body) if self.check else None
+        if bad is not None:
+            return await JSONResponse({"error": "invalid_request", "detail": f"body: {bad[0]}",
+                                       "errors": [{"field": "body", "msg": bad[0], "type": bad[1]}]},
+                                      status_code=422)(scope, receive, send)
 
         async def replay() -> dict:
             nonlocal sent
@@ -115,6 +130,39 @@ class BodyGuard:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+MAX_JSON_DEPTH = 32  # nesting levels of arrays / objects a request body may have (a job spec has 2)
+
+
+def json_body_problem(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> Optional[str]:
+    """Why ``body`` cannot be a request (answered 422 by :class:`BodyGuard`): not UTF-8 (the
+    byte offset named), or arrays / objects nested deeper than ``max_depth``; None otherwise
+    (the JSON itself is parsed, and its errors named, by the route). O(len(body))."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"malformed JSON: not valid UTF-8 (byte {e.start})"
+    if text.count("[") + text.count("{") <= max_depth:
+        return None
+    depth, in_str, esc = 0, False, False
+    for i, ch in enumerate(text):
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            if depth > max_depth:
+                return f"malformed JSON: nested deeper than {max_depth} levels at character {i}"
+        elif ch in "]}":
+            depth -= 1
+    return None
 
 
 def field_error(e: dict) -> dict:

@@ -140,7 +140,7 @@ def jobs_router(ctx: AppContext) -> APIRouter:
         when ``"queue": true`` would hold it); nothing changes."""
         return await _admit(spec, dry_run=True, queue=spec.queue, explain=explain)
 
-    @app.get("/v1/jobs", response_model=list[JobView], dependencies=[Depends(read_access)], responses={401: err, 503: err}, tags=["jobs"])
+    @app.get("/v1/jobs", response_model=list[JobView], dependencies=[Depends(read_access)], responses={401: err, 429: err, 503: err}, tags=["jobs"])
     async def list_jobs(limit: Optional[int] = Query(default=None, ge=1, le=100_000, description="at most this many"),
                         offset: int = Query(default=0, ge=0, le=10_000_000, description="skip this many first")) -> Any:
         """Every job the scheduler knows (admission order, then the queued jobs in line order):
@@ -151,12 +151,13 @@ def jobs_router(ctx: AppContext) -> APIRouter:
         jobs = await client.list_jobs()
         return jobs[offset: None if limit is None else offset + limit]
 
-    @app.get("/v1/jobs/{job_id}", response_model=JobView, dependencies=[Depends(read_access)], responses={401: err, 404: err, 503: err}, tags=["jobs"])
+    @app.get("/v1/jobs/{job_id}", response_model=JobView, dependencies=[Depends(read_access)], responses={401: err, 429: err, 404: err, 503: err}, tags=["jobs"])
     async def get_job(job_id: str = PathParam(max_length=JOB_ID_MAX_LEN, pattern=JOB_ID_PATTERN)) -> Any:
         """One job: state, iterations done, measured vs predicted phase times (s), slowdown vs SLO
         (a queued job: ``queue_position`` and ``waited_s``)."""
-        job = cache.job(job_id) if await cache.wait_version(None) else None
-        if job is None:  # not in this replica's copy (yet): ask the scheduler
+        if await cache.wait_version(None):  # the copy answers, also "unknown" (a write waits until its copy holds it)
+            job = cache.job(job_id)
+        else:  # no copy yet (or the scheduler unreachable for the follower): ask the scheduler
             job = await client.get_job(job_id)
         if job is None:
             raise ApiError(404, "not_found", f"unknown job_id {job_id!r}")
@@ -181,7 +182,7 @@ def jobs_router(ctx: AppContext) -> APIRouter:
             raise ApiError(409, "already_ended", f"job {job_id!r} is already {out.get('state')}")
         return out
 
-    @app.get("/v1/groups", response_model=list[GroupView], dependencies=[Depends(read_access)], responses={401: err, 503: err}, tags=["groups"])
+    @app.get("/v1/groups", response_model=list[GroupView], dependencies=[Depends(read_access)], responses={401: err, 429: err, 503: err}, tags=["groups"])
     async def list_groups(limit: Optional[int] = Query(default=None, ge=1, le=100_000, description="at most this many"),
                           offset: int = Query(default=0, ge=0, le=10_000_000, description="skip this many first")) -> Any:
         """Co-execution groups: members, nodes, cost (USD/h), T_cycle, T_load and slack (s).

@@ -7,46 +7,24 @@
 - JSON nested deeper than 16 levels (objects and arrays) -> 422;
 - ``NaN`` / ``Infinity`` or a number too large for a float -> 422.
 
-Every other path goes to the admission API's :class:`serve_api.boundary.BodyGuard` unchanged.
+Both are :class:`serve_api.boundary.BodyGuard` (one implementation), with the rollout bounds here
+and the admission API's for every other path.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
-from typing import Any
-
-from fastapi.responses import JSONResponse
+from typing import Any, Optional
 
 from rollmux.rollout_sched.service_config import MAX_JSON_DEPTH
-from serve_api.boundary import BodyGuard
+from serve_api.boundary import BodyGuard, json_body_problem
 
 ROLLOUT_PATHS = ("/v1/rollouts", "/v1/policy", "/v1/completions", "/v1/chat/completions", "/v1/stats")
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
-_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 def is_rollout_path(path: str) -> bool:
     return any(path == p or path.startswith(p + "/") or path.startswith(p + ":") for p in ROLLOUT_PATHS)
-
-
-def json_depth(body: bytes) -> int:
-    """Deepest nesting of objects / arrays in a JSON text (strings skipped), without parsing it."""
-    brackets = _STRING.sub(b"", body).translate(None, _NOT_BRACKET)
-    depth = deepest = 0
-    for b in brackets:
-        if b in (0x5B, 0x7B):
-            depth += 1
-            deepest = max(deepest, depth)
-        else:
-            depth -= 1
-    return deepest
-
-
-def _bad(detail: str, typ: str, status: int = 422) -> JSONResponse:
-    return JSONResponse({"error": "invalid_request", "detail": f"body: {detail}",
-                         "errors": [{"field": "body", "msg": detail, "type": typ}]}, status_code=status)
 
 
 def _no_constant(name: str) -> Any:
@@ -60,72 +38,38 @@ def _finite_float(s: str) -> float:
     return v
 
 
-def check_body(body: bytes) -> JSONResponse | None:
-    """The 422 for a body the rollout routes refuse before parsing, or None."""
-    try:
-        body.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return _bad(f"not valid UTF-8 (byte {e.start})", "utf8_invalid")
-    if (d := json_depth(body)) > MAX_JSON_DEPTH:
-        return _bad(f"JSON nested {d} levels deep; at most {MAX_JSON_DEPTH}", "json_too_deep")
+def finite_numbers(body: bytes) -> Optional[tuple[str, str]]:
+    """``(msg, "finite_number")`` when the JSON text holds ``NaN`` / ``Infinity`` or a number too large
+    for a float; None otherwise (malformed JSON is left to FastAPI's 422 with the position)."""
     try:
         json.loads(body, parse_constant=_no_constant, parse_float=_finite_float)
     except ValueError as e:
         if "finite" in str(e) or "float" in str(e):
-            return _bad(str(e), "finite_number")
-        return None  # malformed JSON: FastAPI answers 422 with the position
-    except RecursionError:  # pragma: no cover - bounded by the depth check
-        return _bad("JSON nested too deep", "json_too_deep")
+            return str(e), "finite_number"
+    except RecursionError:  # pragma: no cover - bounded by the depth check that runs first
+        return "JSON nested too deep", "json_invalid"
     return None
 
 
+def check_body(body: bytes) -> Optional[tuple[str, str]]:
+    """What the rollout routes' guard answers 422 for, before parsing: not UTF-8, nested deeper than
+    ``MAX_JSON_DEPTH`` (16), or a non-finite number; ``(msg, type)`` or None."""
+    problem = json_body_problem(body, MAX_JSON_DEPTH)
+    return (problem, "json_invalid") if problem is not None else finite_numbers(body)
+
+
 class RolloutBoundary:
-    """ASGI middleware: the rollout routes' checks (module docstring); every other request goes
-    through :class:`BodyGuard` (``max_bytes``: the admission API's bound)."""
+    """ASGI middleware: the rollout routes through one :class:`BodyGuard` with the rollout service's
+    bounds (``rollout_max_bytes``, depth 16, finite numbers), every other request through the
+    admission API's (``max_bytes``)."""
 
     def __init__(self, app: Any, max_bytes: int, rollout_max_bytes: int):
-        self.app, self.rollout_max_bytes = app, rollout_max_bytes
+        self.app = app
         self.guarded = BodyGuard(app, max_bytes=max_bytes)
+        self.rollout = BodyGuard(app, max_bytes=rollout_max_bytes, max_depth=MAX_JSON_DEPTH, check=finite_numbers,
+                                 limit_name="rollout service max_request_bytes", what="the request")
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        path = str(scope.get("path", ""))
-        if scope.get("type") != "http" or not is_rollout_path(path):
-            return await self.guarded(scope, receive, send)
-        if scope.get("method") not in ("POST", "PUT", "PATCH"):
-            return await self.app(scope, receive, send)
-        headers = {k.lower(): v for k, v in scope.get("headers") or []}
-        ctype = headers.get(b"content-type", b"").decode("latin-1")
-        media = ctype.split(";", 1)[0].strip().lower()
-        if not (media == "application/json" or (media.startswith("application/") and media.endswith("+json"))):
-            return await JSONResponse(
-                {"error": "unsupported_media_type",
-                 "detail": f"Content-Type {ctype or '(none)'!s} is not accepted: send JSON with "
-                           "Content-Type: application/json"}, status_code=415)(scope, receive, send)
-        too_big = JSONResponse({"error": "request_too_large",
-                                "detail": f"the request body exceeds {self.rollout_max_bytes} bytes "
-                                          "(rollout service max_request_bytes)"}, status_code=413)
-        length = headers.get(b"content-length")
-        if length is not None and (not length.strip().isdigit() or int(length) > self.rollout_max_bytes):
-            return await too_big(scope, receive, send)
-        chunks, total, more = [], 0, True
-        while more:
-            msg = await receive()
-            if msg["type"] != "http.request":
-                return
-            chunks.append(msg.get("body", b""))
-            total += len(chunks[-1])
-            more = msg.get("more_body", False)
-            if total > self.rollout_max_bytes:
-                return await too_big(scope, receive, send)
-        body, sent = b"".join(chunks), False
-        if (refusal := check_body(body)) is not None:
-            return await refusal(scope, receive, send)
-
-        async def replay() -> dict:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        if scope.get("type") == "http" and is_rollout_path(str(scope.get("path", ""))):
+            return await self.rollout(scope, receive, send)
+        return await self.guarded(scope, receive, send)

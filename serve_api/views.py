@@ -122,6 +122,8 @@ class AppSettings(BaseModel):
     model_config = ConfigDict(frozen=True, allow_inf_nan=False)
     token_sha256: str = Field(min_length=64, max_length=64)
     open_read_routes: bool = True
+    open_read_rate_per_s: float = Field(default=50.0, gt=0, le=1_000_000, allow_inf_nan=False)
+    open_read_burst: int = Field(default=100, ge=1, le=1_000_000)
     scheduler_name: Optional[str] = None
     request_timeout_s: float = Field(default=30.0, gt=0, le=600)
     max_request_bytes: int = Field(default=MAX_REQUEST_BYTES, ge=1024, le=16 << 20)
@@ -135,6 +137,8 @@ class AppSettings(BaseModel):
         return cls(
             token_sha256=_sha256(token),
             open_read_routes=cfg.open_read_routes,
+            open_read_rate_per_s=cfg.open_read_rate_per_s,
+            open_read_burst=cfg.open_read_burst,
             scheduler_name=cfg.scheduler_name,
             request_timeout_s=cfg.request_timeout_s,
             max_request_bytes=cfg.max_request_bytes,

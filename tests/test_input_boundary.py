@@ -304,3 +304,62 @@ def test_a_refusal_names_the_deciding_filter_saturation_is_not_out_of_gpus():
     assert not d.admitted and d.code == "retry_later"
     assert "saturation: group-0" in d.reason  # the deciding filter of the existing group
     assert "a new group refused by capacity (cluster out of GPUs" in d.reason
+
+
+@pytest.mark.parametrize("body, says", [
+    (b"[" * 1000 + b"]" * 1000, "nested deeper than 32 levels"),
+    (b'{"job_id": "a", "model_params_b": 7, "x": ' + b"[" * 40 + b"]" * 40 + b"}", "nested deeper than 32 levels"),
+    (b'{"job_id": "\xff\xfe", "model_params_b": 7}', "not valid UTF-8 (byte 12)"),
+])
+def test_deep_nesting_and_invalid_utf8_are_422_naming_the_body(app, body, says):
+    r = app.post("/v1/jobs", headers=JSON, content=body)
+    d = r.json()
+    assert r.status_code == 422 and d["error"] == "invalid_request", d
+    assert [e["field"] for e in d["errors"]] == ["body"] and says in d["detail"]
+    assert app.get("/v1/jobs", headers=AUTH).json() == []  # nothing admitted
+
+
+def test_unknown_job_is_404_from_the_replica_copy_without_asking_the_scheduler(paper):
+    g = GlobalSchedulerImpl(paper, kv=MemoryKV(), **unit_kw())
+    calls = []
+
+    class Recording(InProcessScheduler):
+        async def invoke(self, name, fn, *args):
+            calls.append(name)
+            return await super().invoke(name, fn, *args)
+
+    with TestClient(create_app(AppSettings(token_sha256=_sha256(TOKEN)), client=Recording(g))) as c:
+        assert c.post("/v1/jobs", headers=JSON, json={"job_id": "a", "model_params_b": 7}).status_code == 201
+        assert c.get("/v1/jobs/a").status_code == 200
+        before = list(calls)
+        for i in range(20):
+            r = c.get(f"/v1/jobs/nope-{i}")
+            assert r.status_code == 404 and r.json()["error"] == "not_found"
+        assert "get_job" not in calls and [x for x in calls[len(before):] if x != "snapshot_since"] == []
+
+
+def test_open_reads_are_rate_limited_per_client_the_token_is_not(paper):
+    g = GlobalSchedulerImpl(paper, kv=MemoryKV(), **unit_kw())
+    app = create_app(AppSettings(token_sha256=_sha256(TOKEN), open_read_rate_per_s=0.01, open_read_burst=3),
+                     client=InProcessScheduler(g))
+    with TestClient(app) as c:
+        codes = [c.get("/v1/jobs").status_code for _ in range(5)]
+        assert codes == [200, 200, 200, 429, 429]
+        r = c.get("/v1/groups")
+        assert r.status_code == 429 and r.json()["error"] == "rate_limited" and int(r.headers["Retry-After"]) >= 1
+        assert "open_read_rate_per_s" in r.json()["detail"]
+        assert all(c.get("/v1/jobs", headers=AUTH).status_code == 200 for _ in range(10))  # with the token: no limit
+
+
+def test_client_rate_limit_refills_and_bounds_its_table():
+    from serve_api.ratelimit import ClientRateLimit
+
+    now = [0.0]
+    lim = ClientRateLimit(2.0, 2, max_clients=3, clock=lambda: now[0])
+    assert [lim.take("a") for _ in range(3)] == [0.0, 0.0, 0.5]
+    assert lim.take("b") == 0.0  # another client has its own bucket
+    now[0] = 0.5  # one token back for a
+    assert lim.take("a") == 0.0 and lim.take("a") == 0.5
+    for k in "cdef":
+        lim.take(k)
+    assert len(lim._buckets) == 3 and "a" not in lim._buckets and lim.refused == 2

@@ -11,7 +11,8 @@ from rollmux.rollout_sched.api import (
     ByteTokenizer, ChatBody, CompletionBody, Priority, RolloutIn, SubmitBatch, chat_prompt, openai_request,
 )
 from rollmux.rollout_sched.routing import ReplicaLoad, expected_window, route
-from serve_api.rollout_boundary import check_body, is_rollout_path, json_depth
+from serve_api.boundary import json_body_problem
+from serve_api.rollout_boundary import check_body, is_rollout_path
 
 
 def test_a_lone_request_is_a_batch_of_one_and_flags_follow_priority():
@@ -73,8 +74,10 @@ def test_expected_window():
 
 
 def test_json_depth_and_body_checks():
-    assert json_depth(b'{"a": [1, {"b": "[[[["}]}') == 3
-    assert json_depth(b"[" * 17 + b"]" * 17) == 17
+    assert json_body_problem(b'{"a": [1, {"b": "[[[[[[["}]}', max_depth=3) is None  # brackets in strings skipped
+    assert "nested deeper than 2" in json_body_problem(b'{"a": [1, {"b": "x"}]}', max_depth=2)
+    assert check_body(b"[" * 17 + b"]" * 17)[1] == "json_invalid"
+    assert check_body(b'{"x": NaN}')[1] == "finite_number"
     assert check_body(b"[" * 17 + b"]" * 17) is not None and check_body(b"[" * 16 + b"]" * 16) is None
     assert check_body(b'{"x": Infinity}') is not None and check_body(b'{"x": 1e400}') is not None
     assert check_body(b'{"x": "\\u00e9"}') is None and check_body(b'{"x": "\xc3"}') is not None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from rollmux import profiler
@@ -23,6 +24,29 @@ from rollmux.admission.groups import summarise_group
 from rollmux.admission.order import OrderChoice, best_round_robin_order
 from rollmux.admission.rules import within
 from rollmux.models import CoExecutionGroup, GroupMember, Placement
+
+
+@dataclass(frozen=True)
+class ReoptHood:
+    """A neighbourhood of :meth:`RepackMixin.reoptimise`, as values: its group ids (in order),
+    every member's ``(spec, profile)``, each group's $/h and job-id set when it was captured."""
+
+    groups: tuple[str, ...]
+    members: tuple[tuple, ...]
+    costs: dict[str, float]
+    job_sets: dict[str, frozenset]
+
+
+@dataclass(frozen=True)
+class ReoptPlan:
+    """A re-partition of a :class:`ReoptHood`: the new groups (each with its round-robin
+    :class:`rollmux.admission.order.OrderChoice`) and the neighbourhood's $/h before and after."""
+
+    hood: ReoptHood
+    fresh: Optional[str]
+    groups: tuple[tuple[CoExecutionGroup, OrderChoice], ...]
+    before_usd_per_h: float
+    after_usd_per_h: float
 
 
 class RepackMixin:
@@ -130,6 +154,12 @@ class RepackMixin:
         ``"rollmux"`` policy does this; ``reopt_max_jobs: 0`` turns it off, and so does
         ``repack_on_departure: false`` (the paper's admission-only Alg. 1).
 
+        It is the three steps below in a row; a caller that must not hold its lock through the
+        solve (the cluster's GlobalScheduler) calls them apart: :meth:`reopt_neighbourhood`
+        (cheap, reads the table), :meth:`plan_reoptimise` (the solve; reads only the neighbourhood
+        it is given, so the table may change meanwhile) and :meth:`apply_reoptimise` (commits the
+        plan only if the neighbourhood's groups are still as they were planned on).
+
         Returns:
             the moves committed: ``{job_id, from_group, to_group, placement {rollout_nodes,
             train_nodes}, move_s, saved_usd_per_h}`` (as :meth:`repack`); a move of ``fresh`` has
@@ -137,9 +167,17 @@ class RepackMixin:
         Source: extension of RollMux §4.2 Alg. 1 towards the optimum that re-partitions at every
         event (RollMux §7.5 "Opt"), bounded to a neighbourhood.
         """
+        hood = self.reopt_neighbourhood(trigger_group)
+        plan = None if hood is None else self.plan_reoptimise(hood, fresh, solver=solver)
+        return [] if plan is None else self.apply_reoptimise(plan)
+
+    def reopt_neighbourhood(self, trigger_group: Optional[str] = None) -> Optional["ReoptHood"]:
+        """The neighbourhood :meth:`reoptimise` re-partitions (``trigger_group`` first, then the
+        most idle groups, whole groups, at most ``config.reopt_max_jobs`` jobs), captured as
+        values; None when re-optimisation is off or fewer than two groups qualify. O(groups)."""
         cap = self.config.reopt_max_jobs
         if not self.spec.repacks or not self.config.repack_on_departure or cap < 2 or len(self._groups) < 2:
-            return []
+            return None
         hood: list[str] = []
         n = 0
         first = [trigger_group] if trigger_group in self._groups else []
@@ -154,16 +192,26 @@ class RepackMixin:
             if n >= cap:
                 break
         if len(hood) < 2:
-            return []
-        members = [(m.spec, m.profile) for gid in hood for m in self._groups[gid].group.members]
-        before = sum(self._groups[gid].cost for gid in hood)
-        current = {frozenset(self._groups[gid].group.job_ids): gid for gid in hood}
+            return None
+        return ReoptHood(groups=tuple(hood),
+                         members=tuple((m.spec, m.profile) for gid in hood for m in self._groups[gid].group.members),
+                         costs={gid: self._groups[gid].cost for gid in hood},
+                         job_sets={gid: frozenset(self._groups[gid].group.job_ids) for gid in hood})
+
+    def plan_reoptimise(self, hood: "ReoptHood", fresh: Optional[str] = None, *, solver) -> Optional["ReoptPlan"]:
+        """The re-partition of ``hood`` that :meth:`reoptimise` would take (every new group with
+        its round-robin order), or None when none lowers the neighbourhood's $/h with every SLO
+        held. Reads only ``hood``, the cluster and the config (never the group table), so it may
+        run while the table changes; ``solver`` is the caller's (it caches layouts)."""
+        members = list(hood.members)
+        before = sum(hood.costs.values())
+        current = {hood.job_sets[gid]: gid for gid in hood.groups}
 
         def gain(groups: Sequence[CoExecutionGroup]) -> tuple[list[CoExecutionGroup], float]:
             """The new groups of a partition of the neighbourhood and its $/h (kept groups at their cost)."""
             new = [g for g in groups if frozenset(g.job_ids) not in current]
             kept = [current[frozenset(g.job_ids)] for g in groups if frozenset(g.job_ids) in current]
-            return new, sum(self._groups[gid].cost for gid in kept) + sum(g.cost_usd_per_h(self.cluster) for g in new)
+            return new, sum(hood.costs[gid] for gid in kept) + sum(g.cost_usd_per_h(self.cluster) for g in new)
 
         overhead = self.config.migration_overhead_s if self.config.plan_migration_overhead else 0.0
         orders: dict[tuple[str, ...], Optional[OrderChoice]] = {}
@@ -176,8 +224,8 @@ class RepackMixin:
                 oc = best_round_robin_order(g.members, rollout_overhead_s=overhead)
                 ok = oc.feasible and all(
                     within((oc.t_coexec_s[m.spec.job_id]
-                             + (0.0 if m.spec.job_id == fresh else profiler.move_time_s(m.spec, self.cluster)))
-                            / m.profile.t_solo_s, m.spec.slo)
+                            + (0.0 if m.spec.job_id == fresh else profiler.move_time_s(m.spec, self.cluster)))
+                           / m.profile.t_solo_s, m.spec.slo)
                     for m in oc.members)
                 if ok and self.slo_guard is not None:
                     ok = self.slo_guard(g.model_copy(update={"members": tuple(oc.members)}))
@@ -188,9 +236,9 @@ class RepackMixin:
         # groups that pass them: when the bound over those proves none is, nothing changes. The
         # margin covers float summation order; within it the exact solve decides.
         target = before - 1e-6 + 1e-9 * (1.0 + before)
-        if solver.partition_floor(members, {s: self._groups[gid].cost for s, gid in current.items()}, target,
+        if solver.partition_floor(members, {s: hood.costs[gid] for s, gid in current.items()}, target,
                                   keeps=lambda g: movable(g) is not None) >= target:
-            return []
+            return None
 
         def unchanged(groups: Sequence[CoExecutionGroup]) -> bool:
             new, after = gain(groups)
@@ -199,14 +247,27 @@ class RepackMixin:
         # the solver may skip choosing among tied optima when none of them would change anything
         res = solver.solve(members, indifferent=unchanged)
         if unchanged(res.groups):
-            return []
+            return None
         new, after = gain(res.groups)
         plans = []
         for g in new:
             oc = movable(g)
             if oc is None:
-                return []
+                return None
             plans.append((g, oc))
+        return ReoptPlan(hood=hood, fresh=fresh, groups=tuple(plans), before_usd_per_h=before, after_usd_per_h=after)
+
+    def apply_reoptimise(self, plan: "ReoptPlan") -> list[dict]:
+        """Commit ``plan`` (:meth:`plan_reoptimise`): the moved jobs leave their groups and the
+        plan's groups get new ids and nodes from the pools. Nothing changes (``[]``) when a group
+        of the planned neighbourhood is gone or has other members or another cost now, or a
+        bounded cluster has no room for the new layout. Returns the moves as :meth:`reoptimise`."""
+        for gid in plan.hood.groups:
+            g = self._groups.get(gid)
+            if g is None or frozenset(g.group.job_ids) != plan.hood.job_sets[gid] or g.cost != plan.hood.costs[gid]:
+                return []
+        fresh, before, after = plan.fresh, plan.before_usd_per_h, plan.after_usd_per_h
+        plans = list(plan.groups)
         saved = self._save()
         origin = {m.spec.job_id: self._job_group[m.spec.job_id] for g, _ in plans for m in g.members}
         for j in origin:

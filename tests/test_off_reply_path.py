@@ -1,0 +1,99 @@
+"""What the admission reply path no longer runs: checkpoint compaction and the admissions'
+re-optimisation solve. Asserted by counters, checkpoint sequence numbers and call order, never
+by timing."""
+
+from __future__ import annotations
+
+import asyncio
+
+from factories import unit_kw
+
+from actors.global_scheduler import GlobalSchedulerImpl
+from actors.kv import MemoryKV
+from rollmux.config import CONFIG_DIR, load_cluster
+
+SPEC = dict(model_params_b=7.0, max_response_tokens=4096, num_rollout_gpus=8, num_train_gpus=8, slo=1.5,
+            measured=dict(t_roll_s=300.0, t_train_s=200.0, t_sync_s=10.0))
+
+
+def _sched(kv, **kw):
+    return GlobalSchedulerImpl(load_cluster(CONFIG_DIR / "cluster_sim.yaml"), kv=kv, **unit_kw(), metrics_flush_s=0, **kw)
+
+
+def _admit_batched(s, ids):
+    async def run():
+        return [await s.admit_batched({**SPEC, "job_id": j}) for j in ids]
+
+    return asyncio.run(run())
+
+
+def test_compaction_runs_off_the_reply_path_and_restores_the_same_state():
+    kv = MemoryKV()
+    s = _sched(kv, compaction="manual")
+    s.store.compact_every, s.store.compact_ratio = 4, 0.0
+    outs = _admit_batched(s, [f"j{i}" for i in range(10)])
+    assert all(o["admitted"] for o in outs)
+    # every write made a base due; none was written on a reply
+    assert s.store.seq == 10 and s.store.base_seq == 0 and s.store.wants_compaction()
+    assert s.compactions_inline == 0 and s.compactions_off_reply == 0
+    assert len(kv.keys(f"{s.store.prefix}.w.")) == 10
+    assert s.compact_pending() is True
+    assert s.store.base_seq == 10 and s.compactions_off_reply == 1 and kv.keys(f"{s.store.prefix}.w.") == []
+    assert s.compact_pending() is False  # nothing due any more
+    r = _sched(kv)
+    assert r.restored and [j["job_id"] for j in r.list_jobs()] == [j["job_id"] for j in s.list_jobs()]
+    assert r.list_groups() == s.list_groups()
+
+
+def test_inline_compaction_writes_the_state_mirror():
+    """The default (unit tests): the write that makes a base due writes it, from the mirror."""
+    kv = MemoryKV()
+    s = _sched(kv)
+    s.store.compact_every, s.store.compact_ratio = 3, 0.0
+    _admit_batched(s, [f"j{i}" for i in range(7)])
+    assert s.compactions_inline == 2 and s.store.base_seq == 6 and s.compactions_off_reply == 0
+    r = _sched(kv)
+    assert r.list_jobs() == s.list_jobs() and r.list_groups() == s.list_groups()
+
+
+def test_reoptimisation_solves_without_the_scheduler_lock():
+    """The solve of each admission's neighbourhood runs with the scheduler's lock free (an
+    admission may be decided meanwhile); a plan whose neighbourhood changed is dropped."""
+    s = _sched(MemoryKV())
+    _admit_batched(s, [f"j{i}" for i in range(7)])
+    assert s.reopt_planned == 0  # the replies ran no solve
+    inner = s._planner()
+    seen = []
+
+    class Probe:
+        def plan(self, hood, fresh, forget):
+            seen.append(s._lock._is_owned())  # RLock: held by this thread?
+            plan = inner.plan(hood, fresh, forget)
+            if len(seen) == 1:  # an admission lands in the neighbourhood between plan and commit
+                s.admit({**SPEC, "job_id": "late", "slo": 3.0})
+            return plan
+
+    s._reopt_planner = Probe()
+    s.reoptimise_pending()
+    assert seen and not any(seen)
+    assert s.reopt_planned == len(seen) == 7
+    assert s.reopt_applied + s.reopt_stale <= s.reopt_planned
+
+
+def test_process_planner_gives_the_thread_planners_plan():
+    from actors.reopt_worker import ProcessPlanner, ThreadPlanner
+
+    s = _sched(MemoryKV())
+    for i in range(12):
+        s.admit({**SPEC, "job_id": f"j{i}", "measured": dict(t_roll_s=300.0 + 20 * i, t_train_s=200.0, t_sync_s=10.0)})
+    hood = s.igs.reopt_neighbourhood(s.igs.groups[0].group_id)
+    assert hood is not None
+    want = ThreadPlanner(s.cluster, s.igs.config).plan(hood, None, [])
+    pp = ProcessPlanner(s.cluster, s.igs.config)
+    try:
+        got = pp.plan(hood, None, ["gone"])
+        assert pp.restarts == 0 and got is not None and want is not None
+        assert [tuple(g.job_ids) for g, _ in got.groups] == [tuple(g.job_ids) for g, _ in want.groups]
+        assert got.after_usd_per_h == want.after_usd_per_h < got.before_usd_per_h
+    finally:
+        pp.close()
