@@ -336,12 +336,7 @@ def main() -> None:
         try:
             sequential_case(args, cluster, token, tmp)
         finally:
-            try:
-                serve.shutdown()
-            except Exception:  # noqa: BLE001 - best effort on the way out
-                pass
-            ray.shutdown()
-            shutil.rmtree(tmp, ignore_errors=True)  # its checkpoint: nothing left in /tmp
+            _teardown(tmp)
         return
     try:
         # no drivers attach here: no reconcile loop and no exported metrics (what the old test-only
@@ -443,12 +438,20 @@ def main() -> None:
         print(json.dumps(verdict))
         print(f"wrote {args.out}")
     finally:
-        try:
-            serve.shutdown()
-        except Exception:  # noqa: BLE001 - best effort on the way out
-            pass
-        ray.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)  # its checkpoint: nothing left in /tmp
+        _teardown(tmp)
+
+
+def _teardown(tmp: Path) -> None:
+    """Serve, Ray and the run's checkpoint directory down: nothing left in /tmp."""
+    import ray
+    from ray import serve
+
+    try:
+        serve.shutdown()
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        pass
+    ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
