@@ -46,6 +46,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
 from ray import serve
 from starlette.exceptions import HTTPException
 
@@ -97,6 +98,14 @@ def _rollout_max_bytes() -> int:
     return load_rollout_sched_config(DEFAULT_CONFIG_PATH, "cpu_engine").service.max_request_bytes
 
 
+def _body_schema(request: Request) -> Optional[dict]:
+    """The JSON schema of the matched route's pydantic body model (what a 422 lists as allowed), or
+    None (the job spec's: the admission routes parse their body themselves)."""
+    field = getattr(request.scope.get("route"), "body_field", None)
+    model = getattr(getattr(field, "field_info", None), "annotation", None)
+    return model.model_json_schema() if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
 def create_app(settings: AppSettings, client: Optional[SchedulerApi] = None) -> FastAPI:
     """Build the FastAPI app (one per Serve replica) from :data:`ROUTERS`. ``client`` (a
     :class:`serve_api.client.SchedulerApi`) defaults to the named scheduler's :class:`SchedulerClient`."""
@@ -141,8 +150,8 @@ def create_app(settings: AppSettings, client: Optional[SchedulerApi] = None) -> 
         return exc.response()
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [field_error(e) for e in exc.errors()]
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [field_error(e, _body_schema(request)) for e in exc.errors()]
         detail = "; ".join(f"{e['field']}: {e['msg']}" for e in errors) or "invalid request"
         return JSONResponse({"error": "invalid_request", "detail": detail, "errors": errors}, status_code=422)
 

@@ -9,6 +9,7 @@ with ``errors: [{field, msg, type}]`` whose ``msg`` ends with what the field all
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Optional
 
 from fastapi.responses import JSONResponse
@@ -26,15 +27,18 @@ def _unit(name: str) -> str:
     return next((" " + u for suffix, u in _UNITS if name.endswith(suffix)), "")
 
 
-def _schema_of(path: list[str]) -> Optional[dict]:
-    """The JSON schema of ``JobSpec`` field ``path`` (e.g. ``["measured", "t_roll_s"]``), or None."""
-    root = JobSpec.model_json_schema()
+def _schema_of(path: list[str], root: Optional[dict] = None) -> Optional[dict]:
+    """The JSON schema of field ``path`` (e.g. ``["measured", "t_roll_s"]``) of ``root`` (a model's
+    JSON schema; default ``JobSpec``'s), or None. Integer parts index arrays."""
+    root = root or JobSpec.model_json_schema()
     defs = root.get("$defs", {})
     node: Optional[dict] = root
     for part in path:
         if node is None:
             return None
-        node = (node.get("properties") or {}).get(part)
+        if "$ref" in node:
+            node = defs.get(node["$ref"].rsplit("/", 1)[-1]) or {}
+        node = node.get("items") if part.isdigit() and node.get("type") == "array" else (node.get("properties") or {}).get(part)
         if node is None:
             return None
         opts = [node] + list(node.get("anyOf") or [])
@@ -44,9 +48,10 @@ def _schema_of(path: list[str]) -> Optional[dict]:
     return node
 
 
-def allowed(path: list[str]) -> str:
-    """What field ``path`` of a job spec accepts, e.g. ``"a finite number, 0 < t_roll_s <= 604800 s"``."""
-    sch = _schema_of(path)
+def allowed(path: list[str], root: Optional[dict] = None) -> str:
+    """What field ``path`` of a job spec (or of the model whose JSON schema is ``root``) accepts,
+    e.g. ``"a finite number, 0 < t_roll_s <= 604800 s"``."""
+    sch = _schema_of(path, root)
     if not sch:
         return ""
     name, typ, unit = path[-1], sch.get("type"), _unit(path[-1])
@@ -165,9 +170,14 @@ def json_body_problem(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> Optional[
     return None
 
 
-def field_error(e: dict) -> dict:
+_NAMED = re.compile(r"^(Value error, )?([a-z_][a-z0-9_]*): (.*)$", re.S)  # "field: why" from a model validator
+
+
+def field_error(e: dict, root: Optional[dict] = None) -> dict:
     """One pydantic error as ``{field, msg, type}``: the field's dotted path, the message and what
-    the field allows; malformed JSON names the body and the position, not an offset as a field."""
+    the field allows (``root``: the JSON schema of the route's body model; default ``JobSpec``'s);
+    malformed JSON names the body and the position, not an offset as a field. A model validator's
+    ``ValueError("name: why")`` names field ``name`` under the model's path."""
     loc = [p for p in e.get("loc", ()) if p != "body"]
     typ = e.get("type", "")
     if typ == "json_invalid":
@@ -177,9 +187,12 @@ def field_error(e: dict) -> dict:
                 "type": typ}
     path = [str(p) for p in loc]
     msg = e.get("msg", "")
-    if path and typ != "extra_forbidden" and (what := allowed(path)):
+    if typ == "value_error" and (m := _NAMED.match(msg)):
+        path, msg = path + [m.group(2)], (m.group(1) or "") + m.group(3)
+    if path and typ != "extra_forbidden" and (what := allowed(path, root)):
         msg = f"{msg} (allowed: {what})"
     elif path and typ == "extra_forbidden":
-        parent = _schema_of(path[:-1]) if len(path) > 1 else JobSpec.model_json_schema()
-        msg = f"{msg} (unknown field; allowed fields: {', '.join((parent or {}).get('properties') or {})})"
+        parent = _schema_of(path[:-1], root) if len(path) > 1 else (root or JobSpec.model_json_schema())
+        names = ", ".join((parent or {}).get("properties") or {})
+        msg = f"{msg} (unknown field; allowed fields: {names})" if names else f"{msg} (unknown field)"
     return {"field": ".".join(path) or "body", "msg": msg, "type": typ}

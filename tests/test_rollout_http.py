@@ -207,6 +207,28 @@ def test_bad_input_is_refused_and_nothing_enqueued(http, svc, body, ctype, statu
     assert _submitted(svc) == before
 
 
+FIELDS = [  # (route, body, the exact field of the first error)
+    ("/v1/rollouts", {"requests": [{"prompt": "ok"}, {"prompt": "x", "max_tokens": 0}]}, "requests.1.max_tokens"),
+    ("/v1/rollouts", {"prompt": "x", "prompt_token_ids": [1]}, "requests.0.prompt"),
+    ("/v1/rollouts", {"prompt": "x", "open_session": True, "session_id": "s-1"}, "requests.0.session_id"),
+    ("/v1/rollouts", {"prompt": "x", "colour": "red"}, "requests.0.colour"),
+    ("/v1/rollouts:stream", {"ids": ["ok", "bad id!"]}, "ids.1"),
+    ("/v1/rollouts:stream", {}, "ids"),
+    ("/v1/policy", {"version": 5, "min_version": 6}, "min_version"),
+    ("/v1/completions", {"prompt": "x", "stream": True}, "stream"),
+]
+
+
+@pytest.mark.parametrize("route,body,field", FIELDS, ids=[f[2] for f in FIELDS])
+def test_each_refusal_names_its_field(http, route, body, field):
+    r = http.post(route, json=body)
+    assert r.status_code == 422, r.text[:300]
+    err = r.json()["errors"][0]
+    assert err["field"] == field, err
+    if err["type"] == "extra_forbidden":  # the route's own fields are listed, not the job spec's
+        assert "prompt_token_ids" in err["msg"].split("allowed fields: ")[1].split(", "), err
+
+
 def test_other_routes_refuse_bad_input(http, svc):
     assert http.post("/v1/policy", json={"version": -1}).status_code == 422
     assert http.post("/v1/policy", json={"version": 5, "min_version": 6}).status_code == 422

@@ -100,13 +100,13 @@ class RolloutIn(_In):
     @model_validator(mode="after")
     def _one_prompt(self) -> "RolloutIn":
         if (self.prompt is None) == (self.prompt_token_ids is None):
-            raise ValueError("give exactly one of prompt (text) and prompt_token_ids")
+            raise ValueError("prompt: give exactly one of prompt (text) and prompt_token_ids")
         if self.prompt_token_ids is not None and (min(self.prompt_token_ids) < 0 or max(self.prompt_token_ids) > MAX_TOKEN_ID):
             raise ValueError(f"prompt_token_ids: token ids must be in [0, {MAX_TOKEN_ID}]")
         if self.task_type is not RequestType.REPLAY and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1 for a {self.task_type.value} request")
+            raise ValueError(f"max_tokens: must be >= 1 for a {self.task_type.value} request")
         if self.open_session and self.session_id is not None:
-            raise ValueError("open_session and session_id exclude each other (a session is opened once)")
+            raise ValueError("session_id: open_session and session_id exclude each other (a session is opened once)")
         return self
 
     def token_ids(self) -> list[int]:
@@ -209,7 +209,7 @@ class StreamBody(_In):
     @model_validator(mode="after")
     def _some(self) -> "StreamBody":
         if not self.ids and self.session_id is None:
-            raise ValueError("give ids and/or session_id")
+            raise ValueError("ids: give ids and/or session_id")
         return self
 
 
@@ -242,7 +242,7 @@ class PolicyBody(_In):
     @model_validator(mode="after")
     def _order(self) -> "PolicyBody":
         if self.min_version is not None and self.min_version > self.version:
-            raise ValueError("min_version must be <= version")
+            raise ValueError("min_version: must be <= version")
         return self
 
 
