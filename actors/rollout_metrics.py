@@ -106,9 +106,20 @@ def _rss() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+class _Fixed:
+    """A collector of metric families computed once (a counter read from the service's snapshot)."""
+
+    def __init__(self, families: list):
+        self.families = families
+
+    def collect(self):
+        return iter(self.families)
+
+
 def render_prometheus(stats: dict) -> bytes:
     """Prometheus text exposition of ``stats`` (:func:`service_stats`), bounded label sets."""
     from prometheus_client import CollectorRegistry, Gauge, generate_latest
+    from prometheus_client.core import CounterMetricFamily
 
     reg = CollectorRegistry()
 
@@ -130,8 +141,11 @@ def render_prometheus(stats: dict) -> bytes:
     for k, v in stats["queued_by_class"].items():
         g("queued", "requests queued per priority class", v, ("cls",), cls=k)
     g("running", "requests running", stats["running"])
+    requests = CounterMetricFamily(PREFIX + "requests", "requests per outcome since the service started",
+                                   labels=["outcome"])  # exposed as ..._requests_total, TYPE counter
     for k, v in stats["counters"].items():
-        g("requests_total", "requests per outcome since start", v, ("outcome",), outcome=k)
+        requests.add_metric([k], float(v))
+    reg.register(_Fixed([requests]))
     for r in stats["replicas"]:
         i = str(r["replica"])
         g("replica_alive", "engine replica answers (1) or died (0)", 1 if r["alive"] else 0, ("replica",), replica=i)

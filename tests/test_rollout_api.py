@@ -102,6 +102,8 @@ def test_prometheus_series_are_bounded():
     text = render_prometheus(s).decode()
     assert "rollmux_rollout_trainer_idle_ratio 0.5" in text and 'rollmux_rollout_queued{cls="background"} 2.0' in text
     assert "training_step_time" not in text  # no figure yet: no series
+    assert "# TYPE rollmux_rollout_requests_total counter" in text
+    assert 'rollmux_rollout_requests_total{outcome="submitted"} 4.0' in text
 
 
 def test_the_vllm_engine_needs_a_model():
