@@ -39,8 +39,11 @@ class SloPart:
             pending[job_id] = None
             if self.igs.slo_guard is None:  # (again after a restore or a rolled-back transaction)
                 # re-packing and re-optimisation never form a group the watch would refuse (no oscillation)
-                self.igs.slo_guard = lambda g: not at_risk(
-                    g, predict_slowdowns(g, self._measured_samples(g.job_ids)), cfg.slo_watch_headroom)
+                self.igs.slo_guard = lambda g: not at_risk(g, self._predict(g), cfg.slo_watch_headroom)
+
+    def _predict(self, group) -> dict:
+        """Predicted slowdown of every member of ``group`` on the members' measured windows."""
+        return predict_slowdowns(group, self._measured_samples(group.job_ids))
 
     def _measured_samples(self, job_ids) -> dict:
         out = {}
@@ -66,7 +69,7 @@ class SloPart:
                 if rec is None or not rec.state.is_active() or member is None:
                     continue
                 gid = self.igs.group_of(jid).group_id
-                predict = (lambda g: predict_slowdowns(g, self._measured_samples(g.job_ids)))
+                predict = self._predict
                 prof = cfg.planning_profile(profiler.estimate(member.spec, self.cluster), rec.measured_phases)
                 if not differs(member.profile, prof) and not at_risk(self.igs.group(gid), predict(self.igs.group(gid)),
                                                                      cfg.slo_watch_headroom):

@@ -54,6 +54,11 @@ class IterationTimes:
         if self.tail_load is not None and not (self.tail_load >= 0 and math.isfinite(self.tail_load)):
             raise ValueError(f"tail_load must be a finite number >= 0, got {self.tail_load}")
 
+    @property
+    def t_solo_s(self) -> float:
+        """This iteration run alone, s: ``t_roll_s + t_train_s + t_sync_s`` (as :attr:`PhaseProfile.t_solo_s`)."""
+        return self.t_roll_s + self.t_train_s + self.t_sync_s
+
 
 @dataclass(frozen=True)
 class PhaseRecord:

@@ -57,7 +57,7 @@ def predict_slowdowns(group: CoExecutionGroup, samples: Mapping[str, Sequence[It
     s = simulate_group(group, meta_iterations=k, phase_times=times, long_tail=long_tail, record_timeline=False)
     out = {}
     for jid, its in times.items():
-        solo = sum(i.t_roll_s + i.t_train_s + i.t_sync_s for i in its) / len(its)
+        solo = sum(i.t_solo_s for i in its) / len(its)
         out[jid] = s.t_coexec_s[jid] / solo
     return out
 
