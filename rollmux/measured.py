@@ -100,9 +100,7 @@ class MeasuredPhases(BaseModel):
             raise ValueError(f"quantile q must lie in (0, 1], got {q}")
         if not self.samples:
             raise ValueError("no measured iterations")
-        n = self.n
-        k = min(max(0, math.ceil(q * n) - 1), max(0, n - 2))
-        return _profile({p: float(np.sort(self._column(p))[k]) for p in _PHASES})
+        return _profile({p: robust_quantile(self._column(p), q) for p in _PHASES})
 
     def mean(self) -> PhaseProfile:
         """Mean per phase of the window (floored as :meth:`high`): ``mean().t_solo_s`` is the
@@ -128,6 +126,15 @@ class MeasuredPhases(BaseModel):
             out.append(IterationTimes(tr, max(MIN_PHASE_S, s.t_train_s), s.t_sync_s if s.t_sync_s == 0 else max(MIN_PHASE_S, s.t_sync_s),
                                       trig, s.tail_load))
         return out
+
+
+def robust_quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` as an order statistic that never takes the largest value
+    of two or more (one outlier never decides alone): index ``min(ceil(q n) - 1, n - 2)`` of the
+    sorted values, at least 0. Raises IndexError on no values."""
+    n = len(values)
+    k = min(max(0, math.ceil(q * n) - 1), max(0, n - 2))
+    return float(sorted(values)[k])
 
 
 def _profile(times: Mapping[str, float]) -> PhaseProfile:
@@ -162,9 +169,7 @@ def ratio_prior(declared: PhaseProfile, ratios: Sequence[Mapping[str, float]], q
     (``ratios``: ``{t_roll_s, t_train_s, t_sync_s}`` each). None without any ratio."""
     if not ratios:
         return None
-    n = len(ratios)
-    k = min(max(0, math.ceil(q * n) - 1), max(0, n - 2))
-    return _profile({p: getattr(declared, p) * sorted(r[p] for r in ratios)[k] for p in _PHASES})
+    return _profile({p: getattr(declared, p) * robust_quantile([r[p] for r in ratios], q) for p in _PHASES})
 
 
 def ratios_of(declared: PhaseProfile, measured: PhaseProfile) -> dict[str, float]:
