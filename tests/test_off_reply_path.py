@@ -77,7 +77,8 @@ def test_reoptimisation_solves_without_the_scheduler_lock():
     s.reoptimise_pending()
     assert seen and not any(seen)
     assert s.reopt_planned == len(seen) == 7
-    assert s.reopt_applied + s.reopt_stale <= s.reopt_planned
+    assert s.reopt_stale >= 1  # the first plan saw its neighbourhood change: dropped, not applied
+    assert s.reopt_applied + s.reopt_stale <= s.reopt_planned  # the rest found nothing cheaper
 
 
 def test_process_planner_gives_the_thread_planners_plan():
