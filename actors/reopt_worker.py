@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
-import select
-import struct
 import subprocess
 import sys
 import time
+from multiprocessing.connection import Connection
 from typing import Optional
 
 from rollmux.admission import InterGroupScheduler, SchedulerConfig
@@ -60,51 +58,38 @@ class ThreadPlanner:
         pass
 
 
-# ---- the child process: ``python -m actors.reopt_worker``, length-prefixed pickles on stdin / stdout
-def _write_frame(fd: int, obj) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    data = struct.pack("!Q", len(data)) + data
-    while data:
-        data = data[os.write(fd, data):]
+# ---- the child process: ``python -m actors.reopt_worker``, pickles framed by multiprocessing's
+# Connection (length-prefixed) on stdin / stdout
+def _conn(fd: int, *, read: bool) -> Connection:
+    """A one-way :class:`multiprocessing.connection.Connection` on its own copy of ``fd``."""
+    return Connection(os.dup(fd), readable=read, writable=not read)
 
 
-def _read_exact(fd: int, n: int, deadline: Optional[float]) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise TimeoutError(f"no answer from the re-optimisation child within {PLAN_TIMEOUT_S:g} s")
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            raise EOFError("the re-optimisation child exited")
-        buf += chunk
-    return bytes(buf)
-
-
-def _read_frame(fd: int, deadline: Optional[float] = None):
-    (n,) = struct.unpack("!Q", _read_exact(fd, 8, deadline))
-    return pickle.loads(_read_exact(fd, n, deadline))
+def _answer(conn: Connection, deadline: float):
+    if not conn.poll(max(0.0, deadline - time.monotonic())):
+        raise TimeoutError(f"no answer from the re-optimisation child within {PLAN_TIMEOUT_S:g} s")
+    return conn.recv()  # EOFError when the child exited
 
 
 def _child_main() -> None:  # pragma: no cover - runs in the child (covered by the process planner's test)
-    out_fd = os.dup(1)
+    out = _conn(1, read=False)
     os.dup2(2, 1)  # anything printed goes to stderr, never into the answers
     try:
         os.nice(CHILD_NICE)
     except OSError:
         pass
-    cluster, config = _read_frame(0)
+    inp = _conn(0, read=True)
+    cluster, config = inp.recv()
     planner = ThreadPlanner(ClusterSpec.model_validate(cluster), SchedulerConfig.model_validate(config))
     while True:
         try:
-            hood, fresh, forget = _read_frame(0)
+            hood, fresh, forget = inp.recv()
         except EOFError:
             return
         try:
-            _write_frame(out_fd, ("ok", planner.plan(hood, fresh, forget)))
+            out.send(("ok", planner.plan(hood, fresh, forget)))
         except Exception as e:  # a failed solve: the parent logs it, nothing moves
-            _write_frame(out_fd, ("error", f"{type(e).__name__}: {e}"))
+            out.send(("error", f"{type(e).__name__}: {e}"))
 
 
 class ProcessPlanner:
@@ -114,24 +99,29 @@ class ProcessPlanner:
     def __init__(self, cluster: ClusterSpec, config: SchedulerConfig):
         self._args = (cluster.model_dump(mode="json"), config.model_dump(mode="json"))
         self._proc: Optional[subprocess.Popen] = None
+        self._send: Optional[Connection] = None
+        self._recv: Optional[Connection] = None
         self.restarts = 0
         self.closed = False
 
     def _child(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
+            self._kill()
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
             self._proc = subprocess.Popen([sys.executable, "-m", "actors.reopt_worker"], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, env=env, close_fds=True)
-            _write_frame(self._proc.stdin.fileno(), self._args)
+            self._send = _conn(self._proc.stdin.fileno(), read=False)
+            self._recv = _conn(self._proc.stdout.fileno(), read=True)
+            self._send.send(self._args)
         return self._proc
 
     def plan(self, hood, fresh: Optional[str], forget: list[str]):
         if self.closed:
             return None
         try:
-            p = self._child()
-            _write_frame(p.stdin.fileno(), (hood, fresh, forget))
-            kind, value = _read_frame(p.stdout.fileno(), time.monotonic() + PLAN_TIMEOUT_S)
+            self._child()
+            self._send.send((hood, fresh, forget))
+            kind, value = _answer(self._recv, time.monotonic() + PLAN_TIMEOUT_S)
         except Exception as e:  # the child died or hung: a new one next time; nothing moves now
             if self.closed:
                 return None
@@ -150,6 +140,10 @@ class ProcessPlanner:
         self._kill()
 
     def _kill(self) -> None:
+        for c in (self._send, self._recv):
+            if c is not None:
+                c.close()
+        self._send = self._recv = None
         p, self._proc = self._proc, None
         if p is not None and p.poll() is None:
             p.kill()

@@ -98,3 +98,32 @@ def test_process_planner_gives_the_thread_planners_plan():
         assert got.after_usd_per_h == want.after_usd_per_h < got.before_usd_per_h
     finally:
         pp.close()
+
+
+def test_process_planner_restarts_a_dead_child():
+    """A child that dies during a call loses that call's solve (None: nothing moves, ``restarts``
+    counts it); one found dead before a call is started again; both then answer as before."""
+    from actors.reopt_worker import ProcessPlanner
+
+    s = _sched(MemoryKV())
+    for i in range(12):
+        s.admit({**SPEC, "job_id": f"j{i}", "measured": dict(t_roll_s=300.0 + 20 * i, t_train_s=200.0, t_sync_s=10.0)})
+    hood = s.igs.reopt_neighbourhood(s.igs.groups[0].group_id)
+    assert hood is not None
+    pp = ProcessPlanner(s.cluster, s.igs.config)
+    try:
+        first = pp.plan(hood, None, [])
+        assert first is not None
+        shape = [tuple(g.job_ids) for g, _ in first.groups]
+        pp._proc.kill()
+        pp._proc.wait(timeout=10)
+        again = pp.plan(hood, None, [])  # found dead before the call: started again, answers
+        assert pp.restarts == 0 and again is not None and [tuple(g.job_ids) for g, _ in again.groups] == shape
+        pp._send.send("not a request")  # the child cannot unpack it and exits: the next call is lost
+        assert pp.plan(hood, None, []) is None and pp.restarts == 1
+        third = pp.plan(hood, None, [])
+        assert third is not None and [tuple(g.job_ids) for g, _ in third.groups] == shape
+        child = pp._proc
+    finally:
+        pp.close()
+    assert child.poll() is not None and pp.plan(hood, None, []) is None  # closed for good
