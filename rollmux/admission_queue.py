@@ -77,6 +77,14 @@ def what_if(sched: "InterGroupScheduler", spec: JobSpec, held_gpus: list[int], *
     actor and the Serve replicas (from their snapshot copy of the table) both answer with this
     one function. Source: RollMux §4.2, Alg. 1."""
     t0 = time.perf_counter()
+    from rollmux.preemption import unknown_class
+
+    if (bad := unknown_class(sched.config, spec)) is not None:
+        from rollmux.admission import AdmissionDecision
+
+        return AdmissionDecision(job_id=spec.job_id, admitted=False, code=Code.INVALID, reason=f"invalid job spec: {bad}",
+                                 policy=sched.policy, delta_usd_per_h=None,
+                                 latency_ms=(time.perf_counter() - t0) * 1e3).to_dict()  # type: ignore[arg-type]
     if not may_try_now(spec, held_gpus, backfill):
         from rollmux.admission import AdmissionDecision
 
