@@ -85,6 +85,30 @@ def test_quota_refusals_name_the_tenant_and_an_unknown_class_the_field(local_clu
     assert out["code"] == "invalid" and "priority_class" in out["reason"]
 
 
+def test_a_tenant_within_its_quota_reclaims_borrowed_capacity_first(local_cluster_spec):
+    """Tenant b borrows the second node pair beyond its quota; tenant a, within its quota, arrives
+    at the same class: b's borrowed job is preempted (reclaim), b's job within its quota is not."""
+    from actors.global_scheduler import GlobalSchedulerImpl
+    from actors.kv import MemoryKV
+
+    g = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0, max_group_size=1,
+                            config={"attach_timeout_s": 0.0, "tenants": {
+                                "a": {"rollout_gpus": 1, "train_gpus": 1},
+                                "b": {"rollout_gpus": 1, "train_gpus": 1, "may_borrow": True}}})
+    assert g.admit(qspec("b-own", "research", "b"))["admitted"]
+    assert g.admit(qspec("b-more", "research", "b"))["admitted"]
+    assert g.get_job("b-more")["borrowed"] is True and "borrowed" not in g.get_job("b-own")
+    out = g.admit(qspec("a1", "research", "a"))
+    assert out["admitted"] and out["preempted"] == ["b-more"]
+    assert g.get_job("b-more")["state"] == "preempted" and g.get_job("b-own")["state"] == "admitted"
+    # jobs within their tenants' quotas are guaranteed against other tenants, even of a higher class
+    out = g.admit(qspec("c1", "production", "c"))
+    assert out["code"] == "retry_later" and not out.get("preempted")
+    assert {j: g.get_job(j)["state"] for j in ("b-own", "a1")} == {"b-own": "admitted", "a1": "admitted"}
+    out = g.admit(qspec("a2", "production", "a"))  # and a's own quota is full
+    assert not out["admitted"] and "tenant 'a'" in out["reason"]
+
+
 @pytest.mark.ray
 @pytest.mark.timeout(300)
 def test_preempted_grpo_job_resumes_bit_identical_to_solo(ray_cluster, local_cluster_spec, tmp_path):
