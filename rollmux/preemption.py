@@ -19,8 +19,10 @@ TenantQuota`, like a Kueue ClusterQueue in a cohort):
   fewest GPU-hours of lost work, then the lowest classes, then the newest (latest admitted). Exact over every subset of up
   to :data:`EXACT_MAX_CANDIDATES` candidates, else greedy in that order and pruned. "Lets it in"
   means the nodes the set frees (nodes no remaining member of their groups uses) plus the free
-  nodes cover N's nodes on each pool: N then fits alone on them (a sufficient test; a set that
-  would only make room inside a group is not sought).
+  nodes cover N's nodes on each pool: N then fits alone on them. When no set frees whole nodes, a
+  second stage tries the first :data:`WHATIF_MAX_CANDIDATES` candidates greedily in the same order
+  with the admission decision itself on a copy of the table (:func:`admits_after`: N may then take
+  room inside a shared group), dropping those not needed.
 * **Lost work.** A preempted job stops at its next iteration boundary (never inside an iteration:
   every phase's state is committed then), so it loses no computed iteration; what it loses is the
   re-load of its committed state when it resumes (a cold start): ``(NR + NT) x
@@ -41,7 +43,7 @@ from typing import Any, Callable, Iterable, Optional
 from rollmux import profiler
 from rollmux.models import ClusterSpec, JobSpec
 
-__all__ = ["EXACT_MAX_CANDIDATES", "PreemptionPlan", "PreemptionRecord", "PriorityBook", "QuotaVerdict", "Running",
+__all__ = ["EXACT_MAX_CANDIDATES", "WHATIF_MAX_CANDIDATES", "admits_after", "choose_victims_greedy", "PreemptionPlan", "PreemptionRecord", "PriorityBook", "QuotaVerdict", "Running",
            "choose_victims", "class_of", "fits_after", "lost_gpu_h", "may_preempt", "quota_verdict", "rank_of",
            "tenant_of", "unknown_class"]
 
@@ -208,6 +210,40 @@ def fits_after(sched: Any, spec: JobSpec, victim_ids: list[str]) -> bool:
     return True
 
 
+#: candidates the second stage (:func:`choose_victims_greedy`) takes at most, in preemption order
+WHATIF_MAX_CANDIDATES = 8
+
+
+def choose_victims_greedy(cands: list[Running], fits: Callable[[list[str]], bool],
+                          limit: int = WHATIF_MAX_CANDIDATES) -> Optional[list[Running]]:
+    """The second stage for a ``fits`` that costs a decision (:func:`admits_after`): the first
+    ``limit`` candidates in preemption order (borrowed, fewest lost GPU-hours, lowest class,
+    newest) are added one by one until ``fits`` holds, then those not needed are dropped, dearest
+    first. At most ``2 * limit`` calls of ``fits``; None if even all ``limit`` do not fit."""
+    chosen: list[Running] = []
+    for v in sorted(cands, key=_order)[:limit]:
+        chosen.append(v)
+        if fits([c.job_id for c in chosen]):
+            break
+    else:
+        return None
+    for v in sorted(chosen, key=_order, reverse=True):
+        rest = [c for c in chosen if c is not v]
+        if rest and fits([c.job_id for c in rest]):
+            chosen = rest
+    return sorted(chosen, key=_order)
+
+
+def admits_after(sched: Any, spec: JobSpec, victim_ids: list[str]) -> bool:
+    """Whether the admission policy admits ``spec`` once ``victim_ids`` leave: decided on a copy
+    of ``sched``'s table (:meth:`rollmux.admission.InterGroupScheduler.restore` of its snapshot;
+    the table itself is not touched), so a newcomer may also take room inside a shared group."""
+    copy = type(sched).restore(sched.cluster, sched.snapshot())
+    for j in victim_ids:
+        copy.depart(j)
+    return bool(copy.decide(spec).admitted)
+
+
 @dataclass
 class PreemptionRecord:
     """One preemption of a job: when (s), by which job and class, the GPU-hours it lost, the
@@ -292,6 +328,8 @@ class PriorityBook:
                  if j not in skip and j != spec.job_id and sched.group_of(j) is not None
                  and may_preempt(self.cfg, rank, tenant, v.within, r)]
         vs = choose_victims(cands, lambda ids: fits_after(sched, spec, ids))
+        if vs is None:  # no set frees whole nodes: room made inside shared groups, tried on a copy
+            vs = choose_victims_greedy(cands, lambda ids: admits_after(sched, spec, ids))
         if vs is None:
             return None
         cls = class_of(self.cfg, spec)

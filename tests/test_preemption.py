@@ -194,3 +194,27 @@ def test_class_shares_parse_and_draws():
     got = assign_priorities(jobs, {"production": 0.25, "best-effort": 0.75}, seed=1)
     n = sum(j.spec.priority_class == "production" for j in got)
     assert 70 <= n <= 130 and got == assign_priorities(jobs, {"production": 0.25, "best-effort": 0.75}, seed=1)
+
+
+def test_room_inside_a_shared_group_is_found_on_a_copy_of_the_table():
+    """Groups of two share each node pair: removing a best-effort job frees no node (its research
+    group-mate stays), but the production job then packs into its place; the plan is found by the
+    admission decision on a copy (the table itself is unchanged)."""
+    cfg = SchedulerConfig(max_group_size=2)
+    s = InterGroupScheduler(LOCAL, config=cfg)
+    book = PriorityBook(cfg, LOCAL)
+    loose = dict(t=1.0)
+    for i, (jid, c, pre) in enumerate((("r1", "research", False), ("be1", "best-effort", True),
+                                       ("r2", "research", False), ("be2", "best-effort", True))):
+        sp = spec(jid, c, preemptible=pre, **loose).model_copy(update={"slo": 5.0})
+        assert s.admit(sp).admitted
+        book.admitted(sp, float(i))
+    assert len(s.groups) == 2 and all(len(g.members) == 2 for g in s.groups)
+    hi = spec("hi", "production", **loose).model_copy(update={"slo": 5.0})
+    assert s.decide(hi).code == "retry_later" and not fits_after(s, hi, ["be1", "be2"])
+    before = s.snapshot()
+    plan = book.plan(hi, s)
+    assert plan.victim_ids == ["be2"]  # one is enough: the newest of the equally cheap ones
+    assert s.snapshot() == before
+    s.depart("be2")
+    assert s.admit(hi).admitted and s.group_of("hi").group_id == s.group_of("r2").group_id
