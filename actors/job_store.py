@@ -132,7 +132,7 @@ class JobStore:
         an O(jobs) scan); the write that follows drops them (:meth:`drop`)."""
         if not self.ended_since_prune:
             return ()
-        done = [j for j, r in self.records.items() if not r.state.is_active()]
+        done = [j for j, r in self.records.items() if r.state.is_ended()]  # a preempted job is not done
         return tuple(done[: max(0, len(done) - MAX_FINISHED_RECORDS)])
 
     def drop(self, job_ids: tuple[str, ...]) -> None:
