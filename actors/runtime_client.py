@@ -235,7 +235,8 @@ class ScheduledRuntime:
             payload = {"rollout": got[:k], "train": got[k:]}
             self._registered = False
         last = (rec.get("preemptions") or [{}])[-1]
-        ev = {"iteration": self.job.iteration, "by_job": last.get("by_job"), "from_group": self.info["group_id"]}
+        ev = {"iteration": self.job.iteration, "by_job": last.get("by_job"),
+              "from_group": getattr(self, "info", {}).get("group_id")}  # (no info: preempted before it attached)
         self.program.emit({"event": "preempted", "job_id": jid, **ev})
         log.info("job %s preempted by %s after iteration %d; waiting to be re-admitted", jid, ev["by_job"], ev["iteration"])
         wait_s = float(os.environ.get("ROLLMUX_PREEMPT_WAIT_S", PREEMPT_WAIT_S))
