@@ -218,3 +218,27 @@ def test_room_inside_a_shared_group_is_found_on_a_copy_of_the_table():
     assert s.snapshot() == before
     s.depart("be2")
     assert s.admit(hi).admitted and s.group_of("hi").group_id == s.group_of("r2").group_id
+
+
+def test_readme_per_class_table_is_the_committed_replay():
+    """The README's per-class rows are results/sim_priorities/summary.json (written by the command
+    shown above the table), so neither drifts from the other."""
+    import json
+    import re
+
+    from rollmux.config import REPO_ROOT
+
+    s = json.loads((REPO_ROOT / "results" / "sim_priorities" / "summary.json").read_text())
+    assert s["meta"]["priority_shares"] == "production=0.2,research=0.5,best-effort=0.3"
+    assert s["meta"]["cluster"] == "sim-bounded" and s["meta"]["jobs"] == 200
+    rows = re.findall(r"^\| (rollmux|solo-d) \| ([a-z-]+) \| (\d+) \| ([\d.]+) / ([\d.]+) \| (\d+) \((\d+) jobs\) \| "
+                      r"([\d.]+) \| ([\d.]+)% \| ([\d.]+) \|$", (REPO_ROOT / "README.md").read_text(), re.M)
+    assert len(rows) == 6
+    for pol, cls, jobs, w50, w99, pre, pjobs, lost, slo, cost in rows:
+        v = s["policies"][pol]["by_class"][cls]
+        assert int(jobs) == v["jobs"] and int(pre) == v["preemptions"] and int(pjobs) == v["preempted_jobs"]
+        assert float(w50) == pytest.approx(v["queue_wait_s_p50"] / 3600, abs=0.006)
+        assert float(w99) == pytest.approx(v["queue_wait_s_p99"] / 3600, abs=0.006)
+        assert float(lost) == pytest.approx(v["lost_gpu_h"], abs=0.006)
+        assert float(slo) == pytest.approx(100 * v["slo_attainment"], abs=0.06)
+        assert float(cost) == pytest.approx(v["cost_usd"] / 1e3, abs=0.06)
