@@ -24,7 +24,7 @@ from typing import Optional
 
 from rollmux.codes import Code
 from rollmux.models import JobSpec
-from rollmux.preemption import PreemptionRecord, PriorityBook, Running, class_of, unknown_class
+from rollmux.preemption import PreemptionRecord, PriorityBook, Running, class_of, retry_order, unknown_class
 from rollmux.records import JobState
 
 __all__ = ["PriorityPart"]
@@ -53,24 +53,32 @@ class PriorityPart:
         v = self._book().check(spec)
         return None if v.ok else v.reason
 
-    def _try_preempt(self, job: JobSpec, t0: float, sha: str, explain: str, queue: bool) -> Optional[dict]:
+    def _try_preempt(self, job: JobSpec, t0: float, sha: Optional[str], explain: str, queue: bool,
+                     queued=None) -> Optional[dict]:
         """``job`` did not fit: preempt the cheapest allowed set of lower-class jobs and admit it
         (:meth:`rollmux.preemption.PriorityBook.plan`). Returns the admission answer with
         ``preempted: [job ids]``, or None when nothing may be preempted for it (the caller
-        queues or refuses as before). All of it is one group-committed write."""
+        queues or refuses as before). All of it is one group-committed write. ``queued``: the
+        job's entry in the admission queue (a retry after a departure): it leaves the line when
+        its plan is carried out, and goes back (same arrival time) if it still does not fit."""
         book = self._book()
         plan = book.plan(job, self.igs)
         if plan is None or len(self.queue) + len(plan.victims) > self.queue.max_jobs:
             return None
         defer, self._defer = self._defer, True
         try:
+            if queued is not None:
+                self.queue.remove(queued.job_id)
+                self._queue_dirty = True
             for v in plan.victims:
                 self._preempt_one(v, job, plan.reason)
             decision = self.igs.decide(job)
             out = decision.to_dict(explain)
             if out.get("admitted"):
                 grp = self.igs.commit(decision)
-                self._admitted(job, out, t0, grp, sha=sha)
+                self._admitted(job, out, t0, grp, sha=sha, queued=queued)
+            elif queued is not None:
+                self.queue.push(job, queued.enqueued_at, reason=out.get("reason", ""))
             elif queue and out.get("code") == Code.RETRY_LATER:
                 out = self._enqueue(job, out.get("reason", ""), t0, out)
             out["preempted"] = plan.victim_ids
@@ -79,6 +87,21 @@ class PriorityPart:
         if not defer:
             self._flush(force=True)
         return out
+
+    def _retry_preemption(self) -> list[str]:
+        """After a departure (and the queue's drain): the first queued jobs of a class above some
+        running preemptible job try preemption again (:func:`rollmux.preemption.retry_order`).
+        Returns the jobs admitted so."""
+        if not len(self.queue):
+            return []
+        started = []
+        for q in retry_order(self.queue.jobs(), self._book().running.values()):
+            if q.job_id not in self.queue or self._quota_gate(q.spec):
+                continue
+            out = self._try_preempt(q.spec, time.perf_counter(), None, "chosen", True, queued=q)
+            if out is not None and out.get("admitted"):
+                started.append(q.job_id)
+        return started
 
     def _preempt_one(self, v: Running, by: JobSpec, reason: str) -> None:
         """Preempt running job ``v`` for ``by`` (see the module docstring): one checkpointed change."""

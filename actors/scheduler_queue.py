@@ -83,12 +83,13 @@ class QueuePart:
             for q, d in res.dropped:
                 self.job_store.left_queue_failed(q.job_id, q.spec.slo, q.enqueued_at, d.reason, now)
                 self._checkpoint(jobs=(q.job_id,))
+            more = self._retry_preemption()  # the table changed: a queued higher class may preempt now
             self._queue_metrics()
         finally:
             self._defer = defer
         if not defer:
             self._flush()
-        return [q.job_id for q, _ in res.admitted]
+        return [q.job_id for q, _ in res.admitted] + more
 
     def _queue_view(self) -> list[dict]:
         """The admission queue as published: ``job_id, slo, queued_at, reason, gpus`` in line order

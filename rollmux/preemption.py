@@ -23,6 +23,9 @@ TenantQuota`, like a Kueue ClusterQueue in a cohort):
   second stage tries the first :data:`WHATIF_MAX_CANDIDATES` candidates greedily in the same order
   with the admission decision itself on a copy of the table (:func:`admits_after`: N may then take
   room inside a shared group), dropping those not needed.
+* **When.** When a job arrives and does not fit; and after each departure, again for the first
+  :data:`RETRY_MAX_QUEUED` queued jobs of a class above some running preemptible job
+  (:func:`retry_order`: the table changed, a set may exist now).
 * **Lost work.** A preempted job stops at its next iteration boundary (never inside an iteration:
   every phase's state is committed then), so it loses no computed iteration; what it loses is the
   re-load of its committed state when it resumes (a cold start): ``(NR + NT) x
@@ -43,7 +46,7 @@ from typing import Any, Callable, Iterable, Optional
 from rollmux import profiler
 from rollmux.models import ClusterSpec, JobSpec
 
-__all__ = ["EXACT_MAX_CANDIDATES", "WHATIF_MAX_CANDIDATES", "admits_after", "choose_victims_greedy", "PreemptionPlan", "PreemptionRecord", "PriorityBook", "QuotaVerdict", "Running",
+__all__ = ["EXACT_MAX_CANDIDATES", "RETRY_MAX_QUEUED", "WHATIF_MAX_CANDIDATES", "retry_order", "admits_after", "choose_victims_greedy", "PreemptionPlan", "PreemptionRecord", "PriorityBook", "QuotaVerdict", "Running",
            "choose_victims", "class_of", "fits_after", "lost_gpu_h", "may_preempt", "quota_verdict", "rank_of",
            "tenant_of", "unknown_class"]
 
@@ -208,6 +211,24 @@ def fits_after(sched: Any, spec: JobSpec, victim_ids: list[str]) -> bool:
         if ps.num_nodes - in_use[pool] + freed[pool] < spec.nodes_needed(pool, ps.node):
             return False
     return True
+
+
+#: queued jobs (first in line) for which a departure tries preemption again (:func:`retry_order`)
+RETRY_MAX_QUEUED = 4
+
+
+def retry_order(queued: Iterable[Any], running: Iterable[Running], limit: int = RETRY_MAX_QUEUED) -> list[Any]:
+    """The queued jobs (``QueuedJob``, line order: highest class first) for which preemption is
+    tried again after a departure: the first ``limit`` whose class ranks above some running
+    preemptible job (a job that did not fit, or found no set, when it arrived may find one now
+    that the table changed)."""
+    low = max((r.rank for r in running if r.preemptible), default=-1)
+    out = []
+    for q in queued:
+        if len(out) >= limit or q.rank >= low:
+            break
+        out.append(q)
+    return out
 
 
 #: candidates the second stage (:func:`choose_victims_greedy`) takes at most, in preemption order

@@ -17,7 +17,7 @@ from rollmux.baselines import PER_JOB_UNITS, OptimalPartition, Unit
 from rollmux.codes import Code
 from rollmux.models import ClusterSpec, CoExecutionGroup
 from rollmux.policies import policy_spec
-from rollmux.preemption import PreemptionPlan, PriorityBook, class_of, tenant_of
+from rollmux.preemption import PreemptionPlan, PriorityBook, class_of, retry_order, tenant_of
 from rollmux.sim_learning import MeasuredLoop
 from rollmux.sim_realisation import Realisation
 from rollmux.workloads import SimJob
@@ -193,6 +193,7 @@ class SchedulerPolicy(SimPolicy):
         self._release_victim(job_id)
         if not self._pending:
             self._drain()
+            self._retry_preemption()
 
     def _release_victim(self, job_id: str) -> None:
         new_id = self._stopping.pop(job_id)
@@ -205,6 +206,27 @@ class SchedulerPolicy(SimPolicy):
             self._on_start(new_id, self._borrow.pop(new_id, False))
         else:
             self._hold(job_new, 0.0, d.reason)
+
+    def _retry_preemption(self) -> None:
+        """After a departure: the first queued jobs of a class above some running preemptible job
+        try preemption again (:func:`rollmux.preemption.retry_order`); one plan at a time."""
+        if self.book is None or self.queue is None or self._pending:
+            return
+        running = [r for j, r in self.book.running.items() if j not in self._stopping]
+        for q in retry_order(self.queue.jobs(), running):
+            v = self.book.check(q.spec)
+            if not v.ok:
+                continue
+            plan = self.book.plan(q.spec, self.sched, exclude=self._stopping)
+            if plan is None:
+                continue
+            self.queue.remove(q.job_id)
+            self._pending[q.job_id] = (self._jobs[q.job_id], plan)
+            for vic in plan.victims:
+                self._stopping[vic.job_id] = q.job_id
+                self.book.preempted(vic, q.spec, self.clock, plan.reason)
+            self._borrow[q.job_id] = v.borrowing
+            return
 
     def take_preempted(self) -> list[str]:
         out, self._preempted = self._preempted, []
@@ -266,6 +288,7 @@ class SchedulerPolicy(SimPolicy):
             self._release_victim(job_id)
         if not self._pending:  # room freed while victims stop goes to the waiting newcomer first
             self._drain()
+            self._retry_preemption()
         if self.loop is not None:
             self.loop.departed(job_id)
             self._moved(self.loop.check())

@@ -173,6 +173,23 @@ def test_replay_preempts_at_the_iteration_boundary_and_resumes():
     assert m["preemptions"] == 1
 
 
+def test_replay_retries_preemption_for_a_queued_job_after_a_departure():
+    """As the scheduler test of the same name: the production job (both pairs) queues while a
+    non-preemptible research job runs; when that one departs (t=100 s) the best-effort job is
+    preempted at its next boundary (t=100.5 s: it started at 0.5 s, iterations of 10 s) and the
+    production job starts then."""
+    jobs = [sim("be", 0.5, 400, "best-effort"), sim("r1", 0, 100, "research"), sim("big", 1, 100, "production")]
+    jobs = [jobs[1], jobs[0], jobs[2]]
+    jobs[0] = SimJob(spec=jobs[0].spec.model_copy(update={"preemptible": False}), job_type="t", category="balanced",
+                     arrival_s=0, duration_s=100)
+    jobs[2] = SimJob(spec=spec("big", "production", gpus=2), job_type="t", category="balanced", arrival_s=1,
+                     duration_s=100)
+    res = simulate(jobs, LOCAL, ["rollmux"], queue=True, priorities=True, max_group_size=1)
+    out = res.runs["rollmux"].outcomes
+    assert out["big"].start_s == pytest.approx(100.5) and out["be"].preemptions == 1
+    assert out["be"].departure_s == pytest.approx(200.5 + 300 + move_time_s(jobs[1].spec, LOCAL), rel=1e-9)
+
+
 def test_replay_quota_queues_a_tenant_beyond_its_quota():
     cfg = SchedulerConfig(max_group_size=1, tenants={"a": {"rollout_gpus": 1, "train_gpus": 1}})
     jobs = [sim("a1", 0, 100, "research", "a"), sim("a2", 1, 100, "research", "a"), sim("b1", 2, 100, "research", "b")]

@@ -85,6 +85,26 @@ def test_quota_refusals_name_the_tenant_and_an_unknown_class_the_field(local_clu
     assert out["code"] == "invalid" and "priority_class" in out["reason"]
 
 
+def test_a_queued_higher_class_preempts_once_a_departure_makes_a_set_possible(local_cluster_spec):
+    """A production job of both node pairs arrives while a non-preemptible research job holds one:
+    no set exists, it queues. That job departs; the room it leaves is not enough (a best-effort job
+    holds the other pair), but now the best-effort job alone is a set: it is preempted and the
+    production job admitted, in the departure's write."""
+    from actors.global_scheduler import GlobalSchedulerImpl
+    from actors.kv import MemoryKV
+
+    g = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0, max_group_size=1,
+                            config={"attach_timeout_s": 0.0})
+    assert g.admit(qspec("be", "best-effort"))["admitted"]
+    assert g.admit(qspec("r1", "research", preemptible=False))["admitted"]
+    out = g.admit(qspec("big", "production", gpus=2), queue=True)
+    assert out["code"] == "queued" and not out.get("preempted")
+    dep = g.depart("r1")
+    assert dep["admitted_from_queue"] == ["big"]
+    assert g.get_job("big")["state"] == "admitted" and g.get_job("be")["state"] == "preempted"
+    assert [q.job_id for q in g.queue.jobs()] == ["be"] and g.get_job("be")["preemptions"][0]["by_job"] == "big"
+
+
 def test_a_tenant_within_its_quota_reclaims_borrowed_capacity_first(local_cluster_spec):
     """Tenant b borrows the second node pair beyond its quota; tenant a, within its quota, arrives
     at the same class: b's borrowed job is preempted (reclaim), b's job within its quota is not."""
