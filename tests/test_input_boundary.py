@@ -390,9 +390,12 @@ def test_preemption_over_http_the_job_view_says_when_by_whom_and_what_it_lost(lo
         v = c.get("/v1/jobs/be", headers=AUTH).json()
         assert v["state"] == "preempted" and v["priority_class"] == "best-effort"
         assert v["preemptions"][0]["by_job"] == "prod" and v["preemptions"][0]["lost_gpu_h"] > 0
+        r = _post(c, json.dumps({**spec, "job_id": "later", "priority_class": "best-effort", "queue": True}))
+        assert r.status_code == 202, r.text
         listing = {j["job_id"]: j for j in c.get("/v1/jobs", headers=AUTH).json()}
         assert listing["prod"]["priority_class"] == "production" and listing["keep"]["priority_class"] == "research"
-        assert sorted(listing) == ["be", "keep", "prod"]
+        assert listing["later"]["state"] == "queued" and listing["later"]["priority_class"] == "best-effort"
+        assert sorted(listing) == ["be", "keep", "later", "prod"]  # the preempted job once, as its record
 
 
 @pytest.fixture
