@@ -123,6 +123,7 @@ class PriorityPart:
             self._checkpoint(jobs=(v.job_id,), groups=(gid,))
         self._push([gid])
         self._queue_metrics()
+        self.metrics.preemption(rec.priority_class or class_of(self.igs.config, spec))
 
     def _preempted_ids(self) -> list[str]:
         return [j for j, r in self.job_store.records.items() if r.state == JobState.PREEMPTED]

@@ -208,3 +208,15 @@ def test_preempted_grpo_job_resumes_bit_identical_to_solo(ray_cluster, local_clu
         assert out["code"] == "retry_later" and "tenant 'team-q'" in out["reason"]
     finally:
         kill_scheduler_and_controllers(h, name)
+
+
+def test_a_preemption_is_counted_by_the_victims_class(local_cluster_spec):
+    from actors.global_scheduler import GlobalSchedulerImpl
+    from actors.kv import MemoryKV
+
+    g = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0, max_group_size=1,
+                            config={"attach_timeout_s": 0.0})
+    assert g.admit(qspec("be", "best-effort"))["admitted"] and g.admit(qspec("r", "research"))["admitted"]
+    assert g.admit(qspec("p", "production"))["preempted"] == ["be"]
+    g.metrics.flush()
+    assert g.metrics.totals["preemptions"] == {"best-effort": 1}
