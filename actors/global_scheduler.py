@@ -408,7 +408,7 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart, PriorityPar
         if dry_run:  # the same function answers the Serve replicas' dry-runs from their snapshot copy
             return what_if(self.igs, job, [q.gpus for q in self.queue.jobs()], backfill=self.queue.backfill,
                            queue=queue, explain=explain)
-        quota = self._book().check(job)  # the tenant's quota (rollmux.preemption)
+        quota = self._quota(job)  # the tenant's quota (rollmux.preemption)
         if not quota.ok:
             if queue and not quota.never:
                 return self._enqueue(job, quota.reason, t0)
@@ -441,7 +441,7 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart, PriorityPar
         record (with its queue wait when ``queued``), checkpoint, controller push, metrics."""
         gid = out["group_id"] = grp.group_id if grp is not None else out["group_id"]
         member = self.igs.member(job.job_id)
-        borrowed = self._book().check(job).borrowing  # beyond its tenant's quota: borrowed capacity
+        borrowed = self._quota(job).borrowing  # beyond its tenant's quota: borrowed capacity
         rec = self.job_store.admitted(job, out, member.profile if member is not None else None, sha=sha, queued=queued,
                                       borrowed=borrowed)
         if queued is not None:

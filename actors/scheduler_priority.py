@@ -24,7 +24,9 @@ from typing import Optional
 
 from rollmux.codes import Code
 from rollmux.models import JobSpec
-from rollmux.preemption import PreemptionRecord, PriorityBook, Running, class_of, retry_order, unknown_class
+from rollmux.preemption import (
+    PreemptionRecord, PriorityBook, QuotaVerdict, Running, class_of, retry_order, unknown_class,
+)
 from rollmux.records import JobState
 
 __all__ = ["PriorityPart"]
@@ -43,6 +45,13 @@ class PriorityPart:
                 book.admitted(m.spec, rec.admitted_at or 0.0, borrowed=rec.borrowed)
         return book
 
+    def _quota(self, job: JobSpec) -> QuotaVerdict:
+        """The job's quota verdict now; without tenant quotas in the config always ok (the
+        admission path then builds no book: O(1))."""
+        if not self.igs.config.tenants:
+            return QuotaVerdict(ok=True)
+        return self._book().check(job)
+
     def _class_refusal(self, job: JobSpec) -> Optional[str]:
         """Why the job's priority class is refused (names the field), or None."""
         return unknown_class(self.igs.config, job)
@@ -50,7 +59,7 @@ class PriorityPart:
     def _quota_gate(self, spec: JobSpec) -> Optional[str]:
         """The reason a queued job may not start now (its tenant's quota), or None: the queue's
         drain gate (:meth:`rollmux.admission_queue.AdmissionQueue.drain`)."""
-        v = self._book().check(spec)
+        v = self._quota(spec)
         return None if v.ok else v.reason
 
     def _try_preempt(self, job: JobSpec, t0: float, sha: Optional[str], explain: str, queue: bool,

@@ -322,6 +322,8 @@ class PriorityBook:
         bad = unknown_class(self.cfg, spec)
         if bad:
             return QuotaVerdict(ok=False, within=False, never=True, reason=bad)
+        if tenant_of(self.cfg, spec) not in self.cfg.tenants:  # no quota: O(1)
+            return QuotaVerdict(ok=True)
         return quota_verdict(self.cfg, spec, [r for j, r in self.running.items() if j != spec.job_id])
 
     def admitted(self, spec: JobSpec, now_s: float, borrowed: bool = False) -> None:
