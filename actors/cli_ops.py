@@ -469,6 +469,8 @@ def status(
         state = j.get("state")
         if state == "queued":  # its place in line and how long it has waited
             state = f"queued #{j.get('queue_position')} ({(j.get('waited_s') or 0.0):.0f} s)"
+        elif state == "preempted" and j.get("preemptions"):  # by whom, waiting to resume
+            state = f"preempted by {j['preemptions'][-1].get('by_job')}"
         tj.add_row(j["job_id"], _fmt(state), _fmt(j.get("group_id")), _fmt(j.get("iterations_done")),
                    _fmt(j.get("slowdown")), _fmt(j.get("slo")), _fmt(j.get("error")))
     console.print(tg)

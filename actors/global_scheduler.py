@@ -67,6 +67,7 @@ from actors.reconciler import (  # noqa: F401  (re-exported)
     ATTACH_PUSH_TIMEOUT_S, PUSH_RETRY_S, RECONCILE_FULL_S, RECONCILE_S, HandleFactory, RayHandles, Reconciler,
 )
 from actors.scheduler_commit import COMPACTION_MODES, GROUP_COMMIT_WINDOW_S, CommitPart  # noqa: F401  (re-exported)
+from actors.scheduler_priority import PriorityPart
 from actors.scheduler_queue import QueuePart
 from actors.scheduler_reopt import ReoptPart
 from actors.scheduler_slo import SloPart
@@ -98,7 +99,7 @@ def _locked(fn):
     return run
 
 
-class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart):
+class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart, PriorityPart):
     """The scheduler's logic (plain class, wrapped by :func:`get_or_create_scheduler`).
 
     Args:
@@ -389,6 +390,9 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart):
         except ValidationError as e:
             jid = spec.get("job_id") if isinstance(spec, dict) else None
             return self._refusal(jid, Code.INVALID, f"invalid job spec: {e}", t0, dry_run)
+        bad = self._class_refusal(job)
+        if bad:
+            return self._refusal(job.job_id, Code.INVALID, f"invalid job spec: {bad}", t0, dry_run)
         sha = spec_sha256(job)
         old = self.job_store.get(job.job_id)
         if old is not None and old.state.is_active():
@@ -404,6 +408,11 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart):
         if dry_run:  # the same function answers the Serve replicas' dry-runs from their snapshot copy
             return what_if(self.igs, job, [q.gpus for q in self.queue.jobs()], backfill=self.queue.backfill,
                            queue=queue, explain=explain)
+        quota = self._quota(job)  # the tenant's quota (rollmux.preemption)
+        if not quota.ok:
+            if queue and not quota.never:
+                return self._enqueue(job, quota.reason, t0)
+            return self._refusal(job.job_id, Code.NEVER if quota.never else Code.RETRY_LATER, quota.reason, t0, dry_run)
         if not self.queue.may_try_now(job):  # queued jobs first: a larger newcomer waits behind them
             why = QUEUE_AHEAD_REASON(len(self.queue))
             if queue:
@@ -411,6 +420,10 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart):
             return self._refusal(job.job_id, Code.RETRY_LATER, why, t0, dry_run)
         decision = self.igs.decide(job)
         out = decision.to_dict(explain)
+        if not out.get("admitted") and out.get("code") == Code.RETRY_LATER:  # a higher class may preempt
+            pre = self._try_preempt(job, t0, sha, explain, queue)
+            if pre is not None:
+                return pre
         if queue and not out.get("admitted") and out.get("code") == Code.RETRY_LATER:
             return self._enqueue(job, out.get("reason", ""), t0, out)
         if not out.get("admitted"):
@@ -428,7 +441,9 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart):
         record (with its queue wait when ``queued``), checkpoint, controller push, metrics."""
         gid = out["group_id"] = grp.group_id if grp is not None else out["group_id"]
         member = self.igs.member(job.job_id)
-        rec = self.job_store.admitted(job, out, member.profile if member is not None else None, sha=sha, queued=queued)
+        borrowed = self._quota(job).borrowing  # beyond its tenant's quota: borrowed capacity
+        rec = self.job_store.admitted(job, out, member.profile if member is not None else None, sha=sha, queued=queued,
+                                      borrowed=borrowed)
         if queued is not None:
             self.metrics.queue_wait(rec.waited_s)
         self._checkpoint(jobs=(job.job_id,), groups=(gid,))  # target state first, then act
@@ -572,7 +587,8 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart):
     @_locked
     def list_jobs(self) -> list[dict]:
         """Every job record (admission order), then the queued jobs (line order)."""
-        return [self._view(r).public() for r in self.jobs.values()] + self._queued_views()
+        return [self._view(r).public() for r in self.jobs.values()] + [
+            v for v in self._queued_views() if v["job_id"] not in self.jobs]  # a preempted job: its record
 
     @_locked
     def get_job(self, job_id: str) -> Optional[dict]:

@@ -132,7 +132,7 @@ class JobStore:
         an O(jobs) scan); the write that follows drops them (:meth:`drop`)."""
         if not self.ended_since_prune:
             return ()
-        done = [j for j, r in self.records.items() if not r.state.is_active()]
+        done = [j for j, r in self.records.items() if r.state.is_ended()]  # a preempted job is not done
         return tuple(done[: max(0, len(done) - MAX_FINISHED_RECORDS)])
 
     def drop(self, job_ids: tuple[str, ...]) -> None:
@@ -160,11 +160,11 @@ class JobStore:
         return True
 
     def admitted(self, job: JobSpec, decision: dict, profile, *, sha: Optional[str] = None,
-                 queued=None, now: Optional[float] = None) -> JobRecord:
+                 queued=None, now: Optional[float] = None, borrowed: bool = False) -> JobRecord:
         """The record of a committed admission (state ``admitted``; ``queued``: the queue entry it
         left, ``queued -> admitted``, with its wait). A re-admitted id goes to the end (admission order)."""
         now = time.time() if now is None else now
-        self.records.pop(job.job_id, None)
+        old = self.records.pop(job.job_id, None)
         state = JobState.ADMITTED if queued is None else JobState.QUEUED.to(JobState.ADMITTED)
         rec = JobRecord(
             job_id=job.job_id, state=state, slo=job.slo, admission_id=uuid.uuid4().hex,
@@ -175,8 +175,27 @@ class JobStore:
             decision={k: v for k, v in decision.items() if k not in ("candidates", "pruned")})
         if queued is not None:
             rec.queued_at, rec.waited_s = queued.enqueued_at, max(0.0, now - queued.enqueued_at)
+        cfg = self._policy().config
+        from rollmux.preemption import class_of, tenant_of
+
+        rec.priority_class, rec.tenant, rec.borrowed = class_of(cfg, job), tenant_of(cfg, job), bool(borrowed)
+        if old is not None and old.state == JobState.PREEMPTED:  # resumed: its history and progress go on
+            rec.preemptions = [dict(p) for p in old.preemptions]
+            if rec.preemptions and rec.preemptions[-1].get("resumed_at") is None:
+                rec.preemptions[-1]["resumed_at"] = now
+            rec.iterations_done = old.iterations_done
+            rec.measured, rec.slowdown, rec.measured_phases = old.measured, old.slowdown, old.measured_phases
         self.records[job.job_id] = rec
         return rec
+
+    def preempt(self, rec: JobRecord, final: JobRecord, entry: dict) -> None:
+        """The job is preempted (``admitted | running -> preempted``): its last placement ``final``
+        is frozen into the record (its group's controller lists it as gone, removed at its
+        iteration boundary) and ``entry`` (:class:`rollmux.preemption.PreemptionRecord` dict with
+        ``at`` in Unix time) appended to its preemptions."""
+        rec.group_id, rec.placement, rec.controller = final.group_id, final.placement, final.controller
+        self.transition(rec, JobState.PREEMPTED)
+        rec.preemptions = [*rec.preemptions, {**entry, "iteration": rec.iterations_done}]
 
     def left_queue_failed(self, job_id: str, slo: Optional[float], enqueued_at: float, reason: str,
                           now: float) -> JobRecord:

@@ -22,6 +22,7 @@ rollmux_reconcile_seconds           gauge      loop          duration of the las
 rollmux_queue_jobs                  gauge      queue         jobs held by the admission queue (queue="admission")
 rollmux_queue_oldest_wait_seconds   gauge      queue         wait so far of the first job in line, s
 rollmux_queue_wait_seconds          histogram  -             wait of each queued job when admitted, s
+rollmux_preemptions_total           counter    class         jobs preempted (at their iteration boundary), by the victim's priority class
 ==================================  =========  ============  ==========================================
 
 Updates are buffered and applied by a background thread every ``flush_interval_s`` so that the
@@ -145,6 +146,10 @@ class RollmuxMetrics:
         """The admission queue now holds ``length`` jobs; the first in line has waited ``oldest_wait_s``."""
         self._push("queue", (int(length), float(oldest_wait_s)))
 
+    def preemption(self, priority_class: str) -> None:
+        """A job of ``priority_class`` was preempted for a higher class (:mod:`rollmux.preemption`)."""
+        self._push("preemption", (str(priority_class),))
+
     def queue_wait(self, wait_s: float) -> None:
         """A queued job was admitted after waiting ``wait_s`` seconds."""
         self._push("queue_wait", (float(wait_s),))
@@ -190,6 +195,8 @@ class RollmuxMetrics:
                 "queue_oldest_s": g("rollmux_queue_oldest_wait_seconds", "Wait so far of the first queued job, s", "queue"),
                 "queue_wait": Histogram("rollmux_queue_wait_seconds", description="Admission queue wait of admitted jobs, s",
                                         boundaries=WAIT_BOUNDARIES_S),
+                "preemptions": Counter("rollmux_preemptions_total", description="Jobs preempted for a higher class, "
+                                       "by the victim's priority class", tag_keys=("class",)),
                 "sync_last": g("rollmux_sync_cross_bytes_last", "Bytes the last weight sync sent across the pool boundary",
                                "job_id"),
             }
@@ -248,6 +255,11 @@ class RollmuxMetrics:
             t["moves"] = t.get("moves", 0) + a[0]
             if m:
                 m["moves"].inc(float(a[0]))
+        elif kind == "preemption":
+            (cls,) = a
+            t.setdefault("preemptions", {})[cls] = t.get("preemptions", {}).get(cls, 0) + 1
+            if m:
+                m["preemptions"].inc(1.0, tags={"class": cls})
         elif kind == "slo_action":
             (action,) = a
             t.setdefault("slo_actions", {})[action] = t.get("slo_actions", {}).get(action, 0) + 1

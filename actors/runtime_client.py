@@ -53,6 +53,8 @@ log = logging.getLogger("rollmux.runtime")
 CONTROLLER_RETRIES = 60  # x 1 s: how long a driver waits for a restarting GroupController
 WORKER_RECOVERIES = 3  # how many lost workers one phase survives (each: re-host the job, redo the phase)
 WORKER_RESTART_S = 120.0  # how long a driver waits for a lost worker to be restarted by Ray
+PREEMPT_WAIT_S = 7 * 24 * 3600.0  # how long a preempted job's driver waits to be re-admitted (env ROLLMUX_PREEMPT_WAIT_S)
+PREEMPT_POLL_S = 0.5  # how often it asks the scheduler meanwhile
 
 
 def scheduler_reachable(name: Optional[str] = None) -> bool:
@@ -152,6 +154,7 @@ class ScheduledRuntime:
         self.timeline: list[dict] = []
         self.moves: list[dict] = []  # departure re-packing moves this driver carried out
         self.recoveries: list[dict] = []  # lost workers this driver recovered from
+        self.preemptions: list[dict] = []  # preemptions this driver waited out (rollmux.preemption)
         self._seq = {"rollout": 0, "train": 0}  # phases of each pool done (their commits' numbers)
         self._registered = False
         try:
@@ -190,6 +193,8 @@ class ScheduledRuntime:
         jid = self.job.job_id
         ticket = self.sched.attach(jid)
         rec = None if ticket is None else ticket.record
+        if rec is not None and JobState(rec["state"]) == JobState.PREEMPTED:
+            return self._resume_after_preemption(rec)
         if rec is None or not JobState(rec["state"]).is_active() or rec["group_id"] == self.info["group_id"]:
             return False
         t0 = time.perf_counter()
@@ -211,6 +216,49 @@ class ScheduledRuntime:
         self.moves.append(mv)
         self.program.emit({"event": "moved", "job_id": jid, **mv})
         log.info("job %s moved %s -> %s at iteration %d", jid, mv["from_group"], mv["to_group"], mv["iteration"])
+        return True
+
+    def _resume_after_preemption(self, rec: dict) -> bool:
+        """The job was preempted for a higher class (its group's controller removed it at its
+        iteration boundary, so no phase of the next iteration has run): export its state from
+        its workers (they are freed: ``export_job`` unregisters it there), wait until the
+        scheduler's queue re-admits it (polling its record every ``PREEMPT_POLL_S``, at most
+        ``PREEMPT_WAIT_S``), then register the state on the new placement's workers and go on
+        where it stopped (as a move: :meth:`_rehome`). False when the job ended meanwhile
+        (cancelled); raises PhaseFailed when it is not re-admitted in time."""
+        jid = self.job.job_id
+        t0 = time.monotonic()
+        payload: Optional[dict[str, list[Optional[MovedState]]]] = None
+        if self._registered:
+            k = len(self.rollout_workers)
+            got = gather([w.export_job_nowait(self.key) for w in self.rollout_workers + self.train_workers])
+            payload = {"rollout": got[:k], "train": got[k:]}
+            self._registered = False
+        last = (rec.get("preemptions") or [{}])[-1]
+        ev = {"iteration": self.job.iteration, "by_job": last.get("by_job"),
+              "from_group": getattr(self, "info", {}).get("group_id")}  # (no info: preempted before it attached)
+        self.program.emit({"event": "preempted", "job_id": jid, **ev})
+        log.info("job %s preempted by %s after iteration %d; waiting to be re-admitted", jid, ev["by_job"], ev["iteration"])
+        wait_s = float(os.environ.get("ROLLMUX_PREEMPT_WAIT_S", PREEMPT_WAIT_S))
+        while True:
+            ticket = self.sched.attach(jid)
+            rec = None if ticket is None else ticket.record
+            state = None if rec is None else JobState(rec["state"])
+            if state is None or state.is_ended():
+                return False
+            if state.is_active() and ticket.controller is not None:
+                break
+            if time.monotonic() - t0 > wait_s:
+                raise PhaseFailed(f"job {jid!r} was preempted and not re-admitted within {wait_s:.0f} s "
+                                  "(ROLLMUX_PREEMPT_WAIT_S); its state is dropped")
+            time.sleep(PREEMPT_POLL_S)
+        self._home(ticket)
+        self.attach_info = self.controller.attach(jid, has_sync=self.program.has_sync, driver=self.driver)
+        self._register(moved=payload)
+        ev.update(to_group=rec["group_id"], waited_s=time.monotonic() - t0,
+                  to_nodes=self.rollout_nodes + self.train_nodes)
+        self.preemptions.append(ev)
+        self.program.emit({"event": "resumed", "job_id": jid, **ev})
         return True
 
     def _heartbeat(self) -> None:

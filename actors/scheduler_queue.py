@@ -48,8 +48,14 @@ class QueuePart:
                 "latency_ms": base.get("latency_ms", ms), "policy": self.igs.policy}
 
     def _cancel_queued(self, job_id: str) -> dict:
-        """Withdraw a queued job (``queued -> cancelled``; it never had a record)."""
+        """Withdraw a queued job (``queued -> cancelled``; it never had a record, except a
+        preempted job waiting to resume: its record ends ``preempted -> cancelled``)."""
         self.queue.remove(job_id)
+        rec = self.job_store.get(job_id)
+        if rec is not None and rec.state == JobState.PREEMPTED:
+            self.job_store.transition(rec, JobState.CANCELLED)
+            rec.ended_at = time.time()
+            self._checkpoint(jobs=(job_id,))
         self._queue_dirty = True
         self._checkpoint()
         self._queue_metrics()
@@ -68,7 +74,7 @@ class QueuePart:
         defer, self._defer = self._defer, True  # the admissions of one pass: one checkpoint write
         try:
             t0 = time.perf_counter()
-            res = self.queue.drain(self.igs, time.time())
+            res = self.queue.drain(self.igs, time.time(), gate=self._quota_gate)
             if res.tried:
                 self._queue_dirty = True
             for q, d in res.admitted:
@@ -77,17 +83,22 @@ class QueuePart:
             for q, d in res.dropped:
                 self.job_store.left_queue_failed(q.job_id, q.spec.slo, q.enqueued_at, d.reason, now)
                 self._checkpoint(jobs=(q.job_id,))
+            more = self._retry_preemption()  # the table changed: a queued higher class may preempt now
             self._queue_metrics()
         finally:
             self._defer = defer
         if not defer:
             self._flush()
-        return [q.job_id for q, _ in res.admitted]
+        return [q.job_id for q, _ in res.admitted] + more
 
     def _queue_view(self) -> list[dict]:
         """The admission queue as published: ``job_id, slo, queued_at, reason, gpus`` in line order
         (``gpus``: the backfill size a replica's dry-run compares, :func:`rollmux.admission_queue.job_gpus`)."""
-        return [{"job_id": q.job_id, "slo": q.spec.slo, "queued_at": q.enqueued_at, "reason": q.reason, "gpus": q.gpus}
+        from rollmux.preemption import class_of, tenant_of
+
+        cfg = self.igs.config
+        return [{"job_id": q.job_id, "slo": q.spec.slo, "queued_at": q.enqueued_at, "reason": q.reason, "gpus": q.gpus,
+                 "priority_class": class_of(cfg, q.spec), "tenant": tenant_of(cfg, q.spec)}
                 for q in self.queue.jobs()]
 
     def _queued_views(self, now: Optional[float] = None) -> list[dict]:

@@ -77,6 +77,14 @@ def what_if(sched: "InterGroupScheduler", spec: JobSpec, held_gpus: list[int], *
     actor and the Serve replicas (from their snapshot copy of the table) both answer with this
     one function. Source: RollMux §4.2, Alg. 1."""
     t0 = time.perf_counter()
+    from rollmux.preemption import unknown_class
+
+    if (bad := unknown_class(sched.config, spec)) is not None:
+        from rollmux.admission import AdmissionDecision
+
+        return AdmissionDecision(job_id=spec.job_id, admitted=False, code=Code.INVALID, reason=f"invalid job spec: {bad}",
+                                 policy=sched.policy, delta_usd_per_h=None,
+                                 latency_ms=(time.perf_counter() - t0) * 1e3).to_dict()  # type: ignore[arg-type]
     if not may_try_now(spec, held_gpus, backfill):
         from rollmux.admission import AdmissionDecision
 
@@ -101,6 +109,7 @@ class QueuedJob:
     profile: Optional[PhaseProfile] = None
     reason: str = ""
     attempts: int = 0
+    rank: int = 0  # priority class rank (0 = highest): the line is ordered by (rank, seq)
 
     @property
     def job_id(self) -> str:
@@ -147,12 +156,19 @@ class AdmissionQueue:
     def from_config(cls, cfg: Any) -> "AdmissionQueue":
         """An empty queue with a :class:`rollmux.admission.SchedulerConfig`'s ``queue_max_jobs``,
         ``queue_backfill`` and ``queue_scan_limit``."""
-        return cls(cfg.queue_max_jobs, backfill=cfg.queue_backfill, scan_limit=cfg.queue_scan_limit)
+        from rollmux.preemption import rank_of
 
-    def __init__(self, max_jobs: int = 1000, *, backfill: bool = True, scan_limit: int = 64) -> None:
+        return cls(cfg.queue_max_jobs, backfill=cfg.queue_backfill, scan_limit=cfg.queue_scan_limit,
+                   rank_of=lambda spec: rank_of(cfg, spec))
+
+    def __init__(self, max_jobs: int = 1000, *, backfill: bool = True, scan_limit: int = 64,
+                 rank_of: Optional[Any] = None) -> None:
         if max_jobs < 1 or scan_limit < 1:
             raise ValueError(f"max_jobs and scan_limit must be >= 1, got {max_jobs}, {scan_limit}")
         self.max_jobs, self.backfill, self.scan_limit = int(max_jobs), bool(backfill), int(scan_limit)
+        #: priority class rank of a spec (0 = highest; :func:`rollmux.preemption.rank_of`): the line
+        #: holds higher classes first, arrival order within a class; None: one class
+        self.rank_of = rank_of or (lambda spec: 0)
         self._jobs: dict[str, QueuedJob] = {}  # insertion order = arrival order
         self._seq = 0
 
@@ -188,9 +204,10 @@ class AdmissionQueue:
         return 0.0 if first is None else max(0.0, now - first.enqueued_at)
 
     def may_try_now(self, spec: JobSpec) -> bool:
-        """Whether a new arrival may be decided at once instead of queueing behind held jobs:
-        the queue is empty, or (with backfill) the job is no larger than every held job."""
-        return may_try_now(spec, [q.gpus for q in self._jobs.values()], self.backfill)
+        """Whether a new arrival may be decided at once instead of queueing behind held jobs of its
+        class or higher: none is held, or (with backfill) the job is no larger than every one."""
+        r = self.rank_of(spec)
+        return may_try_now(spec, [q.gpus for q in self._jobs.values() if q.rank <= r], self.backfill)
 
     # --- changes -----------------------------------------------------------------------------------
     def push(self, spec: JobSpec, now: float, *, profile: Optional[PhaseProfile] = None, reason: str = "") -> int:
@@ -207,19 +224,28 @@ class AdmissionQueue:
         if len(self._jobs) >= self.max_jobs:
             raise QueueFull(f"the admission queue holds {len(self._jobs)} jobs (queue_max_jobs); retry later")
         self._seq += 1
-        self._jobs[spec.job_id] = QueuedJob(spec=spec, enqueued_at=float(now), seq=self._seq, profile=profile,
-                                            reason=reason)
-        return len(self._jobs)
+        q = QueuedJob(spec=spec, enqueued_at=float(now), seq=self._seq, profile=profile, reason=reason,
+                      rank=self.rank_of(spec))
+        if not self._jobs or next(reversed(self._jobs.values())).rank <= q.rank:
+            self._jobs[spec.job_id] = q
+            return len(self._jobs)
+        line = list(self._jobs.values())
+        pos = next(i for i, o in enumerate(line) if o.rank > q.rank)
+        line.insert(pos, q)
+        self._jobs = {o.job_id: o for o in line}
+        return pos + 1
 
     def remove(self, job_id: str) -> Optional[QueuedJob]:
         """Take a job out of the line (cancelled); None if it was not queued."""
         return self._jobs.pop(job_id, None)
 
-    def drain(self, sched: "InterGroupScheduler", now: float) -> DrainResult:
+    def drain(self, sched: "InterGroupScheduler", now: float, gate: Optional[Any] = None) -> DrainResult:
         """One admission pass over the line after a departure (see the module docstring): each
         tried job goes through ``sched.decide`` (Alg. 1) and, when admitted, ``sched.commit``.
         Returns what was admitted (committed) and dropped; the caller records them. ``now`` is
-        only stamped on the jobs' ``attempts`` bookkeeping (waits are ``now - enqueued_at``)."""
+        only stamped on the jobs' ``attempts`` bookkeeping (waits are ``now - enqueued_at``).
+        ``gate(spec)``: a reason the job may not start now whatever the room (its tenant's quota,
+        :mod:`rollmux.preemption`), or None; a gated job keeps its place and blocks no one."""
         out = DrainResult()
         blocked = math.inf  # smallest GPU demand of a blocked job ahead
         for q in list(self._jobs.values()):
@@ -228,6 +254,10 @@ class AdmissionQueue:
             if blocked < math.inf and (not self.backfill or q.gpus > blocked):
                 if not self.backfill:
                     break
+                continue
+            why = gate(q.spec) if gate is not None else None
+            if why:
+                q.reason = why
                 continue
             d = sched.decide(q.spec, q.profile)
             out.tried += 1
@@ -255,5 +285,6 @@ class AdmissionQueue:
         snap = snap or {}
         for d in snap.get("jobs", []):
             q = QueuedJob.from_dict(d)
+            q.rank = self.rank_of(q.spec)
             self._jobs[q.job_id] = q
         self._seq = max([int(snap.get("seq", 0))] + [q.seq for q in self._jobs.values()])

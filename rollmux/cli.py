@@ -65,6 +65,11 @@ def simulate(
                                                  "worst_case | measured (learned from the iterations each job has run; the "
                                                  "SLO watch re-checks and moves jobs at iteration boundaries) | blended "
                                                  "\\[default: the config's]"),
+    priorities: Optional[str] = typer.Option(None, "--priorities", help="priority classes drawn with these shares, "
+                                             "e.g. production=0.2,research=0.5,best-effort=0.3 (classes of the config's "
+                                             "priority_classes; tenants = the trace's virtual clusters where it has them, "
+                                             "quotas from the config's tenants); implies --queue on a bounded --cluster, "
+                                             "preempts lower classes at iteration boundaries, reports per class"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ) -> None:
     """Replay a real cluster trace through the scheduling policies; write summary.json and plots.
@@ -75,7 +80,7 @@ def simulate(
                  window_start=window_start, window_hours=window_hours, min_duration_s=min_duration_s,
                  max_duration_s=max_duration_s, vc=vc, slo_min=slo_min, slo_max=slo_max, max_group_size=max_group_size,
                  exact_max_jobs=exact_max_jobs, cluster_config=cluster_config, repack=repack, progress=progress,
-                 config=config, queue=queue, profile_source=profile_source)
+                 config=config, queue=queue, profile_source=profile_source, priorities=priorities)
 
 
 if __name__ == "__main__":  # pragma: no cover

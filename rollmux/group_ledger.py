@@ -49,6 +49,8 @@ MAX_TIMELINE = 100_000
 DEFAULT_LEASE_S = 30.0  # a driver silent this long (no heartbeat, no phase running) is evicted
 HEARTBEAT_S = 2.0  # drivers heart-beat this often
 MOVED_PREFIX = "moved"
+#: the reason a preempted job leaves (rollmux.records.JobState.PREEMPTED): at its iteration boundary too
+PREEMPTED_PREFIX = "preempted"
 
 
 class PermitError(RuntimeError):
@@ -265,14 +267,15 @@ class GroupLedger:
     def remove(self, job_id: str, reason: str = "departed") -> bool:
         """Drop the job from every queue (departure / failure). False if it was not a member.
 
-        ``reason`` starting with ``"moved"`` (departure re-packing moved the job): the removal
-        takes effect at the job's *iteration boundary*: a job in the middle of a meta-iteration
+        ``reason`` starting with ``"moved"`` (departure re-packing moved the job) or
+        ``"preempted"`` (a higher class needs its nodes): the removal takes effect at the job's
+        *iteration boundary* (never half an iteration): a job in the middle of a meta-iteration
         (a phase granted or running, or its next phase is training / sync) keeps its slots until
         its iteration's last phase is released. A job between iterations leaves now.
         """
         if not self.is_member(job_id):
             return False
-        if reason.startswith(MOVED_PREFIX) and self.is_queued(job_id) and \
+        if reason.startswith((MOVED_PREFIX, PREEMPTED_PREFIX)) and self.is_queued(job_id) and \
                 (self.rr.is_running(job_id) or self.rr.next_phase(job_id) != "rollout"):
             self.moving[job_id] = reason
             return True

@@ -67,6 +67,8 @@ MAX_LINK_GBPS = 100_000.0
 #: Such an id is one URL path segment as it is (no escaping, never ``.`` or ``..``).
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 JOB_ID_MAX_LEN = 128
+#: priority class and tenant names: a letter, then letters, digits, ``.``, ``_``, ``-`` (<= 64)
+CLASS_NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9._-]{0,63}$"
 
 
 class _Frozen(BaseModel):
@@ -228,6 +230,13 @@ class JobSpec(_Strict):
             ``"bf16"`` (pure bf16 incl. the AdamW moments: 8 B/param).
         zero_stage: ZeRO / FSDP sharding of that state over the job's training GPUs (0: none,
             1: optimizer state, 2: + gradients, 3: + weights = FSDP full shard; default 3).
+        priority_class: one of the scheduler's ``priority_classes`` (``configs/scheduler.yaml``,
+            highest first); ``None`` takes its ``default_priority_class``. Admission refuses an
+            unknown name (naming the field).
+        tenant: the team the job is charged to (its quota, ``tenants`` in the scheduler config);
+            ``None`` takes the config's ``default_tenant``.
+        preemptible: whether a job of a higher class (or a tenant reclaiming its quota) may stop
+            this one at an iteration boundary and re-queue it (:mod:`rollmux.preemption`).
 
     Every number is finite and bounded (strict types: no string or boolean coercion):
     ``1e-6 <= model_params_b <= 2000`` (B params, :data:`MIN_MODEL_PARAMS_B`); ``num_prompts`` 1..1e6; ``responses_per_prompt``
@@ -259,6 +268,9 @@ class JobSpec(_Strict):
     measured: Optional[DeclaredProfile] = None
     train_precision: TrainPrecision = "bf16_mixed"
     zero_stage: int = Field(default=3, ge=0, le=3)
+    priority_class: Optional[str] = Field(default=None, pattern=CLASS_NAME_PATTERN, max_length=64)
+    tenant: Optional[str] = Field(default=None, pattern=CLASS_NAME_PATTERN, max_length=64)
+    preemptible: bool = True
 
     @field_validator("measured", mode="before")
     @classmethod

@@ -40,7 +40,10 @@ class JobState(str, enum.Enum):
     (admitted -> expired when no driver attaches within the scheduler's ``attach_timeout_s``;
     queued -> cancelled when it is withdrawn from the admission queue, queued -> failed when it
     can never be admitted). ``queued``: held by the admission queue of a bounded cluster, no
-    nodes yet (:mod:`rollmux.admission_queue`).
+    nodes yet (:mod:`rollmux.admission_queue`). ``preempted``: an admitted or running job stopped at
+    its iteration boundary for a job of a higher class (:mod:`rollmux.preemption`): it holds no
+    nodes and waits in the admission queue; re-admitted (``preempted -> admitted``) it resumes
+    from its state.
 
     The only way a state changes is a transition of :data:`TRANSITIONS` (:meth:`to` refuses any
     other with :class:`IllegalTransition`); :meth:`advance` is the same for events that may
@@ -57,6 +60,7 @@ class JobState(str, enum.Enum):
     FAILED = "failed"
     EXPIRED = "expired"  # admitted, but no driver attached within the attach timeout
     CANCELLED = "cancelled"  # withdrawn from the admission queue before it was admitted
+    PREEMPTED = "preempted"  # stopped at an iteration boundary for a higher class, back in the queue
 
     @property
     def rank(self) -> int:
@@ -106,14 +110,16 @@ class JobState(str, enum.Enum):
 
 
 _RANK = {JobState.QUEUED: -1, JobState.ADMITTED: 0, JobState.RUNNING: 1, JobState.FINISHED: 2, JobState.FAILED: 2,
-         JobState.EXPIRED: 2, JobState.CANCELLED: 2}
+         JobState.EXPIRED: 2, JobState.CANCELLED: 2, JobState.PREEMPTED: 1}
 #: The states in which a job holds nodes (:meth:`JobState.is_active`).
 ACTIVE_STATES: frozenset[JobState] = frozenset({JobState.ADMITTED, JobState.RUNNING})
 #: The lifecycle: every allowed state change (nothing leaves an ended state).
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.ADMITTED, JobState.FAILED, JobState.CANCELLED}),
-    JobState.ADMITTED: frozenset({JobState.RUNNING, JobState.FINISHED, JobState.FAILED, JobState.EXPIRED}),
-    JobState.RUNNING: frozenset({JobState.FINISHED, JobState.FAILED}),
+    JobState.ADMITTED: frozenset({JobState.RUNNING, JobState.FINISHED, JobState.FAILED, JobState.EXPIRED,
+                                  JobState.PREEMPTED}),
+    JobState.RUNNING: frozenset({JobState.FINISHED, JobState.FAILED, JobState.PREEMPTED}),
+    JobState.PREEMPTED: frozenset({JobState.ADMITTED, JobState.FAILED, JobState.CANCELLED}),
     JobState.FINISHED: frozenset(), JobState.FAILED: frozenset(), JobState.EXPIRED: frozenset(),
     JobState.CANCELLED: frozenset(),
 }
@@ -143,7 +149,7 @@ class MoveRecord(BaseModel):
 
 
 _QUEUE_FIELDS = ("queue_position", "queued_at", "waited_s")
-_OPTIONAL_FIELDS = _QUEUE_FIELDS + ("measured_phases", "slo_action")  # listed only when set
+_OPTIONAL_FIELDS = _QUEUE_FIELDS + ("measured_phases", "slo_action", "priority_class", "tenant")  # listed only when set
 
 
 class JobRecord(BaseModel):
@@ -158,7 +164,8 @@ class JobRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     job_id: str
-    state: JobState = Field(description='"queued" | "admitted" | "running" | "finished" | "failed" | "expired"')
+    state: JobState = Field(description='"queued" | "admitted" | "running" | "preempted" | "finished" | "failed" | '
+                            '"expired" | "cancelled"')
     group_id: Optional[str] = Field(default=None, description="current group (the last one once ended)")
     placement: Optional[NodePlacement] = None
     controller: Optional[str] = Field(default=None, description="the group's GroupController actor name")
@@ -190,12 +197,20 @@ class JobRecord(BaseModel):
         default=None, description="the SLO watch's last decision about this job on measured phase times: action "
         "(move | move_neighbour | scale_out | isolate | slo_at_risk), reason, group_id, to_group, mover, "
         "predicted_slowdown, slo, at (Unix time, s)")
+    priority_class: Optional[str] = Field(default=None, description="the job's priority class (rollmux.preemption)")
+    tenant: Optional[str] = Field(default=None, description="the tenant whose quota the job counts against")
+    borrowed: bool = Field(default=False, description="admitted beyond its tenant's quota, on borrowed capacity "
+                           "(the first preempted when the owner needs it)")
+    preemptions: list[dict[str, Any]] = Field(
+        default_factory=list, description="each preemption: at (Unix time, s), by_job, by_class, lost_gpu_h (GPU-hours "
+        "its re-load costs), reason, iteration (iterations done when it stopped), resumed_at (Unix time, s, or null)")
 
     def is_active(self) -> bool:
         return self.state.is_active()
 
     def _skip(self) -> set[str]:
-        return {k for k in _OPTIONAL_FIELDS if getattr(self, k) is None} | (set() if self.moves else {"moves"})
+        return ({k for k in _OPTIONAL_FIELDS if getattr(self, k) is None} | (set() if self.moves else {"moves"})
+                | (set() if self.preemptions else {"preemptions"}) | (set() if self.borrowed else {"borrowed"}))
 
     def public(self) -> dict[str, Any]:
         """The JSON-able form the scheduler answers (``moves`` only once moved; the queue fields
@@ -226,7 +241,8 @@ def queued_records(queue: list[dict[str, Any]], now: float) -> list[dict[str, An
     publishes it (``[{job_id, slo, queued_at, reason}, ...]`` in line order): state ``queued``,
     1-based ``queue_position``, ``queued_at`` (Unix s) and ``waited_s`` at ``now`` (s)."""
     return [JobRecord(job_id=q["job_id"], state=JobState.QUEUED, slo=q.get("slo"), queue_position=i,
-                      queued_at=q["queued_at"], waited_s=max(0.0, now - q["queued_at"])).public()
+                      queued_at=q["queued_at"], waited_s=max(0.0, now - q["queued_at"]),
+                      priority_class=q.get("priority_class"), tenant=q.get("tenant")).public()
             for i, q in enumerate(queue, start=1)]
 
 

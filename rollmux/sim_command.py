@@ -22,7 +22,7 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
                  max_duration_s: Optional[float], vc: Optional[str], slo_min: float, slo_max: float,
                  max_group_size: Optional[int], exact_max_jobs: int, cluster_config: Optional[Path],
                  repack: Optional[bool], progress: bool, config: Optional[Path] = None, queue: bool = False,
-                 profile_source: Optional[str] = None) -> None:
+                 profile_source: Optional[str] = None, priorities: Optional[str] = None) -> None:
     """Run ``rollmux simulate`` with parsed options: load the trace, replay, write summary.json and
     plots, print the table. Exits with code 2 and a one-line error on bad input.
 
@@ -58,13 +58,16 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
             check_policy(n)
     except ValueError as e:
         fail(f"--policies: {e}")
+    queue = queue or priorities is not None
     if queue:
         from rollmux.policies import policy_spec
+        from rollmux.sim_policies import QUEUED_SOLO
 
-        other = [n for n in names if policy_spec(n).kind != "scheduler"]
+        other = [n for n in names if policy_spec(n).kind != "scheduler" and n != QUEUED_SOLO]
         if other:
-            fail(f"--queue: {', '.join(other)} do not admit through the scheduler; with --queue give --policies among "
-                 "the scheduler policies (rollmux, random, most-idle)")
+            flag = "--priorities" if priorities is not None else "--queue"
+            fail(f"{flag}: {', '.join(other)} do not admit through the scheduler; with {flag} give --policies among "
+                 f"the scheduler policies (rollmux, random, most-idle) and {QUEUED_SOLO}")
     for flag, v in (("--window-start", window_start), ("--window-hours", window_hours), ("--min-duration-s", min_duration_s),
                     ("--max-duration-s", max_duration_s), ("--slo-min", slo_min), ("--slo-max", slo_max)):
         if v is not None and not math.isfinite(v):
@@ -95,6 +98,9 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
                                          profile_source=profile_source)
     except (ValueError, ConfigError) as e:
         fail(f"--config: {e}")
+    if priorities is not None and cluster.rollout_pool.num_nodes is None and cluster.train_pool.num_nodes is None:
+        fail("--priorities: the cluster is unbounded, so no job ever waits or is preempted; give a bounded --cluster "
+             "(e.g. configs/cluster_sim_bounded.yaml)")
     try:
         tjobs = load_trace(trace, window)
     except (ValueError, TraceError) as e:
@@ -103,6 +109,14 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
         sjobs = draw_jobs(tjobs, cluster, mix=mix, seed=seed, slo_range=(slo_min, slo_max))
     except ValueError as e:
         fail(f"--mix: {e}" if "mix" in str(e) else str(e))
+    if priorities is not None:
+        from rollmux.workloads import assign_priorities, parse_class_shares
+
+        try:
+            shares = parse_class_shares(priorities, sched_cfg.priority_classes)
+        except ValueError as e:
+            fail(f"--priorities: {e}")
+        sjobs = assign_priorities(sjobs, shares, seed=seed, tenants_from_trace=tjobs)
     console.print(f"[bold]rollmux simulate[/]: {len(sjobs)} jobs from {trace} (mix {mix}, seed {seed}, "
                   f"{'stochastic' if stochastic else 'deterministic worst-case'} phase times); policies: {', '.join(names)}")
     total = 2 * len(sjobs) * len(names)
@@ -115,8 +129,9 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
 
         try:
             res = run_sim(sjobs, cluster, names, stochastic=stochastic, seed=seed, config=sched_cfg, queue=queue,
+                          priorities=priorities is not None,
                           exact_max_jobs=exact_max_jobs, on_event=on_event,
-                          meta={"trace": trace_label(trace), "mix": mix, "window": window.model_dump(), "cluster": cluster.name})
+                          meta={"trace": trace_label(trace), "mix": mix, **({"priority_shares": priorities} if priorities else {}), "window": window.model_dump(), "cluster": cluster.name})
         except (ValueError, RuntimeError) as e:  # e.g. a bounded --cluster refusing a job
             fail(f"--cluster: {e}" if cluster_config else str(e))
             return
@@ -176,6 +191,16 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
                           f"{m['queue_wait_s_mean'] / 3600:.2f} h, p50 {m['queue_wait_s_p50'] / 3600:.2f} h, p90 "
                           f"{m['queue_wait_s_p90'] / 3600:.2f} h, max {m['queue_wait_s_max'] / 3600:.2f} h; peak "
                           f"{m['queue_peak_jobs']} queued, {m['queue_refused_jobs']} refused")
+    if priorities is not None:
+        ct = Table(title=f"per priority class ({priorities})")
+        for c in ("policy", "class", "jobs", "wait p50 h", "wait p99 h", "preemptions", "lost GPU-h", "SLO att.", "cost k$"):
+            ct.add_column(c, justify="left" if c in ("policy", "class") else "right")
+        for name, m in summary["policies"].items():
+            for c, v in m.get("by_class", {}).items():
+                ct.add_row(name, c, str(v["jobs"]), f"{v['queue_wait_s_p50'] / 3600:.2f}", f"{v['queue_wait_s_p99'] / 3600:.2f}",
+                           str(v["preemptions"]), f"{v['lost_gpu_h']:.2f}", f"{v['slo_attainment']:.1%}",
+                           f"{v['cost_usd'] / 1e3:.1f}")
+        console.print(ct)
     console.print(f"wrote {out / 'summary.json'} and plots in {out}")
 
 

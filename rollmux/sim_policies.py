@@ -17,6 +17,7 @@ from rollmux.baselines import PER_JOB_UNITS, OptimalPartition, Unit
 from rollmux.codes import Code
 from rollmux.models import ClusterSpec, CoExecutionGroup
 from rollmux.policies import policy_spec
+from rollmux.preemption import PreemptionPlan, PriorityBook, class_of, retry_order, tenant_of
 from rollmux.sim_learning import MeasuredLoop
 from rollmux.sim_realisation import Realisation
 from rollmux.workloads import SimJob
@@ -83,8 +84,9 @@ class SchedulerPolicy(SimPolicy):
     are counted in ``refused`` and not replayed."""
 
     def __init__(self, name: str, cluster: ClusterSpec, real: Realisation, *, max_group_size: Optional[int] = None,
-                 seed: Optional[int] = None, repack: Optional[bool] = None, config=None, queue: bool = False):
-        self.name = name
+                 seed: Optional[int] = None, repack: Optional[bool] = None, config=None, queue: bool = False,
+                 priorities: bool = False, label: Optional[str] = None):
+        self.name = label or name
         self.spec = policy_spec(name, "scheduler")
         self.real = real
         # the same SchedulerConfig the cluster's GlobalScheduler builds its policy from; arguments
@@ -110,14 +112,40 @@ class SchedulerPolicy(SimPolicy):
         # profile_source measured / blended: plan on measured phase times, re-check and act (SLO watch)
         self.loop = (MeasuredLoop(self.sched, real) if cfg.profile_source != "worst_case" and self.spec.slo_check
                      else None)
+        # priority classes, tenant quotas and preemption (rollmux.preemption; the cluster's rules)
+        self.book = PriorityBook(cfg, cluster) if priorities else None
+        self._jobs: dict[str, SimJob] = {}
+        self._borrow: dict[str, bool] = {}  # queued job -> its quota verdict said borrowing
+        self._pending: dict[str, tuple[SimJob, PreemptionPlan]] = {}  # newcomer -> its plan, victims stopping
+        self._stopping: dict[str, str] = {}  # victim -> the newcomer it makes room for
+        self._preempted: list[str] = []  # victims stopped since the last take_preempted
+        self.resumes: dict[str, int] = {}  # preempted job -> times it has started again
 
     def arrive(self, job: SimJob) -> float:
+        self._jobs[job.spec.job_id] = job
+        verdict = None
+        if self.book is not None:
+            verdict = self.book.check(job.spec)
+            if not verdict.ok:
+                if verdict.never or self.queue is None:
+                    self.refused.append(job.spec.job_id)
+                    return 0.0
+                return self._hold(job, 0.0, verdict.reason)
         if self.queue is not None and not self.queue.may_try_now(job.spec):  # FIFO: behind larger held jobs
             return self._hold(job, 0.0, "queued behind larger jobs")
         prof = job.profile if self.loop is None else self.loop.profile_for(job.spec, job.profile)
         d = self.sched.admit(job.spec, prof)
+        if not d.admitted and self.book is not None and d.code == Code.RETRY_LATER:
+            plan = self.book.plan(job.spec, self.sched, exclude=self._stopping)
+            if plan is not None:  # the victims stop at their next iteration boundary, then it starts
+                self._pending[job.spec.job_id] = (job, plan)
+                for v in plan.victims:
+                    self._stopping[v.job_id] = job.spec.job_id
+                    self.book.preempted(v, job.spec, self.clock, plan.reason)
+                self._borrow[job.spec.job_id] = verdict.borrowing if verdict else False
+                return float(d.latency_ms)
         if d.admitted:
-            self._started.append(job.spec.job_id)
+            self._on_start(job.spec.job_id, verdict.borrowing if verdict else False)
             if self.loop is not None:
                 self.loop.started(job.spec.job_id)
             t0 = time.perf_counter()
@@ -135,6 +163,74 @@ class SchedulerPolicy(SimPolicy):
             raise RuntimeError(f"{self.name}: job {job.spec.job_id} was refused ({d.code}: {d.reason}); "
                                "the simulation cluster must be unbounded (or replay with the admission queue)")
         return float(d.latency_ms)
+
+    def _on_start(self, job_id: str, borrowed: bool = False) -> None:
+        self._started.append(job_id)
+        if self.book is not None:
+            self.book.admitted(self._jobs[job_id].spec, self.clock, borrowed=borrowed)
+            if job_id in self.book.preemptions:
+                self.book.resumed(job_id, self.clock)
+                self.resumes[job_id] = self.resumes.get(job_id, 0) + 1
+
+    def _gate(self, spec) -> Optional[str]:
+        """The quota reason a queued job may not start now (the drain's gate), or None."""
+        v = self.book.check(spec)  # type: ignore[union-attr]
+        self._borrow[spec.job_id] = v.borrowing
+        return None if v.ok else v.reason
+
+    def stop_points(self) -> list[str]:
+        """Jobs to stop at their next iteration boundary (preemption victims)."""
+        return list(self._stopping)
+
+    def stop(self, job_id: str) -> None:
+        """``job_id`` reached its iteration boundary: it leaves its group and waits in the queue
+        (ahead of its class's later arrivals); once every victim of a newcomer is off, the newcomer
+        is admitted (if the room went elsewhere meanwhile, it queues)."""
+        new_id = self._stopping[job_id]
+        self._depart_from_groups(job_id)
+        self._preempted.append(job_id)
+        self._hold(self._jobs[job_id], 0.0, f"preempted by {new_id}")
+        self._release_victim(job_id)
+        if not self._pending:
+            self._drain()
+            self._retry_preemption()
+
+    def _release_victim(self, job_id: str) -> None:
+        new_id = self._stopping.pop(job_id)
+        job_new, plan = self._pending[new_id]
+        if any(v in self._stopping for v in plan.victim_ids):
+            return
+        del self._pending[new_id]
+        d = self.sched.admit(job_new.spec, job_new.profile)
+        if d.admitted:
+            self._on_start(new_id, self._borrow.pop(new_id, False))
+        else:
+            self._hold(job_new, 0.0, d.reason)
+
+    def _retry_preemption(self) -> None:
+        """After a departure: the first queued jobs of a class above some running preemptible job
+        try preemption again (:func:`rollmux.preemption.retry_order`); one plan at a time."""
+        if self.book is None or self.queue is None or self._pending:
+            return
+        running = [r for j, r in self.book.running.items() if j not in self._stopping]
+        for q in retry_order(self.queue.jobs(), running):
+            v = self.book.check(q.spec)
+            if not v.ok:
+                continue
+            plan = self.book.plan(q.spec, self.sched, exclude=self._stopping)
+            if plan is None:
+                continue
+            self.queue.remove(q.job_id)
+            self._pending[q.job_id] = (self._jobs[q.job_id], plan)
+            for vic in plan.victims:
+                self._stopping[vic.job_id] = q.job_id
+                self.book.preempted(vic, q.spec, self.clock, plan.reason)
+            self._borrow[q.job_id] = v.borrowing
+            return
+
+    def take_preempted(self) -> list[str]:
+        out, self._preempted = self._preempted, []
+        return out
 
     def _hold(self, job: SimJob, ms: float, reason: str) -> float:
         try:
@@ -167,16 +263,32 @@ class SchedulerPolicy(SimPolicy):
         out, self._stalls = self._stalls, {}
         return out
 
-    def depart(self, job_id: str) -> Optional[dict[str, float]]:
+    def _depart_from_groups(self, job_id: str) -> None:
         gid = self.sched.group_of(job_id).group_id
         self.sched.depart(job_id)
         self.solver.forget(job_id)
+        if self.book is not None:
+            self.book.departed(job_id)
         self._moved(self.sched.repack(gid))
         self._moved(self.sched.reoptimise(gid, solver=self.solver))
+
+    def _drain(self) -> None:
         if self.queue is not None:  # the freed room goes to queued jobs (in order, with backfill)
-            res = self.queue.drain(self.sched, self.clock)
-            self._started.extend(q.job_id for q, _ in res.admitted)
+            res = self.queue.drain(self.sched, self.clock, gate=self._gate if self.book is not None else None)
+            for q, _ in res.admitted:
+                self._on_start(q.job_id, self._borrow.pop(q.job_id, False))
             self.refused.extend(q.job_id for q, _ in res.dropped)
+
+    def depart(self, job_id: str) -> Optional[dict[str, float]]:
+        self._depart_from_groups(job_id)
+        if job_id in self._stopping:  # it finished before its boundary: not preempted after all
+            self.book.preemptions[job_id].pop()  # type: ignore[union-attr]
+            if not self.book.preemptions[job_id]:  # type: ignore[union-attr]
+                del self.book.preemptions[job_id]  # type: ignore[union-attr]
+            self._release_victim(job_id)
+        if not self._pending:  # room freed while victims stop goes to the waiting newcomer first
+            self._drain()
+            self._retry_preemption()
         if self.loop is not None:
             self.loop.departed(job_id)
             self._moved(self.loop.check())
@@ -191,8 +303,18 @@ class SchedulerPolicy(SimPolicy):
         self._moved(self.loop.learn(job_id, iterations))
         return self.pop_stalls()
 
+    def job_class(self, job_id: str) -> Optional[tuple[str, str]]:
+        """(priority class, tenant) of a job of this replay (priorities on), else None."""
+        if self.book is None or job_id not in self._jobs:
+            return None
+        spec = self._jobs[job_id].spec
+        return class_of(self.book.cfg, spec), tenant_of(self.book.cfg, spec)
+
     def extra(self) -> dict:
         out = {} if self.queue is None else {"queue_refused_jobs": len(self.refused), "queue_peak_jobs": self.queue_peak}
+        if self.book is not None:
+            out["priority_classes"] = list(self.book.cfg.priority_classes)
+            out["preemptions"] = sum(len(v) for v in self.book.preemptions.values())
         if self.loop is not None:
             out.update(self.loop.extra())
         if not self.spec.repacks:
@@ -285,9 +407,15 @@ class OptimalPolicy(SimPolicy):
         return [self.real.group_unit(g) for g in self._groups]
 
 
+#: the per-job baseline that also replays on a bounded cluster with the admission queue: Solo-D is
+#: a group of one (max_group_size 1, whole nodes, solo speed), so it queues and preempts by the
+#: same code as RollMux
+QUEUED_SOLO = "solo-d"
+
+
 def make_policy(name: str, cluster: ClusterSpec, real: Realisation, *, max_group_size: Optional[int] = None,
                 seed: Optional[int] = None, exact_max_jobs: int = 16, repack: Optional[bool] = None,
-                config=None, queue: bool = False) -> SimPolicy:
+                config=None, queue: bool = False, priorities: bool = False) -> SimPolicy:
     """The replay's view of the policy ``name`` (:data:`rollmux.policies.REGISTRY`, by its ``kind``).
     ``config``: the :class:`rollmux.admission.SchedulerConfig` (default: its defaults);
     ``max_group_size`` / ``seed`` / ``repack`` (departure re-packing) override a copy of it when
@@ -296,11 +424,14 @@ def make_policy(name: str, cluster: ClusterSpec, real: Realisation, *, max_group
     ones) or ``queue`` with a policy that does not admit through the scheduler."""
     cfg = (config or SchedulerConfig()).overridden(max_group_size=max_group_size, seed=seed, repack_on_departure=repack)
     kind = policy_spec(name).kind
+    if queue and name == QUEUED_SOLO:  # Solo-D on a bounded cluster: each job alone, the same queue and rules
+        solo = cfg.overridden(max_group_size=1, repack_on_departure=False, reopt_max_jobs=0)
+        return SchedulerPolicy("rollmux", cluster, real, config=solo, queue=True, priorities=priorities, label=name)
     if queue and kind != "scheduler":
         raise ValueError(f"policy {name!r} does not admit through the scheduler, so it cannot replay with the "
                          "admission queue (queued replays: the policies of kind 'scheduler', e.g. rollmux, random, most-idle)")
     if kind == "scheduler":
-        return SchedulerPolicy(name, cluster, real, config=cfg, queue=queue)
+        return SchedulerPolicy(name, cluster, real, config=cfg, queue=queue, priorities=priorities)
     if kind == "optimal":
         return OptimalPolicy(cluster, real, max_group_size=cfg.max_group_size, exact_max_jobs=exact_max_jobs)
     return PerJobPolicy(name, cluster, real)

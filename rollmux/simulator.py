@@ -61,7 +61,7 @@ from rollmux.baselines import OptimalPartition, Unit
 from rollmux.intra_group import PhaseRecord, simulate_group
 from rollmux.models import ClusterSpec, CoExecutionGroup
 from rollmux.policies import POLICY_NAMES, check_policy, policy_spec
-from rollmux.sim_policies import OptimalPolicy, SimPolicy, make_policy
+from rollmux.sim_policies import QUEUED_SOLO, OptimalPolicy, SimPolicy, make_policy
 from rollmux.sim_realisation import Realisation
 from rollmux.workloads import SimJob
 
@@ -85,6 +85,11 @@ class JobOutcome:
     slo: float
     solo_real_over_planned: float = 1.0  # realised solo time / worst-case (planning) solo time
     start_s: Optional[float] = None  # admission (after the admission queue); None = at arrival
+    priority_class: Optional[str] = None  # with priorities: the job's class and tenant
+    tenant: Optional[str] = None
+    preemptions: int = 0  # times it was preempted (stopped at an iteration boundary, re-queued)
+    lost_gpu_h: float = 0.0  # GPU-hours those preemptions cost it (rollmux.preemption.lost_gpu_h)
+    cost_usd: float = 0.0  # its share of its units' cost (by GPUs asked), $, with priorities
 
     @property
     def wait_s(self) -> float:
@@ -188,7 +193,30 @@ class PolicyRun:
             "optimal_exact_time_fraction": self.shadow_s / self.end_s if self.end_s > 0 else 0.0,
             "optimal_exact_spend_fraction": self.shadow_policy_usd / self.cost_usd if self.cost_usd > 0 else 0.0,
             "optimal_exact_events_outside_layouts": self.shadow_outside,
-        } if self.shadow_s > 0 else {})
+        } if self.shadow_s > 0 else {}) | ({"by_class": per_class(outs, self.extra.get("priority_classes", ()))} if any(o.priority_class for o in outs) else {})
+
+
+def per_class(outs: Sequence[JobOutcome], order: Sequence[str] = ()) -> dict:
+    """Per priority class: jobs, queue wait (first admission - arrival) p50 / p99, preemptions,
+    preempted jobs, lost GPU-hours, SLO attainment (slowdown from first admission, so the time a
+    preempted job waits to resume counts) and cost (each job's share of its units by GPUs); the
+    classes in ``order`` first (highest first), then any other in first-seen order."""
+    out: dict = {}
+    seen = {o.priority_class for o in outs}
+    for c in [c for c in order if c in seen] + [c for c in dict.fromkeys(o.priority_class for o in outs) if c not in order]:
+        os_ = [o for o in outs if o.priority_class == c]
+        w = np.asarray([o.wait_s for o in os_])
+        out[str(c)] = {
+            "jobs": len(os_),
+            "queue_wait_s_p50": float(np.percentile(w, 50)),
+            "queue_wait_s_p99": float(np.percentile(w, 99)),
+            "preemptions": int(sum(o.preemptions for o in os_)),
+            "preempted_jobs": int(sum(o.preemptions > 0 for o in os_)),
+            "lost_gpu_h": float(sum(o.lost_gpu_h for o in os_)),
+            "slo_attainment": sum(o.slo_met for o in os_) / len(os_),
+            "cost_usd": float(sum(o.cost_usd for o in os_)),
+        }
+    return out
 
 
 def replay(
@@ -239,11 +267,26 @@ def replay(
     params: dict[int, tuple] = {}  # id(unit) -> (unit, Realisation.busy_params(unit)) of the current units
     uparams: list[tuple] = []  # (born key, busy params) per current unit, in unit order
 
+    paused: dict[str, float] = {}  # preempted job -> iterations left (it resumes from its commits)
+    job_cost: dict[str, float] = {}  # with priorities: each job's share of its units' cost, $
+    shares: list[tuple[str, float]] = []  # (job, $/h share) of the current units
+    classes = getattr(policy, "job_class", None)
+    n_pre: dict[str, int] = {}
+
     def start(jid: str) -> None:
         sj = by_id[jid]
+        if jid in paused:  # resumed after a preemption: the same work left, its state re-loaded
+            remaining[jid] = paused.pop(jid)
+            stalls[jid] = stalls.get(jid, 0.0) + real_restore_s(sj.spec)
+            return
         remaining[jid] = total_it[jid] = sj.duration_s / real.solo_time_s(sj.spec)
         start_s[jid] = t
         done_at[jid] = _EPS * max(1.0, sj.iterations)
+
+    def real_restore_s(spec) -> float:
+        from rollmux.profiler import move_time_s
+
+        return move_time_s(spec, real.cluster)
     best_group_size = 0
     shadow_cost: Optional[float] = None
     shadow_jpg = [0.0, 0.0]  # jobs per group now: the policy's, the optimum's
@@ -260,6 +303,12 @@ def replay(
             cur[id(u)] = e if e is not None and e[0] is u else (u, real.busy_params(u))
         params = cur
         uparams = [((u.key, u.job_ids), params[id(u)][1]) for u in units]
+        if classes is not None:
+            shares.clear()
+            for u in units:
+                g = {j: by_id[j].spec.num_rollout_gpus + by_id[j].spec.num_train_gpus for j in u.job_ids}
+                tot = sum(g.values()) or 1
+                shares.extend((j, u.cost_usd_per_h * n / tot) for j, n in g.items())
         rate.clear()
         cost = sum(u.cost_usd_per_h for u in units)
         rg = sum(u.rollout_gpus for u in units)
@@ -319,10 +368,23 @@ def replay(
                         t_learn, learners = tl, [jid]
                     elif abs(tl - t_learn) <= 1e-9 * max(1.0, abs(tl)):
                         learners.append(jid)
-        t_next = min(t_arr, t_dep, t_learn)
+        # preemption victims stop at their next iteration boundary
+        t_stop, stoppers = math.inf, []
+        for jid in (policy.stop_points() if hasattr(policy, "stop_points") else ()):
+            if jid in remaining:
+                done = total_it[jid] - remaining[jid]
+                nxt = math.ceil(done - 1e-9 * max(1.0, done))
+                ts = t + max(0.0, nxt - done) / rate[jid]
+                if ts < t_stop - 1e-9 * max(1.0, abs(ts)):
+                    t_stop, stoppers = ts, [jid]
+                elif abs(ts - t_stop) <= 1e-9 * max(1.0, abs(ts)):
+                    stoppers.append(jid)
+        t_next = min(t_arr, t_dep, t_learn, t_stop)
         dt = t_next - t
         if dt > 0:
             run.cost_usd += cost * dt / 3600.0
+            for jid, usd in shares:
+                job_cost[jid] = job_cost.get(jid, 0.0) + usd * dt / 3600.0
             run.rollout_gpu_s += rg * dt
             run.train_gpu_s += tg * dt
             busy = real.busy_from_params
@@ -342,7 +404,17 @@ def replay(
             for jid in remaining:
                 remaining[jid] -= rate[jid] * dt
         t = t_next
-        if t_learn < min(t_arr, t_dep):  # iteration boundaries of learning jobs: measure, re-check, act
+        if t_stop < min(t_arr, t_dep) and t_stop <= t_learn:  # victims at their boundary: stop, re-queue
+            events -= 1  # bounded by the preemptions, at most one plan per arrival
+            policy.clock = t
+            for jid in stoppers:
+                policy.stop(jid)
+            for jid in policy.take_preempted():
+                paused[jid] = remaining.pop(jid)
+                n_pre[jid] = n_pre.get(jid, 0) + 1
+            for jid in policy.take_started() or ():
+                start(jid)
+        elif t_learn < min(t_arr, t_dep):  # iteration boundaries of learning jobs: measure, re-check, act
             events -= 1  # not an arrival or departure: bounded by the policy's learn points instead
             policy.clock = t
             for jid in learners:
@@ -361,9 +433,14 @@ def replay(
                 if shadow is not None:
                     shadow.forget(jid)
                 sj, st = by_id[jid], start_s.pop(jid, None)
-                run.outcomes[jid] = JobOutcome(jid, sj.arrival_s, t, sj.duration_s, sj.spec.slo,
-                                               real.solo_time_s(sj.spec) / sj.profile.t_solo_s,
-                                               start_s=st if queued else None)
+                run.outcomes[jid] = o = JobOutcome(jid, sj.arrival_s, t, sj.duration_s, sj.spec.slo,
+                                                   real.solo_time_s(sj.spec) / sj.profile.t_solo_s,
+                                                   start_s=st if queued else None)
+                if classes is not None and (ct := classes(jid)) is not None:
+                    o.priority_class, o.tenant = ct
+                    o.preemptions = n_pre.get(jid, 0)
+                    o.lost_gpu_h = sum(r.lost_gpu_h for r in policy.book.preemptions.get(jid, ()))  # type: ignore[attr-defined]
+                    o.cost_usd = job_cost.pop(jid, 0.0)
                 if on_event:
                     on_event(1)
             for jid in policy.take_started() or ():  # queued jobs admitted into the freed room
@@ -443,6 +520,7 @@ def simulate(
     repack: Optional[bool] = None,
     config=None,
     queue: bool = False,
+    priorities: bool = False,
 ) -> SimulationResult:
     """Replay the same jobs through every policy with one shared realisation.
 
@@ -453,6 +531,9 @@ def simulate(
     ``repack=False`` runs RollMux as the paper's admission-only Alg. 1 (no departure re-packing).
     ``queue=True``: a bounded ``cluster`` holds the jobs that do not fit in the admission queue
     (:class:`rollmux.sim_policies.SchedulerPolicy`); each policy's summary then reports its jobs' queue waits.
+    Solo-D replays queued too (a group of one). ``priorities=True`` (with ``queue``): the jobs'
+    priority classes and tenants (``JobSpec.priority_class`` / ``tenant``) order the queue, quotas
+    and preemption apply (:mod:`rollmux.preemption`), and each summary has ``by_class``.
 
     Raises:
         ValueError: an unknown policy name (before anything runs) or an empty job list.
@@ -460,7 +541,9 @@ def simulate(
     names = [check_policy(p) for p in policies]
     if not jobs:
         raise ValueError("simulate: no jobs to replay")
-    if queue and (other := [n for n in names if policy_spec(n).kind != "scheduler"]):
+    if priorities and not queue:
+        raise ValueError("priorities need a bounded cluster replayed with the admission queue (queue=True)")
+    if queue and (other := [n for n in names if policy_spec(n).kind != "scheduler" and n != QUEUED_SOLO]):
         raise ValueError(f"policies {', '.join(other)} do not admit through the scheduler and cannot replay with the "
                          "admission queue; queued replays take the policies of kind 'scheduler' (rollmux, random, most-idle)")
     cfg = (config or SchedulerConfig()).overridden(max_group_size=max_group_size, seed=seed, repack_on_departure=repack)
@@ -469,13 +552,15 @@ def simulate(
     shadow_policies = tuple(shadow_policies)
     runs: dict[str, PolicyRun] = {}
     for name in names:
-        pol = make_policy(name, cluster, real, exact_max_jobs=exact_max_jobs, config=cfg, queue=queue)
+        pol = make_policy(name, cluster, real, exact_max_jobs=exact_max_jobs, config=cfg, queue=queue,
+                          priorities=priorities)
         cb = (lambda k, _n=name: on_event(_n, k)) if on_event else None
         shadow = (OptimalPartition(cluster, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs, time_limit_s=5.0)
                   if name in shadow_policies else None)
         runs[name] = replay(jobs, pol, real, on_event=cb, shadow=shadow)
     m = dict(meta or {}, jobs=len(jobs), stochastic=stochastic, seed=seed, max_group_size=max_group_size,
-             exact_max_jobs=exact_max_jobs, repack_on_departure=repack, **({"admission_queue": True} if queue else {}))
+             exact_max_jobs=exact_max_jobs, repack_on_departure=repack, **({"admission_queue": True} if queue else {}),
+             **({"priorities": True} if priorities else {}))
     return SimulationResult(runs, summarise(runs, m), real)
 
 

@@ -18,7 +18,7 @@ Source: RollMux §2, §7.1, §7.5 and Appendix (Table 6).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Sequence
 
 from rollmux.models import ClusterSpec, JobSpec, PhaseProfile
@@ -176,4 +176,50 @@ def draw_jobs(
         measured = PhaseProfile(t_roll_s=round(t_roll, 3), t_train_s=round(t_train, 3), t_sync_s=sync_cache[jt.name])
         spec = base.model_copy(update={"measured": measured})
         out.append(SimJob(spec=spec, job_type=jt.name, category=jt.category, arrival_s=tj.arrival_s, duration_s=tj.duration_s))
+    return out
+
+
+def parse_class_shares(text: str, classes: Sequence[str]) -> dict[str, float]:
+    """``"production=0.2,research=0.5,best-effort=0.3"`` -> ``{class: share}`` (shares >= 0,
+    summing to 1 within 1e-6). Raises ValueError naming the bad part (an unknown class lists
+    ``classes``)."""
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, eq, val = part.partition("=")
+        name = name.strip()
+        if not eq:
+            raise ValueError(f"{part!r}: give class=share")
+        if name not in classes:
+            raise ValueError(f"{name!r} is not a priority class (known: {', '.join(classes)})")
+        if name in out:
+            raise ValueError(f"{name!r} given twice")
+        try:
+            share = float(val)
+        except ValueError:
+            raise ValueError(f"{part!r}: the share must be a number") from None
+        if not (share >= 0 and share == share and share != float("inf")):
+            raise ValueError(f"{part!r}: the share must be a finite number >= 0")
+        out[name] = share
+    if not out or abs(sum(out.values()) - 1.0) > 1e-6:
+        raise ValueError(f"the shares must sum to 1, got {sum(out.values()):g}")
+    return out
+
+
+def assign_priorities(jobs: Sequence[SimJob], shares: dict[str, float], *, seed: int = 0,
+                      tenants_from_trace: Sequence[TraceJob] = ()) -> list[SimJob]:
+    """The jobs with a priority class drawn with ``shares`` (seeded; the same seed and jobs give
+    the same classes) and, where ``tenants_from_trace`` is given (same order), the trace job's
+    virtual cluster as tenant (Philly's ``cluster`` column; empty: no tenant)."""
+    rng = random.Random(f"priorities-{seed}")
+    names = [c for c, w in shares.items() if w > 0]
+    ws = [shares[c] for c in names]
+    vcs = [t.cluster for t in tenants_from_trace] if tenants_from_trace else [""] * len(jobs)
+    out = []
+    for sj, vc in zip(jobs, vcs):
+        upd = {"priority_class": rng.choices(names, weights=ws)[0]}
+        if vc:
+            upd["tenant"] = vc if vc[:1].isalpha() else f"vc-{vc}"
+        out.append(replace(sj, spec=sj.spec.model_copy(update=upd)))
     return out

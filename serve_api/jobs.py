@@ -84,6 +84,7 @@ def jobs_router(ctx: AppContext) -> APIRouter:
                     await cache.wait_version(d["snapshot_version"])  # this replica then reads its own write
         view = admission_view(d, dry_run)
         view["queued"], view["queue_position"] = bool(d.get("queued")), d.get("queue_position")
+        view["preempted"] = list(d.get("preempted") or [])
         view["scheduler_call_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
         if not view["admitted"]:
             code = Code(view["explanation"]["code"])

@@ -194,7 +194,8 @@ class SnapshotCache:
             import json
 
             parts = itertools.chain(parts, [json.dumps(v, separators=(",", ":")).encode()
-                                            for v in queued_records(self.queue, time.time())])
+                                            for v in queued_records(self.queue, time.time())
+                                            if v["job_id"] not in self.jobs])  # a preempted job: its record
         # a page costs its own length, not the number of stored jobs (dict views are not sliceable)
         page = itertools.islice(parts, offset, None if limit is None else offset + limit)
         return b"[" + b",".join(page) + b"]"

@@ -68,6 +68,8 @@ class AdmissionView(_Open):
     latency_ms: Optional[float] = Field(default=None, description="scheduler decision time, ms")
     queued: bool = Field(default=False, description="held by the admission queue (202)")
     queue_position: Optional[int] = Field(default=None, description="place in the admission queue, 1 = next")
+    preempted: list[str] = Field(default=[], description="lower-class jobs preempted (at their next iteration "
+                                 "boundary, back in the admission queue) to admit this job")
 
 
 class SubmitRequest(JobSpec):

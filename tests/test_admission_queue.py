@@ -128,15 +128,18 @@ def test_bounded_replay_queues_and_admits_on_departure_with_hand_computed_waits(
     assert m["queue_refused_jobs"] == 0 and m["peak_rollout_gpus"] <= 2
 
 
-def test_bounded_replay_without_the_queue_refuses_and_per_job_policies_cannot_queue():
+def test_bounded_replay_without_the_queue_refuses_and_per_job_policies_but_solo_d_cannot_queue():
     jobs = [sim("a", 0, 100), sim("b", 0, 150), sim("c", 10, 100)]
     real = Realisation(BOUNDED)
     with pytest.raises(RuntimeError, match="admission queue"):
         replay(jobs, make_policy("rollmux", BOUNDED, real, max_group_size=1), real)
     with pytest.raises(ValueError, match="admission queue"):
-        make_policy("solo-d", BOUNDED, real, queue=True)
+        make_policy("colocated", BOUNDED, real, queue=True)
     with pytest.raises(ValueError, match="admission queue"):
-        simulate(jobs, BOUNDED, ["rollmux", "solo-d"], queue=True)
+        simulate(jobs, BOUNDED, ["rollmux", "gavel+"], queue=True)
+    # Solo-D queues as a group of one: each job alone on whole nodes, the same queue
+    solo = simulate(jobs, BOUNDED, ["solo-d"], queue=True).summary["policies"]["solo-d"]
+    assert solo["queue_wait_s_max"] == pytest.approx(90) and solo["slo_attainment"] == 1.0
     res = simulate(jobs, BOUNDED, ["rollmux", "random"], queue=True, max_group_size=1)
     for name in ("rollmux", "random"):
         assert res.summary["policies"][name]["queue_wait_s_max"] == pytest.approx(90)
@@ -144,6 +147,6 @@ def test_bounded_replay_without_the_queue_refuses_and_per_job_policies_cannot_qu
 
 
 def test_cli_queue_flag_refuses_per_job_policies(tmp_path):
-    r = CliRunner().invoke(app, ["simulate", "--queue", "--policies", "rollmux,solo-d", "--jobs", "5",
+    r = CliRunner().invoke(app, ["simulate", "--queue", "--policies", "rollmux,gavel+", "--jobs", "5",
                                  "--out", str(tmp_path), "--no-progress"])
-    assert r.exit_code == 2 and "--queue" in r.output and "solo-d" in r.output
+    assert r.exit_code == 2 and "--queue" in r.output and "gavel+" in r.output

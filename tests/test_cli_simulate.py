@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from typer.testing import CliRunner
 
 from rollmux.cli import app
@@ -104,3 +106,33 @@ def test_simulate_help_shows_every_default():
                  "[default: configs/cluster_sim.yaml]"):
         assert text in r.output, text
     assert "\\[" not in r.output
+
+
+def test_simulate_priorities_reports_per_class(tmp_path):
+    """`--priorities` on a bounded cluster: per-class figures in summary.json and the table, for
+    RollMux and Solo-D (queued as a group of one); bad shares and an unbounded cluster fail clearly."""
+    from rollmux.config import CONFIG_DIR
+
+    bounded = CONFIG_DIR / "cluster_sim_bounded.yaml"
+    out = tmp_path / "prio"
+    r = CliRunner().invoke(app, ["simulate", "--trace", str(EXTRACT_TRACE), "--policies", "rollmux,solo-d", "--jobs", "20",
+                                 "--priorities", "production=0.2,research=0.5,best-effort=0.3", "--cluster", str(bounded),
+                                 "--out", str(out), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    s = json.loads((out / "summary.json").read_text())
+    assert s["meta"]["priority_shares"] == "production=0.2,research=0.5,best-effort=0.3"
+    for name in ("rollmux", "solo-d"):
+        by = s["policies"][name]["by_class"]
+        assert set(by) == {"production", "research", "best-effort"} and list(by)[0] == "production"
+        assert sum(v["jobs"] for v in by.values()) == 20
+        assert sum(v["cost_usd"] for v in by.values()) == pytest.approx(s["policies"][name]["total_cost_usd"], rel=1e-6)
+        assert by["production"]["preemptions"] == 0  # nothing ranks above it
+        for v in by.values():
+            assert v["queue_wait_s_p99"] >= v["queue_wait_s_p50"] >= 0 and 0 <= v["slo_attainment"] <= 1
+    assert "per priority class" in r.output
+    r = CliRunner().invoke(app, ["simulate", "--trace", str(EXTRACT_TRACE), "--jobs", "5", "--policies", "rollmux",
+                                 "--priorities", "gold=1", "--cluster", str(bounded), "--out", str(out)])
+    assert r.exit_code == 2 and "--priorities" in r.output and "gold" in r.output
+    r = CliRunner().invoke(app, ["simulate", "--trace", str(EXTRACT_TRACE), "--jobs", "5", "--policies", "rollmux",
+                                 "--priorities", "production=1", "--out", str(out)])
+    assert r.exit_code == 2 and "unbounded" in r.output

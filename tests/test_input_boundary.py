@@ -102,6 +102,10 @@ def test_an_infinite_phase_time_is_422_naming_the_field_and_nothing_is_admitted(
     ('{"job_id": "a/b", "model_params_b": 7}', "job_id", "[A-Za-z0-9]"),
     ('{"job_id": "' + "a" * 129 + '", "model_params_b": 7}', "job_id", "128"),
     ('{"job_id": "a", "model_params_b": 7, "measured": {"t_roll_s": 1, "t_train_s": 1, "x": 1}}', "measured.x", "t_roll_s"),
+    ('{"job_id": "a", "model_params_b": 7, "priority_class": "a b"}', "priority_class", "[A-Za-z]"),
+    ('{"job_id": "a", "model_params_b": 7, "priority_class": 1}', "priority_class", "string"),
+    ('{"job_id": "a", "model_params_b": 7, "tenant": "' + "t" * 65 + '"}', "tenant", "64"),
+    ('{"job_id": "a", "model_params_b": 7, "preemptible": "no"}', "preemptible", "true or false"),
     ('{"job_id": "a", "model_params_b": 7,', "body", "malformed JSON"),
     ('[1, 2]', "body", "object"),
 ])
@@ -364,3 +368,39 @@ def test_client_rate_limit_refills_and_bounds_its_table():
     for k in "cdef":
         lim.take(k)
     assert len(lim._buckets) == 3 and "a" not in lim._buckets and lim.refused == 2
+
+
+def test_an_unknown_priority_class_is_422_naming_the_field_and_the_classes(app):
+    for path in ("/v1/jobs", "/v1/jobs:dry-run"):
+        r = app.post(path, headers=JSON, json={"job_id": "gold", "model_params_b": 7, "priority_class": "gold"})
+        assert r.status_code == 422, r.text
+        assert "priority_class" in r.json()["detail"] and "best-effort" in r.json()["detail"], r.json()
+
+
+def test_preemption_over_http_the_job_view_says_when_by_whom_and_what_it_lost(local):
+    """On the local cluster (groups of one): a production job admitted over HTTP preempts the
+    best-effort one; ``GET /v1/jobs/{id}`` shows the preemption, the queue listing the classes."""
+    with local as c:
+        spec = {"model_params_b": 0.001, "num_rollout_gpus": 1, "num_train_gpus": 1, "slo": 1.0, "mem_roll_gb": 0.5,
+                "mem_train_gb": 0.5, "measured": {"t_roll_s": 5.0, "t_train_s": 5.0, "t_sync_s": 0.0}}
+        assert _post(c, json.dumps({**spec, "job_id": "be", "priority_class": "best-effort"})).status_code == 201
+        assert _post(c, json.dumps({**spec, "job_id": "keep", "preemptible": False})).status_code == 201
+        r = _post(c, json.dumps({**spec, "job_id": "prod", "priority_class": "production"}))
+        assert r.status_code == 201 and r.json()["preempted"] == ["be"], r.text
+        v = c.get("/v1/jobs/be", headers=AUTH).json()
+        assert v["state"] == "preempted" and v["priority_class"] == "best-effort"
+        assert v["preemptions"][0]["by_job"] == "prod" and v["preemptions"][0]["lost_gpu_h"] > 0
+        r = _post(c, json.dumps({**spec, "job_id": "later", "priority_class": "best-effort", "queue": True}))
+        assert r.status_code == 202, r.text
+        listing = {j["job_id"]: j for j in c.get("/v1/jobs", headers=AUTH).json()}
+        assert listing["prod"]["priority_class"] == "production" and listing["keep"]["priority_class"] == "research"
+        assert listing["later"]["state"] == "queued" and listing["later"]["priority_class"] == "best-effort"
+        assert sorted(listing) == ["be", "keep", "later", "prod"]  # the preempted job once, as its record
+
+
+@pytest.fixture
+def local():
+    g = GlobalSchedulerImpl(load_cluster(CONFIG_DIR / "cluster_local.yaml"), kv=MemoryKV(), **unit_kw(),
+                            max_group_size=1, config={"attach_timeout_s": 0.0})
+    return TestClient(create_app(AppSettings(token_sha256=_sha256(TOKEN), max_request_bytes=4096),
+                                 client=InProcessScheduler(g)))

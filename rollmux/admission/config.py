@@ -6,10 +6,32 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rollmux.config import CONFIG_DIR, load_model
 from rollmux.intra_group import LongTailPolicy
+
+
+#: a priority class or tenant name: a letter, then letters, digits, ``-``, ``_``, ``.`` (at most 64)
+NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9._-]{0,63}$"
+
+
+class TenantQuota(BaseModel):
+    """One tenant's nominal quota (like a Kueue ClusterQueue's nominal quota in a cohort).
+
+    Attributes:
+        rollout_gpus: GPUs of the rollout pool the tenant's running jobs may ask for in all
+            (the sum of their ``num_rollout_gpus``), >= 0.
+        train_gpus: the same for the training pool (``num_train_gpus``), >= 0.
+        may_borrow: beyond its quota the tenant may use idle capacity; such jobs are *borrowed*
+            and are the first preempted when a tenant within its quota needs the room.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    rollout_gpus: int = Field(ge=0, le=10_000_000)
+    train_gpus: int = Field(ge=0, le=10_000_000)
+    may_borrow: bool = False
 
 
 class SchedulerConfig(BaseModel):
@@ -64,6 +86,13 @@ class SchedulerConfig(BaseModel):
         measured_margin: the measured profile is ``margin x`` that quantile.
         blend_prior_iterations: weight of the worst case in ``blended``, in iterations.
         slo_watch_headroom: the watch acts when ``slowdown > slo x (1 - headroom)``.
+        priority_classes: the priority classes, highest first (``JobSpec.priority_class`` names
+            one; :mod:`rollmux.preemption`).
+        default_priority_class: the class of a job that names none.
+        default_tenant: the tenant of a job that names none.
+        tenants: nominal quota per tenant (:class:`TenantQuota`); a tenant not listed has no quota.
+        preemption: a job of a higher class that does not fit a bounded cluster may preempt
+            lower-class preemptible jobs at their next iteration boundary (false: it queues).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -94,6 +123,42 @@ class SchedulerConfig(BaseModel):
     measured_margin: float = Field(default=0.99, gt=0.0, le=10.0)
     blend_prior_iterations: int = Field(default=8, ge=0, le=100_000)
     slo_watch_headroom: float = Field(default=0.0, ge=0.0, lt=1.0)
+    priority_classes: tuple[str, ...] = ("production", "research", "best-effort")
+    default_priority_class: str = "research"
+    default_tenant: str = Field(default="default", pattern=NAME_PATTERN)
+    tenants: dict[str, TenantQuota] = Field(default_factory=dict)
+    preemption: bool = True
+
+    @field_validator("priority_classes")
+    @classmethod
+    def _classes(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        import re
+
+        if not 1 <= len(v) <= 16:
+            raise ValueError(f"give 1 to 16 priority classes, got {len(v)}")
+        bad = [c for c in v if not re.match(NAME_PATTERN, c)]
+        if bad:
+            raise ValueError(f"priority class names must match {NAME_PATTERN}: {bad}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"priority classes repeat a name: {list(v)}")
+        return tuple(v)
+
+    @field_validator("tenants")
+    @classmethod
+    def _tenant_names(cls, v: dict) -> dict:
+        import re
+
+        bad = [t for t in v if not re.match(NAME_PATTERN, t)]
+        if bad:
+            raise ValueError(f"tenant names must match {NAME_PATTERN}: {bad}")
+        return v
+
+    @model_validator(mode="after")
+    def _default_class_known(self) -> "SchedulerConfig":
+        if self.default_priority_class not in self.priority_classes:
+            raise ValueError(f"default_priority_class {self.default_priority_class!r} is not one of the "
+                             f"priority_classes {list(self.priority_classes)}")
+        return self
 
     def planning_profile(self, declared, measured=None, prior=None):
         """The profile a decision plans a job with under :attr:`profile_source`
