@@ -303,6 +303,7 @@ class OptimalPartition:
     _keys_of: dict = field(default_factory=dict, repr=False)  # job id -> cached job sets holding it (forget)
     _floors: dict = field(default_factory=dict, repr=False)  # job set -> layout_floor_usd_per_h (partition_floor)
     _rows: dict = field(default_factory=dict, repr=False)  # job id -> layout_row
+    _lp_pool: dict = field(default_factory=dict, repr=False)  # job set -> price: the LP bound's last master columns (warm start)
 
     def _remember(self, key: frozenset) -> None:
         for j in key:

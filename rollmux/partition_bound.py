@@ -41,13 +41,13 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
-from rollmux.admission.layouts import job_layout_needs
+from rollmux.admission.layouts import build_group, job_layout_needs
 from rollmux.models import JobSpec, PhaseProfile
 
 #: Relative tolerance of the node-load comparisons (as :data:`rollmux.admission.rules.SLO_REL_TOL`).
 _TOL = 1e-9
 #: A column is "negative" below this reduced cost, USD/h.
-_RC_EPS = 1e-6
+_RC_EPS = 1e-4
 
 
 @dataclass
@@ -162,15 +162,23 @@ def _solve_master(cols: list[tuple[frozenset, float]], ids: list[str]):
     return obj.Value(), {j: max(0.0, cons[j].dual_value()) for j in ids}
 
 
-def _price(ids, rows, pi, known, max_size, price_r, price_t, keep: int):
-    """Pricing: the ``keep`` most negative reduced costs ``cost(S) - pi(S)`` over the relaxed
-    column space (exact price where ``known`` has it, None there = not a column; the floor
-    otherwise), and ``min(0, the least reduced cost over all of it)`` (a lower bound on the true one).
-    Returns ``(min_rc, [(rc, key, exact)])``."""
+def _price(ids, rows, pi, known, raised, max_size, price_r, price_t, keep: int, mode: str = "first",
+           floors: Optional[dict] = None, skip=()):
+    """Pricing over the relaxed column space (exact price where ``known`` has it, None there =
+    not a column; otherwise the floor, or the larger price ``raised`` proves; ``floors`` caches
+    the floors by job set; ``skip``: the master's columns, never collected), depth first over jobs by decreasing dual, pruned by the monotone
+    :func:`prune_floor_usd_per_h`.
+
+    ``mode="first"``: up to ``keep`` columns of reduced cost ``cost(S) - pi(S) < 0``, the search
+    stopping once it has them (an empty answer proves none exists). ``mode="farley"``: the least
+    ratio ``theta = min cost(S) / pi(S)`` (at most 1; a lower bound on the true one).
+    Returns ``(theta or None, [(rc, key, exact, pi(S))])``."""
     n = len(ids)
     order = sorted(range(n), key=lambda k: -pi[ids[k]])
     pv = [pi[ids[k]] for k in order]
     rr = [rows[k] for k in order]
+    # per job: (B / (1 + tol), training phase-seconds on all its nodes, rollout ditto, NR, NT)
+    pre = [(r[4] * (1 + _TOL), r[1] * r[3], r[0] * r[2], r[0], r[1]) for r in rr]
     nt_cap = max(r[1] for r in rows)
     suffix_top = []  # suffix_top[i][m]: sum of the m largest duals among positions >= i (sorted: a prefix)
     for i in range(n + 1):
@@ -180,42 +188,70 @@ def _price(ids, rows, pi, known, max_size, price_r, price_t, keep: int):
                 acc += pv[i + m]
             lst.append(acc)
         suffix_top.append(lst)
-    found: list[tuple[float, frozenset, bool]] = []
-    best = [0.0]  # min(0, least reduced cost)
-    cutoff = [0.0]  # only reduced costs below this are collected (the keep-th best so far, else 0)
+    found: list[tuple[float, frozenset, bool, float]] = []
+    theta = [1.0]
+    floors = {} if floors is None else floors
+    farley = mode == "farley"
+
+    class _Enough(Exception):
+        pass
+
+    def lower(sub: list[tuple]) -> float:
+        # prune_floor_usd_per_h on the precomputed rows (the same sums)
+        acc_t = acc_r = 0.0
+        need = 0
+        n_t = 0
+        for b, wt, wr, nr, nt in sorted(sub):
+            acc_t += wt
+            if acc_t > nt_cap * b + 1e-9:
+                return math.inf
+            acc_r += wr
+            k = math.ceil(acc_r / b - 1e-9)
+            if k > need:
+                need = k
+            if nr > need:
+                need = nr
+            if nt > n_t:
+                n_t = nt
+        return n_t * price_t + need * price_r
 
     def visit(start: int, chosen: list[int], sub: list[tuple], psum: float) -> None:
         for i in range(start, n):
-            sub.append(rr[i])
+            sub.append(pre[i])
             chosen.append(order[i])
             ps = psum + pv[i]
-            lo = prune_floor_usd_per_h(sub, price_r, price_t, nt_cap)
+            lo = lower(sub)
             room = max_size - len(sub)
+            top = ps + suffix_top[i + 1][room]
             # L is monotone: no set containing ``sub`` (and only later jobs) has a reduced cost
-            # below lo - ps - (the largest duals that can still join); below the cutoff only
-            # matters (the keep-th most negative found so far, at most 0)
-            if lo < math.inf and lo - ps - suffix_top[i + 1][room] < cutoff[0]:
-                key = frozenset(ids[k] for k in chosen)
+            # below lo - top, nor a ratio below lo / top
+            if lo < math.inf and (lo < top * theta[0] if farley else lo - top < -_RC_EPS):
+                key = frozenset([ids[k] for k in chosen])
                 if key in known:
                     c, exact = (math.inf if known[key] is None else known[key]), True
                 else:
-                    c, exact = floor_usd_per_h(sub, price_r, price_t), False
-                rc = c - ps
-                if rc < cutoff[0]:
-                    best[0] = min(best[0], rc)
-                    found.append((rc, key, exact))
-                    if len(found) >= 4 * keep:
-                        found.sort(key=lambda x: x[0])
-                        del found[keep:]
-                        cutoff[0] = found[-1][0]
+                    f = floors.get(key)
+                    if f is None:
+                        f = floors[key] = floor_usd_per_h([rows[k] for k in chosen], price_r, price_t)
+                    c, exact = max(f, raised.get(key, 0.0)), False
+                if farley:
+                    if ps > 0 and c < ps * theta[0]:
+                        theta[0] = c / ps
+                elif c - ps < -_RC_EPS and key not in skip:
+                    found.append((c - ps, key, exact, ps))
+                    if len(found) >= keep:
+                        raise _Enough
                 if room > 0:
                     visit(i + 1, chosen, sub, ps)
             sub.pop()
             chosen.pop()
 
-    visit(0, [], [], 0.0)
+    try:
+        visit(0, [], [], 0.0)
+    except _Enough:
+        pass
     found.sort(key=lambda x: x[0])
-    return best[0], found[:keep]
+    return (theta[0] if farley else None), found
 
 
 def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
@@ -246,7 +282,9 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
     by_id = {j.job_id: (j, p) for j, p in members}
     rows = _rows(members, cl)
     price_r, price_t = cl.rollout_pool.node.price_usd_per_h, cl.train_pool.node.price_usd_per_h
-    known: dict[frozenset, Optional[float]] = {}
+    known: dict[frozenset, Optional[float]] = {}  # exact prices (None: no feasible layout)
+    raised: dict[frozenset, float] = {}  # proven price floors above L(S): no layout is cheaper
+    built = [0]
 
     def exact(key: frozenset) -> Optional[float]:
         if key not in known:
@@ -257,42 +295,61 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
                 built[0] += 1
         return known[key]
 
-    built = [0]
-    # every already-cached layout of these jobs prices its column exactly
+    def below(key: frozenset, limit: float) -> Optional[float]:
+        """The exact price of ``key`` when a layout cheaper than ``limit`` exists (build_group's
+        first feasible layout by price is the cheapest), else None and the floor ``limit``."""
+        built[0] += 1
+        g = build_group([by_id[j] for j in sorted(key)], cl, below_usd_per_h=limit)
+        opt._remember(key)
+        if g is not None:
+            opt._layouts[key] = g
+            known[key] = g.cost_usd_per_h(cl)
+            return known[key]
+        raised[key] = opt._floors[key] = max(opt._floors.get(key, 0.0), limit - 2e-9)
+        return None
+
+    # every layout of these jobs already priced (this instant or an earlier one) prices its column
     idset = set(ids)
     for key, g in list(opt._layouts.items()):
         if key <= idset and len(key) <= opt.max_group_size:
             known[key] = None if g is None else g.cost_usd_per_h(cl)
+    for key, g in list(opt._cols.items()):  # bounded searches: a layout found is the cheapest one
+        if g is not None and key not in known and key <= idset and len(key) <= opt.max_group_size:
+            known[key] = g.cost_usd_per_h(cl)
+    for key, f in list(opt._floors.items()):
+        if key not in known and key <= idset and len(key) <= opt.max_group_size:
+            raised[key] = f
     cols: dict[frozenset, float] = {}
     for j in ids:
         c = exact(frozenset([j]))
         if c is None:  # pragma: no cover - a job alone is always feasible
             raise ValueError(f"job {j} cannot be laid out alone")
         cols[frozenset([j])] = c
+    # warm start: the last call's master columns still made of active jobs (the next instant
+    # differs from the last by one arrival or departure)
+    for key, c in opt._lp_pool.items():
+        if key <= idset:
+            cols[key] = c
     for s in seed_columns:
         key = frozenset(s)
         if key <= idset and 1 < len(key) <= opt.max_group_size:
             c = exact(key)
             if c is not None:
                 cols[key] = c
-    best_bound, kind, lp_val, it = -math.inf, "lagrangian", math.inf, 0
-    n = len(ids)
+    kind, lp_val, it, pi = "lagrangian", math.inf, 0, {}
+    floors: dict = {}
     while True:
         it += 1
-        col_list = list(cols.items())
-        lp_val, pi = _solve_master(col_list, ids)
-        min_rc, neg = _price(ids, rows, pi, known, opt.max_group_size, price_r, price_t, keep)
-        lag = sum(pi.values()) + n * min(0.0, min_rc)
-        best_bound = max(best_bound, lag)
-        if min_rc >= -_RC_EPS:
+        lp_val, pi = _solve_master(list(cols.items()), ids)
+        _, neg = _price(ids, rows, pi, known, raised, opt.max_group_size, price_r, price_t, keep, "first", floors, cols)
+        if not neg:  # no column prices negative: the duals are feasible for every column
             kind = "lp"
             break
-        out_of_budget = (it >= max_iterations or built[0] >= max_layouts or time.perf_counter() - t0 > time_limit_s)
-        if out_of_budget:
+        if it >= max_iterations or built[0] >= max_layouts or time.perf_counter() - t0 > time_limit_s:
             break
         before, added = built[0], 0
-        for rc, key, is_exact in neg:
-            c = known[key] if is_exact else exact(key)
+        for rc, key, is_exact, dual in neg:
+            c = known[key] if is_exact else below(key, dual)
             if c is not None and key not in cols:
                 cols[key] = c
                 added += 1
@@ -300,6 +357,14 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
                 break
         if added == 0 and built[0] == before:
             break  # only master columns price negative (the LP's own tolerance): nothing left to add
-    # the Lagrangian bound holds for any duals (converged: it is the LP value up to the duals' noise)
-    bound = best_bound
-    return BoundResult(max(0.0, bound), kind, lp_val, it, len(cols), built[0], (time.perf_counter() - t0) * 1e3)
+    opt._lp_pool = dict(cols)
+    if kind == "lp":
+        # every column outside the master prices >= -_RC_EPS, the master's own columns >= -worst
+        # (the LP's tolerance): sum(pi) - n x worst is the Lagrangian bound (at most n groups)
+        worst = max([_RC_EPS] + [sum(pi[j] for j in key) - c for key, c in cols.items()])
+        bound = sum(pi.values()) - len(ids) * worst
+    else:
+        # Farley: theta x pi is dual feasible for theta = min cost(S) / pi(S) over every column
+        theta, _ = _price(ids, rows, pi, known, raised, opt.max_group_size, price_r, price_t, keep, "farley", floors)
+        bound = theta * sum(pi.values())
+    return BoundResult(max(0.0, min(bound, lp_val)), kind, lp_val, it, len(cols), built[0], (time.perf_counter() - t0) * 1e3)
