@@ -304,6 +304,30 @@ class OptimalPartition:
     _floors: dict = field(default_factory=dict, repr=False)  # job set -> layout_floor_usd_per_h (partition_floor)
     _rows: dict = field(default_factory=dict, repr=False)  # job id -> layout_row
     _lp_pool: dict = field(default_factory=dict, repr=False)  # job set -> price: the LP bound's last master columns (warm start)
+    #: the wider problem of ``per_job_allocations``: a job alone may also run on its own allocation
+    #: (any scaled or colocated allocation meeting its SLO, :func:`gavel_options`), so a one-job
+    #: column costs the least of its layout and those allocations' $/h
+    per_job: bool = False
+    _single: dict = field(default_factory=dict, repr=False)  # job id -> one-job column price (per_job)
+
+    def single_usd_per_h(self, job: JobSpec, profile: PhaseProfile, layout_usd_per_h: float) -> float:
+        """Price of the one-job column of ``job`` whose layout costs ``layout_usd_per_h``: that
+        price, or with ``per_job`` the least of it and the $/h of every own allocation of the job
+        meeting its SLO (:func:`gavel_options`), USD/h."""
+        if not self.per_job:
+            return layout_usd_per_h
+        v = self._single.get(job.job_id)
+        if v is None:
+            v = self._single[job.job_id] = min([o.cost_usd_per_h for o in gavel_options(job, self.cluster) if o.meets_slo],
+                                               default=math.inf)
+        return min(layout_usd_per_h, v)
+
+    def _price_of(self, key: frozenset, g: CoExecutionGroup, by_id: Mapping) -> float:
+        c = g.cost_usd_per_h(self.cluster)
+        if self.per_job and len(key) == 1:
+            (jid,) = key
+            return self.single_usd_per_h(by_id[jid][0], by_id[jid][1], c)
+        return c
 
     def _remember(self, key: frozenset) -> None:
         for j in key:
@@ -348,7 +372,12 @@ class OptimalPartition:
             if len(members) > self.max_group_size:
                 return False
             g = self.layout(list(members))
-            if g is None or g.cost_usd_per_h(self.cluster) > cost + 1e-6:
+            if g is None:
+                return False
+            c = g.cost_usd_per_h(self.cluster)
+            if len(members) == 1:
+                c = self.single_usd_per_h(members[0][0], members[0][1], c)
+            if c > cost + 1e-6:
                 return False
         return True
 
@@ -359,6 +388,7 @@ class OptimalPartition:
             self._cols.pop(k, None)
             self._floors.pop(k, None)
         self._rows.pop(job_id, None)
+        self._single.pop(job_id, None)
 
     def partition_floor(self, members: Sequence[tuple[JobSpec, PhaseProfile]], fixed: Mapping[frozenset, float],
                         target: Optional[float] = None,
@@ -502,7 +532,7 @@ class OptimalPartition:
             if g is None:  # pragma: no cover - a job alone is always feasible
                 raise ValueError(f"job {i} cannot be laid out alone")
             feas[frozenset([i])] = g
-            single.append(g.cost_usd_per_h(self.cluster))
+            single.append(self.single_usd_per_h(*by_id[i], g.cost_usd_per_h(self.cluster)))
             best[1 << b] = single[-1]
         feasible = set(best)
         for size in range(2, min(self.max_group_size, len(ids)) + 1):
@@ -565,7 +595,8 @@ class OptimalPartition:
 
         feas = self._candidates(members, complete)
         cols = list(feas.items())
-        price = [g.cost_usd_per_h(self.cluster) for _, g in cols]
+        by_id = {j.job_id: (j, p) for j, p in members}
+        price = [self._price_of(s, g, by_id) for s, g in cols]
         units = [round(p * 1000) for p in price]  # the integer objective CP-SAT minimises
         if len(members) <= DP_MAX_JOBS:
             # The optimum without CP-SAT when that cannot change the answer: a unique optimal
@@ -576,7 +607,7 @@ class OptimalPartition:
             if parts and (len(parts) == 1 or (indifferent is not None
                                               and all(indifferent([cols[c][1] for c in p]) for p in parts))):
                 chosen = [cols[c][1] for c in parts[0]]
-                return PartitionResult(chosen, sum(g.cost_usd_per_h(self.cluster) for g in chosen),
+                return PartitionResult(chosen, sum(price[c] for c in parts[0]),
                                        complete and self.max_group_size <= EXHAUSTIVE_ORDER_MAX, len(cols),
                                        bound_usd_per_h=top / 1000.0)
         model = cp_model.CpModel()
@@ -597,7 +628,7 @@ class OptimalPartition:
             groups = [feas[frozenset([j.job_id])] for j, _ in members]
             return PartitionResult(groups, sum(g.cost_usd_per_h(self.cluster) for g in groups), False, len(cols))
         chosen = [g for (s, g), xi in zip(cols, x) if solver.Value(xi)]
-        cost = sum(g.cost_usd_per_h(self.cluster) for g in chosen)
+        cost = sum(pc for pc, xi in zip(price, x) if solver.Value(xi))
         exact = status == cp_model.OPTIMAL and complete and self.max_group_size <= EXHAUSTIVE_ORDER_MAX
         return PartitionResult(chosen, cost, exact, len(cols), bound_usd_per_h=solver.BestObjectiveBound() / 1000.0)
 

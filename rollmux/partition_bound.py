@@ -324,7 +324,8 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
         c = exact(frozenset([j]))
         if c is None:  # pragma: no cover - a job alone is always feasible
             raise ValueError(f"job {j} cannot be laid out alone")
-        cols[frozenset([j])] = c
+        # with ``opt.per_job`` the one-job column is also the job's own allocation (the wider problem)
+        cols[frozenset([j])] = known[frozenset([j])] = opt.single_usd_per_h(*by_id[j], c)
     # warm start: the last call's master columns still made of active jobs (the next instant
     # differs from the last by one arrival or departure)
     for key, c in opt._lp_pool.items():

@@ -12,6 +12,7 @@ import time
 from typing import Optional
 
 from rollmux.admission import InterGroupScheduler, SchedulerConfig
+from rollmux.admission.alternatives import cheaper_alone
 from rollmux.admission_queue import AdmissionQueue, QueueFull
 from rollmux.baselines import PER_JOB_UNITS, OptimalPartition, Unit
 from rollmux.codes import Code
@@ -110,6 +111,13 @@ class SchedulerPolicy(SimPolicy):
         # profile_source measured / blended: plan on measured phase times, re-check and act (SLO watch)
         self.loop = (MeasuredLoop(self.sched, real) if cfg.profile_source != "worst_case" and self.spec.slo_check
                      else None)
+        # a job alone in its group runs on its own allocation when that is cheaper per iteration
+        # (rollmux.admission.alternatives); (job id, group $/h) -> (choice or None, its unit)
+        self.cluster = cluster
+        self.per_job = (cfg.per_job_allocations == "simulator" and self.spec.slo_check and queue is False
+                        and self.loop is None)
+        self._own: dict[str, tuple] = {}
+        self._own_jobs: set = set()
 
     def arrive(self, job: SimJob) -> float:
         if self.queue is not None and not self.queue.may_try_now(job.spec):  # FIFO: behind larger held jobs
@@ -171,6 +179,8 @@ class SchedulerPolicy(SimPolicy):
         gid = self.sched.group_of(job_id).group_id
         self.sched.depart(job_id)
         self.solver.forget(job_id)
+        for k in [k for k in self._own if k[0] == job_id]:
+            del self._own[k]
         self._moved(self.sched.repack(gid))
         self._moved(self.sched.reoptimise(gid, solver=self.solver))
         if self.queue is not None:  # the freed room goes to queued jobs (in order, with backfill)
@@ -193,6 +203,8 @@ class SchedulerPolicy(SimPolicy):
 
     def extra(self) -> dict:
         out = {} if self.queue is None else {"queue_refused_jobs": len(self.refused), "queue_peak_jobs": self.queue_peak}
+        if self.per_job:
+            out["jobs_on_own_allocations"] = len(self._own_jobs)
         if self.loop is not None:
             out.update(self.loop.extra())
         if not self.spec.repacks:
@@ -216,11 +228,28 @@ class SchedulerPolicy(SimPolicy):
                 continue
             e = seen.get(id(g))
             if e is None or e[0] is not g:
-                e = (g, self.real.group_unit(g))
+                e = (g, self._alone(g) or self.real.group_unit(g))
             now[id(g)] = e
             out.append(e[1])
         self._seen = now
         return out
+
+    def _alone(self, g: CoExecutionGroup) -> Optional[Unit]:
+        """A one-member group's own allocation when cheaper per iteration (``per_job_allocations``);
+        arrivals still pack into the group (it stays in the scheduler's table), the member then
+        runs on the group's nodes again."""
+        if not self.per_job or len(g.members) != 1:
+            return None
+        m = g.members[0]
+        jid = m.spec.job_id
+        key = (jid, g.cost_usd_per_h(self.cluster))
+        if key not in self._own:
+            alt = cheaper_alone(m.spec, m.profile, key[1], self.cluster)
+            self._own[key] = (alt, PER_JOB_UNITS["gavel+"](m.spec, self.cluster, self.real) if alt is not None else None)
+        alt, unit = self._own[key]
+        if unit is not None:
+            self._own_jobs.add(jid)
+        return unit
 
 
 class PerJobPolicy(SimPolicy):

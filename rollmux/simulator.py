@@ -311,7 +311,9 @@ def replay(
         shadow_cost = None
         bound_cost[0] = None
         res = None
-        if shadow is not None and lower_bound and len(remaining) > 0:
+        if shadow is not None and lower_bound and not remaining:
+            bound_cost[0] = 0.0  # nothing active: nothing provisioned, the bound is 0
+        elif shadow is not None and lower_bound:
             members = [(by_id[j].spec, by_id[j].profile) for j in remaining]
             unit_sets = [([(by_id[j].spec, by_id[j].profile) for j in u.job_ids], u.cost_usd_per_h) for u in units]
             small = len(remaining) <= shadow.exact_max_jobs
@@ -524,7 +526,8 @@ def simulate(
     for name in names:
         pol = make_policy(name, cluster, real, exact_max_jobs=exact_max_jobs, config=cfg, queue=queue)
         cb = (lambda k, _n=name: on_event(_n, k)) if on_event else None
-        shadow = (OptimalPartition(cluster, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs, time_limit_s=5.0)
+        shadow = (OptimalPartition(cluster, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs, time_limit_s=5.0,
+                                   per_job=cfg.per_job_allocations == "simulator")
                   if name in shadow_policies else None)
         runs[name] = replay(jobs, pol, real, on_event=cb, shadow=shadow, lower_bound=lower_bound)
     m = dict(meta or {}, jobs=len(jobs), stochastic=stochastic, seed=seed, max_group_size=max_group_size,

@@ -48,6 +48,12 @@ class SchedulerConfig(BaseModel):
         attach_timeout_s: an admitted job whose driver has not attached (reported ``running``)
             after this many seconds expires: its nodes are released and its record says
             ``expired`` (the GlobalScheduler's reconcile loop checks; 0 disables).
+        per_job_allocations: where admission may give a job its own allocation outside any
+            co-execution group (:func:`rollmux.admission.alternatives.per_job_alternative`: its GPU
+            counts per pool scaled x{0.5, 1, 2} or a colocated placement, within its SLO and
+            memory) when that costs less per iteration than the cheapest group placement:
+            ``"simulator"`` (the trace replay; the cluster's GlobalScheduler runs co-execution
+            groups only and never does) or ``"off"``.
         queue_max_jobs: most jobs the admission queue of a bounded cluster holds
             (:class:`rollmux.admission_queue.AdmissionQueue`); more are refused (HTTP 429).
         queue_backfill: behind a job that does not fit, try smaller queued jobs (else strict FIFO).
@@ -94,6 +100,7 @@ class SchedulerConfig(BaseModel):
     measured_margin: float = Field(default=0.99, gt=0.0, le=10.0)
     blend_prior_iterations: int = Field(default=8, ge=0, le=100_000)
     slo_watch_headroom: float = Field(default=0.0, ge=0.0, lt=1.0)
+    per_job_allocations: Literal["off", "simulator"] = "simulator"
 
     def planning_profile(self, declared, measured=None, prior=None):
         """The profile a decision plans a job with under :attr:`profile_source`
