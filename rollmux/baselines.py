@@ -227,7 +227,11 @@ def gavel_choice(job: JobSpec, cluster: ClusterSpec) -> GavelChoice:
 
 def gavel_unit(job: JobSpec, cluster: ClusterSpec) -> Unit:
     """The Gavel+ allocation of ``job`` as a simulator unit (GPU-granular, no interleaving)."""
-    g = gavel_choice(job, cluster)
+    return choice_unit(job, gavel_choice(job, cluster))
+
+
+def choice_unit(job: JobSpec, g: GavelChoice) -> Unit:
+    """One own allocation of ``job`` (a :class:`GavelChoice`) as a simulator unit."""
     p = g.profile
     t = p.t_solo_s
     if g.kind == "colocated":
@@ -305,22 +309,26 @@ class OptimalPartition:
     _rows: dict = field(default_factory=dict, repr=False)  # job id -> layout_row
     _lp_pool: dict = field(default_factory=dict, repr=False)  # job set -> price: the LP bound's last master columns (warm start)
     #: the wider problem of ``per_job_allocations``: a job alone may also run on its own allocation
-    #: (any scaled or colocated allocation meeting its SLO, :func:`gavel_options`), so a one-job
-    #: column costs the least of its layout and those allocations' $/h
+    #: (its Gavel+ choice among the scaled and colocated allocations meeting its SLO), so a one-job
+    #: column costs the least of its layout's and that allocation's $/h
     per_job: bool = False
     _single: dict = field(default_factory=dict, repr=False)  # job id -> one-job column price (per_job)
 
     def single_usd_per_h(self, job: JobSpec, profile: PhaseProfile, layout_usd_per_h: float) -> float:
         """Price of the one-job column of ``job`` whose layout costs ``layout_usd_per_h``: that
-        price, or with ``per_job`` the least of it and the $/h of every own allocation of the job
-        meeting its SLO (:func:`gavel_options`), USD/h."""
+        price, or with ``per_job`` the $/h of the job's own allocation where
+        :func:`rollmux.admission.alternatives.cheaper_alone` (the one rule ``per_job_allocations``
+        runs a job alone by) takes it, USD/h."""
         if not self.per_job:
             return layout_usd_per_h
-        v = self._single.get(job.job_id)
+        key = (job.job_id, layout_usd_per_h)
+        v = self._single.get(key)
         if v is None:
-            v = self._single[job.job_id] = min([o.cost_usd_per_h for o in gavel_options(job, self.cluster) if o.meets_slo],
-                                               default=math.inf)
-        return min(layout_usd_per_h, v)
+            from rollmux.admission.alternatives import cheaper_alone
+
+            alt = cheaper_alone(job, profile, layout_usd_per_h, self.cluster)
+            v = self._single[key] = layout_usd_per_h if alt is None else min(layout_usd_per_h, alt.cost_usd_per_h)
+        return v
 
     def _price_of(self, key: frozenset, g: CoExecutionGroup, by_id: Mapping) -> float:
         c = g.cost_usd_per_h(self.cluster)
@@ -388,7 +396,8 @@ class OptimalPartition:
             self._cols.pop(k, None)
             self._floors.pop(k, None)
         self._rows.pop(job_id, None)
-        self._single.pop(job_id, None)
+        for k in [k for k in self._single if k[0] == job_id]:
+            del self._single[k]
 
     def partition_floor(self, members: Sequence[tuple[JobSpec, PhaseProfile]], fixed: Mapping[frozenset, float],
                         target: Optional[float] = None,

@@ -255,7 +255,8 @@ def _price(ids, rows, pi, known, raised, max_size, price_r, price_t, keep: int, 
 
 
 def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
-                   seed_columns: Iterable[Iterable[str]] = (), max_iterations: int = 200,
+                   seed_columns: Iterable[Iterable[str]] = (), extra_columns: Optional[dict] = None,
+                   max_iterations: int = 200,
                    max_layouts: int = 3000, keep: int = 40, time_limit_s: float = 30.0) -> BoundResult:
     """Proven lower bound on the cost of :meth:`OptimalPartition.solve` over ``members``
     (``(spec, worst-case profile)`` pairs), USD/h, for any number of jobs (module docstring).
@@ -264,6 +265,8 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
         opt: the :class:`rollmux.baselines.OptimalPartition` whose problem is bounded (its
             cluster, ``max_group_size`` and layout cache; new layouts are cached there).
         seed_columns: job sets to start the master with (e.g. a policy's current groups).
+        extra_columns: ``{job set: USD/h}`` of groups known feasible outside the layout class (a
+            policy's own groups), priced so: the bound is then over the layout class and these.
         max_iterations / max_layouts / time_limit_s: the budget (master solves, exact layouts
             built, wall seconds); when hit, the Lagrangian bound is returned.
         keep: negative columns taken per pricing round.
@@ -331,6 +334,10 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
     for key, c in opt._lp_pool.items():
         if key <= idset:
             cols[key] = c
+    for key, c in (extra_columns or {}).items():
+        key = frozenset(key)
+        if key <= idset and (known.get(key) is None or c < known[key]):
+            known[key] = cols[key] = c
     for s in seed_columns:
         key = frozenset(s)
         if key <= idset and 1 < len(key) <= opt.max_group_size:

@@ -282,10 +282,12 @@ class OptimalPolicy(SimPolicy):
     name = "optimal"
 
     def __init__(self, cluster: ClusterSpec, real: Realisation, *, max_group_size: int = 5, exact_max_jobs: int = 16,
-                 time_limit_s: float = 5.0):
+                 time_limit_s: float = 5.0, per_job: bool = False):
         self.real = real
+        self.cluster = cluster
+        # per_job: the wider problem of per_job_allocations (a job alone may run on its own allocation)
         self.opt = OptimalPartition(cluster, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs,
-                                    time_limit_s=time_limit_s)
+                                    time_limit_s=time_limit_s, per_job=per_job)
         self._active: dict[str, SimJob] = {}
         self._groups: list[CoExecutionGroup] = []
         self.exact_events = 0
@@ -311,7 +313,17 @@ class OptimalPolicy(SimPolicy):
         return list(self._groups)
 
     def units(self) -> list[Unit]:
-        return [self.real.group_unit(g) for g in self._groups]
+        return [self._unit(g) for g in self._groups]
+
+    def _unit(self, g: CoExecutionGroup) -> Unit:
+        """A group's unit; with ``per_job`` a one-job group runs on its own allocation (Gavel+'s
+        choice) when that is below the layout's $/h (the optimum priced its column so)."""
+        if self.opt.per_job and len(g.members) == 1:
+            m = g.members[0]
+            layout = g.cost_usd_per_h(self.cluster)
+            if self.opt.single_usd_per_h(m.spec, m.profile, layout) < layout - 1e-9:
+                return PER_JOB_UNITS["gavel+"](m.spec, self.cluster, self.real)
+        return self.real.group_unit(g)
 
 
 def make_policy(name: str, cluster: ClusterSpec, real: Realisation, *, max_group_size: Optional[int] = None,
@@ -331,5 +343,6 @@ def make_policy(name: str, cluster: ClusterSpec, real: Realisation, *, max_group
     if kind == "scheduler":
         return SchedulerPolicy(name, cluster, real, config=cfg, queue=queue)
     if kind == "optimal":
-        return OptimalPolicy(cluster, real, max_group_size=cfg.max_group_size, exact_max_jobs=exact_max_jobs)
+        return OptimalPolicy(cluster, real, max_group_size=cfg.max_group_size, exact_max_jobs=exact_max_jobs,
+                             per_job=cfg.per_job_allocations == "simulator")
     return PerJobPolicy(name, cluster, real)

@@ -26,7 +26,8 @@ def cheaper_alone(job: JobSpec, profile: PhaseProfile, group_usd_per_h: float, c
     """The job's own allocation (:func:`rollmux.baselines.gavel_choice`: the least $ per
     iteration among the scaled and colocated allocations meeting its SLO against Solo-D) when it
     costs strictly less per iteration than running alone in a group of ``group_usd_per_h``
-    (USD/h) at its solo time ``profile.t_solo_s``; None otherwise.
+    (USD/h) at its solo time ``profile.t_solo_s``, and no more per hour (so the optimum's one-job
+    column, priced by this same rule, never costs more than what runs); None otherwise.
 
     Returns:
         :class:`rollmux.baselines.GavelChoice` or None.
@@ -34,4 +35,6 @@ def cheaper_alone(job: JobSpec, profile: PhaseProfile, group_usd_per_h: float, c
     from rollmux.baselines import gavel_choice
 
     alt = gavel_choice(job, cluster)
-    return alt if alt.usd_per_iteration < group_usd_per_h * profile.t_solo_s / 3600.0 * (1 - 1e-9) else None
+    cheaper = (alt.usd_per_iteration < group_usd_per_h * profile.t_solo_s / 3600.0 * (1 - 1e-9)
+               and alt.cost_usd_per_h <= group_usd_per_h * (1 + 1e-12))
+    return alt if cheaper else None
