@@ -225,6 +225,27 @@ def gavel_choice(job: JobSpec, cluster: ClusterSpec) -> GavelChoice:
     return min(ok, key=lambda o: (o.usd_per_iteration, o.cost_usd_per_h))
 
 
+def cheaper_alone(job: JobSpec, profile: PhaseProfile, group_usd_per_h: float, cluster: ClusterSpec) -> Optional[GavelChoice]:
+    """Per-job allocations (``per_job_allocations: simulator``): the job's own allocation
+    (:func:`gavel_choice`: the least $ per iteration among its scaled x{0.5, 1, 2} and colocated
+    allocations meeting its SLO against Solo-D) when it costs strictly less per iteration than
+    running alone in a group of ``group_usd_per_h`` (USD/h) at its solo time
+    ``profile.t_solo_s``, and no more per hour (so the optimum's one-job column, priced by this
+    same rule in :meth:`OptimalPartition.single_usd_per_h`, never costs more than what runs);
+    None otherwise.
+
+    A job alone in its group then runs on this allocation instead of the group's whole nodes; the
+    group stays in the scheduler's table, so a later arrival still packs into it (direct packing)
+    and the member runs on the group's nodes again. Only the trace replay does this: the cluster's
+    runtime runs co-execution groups on whole nodes only. Source: RollMux §4.2 (marginal
+    provisioning cost), §7.1 Gavel+ (the allocation space).
+    """
+    alt = gavel_choice(job, cluster)
+    cheaper = (alt.usd_per_iteration < group_usd_per_h * profile.t_solo_s / 3600.0 * (1 - 1e-9)
+               and alt.cost_usd_per_h <= group_usd_per_h * (1 + 1e-12))
+    return alt if cheaper else None
+
+
 def gavel_unit(job: JobSpec, cluster: ClusterSpec) -> Unit:
     """The Gavel+ allocation of ``job`` as a simulator unit (GPU-granular, no interleaving)."""
     return choice_unit(job, gavel_choice(job, cluster))
@@ -317,15 +338,13 @@ class OptimalPartition:
     def single_usd_per_h(self, job: JobSpec, profile: PhaseProfile, layout_usd_per_h: float) -> float:
         """Price of the one-job column of ``job`` whose layout costs ``layout_usd_per_h``: that
         price, or with ``per_job`` the $/h of the job's own allocation where
-        :func:`rollmux.admission.alternatives.cheaper_alone` (the one rule ``per_job_allocations``
+        :func:`cheaper_alone` (the one rule ``per_job_allocations``
         runs a job alone by) takes it, USD/h."""
         if not self.per_job:
             return layout_usd_per_h
         key = (job.job_id, layout_usd_per_h)
         v = self._single.get(key)
         if v is None:
-            from rollmux.admission.alternatives import cheaper_alone
-
             alt = cheaper_alone(job, profile, layout_usd_per_h, self.cluster)
             v = self._single[key] = layout_usd_per_h if alt is None else min(layout_usd_per_h, alt.cost_usd_per_h)
         return v

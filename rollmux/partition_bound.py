@@ -6,32 +6,42 @@ Problem (``docs/ARCHITECTURE.md`` "Optimum"): partition the active jobs into co-
 of at most ``max_group_size`` jobs, each laid out by :func:`rollmux.admission.build_group`
 (price ``c_S``, USD/h), minimising ``sum_S c_S x_S``  s.t.  ``sum_{S ∋ j} x_S = 1``.
 
-Relaxed column space. Every job set S of at most ``max_group_size`` jobs that passes the
-necessary condition :func:`_floor` is a column, priced by its exact layout where one has been
+Relaxed column space. Every job set S of at most ``max_group_size`` jobs whose floor
+:func:`floor_usd_per_h` is finite is a column, priced by its exact layout where one has been
 built (:meth:`OptimalPartition.layout`, the same cache the exact solve reads; ``None`` = no
-feasible layout: not a column) and otherwise by the floor ``L(S) <= c_S``:
+feasible layout: not a column) and otherwise by the floor ``L(S) <= c_S`` (with
+``OptimalPartition(per_job=True)``, a one-job column is priced by ``single_usd_per_h``, the wider
+problem of per-job allocations). The floor uses only rules ``build_group`` itself applies:
 
 * every member k keeps the node-load rule (:func:`rollmux.admission.rules.node_load_bound`):
   each node of k carries at most ``B_k = slo_k x T_solo_k`` seconds per meta-iteration. So the
   nodes holding a job with ``B_k <= tau`` carry all those jobs' work and at most ``tau`` each:
   for every ``tau`` in ``{B_k}``, a pool needs ``>= W(tau) / tau`` nodes, ``W(tau)`` the
   phase-seconds per meta-iteration (nodes x phase time) of the jobs with ``B_k <= tau``;
-* the layout class gives the training pool exactly ``max_k NT_k`` nodes (so the training
-  inequality is a feasibility test) and the rollout pool at least ``max_k NR_k``.
+* jobs needing a pool's whole node set are on every node: each node carries their phases (and
+  at most their least budget), each other job's nodes its own phase besides;
+* the layout class gives the training pool exactly ``max_k NT_k`` nodes and the rollout pool the
+  nodes of one of its layouts (dedicated nodes for some jobs, ``max NR`` shared by the rest),
+  cheapest first.
 
-``L`` and the training test are monotone in S (adding a job never lowers ``L`` nor makes an
-infeasible set feasible under the largest training node count of the instance), so the pricing
-search (depth first over jobs by dual value, pruned by ``L(P) - (best duals that can still
-join)``) enumerates every column it must.
+The pruning floor :func:`prune_floor_usd_per_h` is monotone in S (adding a job never lowers it
+nor makes an infeasible set feasible under the largest training node count of the instance) and
+below ``L`` of every superset, so the pricing search (depth first over jobs by dual value,
+pruned by ``floor - (the largest duals that can still join)``) misses no column it must see.
+``tests/test_partition_bound.py`` checks ``L <= c_S`` and the monotony on random sets.
 
-Bound. For any duals ``pi`` the Lagrangian bound ``sum_j pi_j + n x min(0, min_S (c_S - pi(S)))``
-is a lower bound on the optimum (``n`` jobs: a partition has at most ``n`` groups), and the
-reduced costs are bounded from below by pricing with the floor. Column generation (restricted
-master LP by GLOP on the covering form ``>= 1``, duals, pricing, exact layouts of the negative
-columns) drives ``min rc`` to 0, where the bound is the LP value over the relaxed columns
-(kind ``"lp"``); stopped by its budget earlier, the last Lagrangian bound is kept (kind
-``"lagrangian"``). Either is a proven lower bound on the exact optimum's cost. Source:
-RollMux §7.5 ("Opt"); Lasdon (1970) / Vanderbeck & Wolsey (1996) column-generation bounds.
+Bound. Column generation: the restricted master LP (covering form ``>= 1``, GLOP) gives duals
+``pi``; pricing looks for columns with ``cost(S) - pi(S) < 0`` (stopping at ``keep`` of them); a
+floor-priced one is laid out by ``build_group(..., below_usd_per_h=pi(S))`` (a layout found is
+the cheapest; none found raises the set's floor to ``pi(S)``) and exact ones join the master.
+When pricing finds none, every column outside the master prices ``>= -eps`` and the master's own
+``>= -worst`` (the LP's tolerance), so ``sum pi - n x max(eps, worst)`` is a proven bound (the
+Lagrangian bound: a partition has at most ``n`` groups), the LP value up to that (kind ``"lp"``).
+Stopped by its budget earlier, Farley's bound ``theta x sum pi`` with ``theta = min_S cost(S) /
+pi(S) <= 1`` over every column (``theta pi`` is dual feasible) is returned (kind
+``"lagrangian"``). Either is a proven lower bound on the exact optimum's cost. The next call
+starts from this call's master columns (``OptimalPartition._lp_pool``). Source: RollMux §7.5
+("Opt"); Lasdon (1970), Farley (1990), Vanderbeck & Wolsey (1996) column-generation bounds.
 """
 
 from __future__ import annotations
@@ -57,7 +67,7 @@ class BoundResult:
     Attributes:
         bound_usd_per_h: proven lower bound on the exact optimum's cost, USD/h.
         kind: ``"lp"`` (column generation converged: the LP relaxation's value over the relaxed
-            columns) or ``"lagrangian"`` (budget hit: ``sum pi + n x min rc``).
+            columns) or ``"lagrangian"`` (budget hit: Farley's ``theta x sum pi``).
         lp_usd_per_h: the last restricted master LP value (an upper bound on the LP), USD/h.
         iterations: master solves.
         columns: columns in the last master.
@@ -268,7 +278,7 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
         extra_columns: ``{job set: USD/h}`` of groups known feasible outside the layout class (a
             policy's own groups), priced so: the bound is then over the layout class and these.
         max_iterations / max_layouts / time_limit_s: the budget (master solves, exact layouts
-            built, wall seconds); when hit, the Lagrangian bound is returned.
+            built, wall seconds); when hit, Farley's bound is returned.
         keep: negative columns taken per pricing round.
     Returns:
         :class:`BoundResult`.

@@ -12,9 +12,8 @@ import time
 from typing import Optional
 
 from rollmux.admission import InterGroupScheduler, SchedulerConfig
-from rollmux.admission.alternatives import cheaper_alone
 from rollmux.admission_queue import AdmissionQueue, QueueFull
-from rollmux.baselines import PER_JOB_UNITS, OptimalPartition, Unit
+from rollmux.baselines import PER_JOB_UNITS, OptimalPartition, Unit, cheaper_alone
 from rollmux.codes import Code
 from rollmux.models import ClusterSpec, CoExecutionGroup
 from rollmux.policies import policy_spec
@@ -112,7 +111,7 @@ class SchedulerPolicy(SimPolicy):
         self.loop = (MeasuredLoop(self.sched, real) if cfg.profile_source != "worst_case" and self.spec.slo_check
                      else None)
         # a job alone in its group runs on its own allocation when that is cheaper per iteration
-        # (rollmux.admission.alternatives); (job id, group $/h) -> (choice or None, its unit)
+        # (rollmux.baselines.cheaper_alone); (job id, group $/h) -> (choice or None, its unit)
         self.cluster = cluster
         self.per_job = (cfg.per_job_allocations == "simulator" and self.spec.slo_check and queue is False
                         and self.loop is None)

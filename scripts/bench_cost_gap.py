@@ -59,16 +59,16 @@ def setting_name(mix: str, lo: float, hi: float) -> str:
 
 
 def run_one(args: tuple) -> dict:
-    """One replay: (trace, jobs, seed, mix, slo_min, slo_max, exact_max_jobs) -> its record."""
+    """One replay: (trace, jobs, seed, mix, slo_min, slo_max, exact_max_jobs, lower_bound) -> its record."""
     from rollmux.simulator import simulate
     from rollmux.workloads import draw_jobs
 
-    trace, n_jobs, seed, mix, lo, hi, exact_max = args
+    trace, n_jobs, seed, mix, lo, hi, exact_max, bound = args
     cl = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
     tjobs = load_trace(trace, TraceWindow(max_jobs=n_jobs, min_duration_s=3600.0, max_duration_s=3 * 86400.0))
     jobs = draw_jobs(tjobs, cl, mix=mix, seed=seed, slo_range=(lo, hi))
     t0 = time.perf_counter()
-    res = simulate(jobs, cl, POLICIES, seed=seed, exact_max_jobs=exact_max, shadow_policies=("rollmux",), lower_bound=True)
+    res = simulate(jobs, cl, POLICIES, seed=seed, exact_max_jobs=exact_max, shadow_policies=("rollmux",), lower_bound=bound)
     pol = res.summary["policies"]
     rm = pol["rollmux"]
     run = res.runs["rollmux"]
@@ -112,7 +112,7 @@ def aggregate(rows: list[dict]) -> dict:
     ratios = [r["rollmux_vs_optimum"] for r in rows if r["rollmux_vs_optimum"] is not None]
     pu = sum(r["compared_rollmux_usd"] for r in rows)
     ou = sum(r["compared_optimum_usd"] for r in rows)
-    bp = sum(r["bound_rollmux_usd"] for r in rows)
+    bp = sum(r["bound_rollmux_usd"] for r in rows)  # 0 without the bound (--no-bound)
     bu = sum(r["bound_usd"] for r in rows)
     gaps = [r["lower_bound_gap_to_exact_max"] for r in rows if r["lower_bound_gap_to_exact_max"] is not None]
     return {
@@ -175,6 +175,8 @@ def main() -> None:
                     help="Philly trace CSV (default: the full trace data/philly-adaptdl-philly.csv.gz)")
     ap.add_argument("--exact-max-jobs", type=int, default=16)
     ap.add_argument("--procs", type=int, default=2, help="worker processes (at most 2)")
+    ap.add_argument("--no-bound", action="store_true",
+                    help="skip the LP lower bound beyond the exact instants (much faster; no RollMux / bound figures)")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (default results/cost_gap.json; the plot beside it)")
     args = ap.parse_args()
     seeds = args.seeds if args.seeds is not None else (2 if args.quick else 10)
@@ -188,7 +190,7 @@ def main() -> None:
     grid = [(st, sd) for st in SETTINGS for sd in (range(seeds) if st == DEFAULT_SETTING else slice_seeds)]
     # the slower (looser-SLO) runs first so that the two workers finish together
     grid.sort(key=lambda x: -x[0][2])
-    tasks = [(str(trace), n_jobs, seed, mix, lo, hi, args.exact_max_jobs) for (mix, lo, hi), seed in grid]
+    tasks = [(str(trace), n_jobs, seed, mix, lo, hi, args.exact_max_jobs, not args.no_bound) for (mix, lo, hi), seed in grid]
     t0 = time.perf_counter()
     rows: list[dict] = []
     with mp.get_context("spawn").Pool(processes=max(1, min(2, args.procs))) as pool:
@@ -208,7 +210,8 @@ def main() -> None:
                  "default_setting": setting_name(*DEFAULT_SETTING), "policies": list(POLICIES),
                  "exact_max_jobs": args.exact_max_jobs, "goal": {"mean": GOAL_MEAN, "every_run": GOAL_SLICE},
                  "wall_s": time.perf_counter() - t0, "quick": args.quick,
-                 "loadavg_1_5_15": list(os.getloadavg()), "procs": max(1, min(2, args.procs))},
+                 "loadavg_1_5_15": list(os.getloadavg()), "procs": max(1, min(2, args.procs)),
+                 "lower_bound": not args.no_bound},
         "overall": overall, "by_setting": by_setting, "runs": rows,
     }
     out.parent.mkdir(parents=True, exist_ok=True)

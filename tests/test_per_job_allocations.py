@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from rollmux.admission import SchedulerConfig, load_scheduler_config
-from rollmux.admission.alternatives import cheaper_alone
-from rollmux.baselines import gavel_choice
+from rollmux.baselines import cheaper_alone, gavel_choice
 from rollmux.config import CONFIG_DIR, load_cluster
 from rollmux.simulator import simulate
 from rollmux.traces import TraceWindow, load_trace

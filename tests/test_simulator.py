@@ -69,9 +69,9 @@ def test_conservation_on_real_extract(extract_jobs):
         assert 0 <= run.rollout_busy_gpu_s <= run.rollout_gpu_s + 1e-6 and 0 <= run.train_busy_gpu_s <= run.train_gpu_s + 1e-6
         if name in ("rollmux", "random", "most-idle", "optimal"):  # co-execution never beats solo speed
             for o in run.outcomes.values():
-                # RollMux may run a job alone on its own allocation (per_job_allocations): never
-                # faster than the fastest such allocation meeting its SLO
-                f = fastest[o.job_id] if name == "rollmux" else 1.0
+                # RollMux and the optimum may run a job alone on its own allocation
+                # (per_job_allocations): never faster than the fastest such allocation meeting its SLO
+                f = fastest[o.job_id] if name in ("rollmux", "optimal") else 1.0
                 assert o.departure_s >= o.arrival_s + o.duration_s * f * (1 - 1e-9), (name, o)
         if name in ("rollmux", "optimal"):
             assert run.metrics()["slo_attainment"] == 1.0, name
@@ -89,7 +89,8 @@ def test_simulate_summary_and_ratios(extract_jobs):
     assert set(pol) == {"rollmux", "solo-d", "colocated", "optimal"}
     assert pol["optimal"]["cost_vs_optimal"] == 1.0
     assert pol["optimal"]["optimal_exact_fraction"] == 1.0  # never more than 10 active jobs
-    assert pol["rollmux"]["cost_vs_optimal"] >= 1.0 - 1e-9
+    # (cost_vs_optimal divides by the optimal policy's own timeline: not a bound; the proven
+    # comparison is cost_vs_optimal_exact)
     assert pol["rollmux"]["optimal_exact_time_fraction"] == pytest.approx(1.0)
     assert pol["rollmux"]["cost_vs_optimal_exact"] >= 1.0 - 1e-9
     r = res.summary["rollmux_cost_ratios"]["solo-d_over_rollmux"]

@@ -48,12 +48,12 @@ class SchedulerConfig(BaseModel):
         attach_timeout_s: an admitted job whose driver has not attached (reported ``running``)
             after this many seconds expires: its nodes are released and its record says
             ``expired`` (the GlobalScheduler's reconcile loop checks; 0 disables).
-        per_job_allocations: where admission may give a job its own allocation outside any
-            co-execution group (:func:`rollmux.admission.alternatives.per_job_alternative`: its GPU
-            counts per pool scaled x{0.5, 1, 2} or a colocated placement, within its SLO and
-            memory) when that costs less per iteration than the cheapest group placement:
-            ``"simulator"`` (the trace replay; the cluster's GlobalScheduler runs co-execution
-            groups only and never does) or ``"off"``.
+        per_job_allocations: where a job alone in its co-execution group may run on its own
+            allocation instead of the group's whole nodes (:func:`rollmux.baselines.cheaper_alone`:
+            its GPU counts per pool scaled x{0.5, 1, 2} or colocated, within its SLO and memory)
+            when that costs less per iteration and no more per hour; arrivals still pack into its
+            group: ``"simulator"`` (the trace replay; the cluster's GlobalScheduler runs
+            co-execution groups on whole nodes only and never does) or ``"off"``.
         queue_max_jobs: most jobs the admission queue of a bounded cluster holds
             (:class:`rollmux.admission_queue.AdmissionQueue`); more are refused (HTTP 429).
         queue_backfill: behind a job that does not fit, try smaller queued jobs (else strict FIFO).
