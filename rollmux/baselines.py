@@ -225,9 +225,34 @@ def gavel_choice(job: JobSpec, cluster: ClusterSpec) -> GavelChoice:
     return min(ok, key=lambda o: (o.usd_per_iteration, o.cost_usd_per_h))
 
 
+def cheaper_alone(job: JobSpec, profile: PhaseProfile, group_usd_per_h: float, cluster: ClusterSpec) -> Optional[GavelChoice]:
+    """Per-job allocations (``per_job_allocations: simulator``): the job's own allocation
+    (:func:`gavel_choice`: the least $ per iteration among its scaled x{0.5, 1, 2} and colocated
+    allocations meeting its SLO against Solo-D) when it costs strictly less per iteration than
+    running alone in a group of ``group_usd_per_h`` (USD/h) at its solo time
+    ``profile.t_solo_s``, and no more per hour (so the optimum's one-job column, priced by this
+    same rule in :meth:`OptimalPartition.single_usd_per_h`, never costs more than what runs);
+    None otherwise.
+
+    A job alone in its group then runs on this allocation instead of the group's whole nodes; the
+    group stays in the scheduler's table, so a later arrival still packs into it (direct packing)
+    and the member runs on the group's nodes again. Only the trace replay does this: the cluster's
+    runtime runs co-execution groups on whole nodes only. Source: RollMux §4.2 (marginal
+    provisioning cost), §7.1 Gavel+ (the allocation space).
+    """
+    alt = gavel_choice(job, cluster)
+    cheaper = (alt.usd_per_iteration < group_usd_per_h * profile.t_solo_s / 3600.0 * (1 - 1e-9)
+               and alt.cost_usd_per_h <= group_usd_per_h * (1 + 1e-12))
+    return alt if cheaper else None
+
+
 def gavel_unit(job: JobSpec, cluster: ClusterSpec) -> Unit:
     """The Gavel+ allocation of ``job`` as a simulator unit (GPU-granular, no interleaving)."""
-    g = gavel_choice(job, cluster)
+    return choice_unit(job, gavel_choice(job, cluster))
+
+
+def choice_unit(job: JobSpec, g: GavelChoice) -> Unit:
+    """One own allocation of ``job`` (a :class:`GavelChoice`) as a simulator unit."""
     p = g.profile
     t = p.t_solo_s
     if g.kind == "colocated":
@@ -303,6 +328,33 @@ class OptimalPartition:
     _keys_of: dict = field(default_factory=dict, repr=False)  # job id -> cached job sets holding it (forget)
     _floors: dict = field(default_factory=dict, repr=False)  # job set -> layout_floor_usd_per_h (partition_floor)
     _rows: dict = field(default_factory=dict, repr=False)  # job id -> layout_row
+    _lp_pool: dict = field(default_factory=dict, repr=False)  # job set -> price: the LP bound's last master columns (warm start)
+    #: the wider problem of ``per_job_allocations``: a job alone may also run on its own allocation
+    #: (its Gavel+ choice among the scaled and colocated allocations meeting its SLO), so a one-job
+    #: column costs the least of its layout's and that allocation's $/h
+    per_job: bool = False
+    _single: dict = field(default_factory=dict, repr=False)  # job id -> one-job column price (per_job)
+
+    def single_usd_per_h(self, job: JobSpec, profile: PhaseProfile, layout_usd_per_h: float) -> float:
+        """Price of the one-job column of ``job`` whose layout costs ``layout_usd_per_h``: that
+        price, or with ``per_job`` the $/h of the job's own allocation where
+        :func:`cheaper_alone` (the one rule ``per_job_allocations``
+        runs a job alone by) takes it, USD/h."""
+        if not self.per_job:
+            return layout_usd_per_h
+        key = (job.job_id, layout_usd_per_h)
+        v = self._single.get(key)
+        if v is None:
+            alt = cheaper_alone(job, profile, layout_usd_per_h, self.cluster)
+            v = self._single[key] = layout_usd_per_h if alt is None else min(layout_usd_per_h, alt.cost_usd_per_h)
+        return v
+
+    def _price_of(self, key: frozenset, g: CoExecutionGroup, by_id: Mapping) -> float:
+        c = g.cost_usd_per_h(self.cluster)
+        if self.per_job and len(key) == 1:
+            (jid,) = key
+            return self.single_usd_per_h(by_id[jid][0], by_id[jid][1], c)
+        return c
 
     def _remember(self, key: frozenset) -> None:
         for j in key:
@@ -347,7 +399,12 @@ class OptimalPartition:
             if len(members) > self.max_group_size:
                 return False
             g = self.layout(list(members))
-            if g is None or g.cost_usd_per_h(self.cluster) > cost + 1e-6:
+            if g is None:
+                return False
+            c = g.cost_usd_per_h(self.cluster)
+            if len(members) == 1:
+                c = self.single_usd_per_h(members[0][0], members[0][1], c)
+            if c > cost + 1e-6:
                 return False
         return True
 
@@ -358,6 +415,8 @@ class OptimalPartition:
             self._cols.pop(k, None)
             self._floors.pop(k, None)
         self._rows.pop(job_id, None)
+        for k in [k for k in self._single if k[0] == job_id]:
+            del self._single[k]
 
     def partition_floor(self, members: Sequence[tuple[JobSpec, PhaseProfile]], fixed: Mapping[frozenset, float],
                         target: Optional[float] = None,
@@ -501,7 +560,7 @@ class OptimalPartition:
             if g is None:  # pragma: no cover - a job alone is always feasible
                 raise ValueError(f"job {i} cannot be laid out alone")
             feas[frozenset([i])] = g
-            single.append(g.cost_usd_per_h(self.cluster))
+            single.append(self.single_usd_per_h(*by_id[i], g.cost_usd_per_h(self.cluster)))
             best[1 << b] = single[-1]
         feasible = set(best)
         for size in range(2, min(self.max_group_size, len(ids)) + 1):
@@ -564,7 +623,8 @@ class OptimalPartition:
 
         feas = self._candidates(members, complete)
         cols = list(feas.items())
-        price = [g.cost_usd_per_h(self.cluster) for _, g in cols]
+        by_id = {j.job_id: (j, p) for j, p in members}
+        price = [self._price_of(s, g, by_id) for s, g in cols]
         units = [round(p * 1000) for p in price]  # the integer objective CP-SAT minimises
         if len(members) <= DP_MAX_JOBS:
             # The optimum without CP-SAT when that cannot change the answer: a unique optimal
@@ -575,7 +635,7 @@ class OptimalPartition:
             if parts and (len(parts) == 1 or (indifferent is not None
                                               and all(indifferent([cols[c][1] for c in p]) for p in parts))):
                 chosen = [cols[c][1] for c in parts[0]]
-                return PartitionResult(chosen, sum(g.cost_usd_per_h(self.cluster) for g in chosen),
+                return PartitionResult(chosen, sum(price[c] for c in parts[0]),
                                        complete and self.max_group_size <= EXHAUSTIVE_ORDER_MAX, len(cols),
                                        bound_usd_per_h=top / 1000.0)
         model = cp_model.CpModel()
@@ -596,7 +656,7 @@ class OptimalPartition:
             groups = [feas[frozenset([j.job_id])] for j, _ in members]
             return PartitionResult(groups, sum(g.cost_usd_per_h(self.cluster) for g in groups), False, len(cols))
         chosen = [g for (s, g), xi in zip(cols, x) if solver.Value(xi)]
-        cost = sum(g.cost_usd_per_h(self.cluster) for g in chosen)
+        cost = sum(pc for pc, xi in zip(price, x) if solver.Value(xi))
         exact = status == cp_model.OPTIMAL and complete and self.max_group_size <= EXHAUSTIVE_ORDER_MAX
         return PartitionResult(chosen, cost, exact, len(cols), bound_usd_per_h=solver.BestObjectiveBound() / 1000.0)
 

@@ -70,6 +70,9 @@ def simulate(
                                              "priority_classes; tenants = the trace's virtual clusters where it has them, "
                                              "quotas from the config's tenants); implies --queue on a bounded --cluster, "
                                              "preempts lower classes at iteration boundaries, reports per class"),
+    lower_bound: bool = typer.Option(False, "--lower-bound", help="also compare RollMux with a proven lower bound "
+                                     "at every instant (the exact optimum where exact, else the LP relaxation by "
+                                     "column generation; slower): cost_vs_lower_bound in summary.json"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ) -> None:
     """Replay a real cluster trace through the scheduling policies; write summary.json and plots.
@@ -80,7 +83,8 @@ def simulate(
                  window_start=window_start, window_hours=window_hours, min_duration_s=min_duration_s,
                  max_duration_s=max_duration_s, vc=vc, slo_min=slo_min, slo_max=slo_max, max_group_size=max_group_size,
                  exact_max_jobs=exact_max_jobs, cluster_config=cluster_config, repack=repack, progress=progress,
-                 config=config, queue=queue, profile_source=profile_source, priorities=priorities)
+                 config=config, queue=queue, profile_source=profile_source, priorities=priorities,
+                 lower_bound=lower_bound)
 
 
 if __name__ == "__main__":  # pragma: no cover

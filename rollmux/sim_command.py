@@ -22,7 +22,8 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
                  max_duration_s: Optional[float], vc: Optional[str], slo_min: float, slo_max: float,
                  max_group_size: Optional[int], exact_max_jobs: int, cluster_config: Optional[Path],
                  repack: Optional[bool], progress: bool, config: Optional[Path] = None, queue: bool = False,
-                 profile_source: Optional[str] = None, priorities: Optional[str] = None) -> None:
+                 profile_source: Optional[str] = None, priorities: Optional[str] = None,
+                 lower_bound: bool = False) -> None:
     """Run ``rollmux simulate`` with parsed options: load the trace, replay, write summary.json and
     plots, print the table. Exits with code 2 and a one-line error on bad input.
 
@@ -130,7 +131,7 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
         try:
             res = run_sim(sjobs, cluster, names, stochastic=stochastic, seed=seed, config=sched_cfg, queue=queue,
                           priorities=priorities is not None,
-                          exact_max_jobs=exact_max_jobs, on_event=on_event,
+                          exact_max_jobs=exact_max_jobs, on_event=on_event, lower_bound=lower_bound,
                           meta={"trace": trace_label(trace), "mix": mix, **({"priority_shares": priorities} if priorities else {}), "window": window.model_dump(), "cluster": cluster.name})
         except (ValueError, RuntimeError) as e:  # e.g. a bounded --cluster refusing a job
             fail(f"--cluster: {e}" if cluster_config else str(e))
@@ -185,6 +186,10 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
         console.print(f"rollmux vs the exact optimum of the same active jobs at the same instants: {rm['cost_vs_optimal_exact']:.3f}x, "
                       f"compared over {rm['optimal_exact_time_fraction']:.0%} of its replay time and "
                       f"{rm['optimal_exact_spend_fraction']:.0%} of its spend (instants with <= {exact_max_jobs} active jobs)")
+    if rm.get("cost_vs_lower_bound") is not None:
+        console.print(f"rollmux vs a proven lower bound at every instant ({rm['lower_bound_instants_by_kind']}: exact "
+                      f"optimum, LP relaxation by column generation, Farley bound on its budget): "
+                      f"{rm['cost_vs_lower_bound']:.3f}x over {rm['lower_bound_spend_fraction']:.0%} of its spend")
     for name, m in summary["policies"].items():
         if "queue_wait_s_mean" in m:
             console.print(f"{name}: admission queue: {m['queued_jobs']} of {m['jobs']} jobs waited; wait mean "

@@ -13,7 +13,7 @@ from typing import Optional
 
 from rollmux.admission import InterGroupScheduler, SchedulerConfig
 from rollmux.admission_queue import AdmissionQueue, QueueFull
-from rollmux.baselines import PER_JOB_UNITS, OptimalPartition, Unit
+from rollmux.baselines import PER_JOB_UNITS, OptimalPartition, Unit, cheaper_alone
 from rollmux.codes import Code
 from rollmux.models import ClusterSpec, CoExecutionGroup
 from rollmux.policies import policy_spec
@@ -120,6 +120,13 @@ class SchedulerPolicy(SimPolicy):
         self._stopping: dict[str, str] = {}  # victim -> the newcomer it makes room for
         self._preempted: list[str] = []  # victims stopped since the last take_preempted
         self.resumes: dict[str, int] = {}  # preempted job -> times it has started again
+        # a job alone in its group runs on its own allocation when that is cheaper per iteration
+        # (rollmux.baselines.cheaper_alone); (job id, group $/h) -> (choice or None, its unit)
+        self.cluster = cluster
+        self.per_job = (cfg.per_job_allocations == "simulator" and self.spec.slo_check and queue is False
+                        and self.loop is None)
+        self._own: dict[str, tuple] = {}
+        self._own_jobs: set = set()
 
     def arrive(self, job: SimJob) -> float:
         self._jobs[job.spec.job_id] = job
@@ -269,6 +276,8 @@ class SchedulerPolicy(SimPolicy):
         self.solver.forget(job_id)
         if self.book is not None:
             self.book.departed(job_id)
+        for k in [k for k in self._own if k[0] == job_id]:
+            del self._own[k]
         self._moved(self.sched.repack(gid))
         self._moved(self.sched.reoptimise(gid, solver=self.solver))
 
@@ -315,6 +324,8 @@ class SchedulerPolicy(SimPolicy):
         if self.book is not None:
             out["priority_classes"] = list(self.book.cfg.priority_classes)
             out["preemptions"] = sum(len(v) for v in self.book.preemptions.values())
+        if self.per_job:
+            out["jobs_on_own_allocations"] = len(self._own_jobs)
         if self.loop is not None:
             out.update(self.loop.extra())
         if not self.spec.repacks:
@@ -338,11 +349,28 @@ class SchedulerPolicy(SimPolicy):
                 continue
             e = seen.get(id(g))
             if e is None or e[0] is not g:
-                e = (g, self.real.group_unit(g))
+                e = (g, self._alone(g) or self.real.group_unit(g))
             now[id(g)] = e
             out.append(e[1])
         self._seen = now
         return out
+
+    def _alone(self, g: CoExecutionGroup) -> Optional[Unit]:
+        """A one-member group's own allocation when cheaper per iteration (``per_job_allocations``);
+        arrivals still pack into the group (it stays in the scheduler's table), the member then
+        runs on the group's nodes again."""
+        if not self.per_job or len(g.members) != 1:
+            return None
+        m = g.members[0]
+        jid = m.spec.job_id
+        key = (jid, g.cost_usd_per_h(self.cluster))
+        if key not in self._own:
+            alt = cheaper_alone(m.spec, m.profile, key[1], self.cluster)
+            self._own[key] = (alt, PER_JOB_UNITS["gavel+"](m.spec, self.cluster, self.real) if alt is not None else None)
+        alt, unit = self._own[key]
+        if unit is not None:
+            self._own_jobs.add(jid)
+        return unit
 
 
 class PerJobPolicy(SimPolicy):
@@ -375,10 +403,12 @@ class OptimalPolicy(SimPolicy):
     name = "optimal"
 
     def __init__(self, cluster: ClusterSpec, real: Realisation, *, max_group_size: int = 5, exact_max_jobs: int = 16,
-                 time_limit_s: float = 5.0):
+                 time_limit_s: float = 5.0, per_job: bool = False):
         self.real = real
+        self.cluster = cluster
+        # per_job: the wider problem of per_job_allocations (a job alone may run on its own allocation)
         self.opt = OptimalPartition(cluster, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs,
-                                    time_limit_s=time_limit_s)
+                                    time_limit_s=time_limit_s, per_job=per_job)
         self._active: dict[str, SimJob] = {}
         self._groups: list[CoExecutionGroup] = []
         self.exact_events = 0
@@ -404,7 +434,17 @@ class OptimalPolicy(SimPolicy):
         return list(self._groups)
 
     def units(self) -> list[Unit]:
-        return [self.real.group_unit(g) for g in self._groups]
+        return [self._unit(g) for g in self._groups]
+
+    def _unit(self, g: CoExecutionGroup) -> Unit:
+        """A group's unit; with ``per_job`` a one-job group runs on its own allocation (Gavel+'s
+        choice) when that is below the layout's $/h (the optimum priced its column so)."""
+        if self.opt.per_job and len(g.members) == 1:
+            m = g.members[0]
+            layout = g.cost_usd_per_h(self.cluster)
+            if self.opt.single_usd_per_h(m.spec, m.profile, layout) < layout - 1e-9:
+                return PER_JOB_UNITS["gavel+"](m.spec, self.cluster, self.real)
+        return self.real.group_unit(g)
 
 
 #: the per-job baseline that also replays on a bounded cluster with the admission queue: Solo-D is
@@ -433,5 +473,6 @@ def make_policy(name: str, cluster: ClusterSpec, real: Realisation, *, max_group
     if kind == "scheduler":
         return SchedulerPolicy(name, cluster, real, config=cfg, queue=queue, priorities=priorities)
     if kind == "optimal":
-        return OptimalPolicy(cluster, real, max_group_size=cfg.max_group_size, exact_max_jobs=exact_max_jobs)
+        return OptimalPolicy(cluster, real, max_group_size=cfg.max_group_size, exact_max_jobs=exact_max_jobs,
+                             per_job=cfg.per_job_allocations == "simulator")
     return PerJobPolicy(name, cluster, real)

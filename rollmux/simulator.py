@@ -58,6 +58,7 @@ import numpy as np
 
 from rollmux.admission import SchedulerConfig
 from rollmux.baselines import OptimalPartition, Unit
+from rollmux.partition_bound import lp_lower_bound
 from rollmux.intra_group import PhaseRecord, simulate_group
 from rollmux.models import ClusterSpec, CoExecutionGroup
 from rollmux.policies import POLICY_NAMES, check_policy, policy_spec
@@ -152,6 +153,14 @@ class PolicyRun:
     # interval ("arrival" | "departure"), and time-weighted jobs per group of both (s * jobs/group)
     shadow_gap_usd_by_event: dict = field(default_factory=dict)
     shadow_jobs_per_group_s: list = field(default_factory=lambda: [0.0, 0.0])
+    # the proven lower bound at every instant (the exact optimum where exact, else the LP bound of
+    # rollmux.partition_bound): covered seconds, the policy's $ and the bound's $ over them, the
+    # instants by the bound's kind, and (LP bound, exact optimum) $/h pairs where both were computed
+    bound_s: float = 0.0
+    bound_policy_usd: float = 0.0
+    bound_usd: float = 0.0
+    bound_kinds: dict = field(default_factory=dict)
+    bound_vs_exact: list = field(default_factory=list)
 
     def metrics(self, horizon_s: Optional[float] = None) -> dict:
         """The summary.json entry of this policy (its keys are a stable interface)."""
@@ -193,7 +202,16 @@ class PolicyRun:
             "optimal_exact_time_fraction": self.shadow_s / self.end_s if self.end_s > 0 else 0.0,
             "optimal_exact_spend_fraction": self.shadow_policy_usd / self.cost_usd if self.cost_usd > 0 else 0.0,
             "optimal_exact_events_outside_layouts": self.shadow_outside,
-        } if self.shadow_s > 0 else {}) | ({"by_class": per_class(outs, self.extra.get("priority_classes", ()))} if any(o.priority_class for o in outs) else {})
+        } if self.shadow_s > 0 else {}) | ({
+            "cost_vs_lower_bound": self.bound_policy_usd / self.bound_usd if self.bound_usd > 0 else None,
+            "lower_bound_time_fraction": self.bound_s / self.end_s if self.end_s > 0 else 0.0,
+            "lower_bound_spend_fraction": self.bound_policy_usd / self.cost_usd if self.cost_usd > 0 else 0.0,
+            "lower_bound_instants_by_kind": dict(sorted(self.bound_kinds.items())),
+            "lower_bound_gap_to_exact_max": max((1.0 - b / e for b, e in self.bound_vs_exact if e > 0), default=None),
+            "lower_bound_gap_to_exact_mean": (sum(1.0 - b / e for b, e in self.bound_vs_exact if e > 0) / len(self.bound_vs_exact)
+                                              if self.bound_vs_exact else None),
+            "lower_bound_gap_samples": len(self.bound_vs_exact),
+        } if self.bound_s > 0 else {}) | ({"by_class": per_class(outs, self.extra.get("priority_classes", ()))} if any(o.priority_class for o in outs) else {})
 
 
 def per_class(outs: Sequence[JobOutcome], order: Sequence[str] = ()) -> dict:
@@ -227,6 +245,8 @@ def replay(
     on_event: Optional[Callable[[int], None]] = None,
     max_events: Optional[int] = None,
     shadow: Optional[OptimalPartition] = None,
+    lower_bound: bool = False,
+    bound_gap_every: int = 10,
 ) -> PolicyRun:
     """Replay ``jobs`` (arrival order) through ``policy``: event-driven fluid progress.
 
@@ -240,6 +260,11 @@ def replay(
             exact optimum of *this policy's* active set is computed, and the policy's and the
             optimum's costs are integrated over those intervals (``cost_vs_optimal_exact``: a
             same-jobs, same-instant comparison, RollMux §7.5 "x of optimal").
+        lower_bound: with ``shadow``, also a proven lower bound at *every* instant: the exact
+            optimum where it is exact, else the LP relaxation of the same set partitioning by
+            column generation (:func:`rollmux.partition_bound.lp_lower_bound`), integrated as
+            ``cost_vs_lower_bound``; every ``bound_gap_every``-th exact instant also gets the LP
+            bound, for its gap to the exact optimum (``lower_bound_gap_to_exact_*``).
     Returns:
         :class:`PolicyRun` with series, integrals and per-job outcomes.
     Raises:
@@ -289,6 +314,8 @@ def replay(
         return move_time_s(spec, real.cluster)
     best_group_size = 0
     shadow_cost: Optional[float] = None
+    bound_cost: list = [None]  # the lower bound's $/h now (None: not compared)
+    n_exact = [0]
     shadow_jpg = [0.0, 0.0]  # jobs per group now: the policy's, the optimum's
     last_event = "arrival"
     stalls: dict[str, float] = {}
@@ -331,8 +358,37 @@ def replay(
                 best_group_size = len(g.members)
                 run.gantt_group = g
         shadow_cost = None
+        bound_cost[0] = None
+        res = None
+        if shadow is not None and lower_bound and not remaining:
+            bound_cost[0] = 0.0  # nothing active: nothing provisioned, the bound is 0
+        elif shadow is not None and lower_bound:
+            members = [(by_id[j].spec, by_id[j].profile) for j in remaining]
+            unit_sets = [([(by_id[j].spec, by_id[j].profile) for j in u.job_ids], u.cost_usd_per_h) for u in units]
+            small = len(remaining) <= shadow.exact_max_jobs
+            res = shadow.solve(members) if small else None
+            if shadow.dominates(unit_sets):
+                if res is not None and res.exact:
+                    bound_cost[0] = res.cost_usd_per_h
+                    run.bound_kinds["exact"] = run.bound_kinds.get("exact", 0) + 1
+                    n_exact[0] += 1
+                    if bound_gap_every > 0 and n_exact[0] % bound_gap_every == 0:
+                        b = lp_lower_bound(shadow, members, seed_columns=[u.job_ids for u in units])
+                        run.bound_vs_exact.append((b.bound_usd_per_h, res.cost_usd_per_h))
+                else:
+                    b = lp_lower_bound(shadow, members, seed_columns=[u.job_ids for u in units])
+                    bound_cost[0] = b.bound_usd_per_h
+                    run.bound_kinds[b.kind] = run.bound_kinds.get(b.kind, 0) + 1
+            else:
+                # a group of the policy outside the layout class: the LP bound over the class and
+                # the policy's own groups (priced as they run) still bounds the policy's cost
+                b = lp_lower_bound(shadow, members, extra_columns={u.job_ids: u.cost_usd_per_h for u in units})
+                bound_cost[0] = b.bound_usd_per_h
+                k = f"{b.kind}_with_policy_groups"
+                run.bound_kinds[k] = run.bound_kinds.get(k, 0) + 1
         if shadow is not None and 0 < len(remaining) <= shadow.exact_max_jobs:
-            res = shadow.solve([(by_id[j].spec, by_id[j].profile) for j in remaining])
+            if res is None:
+                res = shadow.solve([(by_id[j].spec, by_id[j].profile) for j in remaining])
             if res.exact and shadow.dominates([([(by_id[j].spec, by_id[j].profile) for j in u.job_ids], u.cost_usd_per_h)
                                                for u in units]):
                 shadow_cost = res.cost_usd_per_h
@@ -401,6 +457,10 @@ def replay(
                 run.shadow_s += dt
                 run.shadow_policy_usd += cost * dt / 3600.0
                 run.shadow_optimal_usd += shadow_cost * dt / 3600.0
+            if bound_cost[0] is not None:
+                run.bound_s += dt
+                run.bound_policy_usd += cost * dt / 3600.0
+                run.bound_usd += bound_cost[0] * dt / 3600.0
             for jid in remaining:
                 remaining[jid] -= rate[jid] * dt
         t = t_next
@@ -521,13 +581,15 @@ def simulate(
     config=None,
     queue: bool = False,
     priorities: bool = False,
+    lower_bound: bool = False,
 ) -> SimulationResult:
     """Replay the same jobs through every policy with one shared realisation.
 
     ``config``: the scheduler settings (:class:`rollmux.admission.SchedulerConfig`, the model the
     cluster's GlobalScheduler uses; default: its defaults); ``max_group_size`` / ``repack`` override
     a copy of it when given, ``seed`` (realisation) is also the random baseline's seed.
-    ``shadow_policies`` also get the same-instant exact-optimum comparison (see :func:`replay`);
+    ``shadow_policies`` also get the same-instant exact-optimum comparison (see :func:`replay`), and
+    with ``lower_bound`` the proven lower bound at every instant (``cost_vs_lower_bound``);
     ``repack=False`` runs RollMux as the paper's admission-only Alg. 1 (no departure re-packing).
     ``queue=True``: a bounded ``cluster`` holds the jobs that do not fit in the admission queue
     (:class:`rollmux.sim_policies.SchedulerPolicy`); each policy's summary then reports its jobs' queue waits.
@@ -555,9 +617,10 @@ def simulate(
         pol = make_policy(name, cluster, real, exact_max_jobs=exact_max_jobs, config=cfg, queue=queue,
                           priorities=priorities)
         cb = (lambda k, _n=name: on_event(_n, k)) if on_event else None
-        shadow = (OptimalPartition(cluster, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs, time_limit_s=5.0)
+        shadow = (OptimalPartition(cluster, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs, time_limit_s=5.0,
+                                   per_job=cfg.per_job_allocations == "simulator")
                   if name in shadow_policies else None)
-        runs[name] = replay(jobs, pol, real, on_event=cb, shadow=shadow)
+        runs[name] = replay(jobs, pol, real, on_event=cb, shadow=shadow, lower_bound=lower_bound)
     m = dict(meta or {}, jobs=len(jobs), stochastic=stochastic, seed=seed, max_group_size=max_group_size,
              exact_max_jobs=exact_max_jobs, repack_on_departure=repack, **({"admission_queue": True} if queue else {}),
              **({"priorities": True} if priorities else {}))

@@ -5,7 +5,10 @@ Each run replays the first ``--jobs`` jobs of the Philly trace (the full job log
 ``data/philly-adaptdl-philly.csv.gz``, or ``--trace``) through RollMux, Solo-D, colocated and Gavel+, with the same-instant exact
 optimum computed along RollMux's replay (``cost_vs_optimal_exact``: compared only at instants
 where a certificate proves the optimum is a lower bound, see ``docs/ARCHITECTURE.md``
-"Optimum"). The grid varies one dimension at a time around the default setting (mix
+"Optimum") and against a proven lower bound at *every* instant (``cost_vs_lower_bound``: that
+exact optimum where it is exact, else the LP relaxation of the same set partitioning by column
+generation, :mod:`rollmux.partition_bound`; its gap to the exact optimum is sampled at every
+10th exact instant). The grid varies one dimension at a time around the default setting (mix
 ``mixed``, SLO ~ U(1.0, 2.0)):
 
 * the default setting on seeds 0..``--seeds``-1;
@@ -13,7 +16,9 @@ where a certificate proves the optimum is a lower bound, see ``docs/ARCHITECTURE
 * mixes ``balanced``, ``rollout-heavy``, ``training-heavy`` with SLO ~ U(1.0, 2.0) on ``--slice-seeds``.
 
 Writes ``results/cost_gap.json`` (``meta`` says which grid ran): per run RollMux / optimum, the
-share of RollMux's spend and time the exact comparison covers, SLO attainment, saving vs Solo-D
+share of RollMux's spend and time the exact comparison covers, RollMux / lower bound over 100%
+of the spend (the instants by the bound's kind: ``exact``, ``lp``, ``lagrangian``), the bound's
+gap to the exact optimum, Gavel+ / RollMux, SLO attainment, saving vs Solo-D
 and vs colocated, every baseline that keeps 100% SLO yet costs less than RollMux, where the gap
 opened (the excess $ over the optimum after arrivals vs after departures), jobs per group of
 RollMux vs the optimum at the compared instants, jobs moved and the re-optimisation latency
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import sys
 import time
 from pathlib import Path
@@ -53,16 +59,16 @@ def setting_name(mix: str, lo: float, hi: float) -> str:
 
 
 def run_one(args: tuple) -> dict:
-    """One replay: (trace, jobs, seed, mix, slo_min, slo_max, exact_max_jobs) -> its record."""
+    """One replay: (trace, jobs, seed, mix, slo_min, slo_max, exact_max_jobs, lower_bound) -> its record."""
     from rollmux.simulator import simulate
     from rollmux.workloads import draw_jobs
 
-    trace, n_jobs, seed, mix, lo, hi, exact_max = args
+    trace, n_jobs, seed, mix, lo, hi, exact_max, bound = args
     cl = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
     tjobs = load_trace(trace, TraceWindow(max_jobs=n_jobs, min_duration_s=3600.0, max_duration_s=3 * 86400.0))
     jobs = draw_jobs(tjobs, cl, mix=mix, seed=seed, slo_range=(lo, hi))
     t0 = time.perf_counter()
-    res = simulate(jobs, cl, POLICIES, seed=seed, exact_max_jobs=exact_max, shadow_policies=("rollmux",))
+    res = simulate(jobs, cl, POLICIES, seed=seed, exact_max_jobs=exact_max, shadow_policies=("rollmux",), lower_bound=bound)
     pol = res.summary["policies"]
     rm = pol["rollmux"]
     run = res.runs["rollmux"]
@@ -74,6 +80,15 @@ def run_one(args: tuple) -> dict:
         "time_share_covered": rm.get("optimal_exact_time_fraction", 0.0),
         "instants_without_certificate": rm.get("optimal_exact_events_outside_layouts", 0),
         "compared_rollmux_usd": run.shadow_policy_usd, "compared_optimum_usd": run.shadow_optimal_usd,
+        "rollmux_vs_lower_bound": rm.get("cost_vs_lower_bound"),
+        "lower_bound_spend_share_covered": rm.get("lower_bound_spend_fraction", 0.0),
+        "lower_bound_time_share_covered": rm.get("lower_bound_time_fraction", 0.0),
+        "lower_bound_instants_by_kind": rm.get("lower_bound_instants_by_kind", {}),
+        "lower_bound_gap_to_exact_max": rm.get("lower_bound_gap_to_exact_max"),
+        "lower_bound_gap_to_exact_mean": rm.get("lower_bound_gap_to_exact_mean"),
+        "lower_bound_gap_samples": rm.get("lower_bound_gap_samples", 0),
+        "bound_rollmux_usd": run.bound_policy_usd, "bound_usd": run.bound_usd,
+        "gavel_plus_vs_rollmux": pol["gavel+"]["total_cost_usd"] / rm["total_cost_usd"],
         "slo_attainment": {p: pol[p]["slo_attainment"] for p in POLICIES},
         "total_cost_usd": {p: pol[p]["total_cost_usd"] for p in POLICIES},
         "saving_vs_solo_d": 1.0 - rm["total_cost_usd"] / pol["solo-d"]["total_cost_usd"],
@@ -97,12 +112,22 @@ def aggregate(rows: list[dict]) -> dict:
     ratios = [r["rollmux_vs_optimum"] for r in rows if r["rollmux_vs_optimum"] is not None]
     pu = sum(r["compared_rollmux_usd"] for r in rows)
     ou = sum(r["compared_optimum_usd"] for r in rows)
+    bp = sum(r["bound_rollmux_usd"] for r in rows)  # 0 without the bound (--no-bound)
+    bu = sum(r["bound_usd"] for r in rows)
+    gaps = [r["lower_bound_gap_to_exact_max"] for r in rows if r["lower_bound_gap_to_exact_max"] is not None]
     return {
         "runs": len(rows),
         "rollmux_vs_optimum_spend_weighted": pu / ou if ou > 0 else None,
         "rollmux_vs_optimum_mean": sum(ratios) / len(ratios) if ratios else None,
         "rollmux_vs_optimum_max": max(ratios, default=None),
         "spend_share_covered_mean": sum(r["spend_share_covered"] for r in rows) / len(rows),
+        "rollmux_vs_lower_bound_spend_weighted": bp / bu if bu > 0 else None,
+        "rollmux_vs_lower_bound_max": max((r["rollmux_vs_lower_bound"] for r in rows if r["rollmux_vs_lower_bound"]), default=None),
+        "lower_bound_spend_share_covered_min": min(r["lower_bound_spend_share_covered"] for r in rows),
+        "lower_bound_gap_to_exact_max": max(gaps, default=None),
+        "lower_bound_instants_by_kind": {k: sum(r["lower_bound_instants_by_kind"].get(k, 0) for r in rows)
+                                         for k in sorted({k for r in rows for k in r["lower_bound_instants_by_kind"]})},
+        "gavel_plus_vs_rollmux_min": min(r["gavel_plus_vs_rollmux"] for r in rows),
         "slo_attainment_min": min(r["slo_attainment"]["rollmux"] for r in rows),
         "saving_vs_solo_d_mean": sum(r["saving_vs_solo_d"] for r in rows) / len(rows),
         "saving_vs_colocated_mean": sum(r["saving_vs_colocated"] for r in rows) / len(rows),
@@ -150,6 +175,8 @@ def main() -> None:
                     help="Philly trace CSV (default: the full trace data/philly-adaptdl-philly.csv.gz)")
     ap.add_argument("--exact-max-jobs", type=int, default=16)
     ap.add_argument("--procs", type=int, default=2, help="worker processes (at most 2)")
+    ap.add_argument("--no-bound", action="store_true",
+                    help="skip the LP lower bound beyond the exact instants (much faster; no RollMux / bound figures)")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (default results/cost_gap.json; the plot beside it)")
     args = ap.parse_args()
     seeds = args.seeds if args.seeds is not None else (2 if args.quick else 10)
@@ -163,14 +190,16 @@ def main() -> None:
     grid = [(st, sd) for st in SETTINGS for sd in (range(seeds) if st == DEFAULT_SETTING else slice_seeds)]
     # the slower (looser-SLO) runs first so that the two workers finish together
     grid.sort(key=lambda x: -x[0][2])
-    tasks = [(str(trace), n_jobs, seed, mix, lo, hi, args.exact_max_jobs) for (mix, lo, hi), seed in grid]
+    tasks = [(str(trace), n_jobs, seed, mix, lo, hi, args.exact_max_jobs, not args.no_bound) for (mix, lo, hi), seed in grid]
     t0 = time.perf_counter()
     rows: list[dict] = []
     with mp.get_context("spawn").Pool(processes=max(1, min(2, args.procs))) as pool:
         for r in pool.imap_unordered(run_one, tasks):
             rows.append(r)
             print(f"{r['setting']:<28} seed {r['seed']}: rollmux/opt {r['rollmux_vs_optimum'] or float('nan'):.3f} "
-                  f"(spend covered {r['spend_share_covered']:.0%}), SLO {r['slo_attainment']['rollmux']:.0%}, "
+                  f"(spend covered {r['spend_share_covered']:.0%}), rollmux/bound {r['rollmux_vs_lower_bound'] or float('nan'):.3f} "
+                  f"(spend covered {r['lower_bound_spend_share_covered']:.0%}, {r['lower_bound_instants_by_kind']}), "
+                  f"Gavel+/rollmux {r['gavel_plus_vs_rollmux']:.3f}, SLO {r['slo_attainment']['rollmux']:.0%}, "
                   f"vs Solo-D -{r['saving_vs_solo_d']:.1%}, cheaper baselines {r['baselines_cheaper_at_100pct_slo'] or '-'}",
                   flush=True)
     rows.sort(key=lambda r: ([setting_name(*s) for s in SETTINGS].index(r["setting"]), r["seed"]))
@@ -180,7 +209,9 @@ def main() -> None:
         "meta": {"trace": trace.name, "jobs": n_jobs, "seeds": list(range(seeds)), "slice_seeds": slice_seeds,
                  "default_setting": setting_name(*DEFAULT_SETTING), "policies": list(POLICIES),
                  "exact_max_jobs": args.exact_max_jobs, "goal": {"mean": GOAL_MEAN, "every_run": GOAL_SLICE},
-                 "wall_s": time.perf_counter() - t0, "quick": args.quick},
+                 "wall_s": time.perf_counter() - t0, "quick": args.quick,
+                 "loadavg_1_5_15": list(os.getloadavg()), "procs": max(1, min(2, args.procs)),
+                 "lower_bound": not args.no_bound},
         "overall": overall, "by_setting": by_setting, "runs": rows,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -196,18 +227,20 @@ def main() -> None:
               f"{a['rollmux_vs_optimum_mean'] or float('nan'):>6.3f} {a['rollmux_vs_optimum_max'] or float('nan'):>6.3f} "
               f"{a['spend_share_covered_mean']:>8.0%} {a['slo_attainment_min']:>8.0%} {-a['saving_vs_solo_d_mean']:>9.1%} "
               f"{-a['saving_vs_colocated_mean']:>9.1%} {a['runs_with_cheaper_100pct_slo_baseline']:>13}")
-    print("\n| setting | runs | RollMux / optimum (spend-weighted) | mean | max | spend covered | SLO min "
-          "| saving vs Solo-D | saving vs colocated | runs with a cheaper 100%-SLO baseline | gap opened after arrivals |")
+    print("\n| setting | runs | RollMux / lower bound (spend-weighted, 100% of spend) | RollMux / exact optimum (spend-weighted) "
+          "| spend covered by the exact optimum | bound's gap to exact (max) | SLO min "
+          "| saving vs Solo-D | saving vs colocated | Gavel+ / RollMux (min) | runs with a cheaper 100%-SLO baseline |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, a in list(by_setting.items()) + [("all", overall)]:
         if not a["runs"]:
             continue
-        ea = a["excess_share_after_arrivals"]
-        print(f"| {name} | {a['runs']} | {a['rollmux_vs_optimum_spend_weighted'] or float('nan'):.3f}x "
-              f"| {a['rollmux_vs_optimum_mean'] or float('nan'):.3f}x | {a['rollmux_vs_optimum_max'] or float('nan'):.3f}x "
-              f"| {a['spend_share_covered_mean']:.0%} | {a['slo_attainment_min']:.0%} | {a['saving_vs_solo_d_mean']:.1%} "
-              f"| {a['saving_vs_colocated_mean']:.1%} | {a['runs_with_cheaper_100pct_slo_baseline']} "
-              f"| {'-' if ea is None else format(ea, '.0%')} |")
+        gx = a["lower_bound_gap_to_exact_max"]
+        print(f"| {name} | {a['runs']} | {a['rollmux_vs_lower_bound_spend_weighted'] or float('nan'):.3f}x "
+              f"| {a['rollmux_vs_optimum_spend_weighted'] or float('nan'):.3f}x "
+              f"| {a['spend_share_covered_mean']:.0%} | {'-' if gx is None else format(gx, '.1%')} "
+              f"| {a['slo_attainment_min']:.0%} | {a['saving_vs_solo_d_mean']:.1%} "
+              f"| {a['saving_vs_colocated_mean']:.1%} | {a['gavel_plus_vs_rollmux_min']:.3f} "
+              f"| {a['runs_with_cheaper_100pct_slo_baseline']} |")
     print(f"wrote {out} and {png}")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rollmux.baselines import gavel_options
 from rollmux.config import CONFIG_DIR, load_cluster
 from rollmux.models import JobSpec, PhaseProfile
 from rollmux.simulator import Realisation, make_policy, replay, simulate, summarise
@@ -56,6 +57,8 @@ def test_rollmux_pairs_complementary_jobs_and_stretches_by_slowdown():
 def test_conservation_on_real_extract(extract_jobs):
     real = Realisation(CLUSTER)
     solo = replay(extract_jobs, make_policy("solo-d", CLUSTER, real), real)
+    fastest = {j.spec.job_id: min([1.0] + [o.profile.t_solo_s / j.profile.t_solo_s for o in gavel_options(j.spec, CLUSTER)
+                                           if o.meets_slo]) for j in extract_jobs}
     for name in ("rollmux", "random", "most-idle", "colocated", "gavel+", "optimal"):
         run = replay(extract_jobs, make_policy(name, CLUSTER, real), real)
         assert len(run.outcomes) == len(extract_jobs), name  # every job finishes
@@ -66,7 +69,10 @@ def test_conservation_on_real_extract(extract_jobs):
         assert 0 <= run.rollout_busy_gpu_s <= run.rollout_gpu_s + 1e-6 and 0 <= run.train_busy_gpu_s <= run.train_gpu_s + 1e-6
         if name in ("rollmux", "random", "most-idle", "optimal"):  # co-execution never beats solo speed
             for o in run.outcomes.values():
-                assert o.departure_s >= o.arrival_s + o.duration_s * (1 - 1e-9), (name, o)
+                # RollMux and the optimum may run a job alone on its own allocation
+                # (per_job_allocations): never faster than the fastest such allocation meeting its SLO
+                f = fastest[o.job_id] if name in ("rollmux", "optimal") else 1.0
+                assert o.departure_s >= o.arrival_s + o.duration_s * f * (1 - 1e-9), (name, o)
         if name in ("rollmux", "optimal"):
             assert run.metrics()["slo_attainment"] == 1.0, name
             assert run.cost_usd < solo.cost_usd, name
@@ -83,7 +89,8 @@ def test_simulate_summary_and_ratios(extract_jobs):
     assert set(pol) == {"rollmux", "solo-d", "colocated", "optimal"}
     assert pol["optimal"]["cost_vs_optimal"] == 1.0
     assert pol["optimal"]["optimal_exact_fraction"] == 1.0  # never more than 10 active jobs
-    assert pol["rollmux"]["cost_vs_optimal"] >= 1.0 - 1e-9
+    # (cost_vs_optimal divides by the optimal policy's own timeline: not a bound; the proven
+    # comparison is cost_vs_optimal_exact)
     assert pol["rollmux"]["optimal_exact_time_fraction"] == pytest.approx(1.0)
     assert pol["rollmux"]["cost_vs_optimal_exact"] >= 1.0 - 1e-9
     r = res.summary["rollmux_cost_ratios"]["solo-d_over_rollmux"]

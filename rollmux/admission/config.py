@@ -70,6 +70,12 @@ class SchedulerConfig(BaseModel):
         attach_timeout_s: an admitted job whose driver has not attached (reported ``running``)
             after this many seconds expires: its nodes are released and its record says
             ``expired`` (the GlobalScheduler's reconcile loop checks; 0 disables).
+        per_job_allocations: where a job alone in its co-execution group may run on its own
+            allocation instead of the group's whole nodes (:func:`rollmux.baselines.cheaper_alone`:
+            its GPU counts per pool scaled x{0.5, 1, 2} or colocated, within its SLO and memory)
+            when that costs less per iteration and no more per hour; arrivals still pack into its
+            group: ``"simulator"`` (the trace replay; the cluster's GlobalScheduler runs
+            co-execution groups on whole nodes only and never does) or ``"off"``.
         queue_max_jobs: most jobs the admission queue of a bounded cluster holds
             (:class:`rollmux.admission_queue.AdmissionQueue`); more are refused (HTTP 429).
         queue_backfill: behind a job that does not fit, try smaller queued jobs (else strict FIFO).
@@ -159,6 +165,7 @@ class SchedulerConfig(BaseModel):
             raise ValueError(f"default_priority_class {self.default_priority_class!r} is not one of the "
                              f"priority_classes {list(self.priority_classes)}")
         return self
+    per_job_allocations: Literal["off", "simulator"] = "simulator"
 
     def planning_profile(self, declared, measured=None, prior=None):
         """The profile a decision plans a job with under :attr:`profile_source`

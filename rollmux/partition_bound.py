@@ -1,0 +1,388 @@
+"""A proven lower bound on the optimum's cost for any number of active jobs: the linear
+relaxation of the set partitioning that :class:`rollmux.baselines.OptimalPartition` solves
+exactly, by column generation.
+
+Problem (``docs/ARCHITECTURE.md`` "Optimum"): partition the active jobs into co-execution groups
+of at most ``max_group_size`` jobs, each laid out by :func:`rollmux.admission.build_group`
+(price ``c_S``, USD/h), minimising ``sum_S c_S x_S``  s.t.  ``sum_{S ∋ j} x_S = 1``.
+
+Relaxed column space. Every job set S of at most ``max_group_size`` jobs whose floor
+:func:`floor_usd_per_h` is finite is a column, priced by its exact layout where one has been
+built (:meth:`OptimalPartition.layout`, the same cache the exact solve reads; ``None`` = no
+feasible layout: not a column) and otherwise by the floor ``L(S) <= c_S`` (with
+``OptimalPartition(per_job=True)``, a one-job column is priced by ``single_usd_per_h``, the wider
+problem of per-job allocations). The floor uses only rules ``build_group`` itself applies:
+
+* every member k keeps the node-load rule (:func:`rollmux.admission.rules.node_load_bound`):
+  each node of k carries at most ``B_k = slo_k x T_solo_k`` seconds per meta-iteration. So the
+  nodes holding a job with ``B_k <= tau`` carry all those jobs' work and at most ``tau`` each:
+  for every ``tau`` in ``{B_k}``, a pool needs ``>= W(tau) / tau`` nodes, ``W(tau)`` the
+  phase-seconds per meta-iteration (nodes x phase time) of the jobs with ``B_k <= tau``;
+* jobs needing a pool's whole node set are on every node: each node carries their phases (and
+  at most their least budget), each other job's nodes its own phase besides;
+* the layout class gives the training pool exactly ``max_k NT_k`` nodes and the rollout pool the
+  nodes of one of its layouts (dedicated nodes for some jobs, ``max NR`` shared by the rest),
+  cheapest first.
+
+The pruning floor :func:`prune_floor_usd_per_h` is monotone in S (adding a job never lowers it
+nor makes an infeasible set feasible under the largest training node count of the instance) and
+below ``L`` of every superset, so the pricing search (depth first over jobs by dual value,
+pruned by ``floor - (the largest duals that can still join)``) misses no column it must see.
+``tests/test_partition_bound.py`` checks ``L <= c_S`` and the monotony on random sets.
+
+Bound. Column generation: the restricted master LP (covering form ``>= 1``, GLOP) gives duals
+``pi``; pricing looks for columns with ``cost(S) - pi(S) < 0`` (stopping at ``keep`` of them); a
+floor-priced one is laid out by ``build_group(..., below_usd_per_h=pi(S))`` (a layout found is
+the cheapest; none found raises the set's floor to ``pi(S)``) and exact ones join the master.
+When pricing finds none, every column outside the master prices ``>= -eps`` and the master's own
+``>= -worst`` (the LP's tolerance), so ``sum pi - n x max(eps, worst)`` is a proven bound (the
+Lagrangian bound: a partition has at most ``n`` groups), the LP value up to that (kind ``"lp"``).
+Stopped by its budget earlier, Farley's bound ``theta x sum pi`` with ``theta = min_S cost(S) /
+pi(S) <= 1`` over every column (``theta pi`` is dual feasible) is returned (kind
+``"lagrangian"``). Either is a proven lower bound on the exact optimum's cost. The next call
+starts from this call's master columns (``OptimalPartition._lp_pool``). Source: RollMux §7.5
+("Opt"); Lasdon (1970), Farley (1990), Vanderbeck & Wolsey (1996) column-generation bounds.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence
+
+from rollmux.admission.layouts import build_group, job_layout_needs
+from rollmux.models import JobSpec, PhaseProfile
+
+#: Relative tolerance of the node-load comparisons (as :data:`rollmux.admission.rules.SLO_REL_TOL`).
+_TOL = 1e-9
+#: A column is "negative" below this reduced cost, USD/h.
+_RC_EPS = 1e-4
+
+
+@dataclass
+class BoundResult:
+    """The lower bound at one instant.
+
+    Attributes:
+        bound_usd_per_h: proven lower bound on the exact optimum's cost, USD/h.
+        kind: ``"lp"`` (column generation converged: the LP relaxation's value over the relaxed
+            columns) or ``"lagrangian"`` (budget hit: Farley's ``theta x sum pi``).
+        lp_usd_per_h: the last restricted master LP value (an upper bound on the LP), USD/h.
+        iterations: master solves.
+        columns: columns in the last master.
+        layouts_built: exact layouts priced by this call (``build_group`` runs, cached ones excluded).
+        solve_ms: wall time, ms.
+    """
+
+    bound_usd_per_h: float
+    kind: str
+    lp_usd_per_h: float
+    iterations: int
+    columns: int
+    layouts_built: int
+    solve_ms: float
+
+
+def _rows(members: Sequence[tuple[JobSpec, PhaseProfile]], cluster) -> list[tuple]:
+    """Per job: ``(NR nodes, NT nodes, rollout s per node, training + sync s per node,
+    B = slo x T_solo)``."""
+    out = []
+    for j, p in members:
+        nr, nt, _, _ = job_layout_needs(j, cluster)
+        out.append((nr, nt, p.t_roll_s, p.t_train_node_s, j.slo * p.t_solo_s))
+    return out
+
+
+def _carried(items: Iterable[tuple[float, float]], n_nodes: int, cap: float = math.inf) -> bool:
+    """Whether ``n_nodes`` nodes can carry work ``w`` (phase-seconds, all of a job's nodes) of
+    jobs of budget ``b`` (``(b, w)`` pairs) under the node-load rule, each node at most ``cap``
+    (a budget every node shares): for every ``tau``, the nodes holding a job of budget
+    ``<= tau`` carry at most ``min(tau, cap)`` each (module docstring)."""
+    acc = 0.0
+    for b, w in sorted(items):
+        acc += w
+        if acc > n_nodes * min(b, cap) * (1 + _TOL) + 1e-9:
+            return False
+    return True
+
+
+def _pool_ok(rows: Sequence[tuple], n_col: int, t_col: int, n_nodes: int) -> bool:
+    """Node-load test of one pool of ``n_nodes`` nodes: the jobs needing ``n_nodes`` span the set
+    (on every node), so every node carries their phases and at most their least budget, each
+    job's nodes carry its own phase besides theirs, and :func:`_carried` holds."""
+    span = [r for r in rows if r[n_col] == n_nodes]
+    cap = min((r[4] for r in span), default=math.inf)
+    # every node carries the spanning jobs' phases, so each job's nodes carry them plus its own
+    w_span = sum(r[t_col] for r in span)
+    if any((w_span if r[n_col] == n_nodes else w_span + r[t_col]) > r[4] * (1 + _TOL) + 1e-9 for r in rows):
+        return False
+    return _carried(((r[4], r[n_col] * r[t_col]) for r in rows), n_nodes, cap)
+
+
+def floor_usd_per_h(rows: Sequence[tuple], price_r: float, price_t: float) -> float:
+    """``L(S)`` of the module docstring for the jobs ``rows`` (:func:`_rows`), USD/h: the price of
+    the cheapest layout of :func:`rollmux.admission.build_group`'s class (``max NT`` training
+    nodes; jobs on dedicated rollout nodes or sharing ``max NR`` of the rest) whose pools pass
+    the node-load test of :func:`_pool_ok`; ``inf`` when none does (no layout can keep every
+    member's node-load rule)."""
+    n_t = max(r[1] for r in rows)
+    if not _pool_ok(rows, 1, 3, n_t):
+        return math.inf
+    from rollmux.admission.layouts import _rollout_layouts
+
+    for n_nodes, _, mask in _rollout_layouts(tuple(r[0] for r in rows)):
+        shared = [r for i, r in enumerate(rows) if not mask >> i & 1]
+        if not shared or _pool_ok(shared, 0, 2, max(r[0] for r in shared)):
+            return n_t * price_t + n_nodes * price_r
+    return math.inf  # pragma: no cover - all dedicated always passes
+
+
+def prune_floor_usd_per_h(rows: Sequence[tuple], price_r: float, price_t: float, nt_cap: int) -> float:
+    """A monotone lower bound on :func:`floor_usd_per_h` of every superset of ``rows`` whose
+    training nodes are at most ``nt_cap`` (the pricing search's pruning): ``inf`` when no such
+    superset can pass the training test; never decreases when a job is added."""
+    if not _carried(((r[4], r[1] * r[3]) for r in rows), nt_cap):
+        return math.inf
+    acc, need = 0.0, max(r[0] for r in rows)
+    for b, w in sorted((r[4], r[0] * r[2]) for r in rows):
+        acc += w
+        need = max(need, math.ceil(acc / (b * (1 + _TOL)) - 1e-9))
+    return max(r[1] for r in rows) * price_t + need * price_r
+
+
+def _solve_master(cols: list[tuple[frozenset, float]], ids: list[str]):
+    """Covering LP ``min c x, sum_{S ∋ j} x_S >= 1, x >= 0`` by GLOP: (value, duals by job id)."""
+    from ortools.linear_solver import pywraplp
+
+    s = pywraplp.Solver.CreateSolver("GLOP")
+    xs = [s.NumVar(0.0, s.infinity(), "") for _ in cols]
+    cons = {}
+    for j in ids:
+        cons[j] = s.Constraint(1.0, s.infinity())
+    for x, (key, c) in zip(xs, cols):
+        for j in key:
+            cons[j].SetCoefficient(x, 1.0)
+    obj = s.Objective()
+    for x, (_, c) in zip(xs, cols):
+        obj.SetCoefficient(x, c)
+    obj.SetMinimization()
+    if s.Solve() != pywraplp.Solver.OPTIMAL:  # pragma: no cover - singletons make it feasible
+        raise RuntimeError("restricted master LP not solved")
+    return obj.Value(), {j: max(0.0, cons[j].dual_value()) for j in ids}
+
+
+def _price(ids, rows, pi, known, raised, max_size, price_r, price_t, keep: int, mode: str = "first",
+           floors: Optional[dict] = None, skip=()):
+    """Pricing over the relaxed column space (exact price where ``known`` has it, None there =
+    not a column; otherwise the floor, or the larger price ``raised`` proves; ``floors`` caches
+    the floors by job set; ``skip``: the master's columns, never collected), depth first over jobs by decreasing dual, pruned by the monotone
+    :func:`prune_floor_usd_per_h`.
+
+    ``mode="first"``: up to ``keep`` columns of reduced cost ``cost(S) - pi(S) < 0``, the search
+    stopping once it has them (an empty answer proves none exists). ``mode="farley"``: the least
+    ratio ``theta = min cost(S) / pi(S)`` (at most 1; a lower bound on the true one).
+    Returns ``(theta or None, [(rc, key, exact, pi(S))])``."""
+    n = len(ids)
+    order = sorted(range(n), key=lambda k: -pi[ids[k]])
+    pv = [pi[ids[k]] for k in order]
+    rr = [rows[k] for k in order]
+    # per job: (B / (1 + tol), training phase-seconds on all its nodes, rollout ditto, NR, NT)
+    pre = [(r[4] * (1 + _TOL), r[1] * r[3], r[0] * r[2], r[0], r[1]) for r in rr]
+    nt_cap = max(r[1] for r in rows)
+    suffix_top = []  # suffix_top[i][m]: sum of the m largest duals among positions >= i (sorted: a prefix)
+    for i in range(n + 1):
+        acc, lst = 0.0, [0.0]
+        for m in range(max_size):
+            if i + m < n:
+                acc += pv[i + m]
+            lst.append(acc)
+        suffix_top.append(lst)
+    found: list[tuple[float, frozenset, bool, float]] = []
+    theta = [1.0]
+    floors = {} if floors is None else floors
+    farley = mode == "farley"
+
+    class _Enough(Exception):
+        pass
+
+    def lower(sub: list[tuple]) -> float:
+        # prune_floor_usd_per_h on the precomputed rows (the same sums)
+        acc_t = acc_r = 0.0
+        need = 0
+        n_t = 0
+        for b, wt, wr, nr, nt in sorted(sub):
+            acc_t += wt
+            if acc_t > nt_cap * b + 1e-9:
+                return math.inf
+            acc_r += wr
+            k = math.ceil(acc_r / b - 1e-9)
+            if k > need:
+                need = k
+            if nr > need:
+                need = nr
+            if nt > n_t:
+                n_t = nt
+        return n_t * price_t + need * price_r
+
+    def visit(start: int, chosen: list[int], sub: list[tuple], psum: float) -> None:
+        for i in range(start, n):
+            sub.append(pre[i])
+            chosen.append(order[i])
+            ps = psum + pv[i]
+            lo = lower(sub)
+            room = max_size - len(sub)
+            top = ps + suffix_top[i + 1][room]
+            # L is monotone: no set containing ``sub`` (and only later jobs) has a reduced cost
+            # below lo - top, nor a ratio below lo / top
+            if lo < math.inf and (lo < top * theta[0] if farley else lo - top < -_RC_EPS):
+                key = frozenset([ids[k] for k in chosen])
+                if key in known:
+                    c, exact = (math.inf if known[key] is None else known[key]), True
+                else:
+                    f = floors.get(key)
+                    if f is None:
+                        f = floors[key] = floor_usd_per_h([rows[k] for k in chosen], price_r, price_t)
+                    c, exact = max(f, raised.get(key, 0.0)), False
+                if farley:
+                    if ps > 0 and c < ps * theta[0]:
+                        theta[0] = c / ps
+                elif c - ps < -_RC_EPS and key not in skip:
+                    found.append((c - ps, key, exact, ps))
+                    if len(found) >= keep:
+                        raise _Enough
+                if room > 0:
+                    visit(i + 1, chosen, sub, ps)
+            sub.pop()
+            chosen.pop()
+
+    try:
+        visit(0, [], [], 0.0)
+    except _Enough:
+        pass
+    found.sort(key=lambda x: x[0])
+    return (theta[0] if farley else None), found
+
+
+def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
+                   seed_columns: Iterable[Iterable[str]] = (), extra_columns: Optional[dict] = None,
+                   max_iterations: int = 200,
+                   max_layouts: int = 3000, keep: int = 40, time_limit_s: float = 30.0) -> BoundResult:
+    """Proven lower bound on the cost of :meth:`OptimalPartition.solve` over ``members``
+    (``(spec, worst-case profile)`` pairs), USD/h, for any number of jobs (module docstring).
+
+    Args:
+        opt: the :class:`rollmux.baselines.OptimalPartition` whose problem is bounded (its
+            cluster, ``max_group_size`` and layout cache; new layouts are cached there).
+        seed_columns: job sets to start the master with (e.g. a policy's current groups).
+        extra_columns: ``{job set: USD/h}`` of groups known feasible outside the layout class (a
+            policy's own groups), priced so: the bound is then over the layout class and these.
+        max_iterations / max_layouts / time_limit_s: the budget (master solves, exact layouts
+            built, wall seconds); when hit, Farley's bound is returned.
+        keep: negative columns taken per pricing round.
+    Returns:
+        :class:`BoundResult`.
+    Raises:
+        ValueError: duplicate job ids.
+    """
+    t0 = time.perf_counter()
+    cl = opt.cluster
+    ids = [j.job_id for j, _ in members]
+    if len(set(ids)) != len(ids):
+        raise ValueError("lp_lower_bound: duplicate job ids")
+    if not members:
+        return BoundResult(0.0, "lp", 0.0, 0, 0, 0, 0.0)
+    by_id = {j.job_id: (j, p) for j, p in members}
+    rows = _rows(members, cl)
+    price_r, price_t = cl.rollout_pool.node.price_usd_per_h, cl.train_pool.node.price_usd_per_h
+    known: dict[frozenset, Optional[float]] = {}  # exact prices (None: no feasible layout)
+    raised: dict[frozenset, float] = {}  # proven price floors above L(S): no layout is cheaper
+    built = [0]
+
+    def exact(key: frozenset) -> Optional[float]:
+        if key not in known:
+            cached = key in opt._layouts
+            g = opt.layout([by_id[j] for j in sorted(key)])
+            known[key] = None if g is None else g.cost_usd_per_h(cl)
+            if not cached:
+                built[0] += 1
+        return known[key]
+
+    def below(key: frozenset, limit: float) -> Optional[float]:
+        """The exact price of ``key`` when a layout cheaper than ``limit`` exists (build_group's
+        first feasible layout by price is the cheapest), else None and the floor ``limit``."""
+        built[0] += 1
+        g = build_group([by_id[j] for j in sorted(key)], cl, below_usd_per_h=limit)
+        opt._remember(key)
+        if g is not None:
+            opt._layouts[key] = g
+            known[key] = g.cost_usd_per_h(cl)
+            return known[key]
+        raised[key] = opt._floors[key] = max(opt._floors.get(key, 0.0), limit - 2e-9)
+        return None
+
+    # every layout of these jobs already priced (this instant or an earlier one) prices its column
+    idset = set(ids)
+    for key, g in list(opt._layouts.items()):
+        if key <= idset and len(key) <= opt.max_group_size:
+            known[key] = None if g is None else g.cost_usd_per_h(cl)
+    for key, g in list(opt._cols.items()):  # bounded searches: a layout found is the cheapest one
+        if g is not None and key not in known and key <= idset and len(key) <= opt.max_group_size:
+            known[key] = g.cost_usd_per_h(cl)
+    for key, f in list(opt._floors.items()):
+        if key not in known and key <= idset and len(key) <= opt.max_group_size:
+            raised[key] = f
+    cols: dict[frozenset, float] = {}
+    for j in ids:
+        c = exact(frozenset([j]))
+        if c is None:  # pragma: no cover - a job alone is always feasible
+            raise ValueError(f"job {j} cannot be laid out alone")
+        # with ``opt.per_job`` the one-job column is also the job's own allocation (the wider problem)
+        cols[frozenset([j])] = known[frozenset([j])] = opt.single_usd_per_h(*by_id[j], c)
+    # warm start: the last call's master columns still made of active jobs (the next instant
+    # differs from the last by one arrival or departure)
+    for key, c in opt._lp_pool.items():
+        if key <= idset:
+            cols[key] = c
+    for key, c in (extra_columns or {}).items():
+        key = frozenset(key)
+        if key <= idset and (known.get(key) is None or c < known[key]):
+            known[key] = cols[key] = c
+    for s in seed_columns:
+        key = frozenset(s)
+        if key <= idset and 1 < len(key) <= opt.max_group_size:
+            c = exact(key)
+            if c is not None:
+                cols[key] = c
+    kind, lp_val, it, pi = "lagrangian", math.inf, 0, {}
+    floors: dict = {}
+    while True:
+        it += 1
+        lp_val, pi = _solve_master(list(cols.items()), ids)
+        _, neg = _price(ids, rows, pi, known, raised, opt.max_group_size, price_r, price_t, keep, "first", floors, cols)
+        if not neg:  # no column prices negative: the duals are feasible for every column
+            kind = "lp"
+            break
+        if it >= max_iterations or built[0] >= max_layouts or time.perf_counter() - t0 > time_limit_s:
+            break
+        before, added = built[0], 0
+        for rc, key, is_exact, dual in neg:
+            c = known[key] if is_exact else below(key, dual)
+            if c is not None and key not in cols:
+                cols[key] = c
+                added += 1
+            if built[0] >= max_layouts:
+                break
+        if added == 0 and built[0] == before:
+            break  # only master columns price negative (the LP's own tolerance): nothing left to add
+    opt._lp_pool = dict(cols)
+    if kind == "lp":
+        # every column outside the master prices >= -_RC_EPS, the master's own columns >= -worst
+        # (the LP's tolerance): sum(pi) - n x worst is the Lagrangian bound (at most n groups)
+        worst = max([_RC_EPS] + [sum(pi[j] for j in key) - c for key, c in cols.items()])
+        bound = sum(pi.values()) - len(ids) * worst
+    else:
+        # Farley: theta x pi is dual feasible for theta = min cost(S) / pi(S) over every column
+        theta, _ = _price(ids, rows, pi, known, raised, opt.max_group_size, price_r, price_t, keep, "farley", floors)
+        bound = theta * sum(pi.values())
+    return BoundResult(max(0.0, min(bound, lp_val)), kind, lp_val, it, len(cols), built[0], (time.perf_counter() - t0) * 1e3)
