@@ -94,6 +94,7 @@ def start_local_cluster(
     node_gpus: float = 0,
     pin_cpus: bool = False,
     pool_nodes_per_ray_node: int = 1,
+    worker_niceness: Optional[int] = None,
 ) -> LocalCluster:
     """Start a head node plus one Ray node per pool node of ``spec`` and (optionally) connect.
 
@@ -111,6 +112,9 @@ def start_local_cluster(
         pool_nodes_per_ray_node: how many pool nodes (of one pool) one Ray node carries (each with
             its own ``rollmux_node:<id>`` resource; ``rollmux_pool:<pool>`` counts them). 1: one
             Ray node per pool node. ``node_cpus`` / ``node_gpus`` are per Ray node.
+        worker_niceness: the nice value of the cluster's worker processes (Ray's default 15 lets
+            any other load on the machine delay them; emulated accelerators, whose phases are
+            timed waits, pass 0). None: Ray's default (or env ``RAY_worker_niceness``).
     Raises:
         ValueError: a pool has ``num_nodes=None``; ``pool_nodes_per_ray_node`` < 1.
     """
@@ -121,6 +125,8 @@ def start_local_cluster(
     import ray
     from ray.cluster_utils import Cluster
 
+    if worker_niceness is not None:  # read by the raylets this process starts
+        os.environ["RAY_worker_niceness"] = str(int(worker_niceness))
     if pin_cpus:
         import json
 
