@@ -197,16 +197,17 @@ def test_emulated_job_imports_neither_torch_nor_ray_in_plain_mode():
 
 def test_emulated_group_on_the_runtime_matches_the_simulator(ray_cluster, tmp_path):
     """Two complementary jobs (rollout-heavy, training-heavy) admitted into one co-execution group
-    on the session's Ray cluster: each job's iteration time (modelled s) within 15% of the
-    simulator's replay of the same jobs (3 iterations: the one-off start-up and the runtime's
-    per-phase overhead on a loaded 2-core machine are a few % each; scripts/fidelity.py measures
-    the error over longer runs), same group, sync bytes counted = one model copy."""
+    on the session's Ray cluster: each job's steady-state iteration time (after iteration 0,
+    modelled s) within [-3%, +10%] of the simulator's rate for the same group (the runtime's own
+    per-phase overhead only adds; scripts/fidelity.py measures whole lifetimes over longer runs),
+    same group, sync bytes counted = one model copy."""
     import ray
 
     from actors.global_scheduler import get_or_create_scheduler
     from actors.handles import SchedulerHandle, gather
     from actors.workers import worker_handle
     from examples.emulated.job import EmulatedJobConfig, run_arrivals
+    from examples.grpo import report
     from factories import kill_scheduler_and_controllers
     from rollmux.admission import load_scheduler_config
     from rollmux.sim_realisation import Realisation
@@ -225,8 +226,16 @@ def test_emulated_group_on_the_runtime_matches_the_simulator(ray_cluster, tmp_pa
             for s, a in zip(specs, arrivals)]
     pol = make_policy("rollmux", c, real, config=cfg)
     sim_groups: dict = {}
-    run = replay(jobs, pol, real, on_event=lambda k: sim_groups.update(
-        {j: g.group_id for g in pol.groups() for j in g.job_ids}))
+    steady: dict = {}  # the co-executed group's steady-state iteration time per job (the replay's rate)
+
+    def snap(_k: int) -> None:
+        for g in pol.groups():
+            sim_groups.update({j: g.group_id for j in g.job_ids})
+            if len(g.members) == 2:
+                steady.update(real.group_unit(g).iter_time_s)
+
+    replay(jobs, pol, real, on_event=snap)
+    assert set(steady) == {s.job_id for s in specs}
     name = f"rollmux-emul-test-{uid}"
     h = get_or_create_scheduler(c, name=name, config=cfg)
     try:
@@ -238,10 +247,10 @@ def test_emulated_group_on_the_runtime_matches_the_simulator(ray_cluster, tmp_pa
         for s, a in zip(specs, arrivals):
             r = res[s.job_id]
             assert isinstance(r, dict), r
-            it_rt = (r["finished_at"] - r["admitted_at"]) / 0.020 / n  # from admission, as the simulator's
-            o = run.outcomes[s.job_id]
-            it_sim = (o.departure_s - o.arrival_s) / n
-            assert it_sim * 0.97 <= it_rt <= it_sim * 1.15, (s.job_id, it_rt, it_sim)  # overheads only add
+            # steady state: after iteration 0 (the second job's join, the cold start), as the replay's rate
+            it_rt = report.iteration_time_s(r["timeline"]) / 0.020
+            it_sim = steady[s.job_id]
+            assert it_sim * 0.97 <= it_rt <= it_sim * 1.10, (s.job_id, it_rt, it_sim)  # overheads only add
             syncs = [x for x in r["timeline"] if x["phase"] == "sync"]
             assert len(syncs) == n and all(x["sync_backend"] == "counted" for x in syncs)
             assert all(x["sync_cross_bytes"] == int(round(2 * 7e9)) for x in syncs)
