@@ -2,7 +2,10 @@
 
 Each rollout / training node of the spec becomes a real Ray node (``ray.cluster_utils.Cluster``)
 carrying ``rollmux_node:<id>`` and ``rollmux_pool:<pool>`` custom resources, so placements made
-by the policy are honoured by Ray without code changes on a real (or KubeRay) cluster.
+by the policy are honoured by Ray without code changes on a real (or KubeRay) cluster. With
+``pool_nodes_per_ray_node=k`` one Ray node carries the resources of ``k`` pool nodes (emulated
+accelerators: 64 pool nodes need not be 64 raylets; each pool node still gets its own worker
+actor, pinned by its own resource).
 
 Ray 2.60 binds its GCS, raylet and worker ports to every address of the host, so these clusters
 run in Ray's token mode too (:func:`use_ephemeral_ray_token`) unless ``RAY_AUTH_MODE`` is set.
@@ -90,6 +93,8 @@ def start_local_cluster(
     head_extra: Optional[dict] = None,
     node_gpus: float = 0,
     pin_cpus: bool = False,
+    pool_nodes_per_ray_node: int = 1,
+    worker_niceness: Optional[int] = None,
 ) -> LocalCluster:
     """Start a head node plus one Ray node per pool node of ``spec`` and (optionally) connect.
 
@@ -104,14 +109,24 @@ def start_local_cluster(
             training node on different CPUs).
         node_gpus: GPUs each pool node declares (a single-GPU host: 1 on every node, all of them
             the same device ``0``; workers then request ``ROLLMUX_WORKER_GPUS`` of it).
+        pool_nodes_per_ray_node: how many pool nodes (of one pool) one Ray node carries (each with
+            its own ``rollmux_node:<id>`` resource; ``rollmux_pool:<pool>`` counts them). 1: one
+            Ray node per pool node. ``node_cpus`` / ``node_gpus`` are per Ray node.
+        worker_niceness: the nice value of the cluster's worker processes (Ray's default 15 lets
+            any other load on the machine delay them; emulated accelerators, whose phases are
+            timed waits, pass 0). None: Ray's default (or env ``RAY_worker_niceness``).
     Raises:
-        ValueError: a pool has ``num_nodes=None``.
+        ValueError: a pool has ``num_nodes=None``; ``pool_nodes_per_ray_node`` < 1.
     """
+    if pool_nodes_per_ray_node < 1:
+        raise ValueError(f"pool_nodes_per_ray_node must be >= 1, got {pool_nodes_per_ray_node}")
     use_ephemeral_ray_token()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
     from ray.cluster_utils import Cluster
 
+    if worker_niceness is not None:  # read by the raylets this process starts
+        os.environ["RAY_worker_niceness"] = str(int(worker_niceness))
     if pin_cpus:
         import json
 
@@ -129,15 +144,14 @@ def start_local_cluster(
         p = spec.pool(pool)  # type: ignore[arg-type]
         if p.num_nodes is None:
             raise ValueError(f"{pool} pool of {spec.name!r} is unbounded; a local cluster needs num_nodes")
-        for i in range(p.num_nodes):
-            nid = node_id(pool, i)  # type: ignore[arg-type]
-            cluster.add_node(
-                num_cpus=node_cpus,
-                num_gpus=node_gpus,
-                object_store_memory=object_store_mb * 2**20,
-                resources={node_resource(nid): NODE_RESOURCE_UNITS, pool_resource(pool): 1.0},  # type: ignore[arg-type]
-            )
-            ids.append(nid)
+        k = pool_nodes_per_ray_node
+        for first in range(0, p.num_nodes, k):
+            nids = [node_id(pool, i) for i in range(first, min(p.num_nodes, first + k))]  # type: ignore[arg-type]
+            res = {node_resource(n): NODE_RESOURCE_UNITS for n in nids}
+            res[pool_resource(pool)] = float(len(nids))  # type: ignore[arg-type]
+            cluster.add_node(num_cpus=node_cpus, num_gpus=node_gpus, object_store_memory=object_store_mb * 2**20,
+                             resources=res)
+            ids.extend(nids)
     cluster.wait_for_nodes()
     if connect:
         ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
