@@ -39,7 +39,7 @@ from actors.cli_stack import (  # noqa: F401  (_ephemeral_range: the tests read 
     _wait_port, _stop, _write_prometheus_targets, _install_grafana_dashboard, _print_urls, _env_lines, _http,
     _fmt,
 )
-from actors.ray_dirs import HEAD_KEY, UnsafeDirError, tighten
+from actors.ray_dirs import HEAD_KEY, UnsafeDirError
 from rollmux.config import ConfigError, ServeConfig, load_cluster, load_job
 from rollmux.nodes import HEAD_RESOURCE, NODE_RESOURCE_UNITS, node_id, node_resource, pool_resource
 
@@ -150,7 +150,6 @@ def up(
             state["processes"].append({**head, "what": "ray head"})
             _write_state(cfg, state)
             _wait_port(cfg.ray_port, head, max(5.0, deadline - time.monotonic()), "the Ray head")
-            tighten(_ray_temp_dir(cfg) / HEAD_KEY)
             st.update("connecting to the Ray head ...")
             _connect(cfg, address)
             n_pool = sum(cluster.pool(p).num_nodes or 0 for p in ("rollout", "train"))  # type: ignore[arg-type]
@@ -282,7 +281,6 @@ def _start_pool_node(cfg: ServeConfig, state: dict, address: str, nid: str, pool
         _write_state(cfg, state)
         while time.monotonic() < deadline and _alive(rec):
             if _alive_nodes() > before:
-                tighten(node_dir)
                 state.setdefault("node_metrics", {})[nid] = f"http://127.0.0.1:{metrics_port}/metrics"
                 _write_state(cfg, state)
                 return

@@ -168,7 +168,7 @@ def start_local_cluster(
     import ray
     from ray.cluster_utils import Cluster
 
-    from actors.ray_dirs import HEAD_KEY, MAX_KEY_CHARS, node_temp_dir, tighten
+    from actors.ray_dirs import HEAD_KEY, MAX_KEY_CHARS, node_temp_dir
 
     for pool in ("rollout", "train"):
         if spec.pool(pool).num_nodes is None:  # type: ignore[arg-type]
@@ -229,6 +229,4 @@ def start_local_cluster(
     lc = LocalCluster(address=cluster.address, cluster=cluster, node_ids=ids, run_dir=run_dir, node_dirs=dirs)
     if connect:
         ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
-    for d in dirs.values():  # Ray made them 0777 (inside the 0700 run dir)
-        tighten(d)
     return lc

@@ -10,8 +10,9 @@ another node's workers still import from it (``import torch`` failing with a mis
 mode 0777.
 
 Here every node gets its own temp dir ``<root>/<node key>`` (``--temp-dir`` is honoured per node
-since Ray 2.x), under one root created mode 0700 and owned by this user: whatever Ray creates
-below it, nobody else can reach it. Unix socket paths are at most 107 bytes and Ray adds about
+since Ray 2.x), created 0700 under one root created mode 0700 and owned by this user. Ray widens
+the directories it uses to 0777 again (at node start and whenever a worker or runtime env is set
+up), so the root is what keeps everyone else out: whatever lies below it, nobody else can reach. Unix socket paths are at most 107 bytes and Ray adds about
 64 characters to the temp dir (``/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store``),
 so roots are kept to :data:`MAX_ROOT_CHARS` characters.
 """
@@ -75,22 +76,3 @@ def node_temp_dir(root: Path, key: str) -> Path:
     if not key or len(key) > MAX_KEY_CHARS or "/" in key:
         raise ValueError(f"node key {key!r}: 1-{MAX_KEY_CHARS} characters, no '/'")
     return private_dir(Path(root) / key)
-
-
-def tighten(node_dir: Path) -> list[Path]:
-    """Set mode 0700 on the directories Ray made 0777 in one node's temp dir (the dir itself, its
-    session dirs and their ``runtime_resources``) at node start. Ray's runtime-env agent makes
-    ``runtime_resources`` 0777 again when it sets up an environment; the 0700 node dir and root
-    above it keep everyone else out regardless. Returns the paths changed."""
-    out = []
-    node_dir = Path(node_dir)
-    cands = [node_dir, *node_dir.glob("session_2*"), *node_dir.glob("session_2*/runtime_resources")]
-    for p in cands:
-        try:
-            st = os.lstat(p)
-        except OSError:
-            continue
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
-            os.chmod(p, 0o700)
-            out.append(p)
-    return out
