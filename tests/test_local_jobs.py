@@ -133,6 +133,8 @@ def _env(sd: Path, **extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "ROLLMUX_", "RAY_ADDRESS", "RAY_TMPDIR"))}
     env.update(PYTHONPATH=str(ROOT), ROLLMUX_CURRENT=str(sd / "current"), RAY_USAGE_STATS_ENABLED="0",
                COLUMNS="200", **extra)
+    # the environment activated, as a user's shell has it: the entrypoint's `python` is this one
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return env
 
 
