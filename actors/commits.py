@@ -11,7 +11,9 @@ commit before it instead of copying the unchanged training state; the last
 re-applies them. ``prefix`` = ``<checkpoint_dir>/<job>-<admission>-<pool>[-rank<r>]``.
 
 :class:`Commits` is one hosted job's commit files on one worker (no Ray: torch + cloudpickle
-files only). A phase redone after a lost worker starts from the commit before it
+files only; :func:`save_file` / :func:`load_file` write ``torch.save`` files where torch is loaded
+and plain cloudpickle files where it is not, e.g. the emulated accelerators' import-light workers,
+and read either). A phase redone after a lost worker starts from the commit before it
 (:meth:`Commits.restore`); a missing commit, or a resident value whose state is kept outside the
 commits (no ``state_dict``: a DeepSpeed or vLLM engine), raises :class:`WorkerLost` saying the
 job cannot be recovered.
@@ -19,12 +21,15 @@ job cannot be recovered.
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["KEEP_COMMITS", "WorkerLost", "Commits", "commit_files", "commit_seq"]
+__all__ = ["KEEP_COMMITS", "WorkerLost", "Commits", "commit_files", "commit_seq", "load_bytes", "load_file", "save_file"]
 
 KEEP_COMMITS = 3  # committed phase states kept per job, pool and rank (a redo needs the one before the last)
 
@@ -57,12 +62,50 @@ def commit_seq(path: Path) -> Optional[int]:
     return int(tail[:-3]) if tail.endswith(".pt") and tail[:-3].isdigit() else None
 
 
-def _atomic_save(obj: Any, path: Path, **kw: Any) -> None:
-    import torch
+#: the first bytes of a ``torch.save`` file (a zip archive); other commit files are plain pickles
+_ZIP_MAGIC = b"PK\x03\x04"
 
+
+def save_file(obj: Any, path: Path) -> None:
+    """Write ``obj`` to ``path``: ``torch.save`` (cloudpickle inside) when this process has torch
+    loaded, else a plain cloudpickle file, so a worker whose jobs never load torch (emulated
+    accelerators) never imports it. Not atomic (see :func:`_atomic_save`)."""
+    from ray import cloudpickle
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.save(obj, path, pickle_module=cloudpickle)
+    else:
+        with open(path, "wb") as f:
+            cloudpickle.dump(obj, f)
+
+
+def load_bytes(data: bytes) -> Any:
+    """The object of a file written by :func:`save_file` (or ``torch.save``), from its bytes."""
+    if data[:4] == _ZIP_MAGIC:
+        import torch
+
+        return torch.load(io.BytesIO(data), weights_only=False)
+    return pickle.loads(data)
+
+
+def load_file(path: Path) -> Any:
+    """The object of a file written by :func:`save_file` (or ``torch.save``); torch is imported
+    only for a ``torch.save`` file."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head == _ZIP_MAGIC:
+        import torch
+
+        return torch.load(path, weights_only=False)
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp, **kw)
+    save_file(obj, tmp)
     os.replace(tmp, path)
 
 
@@ -91,8 +134,6 @@ class Commits:
         the permit is released and the result returned, so a phase the driver saw finish is always
         committed. A sync leaves the training state as it was: its commit refers to the previous
         one instead of copying it. Keeps the last :data:`KEEP_COMMITS` commits. Returns seconds."""
-        from ray import cloudpickle
-
         t0 = time.perf_counter()
         body: dict = {"rollmux_commit": 1, "seq": seq, "phase": phase, "result": result, "admission": admission}
         if phase == "sync" and seq > 1 and _commit_path(self.prefix, seq - 1).is_file():
@@ -103,7 +144,7 @@ class Commits:
             # resident values whose state cannot be written (no state_dict: e.g. a DeepSpeed or vLLM
             # engine): a recovery from this commit would silently restart them, so it refuses
             body["resident_unsaved"] = {k: type(v).__name__ for k, v in resident.items() if not hasattr(v, "state_dict")}
-        _atomic_save(body, _commit_path(self.prefix, seq), pickle_module=cloudpickle)
+        _atomic_save(body, _commit_path(self.prefix, seq))
         for f in self.files():
             k = commit_seq(f)
             if k is not None and k <= seq - KEEP_COMMITS:
@@ -113,13 +154,11 @@ class Commits:
     def load(self, seq: int) -> dict:
         """The commit of phase ``seq`` (a sync's: the state of the commit it refers to, with its own
         result). Raises :class:`WorkerLost` when it is missing."""
-        import torch
-
         path = _commit_path(self.prefix, seq)
         if not path.is_file():
             raise WorkerLost(f"worker on {self.node} was lost and job {self.job!r}'s state after its {self.pool} "
                              f"phase {seq} was not committed ({path.name} missing): it cannot be recovered")
-        body = torch.load(path, weights_only=False)
+        body = load_file(path)
         if "state_of" in body:
             body = {**self.load(int(body["state_of"])), "result": body.get("result")}
         return body
@@ -154,12 +193,10 @@ class Commits:
 
     def weights_after(self, seq: int) -> Optional[dict]:
         """The weights received after the commit of phase ``seq`` (not in it yet), or None."""
-        import torch
-
         wf = _weights_path(self.prefix)
         if not wf.is_file():
             return None
-        w = torch.load(wf, weights_only=False)
+        w = load_file(wf)
         return w["weights"] if int(w.get("after", -1)) == seq else None
 
     def delete(self) -> None:

@@ -479,6 +479,9 @@ class WorkerHandle(_Handle):
     def receive_sync_nowait(self, key: str) -> Pending:
         return Pending(self.actor.receive_sync.remote(key), "receive_sync")
 
+    def receive_counted_nowait(self, key: str, weights: dict, cross_bytes: int, intra_bytes: int) -> Pending:
+        return Pending(self.actor.receive_counted.remote(key, weights, cross_bytes, intra_bytes), "receive_counted")
+
     def sync_signal_nowait(self, key: str, signal: SyncSignal) -> Optional[Pending]:
         return self._send(lambda a: a.sync_signal.remote(key, signal), what="sync_signal")
 

@@ -2,7 +2,10 @@
 
 Each rollout / training node of the spec becomes a real Ray node (``ray.cluster_utils.Cluster``)
 carrying ``rollmux_node:<id>`` and ``rollmux_pool:<pool>`` custom resources, so placements made
-by the policy are honoured by Ray without code changes on a real (or KubeRay) cluster.
+by the policy are honoured by Ray without code changes on a real (or KubeRay) cluster. With
+``pool_nodes_per_ray_node=k`` one Ray node carries the resources of ``k`` pool nodes (emulated
+accelerators: 64 pool nodes need not be 64 raylets; each pool node still gets its own worker
+actor, pinned by its own resource).
 
 Ray 2.60 binds its GCS, raylet and worker ports to every address of the host, so these clusters
 run in Ray's token mode too (:func:`use_ephemeral_ray_token`) unless ``RAY_AUTH_MODE`` is set.
@@ -69,7 +72,7 @@ class LocalCluster:
     cluster: object = field(repr=False)
     node_ids: list[str] = field(default_factory=list)
     run_dir: Optional[Path] = None
-    node_dirs: dict[str, Path] = field(default_factory=dict)  # "head" / node id -> that node's Ray temp dir
+    node_dirs: dict[str, Path] = field(default_factory=dict)  # "head" / pool node id -> its Ray node's temp dir
 
     def shutdown(self) -> None:
         import ray
@@ -146,6 +149,7 @@ def start_local_cluster(
     head_extra: Optional[dict] = None,
     node_gpus: float = 0,
     pin_cpus: bool = False,
+    pool_nodes_per_ray_node: int = 1,
 ) -> LocalCluster:
     """Start a head node plus one Ray node per pool node of ``spec`` and (optionally) connect.
 
@@ -160,9 +164,15 @@ def start_local_cluster(
             training node on different CPUs).
         node_gpus: GPUs each pool node declares (a single-GPU host: 1 on every node, all of them
             the same device ``0``; workers then request ``ROLLMUX_WORKER_GPUS`` of it).
+        pool_nodes_per_ray_node: how many pool nodes (of one pool) one Ray node carries (each with
+            its own ``rollmux_node:<id>`` resource; ``rollmux_pool:<pool>`` counts them). 1: one
+            Ray node per pool node. ``node_cpus`` / ``node_gpus`` are per Ray node. Each Ray node
+            has its own temp dir (``head``, then the id of its first pool node).
     Raises:
-        ValueError: a pool has ``num_nodes=None``.
+        ValueError: a pool has ``num_nodes=None``; ``pool_nodes_per_ray_node`` < 1.
     """
+    if pool_nodes_per_ray_node < 1:
+        raise ValueError(f"pool_nodes_per_ray_node must be >= 1, got {pool_nodes_per_ray_node}")
     use_ephemeral_ray_token()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
@@ -199,20 +209,19 @@ def start_local_cluster(
         try:
             cluster = Cluster(initialize_head=True, head_node_args=head_args)
             try:
+                k = pool_nodes_per_ray_node
                 for pool in ("rollout", "train"):
                     p = spec.pool(pool)  # type: ignore[arg-type]
-                    for i in range(p.num_nodes):  # type: ignore[arg-type]
-                        nid = node_id(pool, i)  # type: ignore[arg-type]
-                        key = nid if len(nid) <= MAX_KEY_CHARS else f"n{len(ids)}"
-                        dirs[nid] = node_temp_dir(run_dir, key)
-                        cluster.add_node(
-                            num_cpus=node_cpus,
-                            num_gpus=node_gpus,
-                            object_store_memory=object_store_mb * 2**20,
-                            resources={node_resource(nid): NODE_RESOURCE_UNITS, pool_resource(pool): 1.0},  # type: ignore[arg-type]
-                            temp_dir=str(dirs[nid]),
-                        )
-                        ids.append(nid)
+                    for first in range(0, p.num_nodes, k):  # type: ignore[arg-type]
+                        nids = [node_id(pool, i) for i in range(first, min(p.num_nodes, first + k))]  # type: ignore[arg-type]
+                        res = {node_resource(n): NODE_RESOURCE_UNITS for n in nids}
+                        res[pool_resource(pool)] = float(len(nids))  # type: ignore[arg-type]
+                        key = nids[0] if len(nids[0]) <= MAX_KEY_CHARS else f"n{len(dirs)}"
+                        d = node_temp_dir(run_dir, key)
+                        dirs.update({n: d for n in nids})
+                        cluster.add_node(num_cpus=node_cpus, num_gpus=node_gpus,
+                                         object_store_memory=object_store_mb * 2**20, resources=res, temp_dir=str(d))
+                        ids.extend(nids)
                 cluster.wait_for_nodes()
             except BaseException:
                 cluster.shutdown()

@@ -276,7 +276,8 @@ class ScheduledRuntime:
         """Per pool, each worker's SPMD place: rank, world size, the pool's worker names and nodes
         in rank order, the host its gloo groups bind to (127.0.0.1 when every worker of the job is
         on one machine, else each node's IP; env ROLLMUX_SYNC_HOST overrides) and, for a pool with
-        several workers, the rendezvous store its rank 0 hosts (the kernel picks its port when it binds)."""
+        several workers, the rendezvous store its rank 0 hosts (the kernel picks its port when it binds;
+        none for a job whose sync is ``"counted"``: emulated accelerators move no data)."""
         wh = gather([w.where_nowait() for w in self.rollout_workers + self.train_workers], timeout_s=120)
         one_host = len({x.ip for x in wh}) == 1
         forced = os.environ.get("ROLLMUX_SYNC_HOST")
@@ -285,7 +286,9 @@ class ScheduledRuntime:
         for pool, nodes, workers, where in (("rollout", self.rollout_nodes, self.rollout_workers, wh[:k]),
                                             ("train", self.train_nodes, self.train_workers, wh[k:])):
             hosts = [forced or ("127.0.0.1" if one_host else x.ip) for x in where]
-            addr = workers[0].reserve_store(self.key, hosts[0]) if len(workers) > 1 else None
+            # a job on emulated accelerators (sync "counted") has no data plane: no rendezvous store
+            rdv = len(workers) > 1 and self.job.sync_backend != "counted"
+            addr = workers[0].reserve_store(self.key, hosts[0]) if rdv else None
             out[pool] = [ParallelPlace(rank=i, world_size=len(workers), peers=tuple(worker_name(n) for n in nodes),
                                        nodes=tuple(nodes), addr=addr, host=hosts[i]) for i in range(len(workers))]
         return out

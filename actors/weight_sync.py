@@ -206,6 +206,8 @@ class SyncSession:
                             rollout=False)
             raise
         t0 = time.perf_counter()
+        if self.backend == "counted":
+            return dict(self._sync_counted(weights, follower), sync_s=time.perf_counter() - t0)
         if self.backend != "object_store" and self.fallback is None:
             out = self._send_follower(weights, gen) if follower else self._sync_collective(weights, gen, watch or {})
             if out is not None:
@@ -214,6 +216,39 @@ class SyncSession:
             return {"cross_bytes": 0, "backend": "object_store"}
         out = self._sync_object_store(weights)
         return dict(out, note=self.fallback or "object_store asked for", sync_s=time.perf_counter() - t0)
+
+    def _sync_counted(self, weights: dict, follower: bool) -> dict:
+        """The ``"counted"`` transport (emulated accelerators, :mod:`actors.emulated`): the same
+        §5.2 plan as a collectives sync (:func:`rollmux.sync_plan.build_plan` over the job's N
+        training ranks and M rollout workers, from the weights' metadata), with every byte
+        counted and none moved. Each rank counts the shards it would send across the pool
+        boundary (``cross_bytes``; the leader adds the ranks up); the leader hands each rollout
+        worker the (metadata-only) weights with the bytes the plan has it receive across the
+        boundary and inside its pool (``receive_counted``: a real round trip, durable on the
+        rollout side like any sync). The time the bytes would take is the job's own timed wait
+        (the emulated sync function's, from :func:`rollmux.profiler.sync_time`)."""
+        from rollmux.sync_plan import build_plan, metas_of
+
+        plan = build_plan(metas_of(weights), max(1, self.world_size), max(1, len(self.rollout_workers)), scheme="topo")
+        mine = sum(s.nbytes for s in plan.shards_sent_by(self.rank))
+        if follower:
+            return {"cross_bytes": int(mine), "backend": "counted"}
+        cross_in = plan.received_bytes()  # each receiver then gets the other shards from its rollout peers
+        acks = gather([self._workers(w).receive_counted_nowait(self.key, weights, int(cross_in[j]),
+                                                                int(plan.model_bytes - cross_in[j]))
+                       for j, w in enumerate(self.rollout_workers)], timeout_s=SYNC_TIMEOUT_S)
+        return {"receivers": acks, "cross_bytes": int(mine), "backend": "counted",
+                "note": f"counted, not moved: plan of {plan.model_bytes} B, {plan.cross_bytes} B across the boundary"}
+
+    def receive_counted(self, weights: dict, cross_bytes: int, intra_bytes: int) -> SyncAck:
+        """Counted sync, receive side: keep the (metadata-only) weights for the next rollout; the
+        ack carries the bytes the plan has this worker receive (none were moved)."""
+        t0 = time.perf_counter()
+        self.pending = PendingWeights(tensors=weights)
+        if self._keep is not None:
+            self._keep(weights)
+        return SyncAck(node=self.node, fetch_s=time.perf_counter() - t0, backend="counted",
+                       cross_recv_bytes=int(cross_bytes), intra_recv_bytes=int(intra_bytes))
 
     def _sync_object_store(self, weights: dict) -> dict:
         import ray

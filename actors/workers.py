@@ -3,7 +3,8 @@
 One worker actor per RollMux node and pool, named ``rollmux-worker-<node>`` (detached,
 get-if-exists), pinned to the node by the custom resource ``rollmux_node:<node>``
 (:func:`rollmux.nodes.node_resource`), 0 CPUs (it *is* the node's "device"), computing on one
-thread (``torch.set_num_threads(1)``). It hosts every job pinned to its node (one
+thread (``torch.set_num_threads(1)`` once a job has loaded torch: the worker itself never imports
+it, so that workers hosting only emulated-accelerator jobs stay light, :mod:`actors.emulated`). It hosts every job pinned to its node (one
 :class:`_Hosted` each, registered from a :class:`rollmux.messages.JobHosting`):
 
 - between phases a job's phase state (a dict: modules, optimizer, generator, sampler position)
@@ -33,6 +34,7 @@ Every call to another actor goes through :mod:`actors.handles`.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -40,7 +42,9 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from actors.commits import KEEP_COMMITS, Commits, WorkerLost, commit_files  # noqa: F401  (re-exported)
+from actors.commits import (  # noqa: F401  (KEEP_COMMITS re-exported)
+    KEEP_COMMITS, Commits, WorkerLost, commit_files, load_bytes, load_file, save_file,
+)
 from actors.handles import ControllerHandle, WorkerHandle, gather, start_actor
 from actors.naming import NAMESPACE, worker_name  # noqa: F401  (re-exported)
 from actors.weight_sync import SYNC_TIMEOUT_S, SyncSession
@@ -78,6 +82,17 @@ def pin_to_cpus(node: str) -> Optional[list[int]]:
         return None
     os.sched_setaffinity(0, set(int(c) for c in cpus))
     return sorted(os.sched_getaffinity(0))
+
+
+def torch_one_thread() -> Optional[int]:
+    """Set torch to one compute thread if this process has loaded torch (a job's builder or phase
+    did); returns the thread count, None when torch is not loaded (it is never imported here)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+    return 1
 
 
 class _Hosted:
@@ -151,9 +166,7 @@ class _PoolWorker:
     pool = "?"
 
     def __init__(self, node: str):
-        import torch
-
-        torch.set_num_threads(1)
+        self._one_thread = torch_one_thread() is not None  # torch set to 1 thread (once it is loaded)
         self.node = node
         self.cpus = pin_to_cpus(node)
         self.jobs: dict[str, _Hosted] = {}
@@ -338,12 +351,14 @@ class _PoolWorker:
                 for j, h in self.jobs.items()}
 
     def where(self) -> WorkerPlace:
-        """Placement check: this actor's Ray node id, RollMux node id, pool, IP, pid, torch threads, CPUs."""
+        """Placement check: this actor's Ray node id, RollMux node id, pool, IP, pid, torch threads
+        (1 also while no job has loaded torch here: the count it gets when one does), CPUs."""
         import ray
-        import torch
 
+        torch = sys.modules.get("torch")
         return WorkerPlace(ray_node_id=ray.get_runtime_context().get_node_id(), node=self.node, pool=self.pool,
-                           ip=ray.util.get_node_ip_address(), pid=os.getpid(), torch_threads=torch.get_num_threads(),
+                           ip=ray.util.get_node_ip_address(), pid=os.getpid(),
+                           torch_threads=torch.get_num_threads() if torch is not None else 1,
                            cpus=None if self.cpus is None else tuple(self.cpus),
                            gpu_ids=tuple(str(g) for g in ray.get_gpu_ids()))
 
@@ -355,7 +370,6 @@ class _PoolWorker:
         phase starts from, e.g. the worker restarted): builder + the commit of phase ``seq - 1``.
         Raises WorkerLost when that commit is missing (the state cannot be recovered)."""
         import ray
-        import torch
 
         t0 = time.perf_counter()
         recovering = (seq is not None and h.moved is None and h.durable and h.seq != seq - 1
@@ -370,7 +384,7 @@ class _PoolWorker:
             # disk, the resident values (engines, communicators) are kept, the builder is not run
             # again (a rollout engine is a process of its own; rebuilding it per cold phase
             # started a new one each time). ``Job(rebuild_resident=True)`` rebuilds them instead.
-            state, kind = dict(torch.load(h.ckpt, weights_only=False)), "cold"
+            state, kind = dict(load_file(h.ckpt)), "cold"
             state.update(h.resident)
         else:  # cold start, or the first phase after a move: builder + the saved / carried state
             with parallel_scope(self._parallel(h)):
@@ -382,11 +396,9 @@ class _PoolWorker:
                 if mv.ref is not None:
                     saved = ray.get(mv.ref)
                 else:
-                    import io
-
-                    saved = torch.load(io.BytesIO(mv.ckpt), weights_only=False)
+                    saved = load_bytes(mv.ckpt)
             elif h.ckpt.is_file():
-                saved = torch.load(h.ckpt, weights_only=False)
+                saved = load_file(h.ckpt)
             if saved is not None:
                 state = restore_state(state, dict(saved))
             kind, h.moved = ("cold" if mv is None else "moved"), None
@@ -419,7 +431,6 @@ class _PoolWorker:
         """Suspend and store the state (warm: object store; cold: the cold-start file).
         Returns (seconds, the storable part)."""
         import ray
-        import torch
 
         t0 = time.perf_counter()
         state_suspend(state)
@@ -429,7 +440,7 @@ class _PoolWorker:
         else:
             h.ckpt.parent.mkdir(parents=True, exist_ok=True)
             tmp = h.ckpt.with_suffix(".tmp")
-            torch.save(storable, tmp)
+            save_file(storable, tmp)
             os.replace(tmp, h.ckpt)
             h.ref = None
         return time.perf_counter() - t0, storable
@@ -533,6 +544,8 @@ class _PoolWorker:
                 peers = [WorkerHandle(name=n).run_follower(job_id, call, args, kwargs) for n in h.peers[1:]]
         try:
             state, kind, sw = self._materialise(h, seq)
+            if not self._one_thread:  # the first job that loaded torch here (its builder did)
+                self._one_thread = torch_one_thread() is not None
             rec = rec.replace(switch=kind, switch_s=sw)
             h.switches.append({"phase": phase, "kind": kind, "seconds": sw})
             t1 = time.perf_counter()
@@ -679,6 +692,11 @@ class RolloutWorkerImpl(_PoolWorker):
     def receive_sync(self, job_id: str) -> SyncAck:
         """Collectives sync, receive side (atomic); applied at the job's next rollout."""
         return self._hosted(job_id).sync.receive_collective()
+
+    def receive_counted(self, job_id: str, weights: dict, cross_bytes: int, intra_bytes: int) -> SyncAck:
+        """Counted sync (emulated accelerators), receive side: the weights' metadata and the bytes
+        the plan has this worker receive; applied at the job's next rollout."""
+        return self._hosted(job_id).sync.receive_counted(weights, cross_bytes, intra_bytes)
 
 
 class TrainWorkerImpl(_PoolWorker):

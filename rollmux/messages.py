@@ -445,7 +445,7 @@ class SyncAck:
 
     node: str  # the rollout node id
     fetch_s: float  # receiving (and, object store, pulling) the weights, s
-    backend: str  # nccl | gloo | object_store
+    backend: str  # nccl | gloo | object_store | counted (emulated: bytes counted, not moved)
     cross_recv_bytes: Optional[int] = None  # received across the pool boundary, B (collectives)
     intra_recv_bytes: Optional[int] = None  # received from rollout peers (broadcast inside the pool), B
 

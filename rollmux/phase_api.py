@@ -221,7 +221,9 @@ class Job:
             cupy-NCCL when every one of them holds its own CUDA device and cupy-NCCL loads, else
             over gloo; the Ray object store only when those endpoints cannot be built, which the
             sync phase's record says), ``"nccl"`` / ``"gloo"`` (that executor, or the sync fails),
-            ``"object_store"`` (the fallback, asked for: every rollout worker pulls a full copy).
+            ``"object_store"`` (the fallback, asked for: every rollout worker pulls a full copy),
+            ``"counted"`` (emulated accelerators, docs/EMULATION.md: the same plan, its bytes
+            counted and not moved; the weights are metadata only).
         durable: scheduled mode: commit the state each phase leaves (and its result) to a file
             in ``checkpoint_dir`` before the phase counts as done, so the job survives the loss
             of one of its workers (the interrupted phase is redone from the commit before it).

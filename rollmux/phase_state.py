@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import sys
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -124,7 +125,8 @@ def _accepts_hook(fn: Callable) -> bool:
 
 
 def one_thread():
-    """Context manager: torch computes on one thread inside (no-op without torch). Re-entrant and
+    """Context manager: torch computes on one thread inside (no-op while this process has not
+    loaded torch: it is never imported here). Re-entrant and
     thread-safe: the previous thread count is restored when the last concurrent user exits."""
     return _OneThread()
 
@@ -135,9 +137,9 @@ _THREADS_STATE = {"users": 0, "prev": None}
 
 class _OneThread:
     def __enter__(self):
-        try:
-            import torch
-        except ImportError:  # pragma: no cover
+        torch = sys.modules.get("torch")  # never imported here: a job that does not use torch stays light
+        self._torch = torch
+        if torch is None:
             return self
         with _THREADS_LOCK:
             if _THREADS_STATE["users"] == 0:
@@ -147,9 +149,8 @@ class _OneThread:
         return self
 
     def __exit__(self, *exc):
-        try:
-            import torch
-        except ImportError:  # pragma: no cover
+        torch = self._torch
+        if torch is None:
             return False
         with _THREADS_LOCK:
             _THREADS_STATE["users"] -= 1

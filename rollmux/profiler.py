@@ -318,6 +318,37 @@ def sample_response_lengths(job: JobSpec, rng: np.random.Generator, n: Optional[
     return np.clip(rng.lognormal(mu, sigma, size=n), 1.0, job.max_response_tokens)
 
 
+def response_finish_times(job: JobSpec, cluster: ClusterSpec, lengths: np.ndarray,
+                          profile: Optional[PhaseProfile] = None) -> np.ndarray:
+    """Modelled finish time (s from the rollout's start) of each response, shape ``(n,)``,
+    ascending: entry ``k`` is the moment the ``k+1`` shortest responses are done.
+
+    Fluid continuous batching (the model of :func:`sample_iteration`): with response lengths
+    ``l_i`` and ``slots`` = replicas x concurrency (:func:`rollout_model` at the cap), a rollout
+    whose lengths are all truncated at ``L`` takes ``max(max_i min(l_i, L), sum_i min(l_i, L) /
+    slots)`` decode steps; the ``k``-th shortest response is done when the rollout truncated at
+    its length would be. Scaled so that all-max lengths take ``profile.t_roll_s`` (default the
+    worst-case :func:`estimate`); the last entry is the rollout's time. Source: RollMux §4.3, Fig. 7.
+    """
+    prof = profile or estimate(job, cluster)
+    m = rollout_model(job, cluster.rollout_pool.node.gpu, job.num_rollout_gpus, job.max_response_tokens)
+    slots = m.replicas * m.concurrency
+    ls = np.sort(np.asarray(lengths, dtype=float))
+    n = len(ls)
+    cap = float(job.max_response_tokens)
+    worst = max(cap, cap * n / slots)
+    # truncated at ls[k]: sum = cumsum[k] + (n - k - 1) * ls[k]; max = ls[k]
+    trunc_sum = np.cumsum(ls) + (n - np.arange(1, n + 1)) * ls
+    return prof.t_roll_s * np.maximum(ls, trunc_sum / slots) / worst
+
+
+def token_fraction(job: JobSpec, lengths: np.ndarray) -> float:
+    """Generated plus prompt tokens of a batch with response ``lengths`` over the worst case
+    (every response at ``max_response_tokens``): the factor training time scales with."""
+    ls = np.asarray(lengths, dtype=float)
+    return float((job.prompt_tokens + ls).sum()) / (len(ls) * (job.prompt_tokens + float(job.max_response_tokens)))
+
+
 def sample_iteration(job: JobSpec, cluster: ClusterSpec, rng: np.random.Generator, *,
                      trigger_fraction: float = 0.8, profile: Optional[PhaseProfile] = None):
     """One iteration's stochastic phase times, as :class:`rollmux.intra_group.IterationTimes`.
@@ -328,33 +359,35 @@ def sample_iteration(job: JobSpec, cluster: ClusterSpec, rng: np.random.Generato
     the moment ``trigger_fraction`` of the responses are done is the same expression with every
     length truncated at the ``trigger_fraction`` quantile (``t_trigger_s``, when long-tail
     migration may fire; ``tail_load`` = unfinished responses at that moment / slots, which sets
-    how much the tail stretches when packed onto fewer GPUs). Training scales with the generated
-    tokens. The result is scaled so that
+    how much the tail stretches when packed onto fewer GPUs); both are entries of
+    :func:`response_finish_times`. Training scales with the generated tokens
+    (:func:`token_fraction`). The result is scaled so that
     all-max lengths reproduce ``profile`` (default: the worst-case :func:`estimate`), so measured
     profiles are honoured. Source: RollMux §4.3 long-tail migration, Fig. 7.
     """
-    from rollmux.intra_group import IterationTimes
-
     if not 0.0 < trigger_fraction <= 1.0:
         raise ValueError(f"trigger_fraction must be in (0, 1], got {trigger_fraction}")
     prof = profile or estimate(job, cluster)
+    lengths = sample_response_lengths(job, rng)
+    return iteration_times(job, cluster, lengths, trigger_fraction=trigger_fraction, profile=prof)
+
+
+def iteration_times(job: JobSpec, cluster: ClusterSpec, lengths: np.ndarray, *, trigger_fraction: float = 0.8,
+                    profile: Optional[PhaseProfile] = None):
+    """The :class:`rollmux.intra_group.IterationTimes` of one iteration whose responses have
+    ``lengths`` (tokens, shape ``(n,)``): see :func:`sample_iteration` (which draws the lengths)."""
+    from rollmux.intra_group import IterationTimes
+
+    prof = profile or estimate(job, cluster)
     m = rollout_model(job, cluster.rollout_pool.node.gpu, job.num_rollout_gpus, job.max_response_tokens)
     slots = m.replicas * m.concurrency
-    lengths = np.sort(sample_response_lengths(job, rng))
-    cap = float(job.max_response_tokens)
-
-    def steps(ls: np.ndarray) -> float:
-        return max(float(ls.max()), float(ls.sum()) / slots)
-
-    worst = max(cap, cap * len(lengths) / slots)
-    frac_end = steps(lengths) / worst
-    q = lengths[min(len(lengths) - 1, int(math.ceil(trigger_fraction * len(lengths))) - 1)]
-    frac_trig = steps(np.minimum(lengths, q)) / worst
-    tok_frac = float((job.prompt_tokens + lengths).sum()) / (len(lengths) * (job.prompt_tokens + cap))
+    fin = response_finish_times(job, cluster, lengths, prof)
+    n = len(fin)
+    k = int(math.ceil(trigger_fraction * n))
     return IterationTimes(
-        t_roll_s=prof.t_roll_s * frac_end,
-        t_train_s=prof.t_train_s * tok_frac,
+        t_roll_s=float(fin[-1]),
+        t_train_s=prof.t_train_s * token_fraction(job, lengths),
         t_sync_s=prof.t_sync_s,
-        t_trigger_s=prof.t_roll_s * frac_trig,
-        tail_load=(len(lengths) - int(math.ceil(trigger_fraction * len(lengths)))) / slots,
+        t_trigger_s=float(fin[min(n - 1, k - 1)]),
+        tail_load=(n - k) / slots,
     )

@@ -39,7 +39,9 @@ DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
 
 # ----------------------------------------------------------------------------------------- errors
 # sync transports a job may ask for (rollmux.Job(sync_backend=...)); collectives.select picks for "auto"
-SYNC_BACKENDS = ("auto", "nccl", "gloo", "object_store")
+#: weight transports a job may ask for; ``"counted"``: the plan's bytes are counted, not moved
+#: (emulated accelerators, docs/EMULATION.md)
+SYNC_BACKENDS = ("auto", "nccl", "gloo", "object_store", "counted")
 
 
 class SyncError(RuntimeError):

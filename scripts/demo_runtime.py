@@ -23,6 +23,11 @@ model's bytes, long-tail migrations that acted; per pool: the node's hand-off ti
 jobs' phases) and Gantt PNGs (both pools, colour per job); prints a table.
 
     python scripts/demo_runtime.py --quick     # ~2-3 minutes on 2 cores, Ray startup included
+    python scripts/demo_runtime.py --emulated --quick   # the same on emulated accelerators (docs/EMULATION.md)
+
+``--emulated``: three jobs of the simulator's workload catalogue on emulated H20 / H800 nodes whose
+phases are the cost model's timed waits (``scripts/_demo_emulated.py``); writes
+``results/runtime_demo_emulated.json``.
 
 Source: RollMux §4.3 (meta-iterations), §5 (phase API, warm start), §6 (bubbles, SLO).
 """
@@ -44,6 +49,8 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+if str(ROOT / "scripts") not in sys.path:
+    sys.path.insert(0, str(ROOT / "scripts"))
 
 JOBS = ("grpo_balanced", "grpo_rollout_heavy", "grpo_train_heavy")
 
@@ -57,6 +64,8 @@ def parse_args(argv=None):
     ap.add_argument("--jobs-dir", default=str(ROOT / "configs" / "jobs"))
     ap.add_argument("--out", default=str(ROOT / "results" / "runtime_demo.json"))
     ap.add_argument("--timeout-s", type=float, default=900.0, help="limit for each group of job processes")
+    ap.add_argument("--emulated", action="store_true",
+                    help="emulated accelerators: workload-catalogue jobs whose phases are the cost model's timed waits")
     return ap.parse_args(argv)
 
 
@@ -179,6 +188,10 @@ def main(argv=None) -> int:
     use_ephemeral_ray_token()  # Ray token mode with a fresh token unless RAY_AUTH_MODE is set
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     args = parse_args(argv)
+    if args.emulated:
+        import _demo_emulated
+
+        return _demo_emulated.run(args, ROOT)
     n = args.iterations or (6 if args.quick else 20)
     from rich.console import Console
     from rich.table import Table

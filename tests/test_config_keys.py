@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from examples.grpo.config import load_job_config
 from rollmux.admission import load_scheduler_config
 from rollmux.config import CONFIG_DIR, REPO_ROOT, load_cluster, load_gpu_types, load_serve_config, read_yaml
+from rollmux.emulation import load_emulation_config
 from rollmux.rollout_sched import load_rollout_sched_config
 
 #: the repository's own code: every ``.py`` file outside tests/
@@ -51,6 +52,7 @@ def _gpus(p: Path) -> Loaded:
 #: file name pattern (relative to configs/) -> what the code loads it with, as (path, model, mapping)
 LOADERS: dict[str, Callable[[Path], Loaded]] = {
     "scheduler.yaml": lambda p: [((), load_scheduler_config(p), read_yaml(p))],
+    "emulation.yaml": lambda p: [((), load_emulation_config(p), read_yaml(p))],
     "rollout_sched.yaml": _sections(lambda p, s: load_rollout_sched_config(p, section=s)),
     "serve.yaml": lambda p: [((), load_serve_config(p, env={}), read_yaml(p))],
     "gpus.yaml": _gpus,

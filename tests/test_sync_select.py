@@ -42,7 +42,7 @@ def test_auto_falls_back_to_gloo_and_says_why_explicit_nccl_refuses(eps, needle)
 
 
 def test_choice_refuses_object_store_unknown_names_and_no_endpoints():
-    assert SYNC_BACKENDS == ("auto", "nccl", "gloo", "object_store")
+    assert SYNC_BACKENDS == ("auto", "nccl", "gloo", "object_store", "counted")
     for bad in ("object_store", "mpi", ""):
         with pytest.raises(SyncPlanError, match="sync_backend"):
             choose_backend(bad, [cpu("a")])
@@ -115,7 +115,7 @@ def test_job_sync_backend_defaults_to_auto_and_names_the_choices(monkeypatch):
     assert rollmux.Job(toy_spec("sb-b", "small"), attach=False, sync_backend="nccl").sync_backend == "nccl"
     monkeypatch.setenv("ROLLMUX_SYNC_BACKEND", "object_store")
     assert rollmux.Job(toy_spec("sb-c", "small"), attach=False).sync_backend == "object_store"
-    with pytest.raises(ValueError, match="sync_backend must be one of 'auto', 'nccl', 'gloo', 'object_store', got 'mpi'"):
+    with pytest.raises(ValueError, match="sync_backend must be one of 'auto', 'nccl', 'gloo', 'object_store', 'counted', got 'mpi'"):
         rollmux.Job(toy_spec("sb-d", "small"), attach=False, sync_backend="mpi")
 
 
