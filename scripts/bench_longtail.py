@@ -48,14 +48,14 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--engine", choices=("emulated", "cpu"), default="emulated",
                     help="emulated accelerators on the real runtime (default) or tiny GRPO jobs on CPU threads")
-    ap.add_argument("--quick", action="store_true", help="fewer iterations / seeds (emulated: 6 iterations, "
+    ap.add_argument("--quick", action="store_true", help="fewer iterations / seeds (emulated: 5 iterations, "
                     "seeds 0,1; cpu: 6 iterations)")
     ap.add_argument("--repeats", type=int, default=2, help="cpu: off/on pairs, alternating (the median is reported)")
     ap.add_argument("--iterations", type=int, default=None)
     ap.add_argument("--sigma", type=float, default=1.0, help="log-normal shape of the response lengths")
     ap.add_argument("--seeds", default=None, help="emulated: comma-separated length seeds (default 0,1,2; quick 0,1)")
     ap.add_argument("--triggers", default="0.6,0.8,0.95", help="emulated: trigger fractions")
-    ap.add_argument("--wall-ms-per-model-s", type=float, default=5.0, help="emulated: time factor")
+    ap.add_argument("--wall-ms-per-model-s", type=float, default=10.0, help="emulated: time factor (wall ms per modelled s)")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench_longtail.json"))
     return ap.parse_args(argv)
 
@@ -237,7 +237,7 @@ def emu_run(cluster, keys: list[str], seed: int, trigger: float, migrate: bool, 
 
 
 def main_emulated(args) -> int:
-    n = args.iterations or (6 if args.quick else 10)
+    n = args.iterations or (5 if args.quick else 10)
     if n < 3:
         raise SystemExit("bench_longtail: --iterations must be >= 3 (iteration 0 is the cold start)")
     seeds = [int(x) for x in (args.seeds or ("0,1" if args.quick else "0,1,2")).split(",")]
