@@ -295,8 +295,16 @@ def main_emulated(args) -> int:
         "iteration_speedup": med([c["iteration_speedup"] for c in cells]),
         "iteration_speedup_simulated": med([c["iteration_speedup_simulated"] for c in cells]),
         "iteration_speedup_min": min(c["iteration_speedup"] for c in cells),
-        "goal_met_every_cell": all(c["iteration_speedup"] > 1.0 and c["gain_points_minus_simulated"] >= -2.0
-                                   for c in cells),
+        # where the simulator migrates (another member waits and the trigger fraction is reached
+        # while responses are still unfinished: with lengths capped at max_response_tokens the
+        # capped ones finish together, so a late trigger may never fire), migration must shorten
+        # the group iteration by at least the simulator's gain minus 2 points
+        "cells_migrating": sum(c["migrations_simulated_on"] > 0 for c in cells),
+        "goal_met_where_migrating": all(c["iteration_speedup"] > 1.0 and c["gain_points_minus_simulated"] >= -2.0
+                                        for c in cells if c["migrations_simulated_on"] > 0),
+        "gain_points_minus_simulated_median": med([c["gain_points_minus_simulated"] for c in cells
+                                                   if c["migrations_simulated_on"] > 0] or [0.0]),
+        "no_migration_cells_speedup": [c["iteration_speedup"] for c in cells if c["migrations_simulated_on"] == 0],
         "off": {"group_iteration_s": med([c["iteration_s_off"] for c in cells]),
                 "rollout_idle_fraction": med([c["rollout_idle_off"] for c in cells])},
         "on": {"group_iteration_s": med([c["iteration_s_on"] for c in cells]),
