@@ -282,7 +282,10 @@ def main(argv=None) -> int:
         after = ray_process_stats()
     finally:
         lc.shutdown()
-    errors = {k: repr(v)[:500] for k, v in res.items() if isinstance(v, BaseException)}
+    import traceback
+
+    errors = {k: {"error": repr(v)[:500], "where": [ln.strip() for ln in traceback.format_exception(v)[-8:]][:8]}
+              for k, v in res.items() if isinstance(v, BaseException)}
     ok = {k: v for k, v in res.items() if not isinstance(v, BaseException)}
     # the steady state: iteration 0 pays the cold starts (workers spawned where jobs land, builders)
     recs = [r for v in ok.values() for r in v["timeline"] if r.get("ok", True) and (r.get("iteration") or 0) >= 1]
