@@ -150,6 +150,7 @@ def start_local_cluster(
     node_gpus: float = 0,
     pin_cpus: bool = False,
     pool_nodes_per_ray_node: int = 1,
+    worker_niceness: Optional[int] = None,
 ) -> LocalCluster:
     """Start a head node plus one Ray node per pool node of ``spec`` and (optionally) connect.
 
@@ -168,6 +169,9 @@ def start_local_cluster(
             its own ``rollmux_node:<id>`` resource; ``rollmux_pool:<pool>`` counts them). 1: one
             Ray node per pool node. ``node_cpus`` / ``node_gpus`` are per Ray node. Each Ray node
             has its own temp dir (``head``, then the id of its first pool node).
+        worker_niceness: the nice value of the cluster's worker processes (Ray's default 15 lets
+            any other load on the machine delay them; emulated accelerators, whose phases are
+            timed waits, pass 0). None: Ray's default (or env ``RAY_worker_niceness``).
     Raises:
         ValueError: a pool has ``num_nodes=None``; ``pool_nodes_per_ray_node`` < 1.
     """
@@ -183,6 +187,8 @@ def start_local_cluster(
     for pool in ("rollout", "train"):
         if spec.pool(pool).num_nodes is None:  # type: ignore[arg-type]
             raise ValueError(f"{pool} pool of {spec.name!r} is unbounded; a local cluster needs num_nodes")
+    if worker_niceness is not None:  # read by the raylets this process starts
+        os.environ["RAY_worker_niceness"] = str(int(worker_niceness))
     if pin_cpus:
         import json
 

@@ -88,7 +88,7 @@ def run(args, root: Path) -> int:
     load_start = os.getloadavg()
     con.print(f"[bold]RollMux runtime demo, emulated accelerators[/]: 3 jobs x {n} iterations, "
               f"{em.wall_ms_per_model_s:g} wall ms per modelled s")
-    lc = start_local_cluster(cluster, head_cpus=2, node_cpus=1, object_store_mb=96, pool_nodes_per_ray_node=4)
+    lc = start_local_cluster(cluster, head_cpus=2, node_cpus=1, object_store_mb=96, pool_nodes_per_ray_node=4, worker_niceness=0)
     tmp = Path(tempfile.mkdtemp(prefix="rollmux-demo-emul-"))
     try:
         nodes = [f"rollout-{i}" for i in range(3)] + [f"train-{i}" for i in range(4)]
