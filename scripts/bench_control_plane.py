@@ -231,7 +231,8 @@ def main(argv=None) -> int:
     specs = make_specs(n_jobs, uid)
     load: dict[str, tuple] = {"start": os.getloadavg()}
     t0 = time.time()
-    lc = start_local_cluster(cluster, head_cpus=2, node_cpus=1, object_store_mb=128, pool_nodes_per_ray_node=nodes)
+    lc = start_local_cluster(cluster, head_cpus=2, node_cpus=1, object_store_mb=128, pool_nodes_per_ray_node=nodes,
+                             worker_niceness=0)  # timed waits must wake on time on a loaded machine
     startup_s = time.time() - t0
     name = f"bench-cp-{uid}"
     tmp = Path(tempfile.mkdtemp(prefix="cp-", dir=lc.run_dir))  # removed with the cluster's run dir
