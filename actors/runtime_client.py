@@ -291,7 +291,15 @@ class ScheduledRuntime:
 
         self.shipped: list[str] = []
         try:
-            register()
+            for attempt in range(MAX_REHOMES + 1):
+                try:
+                    register()
+                    break
+                except (ActorLost, PermitError):
+                    # re-packing moved the job and its group dissolved before its first registration
+                    # (nothing of it is hosted yet): follow its record, register there
+                    if moved is not None or recover or attempt == MAX_REHOMES or not self._attach_after_moves():
+                        raise
         except Exception as e:  # a shared worker cannot import this job's code: ship it by value
             if "No module named" not in str(e):
                 raise
