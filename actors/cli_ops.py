@@ -35,10 +35,11 @@ from rich.table import Table
 from actors.cli_stack import (  # noqa: F401  (_ephemeral_range: the tests read it here)
     console, PROM_TARGETS, EXPOSE_FLAG, MAX_LOCAL_POOL_NODES, _CFG_HELP, _fail, _config, _state_path,
     _read_state, _write_state, _record_current, _clear_current, _resolve, _non_loopback_addresses,
-    _ray_auth_env, _port_free, _ephemeral_range, _free_port, _alive, _ray_temp_dir, _ray_cli, _spawn,
+    _ray_auth_env, _port_free, _ephemeral_range, _free_port, _alive, _ray_temp_dir, _ray_node_dir, _ray_cli, _spawn,
     _wait_port, _stop, _write_prometheus_targets, _install_grafana_dashboard, _print_urls, _env_lines, _http,
     _fmt,
 )
+from actors.ray_dirs import HEAD_KEY, UnsafeDirError
 from rollmux.config import ConfigError, ServeConfig, load_cluster, load_job
 from rollmux.nodes import HEAD_RESOURCE, NODE_RESOURCE_UNITS, node_id, node_resource, pool_resource
 
@@ -121,6 +122,10 @@ def up(
         if generated:
             console.print(f"generated a new API token in {cfg.token_path} (mode 0600)")
         return
+    try:  # every Ray node gets a private temp dir of its own below one 0700 root
+        _ray_node_dir(cfg, HEAD_KEY)
+    except UnsafeDirError as e:
+        _fail(str(e), 2)
     address = f"127.0.0.1:{cfg.ray_port}"
     client_port = _free_port()
     logs = cfg.state_dir / "logs"
@@ -140,7 +145,7 @@ def up(
                 "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={cfg.dashboard_port}",
                 f"--metrics-export-port={cfg.metrics_export_port}", f"--num-cpus={cfg.head_cpus}",
                 f"--dashboard-agent-listen-port={_free_port()}", f"--ray-client-server-port={client_port}",
-                f"--resources={json.dumps({HEAD_RESOURCE: 1.0})}", "--disable-usage-stats", f"--temp-dir={_ray_temp_dir(cfg)}",
+                f"--resources={json.dumps({HEAD_RESOURCE: 1.0})}", "--disable-usage-stats", f"--temp-dir={_ray_node_dir(cfg, HEAD_KEY)}",
             ], logs / "ray-head.log", env)
             state["processes"].append({**head, "what": "ray head"})
             _write_state(cfg, state)
@@ -263,12 +268,13 @@ def _start_pool_node(cfg: ServeConfig, state: dict, address: str, nid: str, pool
     One at a time: on a small, busy machine several raylets starting together can time out. A
     node whose process dies during start-up is retried once. Exits with a message otherwise."""
     res = {node_resource(nid): NODE_RESOURCE_UNITS, pool_resource(pool): 1.0}  # type: ignore[arg-type]
+    node_dir = _ray_node_dir(cfg, nid)  # its own session dir: runtime-env packages unpacked per node
     for attempt in range(attempts):
         before = _alive_nodes()
         metrics_port = _free_port()
         rec = _spawn(_ray_cli() + [
             "start", f"--address={address}", "--block", "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}",
-            f"--resources={json.dumps(res)}", "--disable-usage-stats", f"--temp-dir={_ray_temp_dir(cfg)}",
+            f"--resources={json.dumps(res)}", "--disable-usage-stats", f"--temp-dir={node_dir}",
             f"--dashboard-agent-listen-port={_free_port()}", f"--metrics-export-port={metrics_port}",
         ], logs / f"ray-{nid}.log", env)
         state["processes"].append({**rec, "what": f"ray node {nid}"})

@@ -229,17 +229,26 @@ def _alive(rec: dict) -> bool:
 
 
 def _ray_temp_dir(cfg: ServeConfig) -> Path:
-    """This cluster's own Ray temp dir. Ray's job supervisor finds "its" cluster through the temp
-    dir's address file (default ``/tmp/ray``, shared by every cluster on the host): with a private
-    one, ``ray job submit`` drivers attach to this cluster even when others run on the machine.
-    Ray puts Unix sockets under it (``session_<date>_<pid>/sockets/plasma_store``, at most 107
-    bytes in all): a state dir with a long path gets ``/tmp/rollmux-ray-<hash of the path>``."""
-    d = (cfg.state_dir / "ray").absolute()
-    if len(str(d)) > 48:
-        import hashlib
+    """Root of this stack's Ray temp dirs (not created here). Ray's job supervisor finds "its"
+    cluster through the temp dir's address file (default ``/tmp/ray``, shared by every cluster on
+    the host): with private ones, ``ray job submit`` drivers attach to this cluster even when others
+    run on the machine. Every Ray node of the stack gets its own temp dir below it
+    (:func:`_ray_node_dir`), so that sibling nodes never share a session directory (and with it the
+    runtime-env agent's unpacked ``working_dir`` packages, :mod:`actors.ray_dirs`). Ray puts Unix
+    sockets under them (at most 107 bytes in all): a state dir with a long path gets
+    ``/tmp/rollmux-ray-<hash of the path>``, created 0700 and checked to be this user's."""
+    from actors.ray_dirs import short_root
 
-        d = Path(f"/tmp/rollmux-ray-{hashlib.sha1(str(d).encode()).hexdigest()[:12]}")
-    return d
+    return short_root(cfg.state_dir / "ray")
+
+
+def _ray_node_dir(cfg: ServeConfig, key: str) -> Path:
+    """The private (0700) temp dir of one Ray node of the stack: ``<root>/head`` or ``<root>/<node id>``,
+    under a root made 0700 (:func:`_ray_temp_dir`). Raises actors.ray_dirs.UnsafeDirError when the
+    root or the dir exists but is a symlink or another user's."""
+    from actors.ray_dirs import node_temp_dir, private_dir
+
+    return node_temp_dir(private_dir(_ray_temp_dir(cfg)), key)
 
 
 def _ray_token_available(env: dict) -> bool:
@@ -337,7 +346,9 @@ def _install_grafana_dashboard(cfg: ServeConfig) -> Optional[Path]:
     generated configuration loads it (uid ``rollmux``). Returns the copy, or None."""
     import shutil
 
-    d = _ray_temp_dir(cfg) / "session_latest" / "metrics" / "grafana" / "dashboards"
+    from actors.ray_dirs import HEAD_KEY
+
+    d = _ray_temp_dir(cfg) / HEAD_KEY / "session_latest" / "metrics" / "grafana" / "dashboards"
     if not (d.is_dir() and GRAFANA_DASHBOARD.is_file()):
         return None
     shutil.copy(GRAFANA_DASHBOARD, d / GRAFANA_DASHBOARD.name)

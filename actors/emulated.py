@@ -84,12 +84,16 @@ class EmulatedRollout(_Emulated):
         """The modelled finish times of a rollout with these response lengths."""
         return emulation.plan_rollout(self.job, self.cluster, lengths, self.profile)
 
-    def generate(self, lengths: np.ndarray, *, progress: Optional[ProgressFn] = None) -> dict:
+    def generate(self, lengths: np.ndarray, *, progress: Optional[ProgressFn] = None,
+                 node: Optional[str] = None) -> dict:
         """Emulate one rollout whose responses have ``lengths`` (tokens, shape ``(n,)``): wait
         until each response's modelled finish time, reporting ``progress(done, n)`` as they finish.
+        With ``node`` (the pool node this rank runs on), long-tail migration's effect is acted out
+        with the other emulated rollouts on that node (:mod:`actors.emulated_tail`: a migrated
+        rollout's tail stretches, the next one runs on the freed GPUs' share).
 
         Returns ``{"t_roll_model_s", "token_fraction", "mean_tokens", "responses", "wall_s",
-        "progress_reports"}`` (modelled seconds and the wall seconds waited).
+        "progress_reports", "migrated"}`` (modelled seconds and the wall seconds waited).
         """
         p = self.plan(lengths)
         n = len(p.finish_s)
@@ -97,6 +101,8 @@ class EmulatedRollout(_Emulated):
         tick = self.cfg.progress_tick_ms / 1000.0
         t0 = self.clock()
         done, reports = 0, 0
+        if node is not None:
+            return self._generate_on_node(p, node, progress, t0, tick)
         while done < n:  # bounded: each pass finishes >= 1 response
             # the next finish, or (reporting) the next tick when sooner ones finish in between; never
             # later than the last finish (the rollout ends on time)
@@ -112,6 +118,25 @@ class EmulatedRollout(_Emulated):
         self.waited_s += dt
         return {"t_roll_model_s": p.t_roll_s, "token_fraction": p.token_fraction, "mean_tokens": p.mean_tokens,
                 "responses": n, "wall_s": dt, "progress_reports": reports}
+
+    def _generate_on_node(self, p: emulation.RolloutPlan, node: str, progress: Optional[ProgressFn], t0: float,
+                          tick: float) -> dict:
+        from actors import emulated_tail
+
+        m = profiler.rollout_model(self.job, self.cluster.rollout_pool.node.gpu, self.job.num_rollout_gpus,
+                                   self.job.max_response_tokens)
+        e = emulated_tail.begin(self.job.job_id, node, p.finish_s, t0, self.cfg.wall_ms_per_model_s / 1000.0,
+                                gpus=self.job.num_rollout_gpus, slots=m.replicas * m.concurrency,
+                                slack_model_s=max(0.0, self.profile.t_roll_s - p.t_roll_s))
+        try:
+            reports = emulated_tail.wait_responses(e, self.clock, self.wait_until, tick, progress)
+        finally:
+            emulated_tail.end(e)
+        dt = self.clock() - t0
+        self.waited_s += dt
+        return {"t_roll_model_s": p.t_roll_s, "token_fraction": p.token_fraction, "mean_tokens": p.mean_tokens,
+                "responses": len(p.finish_s), "wall_s": dt, "progress_reports": reports,
+                "migrated": bool(e.migrations)}
 
     def load_weights(self, weights: dict) -> None:
         """Apply synced (virtual) weights: counts their bytes, bumps the engine's version."""

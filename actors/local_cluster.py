@@ -9,6 +9,13 @@ actor, pinned by its own resource).
 
 Ray 2.60 binds its GCS, raylet and worker ports to every address of the host, so these clusters
 run in Ray's token mode too (:func:`use_ephemeral_ray_token`) unless ``RAY_AUTH_MODE`` is set.
+
+Everything a cluster writes lives under one private run directory (``$TMPDIR/rmx-<random>``, mode
+0700) that :meth:`LocalCluster.shutdown` (or, failing that, interpreter exit) removes: each Ray
+node's own temp dir (``head``, ``<node id>``: separate session dirs, so sibling nodes never share
+or delete each other's unpacked runtime-env packages, :mod:`actors.ray_dirs`), Ray's address file
+(``RAY_TMPDIR``) and the temp files of the workers (their ``TMPDIR``, e.g. default cold-start
+checkpoints). Nothing is left in ``/tmp/ray``.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Optional
@@ -49,20 +57,68 @@ def use_ephemeral_ray_token() -> Optional[Path]:
     return path
 
 
+#: Run directories of the clusters this process started and has not yet removed (a test session
+#: checks at its end that none is left).
+LIVE_RUN_DIRS: set[Path] = set()
+_ENV_LOCK = threading.Lock()
+
+
 @dataclass
 class LocalCluster:
-    """Handle on a started local cluster; ``shutdown()`` stops every node it started."""
+    """Handle on a started local cluster; ``shutdown()`` stops every node it started and removes
+    its run directory ``run_dir`` (node temp dirs, session files, workers' temp files)."""
 
     address: str
     cluster: object = field(repr=False)
     node_ids: list[str] = field(default_factory=list)
+    run_dir: Optional[Path] = None
+    node_dirs: dict[str, Path] = field(default_factory=dict)  # "head" / pool node id -> its Ray node's temp dir
 
     def shutdown(self) -> None:
         import ray
 
         if ray.is_initialized():
             ray.shutdown()
-        self.cluster.shutdown()  # type: ignore[attr-defined]
+        try:
+            self.cluster.shutdown()  # type: ignore[attr-defined]
+        finally:
+            if self.run_dir is not None:
+                remove_run_dir(self.run_dir)
+
+
+def new_run_dir(parent: Optional[str] = None) -> Path:
+    """A fresh private (0700) run directory ``<parent or $TMPDIR>/rmx-<random>``, short enough for
+    Ray's socket paths (falls back to ``/tmp`` when ``parent`` is too long); removed at interpreter
+    exit if :func:`remove_run_dir` was not called. Returns its path."""
+    from actors.ray_dirs import MAX_ROOT_CHARS
+
+    base = parent or tempfile.gettempdir()
+    if len(os.path.join(base, "rmx-12345678")) > MAX_ROOT_CHARS:
+        base = "/tmp"
+    d = Path(tempfile.mkdtemp(prefix="rmx-", dir=base))  # mode 0700, unique
+    LIVE_RUN_DIRS.add(d)
+    atexit.register(remove_run_dir, d)
+    return d
+
+
+def remove_run_dir(d: Path) -> None:
+    """Delete a run directory made by :func:`new_run_dir` (idempotent)."""
+    shutil.rmtree(d, ignore_errors=True)
+    LIVE_RUN_DIRS.discard(Path(d))
+
+
+def leftovers(pid: Optional[int] = None) -> list[Path]:
+    """What clusters started by process ``pid`` (default: this one) left on disk: run dirs of
+    :func:`new_run_dir` not yet removed, and Ray session dirs of a head started by that process in
+    Ray's default temp dir (``$RAY_TMPDIR/ray`` or ``/tmp/ray``, ``session_*_<pid>``; a cluster
+    started another way than :func:`start_local_cluster`). Empty when nothing is left."""
+    from ray._common.utils import get_default_ray_temp_dir
+
+    pid = os.getpid() if pid is None else pid
+    out = sorted(d for d in LIVE_RUN_DIRS if d.exists())
+    roots = {Path(get_default_ray_temp_dir()), Path("/tmp/ray")}
+    out += sorted(p for r in roots for p in r.glob(f"session_*_{pid}") if p.is_dir() and not p.is_symlink())
+    return out
 
 
 def cpu_pinning(spec: ClusterSpec, cpus: Optional[list[int]] = None) -> dict[str, list[int]]:
@@ -111,7 +167,8 @@ def start_local_cluster(
             the same device ``0``; workers then request ``ROLLMUX_WORKER_GPUS`` of it).
         pool_nodes_per_ray_node: how many pool nodes (of one pool) one Ray node carries (each with
             its own ``rollmux_node:<id>`` resource; ``rollmux_pool:<pool>`` counts them). 1: one
-            Ray node per pool node. ``node_cpus`` / ``node_gpus`` are per Ray node.
+            Ray node per pool node. ``node_cpus`` / ``node_gpus`` are per Ray node. Each Ray node
+            has its own temp dir (``head``, then the id of its first pool node).
         worker_niceness: the nice value of the cluster's worker processes (Ray's default 15 lets
             any other load on the machine delay them; emulated accelerators, whose phases are
             timed waits, pass 0). None: Ray's default (or env ``RAY_worker_niceness``).
@@ -125,34 +182,66 @@ def start_local_cluster(
     import ray
     from ray.cluster_utils import Cluster
 
+    from actors.ray_dirs import HEAD_KEY, MAX_KEY_CHARS, node_temp_dir
+
+    for pool in ("rollout", "train"):
+        if spec.pool(pool).num_nodes is None:  # type: ignore[arg-type]
+            raise ValueError(f"{pool} pool of {spec.name!r} is unbounded; a local cluster needs num_nodes")
     if worker_niceness is not None:  # read by the raylets this process starts
         os.environ["RAY_worker_niceness"] = str(int(worker_niceness))
     if pin_cpus:
         import json
 
         os.environ["ROLLMUX_CPU_PIN"] = json.dumps(cpu_pinning(spec))
+    run_dir = new_run_dir()
+    tmp = run_dir / "tmp"
+    tmp.mkdir(mode=0o700)
+    (run_dir / "ray").mkdir(mode=0o700)  # $RAY_TMPDIR/ray: Ray's default temp dir (address file)
+    dirs = {HEAD_KEY: node_temp_dir(run_dir, HEAD_KEY)}
     head_args = {
         "num_cpus": head_cpus,
         "object_store_memory": object_store_mb * 2**20,
         "include_dashboard": include_dashboard,
         "resources": {HEAD_RESOURCE: 1.0},
+        "temp_dir": str(dirs[HEAD_KEY]),
     }
     head_args.update(head_extra or {})
-    cluster = Cluster(initialize_head=True, head_node_args=head_args)
     ids: list[str] = []
-    for pool in ("rollout", "train"):
-        p = spec.pool(pool)  # type: ignore[arg-type]
-        if p.num_nodes is None:
-            raise ValueError(f"{pool} pool of {spec.name!r} is unbounded; a local cluster needs num_nodes")
-        k = pool_nodes_per_ray_node
-        for first in range(0, p.num_nodes, k):
-            nids = [node_id(pool, i) for i in range(first, min(p.num_nodes, first + k))]  # type: ignore[arg-type]
-            res = {node_resource(n): NODE_RESOURCE_UNITS for n in nids}
-            res[pool_resource(pool)] = float(len(nids))  # type: ignore[arg-type]
-            cluster.add_node(num_cpus=node_cpus, num_gpus=node_gpus, object_store_memory=object_store_mb * 2**20,
-                             resources=res)
-            ids.extend(nids)
-    cluster.wait_for_nodes()
+    # the node processes (and the workers they start) inherit this environment: Ray's default temp
+    # dir (its address file) and the workers' TMPDIR inside the run dir; restored once they run
+    with _ENV_LOCK:
+        saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "TMPDIR")}
+        os.environ.update(RAY_TMPDIR=str(run_dir), TMPDIR=str(tmp))
+        try:
+            cluster = Cluster(initialize_head=True, head_node_args=head_args)
+            try:
+                k = pool_nodes_per_ray_node
+                for pool in ("rollout", "train"):
+                    p = spec.pool(pool)  # type: ignore[arg-type]
+                    for first in range(0, p.num_nodes, k):  # type: ignore[arg-type]
+                        nids = [node_id(pool, i) for i in range(first, min(p.num_nodes, first + k))]  # type: ignore[arg-type]
+                        res = {node_resource(n): NODE_RESOURCE_UNITS for n in nids}
+                        res[pool_resource(pool)] = float(len(nids))  # type: ignore[arg-type]
+                        key = nids[0] if len(nids[0]) <= MAX_KEY_CHARS else f"n{len(dirs)}"
+                        d = node_temp_dir(run_dir, key)
+                        dirs.update({n: d for n in nids})
+                        cluster.add_node(num_cpus=node_cpus, num_gpus=node_gpus,
+                                         object_store_memory=object_store_mb * 2**20, resources=res, temp_dir=str(d))
+                        ids.extend(nids)
+                cluster.wait_for_nodes()
+            except BaseException:
+                cluster.shutdown()
+                raise
+        except BaseException:
+            remove_run_dir(run_dir)
+            raise
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    lc = LocalCluster(address=cluster.address, cluster=cluster, node_ids=ids, run_dir=run_dir, node_dirs=dirs)
     if connect:
         ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
-    return LocalCluster(address=cluster.address, cluster=cluster, node_ids=ids)
+    return lc

@@ -51,6 +51,7 @@ from rollmux.records import JobState
 
 log = logging.getLogger("rollmux.runtime")
 CONTROLLER_RETRIES = 60  # x 1 s: how long a driver waits for a restarting GroupController
+MAX_REHOMES = 4  # moves one permit request follows (re-packing may move a job again before it re-attaches)
 WORKER_RECOVERIES = 3  # how many lost workers one phase survives (each: re-host the job, redo the phase)
 WORKER_RESTART_S = 120.0  # how long a driver waits for a lost worker to be restarted by Ray
 PREEMPT_WAIT_S = 7 * 24 * 3600.0  # how long a preempted job's driver waits to be re-admitted (env ROLLMUX_PREEMPT_WAIT_S)
@@ -161,11 +162,30 @@ class ScheduledRuntime:
             self._home(ticket)
             self.attach_info = self.controller.attach(jid, driver=self.driver)  # joins its queues now
         except (PermitError, KeyError):  # moved between reading the record and attaching
-            if not self._rehome():
+            if not self._attach_after_moves():
                 raise
         self._stop = threading.Event()
         self._hb = threading.Thread(target=self._heartbeat, name=f"rollmux-heartbeat-{jid}", daemon=True)
         self._hb.start()
+
+    def _attach_after_moves(self) -> bool:
+        """Re-packing moved the job before its driver attached (nothing of it is hosted yet, so
+        nothing moves with it): re-read its record and attach to the controller it names, waiting
+        a reconcile pass when the record and the controllers have not caught up with each other
+        (at most :data:`MAX_REHOMES` tries, 0.5 s apart). True once attached."""
+        jid = self.job.job_id
+        for _ in range(MAX_REHOMES):
+            time.sleep(0.5)
+            ticket = self.sched.attach(jid)
+            if ticket is None or not JobState(ticket.record["state"]).is_active():
+                return False
+            try:
+                self._home(ticket)
+                self.attach_info = self.controller.attach(jid, driver=self.driver)
+                return True
+            except (PermitError, KeyError, ActorLost):  # moved again meanwhile: follow the newer record
+                continue
+        return False
 
     def _home(self, ticket: AttachTicket) -> None:
         """Point this driver at the group, controller and node workers of ``ticket``'s record."""
@@ -205,7 +225,19 @@ class ScheduledRuntime:
             got = gather([w.export_job_nowait(self.key) for w in self.rollout_workers + self.train_workers])
             payload = {"rollout": got[:k], "train": got[k:]}
         self._home(ticket)
-        self.attach_info = self.controller.attach(jid, has_sync=self.program.has_sync, driver=self.driver)
+        for k in range(MAX_REHOMES):  # re-packing may move the job on before it attaches: follow it
+            try:
+                self.attach_info = self.controller.attach(jid, has_sync=self.program.has_sync, driver=self.driver)
+                break
+            except (PermitError, KeyError, ActorLost):  # moved on, or that group already dissolved
+                if k == MAX_REHOMES - 1:
+                    raise
+                time.sleep(0.2)
+                ticket = self.sched.attach(jid)
+                if ticket is None or not JobState(ticket.record["state"]).is_active():
+                    raise
+                rec = ticket.record
+                self._home(ticket)  # the exported state (payload) goes to the newest home
         if self._registered:
             self._registered = False
             self._register(moved=payload)
@@ -307,7 +339,15 @@ class ScheduledRuntime:
 
         self.shipped: list[str] = []
         try:
-            register()
+            for attempt in range(MAX_REHOMES + 1):
+                try:
+                    register()
+                    break
+                except (ActorLost, PermitError):
+                    # re-packing moved the job and its group dissolved before its first registration
+                    # (nothing of it is hosted yet): follow its record, register there
+                    if moved is not None or recover or attempt == MAX_REHOMES or not self._attach_after_moves():
+                        raise
         except Exception as e:  # a shared worker cannot import this job's code: ship it by value
             if "No module named" not in str(e):
                 raise
@@ -345,22 +385,22 @@ class ScheduledRuntime:
         """The controller's permit for ``phase`` (follows a move once; waits for a restarting
         controller). Raises PhaseFailed when it cannot be granted."""
         j = self.job
-        rehomed = False
-        for attempt in range(CONTROLLER_RETRIES):  # bounded: a restarting controller comes back
+        rehomes = 0  # moves followed for this permit: re-packing may move the job again meanwhile
+        for attempt in range(CONTROLLER_RETRIES + MAX_REHOMES):  # bounded: a restarting controller comes back
             try:
                 return self.controller.acquire(j.job_id, phase, iteration=j.iteration, has_sync=self.program.has_sync)
             except ActorLost:
                 # the controller is gone: the job moved and its old group's controller exited
                 # (follow the record), or it is restarting (ask again)
-                if not rehomed and self._rehome():
-                    rehomed = True
+                if rehomes < MAX_REHOMES and self._rehome():
+                    rehomes += 1
                     continue
-                if attempt == CONTROLLER_RETRIES - 1:
+                if attempt >= CONTROLLER_RETRIES - 1:
                     raise PhaseFailed(f"job {j.job_id!r}: the group controller is unavailable") from None
                 time.sleep(1.0)
             except PermitError as err:
-                if not rehomed and self._rehome():
-                    rehomed = True  # moved by departure re-packing: retry once on the new group
+                if rehomes < MAX_REHOMES and self._rehome():
+                    rehomes += 1  # moved by re-packing: retry on the new group (which may move it again)
                     continue
                 raise PhaseFailed(str(err)) from None
             except Exception as err:  # the controller refused otherwise (e.g. no permit in time)

@@ -76,7 +76,7 @@ def main(argv=None) -> int:
         name = f"rollmux-bench-{uid}"
         h = get_or_create_scheduler(spec, name=name)
         SchedulerHandle(h).health(timeout_s=None)
-        ckpt = tempfile.mkdtemp(prefix="rollmux-bench-ckpt-")
+        ckpt = tempfile.mkdtemp(prefix="ckpt-", dir=lc.run_dir)  # removed with the cluster's run dir
         for size in args.sizes.split(","):
             c0 = cfg
             if size != "config":

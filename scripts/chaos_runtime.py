@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -213,6 +214,7 @@ def main(argv=None) -> int:
             rows.append(one_run(kind, sched, sched_name, env, paths, n, tmp, args.timeout_s, solo))
     finally:
         lc.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
     out = {"iterations_per_job": n, "jobs": list(JOBS), "cluster": Path(args.cluster).name,
            "load_avg": list(os.getloadavg()), "kills": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import subprocess
+import shutil
 import sys
 import tempfile
 import time
@@ -292,7 +293,8 @@ def main(argv=None) -> int:
         if not cold.get("ok"):
             con.print(f"[yellow]cold-switch run failed: {cold.get('error') or rc[cold_id][1]}[/]")
     finally:
-        lc.shutdown()
+        lc.shutdown()  # removes the cluster's run dir (node temp dirs, Ray session files)
+        shutil.rmtree(tmp, ignore_errors=True)  # the jobs' results (read above) and checkpoints
 
     # ---- figures from the recorded timelines
     co_tl = [r for name in JOBS for r in co[name]["timeline"]]

@@ -5,6 +5,12 @@ The session's cluster runs in Ray's token mode with a fresh random token (Ray 2.
 GCS, raylet and worker ports to every address of the host): ``use_ephemeral_ray_token`` exports
 ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH`` before Ray is imported, unless
 ``RAY_AUTH_MODE`` is already set.
+
+Nothing is left on disk: the session's cluster keeps everything (node temp dirs, Ray's session
+files, the workers' temp files) in one private run dir that its teardown removes, and the session
+fails at its end when any cluster started here left a run dir or a ``/tmp/ray/session_*`` behind
+(:func:`actors.local_cluster.leftovers`). pytest's own ``tmp_path`` dirs are kept for failed
+tests only (``tmp_path_retention_policy``).
 """
 
 from __future__ import annotations
@@ -26,6 +32,22 @@ def _has_cuda() -> bool:
         return torch.cuda.is_available()
     except Exception:  # pragma: no cover
         return False
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the session when a local cluster started by it left files behind (checked after every
+    fixture's teardown)."""
+    from actors.local_cluster import leftovers
+
+    left = leftovers()
+    if left:
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        msg = "local Ray cluster files left behind: " + ", ".join(map(str, left))
+        if tr is not None:
+            tr.write_line(msg, red=True, bold=True)
+        else:  # pragma: no cover
+            print(msg)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(config, items):

@@ -263,3 +263,47 @@ def test_emulated_group_on_the_runtime_matches_the_simulator(ray_cluster, tmp_pa
     finally:
         kill_scheduler_and_controllers(h, name)
         assert ray.is_initialized()
+
+
+def test_a_rollout_starting_beside_a_running_one_acts_out_the_simulators_migration():
+    """actors.emulated_tail: the running rollout's unfinished responses end the overhead later and
+    stretched (LongTailPolicy.plan_tail); the new one starts after the overhead at the freed share
+    (the simulator's _finish); a rollout alone on its node is untouched."""
+    from actors import emulated_tail as et
+    from rollmux.intra_group import _finish
+
+    lt = et.policy()
+    scale = 0.01
+    fin_a = np.linspace(1.0, 100.0, 100)  # modelled s
+    a = et.begin("tail-a", "node-x", fin_a, 0.0, scale, gpus=8, slots=100, slack_model_s=1e6)
+    assert np.allclose(a.finish, fin_a * scale) and a.tail is None  # alone: untouched
+    alone = et.begin("tail-c", "node-y", fin_a, 0.0, scale, gpus=8, slots=100, slack_model_s=1e6)
+    now = 0.805  # 80 of a's 100 responses done
+    b = et.begin("tail-b", "node-x", fin_a, now, scale, gpus=8, slots=100, slack_model_s=1e6)
+    try:
+        k, stretch = lt.plan_tail(8, (1.0 - now) / scale, 1e6, 20 / 100)
+        ov = lt.migration_overhead_s * scale
+        assert a.tail is not None and a.tail[1] == pytest.approx(k / 8)
+        assert a.finish[-1] == pytest.approx(now + ov + (1.0 - now) * stretch)
+        assert np.allclose(a.finish[:80], fin_a[:80] * scale)  # the finished ones keep their times
+        want = [_finish(now + ov, d, [a.tail]) for d in fin_a * scale]
+        assert np.allclose(b.finish, want) and b.finish[-1] > now + fin_a[-1] * scale  # slower while the tail runs
+        assert alone.tail is None and np.allclose(alone.finish, fin_a * scale)
+    finally:
+        for e in (a, b, alone):
+            et.end(e)
+    assert not et._RUNNING.get("node-x") and not et._RUNNING.get("node-y")
+
+
+def test_a_lone_rollout_on_a_node_takes_the_models_time():
+    from actors.emulated import EmulatedRollout
+
+    c, job = _cluster(), _job()
+    cfg = EmulationConfig(wall_ms_per_model_s=10.0, progress_tick_ms=5.0)
+    lengths = emulation.draw_lengths(job, emulation.job_rng(job.job_id, 5), cfg)
+    fc = FakeClock()
+    eng = EmulatedRollout(job, c, cfg, clock=fc.clock, sleep=fc.sleep)
+    seen = []
+    out = eng.generate(lengths, progress=lambda d, n: seen.append((d, n)), node="lone-node")
+    assert out["wall_s"] == pytest.approx(out["t_roll_model_s"] * 0.01, rel=1e-9) and not out["migrated"]
+    assert seen[-1] == (len(lengths), len(lengths)) and all(a[0] <= b[0] for a, b in zip(seen, seen[1:]))

@@ -134,7 +134,7 @@ def test_fresh_up_accepts_no_unauthenticated_request(netns, tmp_path):
         from actors.cli_ops import _ray_temp_dir
         from rollmux.config import ServeConfig
 
-        grafana = _ray_temp_dir(ServeConfig(state_dir=sd)) / "session_latest/metrics/grafana/dashboards"
+        grafana = _ray_temp_dir(ServeConfig(state_dir=sd)) / "head/session_latest/metrics/grafana/dashboards"
         assert (grafana / "rollmux_grafana_dashboard.json").is_file()  # next to Ray's generated dashboards
         r = netns.run([sys.executable, str(ROOT / "tests" / "ray_port_probe.py"), "--ns-ip", netns.ip,
                        "--gcs-port", state["ray_address"].rsplit(":", 1)[1], "--client-address", state["ray_client_address"],

@@ -84,7 +84,9 @@ def rollout_phase(cfg: EmulatedJobConfig, state: dict, iteration: int, hook: Any
     moved = _moved_wait(cfg, state, "rollout", eng)
     draws = state["draws"]
     lengths = draws[iteration % len(draws)] if draws else emulation.draw_lengths(cfg.spec, state["rng"], cfg.emulation)
-    out = eng.generate(lengths, progress=getattr(hook, "progress", None))
+    ctx = parallel("rollout")
+    node = ctx.nodes[ctx.rank] if len(ctx.nodes) > ctx.rank else None  # the runtime's rank: migration acted out there
+    out = eng.generate(lengths, progress=getattr(hook, "progress", None), node=node)
     return {"iteration": iteration, "policy_version": state["version"], "move_model_s": moved, **out}
 
 
