@@ -231,3 +231,17 @@ class InProcessScheduler:
 
     async def snapshot_since(self, epoch, version, wait_s, policy):
         return await self.invoke("snapshot_since", self.s.snapshot_since, epoch, version, wait_s, policy)
+
+
+def tiny_stack_spec(name: str) -> str:
+    """A ``rollmux up`` cluster spec (YAML) of one CPU rollout node and one CPU training node."""
+    return f"""name: {name}
+rollout_pool:
+  node: {{gpu: CPU, gpus_per_node: 1, host_mem_gb: 4}}
+  num_nodes: 1
+train_pool:
+  node: {{gpu: CPU, gpus_per_node: 1, host_mem_gb: 4}}
+  num_nodes: 1
+cross_cluster_gbps: 1
+intra_cluster_gbps: 20
+"""

@@ -20,18 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from factories import tiny_stack_spec
+
 ROOT = Path(__file__).resolve().parent.parent
 
-TINY_SPEC = """name: jobs-test
-rollout_pool:
-  node: {gpu: CPU, gpus_per_node: 1, host_mem_gb: 4}
-  num_nodes: 1
-train_pool:
-  node: {gpu: CPU, gpus_per_node: 1, host_mem_gb: 4}
-  num_nodes: 1
-cross_cluster_gbps: 1
-intra_cluster_gbps: 20
-"""
+TINY_SPEC = tiny_stack_spec("jobs-test")
 
 
 def _mode(p: Path) -> int:

@@ -22,19 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from factories import tiny_stack_spec
+
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.ray, pytest.mark.netns, pytest.mark.slow]
 
-TINY_SPEC = """name: ops-test
-rollout_pool:
-  node: {gpu: CPU, gpus_per_node: 1, host_mem_gb: 4}
-  num_nodes: 1
-train_pool:
-  node: {gpu: CPU, gpus_per_node: 1, host_mem_gb: 4}
-  num_nodes: 1
-cross_cluster_gbps: 1
-intra_cluster_gbps: 20
-"""
+TINY_SPEC = tiny_stack_spec("ops-test")
 JOB = "job:\n  job_id: {jid}\n  model_params_b: 0.01\n  num_prompts: 8\n  max_response_tokens: 64\n" \
       "  num_rollout_gpus: 1\n  num_train_gpus: 1\n  slo: 2.0\n"
 

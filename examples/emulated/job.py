@@ -20,6 +20,7 @@ result is the job's. Imports neither torch nor Ray (the drivers and workers stay
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Any, Callable, Optional, Sequence
@@ -124,18 +125,12 @@ def make_job(cfg: EmulatedJobConfig, *, attach: Optional[bool] = None, **job_kw)
     ``job_kw`` go to :class:`rollmux.Job` (``scheduler_name``, ``checkpoint_dir``, ...);
     ``sync_backend`` defaults to ``"counted"``."""
     import rollmux
-    from examples.grpo.bind import Bound
+    from examples.grpo.bind import register_phases
 
     job_kw.setdefault("sync_backend", DEFAULT_SYNC_BACKEND)
     job = rollmux.Job(cfg.spec, attach=attach, **job_kw)
-    job.state("rollout")(Bound(build_rollout_state, cfg))
-    job.state("train")(Bound(build_train_state, cfg))
-    rollout = job.phase("rollout")(Bound(rollout_phase, cfg))
-    train = job.phase("train")(Bound(train_phase, cfg))
-    publish = job.phase("sync")(Bound(publish_weights, cfg))
-    job.apply_weights(Bound(apply_weights, cfg))
-    job.gather("rollout")(gather_first)
-    job.gather("train")(gather_first)
+    rollout, train, publish = register_phases(job, sys.modules[__name__], cfg, gather_rollout=gather_first,
+                                              gather_train=gather_first)
     return job, rollout, train, publish
 
 

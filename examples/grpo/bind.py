@@ -43,3 +43,19 @@ class Bound:
     def __call__(self, *args, **kwargs):
         fn, cfg = self.resolve()
         return fn(cfg, *args, **kwargs)
+
+
+def register_phases(job, module, cfg, *, gather_rollout, gather_train):
+    """Register a job's state builders and phases, each bound to ``cfg``, on a ``rollmux.Job``:
+    ``module`` provides ``build_rollout_state``, ``build_train_state``, ``rollout_phase``,
+    ``train_phase``, ``publish_weights`` and ``apply_weights`` (the example jobs' shape);
+    ``gather_*`` merge the ranks' results. Returns the decorated ``(rollout, train, publish)``."""
+    job.state("rollout")(Bound(module.build_rollout_state, cfg))
+    job.state("train")(Bound(module.build_train_state, cfg))
+    rollout = job.phase("rollout")(Bound(module.rollout_phase, cfg))
+    train = job.phase("train")(Bound(module.train_phase, cfg))
+    publish = job.phase("sync")(Bound(module.publish_weights, cfg))
+    job.apply_weights(Bound(module.apply_weights, cfg))
+    job.gather("rollout")(gather_rollout)
+    job.gather("train")(gather_train)
+    return rollout, train, publish

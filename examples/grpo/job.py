@@ -22,6 +22,7 @@ Source: GRPO (DeepSeekMath) for the algorithm.
 from __future__ import annotations
 
 import hashlib
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -29,7 +30,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from examples.grpo import algo
-from examples.grpo.bind import Bound
+from examples.grpo.bind import register_phases
 from examples.grpo.config import GRPOJobConfig
 from examples.grpo.model import build_model
 from examples.grpo.task import PromptSampler, reward
@@ -246,14 +247,8 @@ def make_job(cfg: GRPOJobConfig, *, attach: Optional[bool] = None, **job_kw) -> 
     import rollmux
 
     job = rollmux.Job(cfg.job, attach=attach, **job_kw)
-    job.state("rollout")(Bound(build_rollout_state, cfg))
-    job.state("train")(Bound(build_train_state, cfg))
-    rollout = job.phase("rollout")(Bound(rollout_phase, cfg))
-    train = job.phase("train")(Bound(train_phase, cfg))
-    publish = job.phase("sync")(Bound(publish_weights, cfg))
-    job.apply_weights(Bound(apply_weights, cfg))
-    job.gather("rollout")(gather_rollout)
-    job.gather("train")(gather_train)
+    rollout, train, publish = register_phases(job, sys.modules[__name__], cfg, gather_rollout=gather_rollout,
+                                              gather_train=gather_train)
     return GRPOJob(job, rollout, train, publish)
 
 
