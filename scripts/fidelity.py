@@ -191,10 +191,7 @@ def run_runtime(jobs, iters, cluster, cfg, em, args, tmp: Path) -> dict:
                 pass
         out.update(results=res, polls=polls, t_start=t_start, load_1m=load, health=sh.health())
     finally:
-        try:
-            ray.shutdown()
-        finally:
-            lc.cluster.shutdown()
+        lc.shutdown()  # disconnects, stops every node and removes the cluster's run dir
     return out
 
 
