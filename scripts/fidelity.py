@@ -130,8 +130,6 @@ def run_simulator(jobs, cluster, cfg, real) -> dict:
 # --------------------------------------------------------------------------------------- runtime
 def run_runtime(jobs, iters, cluster, cfg, em, args, tmp: Path) -> dict:
     """The same jobs on the runtime (emulated accelerators); per job its result, per run the group polls."""
-    import ray
-
     from actors.global_scheduler import get_or_create_scheduler
     from actors.handles import SchedulerHandle, gather
     from actors.local_cluster import start_local_cluster
