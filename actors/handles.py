@@ -98,6 +98,13 @@ def start_actor(cls: type, args: tuple = (), kwargs: Optional[dict] = None, **op
     return ray.remote(cls).options(**options).remote(*args, **(kwargs or {}))
 
 
+def run_in_actor(actor: Any, fn: Callable[[Any], Any], timeout_s: Optional[float] = None) -> Any:
+    """``fn(instance)`` run inside the actor ``actor`` (Ray's ``__ray_call__``), its result (bounded by
+    ``timeout_s``; errors translated as the module docstring says). For benchmarks that instrument
+    or read an actor's internals; the product's calls go through the typed handles."""
+    return Pending(actor.__ray_call__.remote(fn), getattr(fn, "__name__", "__ray_call__")).result(timeout_s)
+
+
 class Pending:
     """One call in flight (a Ray ObjectRef): :meth:`result` waits for it (bounded), ``await``
     awaits it; errors as the module docstring says."""

@@ -214,10 +214,9 @@ def main(argv=None) -> int:
     n_jobs = args.jobs or (8 if args.quick else 24)
     nodes = args.nodes_per_pool or (8 if args.quick else 32)
     iters = args.iterations or (3 if args.quick else 4)
-    import ray
 
     from actors.global_scheduler import get_or_create_scheduler
-    from actors.handles import SchedulerHandle, gather
+    from actors.handles import SchedulerHandle, gather, run_in_actor
     from actors.local_cluster import start_local_cluster
     from actors.proc_stats import ray_process_stats
     from actors.workers import worker_handle
@@ -240,7 +239,7 @@ def main(argv=None) -> int:
         sched = get_or_create_scheduler(cluster, name=name, checkpoint_path=str(tmp / "scheduler-ckpt"))
         sh = SchedulerHandle(sched)
         sh.health(timeout_s=None)
-        ray.get(sched.__ray_call__.remote(_instrument), timeout=60)
+        run_in_actor(sched, _instrument, timeout_s=60)
         t1 = time.time()
         if args.prestart_workers:
             all_nodes = [f"{p}-{i}" for p in ("rollout", "train") for i in range(nodes)]
@@ -277,7 +276,7 @@ def main(argv=None) -> int:
         th.join(timeout=5)
         load["jobs_end"] = os.getloadavg()
         sched_cpu = _sched_cpu() - cpu0
-        inner = ray.get(sched.__ray_call__.remote(_collect), timeout=120)
+        inner = run_in_actor(sched, _collect, timeout_s=120)
         health = sh.health()
         procs = per_actor_processes()
         after = ray_process_stats()

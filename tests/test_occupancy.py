@@ -129,7 +129,11 @@ def test_half_node_job_bubble_is_gpu_weighted(policy):
     (Gavel+ rents GPUs, not nodes: its figure is over its own GPUs)."""
     s = JobSpec(job_id="half", model_params_b=7, num_rollout_gpus=4, num_train_gpus=4, slo=1.5,
                 measured=PhaseProfile(t_roll_s=60, t_train_s=60, t_sync_s=5))
-    r = simulate([SimJob(spec=s, job_type="x", category="balanced", arrival_s=0, duration_s=1250)], CLUSTER, [policy])
+    from rollmux.admission import SchedulerConfig
+
+    # whole nodes: no per-job allocation (that would rent the job its own GPUs, as Gavel+ does)
+    r = simulate([SimJob(spec=s, job_type="x", category="balanced", arrival_s=0, duration_s=1250)], CLUSTER, [policy],
+                 config=SchedulerConfig(per_job_allocations="off"))
     m = r.summary["policies"][policy]
     if policy == "gavel+":
         assert 0 <= m["rollout_bubble_ratio"] < 0.76
