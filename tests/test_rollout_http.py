@@ -100,9 +100,8 @@ def test_trainer_loop_over_http(http, svc):
         sampled += len(gens)
         left = [i for i in ids if i not in {g["id"] for g in got}]
         c = http.post("/v1/rollouts:cancel", json={"ids": left}).json()
-        # the long generation is cut unless it ended between the stream and the cancel (timing)
+        # the long generation is cut unless it ended before the cancel (timing: then it was streamed or ended)
         long_cut += ids[7] in c["dropped"] + c["aborted"]
-        assert ids[7] in c["dropped"] + c["aborted"] + c["already_ended"]
         assert sorted(c["dropped"] + c["aborted"] + c["already_ended"]) == sorted(left) and not c["unknown"]
         for i in c["dropped"] + c["aborted"]:
             v = http.get(f"/v1/rollouts/{i}").json()
