@@ -49,14 +49,20 @@ class FakeClock:
         self.t += s
 
 
-def test_rollout_wait_is_the_model_times_the_time_factor():
+def _rollout_on_fake_clock(seed: int):
+    """A default job's emulated rollout engine at 10 ms per modelled second on a fake clock, and its
+    response lengths drawn with ``seed``: ``(cluster, job, cfg, lengths, clock, engine)``."""
     from actors.emulated import EmulatedRollout
 
     c, job = _cluster(), _job()
     cfg = EmulationConfig(wall_ms_per_model_s=10.0, progress_tick_ms=5.0)
-    lengths = emulation.draw_lengths(job, emulation.job_rng(job.job_id, 3), cfg)
+    lengths = emulation.draw_lengths(job, emulation.job_rng(job.job_id, seed), cfg)
     fc = FakeClock()
-    eng = EmulatedRollout(job, c, cfg, clock=fc.clock, sleep=fc.sleep)
+    return c, job, cfg, lengths, fc, EmulatedRollout(job, c, cfg, clock=fc.clock, sleep=fc.sleep)
+
+
+def test_rollout_wait_is_the_model_times_the_time_factor():
+    c, job, cfg, lengths, fc, eng = _rollout_on_fake_clock(seed=3)
     out = eng.generate(lengths)
     expect = profiler.response_finish_times(job, c, lengths)[-1]
     assert out["t_roll_model_s"] == pytest.approx(expect)
@@ -296,13 +302,7 @@ def test_a_rollout_starting_beside_a_running_one_acts_out_the_simulators_migrati
 
 
 def test_a_lone_rollout_on_a_node_takes_the_models_time():
-    from actors.emulated import EmulatedRollout
-
-    c, job = _cluster(), _job()
-    cfg = EmulationConfig(wall_ms_per_model_s=10.0, progress_tick_ms=5.0)
-    lengths = emulation.draw_lengths(job, emulation.job_rng(job.job_id, 5), cfg)
-    fc = FakeClock()
-    eng = EmulatedRollout(job, c, cfg, clock=fc.clock, sleep=fc.sleep)
+    c, job, cfg, lengths, fc, eng = _rollout_on_fake_clock(seed=5)
     seen = []
     out = eng.generate(lengths, progress=lambda d, n: seen.append((d, n)), node="lone-node")
     assert out["wall_s"] == pytest.approx(out["t_roll_model_s"] * 0.01, rel=1e-9) and not out["migrated"]
