@@ -181,8 +181,8 @@ class JobStore:
         rec.priority_class, rec.tenant, rec.borrowed = class_of(cfg, job), tenant_of(cfg, job), bool(borrowed)
         if old is not None and old.state == JobState.PREEMPTED:  # resumed: its history and progress go on
             rec.preemptions = [dict(p) for p in old.preemptions]
-            if rec.preemptions and rec.preemptions[-1].get("resumed_at") is None:
-                rec.preemptions[-1]["resumed_at"] = now
+            if rec.preemptions and rec.preemptions[-1].get("resumed_at_s") is None:
+                rec.preemptions[-1]["resumed_at_s"] = now
             rec.iterations_done = old.iterations_done
             rec.measured, rec.slowdown, rec.measured_phases = old.measured, old.slowdown, old.measured_phases
         self.records[job.job_id] = rec
@@ -192,7 +192,7 @@ class JobStore:
         """The job is preempted (``admitted | running -> preempted``): its last placement ``final``
         is frozen into the record (its group's controller lists it as gone, removed at its
         iteration boundary) and ``entry`` (:class:`rollmux.preemption.PreemptionRecord` dict with
-        ``at`` in Unix time) appended to its preemptions."""
+        ``at_s`` in Unix time) appended to its preemptions."""
         rec.group_id, rec.placement, rec.controller = final.group_id, final.placement, final.controller
         self.transition(rec, JobState.PREEMPTED)
         rec.preemptions = [*rec.preemptions, {**entry, "iteration": rec.iterations_done}]

@@ -124,8 +124,6 @@ class PriorityPart:
             self._forget(v.job_id)
             entry = PreemptionRecord(at_s=now, by_job=by.job_id, by_class=class_of(self.igs.config, by),
                                      lost_gpu_h=v.lost_gpu_h, reason=reason).to_dict()
-            entry["at"] = entry.pop("at_s")
-            entry["resumed_at"] = entry.pop("resumed_at_s")
             self.job_store.preempt(rec, final, entry)
             self.queue.push(spec, now, reason=f"preempted by {by.job_id}")
             self._queue_dirty = True

@@ -457,9 +457,9 @@ class OptimalPartition:
                 exact = True
                 if s in fixed:
                     v = fixed[s]
-                elif size == 1:
+                elif size == 1:  # with ``per_job`` the job's own allocation where cheaper
                     g = self.layout([by_id[ids[combo[0]]]])
-                    v = math.inf if g is None else g.cost_usd_per_h(self.cluster)
+                    v = math.inf if g is None else self.single_usd_per_h(*by_id[ids[combo[0]]], g.cost_usd_per_h(self.cluster))
                 elif s in self._cols:
                     g = self._cols[s]
                     v = math.inf if g is None else g.cost_usd_per_h(self.cluster)

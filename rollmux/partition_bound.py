@@ -37,11 +37,19 @@ the cheapest; none found raises the set's floor to ``pi(S)``) and exact ones joi
 When pricing finds none, every column outside the master prices ``>= -eps`` and the master's own
 ``>= -worst`` (the LP's tolerance), so ``sum pi - n x max(eps, worst)`` is a proven bound (the
 Lagrangian bound: a partition has at most ``n`` groups), the LP value up to that (kind ``"lp"``).
+Then rounds of subset-row cuts close part of the integrality gap: for a job set ``R`` of 3 or 5
+jobs, ``sum_S floor(|S ∩ R| / 2) x_S <= floor(|R| / 2)`` holds for every partition (its groups are
+disjoint) but not for fractional points such as three pairs, or five pairs around a cycle, at one
+half each (:func:`_separate_subset_rows`). A cut's dual ``sigma <= 0`` is a penalty
+``-sigma x floor(|S ∩ R| / 2)`` in pricing (it only grows with the set, so the pruning stays
+valid), and a converged round bounds the optimum by ``sum pi + sum sigma x floor(|R| / 2) - n x
+worst``; the best round is kept (kind ``"lp_cuts"`` when a cut raised it).
 Stopped by its budget earlier, Farley's bound ``theta x sum pi`` with ``theta = min_S cost(S) /
 pi(S) <= 1`` over every column (``theta pi`` is dual feasible) is returned (kind
 ``"lagrangian"``). Either is a proven lower bound on the exact optimum's cost. The next call
 starts from this call's master columns (``OptimalPartition._lp_pool``). Source: RollMux §7.5
-("Opt"); Lasdon (1970), Farley (1990), Vanderbeck & Wolsey (1996) column-generation bounds.
+("Opt"); Lasdon (1970), Farley (1990), Vanderbeck & Wolsey (1996) column-generation bounds; Jepsen, Petersen,
+Spoorendonk & Pisinger (2008) subset-row cuts.
 """
 
 from __future__ import annotations
@@ -67,8 +75,9 @@ class BoundResult:
     Attributes:
         bound_usd_per_h: proven lower bound on the exact optimum's cost, USD/h.
         kind: ``"lp"`` (column generation converged: the LP relaxation's value over the relaxed
-            columns) or ``"lagrangian"`` (budget hit: Farley's ``theta x sum pi``).
-        lp_usd_per_h: the last restricted master LP value (an upper bound on the LP), USD/h.
+            columns), ``"lp_cuts"`` (the same with subset-row cuts, which raised it) or
+            ``"lagrangian"`` (budget hit: Farley's ``theta x sum pi``).
+        lp_usd_per_h: the last restricted master LP value (with the cuts of its round), USD/h.
         iterations: master solves.
         columns: columns in the last master.
         layouts_built: exact layouts priced by this call (``build_group`` runs, cached ones excluded).
@@ -151,8 +160,10 @@ def prune_floor_usd_per_h(rows: Sequence[tuple], price_r: float, price_t: float,
     return max(r[1] for r in rows) * price_t + need * price_r
 
 
-def _solve_master(cols: list[tuple[frozenset, float]], ids: list[str]):
-    """Covering LP ``min c x, sum_{S ∋ j} x_S >= 1, x >= 0`` by GLOP: (value, duals by job id)."""
+def _solve_master(cols: list[tuple[frozenset, float]], ids: list[str], cuts: Sequence[frozenset] = ()):
+    """Covering LP ``min c x, sum_{S ∋ j} x_S >= 1, x >= 0`` by GLOP, plus one subset-row cut
+    ``sum_{S: |S ∩ R| >= 2} x_S <= 1`` per triple ``R`` of ``cuts``: (value, duals by job id
+    (``>= 0``), duals by cut (``<= 0``), the primal ``x`` in ``cols``' order)."""
     from ortools.linear_solver import pywraplp
 
     s = pywraplp.Solver.CreateSolver("GLOP")
@@ -163,26 +174,101 @@ def _solve_master(cols: list[tuple[frozenset, float]], ids: list[str]):
     for x, (key, c) in zip(xs, cols):
         for j in key:
             cons[j].SetCoefficient(x, 1.0)
+    cut_cons = []
+    for r in cuts:
+        k = s.Constraint(-s.infinity(), float(len(r) // 2))
+        for x, (key, _) in zip(xs, cols):
+            if _cut_coef(key, r):
+                k.SetCoefficient(x, float(_cut_coef(key, r)))
+        cut_cons.append(k)
     obj = s.Objective()
     for x, (_, c) in zip(xs, cols):
         obj.SetCoefficient(x, c)
     obj.SetMinimization()
     if s.Solve() != pywraplp.Solver.OPTIMAL:  # pragma: no cover - singletons make it feasible
         raise RuntimeError("restricted master LP not solved")
-    return obj.Value(), {j: max(0.0, cons[j].dual_value()) for j in ids}
+    return (obj.Value(), {j: max(0.0, cons[j].dual_value()) for j in ids},
+            [min(0.0, k.dual_value()) for k in cut_cons], [x.solution_value() for x in xs])
+
+
+def _cut_coef(key: frozenset, r: frozenset) -> int:
+    """Coefficient of column ``key`` in the subset-row cut over ``r``: ``floor(|key ∩ r| / 2)``."""
+    return len(key & r) // 2
+
+
+def _separate_subset_rows(cols: list[tuple[frozenset, float]], x: Sequence[float], have: set,
+                          limit: int, min_violation: float = 0.05) -> list[frozenset]:
+    """Up to ``limit`` job sets ``R`` of 3 or 5 jobs (not in ``have``) whose subset-row cut
+    ``sum_S floor(|S ∩ R| / 2) x_S <= floor(|R| / 2)`` the master's solution ``x`` violates by
+    more than ``min_violation``, most violated first. The groups of a partition are disjoint, so
+    their ``|S ∩ R|`` sum to at most ``|R|`` and the cut holds for every partition (Jepsen,
+    Petersen, Spoorendonk & Pisinger 2008; the 5-job cut is the odd-hole cut of five pairs at
+    one half). Candidates: paths of two pairs and cycles of five pairs that fractional columns
+    hold."""
+    frac = [(key, v) for (key, _), v in zip(cols, x) if 1e-6 < v < 1 - 1e-6 and len(key) >= 2]
+    if not frac:
+        return []
+    adj: dict[str, set] = {}
+    for key, _ in frac:
+        for a in key:
+            adj.setdefault(a, set()).update(key - {a})
+    cands: set[frozenset] = set()
+    for b_, nb in adj.items():  # triples: a - b - c
+        nbs = sorted(nb)
+        for i in range(len(nbs)):
+            for k in range(i + 1, len(nbs)):
+                cands.add(frozenset((nbs[i], b_, nbs[k])))
+
+    def cycles5(start: str):  # simple 5-cycles through start, start the least job
+        stack = [(start, (start,))]
+        while stack:
+            v, path = stack.pop()
+            if len(path) == 5:
+                if start in adj[v]:
+                    yield frozenset(path)
+                continue
+            for w in adj[v]:
+                if w > start and w not in path:
+                    stack.append((w, path + (w,)))
+
+    if len(adj) <= 60:
+        for st in sorted(adj):
+            for r in cycles5(st):
+                cands.add(r)
+                if len(cands) > 20000:
+                    break
+    found = []
+    for r in cands:
+        if r in have:
+            continue
+        lhs = sum(v * _cut_coef(key, r) for key, v in frac)
+        if lhs > len(r) // 2 + min_violation:
+            found.append((lhs - len(r) // 2, r))
+    found.sort(key=lambda t: (-t[0], sorted(t[1])))
+    out, used = [], {}
+    for _, r in found:  # spread the cuts: each job in at most two new ones per round
+        if all(used.get(j, 0) < 2 for j in r):
+            out.append(r)
+            for j in r:
+                used[j] = used.get(j, 0) + 1
+        if len(out) >= limit:
+            break
+    return out
 
 
 def _price(ids, rows, pi, known, raised, max_size, price_r, price_t, keep: int, mode: str = "first",
-           floors: Optional[dict] = None, skip=()):
+           floors: Optional[dict] = None, skip=(), cuts: Sequence[tuple[frozenset, float]] = ()):
     """Pricing over the relaxed column space (exact price where ``known`` has it, None there =
     not a column; otherwise the floor, or the larger price ``raised`` proves; ``floors`` caches
-    the floors by job set; ``skip``: the master's columns, never collected), depth first over jobs by decreasing dual, pruned by the monotone
-    :func:`prune_floor_usd_per_h`.
+    the floors by job set; ``skip``: the master's columns, never collected; ``cuts``: subset-row
+    cuts ``(triple, dual <= 0)``, a set holding two jobs of a triple pays ``-dual``), depth first
+    over jobs by decreasing dual, pruned by the monotone :func:`prune_floor_usd_per_h` plus the
+    cut penalties already paid (they only grow with the set).
 
     ``mode="first"``: up to ``keep`` columns of reduced cost ``cost(S) - pi(S) < 0``, the search
     stopping once it has them (an empty answer proves none exists). ``mode="farley"``: the least
     ratio ``theta = min cost(S) / pi(S)`` (at most 1; a lower bound on the true one).
-    Returns ``(theta or None, [(rc, key, exact, pi(S))])``."""
+    Returns ``(theta or None, [(rc, key, exact, pi(S) - penalty(S))])``; ``"farley"`` reads no cuts."""
     n = len(ids)
     order = sorted(range(n), key=lambda k: -pi[ids[k]])
     pv = [pi[ids[k]] for k in order]
@@ -200,6 +286,10 @@ def _price(ids, rows, pi, known, raised, max_size, price_r, price_t, keep: int, 
         suffix_top.append(lst)
     found: list[tuple[float, frozenset, bool, float]] = []
     theta = [1.0]
+    # per position: the cuts holding that job (index, -dual); hits[c]: jobs of cut c chosen
+    live = [(r, -d) for r, d in cuts if d < -1e-12] if mode != "farley" else []
+    job_cuts = [[(ci, w) for ci, (r, w) in enumerate(live) if ids[k] in r] for k in order]
+    hits = [0] * len(live)
     floors = {} if floors is None else floors
     farley = mode == "farley"
 
@@ -225,11 +315,16 @@ def _price(ids, rows, pi, known, raised, max_size, price_r, price_t, keep: int, 
                 n_t = nt
         return n_t * price_t + need * price_r
 
-    def visit(start: int, chosen: list[int], sub: list[tuple], psum: float) -> None:
+    def visit(start: int, chosen: list[int], sub: list[tuple], psum: float, pen0: float = 0.0) -> None:
         for i in range(start, n):
             sub.append(pre[i])
             chosen.append(order[i])
-            ps = psum + pv[i]
+            pen = pen0
+            for ci, w in job_cuts[i]:
+                hits[ci] += 1
+                if hits[ci] % 2 == 0:  # floor(|S ∩ R| / 2) grew by one
+                    pen += w
+            ps = psum + pv[i] - pen
             lo = lower(sub)
             room = max_size - len(sub)
             top = ps + suffix_top[i + 1][room]
@@ -252,7 +347,9 @@ def _price(ids, rows, pi, known, raised, max_size, price_r, price_t, keep: int, 
                     if len(found) >= keep:
                         raise _Enough
                 if room > 0:
-                    visit(i + 1, chosen, sub, ps)
+                    visit(i + 1, chosen, sub, psum + pv[i], pen)
+            for ci, _ in job_cuts[i]:
+                hits[ci] -= 1
             sub.pop()
             chosen.pop()
 
@@ -267,7 +364,8 @@ def _price(ids, rows, pi, known, raised, max_size, price_r, price_t, keep: int, 
 def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
                    seed_columns: Iterable[Iterable[str]] = (), extra_columns: Optional[dict] = None,
                    max_iterations: int = 200,
-                   max_layouts: int = 3000, keep: int = 40, time_limit_s: float = 30.0) -> BoundResult:
+                   max_layouts: int = 3000, keep: int = 40, time_limit_s: float = 30.0,
+                   cut_rounds: int = 6, cuts_per_round: int = 30) -> BoundResult:
     """Proven lower bound on the cost of :meth:`OptimalPartition.solve` over ``members``
     (``(spec, worst-case profile)`` pairs), USD/h, for any number of jobs (module docstring).
 
@@ -280,6 +378,8 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
         max_iterations / max_layouts / time_limit_s: the budget (master solves, exact layouts
             built, wall seconds); when hit, Farley's bound is returned.
         keep: negative columns taken per pricing round.
+        cut_rounds / cuts_per_round: rounds of subset-row cuts after the LP converged (0: the
+            plain LP relaxation), and the most cuts one round adds.
     Returns:
         :class:`BoundResult`.
     Raises:
@@ -354,35 +454,67 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
             c = exact(key)
             if c is not None:
                 cols[key] = c
-    kind, lp_val, it, pi = "lagrangian", math.inf, 0, {}
     floors: dict = {}
-    while True:
-        it += 1
-        lp_val, pi = _solve_master(list(cols.items()), ids)
-        _, neg = _price(ids, rows, pi, known, raised, opt.max_group_size, price_r, price_t, keep, "first", floors, cols)
-        if not neg:  # no column prices negative: the duals are feasible for every column
-            kind = "lp"
-            break
-        if it >= max_iterations or built[0] >= max_layouts or time.perf_counter() - t0 > time_limit_s:
-            break
-        before, added = built[0], 0
-        for rc, key, is_exact, dual in neg:
-            c = known[key] if is_exact else below(key, dual)
-            if c is not None and key not in cols:
-                cols[key] = c
-                added += 1
-            if built[0] >= max_layouts:
-                break
-        if added == 0 and built[0] == before:
-            break  # only master columns price negative (the LP's own tolerance): nothing left to add
-    opt._lp_pool = dict(cols)
-    if kind == "lp":
+    it = 0
+
+    def generate(cuts: list[frozenset]):
+        """Column generation under ``cuts``: (converged, LP value, pi, cut duals, x)."""
+        nonlocal it
+        while True:
+            it += 1
+            val, pi, sig, x = _solve_master(list(cols.items()), ids, cuts)
+            _, neg = _price(ids, rows, pi, known, raised, opt.max_group_size, price_r, price_t, keep, "first",
+                            floors, cols, list(zip(cuts, sig)))
+            if not neg:  # no column prices negative: the duals are feasible for every column
+                return True, val, pi, sig, x
+            if it >= max_iterations or built[0] >= max_layouts or time.perf_counter() - t0 > time_limit_s:
+                return False, val, pi, sig, x
+            before, added = built[0], 0
+            for rc, key, is_exact, dual in neg:
+                c = known[key] if is_exact else below(key, dual)
+                if c is not None and key not in cols:
+                    cols[key] = c
+                    added += 1
+                if built[0] >= max_layouts:
+                    break
+            if added == 0 and built[0] == before:
+                # only master columns price negative (the LP's own tolerance): nothing left to add
+                return False, val, pi, sig, x
+
+    def dual_bound(pi, sig, cuts) -> float:
         # every column outside the master prices >= -_RC_EPS, the master's own columns >= -worst
-        # (the LP's tolerance): sum(pi) - n x worst is the Lagrangian bound (at most n groups)
-        worst = max([_RC_EPS] + [sum(pi[j] for j in key) - c for key, c in cols.items()])
-        bound = sum(pi.values()) - len(ids) * worst
+        # (the LP's tolerance); a partition covers each job once and meets each cut at most once
+        # at most its right-hand side floor(|R| / 2) (sig <= 0): sum(pi) + sum(sig x rhs) - n x worst
+        # is the Lagrangian bound (at most n groups)
+        def pen(key):
+            return sum(d * _cut_coef(key, r) for r, d in zip(cuts, sig))
+        worst = max([_RC_EPS] + [sum(pi[j] for j in key) + pen(key) - c for key, c in cols.items()])
+        return sum(pi.values()) + sum(d * (len(r) // 2) for r, d in zip(cuts, sig)) - len(ids) * worst
+
+    cuts: list[frozenset] = []
+    converged, lp_val, pi, sig, x = generate(cuts)
+    if converged:
+        kind, bound = "lp", min(dual_bound(pi, sig, cuts), lp_val)
+        # subset-row cuts close part of the integrality gap (module docstring); every round
+        # that converges gives a proven bound, the best is kept
+        for _ in range(cut_rounds):
+            if time.perf_counter() - t0 > time_limit_s:
+                break
+            new = _separate_subset_rows(list(cols.items()), x, set(cuts), cuts_per_round)
+            if not new:
+                break
+            cuts = cuts + new
+            ok, val, pi_c, sig_c, x = generate(cuts)
+            if not ok:
+                break
+            lp_val = val
+            b = min(dual_bound(pi_c, sig_c, cuts), val)
+            if b > bound:
+                kind, bound = "lp_cuts", b
     else:
+        kind = "lagrangian"
         # Farley: theta x pi is dual feasible for theta = min cost(S) / pi(S) over every column
         theta, _ = _price(ids, rows, pi, known, raised, opt.max_group_size, price_r, price_t, keep, "farley", floors)
         bound = theta * sum(pi.values())
-    return BoundResult(max(0.0, min(bound, lp_val)), kind, lp_val, it, len(cols), built[0], (time.perf_counter() - t0) * 1e3)
+    opt._lp_pool = dict(cols)
+    return BoundResult(max(0.0, bound), kind, lp_val, it, len(cols), built[0], (time.perf_counter() - t0) * 1e3)

@@ -202,8 +202,8 @@ class JobRecord(BaseModel):
     borrowed: bool = Field(default=False, description="admitted beyond its tenant's quota, on borrowed capacity "
                            "(the first preempted when the owner needs it)")
     preemptions: list[dict[str, Any]] = Field(
-        default_factory=list, description="each preemption: at (Unix time, s), by_job, by_class, lost_gpu_h (GPU-hours "
-        "its re-load costs), reason, iteration (iterations done when it stopped), resumed_at (Unix time, s, or null)")
+        default_factory=list, description="each preemption (rollmux.preemption.PreemptionRecord): at_s (Unix time, s), by_job, by_class, lost_gpu_h (GPU-hours "
+        "its re-load costs), reason, iteration (iterations done when it stopped), resumed_at_s (Unix time, s, or null)")
 
     def is_active(self) -> bool:
         return self.state.is_active()

@@ -127,6 +127,12 @@ class SchedulerPolicy(SimPolicy):
                         and self.loop is None)
         self._own: dict[str, tuple] = {}
         self._own_jobs: set = set()
+        if self.per_job:
+            # the neighbourhood re-optimisation may also split a group into own allocations: its
+            # solver prices a one-job column as the job's own allocation where cheaper (the same
+            # rule), and the scheduler prices a one-member group at what it runs on
+            self.solver.per_job = True
+            self.sched.group_price = self._group_usd_per_h
 
     def arrive(self, job: SimJob) -> float:
         self._jobs[job.spec.job_id] = job
@@ -355,22 +361,30 @@ class SchedulerPolicy(SimPolicy):
         self._seen = now
         return out
 
+    def _group_usd_per_h(self, g: CoExecutionGroup) -> float:
+        """$/h ``g`` runs at: a one-member group's own allocation when cheaper, else its nodes'."""
+        unit = self._own_unit(g) if self.per_job and len(g.members) == 1 else None
+        return g.cost_usd_per_h(self.cluster) if unit is None else unit.cost_usd_per_h
+
     def _alone(self, g: CoExecutionGroup) -> Optional[Unit]:
         """A one-member group's own allocation when cheaper per iteration (``per_job_allocations``);
         arrivals still pack into the group (it stays in the scheduler's table), the member then
         runs on the group's nodes again."""
         if not self.per_job or len(g.members) != 1:
             return None
+        unit = self._own_unit(g)
+        if unit is not None:
+            self._own_jobs.add(g.members[0].spec.job_id)
+        return unit
+
+    def _own_unit(self, g: CoExecutionGroup) -> Optional[Unit]:
+        """The own allocation ``g``'s one member would run on (cached; records nothing)."""
         m = g.members[0]
-        jid = m.spec.job_id
-        key = (jid, g.cost_usd_per_h(self.cluster))
+        key = (m.spec.job_id, g.cost_usd_per_h(self.cluster))
         if key not in self._own:
             alt = cheaper_alone(m.spec, m.profile, key[1], self.cluster)
             self._own[key] = (alt, PER_JOB_UNITS["gavel+"](m.spec, self.cluster, self.real) if alt is not None else None)
-        alt, unit = self._own[key]
-        if unit is not None:
-            self._own_jobs.add(jid)
-        return unit
+        return self._own[key][1]
 
 
 class PerJobPolicy(SimPolicy):

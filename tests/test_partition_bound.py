@@ -14,7 +14,8 @@ import pytest
 from rollmux.admission import build_group
 from rollmux.baselines import OptimalPartition
 from rollmux.config import CONFIG_DIR, load_cluster
-from rollmux.partition_bound import _rows, floor_usd_per_h, lp_lower_bound, prune_floor_usd_per_h
+from rollmux.partition_bound import (_rows, _separate_subset_rows, floor_usd_per_h, lp_lower_bound,
+                                     prune_floor_usd_per_h)
 from rollmux.traces import EXTRACT_TRACE, TraceWindow, load_trace
 from rollmux.workloads import draw_jobs
 
@@ -59,13 +60,32 @@ def test_lp_bound_is_below_and_near_the_exact_optimum(pool):
         opt = OptimalPartition(cluster, exact_max_jobs=16, time_limit_s=5.0)
         exact = opt.solve(ms)
         assert exact.exact
+        plain = lp_lower_bound(OptimalPartition(cluster), ms, cut_rounds=0)
         b = lp_lower_bound(opt, ms)
-        assert b.kind == "lp"
-        assert b.bound_usd_per_h <= exact.cost_usd_per_h + 1e-6  # a lower bound
-        assert b.lp_usd_per_h >= b.bound_usd_per_h - 1e-6
-        gaps.append(1.0 - b.bound_usd_per_h / exact.cost_usd_per_h)
+        assert plain.kind == "lp" and b.kind in ("lp", "lp_cuts")
+        for r in (plain, b):
+            assert r.bound_usd_per_h <= exact.cost_usd_per_h + 1e-6  # a lower bound
+            assert r.lp_usd_per_h >= r.bound_usd_per_h - 1e-6
+        assert b.bound_usd_per_h >= plain.bound_usd_per_h - 1e-6  # cuts never lower it
+        gaps.append((round(1.0 - plain.bound_usd_per_h / exact.cost_usd_per_h, 3),
+                     round(1.0 - b.bound_usd_per_h / exact.cost_usd_per_h, 3)))
     # the LP relaxation is tight on two of them; the 10-job set has an integrality gap of 4.3%
-    assert [round(g, 3) for g in gaps] == [0.0, 0.0, 0.043]
+    # (an odd hole of five two-job groups at one half each), which the subset-row cuts close
+    assert gaps == [(0.0, 0.0), (0.0, 0.0), (0.043, 0.0)]
+
+
+def test_subset_row_separation_finds_the_odd_hole_and_the_triangle():
+    # five pairs around a cycle at one half each: sum floor(|S ∩ R| / 2) x_S = 2.5 > 2
+    ring = [frozenset((f"j{i}", f"j{(i + 1) % 5}")) for i in range(5)]
+    cuts = _separate_subset_rows([(k, 1.0) for k in ring], [0.5] * 5, set(), 10)
+    assert frozenset(f"j{i}" for i in range(5)) in cuts
+    assert all(len(r) in (3, 5) for r in cuts)
+    # a triangle of pairs at one half: the 3-job cut (1.5 > 1); an integral point violates nothing
+    tri = [frozenset(p) for p in (("a", "b"), ("b", "c"), ("a", "c"))]
+    assert _separate_subset_rows([(k, 1.0) for k in tri], [0.5] * 3, set(), 10) == [frozenset("abc")]
+    assert _separate_subset_rows([(k, 1.0) for k in tri], [1.0, 0.0, 0.0], set(), 10) == []
+    # a cut already in the master is not returned again
+    assert _separate_subset_rows([(k, 1.0) for k in tri], [0.5] * 3, {frozenset("abc")}, 10) == []
 
 
 def test_budget_hit_gives_the_lagrangian_bound_still_below_the_optimum(pool):

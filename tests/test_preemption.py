@@ -247,7 +247,7 @@ def test_readme_per_class_table_is_the_committed_replay():
 
     s = json.loads((REPO_ROOT / "results" / "sim_priorities" / "summary.json").read_text())
     assert s["meta"]["priority_shares"] == "production=0.2,research=0.5,best-effort=0.3"
-    assert s["meta"]["cluster"] == "sim-bounded" and s["meta"]["jobs"] == 200
+    assert s["meta"]["cluster"] == "sim-bounded-full" and s["meta"]["jobs"] == 18645  # the full trace
     rows = re.findall(r"^\| (rollmux|solo-d) \| ([a-z-]+) \| (\d+) \| ([\d.]+) / ([\d.]+) \| (\d+) \((\d+) jobs\) \| "
                       r"([\d.]+) \| ([\d.]+)% \| ([\d.]+) \|$", (REPO_ROOT / "README.md").read_text(), re.M)
     assert len(rows) == 6

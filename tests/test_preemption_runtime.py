@@ -45,7 +45,7 @@ def test_scheduler_preempts_requeues_resumes_and_survives_restart(local_cluster_
     rec = g.get_job("be")
     assert rec["state"] == "preempted" and rec["priority_class"] == "best-effort"
     (p,) = rec["preemptions"]
-    assert p["by_job"] == "prod" and p["by_class"] == "production" and p["lost_gpu_h"] > 0 and p["resumed_at"] is None
+    assert p["by_job"] == "prod" and p["by_class"] == "production" and p["lost_gpu_h"] > 0 and p["resumed_at_s"] is None
     assert g._target(be_group).gone == {"be": "preempted"}  # removed by its controller at its iteration boundary
     assert [(q["job_id"], q["priority_class"]) for q in g._queue_view()] == [("be", "best-effort")]
     assert [j["job_id"] for j in g.list_jobs()] == ["be", "hold", "prod"]  # listed once, as its record
@@ -57,7 +57,7 @@ def test_scheduler_preempts_requeues_resumes_and_survives_restart(local_cluster_
     dep = g2.depart("prod")
     assert dep["admitted_from_queue"] == ["be"]
     rec = g2.get_job("be")
-    assert rec["state"] == "admitted" and rec["preemptions"][0]["resumed_at"] >= p["at"]
+    assert rec["state"] == "admitted" and rec["preemptions"][0]["resumed_at_s"] >= p["at_s"]
     # a queued preempted job withdrawn ends cancelled
     assert g2.admit(qspec("prod2", "production"))["preempted"] == ["be"]
     assert g2.depart("be")["state"] == "cancelled" and g2.get_job("be")["state"] == "cancelled"
@@ -199,7 +199,7 @@ def test_preempted_grpo_job_resumes_bit_identical_to_solo(ray_cluster, local_clu
         assert rec["state"] == "finished" and rec["iterations_done"] == 4 and rec["priority_class"] == "best-effort"
         (p,) = rec["preemptions"]
         assert p["by_job"] == prod and p["by_class"] == "production" and p["lost_gpu_h"] > 0
-        assert p["resumed_at"] >= p["at"] and p["iteration"] in (1, 2, 3)
+        assert p["resumed_at_s"] >= p["at_s"] and p["iteration"] in (1, 2, 3)
         # each (phase, iteration) ran once: never half an iteration before the stop
         tl = [(r["phase"], r["iteration"]) for r in res["timeline"] if r.get("job_id", jid) == jid]
         assert len(tl) == len(set(tl)), tl

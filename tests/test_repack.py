@@ -191,3 +191,22 @@ def test_reoptimise_keeps_the_groups_when_a_move_would_break_an_slo_or_it_is_off
     assert s.group_of("B").group_id == s.group_of("A").group_id == "group-2"
     cl, s = _two_singletons(1.04, reopt_max_jobs=0)
     assert s.reoptimise("group-0", solver=OptimalPartition(cl, exact_max_jobs=8)) == [] and len(s.groups) == 2
+
+
+def test_reoptimise_prices_groups_at_what_they_run_on():
+    """``group_price`` (the simulator's per-job allocations): a one-member group running on its
+    own allocation at 30% of its nodes' price makes the merge (half the nodes of the two) dearer,
+    so the neighbourhood stays; the same scheduler without the hook merges (test above)."""
+    from rollmux.baselines import OptimalPartition
+
+    cl, s = _two_singletons(1.04)
+    pair = s.cost_usd_per_h()
+    s.group_price = lambda g: g.cost_usd_per_h(cl) * (0.3 if len(g.members) == 1 else 1.0)
+    hood = s.reopt_neighbourhood("group-0")
+    assert sum(hood.costs.values()) == pytest.approx(pair) and sum(hood.prices.values()) == pytest.approx(0.3 * pair)
+    before = s.snapshot()
+    assert s.reoptimise("group-0", solver=OptimalPartition(cl, exact_max_jobs=8)) == [] and s.snapshot() == before
+    s.group_price = lambda g: g.cost_usd_per_h(cl) * (0.6 if len(g.members) == 1 else 1.0)  # now the merge saves
+    moves = s.reoptimise("group-0", solver=OptimalPartition(cl, exact_max_jobs=8))
+    assert [m["to_group"] for m in moves] == ["group-2", "group-2"]
+    assert moves[0]["saved_usd_per_h"] == pytest.approx(0.6 * pair - pair / 2)

@@ -29,12 +29,14 @@ from rollmux.models import CoExecutionGroup, GroupMember, Placement
 @dataclass(frozen=True)
 class ReoptHood:
     """A neighbourhood of :meth:`RepackMixin.reoptimise`, as values: its group ids (in order),
-    every member's ``(spec, profile)``, each group's $/h and job-id set when it was captured."""
+    every member's ``(spec, profile)``, each group's $/h (its nodes' price, and the price it
+    runs at: ``InterGroupScheduler.group_price`` where set) and job-id set when it was captured."""
 
     groups: tuple[str, ...]
     members: tuple[tuple, ...]
     costs: dict[str, float]
     job_sets: dict[str, frozenset]
+    prices: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -182,7 +184,7 @@ class RepackMixin:
         n = 0
         first = [trigger_group] if trigger_group in self._groups else []
         rest = heapq.nsmallest(3 * cap, (gid for gid in self._groups if gid != trigger_group),
-                               key=lambda gid: (-self._groups[gid].idle_fraction, len(self._groups[gid].group.members),
+                               key=lambda gid: (-self._idle_for_reopt(gid), len(self._groups[gid].group.members),
                                                 self._ordinal[gid]))
         for gid in first + rest:
             k = len(self._groups[gid].group.members)
@@ -196,7 +198,20 @@ class RepackMixin:
         return ReoptHood(groups=tuple(hood),
                          members=tuple((m.spec, m.profile) for gid in hood for m in self._groups[gid].group.members),
                          costs={gid: self._groups[gid].cost for gid in hood},
-                         job_sets={gid: frozenset(self._groups[gid].group.job_ids) for gid in hood})
+                         job_sets={gid: frozenset(self._groups[gid].group.job_ids) for gid in hood},
+                         prices={gid: self._group_usd_per_h(self._groups[gid].group) for gid in hood})
+
+    def _idle_for_reopt(self, gid: str) -> float:
+        """A group's idle fraction of node time, 0 for one running on a cheaper own allocation
+        (``group_price`` below its nodes' price: it has no idle nodes to fill)."""
+        g = self._groups[gid]
+        if self.group_price is not None and len(g.group.members) == 1 and self.group_price(g.group) < g.cost - 1e-9:
+            return 0.0
+        return g.idle_fraction
+
+    def _group_usd_per_h(self, g: CoExecutionGroup) -> float:
+        """The $/h ``g`` runs at: ``group_price(g)`` where the owner set one, else its nodes' price."""
+        return g.cost_usd_per_h(self.cluster) if self.group_price is None else self.group_price(g)
 
     def plan_reoptimise(self, hood: "ReoptHood", fresh: Optional[str] = None, *, solver) -> Optional["ReoptPlan"]:
         """The re-partition of ``hood`` that :meth:`reoptimise` would take (every new group with
@@ -204,14 +219,14 @@ class RepackMixin:
         held. Reads only ``hood``, the cluster and the config (never the group table), so it may
         run while the table changes; ``solver`` is the caller's (it caches layouts)."""
         members = list(hood.members)
-        before = sum(hood.costs.values())
+        before = sum(hood.prices.values())
         current = {hood.job_sets[gid]: gid for gid in hood.groups}
 
         def gain(groups: Sequence[CoExecutionGroup]) -> tuple[list[CoExecutionGroup], float]:
             """The new groups of a partition of the neighbourhood and its $/h (kept groups at their cost)."""
             new = [g for g in groups if frozenset(g.job_ids) not in current]
             kept = [current[frozenset(g.job_ids)] for g in groups if frozenset(g.job_ids) in current]
-            return new, sum(hood.costs[gid] for gid in kept) + sum(g.cost_usd_per_h(self.cluster) for g in new)
+            return new, sum(hood.prices[gid] for gid in kept) + sum(self._group_usd_per_h(g) for g in new)
 
         overhead = self.config.migration_overhead_s if self.config.plan_migration_overhead else 0.0
         orders: dict[tuple[str, ...], Optional[OrderChoice]] = {}
@@ -236,7 +251,7 @@ class RepackMixin:
         # groups that pass them: when the bound over those proves none is, nothing changes. The
         # margin covers float summation order; within it the exact solve decides.
         target = before - 1e-6 + 1e-9 * (1.0 + before)
-        if solver.partition_floor(members, {s: hood.costs[gid] for s, gid in current.items()}, target,
+        if solver.partition_floor(members, {s: hood.prices[gid] for s, gid in current.items()}, target,
                                   keeps=lambda g: movable(g) is not None) >= target:
             return None
 

@@ -104,6 +104,10 @@ class InterGroupScheduler(RepackMixin):
         #: re-optimisation then never form a group it refuses, so the watch and they never undo
         #: each other's moves (:mod:`rollmux.admission.slo_watch`)
         self.slo_guard = None
+        #: optional $/h a group runs at where that differs from its nodes' price (the simulator's
+        #: per-job allocations: a job alone may run on its own, cheaper allocation); read by the
+        #: neighbourhood re-optimisation, which then prices its partitions so. None: the nodes' price
+        self.group_price = None
 
     # --- queries -------------------------------------------------------------------------------
     @property
