@@ -329,6 +329,7 @@ class OptimalPartition:
     _floors: dict = field(default_factory=dict, repr=False)  # job set -> layout_floor_usd_per_h (partition_floor)
     _rows: dict = field(default_factory=dict, repr=False)  # job id -> layout_row
     _lp_pool: dict = field(default_factory=dict, repr=False)  # job set -> price: the LP bound's last master columns (warm start)
+    _lb_floors: dict = field(default_factory=dict, repr=False)  # job set -> the LP bound's floor L(S) (rollmux.partition_bound)
     #: the wider problem of ``per_job_allocations``: a job alone may also run on its own allocation
     #: (its Gavel+ choice among the scaled and colocated allocations meeting its SLO), so a one-job
     #: column costs the least of its layout's and that allocation's $/h
@@ -414,6 +415,7 @@ class OptimalPartition:
             self._layouts.pop(k, None)
             self._cols.pop(k, None)
             self._floors.pop(k, None)
+            self._lb_floors.pop(k, None)
         self._rows.pop(job_id, None)
         for k in [k for k in self._single if k[0] == job_id]:
             del self._single[k]

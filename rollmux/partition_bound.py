@@ -361,11 +361,29 @@ def _price(ids, rows, pi, known, raised, max_size, price_r, price_t, keep: int, 
     return (theta[0] if farley else None), found
 
 
+class _FloorCache(dict):
+    """``L(S)`` by job set, stored on the optimum (``OptimalPartition._lb_floors``) so that later
+    instants reuse it; each new set is indexed by its jobs, so ``OptimalPartition.forget`` drops
+    it with them."""
+
+    def __init__(self, opt):
+        super().__init__()
+        self._opt = opt
+
+    def get(self, key, default=None):
+        return self._opt._lb_floors.get(key, default)
+
+    def __setitem__(self, key, value):
+        if key not in self._opt._lb_floors:
+            self._opt._remember(key)
+        self._opt._lb_floors[key] = value
+
+
 def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
                    seed_columns: Iterable[Iterable[str]] = (), extra_columns: Optional[dict] = None,
                    max_iterations: int = 200,
                    max_layouts: int = 3000, keep: int = 40, time_limit_s: float = 30.0,
-                   cut_rounds: int = 6, cuts_per_round: int = 30) -> BoundResult:
+                   cut_rounds: int = 6, cuts_per_round: int = 40) -> BoundResult:
     """Proven lower bound on the cost of :meth:`OptimalPartition.solve` over ``members``
     (``(spec, worst-case profile)`` pairs), USD/h, for any number of jobs (module docstring).
 
@@ -454,7 +472,7 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
             c = exact(key)
             if c is not None:
                 cols[key] = c
-    floors: dict = {}
+    floors = _FloorCache(opt)  # L(S) depends on the jobs only: kept across instants, dropped with them
     it = 0
 
     def generate(cuts: list[frozenset]):
