@@ -128,10 +128,12 @@ class SchedulerPolicy(SimPolicy):
         self._own: dict[str, tuple] = {}
         self._own_jobs: set = set()
         if self.per_job:
-            # the neighbourhood re-optimisation may also split a group into own allocations: its
-            # solver prices a one-job column as the job's own allocation where cheaper (the same
-            # rule), and the scheduler prices a one-member group at what it runs on
-            self.solver.per_job = True
+            # the neighbourhood re-optimisation accepts a re-partition only when it is cheaper at
+            # what the groups run on (a one-member group at its own allocation's $/h where
+            # cheaper); its solver still searches co-execution partitions at the groups' node
+            # prices (solver.per_job off): an own allocation is where a lone member runs, not a
+            # target to split groups into (measured on the cost-gap grid and the default replays:
+            # docs/ARCHITECTURE.md, "per-job allocations")
             self.sched.group_price = self._group_usd_per_h
 
     def arrive(self, job: SimJob) -> float:
@@ -284,6 +286,7 @@ class SchedulerPolicy(SimPolicy):
             self.book.departed(job_id)
         for k in [k for k in self._own if k[0] == job_id]:
             del self._own[k]
+        self._moved(self.sched.keep_slos(gid))  # the members left may have lost their SLOs
         self._moved(self.sched.repack(gid))
         self._moved(self.sched.reoptimise(gid, solver=self.solver))
 

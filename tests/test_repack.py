@@ -210,3 +210,70 @@ def test_reoptimise_prices_groups_at_what_they_run_on():
     moves = s.reoptimise("group-0", solver=OptimalPartition(cl, exact_max_jobs=8))
     assert [m["to_group"] for m in moves] == ["group-2", "group-2"]
     assert moves[0]["saved_usd_per_h"] == pytest.approx(0.6 * pair - pair / 2)
+
+
+def _tied_trio(**cfg):
+    """Three members on 2 rollout + 2 training nodes where B (352.9 s solo, SLO 1.2848) runs at
+    A's cadence (451.8 s, 1.280x) while A is there; with A gone, B shares its training node with
+    C only and is tied to C's cadence (457.1 s, 1.295x: over its SLO). The phase times and node
+    sharing are those of a replay of the sparse one-GPU trace where this happened."""
+    from rollmux.models import GroupMember, Placement
+
+    cl = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
+    rows = (("A", 325.673, 120.536, 5.609922641509434, 1.0308, ("rollout-0",), ("train-1",)),
+            ("B", 110.12, 237.189, 5.611774074074074, 1.2848, ("rollout-0",), ("train-0", "train-1")),
+            ("C", 352.102, 99.437, 5.609922641509434, 1.3788, ("rollout-1",), ("train-0",)))
+    members = []
+    for jid, r, t, y, slo, rn, tn in rows:
+        spec = JobSpec(job_id=jid, model_params_b=7.0, num_rollout_gpus=8, num_train_gpus=8 * len(tn), slo=slo,
+                       measured=PhaseProfile(t_roll_s=r, t_train_s=t, t_sync_s=y))
+        members.append(GroupMember(spec=spec, profile=spec.measured,
+                                   placement=Placement(job_id=jid, rollout_nodes=rn, train_nodes=tn)).model_dump(mode="json"))
+    snap = {"version": 1, "policy": "rollmux", "max_group_size": 5, "seed": 0,
+            "config": SchedulerConfig(**cfg).model_dump(), "next_group": 1,
+            "groups": [{"group_id": "group-0", "rollout_nodes": ["rollout-0", "rollout-1"],
+                        "train_nodes": ["train-0", "train-1"], "members": members}]}
+    return InterGroupScheduler.restore(cl, snap)
+
+
+def test_a_departure_that_breaks_a_members_slo_moves_it_out():
+    s = _tied_trio()
+    slow = s.group_stats("group-0")["predicted_slowdowns"]
+    assert slow["B"] == pytest.approx(451.82 / 352.92, abs=1e-3) and slow["B"] <= 1.2848
+    s.depart("A")
+    left = s.group_stats("group-0")["predicted_slowdowns"]
+    assert left["B"] == pytest.approx(457.15 / 352.92, abs=1e-3) and left["B"] > 1.2848  # the fault
+    moves = s.keep_slos("group-0")
+    assert len(moves) == 1 and moves[0]["from_group"] == "group-0" and moves[0]["move_s"] > 0
+    for g in s.groups:  # every member of every group within its SLO again
+        pred = s.group_stats(g.group_id)["predicted_slowdowns"]
+        assert all(pred[m.spec.job_id] <= m.spec.slo * (1 + 1e-9) for m in g.members), (g.group_id, pred)
+    assert s.keep_slos(s.group_of("B").group_id) == []  # nothing left to repair
+
+
+def test_keep_slos_is_a_no_op_for_a_group_within_its_slos_and_for_plain_alg1():
+    s = _tied_trio()
+    before = s.snapshot()
+    assert s.keep_slos("group-0") == [] and s.snapshot() == before
+    s = _tied_trio(repack_on_departure=False)  # the paper's Alg. 1: admission-time checks only
+    s.depart("A")
+    before = s.snapshot()
+    assert s.keep_slos("group-0") == [] and s.snapshot() == before
+    assert s.keep_slos("no-such-group") == []
+
+
+def test_the_replay_and_the_cluster_repair_slos_after_every_departure(monkeypatch):
+    """The simulator's RollMux policy calls keep_slos on the group of every departure (the
+    cluster's GlobalScheduler does the same in its departure transaction, ``_departure_moves``)."""
+    import inspect
+
+    import actors.scheduler_reopt as runtime
+
+    seen = []
+    orig = InterGroupScheduler.keep_slos
+    monkeypatch.setattr(InterGroupScheduler, "keep_slos", lambda self, gid: seen.append(gid) or orig(self, gid))
+    jobs = [sim_job(f"J{i}", float(i), 1000.0 + 10 * i, slo=1.5) for i in range(4)]
+    real = Realisation(SIM)
+    run = replay(jobs, make_policy("rollmux", SIM, real), real)
+    assert len(run.outcomes) == 4 and len(seen) == 4
+    assert "self.igs.keep_slos(gid)" in inspect.getsource(runtime)

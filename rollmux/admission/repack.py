@@ -23,6 +23,7 @@ from rollmux.admission.decisions import placement_dict
 from rollmux.admission.groups import summarise_group
 from rollmux.admission.order import OrderChoice, best_round_robin_order
 from rollmux.admission.rules import within
+from rollmux.intra_group import coexec_times
 from rollmux.models import CoExecutionGroup, GroupMember, Placement
 
 
@@ -70,6 +71,51 @@ class RepackMixin:
         self._next_group = ng
         self._rng.setstate(rng)
         self._version = v + 1
+
+    def keep_slos(self, group_id: str) -> list[dict]:
+        """After a departure from ``group_id``: make every remaining member keep its SLO again.
+
+        A departure can *raise* a remaining member's co-execution iteration time: the round-robin
+        cadence of the members left may tie a job to a slower partner that the departed job used
+        to interleave with (e.g. three members at 451.8 s per iteration for a job of 352.9 s solo
+        time and SLO 1.2848, then 457.1 s, 1.295x, once the third leaves). Admission checked the
+        group with the departed job in it, so nothing else would notice. This re-checks the group
+        on the same worst-case model as admission (:func:`best_round_robin_order`, every member
+        ``T_coexec_k <= slo_k x T_solo_k``): when some round-robin order keeps every member, the
+        group takes that order (no job moves); when none does, the at-risk member (or a
+        neighbour) moves out by the SLO watch's options (:func:`rollmux.admission.slo_watch.watch`
+        on the planning profiles: move, scale-out or a new group of its own, cheapest first). A
+        bounded cluster without room changes nothing. Only policies that re-pack on departure
+        (``"rollmux"`` with ``repack_on_departure``) do this; the paper's Alg. 1 does not.
+
+        Returns:
+            the moves committed (as :meth:`repack`; ``[]`` when the group still keeps every SLO,
+            was re-ordered, is gone, or nothing fits). Raises nothing for an unknown group.
+        Source: extension of RollMux §4.2 Alg. 1 (the paper checks SLOs at admission only).
+        """
+        if not self.spec.repacks or not self.config.repack_on_departure or group_id not in self._groups:
+            return []
+        g = self._groups[group_id].group
+        if len(g.members) < 2:
+            return []
+        overhead = self.config.migration_overhead_s if self.config.plan_migration_overhead else 0.0
+        tco = coexec_times(g.members, rollout_overhead_s=overhead)
+        if all(within(tco[m.spec.job_id] / m.profile.t_solo_s, m.spec.slo) for m in g.members):
+            return []
+        oc = best_round_robin_order(g.members, rollout_overhead_s=overhead)
+        if oc.feasible:
+            self._set_group(group_id, summarise_group(g.model_copy(update={"members": tuple(oc.members)}), self.cluster))
+            self._groups[group_id].coexec = dict(oc.t_coexec_s)
+            self._version += 1
+            return []
+        from rollmux.admission.slo_watch import watch  # slo_watch drives this scheduler's methods
+
+        def planned(grp: CoExecutionGroup) -> dict[str, float]:
+            t = coexec_times(grp.members, rollout_overhead_s=overhead)
+            return {m.spec.job_id: t[m.spec.job_id] / m.profile.t_solo_s for m in grp.members}
+
+        act = watch(self, group_id, planned)
+        return [] if act is None else list(act.moves)
 
     def repack(self, trigger_group: Optional[str] = None) -> list[dict]:
         """Departure re-packing: dissolve small groups into the others when that lowers the $/h.
