@@ -234,9 +234,10 @@ def main() -> None:
     for name, a in list(by_setting.items()) + [("all", overall)]:
         if not a["runs"]:
             continue
-        gx = a["lower_bound_gap_to_exact_max"]
-        print(f"| {name} | {a['runs']} | {a['rollmux_vs_lower_bound_spend_weighted'] or float('nan'):.3f}x "
-              f"| {a['rollmux_vs_optimum_spend_weighted'] or float('nan'):.3f}x "
+        gx, lb, ex = (a["lower_bound_gap_to_exact_max"], a["rollmux_vs_lower_bound_spend_weighted"],
+                      a["rollmux_vs_optimum_spend_weighted"])
+        print(f"| {name} | {a['runs']} | {'-' if lb is None else format(lb, '.3f') + 'x'} "
+              f"| {'-' if ex is None else format(ex, '.3f') + 'x'} "
               f"| {a['spend_share_covered_mean']:.0%} | {'-' if gx is None else format(gx, '.1%')} "
               f"| {a['slo_attainment_min']:.0%} | {a['saving_vs_solo_d_mean']:.1%} "
               f"| {a['saving_vs_colocated_mean']:.1%} | {a['gavel_plus_vs_rollmux_min']:.3f} "
