@@ -56,13 +56,11 @@ class ReoptPart:
             moves, trigger, now, lambda gid, jid: self.igs.group_stats(gid)["predicted_slowdowns"].get(jid))
 
     def _departure_moves(self, gid: str, job_id: str) -> list[dict]:
-        """Restore the SLOs of the members left (:meth:`~rollmux.admission.InterGroupScheduler.keep_slos`),
-        then re-pack and re-optimise the neighbourhood of the group ``job_id`` left (inside the
-        departure's transaction); a failed attempt is rolled back by the policy: no job moves."""
+        """The policy's moves after ``job_id`` left ``gid`` (inside the departure's transaction:
+        :meth:`~rollmux.admission.InterGroupScheduler.after_departure`, SLO repair, re-packing and
+        re-optimisation); a failed attempt is rolled back by the policy: no job moves."""
         try:
-            moves = list(self.igs.keep_slos(gid))  # the members left may have lost their SLOs
-            moves += self.igs.repack(gid)
-            moves += self.igs.reoptimise(gid, solver=self._solver())
+            moves = list(self.igs.after_departure(gid, solver=self._solver()))
         except Exception:  # the policy rolls a failed attempt back; the departure itself stands
             log.exception("departure re-packing after %s failed; no job moved", job_id)
             moves = []

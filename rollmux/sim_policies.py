@@ -286,9 +286,7 @@ class SchedulerPolicy(SimPolicy):
             self.book.departed(job_id)
         for k in [k for k in self._own if k[0] == job_id]:
             del self._own[k]
-        self._moved(self.sched.keep_slos(gid))  # the members left may have lost their SLOs
-        self._moved(self.sched.repack(gid))
-        self._moved(self.sched.reoptimise(gid, solver=self.solver))
+        self._moved(self.sched.after_departure(gid, solver=self.solver))
 
     def _drain(self) -> None:
         if self.queue is not None:  # the freed room goes to queued jobs (in order, with backfill)

@@ -183,6 +183,13 @@ class SchedulerConfig(BaseModel):
         upd = {k: v for k, v in values.items() if v is not None}
         return SchedulerConfig.model_validate({**self.model_dump(), **upd}) if upd else self
 
+    @property
+    def planned_rollout_overhead_s(self) -> float:
+        """Seconds the SLO check adds to every rollout of a co-executed group: ``migration_overhead_s``
+        with ``plan_migration_overhead``, else 0 (:func:`rollmux.intra_group.coexec_times`'s
+        ``rollout_overhead_s``)."""
+        return self.migration_overhead_s if self.plan_migration_overhead else 0.0
+
     def long_tail_policy(self) -> LongTailPolicy:
         """The long-tail migration settings as a :class:`LongTailPolicy` (RollMux §4.3)."""
         return LongTailPolicy(self.tail_trigger_fraction, self.tail_gpus, self.migration_overhead_s)

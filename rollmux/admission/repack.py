@@ -72,6 +72,17 @@ class RepackMixin:
         self._rng.setstate(rng)
         self._version = v + 1
 
+    def after_departure(self, group_id: str, *, solver) -> list[dict]:
+        """What the policy does after :meth:`depart` took a job out of ``group_id``, in order:
+        :meth:`keep_slos` (the members left keep their SLOs), :meth:`repack` (small groups dissolve
+        into others) and :meth:`reoptimise` (the neighbourhood re-partitioned; ``solver`` as
+        there). The simulator and the cluster's GlobalScheduler both call this. Returns every
+        move committed, in order (the shape of :meth:`repack`'s)."""
+        moves = self.keep_slos(group_id)
+        moves += self.repack(group_id)
+        moves += self.reoptimise(group_id, solver=solver)
+        return moves
+
     def keep_slos(self, group_id: str) -> list[dict]:
         """After a departure from ``group_id``: make every remaining member keep its SLO again.
 
@@ -98,15 +109,13 @@ class RepackMixin:
         g = self._groups[group_id].group
         if len(g.members) < 2:
             return []
-        overhead = self.config.migration_overhead_s if self.config.plan_migration_overhead else 0.0
-        tco = coexec_times(g.members, rollout_overhead_s=overhead)
-        if all(within(tco[m.spec.job_id] / m.profile.t_solo_s, m.spec.slo) for m in g.members):
-            return []
-        oc = best_round_robin_order(g.members, rollout_overhead_s=overhead)
+        overhead = self.config.planned_rollout_overhead_s
+        oc = best_round_robin_order(g.members, rollout_overhead_s=overhead)  # the current order first
         if oc.feasible:
-            self._set_group(group_id, summarise_group(g.model_copy(update={"members": tuple(oc.members)}), self.cluster))
-            self._groups[group_id].coexec = dict(oc.t_coexec_s)
-            self._version += 1
+            if [m.spec.job_id for m in oc.members] != list(g.job_ids):  # another order keeps every SLO
+                self._set_group(group_id, summarise_group(g.model_copy(update={"members": tuple(oc.members)}), self.cluster))
+                self._groups[group_id].coexec = dict(oc.t_coexec_s)
+                self._version += 1
             return []
         from rollmux.admission.slo_watch import watch  # slo_watch drives this scheduler's methods
 
@@ -274,7 +283,7 @@ class RepackMixin:
             kept = [current[frozenset(g.job_ids)] for g in groups if frozenset(g.job_ids) in current]
             return new, sum(hood.prices[gid] for gid in kept) + sum(self._group_usd_per_h(g) for g in new)
 
-        overhead = self.config.migration_overhead_s if self.config.plan_migration_overhead else 0.0
+        overhead = self.config.planned_rollout_overhead_s
         orders: dict[tuple[str, ...], Optional[OrderChoice]] = {}
 
         def movable(g: CoExecutionGroup) -> Optional[OrderChoice]:

@@ -335,7 +335,7 @@ class InterGroupScheduler(RepackMixin):
                 x = max(x, g.r_sorted[nr - 1] + add_r)
             lbs.append((max(g.pressure, x / ts_new / slo_new), i))
         lbs.sort()
-        overhead = self.config.migration_overhead_s if self.config.plan_migration_overhead else 0.0
+        overhead = self.config.planned_rollout_overhead_s
         heap: list = []
         chosen: Optional[Candidate] = None
         k = 0
@@ -385,7 +385,7 @@ class InterGroupScheduler(RepackMixin):
                 if chosen is not None and most_slack and c.bound >= chosen.score:
                     c.verdict, c.reasons = "skipped", [f"bound {c.bound:.3f} >= chosen score {chosen.score:.3f} (branch and bound)"]
                     continue
-                slo_sim(c, self.config.migration_overhead_s if self.config.plan_migration_overhead else 0.0)
+                slo_sim(c, self.config.planned_rollout_overhead_s)
                 if c.ok and (chosen is None or (c.score < chosen.score if most_slack else c.score > chosen.score)):
                     chosen = c
         return chosen
