@@ -251,8 +251,9 @@ def simulate_group(
 
     Args:
         members: group members in admission (= round-robin) order, or a CoExecutionGroup.
-        meta_iterations: iterations every job completes (default ``2n + 4`` for ``n`` members);
-            ``t_coexec_s`` averages over the second half (the steady state).
+        meta_iterations: iterations every job completes (default :func:`steady_horizon` of the
+            members' planning profiles: ``2n + 4`` for ``n`` members unless the schedule is still
+            in its transient there); ``t_coexec_s`` averages over the second half (the steady state).
         phase_times: per-iteration times: ``None`` (each member's profile, deterministic), a
             callable ``(job_id, iteration) -> IterationTimes | PhaseProfile`` or a mapping
             ``job_id -> sequence`` (cycled).
@@ -269,7 +270,7 @@ def simulate_group(
     if not members:
         raise ValueError("simulate_group needs at least one member")
     n = len(members)
-    m_it = 2 * n + 4 if meta_iterations is None else int(meta_iterations)
+    m_it = steady_meta_iterations(members) if meta_iterations is None else int(meta_iterations)
     if m_it < 2:
         raise ValueError(f"meta_iterations must be >= 2, got {m_it}")
     times = _times_fn(members, phase_times)
@@ -448,7 +449,7 @@ def steady_schedule(members: Union[CoExecutionGroup, Sequence[GroupMember]], *,
     ids = [mb.spec.job_id for mb in members]
     if len(set(ids)) != n:
         raise ValueError("duplicate job ids in group")
-    m_it = 2 * n + 4
+    m_it = steady_meta_iterations(members)
     h = m_it // 2
     nodes: dict[tuple[str, str], int] = {}
     rolls, trains = [], []
@@ -560,6 +561,31 @@ def coexec_key(rows: Sequence[tuple]) -> tuple:
     return tuple(key)
 
 
+def _rr_cycle(key: tuple, free: list[float], last: list[float], rend: list[float]) -> None:
+    """One meta-iteration of the round-robin recurrence, in place: every rollout in admission
+    order starts at ``max(its job's last sync end, its rollout nodes' free time)``, then every
+    training (+ sync) at ``max(its rollout's end, its training nodes' free time)``. ``free``:
+    per node id, ``last``: per job (its last sync end), ``rend``: per job (rollout end), seconds."""
+    for k, (tr, _tt, _ts, rn, _tn) in enumerate(key):
+        e = last[k]
+        for x in rn:
+            if free[x] > e:
+                e = free[x]
+        e = e + tr
+        for x in rn:
+            free[x] = e
+        rend[k] = e
+    for k, (_tr, tt, ts, _rn, tn) in enumerate(key):
+        e = rend[k]
+        for x in tn:
+            if free[x] > e:
+                e = free[x]
+        e = e + tt + ts
+        for x in tn:
+            free[x] = e
+        last[k] = e
+
+
 def _rr_recurrence(key: tuple, m_it: int) -> tuple[float, ...]:
     """Deterministic round-robin schedule as a recurrence (no events): with every node's FIFO
     order fixed to admission order, rollout ``(c, k)`` starts at ``max(end of k's sync of cycle
@@ -570,37 +596,133 @@ def _rr_recurrence(key: tuple, m_it: int) -> tuple[float, ...]:
     n = len(key)
     free = [0.0] * (1 + max((x for *_, rn, tn in key for x in rn + tn), default=0))  # node ids are 0..N-1
     last = [0.0] * n
-    done: list[list[float]] = [[0.0] for _ in range(n)]
     rend = [0.0] * n
-    rolls = [(k, tr, rn) for k, (tr, _tt, _ts, rn, _tn) in enumerate(key)]
-    trains = [(k, tt, ts, tn, done[k]) for k, (_tr, tt, ts, _rn, tn) in enumerate(key)]
+    done: list[list[float]] = [[0.0] for _ in range(n)]
     for _ in range(m_it):
-        for k, tr, rn in rolls:
-            e = last[k]
-            for x in rn:
-                if free[x] > e:
-                    e = free[x]
-            e = e + tr
-            for x in rn:
-                free[x] = e
-            rend[k] = e
-        for k, tt, ts, tn, dk in trains:
-            e = rend[k]
-            for x in tn:
-                if free[x] > e:
-                    e = free[x]
-            e = e + tt + ts
-            for x in tn:
-                free[x] = e
-            last[k] = e
-            dk.append(e)
+        _rr_cycle(key, free, last, rend)
+        for k in range(n):
+            done[k].append(last[k])
     h = m_it // 2
     return tuple((c[m_it] - c[h]) / (m_it - h) for c in done)
 
 
+#: The most meta-iterations :func:`steady_horizon` simulates while it looks for the periodic
+#: regime (beyond it the horizon's second-half average stands).
+STEADY_MAX_CYCLES = 4096
+
+
 @lru_cache(maxsize=16384)
+def _rr_steady(key: tuple) -> tuple[int, tuple[float, ...]]:
+    """The horizon and steady-state ``t_coexec`` per job of a :func:`coexec_key`:
+    ``(m, values)``, ``values`` the recurrence of :func:`_rr_recurrence` averaged over
+    ``[m // 2, m]`` (the same sums), ``m`` the least horizon of the form below whose window lies
+    in the periodic regime.
+
+    The recurrence maps the state ``x(c)`` (every node's free time, every job's last sync end)
+    max-plus linearly and homogeneously: ``x(c + 1) = F(x(c))``, ``F(x + a) = F(x) + a``, per
+    group of jobs linked by shared nodes. Once ``x(c) - x(c - p)`` is one constant per such
+    component, ``x(c - p)`` is an eigenvector of ``F^p`` and the schedule is periodic from
+    ``c - p`` on: every job of a component then runs one iteration per ``lambda = (x(c) -
+    x(c - p)) / p`` seconds (its meta-iteration), whatever its own phases. A window that starts
+    before that point averages a transient: a job whose own iteration is shorter than its
+    partners' looks faster for as many cycles as its head start lasts (two jobs sharing one
+    training node, own iterations 791 s and 847 s: both run at 847 s, but the first cycles show
+    791 s for more than ``2n + 4`` cycles). So ``m = 2n + 4`` (the default, and the answer
+    whenever the regime is periodic from ``m // 2`` with a period dividing the window) or else
+    ``2H``, ``H`` the first multiple of the period at or after the regime's start, and
+    ``STEADY_MAX_CYCLES`` when none is found within it. Source: RollMux §4.3; Baccelli, Cohen,
+    Olsder & Quadrat, *Synchronization and Linearity* (1992), ch. 3 (cyclicity of max-plus
+    linear systems).
+    """
+    n = len(key)
+    m0 = 2 * n + 4
+    h0 = m0 // 2
+    nn = 1 + max((x for *_, rn, tn in key for x in rn + tn), default=0)
+    parent = list(range(nn))
+
+    def root(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for *_, rn, tn in key:
+        xs = rn + tn
+        for x in xs[1:]:
+            parent[root(x)] = root(xs[0])
+    # state index -> component: nodes 0..nn-1, then job k's last sync end at nn + k
+    comp = [root(x) for x in range(nn)] + [root((rn + tn)[0]) for *_, rn, tn in key]
+    free = [0.0] * nn
+    last = [0.0] * n
+    rend = [0.0] * n
+    states = [tuple(free + last)]
+    p_max = 2 * n + 2
+
+    def cycle() -> None:
+        _rr_cycle(key, free, last, rend)
+        states.append(tuple(free + last))
+
+    def periodic(c: int, p: int) -> bool:
+        a, b = states[c], states[c - p]
+        seen: dict[int, float] = {}
+        for i, g in enumerate(comp):
+            d = a[i] - b[i]
+            d0 = seen.setdefault(g, d)
+            if abs(d - d0) > 1e-9 * max(1.0, abs(d0)):
+                return False
+        return True
+
+    def values(m: int) -> tuple[float, ...]:
+        h = m // 2
+        return tuple((states[m][nn + k] - states[h][nn + k]) / (m - h) for k in range(n))
+
+    for _ in range(m0):
+        cycle()
+    if any((m0 - h0) % p == 0 and periodic(h0 + p, p) for p in range(1, min(p_max, m0 - h0) + 1)):
+        return m0, values(m0)
+    m = STEADY_MAX_CYCLES
+    for c in range(m0 + 1, STEADY_MAX_CYCLES + 1):
+        cycle()
+        p = next((p for p in range(1, min(p_max, c) + 1) if periodic(c, p)), None)
+        if p is not None:
+            h = -(-(c - p) // p) * p
+            m = max(m0, 2 * h)
+            break
+    while len(states) <= m:
+        cycle()
+    return m, values(m)
+
+
+def steady_horizon(key: tuple) -> int:
+    """The meta-iterations whose second half is the steady state of a :func:`coexec_key`'s
+    round-robin schedule (:func:`_rr_steady`): ``2n + 4`` unless the schedule is still in its
+    transient there. :func:`simulate_group` and :func:`steady_schedule` run this many by default."""
+    return _rr_steady(key)[0]
+
+
+def steady_meta_iterations(members: Union[CoExecutionGroup, Sequence[GroupMember]], *,
+                           rollout_overhead_s: float = 0.0) -> int:
+    """:func:`steady_horizon` of a group on its members' planning profiles (their order; every
+    rollout ``rollout_overhead_s`` longer, as :func:`coexec_times` plans it): the default
+    ``meta_iterations`` of :func:`simulate_group`, and the least a stochastic replay of the group
+    should run."""
+    return steady_horizon(_canonical(list(_members_of(members)), rollout_overhead_s))
+
+
+def sampled_meta_iterations(members: Union[CoExecutionGroup, Sequence[GroupMember]], cycle: int) -> int:
+    """Meta-iterations for a group whose phase times cycle through ``cycle`` sampled iterations
+    per job (a stochastic replay, the SLO watch's prediction): the least multiple of
+    ``2 * cycle`` that is at least :func:`steady_meta_iterations`, so that the averaged second
+    half is steady and spans whole sample cycles (its mean is the samples' mean, not a biased
+    part of them). Raises ValueError when ``cycle < 1``."""
+    if cycle < 1:
+        raise ValueError(f"cycle must be >= 1, got {cycle}")
+    step = 2 * int(cycle)
+    return -(-steady_meta_iterations(members) // step) * step
+
+
 def _coexec_cached(key: tuple) -> tuple[float, ...]:
-    return _rr_recurrence(key, 2 * len(key) + 4)
+    return _rr_steady(key)[1]
 
 
 def coexec_values(key: tuple) -> tuple[float, ...]:

@@ -13,11 +13,13 @@ feasible layout: not a column) and otherwise by the floor ``L(S) <= c_S`` (with
 ``OptimalPartition(per_job=True)``, a one-job column is priced by ``single_usd_per_h``, the wider
 problem of per-job allocations). The floor uses only rules ``build_group`` itself applies:
 
-* every member k keeps the node-load rule (:func:`rollmux.admission.rules.node_load_bound`):
-  each node of k carries at most ``B_k = slo_k x T_solo_k`` seconds per meta-iteration. So the
-  nodes holding a job with ``B_k <= tau`` carry all those jobs' work and at most ``tau`` each:
-  for every ``tau`` in ``{B_k}``, a pool needs ``>= W(tau) / tau`` nodes, ``W(tau)`` the
-  phase-seconds per meta-iteration (nodes x phase time) of the jobs with ``B_k <= tau``;
+* the meta-iteration rule (:func:`rollmux.admission.rules.cadence_bound`): the members of a
+  layout are linked through the spanning job's training nodes, so they run at one cadence, at
+  least every member's solo time and every node's load, and at most the least budget
+  ``B_min = min_k slo_k x T_solo_k``. So a set with a solo time above ``B_min`` has no layout,
+  and every node carries at most ``B_min`` seconds per meta-iteration: a pool needs
+  ``>= W / B_min`` nodes, ``W`` the phase-seconds per meta-iteration (nodes x phase time) of
+  its jobs (each node-load test below runs with every budget at ``B_min``);
 * jobs needing a pool's whole node set are on every node: each node carries their phases (and
   at most their least budget), each other job's nodes its own phase besides;
 * the layout class gives the training pool exactly ``max_k NT_k`` nodes and the rollout pool the
@@ -95,12 +97,23 @@ class BoundResult:
 
 def _rows(members: Sequence[tuple[JobSpec, PhaseProfile]], cluster) -> list[tuple]:
     """Per job: ``(NR nodes, NT nodes, rollout s per node, training + sync s per node,
-    B = slo x T_solo)``."""
+    B = slo x T_solo, T_solo)``."""
     out = []
     for j, p in members:
         nr, nt, _, _ = job_layout_needs(j, cluster)
-        out.append((nr, nt, p.t_roll_s, p.t_train_node_s, j.slo * p.t_solo_s))
+        out.append((nr, nt, p.t_roll_s, p.t_train_node_s, j.slo * p.t_solo_s, p.t_solo_s))
     return out
+
+
+def _at_cadence(rows: Sequence[tuple]) -> Optional[list[tuple]]:
+    """The meta-iteration rule (:func:`rollmux.admission.rules.cadence_bound`): the members of a
+    layout share one cadence, so every node carries at most the least budget ``B_min`` and
+    every member's solo time fits it. ``rows`` with every budget set to ``B_min``, or None when
+    some solo time exceeds it (no layout of the set is feasible)."""
+    b_min = min(r[4] for r in rows)
+    if max(r[5] for r in rows) > b_min * (1 + _TOL) + 1e-9:
+        return None
+    return [(r[0], r[1], r[2], r[3], b_min, r[5]) for r in rows]
 
 
 def _carried(items: Iterable[tuple[float, float]], n_nodes: int, cap: float = math.inf) -> bool:
@@ -135,6 +148,9 @@ def floor_usd_per_h(rows: Sequence[tuple], price_r: float, price_t: float) -> fl
     nodes; jobs on dedicated rollout nodes or sharing ``max NR`` of the rest) whose pools pass
     the node-load test of :func:`_pool_ok`; ``inf`` when none does (no layout can keep every
     member's node-load rule)."""
+    rows = _at_cadence(rows)
+    if rows is None:
+        return math.inf
     n_t = max(r[1] for r in rows)
     if not _pool_ok(rows, 1, 3, n_t):
         return math.inf
@@ -151,7 +167,8 @@ def prune_floor_usd_per_h(rows: Sequence[tuple], price_r: float, price_t: float,
     """A monotone lower bound on :func:`floor_usd_per_h` of every superset of ``rows`` whose
     training nodes are at most ``nt_cap`` (the pricing search's pruning): ``inf`` when no such
     superset can pass the training test; never decreases when a job is added."""
-    if not _carried(((r[4], r[1] * r[3]) for r in rows), nt_cap):
+    rows = _at_cadence(rows)  # B_min only falls and the solo times only grow as jobs join
+    if rows is None or not _carried(((r[4], r[1] * r[3]) for r in rows), nt_cap):
         return math.inf
     acc, need = 0.0, max(r[0] for r in rows)
     for b, w in sorted((r[4], r[0] * r[2]) for r in rows):
@@ -175,11 +192,10 @@ def _solve_master(cols: list[tuple[frozenset, float]], ids: list[str], cuts: Seq
         for j in key:
             cons[j].SetCoefficient(x, 1.0)
     cut_cons = []
-    for r in cuts:
+    for r, coefs in zip(cuts, _cut_rows([key for key, _ in cols], cuts)):
         k = s.Constraint(-s.infinity(), float(len(r) // 2))
-        for x, (key, _) in zip(xs, cols):
-            if _cut_coef(key, r):
-                k.SetCoefficient(x, float(_cut_coef(key, r)))
+        for i, a in coefs.items():
+            k.SetCoefficient(xs[i], float(a))
         cut_cons.append(k)
     obj = s.Objective()
     for x, (_, c) in zip(xs, cols):
@@ -189,6 +205,23 @@ def _solve_master(cols: list[tuple[frozenset, float]], ids: list[str], cuts: Seq
         raise RuntimeError("restricted master LP not solved")
     return (obj.Value(), {j: max(0.0, cons[j].dual_value()) for j in ids},
             [min(0.0, k.dual_value()) for k in cut_cons], [x.solution_value() for x in xs])
+
+
+def _cut_rows(keys: Sequence[frozenset], cuts: Sequence[frozenset]) -> list[dict[int, int]]:
+    """Per cut: ``{column index: coefficient}`` over the columns ``keys`` whose coefficient
+    (:func:`_cut_coef`) is not 0, found through the columns holding each of its jobs."""
+    holding: dict[str, list[int]] = {}
+    for i, key in enumerate(keys):
+        for j in key:
+            holding.setdefault(j, []).append(i)
+    out = []
+    for r in cuts:
+        hits: dict[int, int] = {}
+        for j in r:
+            for i in holding.get(j, ()):
+                hits[i] = hits.get(i, 0) + 1
+        out.append({i: h // 2 for i, h in hits.items() if h >= 2})
+    return out
 
 
 def _cut_coef(key: frozenset, r: frozenset) -> int:
@@ -238,10 +271,9 @@ def _separate_subset_rows(cols: list[tuple[frozenset, float]], x: Sequence[float
                 if len(cands) > 20000:
                     break
     found = []
-    for r in cands:
-        if r in have:
-            continue
-        lhs = sum(v * _cut_coef(key, r) for key, v in frac)
+    todo = [r for r in cands if r not in have]
+    for r, coefs in zip(todo, _cut_rows([key for key, _ in frac], todo)):
+        lhs = sum(frac[i][1] * a for i, a in coefs.items())
         if lhs > len(r) // 2 + min_violation:
             found.append((lhs - len(r) // 2, r))
     found.sort(key=lambda t: (-t[0], sorted(t[1])))
@@ -261,104 +293,127 @@ def _price(ids, rows, pi, known, raised, max_size, price_r, price_t, keep: int, 
     """Pricing over the relaxed column space (exact price where ``known`` has it, None there =
     not a column; otherwise the floor, or the larger price ``raised`` proves; ``floors`` caches
     the floors by job set; ``skip``: the master's columns, never collected; ``cuts``: subset-row
-    cuts ``(triple, dual <= 0)``, a set holding two jobs of a triple pays ``-dual``), depth first
-    over jobs by decreasing dual, pruned by the monotone :func:`prune_floor_usd_per_h` plus the
-    cut penalties already paid (they only grow with the set).
+    cuts ``(job set, dual <= 0)``, a set holding ``h`` jobs of one pays ``-dual x floor(h / 2)``).
+
+    The search enumerates job sets level by level (sets of 1, 2, ... ``max_size`` jobs, each
+    extended only by jobs of lower dual than all its members), vectorised over each level with
+    numpy, and extends a set only while ``prune_floor_usd_per_h(S) - (pi(S) - penalty(S) + the
+    largest duals that can still join) < 0`` (the floor is monotone and the penalties only grow
+    with the set, so no pruned subtree holds a negative column). A set itself is a candidate
+    only when that floor is below ``pi(S) - penalty(S)``: every column's price is at least it
+    (exact layouts and raised floors are above ``L(S)``, itself above the pruning floor; the
+    per-job and policy-priced columns that may be cheaper are in the master, ``skip``).
+    Candidates are priced most promising first.
 
     ``mode="first"``: up to ``keep`` columns of reduced cost ``cost(S) - pi(S) < 0``, the search
     stopping once it has them (an empty answer proves none exists). ``mode="farley"``: the least
     ratio ``theta = min cost(S) / pi(S)`` (at most 1; a lower bound on the true one).
     Returns ``(theta or None, [(rc, key, exact, pi(S) - penalty(S))])``; ``"farley"`` reads no cuts."""
+    import numpy as np
+
     n = len(ids)
     order = sorted(range(n), key=lambda k: -pi[ids[k]])
-    pv = [pi[ids[k]] for k in order]
+    oid = [ids[k] for k in order]
+    pv = np.array([pi[i] for i in oid], dtype=float)
     rr = [rows[k] for k in order]
-    # per job: (B / (1 + tol), training phase-seconds on all its nodes, rollout ditto, NR, NT)
-    pre = [(r[4] * (1 + _TOL), r[1] * r[3], r[0] * r[2], r[0], r[1]) for r in rr]
+    # per job: B / (1 + tol), training phase-seconds on all its nodes, rollout ditto, NR, NT
+    bb = np.array([r[4] * (1 + _TOL) for r in rr], dtype=float)
+    solo = np.array([r[5] for r in rr], dtype=float)
+    wt = np.array([r[1] * r[3] for r in rr], dtype=float)
+    wr = np.array([r[0] * r[2] for r in rr], dtype=float)
+    nr = np.array([r[0] for r in rr], dtype=float)
+    nt = np.array([r[1] for r in rr], dtype=float)
+    tt = np.array([r[3] for r in rr], dtype=float)
     nt_cap = max(r[1] for r in rows)
-    suffix_top = []  # suffix_top[i][m]: sum of the m largest duals among positions >= i (sorted: a prefix)
-    for i in range(n + 1):
-        acc, lst = 0.0, [0.0]
-        for m in range(max_size):
-            if i + m < n:
-                acc += pv[i + m]
-            lst.append(acc)
-        suffix_top.append(lst)
-    found: list[tuple[float, frozenset, bool, float]] = []
-    theta = [1.0]
-    # per position: the cuts holding that job (index, -dual); hits[c]: jobs of cut c chosen
-    live = [(r, -d) for r, d in cuts if d < -1e-12] if mode != "farley" else []
-    job_cuts = [[(ci, w) for ci, (r, w) in enumerate(live) if ids[k] in r] for k in order]
-    hits = [0] * len(live)
-    floors = {} if floors is None else floors
+    # top[i, m]: the m largest duals among positions >= i (sorted by dual: a run of them)
+    cs = np.concatenate([[0.0], np.cumsum(pv)])
+    pos = np.arange(n + 1)[:, None] + np.arange(max_size + 1)[None, :]
+    top_tab = cs[np.minimum(pos, n)] - cs[np.arange(n + 1)][:, None]
     farley = mode == "farley"
-
-    class _Enough(Exception):
-        pass
-
-    def lower(sub: list[tuple]) -> float:
-        # prune_floor_usd_per_h on the precomputed rows (the same sums)
-        acc_t = acc_r = 0.0
-        need = 0
-        n_t = 0
-        for b, wt, wr, nr, nt in sorted(sub):
-            acc_t += wt
-            if acc_t > nt_cap * b + 1e-9:
-                return math.inf
-            acc_r += wr
-            k = math.ceil(acc_r / b - 1e-9)
-            if k > need:
-                need = k
-            if nr > need:
-                need = nr
-            if nt > n_t:
-                n_t = nt
-        return n_t * price_t + need * price_r
-
-    def visit(start: int, chosen: list[int], sub: list[tuple], psum: float, pen0: float = 0.0) -> None:
-        for i in range(start, n):
-            sub.append(pre[i])
-            chosen.append(order[i])
-            pen = pen0
-            for ci, w in job_cuts[i]:
-                hits[ci] += 1
-                if hits[ci] % 2 == 0:  # floor(|S ∩ R| / 2) grew by one
-                    pen += w
-            ps = psum + pv[i] - pen
-            lo = lower(sub)
-            room = max_size - len(sub)
-            top = ps + suffix_top[i + 1][room]
-            # L is monotone: no set containing ``sub`` (and only later jobs) has a reduced cost
-            # below lo - top, nor a ratio below lo / top
-            if lo < math.inf and (lo < top * theta[0] if farley else lo - top < -_RC_EPS):
-                key = frozenset([ids[k] for k in chosen])
+    live = [(r, -d) for r, d in cuts if d < -1e-12] if not farley else []
+    where = {j: t for t, j in enumerate(oid)}
+    if live:
+        memb = np.zeros((n, len(live)), dtype=np.int8)
+        for c, (r, _) in enumerate(live):
+            for j in r:
+                if j in where:
+                    memb[where[j], c] = 1
+        wcut = np.array([w for _, w in live], dtype=float)
+    floors = {} if floors is None else floors
+    found: list[tuple[float, frozenset, bool, float]] = []
+    theta = 1.0
+    chunk = 200_000
+    frontier = np.arange(n, dtype=np.int32)[:, None]
+    for k in range(1, max_size + 1):
+        nxt = []
+        for c0 in range(0, len(frontier), chunk):
+            sets = frontier[c0:c0 + chunk]
+            # prune_floor_usd_per_h at the set's cadence: every budget is the least one, B_min
+            b_min = bb[sets].min(axis=1)
+            feasible = ((solo[sets].max(axis=1) <= b_min + 1e-9)
+                        & (wt[sets].sum(axis=1) <= nt_cap * b_min + 1e-9))
+            need = np.maximum(np.ceil(wr[sets].sum(axis=1) / b_min - 1e-9), nr[sets].max(axis=1))
+            nt_s = nt[sets]
+            n_t = nt_s.max(axis=1)
+            lo = np.where(feasible, n_t * price_t + need * price_r, np.inf)
+            # the set's own floor L(S) is at least lo, and infinite when its training pool of
+            # n_t = max NT nodes fails the node-load test (_pool_ok; a looser tolerance here)
+            tt_s = tt[sets]
+            span = nt_s == n_t[:, None]
+            w_span = np.where(span, tt_s, 0.0).sum(axis=1)
+            own_ok = (((w_span[:, None] + np.where(span, 0.0, tt_s)).max(axis=1) <= b_min + 1e-6)
+                      & ((nt_s * tt_s).sum(axis=1) <= n_t * b_min + 1e-6))
+            own = np.where(own_ok, lo, np.inf)
+            ps = pv[sets].sum(axis=1)
+            if live:
+                ps = ps - (memb[sets].sum(axis=1) // 2) @ wcut
+            room = max_size - k
+            top = ps + top_tab[sets[:, -1] + 1, room]
+            # no set containing this one (and only jobs of lower dual) prices below lo - top,
+            # nor at a ratio below lo / top
+            promising = np.isfinite(lo) & ((lo < top * theta) if farley else (lo - top < -_RC_EPS))
+            if farley:
+                cand = np.flatnonzero(promising & (ps > 0) & (own < ps * theta))
+                cand = cand[np.argsort(own[cand] / ps[cand], kind="stable")]
+            else:
+                cand = np.flatnonzero(promising & (own - ps < -_RC_EPS))
+                cand = cand[np.argsort(own[cand] - ps[cand], kind="stable")]
+            for t in cand.tolist():
+                p = float(ps[t])
+                if farley and not own[t] < p * theta:
+                    continue
+                key = frozenset(oid[q] for q in sets[t].tolist())
+                if not farley and key in skip:
+                    continue
                 if key in known:
-                    c, exact = (math.inf if known[key] is None else known[key]), True
+                    cost, exact = (math.inf if known[key] is None else known[key]), True
                 else:
                     f = floors.get(key)
                     if f is None:
-                        f = floors[key] = floor_usd_per_h([rows[k] for k in chosen], price_r, price_t)
-                    c, exact = max(f, raised.get(key, 0.0)), False
+                        f = floors[key] = floor_usd_per_h([rr[q] for q in sets[t].tolist()], price_r, price_t)
+                    cost, exact = max(f, raised.get(key, 0.0)), False
                 if farley:
-                    if ps > 0 and c < ps * theta[0]:
-                        theta[0] = c / ps
-                elif c - ps < -_RC_EPS and key not in skip:
-                    found.append((c - ps, key, exact, ps))
+                    if cost < p * theta:
+                        theta = cost / p
+                elif cost - p < -_RC_EPS:
+                    found.append((cost - p, key, exact, p))
                     if len(found) >= keep:
-                        raise _Enough
-                if room > 0:
-                    visit(i + 1, chosen, sub, psum + pv[i], pen)
-            for ci, _ in job_cuts[i]:
-                hits[ci] -= 1
-            sub.pop()
-            chosen.pop()
-
-    try:
-        visit(0, [], [], 0.0)
-    except _Enough:
-        pass
+                        found.sort(key=lambda x: x[0])
+                        return None, found
+            if room > 0:
+                par = sets[promising]
+                last = par[:, -1]
+                cnt = n - 1 - last
+                if cnt.sum() > 0:
+                    rep = np.repeat(np.arange(len(par)), cnt)
+                    start = np.cumsum(cnt) - cnt
+                    child = last[rep] + 1 + (np.arange(len(rep)) - start[rep])
+                    nxt.append(np.hstack([par[rep], child[:, None].astype(np.int32)]))
+        if not nxt:
+            break
+        frontier = np.concatenate(nxt)
     found.sort(key=lambda x: x[0])
-    return (theta[0] if farley else None), found
+    return (theta if farley else None), found
 
 
 class _FloorCache(dict):
@@ -504,9 +559,12 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
         # (the LP's tolerance); a partition covers each job once and meets each cut at most once
         # at most its right-hand side floor(|R| / 2) (sig <= 0): sum(pi) + sum(sig x rhs) - n x worst
         # is the Lagrangian bound (at most n groups)
-        def pen(key):
-            return sum(d * _cut_coef(key, r) for r, d in zip(cuts, sig))
-        worst = max([_RC_EPS] + [sum(pi[j] for j in key) + pen(key) - c for key, c in cols.items()])
+        items = list(cols.items())
+        pen = [0.0] * len(items)
+        for d, coefs in zip(sig, _cut_rows([key for key, _ in items], cuts)):
+            for i, a in coefs.items():
+                pen[i] += d * a
+        worst = max([_RC_EPS] + [sum(pi[j] for j in key) + pen[i] - c for i, (key, c) in enumerate(items)])
         return sum(pi.values()) + sum(d * (len(r) // 2) for r, d in zip(cuts, sig)) - len(ids) * worst
 
     cuts: list[frozenset] = []

@@ -128,6 +128,7 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
         def on_event(name: str, k: int) -> None:
             bar.update(task, advance=k, description=f"replay [cyan]{name}[/]")
 
+        load_start = os.getloadavg()  # the host's load skews every wall-time figure (decision latency)
         try:
             res = run_sim(sjobs, cluster, names, stochastic=stochastic, seed=seed, config=sched_cfg, queue=queue,
                           priorities=priorities is not None,
@@ -150,6 +151,9 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
         files["gantt_png"] = str(plots.plot_gantt(recs, out / f"gantt_{gname}.png",
                                                   title=f"{gname}: largest co-execution group, meta-iterations"))
     summary["files"] = files
+    # beside the wall-time figures (decision_latency_ms_*, wall_s): where they were measured
+    summary["host"] = {"cpus": os.cpu_count(), "load_avg_1_5_15_min_start": [round(x, 2) for x in load_start],
+                       "load_avg_1_5_15_min_end": [round(x, 2) for x in os.getloadavg()]}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
 
     table = Table(title=f"RollMux trace replay: {len(sjobs)} jobs, mix {mix}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Optional
 
 from rollmux.admission.slo_watch import SloAction, at_risk, predict_slowdowns, watch
+from rollmux.intra_group import sampled_meta_iterations
 from rollmux.measured import MeasuredPhases, kind_of, ratio_prior, ratios_of
 from rollmux.models import CoExecutionGroup, JobSpec, PhaseProfile
 
@@ -88,10 +89,9 @@ class MeasuredLoop:
             if len(self._pred) > 50_000:
                 self._pred.clear()
             samples = {j: m.iterations() for j, m in self.measured.items() if j in g.job_ids}
-            n = len(g.members)
             out = self._pred[key] = predict_slowdowns(
                 g, samples, long_tail=self.real.long_tail if self.real.stochastic and self.real.migrate else None,
-                meta_iterations=max(2 * n + 4, 2 * self.real.samples))
+                meta_iterations=sampled_meta_iterations(g, self.real.samples))
         return out
 
     def check(self) -> list[dict]:

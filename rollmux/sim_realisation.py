@@ -15,7 +15,7 @@ import numpy as np
 from rollmux import profiler
 from rollmux.admission import load_scheduler_config
 from rollmux.baselines import Unit
-from rollmux.intra_group import IterationTimes, LongTailPolicy, simulate_group, steady_schedule
+from rollmux.intra_group import IterationTimes, LongTailPolicy, sampled_meta_iterations, simulate_group, steady_schedule
 from rollmux.models import ClusterSpec, CoExecutionGroup, JobSpec, PhaseProfile
 
 #: floor of a mean realised phase time, s (a phase is never 0 s long)
@@ -103,9 +103,8 @@ class Realisation:
             gpn = self.gpus_per_node()
             if self.stochastic:
                 times = {m.spec.job_id: self.iterations_of(m.spec) for m in group.members}
-                n = len(group.members)
                 self._schedules[key] = simulate_group(
-                    group, meta_iterations=max(2 * n + 4, 2 * self.samples), phase_times=times,
+                    group, meta_iterations=sampled_meta_iterations(group, self.samples), phase_times=times,
                     long_tail=self.long_tail if self.migrate else None, record_timeline=record_timeline, gpus_per_node=gpn,
                 )
             else:

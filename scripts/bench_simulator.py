@@ -24,8 +24,8 @@ Writes ``results/bench_simulator.json`` with the host's load average before and 
 size and the process's niceness (the host is shared: other work inflates the times).
 Not a test: numbers depend on the machine.
 
-    python scripts/bench_simulator.py                      # 1k, 10k, 100k jobs, rollmux (~1 h on a shared 2-core host)
-    python scripts/bench_simulator.py --sizes 1000,10000 --no-reopt-sizes 1000 --cli none   # the README's figures (~3 min)
+    python scripts/bench_simulator.py                      # 1k, 10k, 100k jobs, rollmux (hours on a shared 2-core host)
+    python scripts/bench_simulator.py --sizes 1000,10000 --no-reopt-sizes 1000 --reopt-limits 0,8 --cli none   # the README's figures (~15 min)
     python scripts/bench_simulator.py --sizes 1000 --no-reopt-sizes 1000 --cli none   # with and without re-optimisation
     python scripts/bench_simulator.py --sizes 200 --policies rollmux,random,most-idle,solo-d
 """
@@ -131,6 +131,8 @@ def main() -> None:
     ap.add_argument("--no-reopt-sizes", default="",
                     help="sizes also replayed with the neighbourhood re-optimisation off (reopt_max_jobs 0; other "
                          "decisions), to show what it costs")
+    ap.add_argument("--reopt-limits", default="0",
+                    help="the reopt_max_jobs values replayed beside the default for --no-reopt-sizes (0: off)")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_simulator.json")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -144,7 +146,8 @@ def main() -> None:
             jobs = draw_jobs(tjobs, cluster, mix="mixed", seed=cfg.seed)
             variants = [(name, cfg, "default") for name in names]
             if str(n) in args.no_reopt_sizes.split(","):
-                variants = [(name, cfg.overridden(reopt_max_jobs=0), "reopt_max_jobs=0") for name in names] + variants
+                limits = [int(x) for x in args.reopt_limits.split(",") if x.strip()]
+                variants = [(name, cfg.overridden(reopt_max_jobs=k), f"reopt_max_jobs={k}") for k in limits for name in names] + variants
             for name, vcfg, variant in variants:
                 host0 = _host()
                 stamps = [time.perf_counter()]

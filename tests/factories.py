@@ -92,6 +92,31 @@ def make_toy(job, kind: str, seed: int, fail_at: Optional[int] = None):
     return rollout, train, publish
 
 
+def ring_quartet():
+    """Four jobs of the bundled extract's stochastic replay whose round-robin order decides
+    feasibility: ``(cluster, [spec, ...])`` in arrival order (job-00059, job-00095, job-00097,
+    job-00075), each with measured phase times, seconds. Admitted in arrival order they form one
+    group on two training nodes; job-00097 and job-00059 span both, job-00095 and job-00075 one each,
+    so in arrival order a chain of trainings 00059 -> 00095 -> 00097 -> 00075 -> back to 00059
+    waits within one meta-iteration (the four trainings and syncs, 1260.5 s) and every member
+    runs at that cadence, over the SLOs of job-00095, job-00097 and job-00075. In the order
+    (00059, 00095, 00075, 00097) that chain wraps twice and the group runs at 1041.8 s, every SLO
+    kept."""
+    from rollmux.config import CONFIG_DIR, load_cluster
+    from rollmux.models import JobSpec, PhaseProfile
+
+    def spec(jid, b, prompts, resp, turns, nr, nt, slo, roll, train, sync):
+        return JobSpec(job_id=jid, model_params_b=b, num_prompts=prompts, max_response_tokens=resp, multi_turn=turns > 1,
+                       turns=turns, num_rollout_gpus=nr, num_train_gpus=nt, slo=slo,
+                       measured=PhaseProfile(t_roll_s=roll, t_train_s=train, t_sync_s=sync))
+
+    return load_cluster(CONFIG_DIR / "cluster_sim.yaml"), [
+        spec("job-00059", 32.0, 128, 32768, 4, 16, 16, 1.3653, 738.892, 213.788, 25.622),
+        spec("job-00095", 14.0, 128, 16384, 4, 8, 8, 1.3568, 645.142, 216.949, 11.215),
+        spec("job-00097", 32.0, 512, 4096, 1, 8, 16, 1.4302, 218.34, 548.621, 25.621),
+        spec("job-00075", 14.0, 128, 16384, 4, 8, 8, 1.2714, 640.519, 207.47, 11.215)]
+
+
 def kill_scheduler_and_controllers(h, name: str, groups: tuple[str, ...] = ("group-0", "group-1")) -> None:
     """Kill a test's GlobalScheduler ``h`` (named ``name``) and its groups' controllers, no restart."""
     import ray

@@ -122,11 +122,12 @@ def test_unknown_policy_is_named():
         check_policy("fifo")
 
 
-def test_pair_feasibility_takes_the_best_round_robin_order():
-    """Two Qwen-7B single-turn jobs (Philly replay, tight SLOs): in arrival order (a, b) the round
-    robin breaks b's SLO on their shared training node, in the order (b, a) both fit; the optimum's
-    layout, Alg. 1's SLO check and re-packing all use the best order."""
-    from rollmux.admission import build_group, best_round_robin_order
+def test_a_linked_pair_runs_at_the_slower_members_cadence_in_either_order():
+    """Two Qwen-7B single-turn jobs (Philly replay, tight SLOs) sharing one training node: in the
+    steady state linked members run in lockstep, so both iterate at the slower one's own 466.1 s in
+    either round-robin order, over job-00025's SLO budget (1.0821 x 419.1 s = 453.5 s). Neither
+    the layout search, Alg. 1 nor the optimum pairs them."""
+    from rollmux.admission import best_round_robin_order, build_group, cadence_bound
     from rollmux.models import GroupMember, Placement
 
     cl = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
@@ -137,26 +138,53 @@ def test_pair_feasibility_takes_the_best_round_robin_order():
                        measured=PhaseProfile(t_roll_s=roll, t_train_s=train, t_sync_s=6.6))
 
     a, b = spec("job-00023", 341.303, 118.236, 1.1165), spec("job-00025", 315.552, 96.93, 1.0821)
-    g = build_group([(a, a.measured), (b, b.measured)], cl)
-    assert g is not None and g.cost_usd_per_h(cl) == pytest.approx(71.78)
-    assert g.job_ids == ("job-00025", "job-00023")
-    assert build_group([(b, b.measured), (a, a.measured)], cl).cost_usd_per_h(cl) == pytest.approx(71.78)
-    # the same pins in arrival order: infeasible (the reason the order search exists)
-    by = {m.spec.job_id: m for m in g.members}
-    arrival = [by["job-00023"], by["job-00025"]]
-    tco = coexec_times(arrival)
-    assert tco["job-00025"] > b.slo * b.measured.t_solo_s
-    oc = best_round_robin_order(arrival)
-    assert oc.feasible and [m.spec.job_id for m in oc.members] == ["job-00025", "job-00023"] and oc.orders_tried == 2
-    # Alg. 1: b arrives after a and packs with it (scale-out), in the order (b, a)
+    assert build_group([(a, a.measured), (b, b.measured)], cl) is None
+    assert build_group([(b, b.measured), (a, a.measured)], cl) is None
+    pair = [GroupMember(spec=x, profile=x.measured, placement=Placement(job_id=x.job_id, rollout_nodes=(r,), train_nodes=("train-0",)))
+            for x, r in ((a, "rollout-0"), (b, "rollout-1"))]
+    for order in (pair, pair[::-1]):
+        tco = coexec_times(order)
+        assert tco == pytest.approx({"job-00023": 466.139, "job-00025": 466.139}, rel=1e-9)
+        oc = best_round_robin_order(order)
+        assert not oc.feasible and oc.orders_tried == 2
+    cadence = cadence_bound([a.measured.t_solo_s, b.measured.t_solo_s], [118.236 + 96.93 + 2 * 6.6])
+    assert cadence == pytest.approx(466.139) and cadence > b.slo * b.measured.t_solo_s == pytest.approx(453.4886)
     sched = InterGroupScheduler(cl)
     sched.admit(a, a.measured)
     d = sched.admit(b, b.measured)
-    assert d.group_id == "group-0" and sched.group("group-0").job_ids == ("job-00025", "job-00023")
-    assert sched.cost_usd_per_h() == pytest.approx(71.78)
+    assert d.admitted and [g.job_ids for g in sched.groups] == [("job-00023",), ("job-00025",)]
     res = OptimalPartition(cl).solve([(a, a.measured), (b, b.measured)])
-    assert res.exact and res.cost_usd_per_h == pytest.approx(71.78)
-    assert isinstance(GroupMember, type) and isinstance(Placement, type)
+    assert res.exact and res.cost_usd_per_h == pytest.approx(sched.cost_usd_per_h()) == pytest.approx(113.96)
+
+
+def test_group_feasibility_takes_the_best_round_robin_order():
+    """Four jobs on two shared training nodes (``factories.ring_quartet``): in arrival order a
+    chain of trainings through all four waits within one meta-iteration and three members break
+    their SLOs; in the order (00059, 00095, 00075, 00097) all four fit. Alg. 1, the layout search
+    and the optimum all take that order (143.56 $/h)."""
+    from factories import ring_quartet
+    from rollmux.admission import best_round_robin_order, build_group
+
+    cl, jobs = ring_quartet()
+    best = ("job-00059", "job-00095", "job-00075", "job-00097")
+    sched = InterGroupScheduler(cl)
+    for j in jobs:
+        assert sched.admit(j, j.measured).admitted
+    (g,) = sched.groups
+    assert g.job_ids == best and sched.cost_usd_per_h() == pytest.approx(143.56)
+    by = {m.spec.job_id: m for m in g.members}
+    arrival = [by[j.job_id] for j in jobs]
+    tco = coexec_times(arrival)
+    train_chain = sum(m.profile.t_train_s + m.profile.t_sync_s for m in arrival)
+    assert tco == pytest.approx({j.job_id: train_chain for j in jobs}, rel=1e-9) and train_chain == pytest.approx(1260.501)
+    assert {j for j, t in tco.items() if t > by[j].spec.slo * by[j].profile.t_solo_s} == {"job-00095", "job-00097", "job-00075"}
+    oc = best_round_robin_order(arrival)
+    assert oc.feasible and tuple(m.spec.job_id for m in oc.members) == best and oc.orders_tried == 2
+    assert oc.t_coexec_s == pytest.approx({j: 1041.8165 for j in best}, rel=1e-6)
+    built = build_group([(j, j.measured) for j in jobs], cl)
+    assert built.job_ids == best and built.cost_usd_per_h(cl) == pytest.approx(143.56)
+    res = OptimalPartition(cl).solve([(j, j.measured) for j in jobs])
+    assert res.exact and res.cost_usd_per_h == pytest.approx(143.56)
 
 
 @pytest.mark.parametrize("seed,slo", [(1, (1.0, 2.0)), (2, (1.5, 2.5)), (4, (1.0, 1.2))])

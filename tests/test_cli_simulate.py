@@ -36,6 +36,9 @@ def test_simulate_writes_summary_and_plots(tmp_path):
     assert s["policies"]["optimal"]["cost_vs_optimal"] == 1.0
     assert s["policies"]["colocated"]["peak_rollout_gpus"] == 0
     assert s["meta"]["jobs"] == 12 and s["meta"]["mix"] == "mixed"
+    # the host's load beside the wall-time figures: three non-negative averages at start and end
+    assert s["host"]["cpus"] >= 1 and all(len(s["host"][k]) == 3 and min(s["host"][k]) >= 0
+                                          for k in ("load_avg_1_5_15_min_start", "load_avg_1_5_15_min_end"))
     # given as an absolute path, the trace is recorded relative to the repository (no machine's layout)
     assert s["meta"]["trace"] == "data/philly_extract.csv"
     ratios = s["rollmux_cost_ratios"]

@@ -192,19 +192,20 @@ def test_ledger_redoes_a_phase_whose_worker_was_lost_without_failing_the_job():
 
 
 # ---- the planned round-robin order reaches the queues (the order admission's SLO check simulated)
-def _philly_pair():
-    """Two Qwen-7B jobs of the Philly replay (tight SLOs) sharing one training node: feasible only in
-    the round-robin order (job-00025, job-00023), the reverse of their arrival order."""
-    from rollmux.config import CONFIG_DIR, load_cluster
-    from rollmux.models import JobSpec, PhaseProfile
+def _ring_group():
+    """``factories.ring_quartet`` admitted by Alg. 1 in arrival order: one group whose planned
+    round-robin order (00059, 00095, 00075, 00097) is not the arrival order (00059, 00095, 00097,
+    00075), feasible only in the planned one. Returns (cluster, specs in arrival order, group)."""
+    from factories import ring_quartet
 
-    def spec(jid, roll, train, slo):
-        return JobSpec(job_id=jid, model_params_b=7.0, num_prompts=256, responses_per_prompt=8, prompt_tokens=512,
-                       max_response_tokens=16384, num_rollout_gpus=8, num_train_gpus=8, slo=slo,
-                       measured=PhaseProfile(t_roll_s=roll, t_train_s=train, t_sync_s=6.6))
+    from rollmux.admission import InterGroupScheduler
 
-    cluster = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
-    return cluster, [spec("job-00023", 341.303, 118.236, 1.1165), spec("job-00025", 315.552, 96.93, 1.0821)]
+    cluster, jobs = ring_quartet()
+    sched = InterGroupScheduler(cluster)
+    for j in jobs:
+        assert sched.admit(j, j.measured).admitted
+    (grp,) = sched.groups
+    return cluster, jobs, grp
 
 
 def _drive(ledger, profiles, iterations):
@@ -236,39 +237,39 @@ def _drive(ledger, profiles, iterations):
 
 @pytest.mark.parametrize("planned", [True, False])
 def test_ledger_runs_members_in_the_planned_round_robin_order(planned):
-    """Drivers attach in arrival order (job-00023 first). With the order admission planned
-    (job-00025, job-00023) the shared training node alternates 00025, 00023 and both measured
-    slowdowns are the SLO check's prediction (within SLO); in attach order job-00025 waits behind
-    job-00023's training every iteration and breaks its SLO (1.112 > 1.0821)."""
-    from rollmux.admission import build_group
-    from rollmux.intra_group import coexec_times
+    """Drivers attach in arrival order. With the order admission planned (00059, 00095, 00075,
+    00097) the ledger's measured steady-state slowdowns are the SLO check's prediction, every one
+    within its SLO; in attach order the four trainings chain within one meta-iteration and
+    job-00095, job-00097 and job-00075 break their SLOs, as the SLO check predicts for that order."""
+    from rollmux.intra_group import coexec_times, steady_meta_iterations
 
-    cluster, (a, b) = _philly_pair()
-    grp = build_group([(a, a.measured), (b, b.measured)], cluster)
-    assert grp.job_ids == ("job-00025", "job-00023")
+    cluster, jobs, grp = _ring_group()
+    arrival = [j.job_id for j in jobs]
+    assert list(grp.job_ids) != arrival
     by = {m.spec.job_id: m for m in grp.members}
     clk = Clock(0.0)
     g = GroupLedger("group-p", lease_s=0, clock=clk)
-    for j in ("job-00023", "job-00025"):  # admitted / attached in arrival order
+    for j in arrival:  # admitted / attached in arrival order
         m = by[j]
         g.add(j, list(m.placement.rollout_nodes), list(m.placement.train_nodes), slo=m.spec.slo)
     if planned:
         assert g.set_order(list(grp.job_ids)) and not g.set_order(list(grp.job_ids))
-    for j in ("job-00023", "job-00025"):
+    for j in arrival:
         g.activate(j)
-    n = 8
-    seq = _drive(g, {j: by[j].profile for j in ("job-00023", "job-00025")}, n)
-    steady = {j: sum(g.members[j].iter_s[n // 2:]) / sum(g.members[j].solo_s[n // 2:]) for j in by}
+    order = [by[j] for j in (grp.job_ids if planned else arrival)]
+    n = steady_meta_iterations(order)
+    _drive(g, {j: by[j].profile for j in arrival}, n)
+    steady = {j: sum(g.members[j].iter_s[n // 2:n]) / sum(g.members[j].solo_s[n // 2:n]) for j in by}
+    tco = coexec_times(order)
+    for j, m in by.items():
+        assert steady[j] == pytest.approx(tco[j] / m.profile.t_solo_s, rel=1e-9)
+    over = {j for j, m in by.items() if steady[j] > m.spec.slo}
     if planned:
-        assert seq[2:10] == ["job-00025", "job-00023"] * 4 and g.status()["order"] == list(grp.job_ids)
-        tco = coexec_times(list(grp.members))
-        for j, m in by.items():
-            assert steady[j] == pytest.approx(tco[j] / m.profile.t_solo_s, rel=1e-9)
-            assert steady[j] <= m.spec.slo
-        assert steady["job-00025"] == pytest.approx(1.0547, abs=1e-4)
+        assert g.status()["order"] == list(grp.job_ids) and over == set()
+        assert steady["job-00075"] == pytest.approx(1041.8165 / 859.204, rel=1e-6)
     else:
-        assert seq[:8] == ["job-00023", "job-00025"] * 4
-        assert steady["job-00025"] == pytest.approx(1.1123, abs=1e-4) and steady["job-00025"] > b.slo
+        assert g.status()["order"] == [] and over == {"job-00095", "job-00097", "job-00075"}  # no plan: attach order
+        assert steady["job-00075"] == pytest.approx(1260.501 / 859.204, rel=1e-6)
 
 
 def test_ledger_new_plan_reorders_queued_jobs_without_preempting():
@@ -294,26 +295,30 @@ def test_scheduler_pushes_members_in_the_planned_round_robin_order(monkeypatch):
     import ray
 
     from actors.global_scheduler import GlobalSchedulerImpl
+    from factories import ring_quartet
 
     monkeypatch.setattr(ray, "get", lambda *a, **k: (_ for _ in ()).throw(AssertionError("waited")))
-    cluster, (a, b) = _philly_pair()
+    cluster, jobs = ring_quartet()
+    planned = ["job-00059", "job-00095", "job-00075", "job-00097"]
     log = []
     s = GlobalSchedulerImpl(cluster, kv=MemoryKV(), **unit_kw(FakeHandles({"group-0": FakeController(log)})),
                             metrics_flush_s=0)
-    for spec in (a, b):
+    for spec in jobs:
         assert s.admit(spec.model_dump())["admitted"]
-    assert log[-1][:2] == (["job-00025", "job-00023"], {})
-    assert [m["job_id"] for m in s.group_members("group-0")] == ["job-00025", "job-00023"]
+    assert log[-1][:2] == (planned, {})
+    assert [m["job_id"] for m in s.group_members("group-0")] == planned
 
     async def controller_takes_it():
         c = _ctrl(lease_s=0)
         await c.sync_members(MembershipPush.of("group-u", s.group_members("group-0"), {}, seq=1))
-        await c.attach("job-00023")
-        await c.attach("job-00025")
+        for spec in jobs:
+            await c.attach(spec.job_id)
         return await c.status()
 
     st = asyncio.run(controller_takes_it())
-    assert st["order"] == ["job-00025", "job-00023"] and st["queues"]["train-0"] == ["job-00025", "job-00023"]
+    assert st["order"] == planned
+    assert st["queues"]["train-0"] == ["job-00059", "job-00095", "job-00097"]
+    assert st["queues"]["train-1"] == ["job-00059", "job-00075", "job-00097"]
 
 
 # ---- the controller actor's class: reconcile pushes and a watchdog that never dies silently

@@ -159,12 +159,14 @@ def test_update_profile_replaces_the_planning_profile_only():
 
 
 # --------------------------------------------------------------------------- the simulator runs the same loop
-def test_the_stochastic_replay_with_measured_profiles_keeps_the_slo_users_read():
+def test_the_stochastic_replay_with_measured_profiles_lifts_the_slo_users_read():
     """40 jobs of the bundled extract, long-tailed phase times (seed 3): worst-case admission leaves
-    8 jobs over their SLO against their realised solo time (up to 1.50x); on measured profiles with
-    the SLO watch one job (a short one, over by 1.3% from its first iterations, before it was
-    measured) at about the same cost (+0.25%). Both on whole-node groups only (``per_job_allocations:
-    off``), so that only the profile source differs."""
+    16 jobs over their SLO against their realised solo time (up to 1.36x): a member whose realised
+    phases are far below its worst case still runs at its partners' cadence. On measured profiles
+    with the SLO watch 3 stay over (up to 1.09x), at a lower cost (-1.3%): three short jobs (about
+    1.6 h alone) that arrive within 200 s of each other and spend their first iterations, before
+    they are measured, in groups planned on worst-case times. Both on whole-node groups only
+    (``per_job_allocations: off``), so that only the profile source differs."""
     from rollmux.config import CONFIG_DIR, load_cluster
     from rollmux.simulator import simulate
     from rollmux.traces import EXTRACT_TRACE, TraceWindow, load_trace
@@ -177,10 +179,10 @@ def test_the_stochastic_replay_with_measured_profiles_keeps_the_slo_users_read()
                          config=SchedulerConfig(profile_source=src, per_job_allocations="off")).summary["policies"]["rollmux"]
            for src in ("worst_case", "measured")}
     wc, me = got["worst_case"], got["measured"]
-    assert wc["slo_attainment"] == pytest.approx(32 / 40) and wc["max_slowdown_over_slo"] > 1.5
+    assert wc["slo_attainment"] == pytest.approx(24 / 40) and 1.3 < wc["max_slowdown_over_slo"] < 1.4
     assert "slo_actions" not in wc and "profile_source" not in wc  # worst_case: the replay of before, unchanged
-    assert me["slo_attainment"] == pytest.approx(39 / 40) and me["max_slowdown_over_slo"] < 1.02
-    assert me["total_cost_usd"] <= 1.005 * wc["total_cost_usd"] and me["profile_source"] == "measured"
+    assert me["slo_attainment"] == pytest.approx(37 / 40) and me["max_slowdown_over_slo"] < 1.1
+    assert me["total_cost_usd"] <= 0.99 * wc["total_cost_usd"] and me["profile_source"] == "measured"
     assert sum(me["slo_actions"].values()) > 0 and set(me["slo_actions"]) <= {"move", "move_neighbour", "scale_out", "isolate",
                                                                               "slo_at_risk"}
     assert me["slo_attainment_vs_planned_solo"] == 1.0

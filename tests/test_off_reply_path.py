@@ -85,8 +85,8 @@ def test_process_planner_gives_the_thread_planners_plan():
     from actors.reopt_worker import ProcessPlanner, ThreadPlanner
 
     s = _sched(MemoryKV())
-    for i in range(12):
-        s.admit({**SPEC, "job_id": f"j{i}", "measured": dict(t_roll_s=300.0 + 20 * i, t_train_s=200.0, t_sync_s=10.0)})
+    for i in range(8):  # greedy admission leaves a cheaper re-partition of the first group's neighbourhood
+        s.admit({**SPEC, "job_id": f"j{i}", "measured": dict(t_roll_s=250.0 + 25 * i, t_train_s=300.0, t_sync_s=10.0)})
     hood = s.igs.reopt_neighbourhood(s.igs.groups[0].group_id)
     assert hood is not None
     want = ThreadPlanner(s.cluster, s.igs.config).plan(hood, None, [])
@@ -106,8 +106,8 @@ def test_process_planner_restarts_a_dead_child():
     from actors.reopt_worker import ProcessPlanner
 
     s = _sched(MemoryKV())
-    for i in range(12):
-        s.admit({**SPEC, "job_id": f"j{i}", "measured": dict(t_roll_s=300.0 + 20 * i, t_train_s=200.0, t_sync_s=10.0)})
+    for i in range(8):  # greedy admission leaves a cheaper re-partition of the first group's neighbourhood
+        s.admit({**SPEC, "job_id": f"j{i}", "measured": dict(t_roll_s=250.0 + 25 * i, t_train_s=300.0, t_sync_s=10.0)})
     hood = s.igs.reopt_neighbourhood(s.igs.groups[0].group_id)
     assert hood is not None
     pp = ProcessPlanner(s.cluster, s.igs.config)

@@ -48,7 +48,9 @@ def test_floor_never_exceeds_build_group_and_rejects_only_infeasible_sets(pool):
         assert prune_floor_usd_per_h(rows, pr, pt, nt_cap) <= f + 1e-9
         for k in range(1, len(rows)):
             assert prune_floor_usd_per_h(rows[:k], pr, pt, nt_cap) <= prune_floor_usd_per_h(rows, pr, pt, nt_cap) + 1e-9
-    assert min(seen.values()) > 5, seen  # every outcome exercised
+    # both outcomes exercised (with the meta-iteration rule the floor rejects about every set
+    # the round-robin simulation would: "sim_rejects" may be 0)
+    assert seen["feasible"] > 5 and seen["floor_rejects"] > 5, seen
 
 
 def test_lp_bound_is_below_and_near_the_exact_optimum(pool):

@@ -77,7 +77,7 @@ from rollmux.admission.filters import (CANDIDATE_FILTERS, GROUP_FILTERS, JOB_FIL
 from rollmux.admission.layouts import (build_group, job_layout_needs, layout_floor_usd_per_h, layout_row,
                                        training_pins_feasible)
 from rollmux.admission.order import EXHAUSTIVE_ORDER_MAX, OrderChoice, best_round_robin_order
-from rollmux.admission.rules import SLO_REL_TOL, breaks_slo, is_saturated, node_load_bound, within
+from rollmux.admission.rules import SLO_REL_TOL, breaks_slo, cadence_bound, is_saturated, node_load_bound, within
 from rollmux.admission.scheduler import POLICIES, InterGroupScheduler
 
 __all__ = [
@@ -86,6 +86,6 @@ __all__ = [
     "SLO_REL_TOL", "SchedulerConfig", "Verdict", "best_round_robin_order", "breaks_slo", "build_group",
     "capacity_filter", "finite_profile_filter", "group_size_filter", "is_saturated", "job_layout_needs",
     "layout_floor_usd_per_h", "layout_row", "load_scheduler_config", "memory_filter", "newcomer_slo_bound_filter",
-    "node_load_bound", "saturation_filter", "slo_bound_filter", "train_gpu_memory_filter",
+    "cadence_bound", "node_load_bound", "saturation_filter", "slo_bound_filter", "train_gpu_memory_filter",
     "training_pins_feasible", "within",
 ]

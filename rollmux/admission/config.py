@@ -115,7 +115,7 @@ class SchedulerConfig(BaseModel):
     repack_on_departure: bool = True
     repack_max_groups: int = Field(default=4, ge=0, le=1024)
     repack_max_members: int = Field(default=2, ge=1, le=64)
-    reopt_max_jobs: int = Field(default=8, ge=0, le=12)
+    reopt_max_jobs: int = Field(default=12, ge=0, le=12)
     saturation: Literal["paper", "slo", "off"] = "slo"
     attach_timeout_s: float = Field(default=600.0, ge=0.0, le=1e7)
     driver_lease_s: float = Field(default=30.0, ge=0.0, le=1e6)

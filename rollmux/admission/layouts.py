@@ -16,7 +16,7 @@ from rollmux.admission.decisions import Candidate
 from rollmux.admission.filters import slo_bound
 from rollmux.admission.groups import pick_nodes
 from rollmux.admission.order import EXHAUSTIVE_ORDER_MAX, slo_sim
-from rollmux.admission.rules import breaks_slo, node_load_bound
+from rollmux.admission.rules import breaks_slo, cadence_bound
 from rollmux.models import ClusterSpec, CoExecutionGroup, GroupMember, JobSpec, PhaseProfile, Placement
 from rollmux.nodes import node_id
 
@@ -99,7 +99,7 @@ def training_pins_feasible(rows: Sequence[tuple], cluster: ClusterSpec) -> bool:
     """Whether :func:`build_group` (one pinning order, the given one) gets past its checks that do
     not depend on the rollout layout: False exactly when ``_train_plan`` is None (a state larger
     than a node's host memory; a job finding no memory-feasible training nodes; the training pins
-    breaking a member's node-load bound). The same pinning rule on plain lists (the same sums in
+    breaking the meta-iteration rule, :func:`rollmux.admission.rules.cadence_bound`). The same pinning rule on plain lists (the same sums in
     the same order), ~10x cheaper; ``rows``: :func:`layout_row` per job."""
     rnode, tnode = cluster.rollout_pool.node, cluster.train_pool.node
     if max(r[2] for r in rows) > rnode.host_mem_gb or max(r[3] for r in rows) > tnode.host_mem_gb:
@@ -118,7 +118,10 @@ def training_pins_feasible(rows: Sequence[tuple], cluster: ClusterSpec) -> bool:
             load[x] = load[x] + tl
             mem[x] = mem[x] + mt
         pins.append(fit)
-    return not any(breaks_slo(node_load_bound(r[5], [load[x] for x in tp]), r[5], r[6]) for r, tp in zip(rows, pins))
+    # the meta-iteration rule (every member of the group, linked through the spanning job's
+    # training nodes, runs at one cadence); it implies each member's node-load bound
+    lb = cadence_bound([r[5] for r in rows], load)
+    return not any(breaks_slo(lb, r[5], r[6]) for r in rows)
 
 
 def _train_plan(items: Sequence[tuple[JobSpec, PhaseProfile]], cluster: ClusterSpec, pin_orders: bool,
@@ -150,9 +153,11 @@ def _train_plan(items: Sequence[tuple[JobSpec, PhaseProfile]], cluster: ClusterS
         tr = _pin_train(order, items, nt, mt, t_nodes, tnode.host_mem_gb)
         if tr is None or any(tr[0] == t[0] for _, t in trains):
             continue
-        # node-load rule on the training nodes alone (the same for every rollout layout)
-        if any(breaks_slo(node_load_bound(p.t_solo_s, [tr[1][x] for x in tr[0][i]]), p.t_solo_s, j.slo)
-               for i, (j, p) in enumerate(items)):
+        # the meta-iteration rule on the training nodes alone (the same for every rollout layout):
+        # the members are linked through the spanning job's training nodes, so each runs at the
+        # group's one cadence, at least every member's solo time and every node's load
+        lb = cadence_bound([p.t_solo_s for _, p in items], tr[1].values())
+        if any(breaks_slo(lb, p.t_solo_s, j.slo) for j, p in items):
             continue
         trains.append((order, tr))
     return (nr, mr, t_nodes, trains) if trains else None
@@ -202,6 +207,7 @@ def _node_load_layouts(items, cluster: ClusterSpec, plan, below_usd_per_h: Optio
     nr, mr, t_nodes, trains = plan
     rnode, tnode = cluster.rollout_pool.node, cluster.train_pool.node
     price = lambda rn: rn * rnode.price_usd_per_h + len(t_nodes) * tnode.price_usd_per_h  # noqa: E731
+    t_solos = [p.t_solo_s for _, p in items]
     for n_nodes, _, mask in _rollout_layouts(tuple(nr)):
         if below_usd_per_h is not None and price(n_nodes) >= below_usd_per_h - 1e-9:
             return  # layouts are sorted by cost: none of the rest is cheaper than the bound
@@ -226,9 +232,10 @@ def _node_load_layouts(items, cluster: ClusterSpec, plan, below_usd_per_h: Optio
                     continue
                 seen.add(sig)
                 loads = {**r_loads, **t_loads}
-                # node-load rule first, on plain numbers (most layouts of an infeasible set stop here)
-                if any(breaks_slo(node_load_bound(p.t_solo_s, [loads[x] for x in r_pins[i] + t_pins[i]]), p.t_solo_s, j.slo)
-                       for i, (j, p) in enumerate(items)):
+                # the meta-iteration rule first, on plain numbers (most layouts of an infeasible
+                # set stop here): one cadence for all, at least the busiest node's load
+                lb = cadence_bound(t_solos, loads.values())
+                if any(breaks_slo(lb, p.t_solo_s, j.slo) for j, p in items):
                     continue
                 yield n_nodes, order, r_pins, t_pins, loads, nxt, t_nodes
 
@@ -244,7 +251,10 @@ def build_group(members: Sequence[Union[JobSpec, tuple[JobSpec, PhaseProfile]]],
     set of ``max ceil(NR_j / gpus_per_node)`` rollout nodes. Within a layout each job is pinned to
     its least-loaded memory-feasible nodes in turn (jobs spanning a whole shared set first, then
     the others in the given order; ``pin_orders=True``: every order of the latter, distinct
-    pinnings once), and each pinning is checked by memory residency, the node-load bound, then
+    pinnings once), and each pinning is checked by memory residency, the meta-iteration rule
+    (:func:`rollmux.admission.rules.cadence_bound`: the members, linked through the spanning
+    job's training nodes, share one cadence, so every node's load and every member's solo time
+    must fit the least SLO budget), then
     :func:`best_round_robin_order` (every member's SLO in the best round-robin order). The first
     feasible layout by cost is returned, its members in the feasible round-robin order.
 

@@ -86,12 +86,12 @@ class RepackMixin:
     def keep_slos(self, group_id: str) -> list[dict]:
         """After a departure from ``group_id``: make every remaining member keep its SLO again.
 
-        A departure can *raise* a remaining member's co-execution iteration time: the round-robin
-        cadence of the members left may tie a job to a slower partner that the departed job used
-        to interleave with (e.g. three members at 451.8 s per iteration for a job of 352.9 s solo
-        time and SLO 1.2848, then 457.1 s, 1.295x, once the third leaves). Admission checked the
-        group with the departed job in it, so nothing else would notice. This re-checks the group
-        on the same worst-case model as admission (:func:`best_round_robin_order`, every member
+        In the steady state a departure cannot lengthen the cadence of the members left: their
+        round-robin waits are a subset of those the group had, and admission checked the group
+        with the departed job in it. The re-check is kept as a defence for everything admission
+        did not see: profiles refined by measurements since (:meth:`update_profile`), or a
+        group whose admission check ran under older settings (a restored checkpoint). It runs on
+        the same worst-case model as admission (:func:`best_round_robin_order`, every member
         ``T_coexec_k <= slo_k x T_solo_k``): when some round-robin order keeps every member, the
         group takes that order (no job moves); when none does, the at-risk member (or a
         neighbour) moves out by the SLO watch's options (:func:`rollmux.admission.slo_watch.watch`

@@ -24,6 +24,17 @@ def node_load_bound(t_solo_s: float, node_loads_s: Iterable[float]) -> float:
     return max(t_solo_s, max(node_loads_s, default=0.0))
 
 
+def cadence_bound(t_solo_s: Iterable[float], node_loads_s: Iterable[float]) -> float:
+    """The meta-iteration rule: on every shared node each FIFO serves the members' phases in
+    round-robin order, so members linked by shared nodes run in lockstep, one iteration each per
+    meta-iteration, and in the steady state every member's ``T_coexec`` is the same period, at
+    least the longest member's own iteration and the busiest node's load (seconds; the steady
+    state of :func:`rollmux.intra_group.coexec_times`). For the members of one linked group:
+    ``T_coexec_k >= max(max_j T_solo_j, max over nodes of the load)`` for every k, which is at
+    least :func:`node_load_bound` of each. Source: RollMux §4.3 (round-robin meta-iterations)."""
+    return max(max(t_solo_s, default=0.0), max(node_loads_s, default=0.0))
+
+
 def breaks_slo(t_coexec_s: float, t_solo_s: float, slo: float) -> bool:
     """True when an iteration time ``t_coexec_s`` (or a lower bound of it) exceeds ``slo x t_solo_s``
     (relative tolerance :data:`SLO_REL_TOL`).

@@ -35,7 +35,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from rollmux import profiler
 from rollmux.admission.decisions import AdmissionDecision, placement_dict
-from rollmux.intra_group import IterationTimes, LongTailPolicy, simulate_group
+from rollmux.intra_group import IterationTimes, LongTailPolicy, sampled_meta_iterations, simulate_group
 from rollmux.models import CoExecutionGroup, PhaseProfile
 
 #: predicted slowdown per member of a group: co-executed iteration over realised solo iteration
@@ -49,11 +49,11 @@ def predict_slowdowns(group: CoExecutionGroup, samples: Mapping[str, Sequence[It
     """Per member of ``group``: mean co-executed iteration time on ``samples`` (job id -> its
     iterations, cycled; a member without samples runs its planning profile) over the mean solo
     time of the same iterations. Shapes: one float per member, dimensionless (>= about 1).
-    ``meta_iterations`` default ``max(2n + 4, 2 x longest sample list)``. Raises ValueError on an
+    ``meta_iterations`` default :func:`rollmux.intra_group.sampled_meta_iterations` of the longest
+    sample list. Raises ValueError on an
     empty group."""
     times = {m.spec.job_id: list(samples.get(m.spec.job_id) or [m.profile]) for m in group.members}
-    n = len(group.members)
-    k = meta_iterations or max(2 * n + 4, 2 * max(len(v) for v in times.values()))
+    k = meta_iterations or sampled_meta_iterations(group, max(len(v) for v in times.values()))
     s = simulate_group(group, meta_iterations=k, phase_times=times, long_tail=long_tail, record_timeline=False)
     out = {}
     for jid, its in times.items():
