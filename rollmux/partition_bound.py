@@ -61,6 +61,8 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
+import numpy as np
+
 from rollmux.admission.layouts import build_group, job_layout_needs
 from rollmux.models import JobSpec, PhaseProfile
 
@@ -208,8 +210,8 @@ def _solve_master(cols: list[tuple[frozenset, float]], ids: list[str], cuts: Seq
 
 
 def _cut_rows(keys: Sequence[frozenset], cuts: Sequence[frozenset]) -> list[dict[int, int]]:
-    """Per cut: ``{column index: coefficient}`` over the columns ``keys`` whose coefficient
-    (:func:`_cut_coef`) is not 0, found through the columns holding each of its jobs."""
+    """Per subset-row cut over ``r``: ``{column index: floor(|key ∩ r| / 2)}`` over the columns
+    ``keys`` whose coefficient is not 0, found through the columns holding each of its jobs."""
     holding: dict[str, list[int]] = {}
     for i, key in enumerate(keys):
         for j in key:
@@ -222,11 +224,6 @@ def _cut_rows(keys: Sequence[frozenset], cuts: Sequence[frozenset]) -> list[dict
                 hits[i] = hits.get(i, 0) + 1
         out.append({i: h // 2 for i, h in hits.items() if h >= 2})
     return out
-
-
-def _cut_coef(key: frozenset, r: frozenset) -> int:
-    """Coefficient of column ``key`` in the subset-row cut over ``r``: ``floor(|key ∩ r| / 2)``."""
-    return len(key & r) // 2
 
 
 def _separate_subset_rows(cols: list[tuple[frozenset, float]], x: Sequence[float], have: set,
@@ -309,8 +306,6 @@ def _price(ids, rows, pi, known, raised, max_size, price_r, price_t, keep: int, 
     stopping once it has them (an empty answer proves none exists). ``mode="farley"``: the least
     ratio ``theta = min cost(S) / pi(S)`` (at most 1; a lower bound on the true one).
     Returns ``(theta or None, [(rc, key, exact, pi(S) - penalty(S))])``; ``"farley"`` reads no cuts."""
-    import numpy as np
-
     n = len(ids)
     order = sorted(range(n), key=lambda k: -pi[ids[k]])
     oid = [ids[k] for k in order]

@@ -50,8 +50,7 @@ def predict_slowdowns(group: CoExecutionGroup, samples: Mapping[str, Sequence[It
     iterations, cycled; a member without samples runs its planning profile) over the mean solo
     time of the same iterations. Shapes: one float per member, dimensionless (>= about 1).
     ``meta_iterations`` default :func:`rollmux.intra_group.sampled_meta_iterations` of the longest
-    sample list. Raises ValueError on an
-    empty group."""
+    sample list. Raises ValueError on an empty group."""
     times = {m.spec.job_id: list(samples.get(m.spec.job_id) or [m.profile]) for m in group.members}
     k = meta_iterations or sampled_meta_iterations(group, max(len(v) for v in times.values()))
     s = simulate_group(group, meta_iterations=k, phase_times=times, long_tail=long_tail, record_timeline=False)
