@@ -179,34 +179,66 @@ def prune_floor_usd_per_h(rows: Sequence[tuple], price_r: float, price_t: float,
     return max(r[1] for r in rows) * price_t + need * price_r
 
 
-def _solve_master(cols: list[tuple[frozenset, float]], ids: list[str], cuts: Sequence[frozenset] = ()):
-    """Covering LP ``min c x, sum_{S ∋ j} x_S >= 1, x >= 0`` by GLOP, plus one subset-row cut
-    ``sum_{S: |S ∩ R| >= 2} x_S <= 1`` per triple ``R`` of ``cuts``: (value, duals by job id
-    (``>= 0``), duals by cut (``<= 0``), the primal ``x`` in ``cols``' order)."""
-    from ortools.linear_solver import pywraplp
+class _Master:
+    """The restricted master LP of one bound computation, kept across its column-generation and
+    cut rounds: covering LP ``min c x, sum_{S ∋ j} x_S >= 1, x >= 0`` by GLOP, plus one
+    subset-row cut ``sum_S floor(|S ∩ R| / 2) x_S <= floor(|R| / 2)`` per job set ``R`` of the
+    cuts. Columns and cuts are only ever added (:meth:`sync`), so the model is extended in place
+    and GLOP re-solves from its last basis instead of a model rebuilt every round.
+    ``cut_coefs[c]``: ``{column index: coefficient}`` of cut ``c`` (its non-zeros)."""
 
-    s = pywraplp.Solver.CreateSolver("GLOP")
-    xs = [s.NumVar(0.0, s.infinity(), "") for _ in cols]
-    cons = {}
-    for j in ids:
-        cons[j] = s.Constraint(1.0, s.infinity())
-    for x, (key, c) in zip(xs, cols):
-        for j in key:
-            cons[j].SetCoefficient(x, 1.0)
-    cut_cons = []
-    for r, coefs in zip(cuts, _cut_rows([key for key, _ in cols], cuts)):
-        k = s.Constraint(-s.infinity(), float(len(r) // 2))
-        for i, a in coefs.items():
-            k.SetCoefficient(xs[i], float(a))
-        cut_cons.append(k)
-    obj = s.Objective()
-    for x, (_, c) in zip(xs, cols):
-        obj.SetCoefficient(x, c)
-    obj.SetMinimization()
-    if s.Solve() != pywraplp.Solver.OPTIMAL:  # pragma: no cover - singletons make it feasible
-        raise RuntimeError("restricted master LP not solved")
-    return (obj.Value(), {j: max(0.0, cons[j].dual_value()) for j in ids},
-            [min(0.0, k.dual_value()) for k in cut_cons], [x.solution_value() for x in xs])
+    def __init__(self, ids: list[str]):
+        from ortools.linear_solver import pywraplp
+
+        self._pw = pywraplp
+        self._s = pywraplp.Solver.CreateSolver("GLOP")
+        inf = self._s.infinity()
+        self.ids = ids
+        self._cons = {j: self._s.Constraint(1.0, inf) for j in ids}
+        self._obj = self._s.Objective()
+        self._obj.SetMinimization()
+        self.keys: list[frozenset] = []
+        self._xs: list = []
+        self.cuts: list[frozenset] = []
+        self._cut_cons: list = []
+        self.cut_coefs: list[dict[int, int]] = []
+
+    def sync(self, cols: dict, cuts: Sequence[frozenset] = ()) -> None:
+        """Adds the columns of ``cols`` (``{job set: USD/h}``, insertion-ordered, of which the
+        master holds a prefix) and the cuts of ``cuts`` (of which it holds a prefix) it lacks."""
+        s, inf = self._s, self._s.infinity()
+        items = list(cols.items())
+        if self.keys and (len(items) < len(self.keys) or items[len(self.keys) - 1][0] != self.keys[-1]):
+            raise ValueError("_Master.sync: the columns are not an extension of the master's")
+        for key, c in items[len(self.keys):]:
+            i = len(self.keys)
+            x = s.NumVar(0.0, inf, "")
+            for j in key:
+                self._cons[j].SetCoefficient(x, 1.0)
+            self._obj.SetCoefficient(x, c)
+            for r, k, coefs in zip(self.cuts, self._cut_cons, self.cut_coefs):
+                a = len(key & r) // 2
+                if a:
+                    k.SetCoefficient(x, float(a))
+                    coefs[i] = a
+            self.keys.append(key)
+            self._xs.append(x)
+        new = list(cuts[len(self.cuts):])
+        for r, coefs in zip(new, _cut_rows(self.keys, new)):
+            k = s.Constraint(-inf, float(len(r) // 2))
+            for i, a in coefs.items():
+                k.SetCoefficient(self._xs[i], float(a))
+            self.cuts.append(r)
+            self._cut_cons.append(k)
+            self.cut_coefs.append(coefs)
+
+    def solve(self):
+        """(value, duals by job id (``>= 0``), duals by cut (``<= 0``), the primal ``x`` in the
+        columns' order)."""
+        if self._s.Solve() != self._pw.Solver.OPTIMAL:  # pragma: no cover - singletons make it feasible
+            raise RuntimeError("restricted master LP not solved")
+        return (self._obj.Value(), {j: max(0.0, self._cons[j].dual_value()) for j in self.ids},
+                [min(0.0, k.dual_value()) for k in self._cut_cons], [x.solution_value() for x in self._xs])
 
 
 def _cut_rows(keys: Sequence[frozenset], cuts: Sequence[frozenset]) -> list[dict[int, int]]:
@@ -226,6 +258,10 @@ def _cut_rows(keys: Sequence[frozenset], cuts: Sequence[frozenset]) -> list[dict
     return out
 
 
+_MAX_CYCLES = 20000  # 5-job candidates per separation round
+_MAX_PATHS = 200_000  # open paths kept per start job while 5-cycles are enumerated
+
+
 def _separate_subset_rows(cols: list[tuple[frozenset, float]], x: Sequence[float], have: set,
                           limit: int, min_violation: float = 0.05) -> list[frozenset]:
     """Up to ``limit`` job sets ``R`` of 3 or 5 jobs (not in ``have``) whose subset-row cut
@@ -234,45 +270,60 @@ def _separate_subset_rows(cols: list[tuple[frozenset, float]], x: Sequence[float
     their ``|S ∩ R|`` sum to at most ``|R|`` and the cut holds for every partition (Jepsen,
     Petersen, Spoorendonk & Pisinger 2008; the 5-job cut is the odd-hole cut of five pairs at
     one half). Candidates: paths of two pairs and cycles of five pairs that fractional columns
-    hold."""
+    hold (at most ``_MAX_CYCLES`` cycles, in order of their least job, from at most
+    ``_MAX_PATHS`` open paths per start job: a candidate list, not a proof, so a cut left out only
+    leaves the bound where it was); the violations are summed over all candidates at once."""
     frac = [(key, v) for (key, _), v in zip(cols, x) if 1e-6 < v < 1 - 1e-6 and len(key) >= 2]
     if not frac:
         return []
-    adj: dict[str, set] = {}
-    for key, _ in frac:
-        for a in key:
-            adj.setdefault(a, set()).update(key - {a})
-    cands: set[frozenset] = set()
-    for b_, nb in adj.items():  # triples: a - b - c
-        nbs = sorted(nb)
-        for i in range(len(nbs)):
-            for k in range(i + 1, len(nbs)):
-                cands.add(frozenset((nbs[i], b_, nbs[k])))
-
-    def cycles5(start: str):  # simple 5-cycles through start, start the least job
-        stack = [(start, (start,))]
-        while stack:
-            v, path = stack.pop()
-            if len(path) == 5:
-                if start in adj[v]:
-                    yield frozenset(path)
-                continue
-            for w in adj[v]:
-                if w > start and w not in path:
-                    stack.append((w, path + (w,)))
-
-    if len(adj) <= 60:
-        for st in sorted(adj):
-            for r in cycles5(st):
-                cands.add(r)
-                if len(cands) > 20000:
+    names = sorted({j for key, _ in frac for j in key})
+    at = {j: i for i, j in enumerate(names)}
+    m = len(names)
+    held = np.zeros((len(frac), m), dtype=np.int8)  # held[f, j]: fractional column f holds job j
+    for f, (key, _) in enumerate(frac):
+        held[f, [at[j] for j in key]] = 1
+    adj = (held.T.astype(np.int32) @ held) > 0  # two jobs of one fractional column
+    np.fill_diagonal(adj, False)
+    sets = []
+    for b_ in range(m):  # triples: a - b - c
+        nb = np.flatnonzero(adj[b_])
+        if len(nb) >= 2:
+            i, k = np.triu_indices(len(nb), 1)
+            sets.append(np.sort(np.stack([nb[i], np.full(len(i), b_), nb[k]], axis=1), axis=1))
+    triples = np.unique(np.concatenate(sets), axis=0) if sets else np.zeros((0, 3), dtype=np.int64)
+    cycles = np.zeros((0, 5), dtype=np.int64)
+    if m <= 60:  # simple 5-cycles, each through its least job, at most _MAX_CYCLES of them
+        found_c, n_c = [], 0
+        for st in range(m):
+            paths = np.array([[st]], dtype=np.int64)
+            for _ in range(4):
+                ok = adj[paths[:, -1]] & (np.arange(m) > st)[None, :]
+                ok[np.arange(len(paths))[:, None], paths] = False
+                r, w = np.nonzero(ok)
+                paths = np.hstack([paths[r], w[:, None]])[:_MAX_PATHS]  # a dense graph: its first paths
+                if not len(paths):
                     break
+            if len(paths):
+                closed = np.unique(np.sort(paths[adj[paths[:, -1], st]], axis=1), axis=0)
+                found_c.append(closed)
+                n_c += len(closed)
+                if n_c >= _MAX_CYCLES:
+                    break
+        if found_c:
+            cycles = np.concatenate(found_c)[:_MAX_CYCLES]
+    xv = np.array([v for _, v in frac], dtype=float)
     found = []
-    todo = [r for r in cands if r not in have]
-    for r, coefs in zip(todo, _cut_rows([key for key, _ in frac], todo)):
-        lhs = sum(frac[i][1] * a for i, a in coefs.items())
-        if lhs > len(r) // 2 + min_violation:
-            found.append((lhs - len(r) // 2, r))
+    for cand in (triples, cycles):
+        if not len(cand):
+            continue
+        for c0 in range(0, len(cand), 4000):
+            part = cand[c0:c0 + 4000]
+            lhs = xv @ (held[:, part].sum(axis=2) // 2)  # sum_S x_S floor(|S ∩ R| / 2)
+            rhs = part.shape[1] // 2
+            for t in np.flatnonzero(lhs > rhs + min_violation).tolist():
+                r = frozenset(names[q] for q in part[t].tolist())
+                if r not in have:
+                    found.append((round(float(lhs[t]) - rhs, 9), r))  # ties: by the job names
     found.sort(key=lambda t: (-t[0], sorted(t[1])))
     out, used = [], {}
     for _, r in found:  # spread the cuts: each job in at most two new ones per round
@@ -524,13 +575,15 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
                 cols[key] = c
     floors = _FloorCache(opt)  # L(S) depends on the jobs only: kept across instants, dropped with them
     it = 0
+    master = _Master(ids)  # extended in place round after round (GLOP re-solves from its basis)
 
     def generate(cuts: list[frozenset]):
         """Column generation under ``cuts``: (converged, LP value, pi, cut duals, x)."""
         nonlocal it
         while True:
             it += 1
-            val, pi, sig, x = _solve_master(list(cols.items()), ids, cuts)
+            master.sync(cols, cuts)
+            val, pi, sig, x = master.solve()
             _, neg = _price(ids, rows, pi, known, raised, opt.max_group_size, price_r, price_t, keep, "first",
                             floors, cols, list(zip(cuts, sig)))
             if not neg:  # no column prices negative: the duals are feasible for every column
@@ -554,9 +607,10 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
         # (the LP's tolerance); a partition covers each job once and meets each cut at most once
         # at most its right-hand side floor(|R| / 2) (sig <= 0): sum(pi) + sum(sig x rhs) - n x worst
         # is the Lagrangian bound (at most n groups)
+        master.sync(cols, cuts)
         items = list(cols.items())
         pen = [0.0] * len(items)
-        for d, coefs in zip(sig, _cut_rows([key for key, _ in items], cuts)):
+        for d, coefs in zip(sig, master.cut_coefs):
             for i, a in coefs.items():
                 pen[i] += d * a
         worst = max([_RC_EPS] + [sum(pi[j] for j in key) + pen[i] - c for i, (key, c) in enumerate(items)])
