@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
@@ -95,6 +95,47 @@ class BoundResult:
     columns: int
     layouts_built: int
     solve_ms: float
+
+
+@dataclass(frozen=True)
+class BoundBudget:
+    """What one :func:`lp_lower_bound` call may spend. Any budget leaves the bound proven (a
+    stopped column generation returns Farley's bound, stopped cut rounds the best converged
+    round); a smaller one may only weaken it.
+
+    Attributes:
+        max_iterations: master LP solves (one per pricing round), >= 1.
+        max_layouts: exact layouts built (``build_group`` runs), >= 1.
+        time_limit_s: wall seconds; ``math.inf`` makes the bound independent of the host's speed
+            and load (the other limits are counts), so a replay gives the same figures anywhere.
+        keep: negative columns taken per pricing round, >= 1.
+        cut_rounds: rounds of subset-row cuts after the LP converged (0: the plain LP relaxation).
+        cuts_per_round: the most cuts one round adds, >= 1.
+    Raises:
+        ValueError: a count below its minimum or a time limit that is not positive.
+    """
+
+    max_iterations: int = 200
+    max_layouts: int = 3000
+    time_limit_s: float = 30.0
+    keep: int = 40
+    cut_rounds: int = 6
+    cuts_per_round: int = 40
+
+    def __post_init__(self) -> None:
+        for name in ("max_iterations", "max_layouts", "keep", "cuts_per_round"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"BoundBudget.{name}: must be >= 1, got {getattr(self, name)}")
+        if self.cut_rounds < 0:
+            raise ValueError(f"BoundBudget.cut_rounds: must be >= 0, got {self.cut_rounds}")
+        if not self.time_limit_s > 0:
+            raise ValueError(f"BoundBudget.time_limit_s: must be > 0, got {self.time_limit_s}")
+
+    def to_json(self) -> dict:
+        """The budget as JSON values (an unlimited ``time_limit_s`` is ``None``)."""
+        d = asdict(self)
+        d["time_limit_s"] = None if math.isinf(self.time_limit_s) else self.time_limit_s
+        return d
 
 
 def _rows(members: Sequence[tuple[JobSpec, PhaseProfile]], cluster) -> list[tuple]:
@@ -482,9 +523,7 @@ class _FloorCache(dict):
 
 def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
                    seed_columns: Iterable[Iterable[str]] = (), extra_columns: Optional[dict] = None,
-                   max_iterations: int = 200,
-                   max_layouts: int = 3000, keep: int = 40, time_limit_s: float = 30.0,
-                   cut_rounds: int = 6, cuts_per_round: int = 40) -> BoundResult:
+                   budget: BoundBudget = BoundBudget()) -> BoundResult:
     """Proven lower bound on the cost of :meth:`OptimalPartition.solve` over ``members``
     (``(spec, worst-case profile)`` pairs), USD/h, for any number of jobs (module docstring).
 
@@ -494,17 +533,17 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
         seed_columns: job sets to start the master with (e.g. a policy's current groups).
         extra_columns: ``{job set: USD/h}`` of groups known feasible outside the layout class (a
             policy's own groups), priced so: the bound is then over the layout class and these.
-        max_iterations / max_layouts / time_limit_s: the budget (master solves, exact layouts
-            built, wall seconds); when hit, Farley's bound is returned.
-        keep: negative columns taken per pricing round.
-        cut_rounds / cuts_per_round: rounds of subset-row cuts after the LP converged (0: the
-            plain LP relaxation), and the most cuts one round adds.
+        budget: :class:`BoundBudget` (master solves, exact layouts built, wall seconds, columns
+            per pricing round, cut rounds); when column generation hits it, Farley's bound is
+            returned.
     Returns:
         :class:`BoundResult`.
     Raises:
         ValueError: duplicate job ids.
     """
     t0 = time.perf_counter()
+    max_iterations, max_layouts, time_limit_s = budget.max_iterations, budget.max_layouts, budget.time_limit_s
+    keep, cut_rounds, cuts_per_round = budget.keep, budget.cut_rounds, budget.cuts_per_round
     cl = opt.cluster
     ids = [j.job_id for j, _ in members]
     if len(set(ids)) != len(ids):

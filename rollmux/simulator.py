@@ -58,7 +58,7 @@ import numpy as np
 
 from rollmux.admission import SchedulerConfig
 from rollmux.baselines import OptimalPartition, Unit
-from rollmux.partition_bound import lp_lower_bound
+from rollmux.partition_bound import BoundBudget, lp_lower_bound
 from rollmux.intra_group import PhaseRecord, simulate_group
 from rollmux.models import ClusterSpec, CoExecutionGroup
 from rollmux.policies import POLICY_NAMES, check_policy, policy_spec
@@ -247,6 +247,7 @@ def replay(
     shadow: Optional[OptimalPartition] = None,
     lower_bound: bool = False,
     bound_gap_every: int = 10,
+    bound_budget: BoundBudget = BoundBudget(),
 ) -> PolicyRun:
     """Replay ``jobs`` (arrival order) through ``policy``: event-driven fluid progress.
 
@@ -265,6 +266,8 @@ def replay(
             column generation (:func:`rollmux.partition_bound.lp_lower_bound`), integrated as
             ``cost_vs_lower_bound``; every ``bound_gap_every``-th exact instant also gets the LP
             bound, for its gap to the exact optimum (``lower_bound_gap_to_exact_*``).
+        bound_budget: what each LP bound may spend (:class:`rollmux.partition_bound.BoundBudget`;
+            with ``time_limit_s=math.inf`` the figures do not depend on the host's load).
     Returns:
         :class:`PolicyRun` with series, integrals and per-job outcomes.
     Raises:
@@ -373,16 +376,18 @@ def replay(
                     run.bound_kinds["exact"] = run.bound_kinds.get("exact", 0) + 1
                     n_exact[0] += 1
                     if bound_gap_every > 0 and n_exact[0] % bound_gap_every == 0:
-                        b = lp_lower_bound(shadow, members, seed_columns=[u.job_ids for u in units])
+                        b = lp_lower_bound(shadow, members, seed_columns=[u.job_ids for u in units],
+                                           budget=bound_budget)
                         run.bound_vs_exact.append((b.bound_usd_per_h, res.cost_usd_per_h))
                 else:
-                    b = lp_lower_bound(shadow, members, seed_columns=[u.job_ids for u in units])
+                    b = lp_lower_bound(shadow, members, seed_columns=[u.job_ids for u in units], budget=bound_budget)
                     bound_cost[0] = b.bound_usd_per_h
                     run.bound_kinds[b.kind] = run.bound_kinds.get(b.kind, 0) + 1
             else:
                 # a group of the policy outside the layout class: the LP bound over the class and
                 # the policy's own groups (priced as they run) still bounds the policy's cost
-                b = lp_lower_bound(shadow, members, extra_columns={u.job_ids: u.cost_usd_per_h for u in units})
+                b = lp_lower_bound(shadow, members, extra_columns={u.job_ids: u.cost_usd_per_h for u in units},
+                                   budget=bound_budget)
                 bound_cost[0] = b.bound_usd_per_h
                 k = f"{b.kind}_with_policy_groups"
                 run.bound_kinds[k] = run.bound_kinds.get(k, 0) + 1
@@ -582,6 +587,7 @@ def simulate(
     queue: bool = False,
     priorities: bool = False,
     lower_bound: bool = False,
+    bound_budget: BoundBudget = BoundBudget(),
 ) -> SimulationResult:
     """Replay the same jobs through every policy with one shared realisation.
 
@@ -589,7 +595,8 @@ def simulate(
     cluster's GlobalScheduler uses; default: its defaults); ``max_group_size`` / ``repack`` override
     a copy of it when given, ``seed`` (realisation) is also the random baseline's seed.
     ``shadow_policies`` also get the same-instant exact-optimum comparison (see :func:`replay`), and
-    with ``lower_bound`` the proven lower bound at every instant (``cost_vs_lower_bound``);
+    with ``lower_bound`` the proven lower bound at every instant (``cost_vs_lower_bound``, each LP
+    bound within ``bound_budget``);
     ``repack=False`` runs RollMux as the paper's admission-only Alg. 1 (no departure re-packing).
     ``queue=True``: a bounded ``cluster`` holds the jobs that do not fit in the admission queue
     (:class:`rollmux.sim_policies.SchedulerPolicy`); each policy's summary then reports its jobs' queue waits.
@@ -620,9 +627,11 @@ def simulate(
         shadow = (OptimalPartition(cluster, max_group_size=max_group_size, exact_max_jobs=exact_max_jobs, time_limit_s=5.0,
                                    per_job=cfg.per_job_allocations == "simulator")
                   if name in shadow_policies else None)
-        runs[name] = replay(jobs, pol, real, on_event=cb, shadow=shadow, lower_bound=lower_bound)
+        runs[name] = replay(jobs, pol, real, on_event=cb, shadow=shadow, lower_bound=lower_bound,
+                            bound_budget=bound_budget)
     m = dict(meta or {}, jobs=len(jobs), stochastic=stochastic, seed=seed, max_group_size=max_group_size,
-             exact_max_jobs=exact_max_jobs, repack_on_departure=repack, **({"admission_queue": True} if queue else {}),
+             exact_max_jobs=exact_max_jobs, repack_on_departure=repack,
+             **({"bound_budget": bound_budget.to_json()} if lower_bound else {}), **({"admission_queue": True} if queue else {}),
              **({"priorities": True} if priorities else {}))
     return SimulationResult(runs, summarise(runs, m), real)
 

@@ -14,7 +14,8 @@ import pytest
 from rollmux.admission import build_group
 from rollmux.baselines import OptimalPartition
 from rollmux.config import CONFIG_DIR, load_cluster
-from rollmux.partition_bound import (_rows, _separate_subset_rows, floor_usd_per_h, lp_lower_bound,
+import rollmux.partition_bound as pb
+from rollmux.partition_bound import (BoundBudget, _rows, _separate_subset_rows, floor_usd_per_h, lp_lower_bound,
                                      prune_floor_usd_per_h)
 from rollmux.traces import EXTRACT_TRACE, TraceWindow, load_trace
 from rollmux.workloads import draw_jobs
@@ -62,7 +63,7 @@ def test_lp_bound_is_below_and_near_the_exact_optimum(pool):
         opt = OptimalPartition(cluster, exact_max_jobs=16, time_limit_s=5.0)
         exact = opt.solve(ms)
         assert exact.exact
-        plain = lp_lower_bound(OptimalPartition(cluster), ms, cut_rounds=0)
+        plain = lp_lower_bound(OptimalPartition(cluster), ms, budget=BoundBudget(cut_rounds=0))
         b = lp_lower_bound(opt, ms)
         assert plain.kind == "lp" and b.kind in ("lp", "lp_cuts")
         for r in (plain, b):
@@ -95,7 +96,7 @@ def test_budget_hit_gives_the_lagrangian_bound_still_below_the_optimum(pool):
     ms = random.Random(5).sample(jobs, 10)
     opt = OptimalPartition(cluster, exact_max_jobs=16, time_limit_s=5.0)
     exact = opt.solve(ms).cost_usd_per_h
-    b = lp_lower_bound(OptimalPartition(cluster), ms, max_iterations=1)
+    b = lp_lower_bound(OptimalPartition(cluster), ms, budget=BoundBudget(max_iterations=1))
     assert b.kind == "lagrangian" and b.iterations == 1
     assert 0.0 <= b.bound_usd_per_h <= exact + 1e-6
     singles = sum(build_group([m], cluster).cost_usd_per_h(cluster) for m in ms)
@@ -106,3 +107,43 @@ def test_duplicate_ids_are_refused(pool):
     cluster, jobs = pool
     with pytest.raises(ValueError, match="duplicate"):
         lp_lower_bound(OptimalPartition(cluster), [jobs[0], jobs[0]])
+
+
+def test_separation_caps_keep_the_first_cycles_by_least_job(monkeypatch):
+    # two disjoint odd holes (five pairs at one half each): both 5-job cuts are violated
+    holes = [[f"{c}{i}" for i in range(5)] for c in "ab"]
+    cols = [(frozenset((h[i], h[(i + 1) % 5])), 1.0) for h in holes for i in range(5)]
+    five = [frozenset(h) for h in holes]
+    got = _separate_subset_rows(cols, [0.5] * len(cols), set(), 10)
+    assert [r for r in got if len(r) == 5] == five
+    # at most one cycle per round: the one through the least job ("a0") is kept, not an arbitrary one
+    monkeypatch.setattr(pb, "_MAX_CYCLES", 1)
+    got = _separate_subset_rows(cols, [0.5] * len(cols), set(), 10)
+    assert [r for r in got if len(r) == 5] == five[:1]
+    # the path cap only narrows the candidates: whatever it returns is violated and was found uncapped
+    monkeypatch.setattr(pb, "_MAX_CYCLES", 20000)
+    monkeypatch.setattr(pb, "_MAX_PATHS", 1)
+    capped = _separate_subset_rows(cols, [0.5] * len(cols), set(), 10)
+    monkeypatch.undo()
+    assert set(capped) <= set(_separate_subset_rows(cols, [0.5] * len(cols), set(), 10))
+
+
+def test_master_is_extended_in_place_and_refuses_a_column_set_it_does_not_prefix():
+    m = pb._Master(["a", "b", "c"])
+    cols = {frozenset("a"): 1.0, frozenset("b"): 1.0, frozenset("c"): 1.0}
+    m.sync(cols)
+    assert m.solve()[0] == pytest.approx(3.0)
+    cols[frozenset("ab")] = 1.5
+    m.sync(cols, [frozenset("abc")])  # a new column and a cut: floor(|ab ∩ abc| / 2) = 1
+    val, pi, sig, x = m.solve()
+    assert val == pytest.approx(2.5) and len(x) == 4 and m.cut_coefs == [{3: 1}]
+    with pytest.raises(ValueError, match="extension"):
+        m.sync({frozenset("b"): 1.0})
+
+
+def test_bound_budget_is_checked_and_written_as_json():
+    assert BoundBudget(time_limit_s=math.inf).to_json()["time_limit_s"] is None
+    assert BoundBudget().to_json()["cut_rounds"] == 6
+    for bad in ({"max_iterations": 0}, {"cut_rounds": -1}, {"time_limit_s": 0.0}, {"keep": 0}):
+        with pytest.raises(ValueError, match=f"BoundBudget.{next(iter(bad))}"):
+            BoundBudget(**bad)

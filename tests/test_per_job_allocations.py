@@ -7,6 +7,7 @@ of the repository's full Philly trace, the first 60)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from rollmux.admission import SchedulerConfig, load_scheduler_config
 from rollmux.baselines import cheaper_alone, gavel_choice
 from rollmux.config import CONFIG_DIR, load_cluster
+from rollmux.partition_bound import BoundBudget
 from rollmux.simulator import simulate
 from rollmux.traces import TraceWindow, load_trace
 from rollmux.workloads import draw_jobs
@@ -43,8 +45,11 @@ def test_a_job_alone_takes_its_own_allocation_only_when_cheaper_per_iteration(sp
 
 def test_sparse_trace_rollmux_no_dearer_than_gavel_plus(sparse):
     cluster, jobs = sparse
-    on = simulate(jobs, cluster, ("rollmux", "gavel+"), seed=0, shadow_policies=("rollmux",), lower_bound=True,
-                  config=SchedulerConfig(per_job_allocations="simulator")).summary["policies"]
+    budget = BoundBudget(time_limit_s=math.inf, cut_rounds=2)
+    res = simulate(jobs, cluster, ("rollmux", "gavel+"), seed=0, shadow_policies=("rollmux",), lower_bound=True,
+                   config=SchedulerConfig(per_job_allocations="simulator"), bound_budget=budget)
+    assert res.summary["meta"]["bound_budget"] == budget.to_json()
+    on = res.summary["policies"]
     off = simulate(jobs, cluster, ("rollmux",), seed=0, shadow_policies=(),
                    config=SchedulerConfig(per_job_allocations="off")).summary["policies"]
     rm, gv = on["rollmux"], on["gavel+"]
