@@ -682,3 +682,42 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
         bound = theta * sum(pi.values())
     opt._lp_pool = dict(cols)
     return BoundResult(max(0.0, bound), kind, lp_val, it, len(cols), built[0], (time.perf_counter() - t0) * 1e3)
+
+
+def master_incumbent_usd_per_h(opt, job_ids: Iterable[str]) -> Optional[float]:
+    """The cheapest partition of ``job_ids`` into the columns of the last :func:`lp_lower_bound`
+    master (``OptimalPartition._lp_pool``), USD/h, or None when those columns cannot partition them.
+
+    Every master column is a feasible group at its exact price (a floor-priced column joins the
+    master only once a layout below its reduced-cost limit is built, and the policy's own groups
+    join at the price they run at), so the result is the cost of a partition that exists: an upper
+    bound on the optimum of the problem the bound relaxes. Beside the bound it splits a policy's
+    distance to the bound into the policy's distance to a known partition and the bound's own
+    slack (``bound <= optimum <= incumbent``). Integer set partitioning (``sum_{S ∋ j} x_S = 1``,
+    ``x`` binary) solved to optimality by SCIP (no time limit: the same answer on any host).
+
+    Raises:
+        RuntimeError: SCIP ends without an optimal or infeasible status.
+    """
+    from ortools.linear_solver import pywraplp
+
+    ids = set(job_ids)
+    if not ids:
+        return 0.0
+    cols = [(k, c) for k, c in opt._lp_pool.items() if k <= ids]
+    s = pywraplp.Solver.CreateSolver("SCIP")
+    xs = [s.BoolVar("") for _ in cols]
+    cons = {j: s.Constraint(1.0, 1.0) for j in ids}
+    for x, (key, _) in zip(xs, cols):
+        for j in key:
+            cons[j].SetCoefficient(x, 1.0)
+    obj = s.Objective()
+    for x, (_, c) in zip(xs, cols):
+        obj.SetCoefficient(x, c)
+    obj.SetMinimization()
+    st = s.Solve()
+    if st == pywraplp.Solver.INFEASIBLE:
+        return None
+    if st != pywraplp.Solver.OPTIMAL:  # pragma: no cover - no limits are set
+        raise RuntimeError(f"master_incumbent_usd_per_h: SCIP status {st}")
+    return obj.Value()

@@ -58,7 +58,7 @@ import numpy as np
 
 from rollmux.admission import SchedulerConfig
 from rollmux.baselines import OptimalPartition, Unit
-from rollmux.partition_bound import BoundBudget, lp_lower_bound
+from rollmux.partition_bound import BoundBudget, lp_lower_bound, master_incumbent_usd_per_h
 from rollmux.intra_group import PhaseRecord, simulate_group
 from rollmux.models import ClusterSpec, CoExecutionGroup
 from rollmux.policies import POLICY_NAMES, check_policy, policy_spec
@@ -161,6 +161,12 @@ class PolicyRun:
     bound_usd: float = 0.0
     bound_kinds: dict = field(default_factory=dict)
     bound_vs_exact: list = field(default_factory=list)
+    # with ``bound_incumbent``: the cheapest known partition's $ over the bounded seconds (the exact
+    # optimum where exact, else the best partition of the LP master's columns), and its seconds
+    best_known_s: float = 0.0
+    best_known_usd: float = 0.0
+    best_known_policy_usd: float = 0.0
+    best_known_bound_usd: float = 0.0
 
     def metrics(self, horizon_s: Optional[float] = None) -> dict:
         """The summary.json entry of this policy (its keys are a stable interface)."""
@@ -211,6 +217,12 @@ class PolicyRun:
             "lower_bound_gap_to_exact_mean": (sum(1.0 - b / e for b, e in self.bound_vs_exact if e > 0) / len(self.bound_vs_exact)
                                               if self.bound_vs_exact else None),
             "lower_bound_gap_samples": len(self.bound_vs_exact),
+            **({"cost_vs_best_known_partition": self.best_known_policy_usd / self.best_known_usd
+                if self.best_known_usd > 0 else None,
+                "best_known_partition_vs_lower_bound": self.best_known_usd / self.best_known_bound_usd
+                if self.best_known_bound_usd > 0 else None,
+                "best_known_partition_time_fraction": self.best_known_s / self.end_s if self.end_s > 0 else 0.0}
+               if self.best_known_s > 0 else {}),
         } if self.bound_s > 0 else {}) | ({"by_class": per_class(outs, self.extra.get("priority_classes", ()))} if any(o.priority_class for o in outs) else {})
 
 
@@ -248,6 +260,7 @@ def replay(
     lower_bound: bool = False,
     bound_gap_every: int = 10,
     bound_budget: BoundBudget = BoundBudget(),
+    bound_incumbent: bool = False,
 ) -> PolicyRun:
     """Replay ``jobs`` (arrival order) through ``policy``: event-driven fluid progress.
 
@@ -268,6 +281,11 @@ def replay(
             bound, for its gap to the exact optimum (``lower_bound_gap_to_exact_*``).
         bound_budget: what each LP bound may spend (:class:`rollmux.partition_bound.BoundBudget`;
             with ``time_limit_s=math.inf`` the figures do not depend on the host's load).
+        bound_incumbent: with ``lower_bound``, also the cheapest known partition at every bounded
+            instant (the exact optimum, else :func:`rollmux.partition_bound.master_incumbent_usd_per_h`),
+            so ``cost_vs_lower_bound`` splits into ``cost_vs_best_known_partition`` (the policy's
+            distance to a partition that exists) x ``best_known_partition_vs_lower_bound`` (at most
+            the bound's slack).
     Returns:
         :class:`PolicyRun` with series, integrals and per-job outcomes.
     Raises:
@@ -318,6 +336,7 @@ def replay(
     best_group_size = 0
     shadow_cost: Optional[float] = None
     bound_cost: list = [None]  # the lower bound's $/h now (None: not compared)
+    known_cost: list = [None]  # with bound_incumbent: the cheapest known partition's $/h now
     n_exact = [0]
     shadow_jpg = [0.0, 0.0]  # jobs per group now: the policy's, the optimum's
     last_event = "arrival"
@@ -361,10 +380,10 @@ def replay(
                 best_group_size = len(g.members)
                 run.gantt_group = g
         shadow_cost = None
-        bound_cost[0] = None
+        bound_cost[0] = known_cost[0] = None
         res = None
         if shadow is not None and lower_bound and not remaining:
-            bound_cost[0] = 0.0  # nothing active: nothing provisioned, the bound is 0
+            bound_cost[0] = known_cost[0] = 0.0  # nothing active: nothing provisioned, the bound is 0
         elif shadow is not None and lower_bound:
             members = [(by_id[j].spec, by_id[j].profile) for j in remaining]
             unit_sets = [([(by_id[j].spec, by_id[j].profile) for j in u.job_ids], u.cost_usd_per_h) for u in units]
@@ -372,7 +391,7 @@ def replay(
             res = shadow.solve(members) if small else None
             if shadow.dominates(unit_sets):
                 if res is not None and res.exact:
-                    bound_cost[0] = res.cost_usd_per_h
+                    bound_cost[0] = known_cost[0] = res.cost_usd_per_h
                     run.bound_kinds["exact"] = run.bound_kinds.get("exact", 0) + 1
                     n_exact[0] += 1
                     if bound_gap_every > 0 and n_exact[0] % bound_gap_every == 0:
@@ -383,12 +402,16 @@ def replay(
                     b = lp_lower_bound(shadow, members, seed_columns=[u.job_ids for u in units], budget=bound_budget)
                     bound_cost[0] = b.bound_usd_per_h
                     run.bound_kinds[b.kind] = run.bound_kinds.get(b.kind, 0) + 1
+                    if bound_incumbent:
+                        known_cost[0] = master_incumbent_usd_per_h(shadow, remaining)
             else:
                 # a group of the policy outside the layout class: the LP bound over the class and
                 # the policy's own groups (priced as they run) still bounds the policy's cost
                 b = lp_lower_bound(shadow, members, extra_columns={u.job_ids: u.cost_usd_per_h for u in units},
                                    budget=bound_budget)
                 bound_cost[0] = b.bound_usd_per_h
+                if bound_incumbent:
+                    known_cost[0] = master_incumbent_usd_per_h(shadow, remaining)
                 k = f"{b.kind}_with_policy_groups"
                 run.bound_kinds[k] = run.bound_kinds.get(k, 0) + 1
         if shadow is not None and 0 < len(remaining) <= shadow.exact_max_jobs:
@@ -466,6 +489,11 @@ def replay(
                 run.bound_s += dt
                 run.bound_policy_usd += cost * dt / 3600.0
                 run.bound_usd += bound_cost[0] * dt / 3600.0
+                if bound_incumbent and known_cost[0] is not None:
+                    run.best_known_s += dt
+                    run.best_known_usd += known_cost[0] * dt / 3600.0
+                    run.best_known_policy_usd += cost * dt / 3600.0
+                    run.best_known_bound_usd += bound_cost[0] * dt / 3600.0
             for jid in remaining:
                 remaining[jid] -= rate[jid] * dt
         t = t_next
@@ -588,6 +616,7 @@ def simulate(
     priorities: bool = False,
     lower_bound: bool = False,
     bound_budget: BoundBudget = BoundBudget(),
+    bound_incumbent: bool = False,
 ) -> SimulationResult:
     """Replay the same jobs through every policy with one shared realisation.
 
@@ -596,7 +625,8 @@ def simulate(
     a copy of it when given, ``seed`` (realisation) is also the random baseline's seed.
     ``shadow_policies`` also get the same-instant exact-optimum comparison (see :func:`replay`), and
     with ``lower_bound`` the proven lower bound at every instant (``cost_vs_lower_bound``, each LP
-    bound within ``bound_budget``);
+    bound within ``bound_budget``; with ``bound_incumbent`` also the cheapest known partition, see
+    :func:`replay`);
     ``repack=False`` runs RollMux as the paper's admission-only Alg. 1 (no departure re-packing).
     ``queue=True``: a bounded ``cluster`` holds the jobs that do not fit in the admission queue
     (:class:`rollmux.sim_policies.SchedulerPolicy`); each policy's summary then reports its jobs' queue waits.
@@ -628,7 +658,7 @@ def simulate(
                                    per_job=cfg.per_job_allocations == "simulator")
                   if name in shadow_policies else None)
         runs[name] = replay(jobs, pol, real, on_event=cb, shadow=shadow, lower_bound=lower_bound,
-                            bound_budget=bound_budget)
+                            bound_budget=bound_budget, bound_incumbent=bound_incumbent)
     m = dict(meta or {}, jobs=len(jobs), stochastic=stochastic, seed=seed, max_group_size=max_group_size,
              exact_max_jobs=exact_max_jobs, repack_on_departure=repack,
              **({"bound_budget": bound_budget.to_json()} if lower_bound else {}), **({"admission_queue": True} if queue else {}),

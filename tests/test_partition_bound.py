@@ -147,3 +147,20 @@ def test_bound_budget_is_checked_and_written_as_json():
     for bad in ({"max_iterations": 0}, {"cut_rounds": -1}, {"time_limit_s": 0.0}, {"keep": 0}):
         with pytest.raises(ValueError, match=f"BoundBudget.{next(iter(bad))}"):
             BoundBudget(**bad)
+
+
+def test_master_incumbent_is_a_partition_at_or_above_the_optimum(pool):
+    cluster, jobs = pool
+    rng = random.Random(11)
+    for n in (7, 10, 14):
+        ms = rng.sample(jobs, n)
+        exact = OptimalPartition(cluster, exact_max_jobs=16, time_limit_s=5.0).solve(ms)
+        opt = OptimalPartition(cluster)
+        b = lp_lower_bound(opt, ms)
+        inc = pb.master_incumbent_usd_per_h(opt, [j.job_id for j, _ in ms])
+        assert b.bound_usd_per_h - 1e-6 <= exact.cost_usd_per_h <= inc + 1e-6
+        singles = sum(opt.single_usd_per_h(j, p, build_group([(j, p)], cluster).cost_usd_per_h(cluster)) for j, p in ms)
+        assert inc < singles  # it packs: not the all-singletons partition
+    # a job no column covers: no partition
+    assert pb.master_incumbent_usd_per_h(opt, ["nobody"]) is None
+    assert pb.master_incumbent_usd_per_h(opt, []) == 0.0
