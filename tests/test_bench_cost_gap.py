@@ -1,0 +1,40 @@
+"""One run of the cost-gap benchmark (scripts/bench_cost_gap.py): RollMux against the lower bound
+over 100% of its spend, split by the cheapest known partition, on a budget that does not depend on
+the host's load."""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from rollmux.partition_bound import BoundBudget
+from rollmux.traces import EXTRACT_TRACE
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import bench_cost_gap  # noqa: E402
+
+
+def test_one_run_covers_all_spend_and_splits_the_ratio_to_the_bound():
+    budget = BoundBudget(cut_rounds=2, time_limit_s=math.inf)
+    # exact optimum only up to 4 active jobs: most instants get the LP bound
+    args = (str(EXTRACT_TRACE), 30, 0, "mixed", 1.0, 2.0, 4, True, asdict(budget))
+    r = bench_cost_gap.run_one(args)
+    kinds = r["lower_bound_instants_by_kind"]
+    assert sum(v for k, v in kinds.items() if k != "exact") > 10, kinds
+    assert r["lower_bound_spend_share_covered"] == pytest.approx(1.0)
+    assert r["lower_bound_time_share_covered"] == pytest.approx(1.0)
+    # bound <= cheapest known partition <= RollMux, and the two factors multiply to the whole
+    assert r["rollmux_vs_best_known_partition"] >= 1.0 - 1e-9
+    assert r["best_known_partition_vs_lower_bound"] >= 1.0 - 1e-9
+    assert r["rollmux_vs_lower_bound"] == pytest.approx(
+        r["rollmux_vs_best_known_partition"] * r["best_known_partition_vs_lower_bound"])
+    agg = bench_cost_gap.aggregate([r])
+    assert agg["rollmux_vs_lower_bound_spend_weighted"] == pytest.approx(r["rollmux_vs_lower_bound"])
+    assert agg["best_known_partition_vs_lower_bound_spend_weighted"] == pytest.approx(
+        r["best_known_partition_vs_lower_bound"])
+    # no wall-clock limit: the same figures on a second run
+    assert bench_cost_gap.run_one(args)["bound_usd"] == r["bound_usd"]
