@@ -684,9 +684,10 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
     return BoundResult(max(0.0, bound), kind, lp_val, it, len(cols), built[0], (time.perf_counter() - t0) * 1e3)
 
 
-def master_incumbent_usd_per_h(opt, job_ids: Iterable[str]) -> Optional[float]:
-    """The cheapest partition of ``job_ids`` into the columns of the last :func:`lp_lower_bound`
-    master (``OptimalPartition._lp_pool``), USD/h, or None when those columns cannot partition them.
+def master_incumbent_usd_per_h(opt, job_ids: Iterable[str], hint: Iterable[Iterable[str]] = (),
+                               deterministic_time: float = 2.0) -> Optional[float]:
+    """The cheapest partition found of ``job_ids`` into the columns of the last :func:`lp_lower_bound`
+    master (``OptimalPartition._lp_pool``), USD/h, or None when none is found.
 
     Every master column is a feasible group at its exact price (a floor-priced column joins the
     master only once a layout below its reduced-cost limit is built, and the policy's own groups
@@ -694,30 +695,42 @@ def master_incumbent_usd_per_h(opt, job_ids: Iterable[str]) -> Optional[float]:
     bound on the optimum of the problem the bound relaxes. Beside the bound it splits a policy's
     distance to the bound into the policy's distance to a known partition and the bound's own
     slack (``bound <= optimum <= incumbent``). Integer set partitioning (``sum_{S ∋ j} x_S = 1``,
-    ``x`` binary) solved to optimality by SCIP (no time limit: the same answer on any host).
+    ``x`` binary, costs in milli-USD/h) by CP-SAT on one worker within ``deterministic_time``
+    (CP-SAT's deterministic time units, not wall seconds: the same answer on any host, whatever its
+    load), started from ``hint`` (job sets, e.g. the policy's groups; a job outside them as a
+    singleton), so the incumbent is never worse than the hint where its sets are master columns.
 
     Raises:
-        RuntimeError: SCIP ends without an optimal or infeasible status.
+        ValueError: ``deterministic_time`` not positive.
     """
-    from ortools.linear_solver import pywraplp
+    from ortools.sat.python import cp_model
 
+    if not deterministic_time > 0:
+        raise ValueError(f"master_incumbent_usd_per_h: deterministic_time must be > 0, got {deterministic_time}")
     ids = set(job_ids)
     if not ids:
         return 0.0
     cols = [(k, c) for k, c in opt._lp_pool.items() if k <= ids]
-    s = pywraplp.Solver.CreateSolver("SCIP")
-    xs = [s.BoolVar("") for _ in cols]
-    cons = {j: s.Constraint(1.0, 1.0) for j in ids}
+    m = cp_model.CpModel()
+    xs = [m.NewBoolVar("") for _ in cols]
+    holding: dict[str, list] = {j: [] for j in ids}
     for x, (key, _) in zip(xs, cols):
         for j in key:
-            cons[j].SetCoefficient(x, 1.0)
-    obj = s.Objective()
-    for x, (_, c) in zip(xs, cols):
-        obj.SetCoefficient(x, c)
-    obj.SetMinimization()
-    st = s.Solve()
-    if st == pywraplp.Solver.INFEASIBLE:
+            holding[j].append(x)
+    for j, vs in holding.items():
+        if not vs:
+            return None  # no master column holds this job
+        m.AddExactlyOne(vs)
+    m.Minimize(sum(int(round(c * 1000.0)) * x for x, (_, c) in zip(xs, cols)))
+    start = {frozenset(h) for h in hint}
+    covered = {j for k in start for j in k}
+    start |= {frozenset([j]) for j in ids - covered}
+    for x, (key, _) in zip(xs, cols):
+        m.AddHint(x, key in start)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.max_deterministic_time = deterministic_time
+    st = solver.Solve(m)
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
-    if st != pywraplp.Solver.OPTIMAL:  # pragma: no cover - no limits are set
-        raise RuntimeError(f"master_incumbent_usd_per_h: SCIP status {st}")
-    return obj.Value()
+    return sum(c for x, (_, c) in zip(xs, cols) if solver.Value(x))

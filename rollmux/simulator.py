@@ -403,7 +403,8 @@ def replay(
                     bound_cost[0] = b.bound_usd_per_h
                     run.bound_kinds[b.kind] = run.bound_kinds.get(b.kind, 0) + 1
                     if bound_incumbent:
-                        known_cost[0] = master_incumbent_usd_per_h(shadow, remaining)
+                        known_cost[0] = master_incumbent_usd_per_h(shadow, remaining,
+                                                                   hint=[u.job_ids for u in units])
             else:
                 # a group of the policy outside the layout class: the LP bound over the class and
                 # the policy's own groups (priced as they run) still bounds the policy's cost
@@ -411,7 +412,7 @@ def replay(
                                    budget=bound_budget)
                 bound_cost[0] = b.bound_usd_per_h
                 if bound_incumbent:
-                    known_cost[0] = master_incumbent_usd_per_h(shadow, remaining)
+                    known_cost[0] = master_incumbent_usd_per_h(shadow, remaining, hint=[u.job_ids for u in units])
                 k = f"{b.kind}_with_policy_groups"
                 run.bound_kinds[k] = run.bound_kinds.get(k, 0) + 1
         if shadow is not None and 0 < len(remaining) <= shadow.exact_max_jobs:
