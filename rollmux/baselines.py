@@ -274,6 +274,35 @@ DP_MAX_TIES = 64
 WALL_CAP_FACTOR = 20.0
 
 
+def solve_set_partition(keys: Sequence[frozenset], units: Sequence[int], job_ids: Sequence[str],
+                        deterministic_time: float, hint: Optional[Sequence[bool]] = None
+                        ) -> tuple[Optional[list[int]], bool, float]:
+    """``min sum_S units_S x_S  s.t.  sum_{S ∋ j} x_S = 1`` for every job of ``job_ids``, ``x``
+    binary, by CP-SAT: ``(indices of the chosen keys or None when no partition was found, proven
+    optimal, best objective bound in units)``. The budget is CP-SAT's deterministic time (work
+    units, about a second of one core each), never the wall clock: the partition returned is the
+    same on an idle or a loaded host, so replays are reproducible. One worker (and the default seed)
+    keep the search deterministic; the wall-clock cap (``WALL_CAP_FACTOR`` x the budget, at least
+    that many seconds) is only a safety net far above it. ``hint``: a start value per key."""
+    from ortools.sat.python import cp_model
+
+    model = cp_model.CpModel()
+    x = [model.NewBoolVar(f"x{i}") for i in range(len(keys))]
+    for j in job_ids:
+        model.AddExactlyOne(x[i] for i, s in enumerate(keys) if j in s)
+    model.Minimize(sum(u * xi for u, xi in zip(units, x)))
+    for xi, h in zip(x, hint or ()):
+        model.AddHint(xi, h)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_deterministic_time = deterministic_time
+    solver.parameters.max_time_in_seconds = WALL_CAP_FACTOR * max(1.0, deterministic_time)
+    solver.parameters.num_workers = 1
+    status = solver.Solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None, False, 0.0
+    return [i for i, xi in enumerate(x) if solver.Value(xi)], status == cp_model.OPTIMAL, solver.BestObjectiveBound()
+
+
 @dataclass
 class PartitionResult:
     """The optimum's answer for one set of active jobs.
@@ -621,8 +650,6 @@ class OptimalPartition:
 
     def _solve_exact(self, members, complete: bool = True,
                      indifferent: Optional[Callable[[list[CoExecutionGroup]], bool]] = None) -> PartitionResult:
-        from ortools.sat.python import cp_model
-
         feas = self._candidates(members, complete)
         cols = list(feas.items())
         by_id = {j.job_id: (j, p) for j, p in members}
@@ -640,27 +667,16 @@ class OptimalPartition:
                 return PartitionResult(chosen, sum(price[c] for c in parts[0]),
                                        complete and self.max_group_size <= EXHAUSTIVE_ORDER_MAX, len(cols),
                                        bound_usd_per_h=top / 1000.0)
-        model = cp_model.CpModel()
-        x = [model.NewBoolVar(f"x{i}") for i in range(len(cols))]
-        for j, _ in members:
-            model.AddExactlyOne(x[i] for i, (s, _) in enumerate(cols) if j.job_id in s)
-        model.Minimize(sum(u * xi for u, xi in zip(units, x)))
-        solver = cp_model.CpSolver()
-        # The budget is CP-SAT's deterministic time (work units, about a second of one core each),
-        # never the wall clock: the partition returned is the same on an idle or a loaded host,
-        # so replays are reproducible. One worker (and the default seed) keep the search deterministic;
-        # the wall-clock cap is only a safety net far above the budget.
-        solver.parameters.max_deterministic_time = max(0.05, self.time_limit_s)
-        solver.parameters.max_time_in_seconds = WALL_CAP_FACTOR * max(1.0, self.time_limit_s)
-        solver.parameters.num_workers = 1
-        status = solver.Solve(model)
-        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):  # pragma: no cover - singletons are feasible
+        # deterministic time, never the wall clock (solve_set_partition): reproducible replays
+        picked, optimal, bound = solve_set_partition([s for s, _ in cols], units, [j.job_id for j, _ in members],
+                                                     max(0.05, self.time_limit_s))
+        if picked is None:  # pragma: no cover - singletons are feasible
             groups = [feas[frozenset([j.job_id])] for j, _ in members]
             return PartitionResult(groups, sum(g.cost_usd_per_h(self.cluster) for g in groups), False, len(cols))
-        chosen = [g for (s, g), xi in zip(cols, x) if solver.Value(xi)]
-        cost = sum(pc for pc, xi in zip(price, x) if solver.Value(xi))
-        exact = status == cp_model.OPTIMAL and complete and self.max_group_size <= EXHAUSTIVE_ORDER_MAX
-        return PartitionResult(chosen, cost, exact, len(cols), bound_usd_per_h=solver.BestObjectiveBound() / 1000.0)
+        chosen = [cols[i][1] for i in picked]
+        cost = sum(price[i] for i in picked)
+        exact = optimal and complete and self.max_group_size <= EXHAUSTIVE_ORDER_MAX
+        return PartitionResult(chosen, cost, exact, len(cols), bound_usd_per_h=bound / 1000.0)
 
     def solve(self, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
               indifferent: Optional[Callable[[list[CoExecutionGroup]], bool]] = None) -> PartitionResult:

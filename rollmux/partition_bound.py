@@ -694,16 +694,16 @@ def master_incumbent_usd_per_h(opt, job_ids: Iterable[str], hint: Iterable[Itera
     join at the price they run at), so the result is the cost of a partition that exists: an upper
     bound on the optimum of the problem the bound relaxes. Beside the bound it splits a policy's
     distance to the bound into the policy's distance to a known partition and the bound's own
-    slack (``bound <= optimum <= incumbent``). Integer set partitioning (``sum_{S ∋ j} x_S = 1``,
-    ``x`` binary, costs in milli-USD/h) by CP-SAT on one worker within ``deterministic_time``
-    (CP-SAT's deterministic time units, not wall seconds: the same answer on any host, whatever its
-    load), started from ``hint`` (job sets, e.g. the policy's groups; a job outside them as a
-    singleton), so the incumbent is never worse than the hint where its sets are master columns.
+    slack (``bound <= optimum <= incumbent``). The integer set partitioning (costs in
+    milli-USD/h) is :func:`rollmux.baselines.solve_set_partition`, the exact optimum's own solve,
+    within ``deterministic_time`` (CP-SAT's deterministic time units, not wall seconds: the same
+    answer on any host, whatever its load), started from ``hint`` (job sets, e.g. the policy's
+    groups; the jobs no set names start as singletons).
 
     Raises:
         ValueError: ``deterministic_time`` not positive.
     """
-    from ortools.sat.python import cp_model
+    from rollmux.baselines import solve_set_partition
 
     if not deterministic_time > 0:
         raise ValueError(f"master_incumbent_usd_per_h: deterministic_time must be > 0, got {deterministic_time}")
@@ -711,26 +711,12 @@ def master_incumbent_usd_per_h(opt, job_ids: Iterable[str], hint: Iterable[Itera
     if not ids:
         return 0.0
     cols = [(k, c) for k, c in opt._lp_pool.items() if k <= ids]
-    m = cp_model.CpModel()
-    xs = [m.NewBoolVar("") for _ in cols]
-    holding: dict[str, list] = {j: [] for j in ids}
-    for x, (key, _) in zip(xs, cols):
-        for j in key:
-            holding[j].append(x)
-    for j, vs in holding.items():
-        if not vs:
-            return None  # no master column holds this job
-        m.AddExactlyOne(vs)
-    m.Minimize(sum(int(round(c * 1000.0)) * x for x, (_, c) in zip(xs, cols)))
-    start = {frozenset(h) for h in hint}
+    keys = {k for k, _ in cols}
+    if not ids <= {j for k in keys for j in k}:
+        return None  # a job no master column holds
+    start = set(map(frozenset, hint))
     covered = {j for k in start for j in k}
     start |= {frozenset([j]) for j in ids - covered}
-    for x, (key, _) in zip(xs, cols):
-        m.AddHint(x, key in start)
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1
-    solver.parameters.max_deterministic_time = deterministic_time
-    st = solver.Solve(m)
-    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None
-    return sum(c for x, (_, c) in zip(xs, cols) if solver.Value(x))
+    picked, _, _ = solve_set_partition([k for k, _ in cols], [int(round(c * 1000.0)) for _, c in cols], sorted(ids),
+                                       deterministic_time, hint=[k in start for k, _ in cols])
+    return None if picked is None else sum(cols[i][1] for i in picked)

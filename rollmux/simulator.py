@@ -402,19 +402,16 @@ def replay(
                     b = lp_lower_bound(shadow, members, seed_columns=[u.job_ids for u in units], budget=bound_budget)
                     bound_cost[0] = b.bound_usd_per_h
                     run.bound_kinds[b.kind] = run.bound_kinds.get(b.kind, 0) + 1
-                    if bound_incumbent:
-                        known_cost[0] = master_incumbent_usd_per_h(shadow, remaining,
-                                                                   hint=[u.job_ids for u in units])
             else:
                 # a group of the policy outside the layout class: the LP bound over the class and
                 # the policy's own groups (priced as they run) still bounds the policy's cost
                 b = lp_lower_bound(shadow, members, extra_columns={u.job_ids: u.cost_usd_per_h for u in units},
                                    budget=bound_budget)
                 bound_cost[0] = b.bound_usd_per_h
-                if bound_incumbent:
-                    known_cost[0] = master_incumbent_usd_per_h(shadow, remaining, hint=[u.job_ids for u in units])
                 k = f"{b.kind}_with_policy_groups"
                 run.bound_kinds[k] = run.bound_kinds.get(k, 0) + 1
+            if bound_incumbent and known_cost[0] is None:  # an LP instant: the best partition of its master
+                known_cost[0] = master_incumbent_usd_per_h(shadow, remaining, hint=[u.job_ids for u in units])
         if shadow is not None and 0 < len(remaining) <= shadow.exact_max_jobs:
             if res is None:
                 res = shadow.solve([(by_id[j].spec, by_id[j].profile) for j in remaining])

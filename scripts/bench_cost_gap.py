@@ -13,8 +13,8 @@ partition (the exact optimum, else the best partition of the LP master's columns
 exist): RollMux / bound = (RollMux / best known partition) x (best known partition / bound), so a
 run's distance to the bound reads as RollMux's own (the first factor) or at most the bound's
 slack (the second). Each LP bound runs within ``--bound-cut-rounds`` and no wall-clock limit by
-default, so the figures do not depend on the host's load. The grid varies one dimension at a time around the default setting (mix
-``mixed``, SLO ~ U(1.0, 2.0)):
+default, so the figures do not depend on the host's load. The grid varies one dimension at a
+time around the default setting (mix ``mixed``, SLO ~ U(1.0, 2.0)):
 
 * the default setting on seeds 0..``--seeds``-1;
 * mix ``mixed`` with SLO ~ U(1.0, 1.2), U(1.5, 2.5), U(2.0, 3.0) on ``--slice-seeds``;
