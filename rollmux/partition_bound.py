@@ -698,7 +698,8 @@ def master_incumbent_usd_per_h(opt, job_ids: Iterable[str], hint: Iterable[Itera
     milli-USD/h) is :func:`rollmux.baselines.solve_set_partition`, the exact optimum's own solve,
     within ``deterministic_time`` (CP-SAT's deterministic time units, not wall seconds: the same
     answer on any host, whatever its load), started from ``hint`` (job sets, e.g. the policy's
-    groups; the jobs no set names start as singletons).
+    groups; the jobs of a hinted set that is not a master column, and the jobs no set names, start
+    as singletons, so the start is always a whole partition).
 
     Raises:
         ValueError: ``deterministic_time`` not positive.
@@ -714,7 +715,7 @@ def master_incumbent_usd_per_h(opt, job_ids: Iterable[str], hint: Iterable[Itera
     keys = {k for k, _ in cols}
     if not ids <= {j for k in keys for j in k}:
         return None  # a job no master column holds
-    start = set(map(frozenset, hint))
+    start = {k for k in map(frozenset, hint) if k in keys}
     covered = {j for k in start for j in k}
     start |= {frozenset([j]) for j in ids - covered}
     picked, _, _ = solve_set_partition([k for k, _ in cols], [int(round(c * 1000.0)) for _, c in cols], sorted(ids),
