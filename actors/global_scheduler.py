@@ -80,6 +80,7 @@ from rollmux.messages import (
 )
 from rollmux.models import ClusterSpec, JobSpec
 from rollmux.nodes import node_index
+from rollmux.preemption import fenced_nodes
 from rollmux.records import JobRecord, JobState
 
 log = logging.getLogger("rollmux.scheduler")
@@ -243,13 +244,18 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart, PriorityPar
         """The membership a group's controller must converge to: its active members (in the
         planned round-robin order: the policy's member order, which admission's SLO check
         simulated) and the jobs that left it, with the reason (``departed``, ``failed``, ``moved to
-        <group>``); ``dissolved`` once the group no longer exists. ``seq`` is the reconciler's."""
+        <group>``); ``dissolved`` once the group no longer exists. ``seq`` is the reconciler's.
+        Each member carries the nodes it may not start a phase on yet (``fenced``: a job
+        preempted for room there has not drained, :func:`rollmux.preemption.fenced_nodes`)."""
         members, gone = [], {}
+        draining = self._draining()  # preempted jobs whose nodes are not free yet (PriorityPart)
         for rec in self.jobs.values():
             gid = self._group_id(rec)
             if gid == group_id and rec.state.is_active():
                 pl = self._view(rec).placement
-                members.append(MemberTarget(rec.job_id, tuple(pl.rollout_nodes), tuple(pl.train_nodes), rec.slo))
+                fenced = fenced_nodes(draining, group_id, (*pl.rollout_nodes, *pl.train_nodes)) if draining else ()
+                members.append(MemberTarget(rec.job_id, tuple(pl.rollout_nodes), tuple(pl.train_nodes), rec.slo,
+                                            fenced))
             elif gid == group_id:
                 gone[rec.job_id] = "departed" if rec.state == JobState.FINISHED else str(rec.state)
             elif any(m.from_group == group_id for m in rec.moves):
@@ -297,6 +303,7 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart, PriorityPar
                         self._push([g for g in self.job_store.active_by_group() if self.reconciler.has_controller(g)])
                 self.reoptimise_pending()
                 self.slo_watch_pending()
+                self.drain_overdue_pending()
                 self.reconcile_once()
                 self.expire_unattached()
                 self.release_workers_once()
@@ -560,7 +567,10 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart, PriorityPar
         """Runtime reports (:mod:`rollmux.messages`, or their dict form ``{"event": ...}``): a
         :class:`ProgressReport` (one measured iteration: iterations_done, t_iter_s, t_solo_s,
         slowdown); a :class:`RuntimeEvent` ``running``, ``finished`` (departure) or ``failed``
-        (error; departure), the last two with the driver's final iteration count. Returns the job record."""
+        (error; departure), the last two with the driver's final iteration count; of a preempted
+        job ``stopped`` (its controller removed it at its iteration boundary) and ``drained`` (its
+        driver exported its state: its nodes are free for others; :mod:`actors.scheduler_priority`).
+        Returns the job record."""
         rec = self.job_store.get(job_id)
         if rec is None:
             return None
@@ -572,12 +582,15 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart, PriorityPar
             rec = self.job_store.get(job_id)
             self.metrics.job(job_id, iterations=rec.iterations_done, slowdown=rec.slowdown)
             self._note_slo_check(job_id)  # re-checked on measured times by the reconcile thread (SloPart)
+        elif msg.kind in (EventKind.STOPPED, EventKind.DRAINED):  # a preempted job's drain (PriorityPart)
+            self._drain_report(job_id, msg)
         elif msg.kind == EventKind.RUNNING:
             if rec.state == JobState.ADMITTED:
                 with self._transaction():
                     self.job_store.transition(rec, JobState.RUNNING)
                     self._checkpoint(jobs=(job_id,))
         else:
+            self._drain_report(job_id, msg)  # its controller evicted it / its driver ended: nothing of it runs
             self.job_store.note_final_count(rec, msg.iterations_done)
             st = JobState.FINISHED if msg.kind == EventKind.FINISHED else JobState.FAILED
             self._end(job_id, st, None if st == JobState.FINISHED else (msg.error or "failed"))

@@ -197,6 +197,30 @@ class JobStore:
         self.transition(rec, JobState.PREEMPTED)
         rec.preemptions = [*rec.preemptions, {**entry, "iteration": rec.iterations_done}]
 
+    @staticmethod
+    def note_drain(rec: JobRecord, now: float, *, stopped: bool = False, drained: Optional[str] = None) -> set[str]:
+        """The drain of the job's preemptions that are still draining
+        (:class:`rollmux.preemption.PreemptionRecord`): ``stopped``, its controller removed it at
+        its iteration boundary (``stopped_at_s = now``, once); ``drained``, how its nodes became
+        free (``drained_at_s = now``). ``now``: Unix time, s. Returns the nodes freed by this
+        call (empty: nothing changed for others)."""
+        from rollmux.preemption import PreemptionRecord
+
+        out, freed = [], set()
+        for d in rec.preemptions:
+            p = PreemptionRecord.from_dict(d)
+            if p.draining:
+                d = dict(d)
+                if stopped and p.stopped_at_s is None:
+                    d["stopped_at_s"] = now
+                if drained is not None:
+                    d["stopped_at_s"] = d.get("stopped_at_s") or now
+                    d["drained_at_s"], d["drained"] = now, drained
+                    freed.update(p.nodes)
+            out.append(d)
+        rec.preemptions = out
+        return freed
+
     def left_queue_failed(self, job_id: str, slo: Optional[float], enqueued_at: float, reason: str,
                           now: float) -> JobRecord:
         """The record of a queued job that can never be admitted (``queued -> failed``)."""

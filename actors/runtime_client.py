@@ -253,7 +253,8 @@ class ScheduledRuntime:
     def _resume_after_preemption(self, rec: dict) -> bool:
         """The job was preempted for a higher class (its group's controller removed it at its
         iteration boundary, so no phase of the next iteration has run): export its state from
-        its workers (they are freed: ``export_job`` unregisters it there), wait until the
+        its workers (they are freed: ``export_job`` unregisters it there), tell the scheduler
+        (``drained``: the job that preempted it may now run phases on its nodes), wait until the
         scheduler's queue re-admits it (polling its record every ``PREEMPT_POLL_S``, at most
         ``PREEMPT_WAIT_S``), then register the state on the new placement's workers and go on
         where it stopped (as a move: :meth:`_rehome`). False when the job ended meanwhile
@@ -266,6 +267,11 @@ class ScheduledRuntime:
             got = gather([w.export_job_nowait(self.key) for w in self.rollout_workers + self.train_workers])
             payload = {"rollout": got[:k], "train": got[k:]}
             self._registered = False
+        # its workers no longer host it: the job that preempted it may now run on its nodes
+        try:
+            self.sched.report(jid, RuntimeEvent(EventKind.DRAINED), timeout_s=REPORT_TIMEOUT_S)
+        except Exception as e:  # the scheduler drains it anyway once overdue (rollmux.preemption.drain_overdue)
+            log.warning("job %s: could not report its state exported after its preemption: %s", jid, e)
         last = (rec.get("preemptions") or [{}])[-1]
         ev = {"iteration": self.job.iteration, "by_job": last.get("by_job"),
               "from_group": getattr(self, "info", {}).get("group_id")}  # (no info: preempted before it attached)

@@ -15,6 +15,16 @@ the scheduler's records:
   never inside an iteration. Its driver, refused its next permit, exports the job's state from its
   workers (the workers are freed) and waits until the queue re-admits the job; it then registers
   the state on its new workers and goes on (:meth:`actors.runtime_client.ScheduledRuntime._rehome`).
+* The newcomer is admitted at once, but no job of another group starts a phase on the victim's
+  nodes until the victim has *drained* there (:func:`rollmux.preemption.fenced_nodes`): its
+  preemption record (written here alone, :meth:`actors.job_store.JobStore.note_drain`) keeps its
+  group and nodes; its controller reports when it removed it at its boundary (``stopped``), its
+  driver when it exported the state (``drained``); a failure / end report of the job drains it
+  too (its controller evicted it: its driver was lost), as does :func:`rollmux.preemption.
+  drain_overdue` (reconcile loop, :meth:`PriorityPart.drain_overdue_pending`); a job whose group
+  had no controller (no driver ever attached: nothing ran) is drained at once. The fence travels
+  in the target state (:class:`rollmux.messages.MemberTarget` ``fenced``): the newcomer's
+  controller grants no phase on a fenced node; each drain re-pushes the groups on its nodes.
 """
 
 from __future__ import annotations
@@ -23,9 +33,11 @@ import time
 from typing import Optional
 
 from rollmux.codes import Code
+from rollmux.messages import EventKind, RuntimeEvent
 from rollmux.models import JobSpec
 from rollmux.preemption import (
-    PreemptionRecord, PriorityBook, QuotaVerdict, Running, class_of, retry_order, unknown_class,
+    DRAIN_GRACE_S, PreemptionRecord, PriorityBook, QuotaVerdict, Running, class_of, drain_overdue, fenced_nodes,
+    retry_order, unknown_class,
 )
 from rollmux.records import JobState
 
@@ -119,11 +131,17 @@ class PriorityPart:
         gid = final.group_id
         spec = self.igs.member(v.job_id).spec
         now = time.time()
+        pl = final.placement
+        nodes = tuple(dict.fromkeys([*pl.rollout_nodes, *pl.train_nodes])) if pl is not None else ()
+        # no controller for its group: no driver ever attached, so nothing of it runs: drained now
+        idle = not self.reconciler.has_controller(gid)
         with self._transaction():
             self.igs.depart(v.job_id)
             self._forget(v.job_id)
             entry = PreemptionRecord(at_s=now, by_job=by.job_id, by_class=class_of(self.igs.config, by),
-                                     lost_gpu_h=v.lost_gpu_h, reason=reason).to_dict()
+                                     lost_gpu_h=v.lost_gpu_h, reason=reason, group_id=gid, nodes=nodes,
+                                     stopped_at_s=now if idle else None, drained_at_s=now if idle else None,
+                                     drained="no driver" if idle else None).to_dict()
             self.job_store.preempt(rec, final, entry)
             self.queue.push(spec, now, reason=f"preempted by {by.job_id}")
             self._queue_dirty = True
@@ -131,6 +149,60 @@ class PriorityPart:
         self._push([gid])
         self._queue_metrics()
         self.metrics.preemption(rec.priority_class or class_of(self.igs.config, spec))
+
+    # ---- drains: the victim's nodes are free for others once it drained (see the module docstring)
+    def _draining(self) -> list[PreemptionRecord]:
+        """Every preemption whose nodes have not drained yet (from the records: no own state)."""
+        return [p for r in self.job_store.records.values() for d in r.preemptions
+                if (p := PreemptionRecord.from_dict(d)).draining]
+
+    def _groups_on(self, nodes: set[str]) -> list[str]:
+        return [g.group_id for g in self.igs.groups if nodes.intersection((*g.rollout_nodes, *g.train_nodes))]
+
+    def _note_drain(self, job_id: str, *, stopped: bool = False, drained: Optional[str] = None,
+                    now: Optional[float] = None) -> list[str]:
+        """Record a step of ``job_id``'s drain (``stopped``: removed by its controller at its
+        boundary; ``drained``: how its nodes became free), one checkpointed change, then push
+        the groups on the freed nodes (their fences lift). ``now``: Unix time, s. Returns the
+        freed nodes (sorted); nothing when the job has no drain pending."""
+        rec = self.job_store.get(job_id)
+        if rec is None or not any(PreemptionRecord.from_dict(d).draining for d in rec.preemptions):
+            return []
+        now = time.time() if now is None else now
+        with self._transaction():
+            freed = self.job_store.note_drain(rec, now, stopped=stopped, drained=drained)
+            self._checkpoint(jobs=(job_id,))
+        if freed:
+            self._push(self._groups_on(freed))
+        return sorted(freed)
+
+    def _drain_report(self, job_id: str, msg: RuntimeEvent) -> None:
+        """A report that moves a preempted job's drain on: ``stopped`` (its controller), ``drained``
+        (its driver exported its state), ``failed`` / ``finished`` (its controller evicted it or
+        its driver ended: nothing of it runs, its driver let go of its state)."""
+        if msg.kind == EventKind.STOPPED:
+            self._note_drain(job_id, stopped=True)
+        elif msg.kind == EventKind.DRAINED:
+            self._note_drain(job_id, drained="exported")
+        elif msg.kind in (EventKind.FAILED, EventKind.FINISHED):
+            why = f"driver lost: {msg.error}" if msg.kind == EventKind.FAILED else "its driver ended"
+            self._note_drain(job_id, drained=why[:500])
+
+    def drain_overdue_pending(self, now: Optional[float] = None, grace_s: float = DRAIN_GRACE_S) -> list[str]:
+        """Drain the preempted jobs that stopped more than ``grace_s`` seconds ago without their
+        driver reporting the state exported (:func:`rollmux.preemption.drain_overdue`; the
+        reconcile loop calls this). ``now``: Unix time, s. Returns their ids."""
+        now = time.time() if now is None else now
+        with self._lock:
+            due = {}
+            for jid, rec in self.job_store.records.items():
+                for d in rec.preemptions:
+                    why = drain_overdue(PreemptionRecord.from_dict(d), now, grace_s)
+                    if why is not None:
+                        due[jid] = why
+            for jid, why in due.items():
+                self._note_drain(jid, drained=why, now=now)
+        return list(due)
 
     def _preempted_ids(self) -> list[str]:
         return [j for j, r in self.job_store.records.items() if r.state == JobState.PREEMPTED]

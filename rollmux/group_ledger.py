@@ -10,7 +10,9 @@ decides, without asyncio or Ray: it owns
   order, the queue iteration count and whether a queued job has a sync phase; the round-robin
   order is the *planned* one (:meth:`GroupLedger.set_order`: the order admission's SLO check
   simulated, pushed by the GlobalScheduler with the membership), not the order drivers attach;
-- the iteration-boundary rule for a job moved by departure re-packing (:meth:`remove`);
+- the iteration-boundary rule for a job moved by departure re-packing or preempted (:meth:`remove`),
+  and the fence that keeps a member off nodes a preempted job has not drained yet
+  (:meth:`set_fenced`, pushed by the GlobalScheduler; the rule is :func:`rollmux.preemption.fenced_nodes`);
 - the long-tail choice (:class:`rollmux.intra_group.LongTailPolicy`, :meth:`progress`);
 - the slowdown accounting (measured co-executed / solo iteration time, :meth:`slowdown`) and the
   timeline of phase records.
@@ -78,6 +80,7 @@ class Member:
     heartbeat: Optional[float] = None
     confirmed: bool = False  # this ledger granted it a phase (its queue position is this ledger's own)
     driver: Optional[str] = None  # the driver's process identity (a Ray job id), if it told
+    fenced: frozenset[str] = frozenset()  # nodes it may not start a phase on yet (a preempted job drains there)
     iterations_done: int = 0  # derived from the grants (see the class docstring)
     iter_start: Optional[float] = None
     phase_s: dict[str, float] = field(default_factory=dict)
@@ -255,6 +258,18 @@ class GroupLedger:
             m.driver = driver
         return True
 
+    def set_fenced(self, job_id: str, nodes) -> bool:
+        """The nodes of ``job_id`` on which it may not start a phase yet (the GlobalScheduler's
+        target state: a job preempted for room there has not drained; empty lifts the fence).
+        :meth:`try_grant` holds back a phase that needs one of them. Returns True when the fence
+        changed (False too for a non-member)."""
+        m = self.members.get(job_id)
+        new = frozenset(nodes)
+        if m is None or m.fenced == new:
+            return False
+        m.fenced = new
+        return True
+
     def late_drivers(self, late_s: float) -> dict[str, str]:
         """Queued jobs with no phase running whose driver (of known identity) has not
         heart-beaten for ``late_s`` seconds: job id -> driver identity. The controller asks the
@@ -271,7 +286,11 @@ class GroupLedger:
         ``"preempted"`` (a higher class needs its nodes): the removal takes effect at the job's
         *iteration boundary* (never half an iteration): a job in the middle of a meta-iteration
         (a phase granted or running, or its next phase is training / sync) keeps its slots until
-        its iteration's last phase is released. A job between iterations leaves now.
+        its iteration's last phase is released. A job between iterations leaves now. When a
+        preempted job actually leaves (now or at its boundary) the GlobalScheduler is told
+        (a :class:`Report` of a ``stopped`` :class:`rollmux.messages.RuntimeEvent`): no phase of
+        it runs here any more, which starts the bound on its drain
+        (:func:`rollmux.preemption.drain_overdue`).
         """
         if not self.is_member(job_id):
             return False
@@ -286,6 +305,8 @@ class GroupLedger:
         self.gone[job_id] = reason
         # its per-job totals in this group's recorder (sync bytes) go with it; it may come back
         self.pending.append(JobLeft(job_id))
+        if reason.startswith(PREEMPTED_PREFIX):
+            self.pending.append(Report(job_id, RuntimeEvent(EventKind.STOPPED)))
         return True
 
     def mark_gone(self, job_id: str, reason: str) -> bool:
@@ -297,6 +318,8 @@ class GroupLedger:
         if job_id in self.members or job_id in self.gone:
             return False
         self.gone[job_id] = reason
+        if reason.startswith(PREEMPTED_PREFIX):  # nothing of it runs here: its drain's bound starts
+            self.pending.append(Report(job_id, RuntimeEvent(EventKind.STOPPED)))
         return True
 
     def take_effects(self) -> list[Effect]:
@@ -340,8 +363,9 @@ class GroupLedger:
 
         ``iteration``: the driver's own iteration index (the one owner of the count; the grant
         carries it). None (a caller that does not count, e.g. a test of the queues): the queues'
-        count of the job's completed iterations. Raises PermitError when the job is not queued
-        here or asks a phase out of order.
+        count of the job's completed iterations. None too while the phase needs a node the job is
+        fenced off (:meth:`set_fenced`; it keeps its place in the queues and is granted once the
+        fence lifts). Raises PermitError when the job is not queued here or asks a phase out of order.
         """
         if not self.is_queued(job_id):
             self.activate(job_id)
@@ -358,7 +382,8 @@ class GroupLedger:
                 pass
         if nxt != phase:
             raise PermitError(f"group {self.group_id}: job {job_id!r} asked for {phase} but its next phase is {nxt}")
-        if not any(r.job_id == job_id for r in self.rr.ready()):
+        ready = next((r for r in self.rr.ready() if r.job_id == job_id), None)
+        if ready is None or m.fenced.intersection(ready.nodes):
             return None
         rp = self.rr.grant(job_id, phase)
         now = self.clock()
@@ -531,7 +556,7 @@ class GroupLedger:
             # iterations_done: derived from the grants (the driver's count); turns: the queues' own
             # counter of this controller instance (restarts with it), not the job's iterations
             jobs[j] = {"next_phase": self.rr.next_phase(j), "running": self.rr.is_running(j),
-                       "iterations_done": m.iterations_done, "turns": self.rr.iteration(j),
+                       "iterations_done": m.iterations_done, "turns": self.rr.iteration(j), "fenced": sorted(m.fenced),
                        "rollout_nodes": m.rollout_nodes, "train_nodes": m.train_nodes, "slowdown": m.slowdown()}
         pending = [j for j, m in self.members.items() if not m.active and j not in self.gone]
         return {"group_id": self.group_id, "jobs": jobs, "pending": pending, "gone": dict(self.gone),

@@ -57,17 +57,21 @@ class MemberTarget:
     rollout_nodes: tuple[str, ...]  # rollout node ids, rank order (e.g. "rollout-0")
     train_nodes: tuple[str, ...]  # training node ids, rank order (e.g. "train-0")
     slo: Optional[float] = None  # slowdown SLO, x the job's solo iteration time
+    # nodes of this member on which it may not start a phase yet: a job preempted for room there
+    # has not drained (rollmux.preemption.fenced_nodes); empty: none
+    fenced: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
-        """JSON-able ``{job_id, rollout_nodes, train_nodes, slo}`` (``group_members`` answers)."""
+        """JSON-able ``{job_id, rollout_nodes, train_nodes, slo, fenced}`` (``group_members`` answers)."""
         return {"job_id": self.job_id, "rollout_nodes": list(self.rollout_nodes),
-                "train_nodes": list(self.train_nodes), "slo": self.slo}
+                "train_nodes": list(self.train_nodes), "slo": self.slo, "fenced": list(self.fenced)}
 
     @classmethod
     def of(cls, d: "MemberTarget | Mapping[str, Any]") -> "MemberTarget":
         if isinstance(d, MemberTarget):
             return d
-        return cls(str(d["job_id"]), tuple(d["rollout_nodes"]), tuple(d["train_nodes"]), d.get("slo"))
+        return cls(str(d["job_id"]), tuple(d["rollout_nodes"]), tuple(d["train_nodes"]), d.get("slo"),
+                   tuple(d.get("fenced") or ()))
 
 
 @dataclass(frozen=True)
@@ -284,13 +288,19 @@ class EventKind(str, enum.Enum):
     RUNNING = "running"  # its driver registered it on its workers (admitted -> running)
     FINISHED = "finished"  # its driver ended it (departure: its nodes are released)
     FAILED = "failed"  # a phase failed, its driver was lost, or its driver gave up (departure)
+    # a preempted job (rollmux.preemption): its controller removed it at its iteration boundary
+    # (no phase of it runs any more, its permits are withdrawn; GroupController -> scheduler)
+    STOPPED = "stopped"
+    # a preempted job: its driver exported its state from its workers, which no longer host it
+    # (driver -> scheduler); its nodes are free for the job that preempted it
+    DRAINED = "drained"
 
 
 @dataclass(frozen=True)
 class RuntimeEvent:
     """A lifecycle event of a job (driver or GroupController -> GlobalScheduler ``report``)."""
 
-    kind: EventKind  # running | finished | failed
+    kind: EventKind  # running | finished | failed | stopped | drained
     error: Optional[str] = None  # failed: the raw error (the record keeps it as ``error_detail``)
     phase: Optional[str] = None  # failed: the phase that failed, if one did
     iterations_done: Optional[int] = None  # finished / failed by the driver: the owner's final iteration count
@@ -323,7 +333,7 @@ class ProgressReport:
 
 def parse_report(event: "RuntimeEvent | ProgressReport | Mapping[str, Any]") -> "RuntimeEvent | ProgressReport":
     """A report from its message or its dict form (``{"event": "running" | "iteration" |
-    "finished" | "failed", ...}``, the scheduler's documented ``report`` argument). Raises
+    "finished" | "failed" | "stopped" | "drained", ...}``, the scheduler's documented ``report`` argument). Raises
     ValueError for an unknown event kind."""
     if isinstance(event, (RuntimeEvent, ProgressReport)):
         return event
@@ -334,7 +344,8 @@ def parse_report(event: "RuntimeEvent | ProgressReport | Mapping[str, Any]") -> 
     try:
         k = EventKind(kind)
     except ValueError:
-        raise ValueError(f"unknown runtime event {kind!r} (running | iteration | finished | failed)") from None
+        raise ValueError(f"unknown runtime event {kind!r} (running | iteration | finished | failed | stopped | "
+                         "drained)") from None
     n = event.get("iterations_done")
     return RuntimeEvent(k, error=event.get("error"), phase=event.get("phase"), iterations_done=None if n is None else int(n))
 

@@ -26,6 +26,13 @@ TenantQuota`, like a Kueue ClusterQueue in a cohort):
 * **When.** When a job arrives and does not fit; and after each departure, again for the first
   :data:`RETRY_MAX_QUEUED` queued jobs of a class above some running preemptible job
   (:func:`retry_order`: the table changed, a set may exist now).
+* **Drain.** The newcomer is admitted at once (one committed decision), but it may not run a
+  phase on a node the victim held until the victim has *drained* there: its controller removed
+  it at its iteration boundary (no phase of it runs, its permits are withdrawn) and its driver
+  exported its state from its workers. :class:`PreemptionRecord` keeps the victim's group,
+  nodes and drain times; :func:`fenced_nodes` is the rule (which nodes a group's member may
+  not start a phase on yet) and :func:`drain_overdue` its bound when the victim's driver does
+  not finish the drain (it died, or hangs between phases).
 * **Lost work.** A preempted job stops at its next iteration boundary (never inside an iteration:
   every phase's state is committed then), so it loses no computed iteration; what it loses is the
   re-load of its committed state when it resumes (a cold start): ``(NR + NT) x
@@ -47,8 +54,13 @@ from rollmux import profiler
 from rollmux.models import ClusterSpec, JobSpec
 
 __all__ = ["EXACT_MAX_CANDIDATES", "RETRY_MAX_QUEUED", "WHATIF_MAX_CANDIDATES", "retry_order", "admits_after", "choose_victims_greedy", "PreemptionPlan", "PreemptionRecord", "PriorityBook", "QuotaVerdict", "Running",
-           "choose_victims", "class_of", "fits_after", "lost_gpu_h", "may_preempt", "quota_verdict", "rank_of",
-           "tenant_of", "unknown_class"]
+           "choose_victims", "class_of", "drain_overdue", "fenced_nodes", "fits_after", "lost_gpu_h", "may_preempt", "quota_verdict", "rank_of",
+           "tenant_of", "unknown_class", "DRAIN_GRACE_S"]
+
+#: how long after a preempted job stopped (its controller removed it at its iteration boundary) its
+#: driver has to report its state exported before its nodes count as drained anyway, s (the
+#: driver died or hangs between phases; two driver leases, ``rollmux.group_ledger.DEFAULT_LEASE_S``)
+DRAIN_GRACE_S = 60.0
 
 #: candidate victims up to which every subset is tried (2^12 = 4,096 node-count checks)
 EXACT_MAX_CANDIDATES = 12
@@ -268,7 +280,14 @@ def admits_after(sched: Any, spec: JobSpec, victim_ids: list[str]) -> bool:
 @dataclass
 class PreemptionRecord:
     """One preemption of a job: when (s), by which job and class, the GPU-hours it lost, the
-    iteration it stopped after (None until known), and when it resumed (None while waiting)."""
+    iteration it stopped after (None until known), and when it resumed (None while waiting).
+
+    Its drain (times in Unix seconds, None until it happened): ``group_id`` / ``nodes``, where it
+    ran when preempted; ``stopped_at_s``, when its controller removed it at its iteration
+    boundary; ``drained_at_s``, when its nodes became free for others, and ``drained`` how:
+    ``"exported"`` (its driver exported its state from its workers), ``"no driver"`` (none had
+    attached: nothing ran), ``"driver lost: ..."`` (its controller evicted it or it failed),
+    ``"overdue: ..."`` (:func:`drain_overdue`)."""
 
     at_s: float
     by_job: str
@@ -277,17 +296,58 @@ class PreemptionRecord:
     reason: str
     iteration: Optional[int] = None
     resumed_at_s: Optional[float] = None
+    group_id: Optional[str] = None
+    nodes: tuple[str, ...] = ()
+    stopped_at_s: Optional[float] = None
+    drained_at_s: Optional[float] = None
+    drained: Optional[str] = None
 
     def to_dict(self) -> dict:
         return {"at_s": self.at_s, "by_job": self.by_job, "by_class": self.by_class, "lost_gpu_h": self.lost_gpu_h,
-                "reason": self.reason, "iteration": self.iteration, "resumed_at_s": self.resumed_at_s}
+                "reason": self.reason, "iteration": self.iteration, "resumed_at_s": self.resumed_at_s,
+                "group_id": self.group_id, "nodes": list(self.nodes), "stopped_at_s": self.stopped_at_s,
+                "drained_at_s": self.drained_at_s, "drained": self.drained}
 
     @classmethod
     def from_dict(cls, d: dict) -> "PreemptionRecord":
+        def opt(k: str) -> Optional[float]:
+            return None if d.get(k) is None else float(d[k])
+
+        # a record written before drains were kept has no group: it counts as drained (nothing to wait for)
         return cls(at_s=float(d["at_s"]), by_job=str(d["by_job"]), by_class=str(d["by_class"]),
                    lost_gpu_h=float(d["lost_gpu_h"]), reason=str(d.get("reason", "")),
                    iteration=None if d.get("iteration") is None else int(d["iteration"]),
-                   resumed_at_s=None if d.get("resumed_at_s") is None else float(d["resumed_at_s"]))
+                   resumed_at_s=opt("resumed_at_s"), group_id=d.get("group_id"),
+                   nodes=tuple(str(n) for n in d.get("nodes") or ()), stopped_at_s=opt("stopped_at_s"),
+                   drained_at_s=opt("drained_at_s"), drained=d.get("drained"))
+
+    @property
+    def draining(self) -> bool:
+        """Its nodes are not drained yet (a record without nodes has nothing to drain)."""
+        return self.drained_at_s is None and bool(self.nodes)
+
+
+def fenced_nodes(draining: Iterable[PreemptionRecord], group_id: str, nodes: Iterable[str]) -> tuple[str, ...]:
+    """The nodes among ``nodes`` (a member's of group ``group_id``) on which that member may not
+    start a phase yet: those of a preempted job in ``draining`` (records whose drain is not
+    complete) that ran in *another* group. Inside the victim's own group its controller's
+    round-robin queues already serialise the phases on a node, and the victim holds its queue
+    slots until its iteration boundary, so no fence is needed (one would deadlock: the member
+    waiting at a node's head, the victim behind it). Order: as ``nodes``."""
+    held = {n for r in draining if r.draining and r.group_id != group_id for n in r.nodes}
+    return tuple(n for n in dict.fromkeys(nodes) if n in held)
+
+
+def drain_overdue(rec: PreemptionRecord, now_s: float, grace_s: float = DRAIN_GRACE_S) -> Optional[str]:
+    """Why ``rec``'s nodes count as drained at ``now_s`` (Unix s) although its driver did not say
+    so, or None: it stopped (its controller removed it at its iteration boundary, so none of its
+    phases runs) more than ``grace_s`` seconds ago. Before its stop it never is: a phase running
+    always ends with a release, and a victim whose driver died is evicted by its controller's
+    lease (reported as a failure, which drains it)."""
+    if not rec.draining or rec.stopped_at_s is None or now_s - rec.stopped_at_s <= grace_s:
+        return None
+    return (f"overdue: its driver did not report its state exported within {grace_s:g} s of its stop "
+            "at its iteration boundary")
 
 
 @dataclass

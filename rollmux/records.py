@@ -203,7 +203,9 @@ class JobRecord(BaseModel):
                            "(the first preempted when the owner needs it)")
     preemptions: list[dict[str, Any]] = Field(
         default_factory=list, description="each preemption (rollmux.preemption.PreemptionRecord): at_s (Unix time, s), by_job, by_class, lost_gpu_h (GPU-hours "
-        "its re-load costs), reason, iteration (iterations done when it stopped), resumed_at_s (Unix time, s, or null)")
+        "its re-load costs), reason, iteration (iterations done when it stopped), resumed_at_s (Unix time, s, or null), group_id and nodes "
+        "(where it ran), stopped_at_s / drained_at_s (Unix time, s, or null: its controller removed it at its iteration "
+        "boundary / its nodes became free for others) and drained (how)")
 
     def is_active(self) -> bool:
         return self.state.is_active()

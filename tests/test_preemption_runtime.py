@@ -129,6 +129,165 @@ def test_a_tenant_within_its_quota_reclaims_borrowed_capacity_first(local_cluste
     assert not out["admitted"] and "tenant 'a'" in out["reason"]
 
 
+def test_fenced_nodes_and_drain_overdue_rule():
+    """The pure waiting rule: a member is fenced off the nodes of a preemption still draining
+    that ran in another group (never its own group's, nor a drained one's); the drain is overdue
+    only after the victim stopped and the grace passed."""
+    from rollmux.preemption import DRAIN_GRACE_S, PreemptionRecord, drain_overdue, fenced_nodes
+
+    def rec(**kw) -> PreemptionRecord:
+        return PreemptionRecord(at_s=100.0, by_job="n", by_class="production", lost_gpu_h=0.1, reason="r", **kw)
+
+    v = rec(group_id="group-0", nodes=("rollout-0", "train-0"))
+    assert v.draining and PreemptionRecord.from_dict(v.to_dict()) == v
+    assert fenced_nodes([v], "group-2", ["train-0", "rollout-1", "rollout-0"]) == ("train-0", "rollout-0")
+    assert fenced_nodes([v], "group-0", ["rollout-0", "train-0"]) == ()  # its own group's queues serialise
+    done = rec(group_id="group-0", nodes=("rollout-0",), drained_at_s=120.0, drained="exported")
+    assert not done.draining and fenced_nodes([done], "group-2", ["rollout-0"]) == ()
+    old = PreemptionRecord.from_dict({k: x for k, x in v.to_dict().items() if k not in ("group_id", "nodes")})
+    assert not old.draining  # a record written before drains were kept waits for nothing
+    assert drain_overdue(v, 1e9) is None  # not stopped yet: its last phase may still run
+    stopped = rec(group_id="group-0", nodes=("rollout-0",), stopped_at_s=200.0)
+    assert drain_overdue(stopped, 200.0 + DRAIN_GRACE_S) is None
+    assert drain_overdue(stopped, 200.0 + DRAIN_GRACE_S + 0.5).startswith("overdue")
+    assert drain_overdue(done, 1e9) is None
+
+
+def test_ledger_grants_no_phase_on_a_fenced_node_and_reports_a_preempted_job_stopped():
+    """A member fenced off its nodes is not granted (it keeps its place); lifting the fence
+    grants it. A preempted member mid-iteration stays until its boundary and is reported
+    ``stopped`` only when it actually leaves; one between iterations leaves and is reported at once."""
+    from rollmux.group_ledger import GroupLedger, Report
+    from rollmux.messages import EventKind, PhaseRecord
+
+    led = GroupLedger("group-9", lease_s=0)
+    led.add("n", ["rollout-0"], ["train-0"])
+    led.activate("n")
+    assert led.set_fenced("n", ["rollout-0"]) and not led.set_fenced("n", ["rollout-0"])
+    assert led.try_grant("n", "rollout", 0, 0.0) is None and led.status()["jobs"]["n"]["fenced"] == ["rollout-0"]
+    assert led.set_fenced("n", ())
+    assert led.try_grant("n", "rollout", 0, 0.0).nodes == ("rollout-0",)
+
+    def stopped(effects) -> list[str]:
+        return [e.job_id for e in effects if isinstance(e, Report) and getattr(e.message, "kind", None) == EventKind.STOPPED]
+
+    v = GroupLedger("group-0", lease_s=0)
+    for j in ("v", "w"):
+        v.add(j, [f"rollout-{j}"], [f"train-{j}"])
+        v.activate(j)
+    g = v.try_grant("v", "rollout", 3, 0.0)
+    assert v.remove("v", "preempted") and v.moving == {"v": "preempted"} and stopped(v.take_effects()) == []
+    assert v.remove("w", "preempted") and stopped(v.take_effects()) == ["w"]  # idle: leaves now
+    effects = []
+    for ph in ("rollout", "train", "sync"):  # the rest of v's iteration runs, then it leaves
+        g = g if ph == "rollout" else v.try_grant("v", ph, 3, 0.0)
+        _, eff = v.release(g, PhaseRecord(node="x", start=1.0, end=2.0, ok=True))
+        effects += eff + v.take_effects()
+        assert stopped(effects) == ([] if ph != "sync" else ["v"])
+    assert v.gone["v"] == "preempted" and not v.is_queued("v")
+
+
+def test_newcomer_is_fenced_off_the_victims_nodes_until_it_drained(local_cluster_spec):
+    """Without Ray: the production job is admitted at once onto the best-effort job's node pair,
+    but its target state fences it off those nodes while the victim drains (the fence survives a
+    scheduler restart); ``stopped`` alone does not lift it, ``drained`` (its driver exported its
+    state) does, as does the grace after the stop (a driver that never exports), or a failure
+    report (its controller evicted it: its driver was lost). A victim whose group never had a
+    controller (no driver attached) is drained at once."""
+    from actors.global_scheduler import GlobalSchedulerImpl
+    from actors.kv import MemoryKV
+    from rollmux.preemption import DRAIN_GRACE_S
+
+    kv = MemoryKV()
+
+    def make():
+        return GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0, max_group_size=1,
+                                   config={"attach_timeout_s": 0.0})
+
+    def fence(g, job: str) -> tuple:
+        gid = g.get_job(job)["group_id"]
+        return next(m.fenced for m in g._target(gid).members if m.job_id == job)
+
+    g = make()
+    assert g.admit(qspec("be", "best-effort"))["admitted"] and g.admit(qspec("r", "research"))["admitted"]
+    be_group = g.get_job("be")["group_id"]
+    pl = g.get_job("be")["placement"]
+    be_nodes = (*pl["rollout_nodes"], *pl["train_nodes"])
+    g.ensure_controller(be_group)  # its driver attached: its last phase may be running
+    out = g.admit(qspec("p", "production"))
+    assert out["admitted"] and out["preempted"] == ["be"]
+    assert out["group_id"] != be_group and fence(g, "p") == be_nodes
+    (e,) = g.get_job("be")["preemptions"]
+    assert (e["group_id"], tuple(e["nodes"]), e["stopped_at_s"], e["drained_at_s"]) == (be_group, be_nodes, None, None)
+    g2 = make()  # restarted from the checkpoint: still fenced
+    assert fence(g2, "p") == be_nodes
+    g2.report("be", {"event": "stopped"})
+    (e,) = g2.get_job("be")["preemptions"]
+    assert e["stopped_at_s"] >= e["at_s"] and fence(g2, "p") == be_nodes
+    assert g2.drain_overdue_pending(now=e["stopped_at_s"] + DRAIN_GRACE_S - 1) == []
+    g2.report("be", {"event": "drained"})
+    (e,) = g2.get_job("be")["preemptions"]
+    assert e["drained"] == "exported" and e["drained_at_s"] >= e["stopped_at_s"] and fence(g2, "p") == ()
+    assert g2.get_job("be")["state"] == "preempted" and [q.job_id for q in g2.queue.jobs()] == ["be"]
+
+    # a driver that never exports: drained once overdue after its stop
+    g2.depart("p")  # be resumes on its pair
+    assert g2.get_job("be")["state"] == "admitted"
+    g2.ensure_controller(g2.get_job("be")["group_id"])
+    assert g2.admit(qspec("p2", "production"))["preempted"] == ["be"] and fence(g2, "p2")
+    g2.report("be", {"event": "stopped"})
+    t_stop = g2.get_job("be")["preemptions"][-1]["stopped_at_s"]
+    assert g2.drain_overdue_pending(now=t_stop + DRAIN_GRACE_S + 1) == ["be"]
+    assert g2.get_job("be")["preemptions"][-1]["drained"].startswith("overdue") and fence(g2, "p2") == ()
+
+    # its controller evicted it (its driver was lost): the failure report drains it, it stays queued
+    g2.depart("p2")
+    g2.ensure_controller(g2.get_job("be")["group_id"])
+    assert g2.admit(qspec("p3", "production"))["preempted"] == ["be"] and fence(g2, "p3")
+    g2.report("be", {"event": "failed", "error": "driver lost: no heartbeat for 31.0s"})
+    assert g2.get_job("be")["preemptions"][-1]["drained"].startswith("driver lost") and fence(g2, "p3") == ()
+    assert g2.get_job("be")["state"] == "preempted" and "be" in g2.queue
+
+    # no controller ever existed for the victim's group: nothing of it ran, drained at once
+    g3 = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0, max_group_size=1,
+                             config={"attach_timeout_s": 0.0})
+    assert g3.admit(qspec("be", "best-effort"))["admitted"] and g3.admit(qspec("r", "research"))["admitted"]
+    assert g3.admit(qspec("p", "production"))["preempted"] == ["be"]
+    assert g3.get_job("be")["preemptions"][0]["drained"] == "no driver" and fence(g3, "p") == ()
+
+
+def _victim_cfg(jid: str, iterations: int = 4):
+    """The best-effort GRPO job the Ray tests preempt: a tiny model, a few seconds per iteration."""
+    from examples.grpo.config import ModelConfig, load_job_config
+    from rollmux.config import CONFIG_DIR
+
+    cfg = load_job_config(CONFIG_DIR / "jobs" / "grpo_train_heavy.yaml", iterations=iterations)
+    return cfg.model_copy(update={
+        "job": cfg.job.model_copy(update={"job_id": jid, "slo": 8.0, "priority_class": "best-effort"}),
+        "run": cfg.run.model_copy(update={"max_new_tokens": 12, "min_new_tokens": 6, "num_prompts": 4,
+                                          "group_size": 4, "ppo_epochs": 1, "minibatch_size": 8}),
+        "model": ModelConfig(hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64,
+                             max_position_embeddings=48)})
+
+
+def _bounded_scheduler(cluster, name: str):
+    """A GlobalScheduler on the local cluster (two node pairs) with groups of one and team-q's quota."""
+    from actors.global_scheduler import get_or_create_scheduler
+    from rollmux.admission import load_scheduler_config
+
+    return get_or_create_scheduler(cluster, name=name, max_group_size=1,
+                                   config={**load_scheduler_config().model_dump(), "attach_timeout_s": 0.0,
+                                           "tenants": TEAM_Q})
+
+
+def _hold_other_pair(h, uid: str) -> None:
+    """A non-preemptible research job holds one node pair (no driver), so a newcomer must preempt."""
+    import ray
+
+    assert ray.get(h.admit.remote({**qspec(f"hold-{uid}", "research", "team-q", preemptible=False),
+                                   "mem_roll_gb": 0.05, "mem_train_gb": 0.1}))["admitted"]
+
+
 @pytest.mark.ray
 @pytest.mark.timeout(300)
 def test_preempted_grpo_job_resumes_bit_identical_to_solo(ray_cluster, local_cluster_spec, tmp_path):
@@ -139,26 +298,14 @@ def test_preempted_grpo_job_resumes_bit_identical_to_solo(ray_cluster, local_clu
     iteration once and its trainer weights equal the solo run's bit for bit (SHA-256)."""
     import ray
 
-    from actors.global_scheduler import get_or_create_scheduler
     from actors.naming import NAMESPACE, hosted_key, worker_name
-    from examples.grpo.config import ModelConfig, load_job_config
     from examples.grpo.job import run_job
-    from rollmux.admission import load_scheduler_config
-    from rollmux.config import CONFIG_DIR
 
     uid = uuid.uuid4().hex[:6]
     name, jid = f"test-preempt-{uid}", f"be-{uid}"
-    cfg = load_job_config(CONFIG_DIR / "jobs" / "grpo_train_heavy.yaml", iterations=4)
-    cfg = cfg.model_copy(update={
-        "job": cfg.job.model_copy(update={"job_id": jid, "slo": 8.0, "priority_class": "best-effort"}),
-        "run": cfg.run.model_copy(update={"max_new_tokens": 12, "min_new_tokens": 6, "num_prompts": 4,
-                                          "group_size": 4, "ppo_epochs": 1, "minibatch_size": 8}),
-        "model": ModelConfig(hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64,
-                             max_position_embeddings=48)})
+    cfg = _victim_cfg(jid)
     solo = run_job(cfg, attach=False)
-    h = get_or_create_scheduler(local_cluster_spec, name=name, max_group_size=1,
-                                config={**load_scheduler_config().model_dump(), "attach_timeout_s": 0.0,
-                                        "tenants": TEAM_Q})
+    h = _bounded_scheduler(local_cluster_spec, name)
     prod = f"prod-{uid}"
     seen: dict = {}
 
@@ -184,8 +331,7 @@ def test_preempted_grpo_job_resumes_bit_identical_to_solo(ray_cluster, local_clu
             t.start()  # lands during iteration 2 (or just before it): either way at a boundary
 
     try:
-        assert ray.get(h.admit.remote({**qspec(f"hold-{uid}", "research", "team-q", preemptible=False),
-                                       "mem_roll_gb": 0.05, "mem_train_gb": 0.1}))["admitted"]
+        _hold_other_pair(h, uid)
         res = run_job(cfg, attach=True, scheduler_name=name, checkpoint_dir=str(tmp_path / "ckpt"),
                       on_iteration=on_iteration)
         t.join(timeout=60)
@@ -220,3 +366,89 @@ def test_a_preemption_is_counted_by_the_victims_class(local_cluster_spec):
     assert g.admit(qspec("p", "production"))["preempted"] == ["be"]
     g.metrics.flush()
     assert g.metrics.totals["preemptions"] == {"best-effort": 1}
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_newcomer_runs_on_the_victims_nodes_only_after_the_victim_drained(ray_cluster, local_cluster_spec, tmp_path):
+    """The production job is admitted (and answered ``preempted``) while the best-effort GRPO job
+    is mid-iteration (its rollout done, training and sync to come), and its driver asks for its
+    first permit at once. The controllers' phase records show: the victim completes that
+    iteration (never half of one), and the newcomer's first phase on each node they share starts
+    no earlier than the victim's last phase there ended, and after the victim's drain (its
+    state exported by its driver) was recorded. The newcomer departs; the victim resumes and
+    ends bit-identical to its solo run."""
+    import ray
+
+    import rollmux
+    from examples.grpo.job import make_job, run_job
+    from factories import make_toy, toy_spec
+
+    uid = uuid.uuid4().hex[:6]
+    name, jid, prod = f"test-drain-{uid}", f"be-{uid}", f"prod-{uid}"
+    cfg = _victim_cfg(jid)
+    solo = run_job(cfg, attach=False)
+    h = _bounded_scheduler(local_cluster_spec, name)
+    seen: dict = {}
+    asking = threading.Event()  # the newcomer's driver is about to ask for its first permit
+
+    def newcomer() -> None:
+        try:
+            seen["admit"] = ray.get(h.admit.remote({**toy_spec(prod, "small"), "priority_class": "production"}))
+            job = rollmux.Job(toy_spec(prod, "small"), attach=True, scheduler_name=name, job_id=prod,
+                              sync_backend="object_store")
+            r, t, p = make_toy(job, "small", seed=7)
+            asking.set()
+            for it in range(2):
+                t(r(it))
+                p()
+            job.finish()
+        except BaseException as e:  # pragma: no cover - reported by the assertions below
+            seen["error"] = e
+            asking.set()
+
+    th = threading.Thread(target=newcomer)
+    stop_at = 1  # the iteration during which the newcomer arrives
+    try:
+        _hold_other_pair(h, uid)
+        g = make_job(cfg, attach=True, scheduler_name=name, checkpoint_dir=str(tmp_path / "ckpt"))
+        history = []
+        with g.job:
+            for it in range(cfg.run.iterations):
+                samples = g.rollout(it)
+                if it == stop_at:  # mid-iteration: training and sync of this iteration are still to run
+                    th.start()
+                    assert asking.wait(120) and "error" not in seen, seen.get("error")
+                history.append(g.train(samples))
+                g.publish()
+        th.join(timeout=120)
+        assert not th.is_alive() and "error" not in seen, seen.get("error")
+        assert seen["admit"]["admitted"] and seen["admit"]["preempted"] == [jid]
+
+        rec = ray.get(h.get_job.remote(jid))
+        assert rec["state"] == "finished" and rec["iterations_done"] == cfg.run.iterations
+        (p,) = rec["preemptions"]
+        assert p["by_job"] == prod and p["iteration"] == stop_at and p["drained"] == "exported"
+        assert p["at_s"] <= p["stopped_at_s"] <= p["drained_at_s"] <= p["resumed_at_s"]
+        # the runtime's own phase records: the victim's old group (before the stop), the newcomer's group
+        old = [r for r in ray.get(h.group_timeline.remote(p["group_id"])) if r["job_id"] == jid
+               and r["start"] < p["resumed_at_s"]]
+        new = [r for r in ray.get(h.group_timeline.remote(seen["admit"]["group_id"])) if r["job_id"] == prod]
+        assert new and all(r["ok"] for r in old + new)
+        # the victim ran whole iterations only, up to and including the one it was preempted in
+        assert sorted((r["iteration"], r["phase"]) for r in old) == \
+            [(i, ph) for i in range(stop_at + 1) for ph in ("rollout", "sync", "train")]
+        shared = set(p["nodes"]) & {r["node"] for r in new}
+        assert shared, (p["nodes"], new)
+        for node in shared:
+            last_end = max(r["end"] for r in old if r["node"] == node)
+            first_start = min(r["start"] for r in new if r["node"] == node)
+            assert first_start >= last_end, (node, first_start, last_end)
+        assert min(r["start"] for r in new) >= max(r["end"] for r in old)  # no phase of both at once anywhere
+        assert min(r["start"] for r in new) >= p["drained_at_s"]  # only after its state left the workers
+        # resumed after the newcomer departed, bit-identical to the uninterrupted solo run
+        assert [m["step"] for m in history] == [m["step"] for m in solo["history"]]
+        assert history[-1]["weights_sha256"] == solo["weights_sha256"]
+        assert [m["reward_mean"] for m in history] == [m["reward_mean"] for m in solo["history"]]
+    finally:
+        kill_scheduler_and_controllers(h, name)
