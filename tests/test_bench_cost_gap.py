@@ -21,7 +21,7 @@ import bench_cost_gap  # noqa: E402
 def test_one_run_covers_all_spend_and_splits_the_ratio_to_the_bound():
     budget = BoundBudget(cut_rounds=2, time_limit_s=math.inf)
     # exact optimum only up to 4 active jobs: most instants get the LP bound
-    args = (str(EXTRACT_TRACE), 30, 0, "mixed", 1.0, 2.0, 4, True, asdict(budget))
+    args = (str(EXTRACT_TRACE), 30, 0, "mixed", 1.0, 2.0, 4, True, asdict(budget), True)
     r = bench_cost_gap.run_one(args)
     kinds = r["lower_bound_instants_by_kind"]
     assert sum(v for k, v in kinds.items() if k != "exact") > 10, kinds
@@ -36,5 +36,8 @@ def test_one_run_covers_all_spend_and_splits_the_ratio_to_the_bound():
     assert agg["rollmux_vs_lower_bound_spend_weighted"] == pytest.approx(r["rollmux_vs_lower_bound"])
     assert agg["best_known_partition_vs_lower_bound_spend_weighted"] == pytest.approx(
         r["best_known_partition_vs_lower_bound"])
-    # no wall-clock limit: the same figures on a second run
-    assert bench_cost_gap.run_one(args)["bound_usd"] == r["bound_usd"]
+    # no wall-clock limit: the same figures on a second run; without the incumbent (--no-incumbent)
+    # the bound is the same and the ratio is not split
+    again = bench_cost_gap.run_one(args[:-1] + (False,))
+    assert again["bound_usd"] == r["bound_usd"] and again["rollmux_vs_lower_bound"] == r["rollmux_vs_lower_bound"]
+    assert again["rollmux_vs_best_known_partition"] is None and again["best_known_usd"] == 0.0
