@@ -80,7 +80,7 @@ from rollmux.messages import (
 )
 from rollmux.models import ClusterSpec, JobSpec
 from rollmux.nodes import node_index
-from rollmux.preemption import fenced_nodes
+from rollmux.drain import fenced_nodes
 from rollmux.records import JobRecord, JobState
 
 log = logging.getLogger("rollmux.scheduler")
@@ -245,15 +245,16 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart, PriorityPar
         planned round-robin order: the policy's member order, which admission's SLO check
         simulated) and the jobs that left it, with the reason (``departed``, ``failed``, ``moved to
         <group>``); ``dissolved`` once the group no longer exists. ``seq`` is the reconciler's.
-        Each member carries the nodes it may not start a phase on yet (``fenced``: a job
-        preempted for room there has not drained, :func:`rollmux.preemption.fenced_nodes`)."""
+        Each member carries the nodes it may not start a phase on yet (``fenced``: a job of
+        another group preempted or moved off them has not drained there, :func:`rollmux.drain.fenced_nodes`)."""
         members, gone = [], {}
-        draining = self._draining()  # preempted jobs whose nodes are not free yet (PriorityPart)
+        draining = self._draining()  # preempted / moved jobs whose old nodes are not free yet (PriorityPart)
         for rec in self.jobs.values():
             gid = self._group_id(rec)
             if gid == group_id and rec.state.is_active():
                 pl = self._view(rec).placement
-                fenced = fenced_nodes(draining, group_id, (*pl.rollout_nodes, *pl.train_nodes)) if draining else ()
+                fenced = (fenced_nodes(draining, group_id, (*pl.rollout_nodes, *pl.train_nodes), rec.job_id)
+                          if draining else ())
                 members.append(MemberTarget(rec.job_id, tuple(pl.rollout_nodes), tuple(pl.train_nodes), rec.slo,
                                             fenced))
             elif gid == group_id:
@@ -568,8 +569,9 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart, PriorityPar
         :class:`ProgressReport` (one measured iteration: iterations_done, t_iter_s, t_solo_s,
         slowdown); a :class:`RuntimeEvent` ``running``, ``finished`` (departure) or ``failed``
         (error; departure), the last two with the driver's final iteration count; of a preempted
-        job ``stopped`` (its controller removed it at its iteration boundary) and ``drained`` (its
-        driver exported its state: its nodes are free for others; :mod:`actors.scheduler_priority`).
+        or moved job ``stopped`` (the controller of its old group, ``group_id``, removed it at its
+        iteration boundary) and ``drained`` (its driver exported its state from that group's
+        workers: its nodes there are free for others; :mod:`rollmux.drain`).
         Returns the job record."""
         rec = self.job_store.get(job_id)
         if rec is None:
@@ -582,7 +584,7 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart, PriorityPar
             rec = self.job_store.get(job_id)
             self.metrics.job(job_id, iterations=rec.iterations_done, slowdown=rec.slowdown)
             self._note_slo_check(job_id)  # re-checked on measured times by the reconcile thread (SloPart)
-        elif msg.kind in (EventKind.STOPPED, EventKind.DRAINED):  # a preempted job's drain (PriorityPart)
+        elif msg.kind in (EventKind.STOPPED, EventKind.DRAINED):  # a preempted / moved job's drain (PriorityPart)
             self._drain_report(job_id, msg)
         elif msg.kind == EventKind.RUNNING:
             if rec.state == JobState.ADMITTED:

@@ -15,9 +15,10 @@ calls (reports to the GlobalScheduler, metrics):
 - ``remove_job(job_id, "moved to <group>")`` (departure re-packing moved the job): the removal
   waits for the job's iteration boundary; afterwards its ``acquire`` raises PermitError saying
   it moved, which tells the driver to re-attach to its new group; a job the push lists as gone
-  ``preempted`` leaves at its boundary too, and its leaving is reported (``stopped``);
-- a member the push fences off some nodes (a job preempted for room there has not drained:
-  :func:`rollmux.preemption.fenced_nodes`) is granted no phase on them until a push lifts it;
+  ``preempted`` leaves at its boundary too; the leaving of either is reported (``stopped``, with
+  this group: the start of its drain's bound, :mod:`rollmux.drain`);
+- a member the push fences off some nodes (a job of another group preempted or moved off them has
+  not drained there: :func:`rollmux.drain.fenced_nodes`) is granted no phase on them until a push lifts it;
 - ``progress(RolloutProgress)`` (runtime hook) decides long-tail migration (trigger
   fraction, default 0.8, RollMux §4.3); with ``migrate=True`` the rollout's queue slots are
   released so the next queued rollout may start.
@@ -161,8 +162,9 @@ class GroupControllerImpl:
         """Reconcile (pushed by the GlobalScheduler, never awaited there): add the push's members
         (pending until their drivers attach; listed in the planned round-robin order, which the
         queues take, :meth:`GroupLedger.set_order`; each with the nodes it is fenced off until a
-        job preempted for room there drained, :meth:`GroupLedger.set_fenced`) and drop its ``gone`` jobs (job_id -> reason,
-        e.g. ``"moved to group-3"`` at the job's iteration boundary, ``"departed"``). A push older
+        job preempted or moved off them drained, :meth:`GroupLedger.set_fenced`) and drop its
+        ``gone`` jobs (job_id -> reason, e.g. ``"moved to group-3"`` at the job's iteration
+        boundary, ``"departed"``). A push older
         than one already applied (its ``seq``) is ignored (``stale: True``): Ray does not keep an
         async actor's calls in submission order, so an older push may arrive after a newer one.
         Each push is the whole target state, so the newest alone is enough (a job it lists as
@@ -183,7 +185,7 @@ class GroupControllerImpl:
         # lists as gone is recorded as gone even if the (older, now stale) push adding it never ran
         removed = [j for j, why in push.gone.items() if self.ledger.remove(j, why) or self.ledger.mark_gone(j, why)]
         reordered = self.ledger.set_order(list(push.order))  # the planned round-robin order
-        # nodes a member may not start a phase on yet (a job preempted for room there has not drained)
+        # nodes a member may not start a phase on yet (a job preempted / moved off them has not drained)
         refenced = [m.job_id for m in push.members if self.ledger.set_fenced(m.job_id, m.fenced)]
         self._apply()
         if added or removed or reordered or refenced:

@@ -5,7 +5,8 @@ the only code that changes a record: a job's state changes only through a transi
 :data:`rollmux.records.TRANSITIONS` (:meth:`JobStore.transition`; an illegal one raises
 :class:`rollmux.records.IllegalTransition`), its progress only by the reports it receives
 (:meth:`JobStore.note_progress`), its moves only by the policy's committed moves
-(:meth:`JobStore.record_moves`).
+(:meth:`JobStore.record_moves`), the drains of its preemptions and moves only by
+:meth:`JobStore.note_drain` (:mod:`rollmux.drain`).
 
 Where a job is (its group and nodes) is the policy's fact (``InterGroupScheduler``): an active
 record's ``group_id`` / ``placement`` / ``controller`` are read from the policy's table for every
@@ -24,6 +25,8 @@ import uuid
 from typing import Callable, Iterator, Optional
 
 from actors.naming import controller_name
+from rollmux.drain import Drain, move_drain, preemption_drain
+from rollmux.drain import step as drain_step
 from rollmux.measured import MeasuredPhases
 from rollmux.messages import ProgressReport
 from rollmux.models import JobSpec
@@ -198,28 +201,37 @@ class JobStore:
         rec.preemptions = [*rec.preemptions, {**entry, "iteration": rec.iterations_done}]
 
     @staticmethod
-    def note_drain(rec: JobRecord, now: float, *, stopped: bool = False, drained: Optional[str] = None) -> set[str]:
-        """The drain of the job's preemptions that are still draining
-        (:class:`rollmux.preemption.PreemptionRecord`): ``stopped``, its controller removed it at
-        its iteration boundary (``stopped_at_s = now``, once); ``drained``, how its nodes became
-        free (``drained_at_s = now``). ``now``: Unix time, s. Returns the nodes freed by this
-        call (empty: nothing changed for others)."""
-        from rollmux.preemption import PreemptionRecord
+    def note_drain(rec: JobRecord, now: float, *, stopped: bool = False, drained: Optional[str] = None,
+                   group_id: Optional[str] = None) -> tuple[bool, set[str]]:
+        """A step of the job's drains still in progress (:mod:`rollmux.drain`: its preemptions'
+        and its moves', those off group ``group_id``; None: all of them): ``stopped``, the old
+        group's controller removed it at its iteration boundary (``stopped_at_s = now``, once);
+        ``drained``, how its nodes there became free (``drained_at_s = now``). ``now``: Unix
+        time, s. Returns (whether the record changed, the nodes freed by this call)."""
+        freed: set[str] = set()
 
-        out, freed = [], set()
-        for d in rec.preemptions:
-            p = PreemptionRecord.from_dict(d)
-            if p.draining:
-                d = dict(d)
-                if stopped and p.stopped_at_s is None:
-                    d["stopped_at_s"] = now
-                if drained is not None:
-                    d["stopped_at_s"] = d.get("stopped_at_s") or now
-                    d["drained_at_s"], d["drained"] = now, drained
-                    freed.update(p.nodes)
-            out.append(d)
-        rec.preemptions = out
-        return freed
+        def one(d: Drain) -> dict:
+            if group_id is not None and d.group_id != group_id:
+                return {}
+            upd = drain_step(d, now, stopped=stopped, drained=drained)
+            if "drained_at_s" in upd:
+                freed.update(d.nodes)
+            return upd
+
+        changed = False
+        pre = []
+        for entry in rec.preemptions:
+            upd = one(preemption_drain(rec.job_id, entry))
+            changed |= bool(upd)
+            pre.append({**entry, **upd} if upd else entry)
+        mvs = []
+        for m in rec.moves:
+            upd = one(move_drain(rec.job_id, m))
+            changed |= bool(upd)
+            mvs.append(m.model_copy(update=upd) if upd else m)
+        if changed:
+            rec.preemptions, rec.moves = pre, mvs
+        return changed, freed
 
     def left_queue_failed(self, job_id: str, slo: Optional[float], enqueued_at: float, reason: str,
                           now: float) -> JobRecord:
@@ -271,17 +283,24 @@ class JobStore:
         if iterations_done is not None:
             rec.iterations_done = max(rec.iterations_done, int(iterations_done))
 
-    def record_moves(self, moves: list[dict], trigger: str, now: float, predicted: Callable[[str, str], Optional[float]]
-                     ) -> list[MoveRecord]:
+    def record_moves(self, moves: list[dict], trigger: str, now: float, predicted: Callable[[str, str], Optional[float]],
+                     settled: Callable[[dict], Optional[str]] = lambda mv: None) -> list[MoveRecord]:
         """Append the policy's committed moves to the moved jobs' records, with the policy's
-        predicted slowdown in the new group (``predicted(group_id, job_id)``)."""
+        predicted slowdown in the new group (``predicted(group_id, job_id)``) and the move's
+        drain off its old nodes (the policy's ``from_placement``; :mod:`rollmux.drain`):
+        ``settled(move)`` says how it is already drained (nothing of the job ran there), or None
+        (it drains at the job's iteration boundary). ``now``: Unix time, s."""
         done = []
         for mv in moves:
             r = self.records[mv["job_id"]]
+            was = mv.get("from_placement") or {}
+            old = list(dict.fromkeys([*was.get("rollout_nodes", ()), *was.get("train_nodes", ())]))
+            how = settled(mv) if old else None
             m = MoveRecord(job_id=mv["job_id"], from_group=mv["from_group"], to_group=mv["to_group"],
                            placement=NodePlacement(rollout_nodes=list(mv["placement"]["rollout_nodes"]),
                                                    train_nodes=list(mv["placement"]["train_nodes"])),
-                           move_s=mv.get("move_s"), at=now, trigger=trigger)
+                           move_s=mv.get("move_s"), at=now, trigger=trigger, from_nodes=old,
+                           stopped_at_s=now if how else None, drained_at_s=now if how else None, drained=how)
             r.moves = [*r.moves, m]
             r.predicted_slowdown = predicted(m.to_group, m.job_id)
             done.append(m)

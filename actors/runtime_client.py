@@ -206,7 +206,9 @@ class ScheduledRuntime:
 
         Asks the GlobalScheduler for the job's ticket (one round trip, only after a refused
         permit); if its group changed, moves the job's stored state from the old node workers to
-        the new ones (``export_job`` -> ``register_job(moved=...)``; resident state stays behind),
+        the new ones (``export_job`` -> ``register_job(moved=...)``; resident state stays behind;
+        after the export it tells the scheduler ``drained`` with the old group: other groups' jobs
+        may now run on the old nodes, :mod:`rollmux.drain`),
         attaches to the new group's controller (created and told first) and returns True. False
         when the job did not move (the refusal stands: failed, departed, out of order).
         """
@@ -224,6 +226,13 @@ class ScheduledRuntime:
             k = len(self.rollout_workers)
             got = gather([w.export_job_nowait(self.key) for w in self.rollout_workers + self.train_workers])
             payload = {"rollout": got[:k], "train": got[k:]}
+        # the old workers no longer host it and its old controller refused it (no phase of it runs
+        # there): other groups' jobs may now run phases on its old nodes (rollmux.drain)
+        try:
+            self.sched.report(jid, RuntimeEvent(EventKind.DRAINED, group_id=old["group_id"]), timeout_s=REPORT_TIMEOUT_S)
+        except Exception as e:  # the scheduler drains it anyway once overdue (rollmux.drain.drain_overdue)
+            log.warning("job %s: could not report its state exported from %s after its move: %s", jid,
+                        old["group_id"], e)
         self._home(ticket)
         for k in range(MAX_REHOMES):  # re-packing may move the job on before it attaches: follow it
             try:
@@ -270,7 +279,7 @@ class ScheduledRuntime:
         # its workers no longer host it: the job that preempted it may now run on its nodes
         try:
             self.sched.report(jid, RuntimeEvent(EventKind.DRAINED), timeout_s=REPORT_TIMEOUT_S)
-        except Exception as e:  # the scheduler drains it anyway once overdue (rollmux.preemption.drain_overdue)
+        except Exception as e:  # the scheduler drains it anyway once overdue (rollmux.drain.drain_overdue)
             log.warning("job %s: could not report its state exported after its preemption: %s", jid, e)
         last = (rec.get("preemptions") or [{}])[-1]
         ev = {"iteration": self.job.iteration, "by_job": last.get("by_job"),

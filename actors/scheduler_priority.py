@@ -16,15 +16,18 @@ the scheduler's records:
   workers (the workers are freed) and waits until the queue re-admits the job; it then registers
   the state on its new workers and goes on (:meth:`actors.runtime_client.ScheduledRuntime._rehome`).
 * The newcomer is admitted at once, but no job of another group starts a phase on the victim's
-  nodes until the victim has *drained* there (:func:`rollmux.preemption.fenced_nodes`): its
-  preemption record (written here alone, :meth:`actors.job_store.JobStore.note_drain`) keeps its
-  group and nodes; its controller reports when it removed it at its boundary (``stopped``), its
-  driver when it exported the state (``drained``); a failure / end report of the job drains it
-  too (its controller evicted it: its driver was lost), as does :func:`rollmux.preemption.
-  drain_overdue` (reconcile loop, :meth:`PriorityPart.drain_overdue_pending`); a job whose group
-  had no controller (no driver ever attached: nothing ran) is drained at once. The fence travels
-  in the target state (:class:`rollmux.messages.MemberTarget` ``fenced``): the newcomer's
-  controller grants no phase on a fenced node; each drain re-pushes the groups on its nodes.
+  nodes until the victim has *drained* there (:mod:`rollmux.drain`, :func:`rollmux.drain.fenced_nodes`):
+  its preemption record (written by the job store alone, :meth:`actors.job_store.JobStore.note_drain`)
+  keeps its group and nodes; its controller reports when it removed it at its boundary
+  (``stopped``), its driver when it exported the state (``drained``); a failure / end report of the
+  job drains it too (its controller evicted it: its driver was lost), as does
+  :func:`rollmux.drain.drain_overdue` (reconcile loop, :meth:`PriorityPart.drain_overdue_pending`);
+  a job whose group had no controller (no driver ever attached: nothing ran) is drained at once.
+  The fence travels in the target state (:class:`rollmux.messages.MemberTarget` ``fenced``): the
+  newcomer's controller grants no phase on a fenced node; each drain re-pushes the groups on its
+  nodes. A *moved* job's drain off its old group's nodes (its :class:`rollmux.records.MoveRecord`,
+  recorded by ``ReoptPart._record_moves``) takes the same steps through the same methods here:
+  the drains are one mechanism, whatever took the job off its nodes.
 """
 
 from __future__ import annotations
@@ -35,9 +38,9 @@ from typing import Optional
 from rollmux.codes import Code
 from rollmux.messages import EventKind, RuntimeEvent
 from rollmux.models import JobSpec
+from rollmux.drain import DRAIN_GRACE_S, DRAIN_MAX_S, Drain, drain_overdue, drains_of
 from rollmux.preemption import (
-    DRAIN_GRACE_S, PreemptionRecord, PriorityBook, QuotaVerdict, Running, class_of, drain_overdue, fenced_nodes,
-    retry_order, unknown_class,
+    PreemptionRecord, PriorityBook, QuotaVerdict, Running, class_of, retry_order, unknown_class,
 )
 from rollmux.records import JobState
 
@@ -150,59 +153,67 @@ class PriorityPart:
         self._queue_metrics()
         self.metrics.preemption(rec.priority_class or class_of(self.igs.config, spec))
 
-    # ---- drains: the victim's nodes are free for others once it drained (see the module docstring)
-    def _draining(self) -> list[PreemptionRecord]:
-        """Every preemption whose nodes have not drained yet (from the records: no own state)."""
-        return [p for r in self.job_store.records.values() for d in r.preemptions
-                if (p := PreemptionRecord.from_dict(d)).draining]
+    # ---- drains: a preempted or moved job's old nodes are free for others once it drained there
+    # (rollmux.drain; one rule for both, see the module docstring)
+    def _draining(self) -> list[Drain]:
+        """Every drain (a preemption's or a move's) not complete yet, from the records (no own state)."""
+        return [d for r in self.job_store.records.values() if r.preemptions or r.moves for d in drains_of(r)
+                if d.draining]
 
     def _groups_on(self, nodes: set[str]) -> list[str]:
         return [g.group_id for g in self.igs.groups if nodes.intersection((*g.rollout_nodes, *g.train_nodes))]
 
     def _note_drain(self, job_id: str, *, stopped: bool = False, drained: Optional[str] = None,
-                    now: Optional[float] = None) -> list[str]:
-        """Record a step of ``job_id``'s drain (``stopped``: removed by its controller at its
-        boundary; ``drained``: how its nodes became free), one checkpointed change, then push
-        the groups on the freed nodes (their fences lift). ``now``: Unix time, s. Returns the
-        freed nodes (sorted); nothing when the job has no drain pending."""
+                    group_id: Optional[str] = None, now: Optional[float] = None) -> list[str]:
+        """Record a step of ``job_id``'s drains off group ``group_id`` (None: all its drains;
+        ``stopped``: removed by that group's controller at its boundary; ``drained``: how its nodes
+        there became free), one checkpointed change (none when nothing changes), then push the
+        groups on the freed nodes (their fences lift). ``now``: Unix time, s. Returns the freed
+        nodes (sorted); nothing when the job has no such drain in progress."""
         rec = self.job_store.get(job_id)
-        if rec is None or not any(PreemptionRecord.from_dict(d).draining for d in rec.preemptions):
+        if rec is None or not any(d.draining for d in drains_of(rec)):
             return []
         now = time.time() if now is None else now
         with self._transaction():
-            freed = self.job_store.note_drain(rec, now, stopped=stopped, drained=drained)
-            self._checkpoint(jobs=(job_id,))
+            changed, freed = self.job_store.note_drain(rec, now, stopped=stopped, drained=drained, group_id=group_id)
+            if changed:
+                self._checkpoint(jobs=(job_id,))
         if freed:
             self._push(self._groups_on(freed))
         return sorted(freed)
 
     def _drain_report(self, job_id: str, msg: RuntimeEvent) -> None:
-        """A report that moves a preempted job's drain on: ``stopped`` (its controller), ``drained``
-        (its driver exported its state), ``failed`` / ``finished`` (its controller evicted it or
-        its driver ended: nothing of it runs, its driver let go of its state)."""
+        """A report that moves a preempted or moved job's drain on: ``stopped`` (the controller of
+        ``msg.group_id`` removed it at its boundary), ``drained`` (its driver exported its state
+        from the workers of ``msg.group_id``; None: from every old home, a preempted job's driver,
+        which runs nowhere until re-admitted), ``failed`` / ``finished`` (its controller evicted
+        it or its driver ended: nothing of it runs anywhere, its driver let go of its state)."""
         if msg.kind == EventKind.STOPPED:
-            self._note_drain(job_id, stopped=True)
+            self._note_drain(job_id, stopped=True, group_id=msg.group_id)
         elif msg.kind == EventKind.DRAINED:
-            self._note_drain(job_id, drained="exported")
+            self._note_drain(job_id, drained="exported", group_id=msg.group_id)
         elif msg.kind in (EventKind.FAILED, EventKind.FINISHED):
             why = f"driver lost: {msg.error}" if msg.kind == EventKind.FAILED else "its driver ended"
             self._note_drain(job_id, drained=why[:500])
 
-    def drain_overdue_pending(self, now: Optional[float] = None, grace_s: float = DRAIN_GRACE_S) -> list[str]:
-        """Drain the preempted jobs that stopped more than ``grace_s`` seconds ago without their
-        driver reporting the state exported (:func:`rollmux.preemption.drain_overdue`; the
-        reconcile loop calls this). ``now``: Unix time, s. Returns their ids."""
+    def drain_overdue_pending(self, now: Optional[float] = None, grace_s: float = DRAIN_GRACE_S,
+                              max_s: float = DRAIN_MAX_S) -> list[str]:
+        """Complete the drains that are overdue (:func:`rollmux.drain.drain_overdue`: stopped more
+        than ``grace_s`` seconds ago without the driver reporting its state exported, or no stop
+        within ``max_s`` of the decision); the reconcile loop calls this. ``now``: Unix time, s.
+        Returns the ids of their jobs."""
         now = time.time() if now is None else now
         with self._lock:
-            due = {}
-            for jid, rec in self.job_store.records.items():
-                for d in rec.preemptions:
-                    why = drain_overdue(PreemptionRecord.from_dict(d), now, grace_s)
-                    if why is not None:
-                        due[jid] = why
-            for jid, why in due.items():
-                self._note_drain(jid, drained=why, now=now)
-        return list(due)
+            due: dict[tuple[str, Optional[str]], str] = {}
+            for rec in self.job_store.records.values():
+                if rec.preemptions or rec.moves:
+                    for d in drains_of(rec):
+                        why = drain_overdue(d, now, grace_s, max_s)
+                        if why is not None:
+                            due.setdefault((d.job_id, d.group_id), why)
+            for (jid, gid), why in due.items():
+                self._note_drain(jid, drained=why, group_id=gid, now=now)
+        return list(dict.fromkeys(j for j, _ in due))
 
     def _preempted_ids(self) -> list[str]:
         return [j for j, r in self.job_store.records.items() if r.state == JobState.PREEMPTED]

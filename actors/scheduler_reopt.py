@@ -6,17 +6,19 @@ re-optimised off the admission path: ``admit`` notes the job (:meth:`ReoptPart._
 and the reconcile thread's next pass calls :meth:`ReoptPart.reoptimise_pending` (``fresh`` only
 while the job's driver has not started: nothing to copy yet). Every committed move is appended
 to the moved job's record (``JobStore.record_moves``), checkpointed with both groups *before*
-the controllers hear of it, then pushed. This part (:class:`ReoptPart`, mixed into
-``GlobalSchedulerImpl``) owns the admissions waiting for re-optimisation (``_reopt_pending``)
-and the set-partitioning solvers (their layout caches live as long as the actor). The admissions'
-re-optimisation solves outside the scheduler's lock (plan, then commit if the neighbourhood is
-unchanged), so no admission or read waits for a solve.
+the controllers hear of it, then pushed; the record keeps the move's drain off the job's old
+nodes (:mod:`rollmux.drain`: other groups' members are fenced off them until it stopped there).
+This part (:class:`ReoptPart`, mixed into ``GlobalSchedulerImpl``) owns the admissions waiting for
+re-optimisation (``_reopt_pending``) and the set-partitioning solvers (their layout caches live as
+long as the actor). The admissions' re-optimisation solves outside the scheduler's lock (plan, then
+commit if the neighbourhood is unchanged), so no admission or read waits for a solve.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import Optional
 
 from rollmux.records import JobState, MoveRecord
 
@@ -51,9 +53,19 @@ class ReoptPart:
 
     def _record_moves(self, moves: list[dict], trigger: str, now: float) -> list[MoveRecord]:
         """Append the policy's moves to the moved jobs' records (with the policy's predicted
-        slowdown in the new group)."""
+        slowdown in the new group) and each move's drain off the job's old nodes
+        (:mod:`rollmux.drain`; other groups' members are fenced off them until the job stopped
+        there and its driver exported its state): complete at once when nothing of the job ran
+        there (its old group never had a controller: no driver attached; or the job had not
+        started, ``admitted``: no phase ran). ``now``: Unix time, s."""
+        def settled(mv: dict) -> Optional[str]:
+            if not self.reconciler.has_controller(mv["from_group"]):
+                return "no driver"
+            rec = self.job_store.get(mv["job_id"])
+            return "not started" if rec is not None and rec.state == JobState.ADMITTED else None
+
         return self.job_store.record_moves(
-            moves, trigger, now, lambda gid, jid: self.igs.group_stats(gid)["predicted_slowdowns"].get(jid))
+            moves, trigger, now, lambda gid, jid: self.igs.group_stats(gid)["predicted_slowdowns"].get(jid), settled)
 
     def _departure_moves(self, gid: str, job_id: str) -> list[dict]:
         """The policy's moves after ``job_id`` left ``gid`` (inside the departure's transaction:

@@ -11,8 +11,9 @@ decides, without asyncio or Ray: it owns
   order is the *planned* one (:meth:`GroupLedger.set_order`: the order admission's SLO check
   simulated, pushed by the GlobalScheduler with the membership), not the order drivers attach;
 - the iteration-boundary rule for a job moved by departure re-packing or preempted (:meth:`remove`),
-  and the fence that keeps a member off nodes a preempted job has not drained yet
-  (:meth:`set_fenced`, pushed by the GlobalScheduler; the rule is :func:`rollmux.preemption.fenced_nodes`);
+  and the fence that keeps a member off nodes a job of another group, preempted or moved off them,
+  has not drained yet (:meth:`set_fenced`, pushed by the GlobalScheduler; the rule is
+  :func:`rollmux.drain.fenced_nodes`);
 - the long-tail choice (:class:`rollmux.intra_group.LongTailPolicy`, :meth:`progress`);
 - the slowdown accounting (measured co-executed / solo iteration time, :meth:`slowdown`) and the
   timeline of phase records.
@@ -80,7 +81,7 @@ class Member:
     heartbeat: Optional[float] = None
     confirmed: bool = False  # this ledger granted it a phase (its queue position is this ledger's own)
     driver: Optional[str] = None  # the driver's process identity (a Ray job id), if it told
-    fenced: frozenset[str] = frozenset()  # nodes it may not start a phase on yet (a preempted job drains there)
+    fenced: frozenset[str] = frozenset()  # nodes it may not start a phase on yet (a preempted / moved job drains there)
     iterations_done: int = 0  # derived from the grants (see the class docstring)
     iter_start: Optional[float] = None
     phase_s: dict[str, float] = field(default_factory=dict)
@@ -260,7 +261,8 @@ class GroupLedger:
 
     def set_fenced(self, job_id: str, nodes) -> bool:
         """The nodes of ``job_id`` on which it may not start a phase yet (the GlobalScheduler's
-        target state: a job preempted for room there has not drained; empty lifts the fence).
+        target state: a job of another group preempted or moved off them has not drained there,
+        :mod:`rollmux.drain`; empty lifts the fence).
         :meth:`try_grant` holds back a phase that needs one of them. Returns True when the fence
         changed (False too for a non-member)."""
         m = self.members.get(job_id)
@@ -287,10 +289,10 @@ class GroupLedger:
         *iteration boundary* (never half an iteration): a job in the middle of a meta-iteration
         (a phase granted or running, or its next phase is training / sync) keeps its slots until
         its iteration's last phase is released. A job between iterations leaves now. When a
-        preempted job actually leaves (now or at its boundary) the GlobalScheduler is told
-        (a :class:`Report` of a ``stopped`` :class:`rollmux.messages.RuntimeEvent`): no phase of
-        it runs here any more, which starts the bound on its drain
-        (:func:`rollmux.preemption.drain_overdue`).
+        moved or preempted job actually leaves (now or at its boundary) the GlobalScheduler is
+        told (a :class:`Report` of a ``stopped`` :class:`rollmux.messages.RuntimeEvent` with this
+        group's id): no phase of it runs here any more, which starts the bound on its drain
+        off this group's nodes (:func:`rollmux.drain.drain_overdue`).
         """
         if not self.is_member(job_id):
             return False
@@ -305,8 +307,8 @@ class GroupLedger:
         self.gone[job_id] = reason
         # its per-job totals in this group's recorder (sync bytes) go with it; it may come back
         self.pending.append(JobLeft(job_id))
-        if reason.startswith(PREEMPTED_PREFIX):
-            self.pending.append(Report(job_id, RuntimeEvent(EventKind.STOPPED)))
+        if reason.startswith((MOVED_PREFIX, PREEMPTED_PREFIX)):  # nothing of it runs here: its drain's bound starts
+            self.pending.append(Report(job_id, RuntimeEvent(EventKind.STOPPED, group_id=self.group_id)))
         return True
 
     def mark_gone(self, job_id: str, reason: str) -> bool:
@@ -318,8 +320,8 @@ class GroupLedger:
         if job_id in self.members or job_id in self.gone:
             return False
         self.gone[job_id] = reason
-        if reason.startswith(PREEMPTED_PREFIX):  # nothing of it runs here: its drain's bound starts
-            self.pending.append(Report(job_id, RuntimeEvent(EventKind.STOPPED)))
+        if reason.startswith((MOVED_PREFIX, PREEMPTED_PREFIX)):  # nothing of it runs here: its drain's bound starts
+            self.pending.append(Report(job_id, RuntimeEvent(EventKind.STOPPED, group_id=self.group_id)))
         return True
 
     def take_effects(self) -> list[Effect]:

@@ -57,8 +57,8 @@ class MemberTarget:
     rollout_nodes: tuple[str, ...]  # rollout node ids, rank order (e.g. "rollout-0")
     train_nodes: tuple[str, ...]  # training node ids, rank order (e.g. "train-0")
     slo: Optional[float] = None  # slowdown SLO, x the job's solo iteration time
-    # nodes of this member on which it may not start a phase yet: a job preempted for room there
-    # has not drained (rollmux.preemption.fenced_nodes); empty: none
+    # nodes of this member on which it may not start a phase yet: a job of another group preempted
+    # or moved off them has not drained there (rollmux.drain.fenced_nodes); empty: none
     fenced: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
@@ -288,11 +288,13 @@ class EventKind(str, enum.Enum):
     RUNNING = "running"  # its driver registered it on its workers (admitted -> running)
     FINISHED = "finished"  # its driver ended it (departure: its nodes are released)
     FAILED = "failed"  # a phase failed, its driver was lost, or its driver gave up (departure)
-    # a preempted job (rollmux.preemption): its controller removed it at its iteration boundary
-    # (no phase of it runs any more, its permits are withdrawn; GroupController -> scheduler)
+    # a preempted or moved job (rollmux.drain): its old group's controller removed it at its
+    # iteration boundary (no phase of it runs there any more, its permits are withdrawn;
+    # GroupController -> scheduler, with the group)
     STOPPED = "stopped"
-    # a preempted job: its driver exported its state from its workers, which no longer host it
-    # (driver -> scheduler); its nodes are free for the job that preempted it
+    # a preempted or moved job: its driver exported its state from its old workers, which no
+    # longer host it (driver -> scheduler, with the group it left; none: every old home, a
+    # preempted job's); its nodes there are free for other groups' jobs
     DRAINED = "drained"
 
 
@@ -304,10 +306,11 @@ class RuntimeEvent:
     error: Optional[str] = None  # failed: the raw error (the record keeps it as ``error_detail``)
     phase: Optional[str] = None  # failed: the phase that failed, if one did
     iterations_done: Optional[int] = None  # finished / failed by the driver: the owner's final iteration count
+    group_id: Optional[str] = None  # stopped / drained: the group the job left (None: every group it left)
 
     def to_dict(self) -> dict:
         return {"event": self.kind.value, "error": self.error, "phase": self.phase,
-                "iterations_done": self.iterations_done}
+                "iterations_done": self.iterations_done, "group_id": self.group_id}
 
 
 @dataclass(frozen=True)
@@ -347,7 +350,8 @@ def parse_report(event: "RuntimeEvent | ProgressReport | Mapping[str, Any]") -> 
         raise ValueError(f"unknown runtime event {kind!r} (running | iteration | finished | failed | stopped | "
                          "drained)") from None
     n = event.get("iterations_done")
-    return RuntimeEvent(k, error=event.get("error"), phase=event.get("phase"), iterations_done=None if n is None else int(n))
+    return RuntimeEvent(k, error=event.get("error"), phase=event.get("phase"),
+                        iterations_done=None if n is None else int(n), group_id=event.get("group_id"))
 
 
 # ----------------------------------------------------------------------------- hosting a job on its workers

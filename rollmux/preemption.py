@@ -30,9 +30,9 @@ TenantQuota`, like a Kueue ClusterQueue in a cohort):
   phase on a node the victim held until the victim has *drained* there: its controller removed
   it at its iteration boundary (no phase of it runs, its permits are withdrawn) and its driver
   exported its state from its workers. :class:`PreemptionRecord` keeps the victim's group,
-  nodes and drain times; :func:`fenced_nodes` is the rule (which nodes a group's member may
-  not start a phase on yet) and :func:`drain_overdue` its bound when the victim's driver does
-  not finish the drain (it died, or hangs between phases).
+  nodes and drain times; the rule is the one every job the table takes off some nodes follows (a
+  preemption or a move, :mod:`rollmux.drain`: :func:`rollmux.drain.fenced_nodes`, bounded by
+  :func:`rollmux.drain.drain_overdue`).
 * **Lost work.** A preempted job stops at its next iteration boundary (never inside an iteration:
   every phase's state is committed then), so it loses no computed iteration; what it loses is the
   re-load of its committed state when it resumes (a cold start): ``(NR + NT) x
@@ -54,13 +54,8 @@ from rollmux import profiler
 from rollmux.models import ClusterSpec, JobSpec
 
 __all__ = ["EXACT_MAX_CANDIDATES", "RETRY_MAX_QUEUED", "WHATIF_MAX_CANDIDATES", "retry_order", "admits_after", "choose_victims_greedy", "PreemptionPlan", "PreemptionRecord", "PriorityBook", "QuotaVerdict", "Running",
-           "choose_victims", "class_of", "drain_overdue", "fenced_nodes", "fits_after", "lost_gpu_h", "may_preempt", "quota_verdict", "rank_of",
-           "tenant_of", "unknown_class", "DRAIN_GRACE_S"]
-
-#: how long after a preempted job stopped (its controller removed it at its iteration boundary) its
-#: driver has to report its state exported before its nodes count as drained anyway, s (the
-#: driver died or hangs between phases; two driver leases, ``rollmux.group_ledger.DEFAULT_LEASE_S``)
-DRAIN_GRACE_S = 60.0
+           "choose_victims", "class_of", "fits_after", "lost_gpu_h", "may_preempt", "quota_verdict", "rank_of",
+           "tenant_of", "unknown_class"]
 
 #: candidate victims up to which every subset is tried (2^12 = 4,096 node-count checks)
 EXACT_MAX_CANDIDATES = 12
@@ -287,7 +282,7 @@ class PreemptionRecord:
     boundary; ``drained_at_s``, when its nodes became free for others, and ``drained`` how:
     ``"exported"`` (its driver exported its state from its workers), ``"no driver"`` (none had
     attached: nothing ran), ``"driver lost: ..."`` (its controller evicted it or it failed),
-    ``"overdue: ..."`` (:func:`drain_overdue`)."""
+    ``"overdue: ..."`` (:func:`rollmux.drain.drain_overdue`)."""
 
     at_s: float
     by_job: str
@@ -320,35 +315,6 @@ class PreemptionRecord:
                    resumed_at_s=opt("resumed_at_s"), group_id=d.get("group_id"),
                    nodes=tuple(str(n) for n in d.get("nodes") or ()), stopped_at_s=opt("stopped_at_s"),
                    drained_at_s=opt("drained_at_s"), drained=d.get("drained"))
-
-    @property
-    def draining(self) -> bool:
-        """Its nodes are not drained yet (a record without nodes has nothing to drain)."""
-        return self.drained_at_s is None and bool(self.nodes)
-
-
-def fenced_nodes(draining: Iterable[PreemptionRecord], group_id: str, nodes: Iterable[str]) -> tuple[str, ...]:
-    """The nodes among ``nodes`` (a member's of group ``group_id``) on which that member may not
-    start a phase yet: those of a preempted job in ``draining`` (records whose drain is not
-    complete) that ran in *another* group. Inside the victim's own group its controller's
-    round-robin queues already serialise the phases on a node, and the victim holds its queue
-    slots until its iteration boundary, so no fence is needed (one would deadlock: the member
-    waiting at a node's head, the victim behind it). Order: as ``nodes``."""
-    held = {n for r in draining if r.draining and r.group_id != group_id for n in r.nodes}
-    return tuple(n for n in dict.fromkeys(nodes) if n in held)
-
-
-def drain_overdue(rec: PreemptionRecord, now_s: float, grace_s: float = DRAIN_GRACE_S) -> Optional[str]:
-    """Why ``rec``'s nodes count as drained at ``now_s`` (Unix s) although its driver did not say
-    so, or None: it stopped (its controller removed it at its iteration boundary, so none of its
-    phases runs) more than ``grace_s`` seconds ago. Before its stop it never is: a phase running
-    always ends with a release, and a victim whose driver died is evicted by its controller's
-    lease (reported as a failure, which drains it)."""
-    if not rec.draining or rec.stopped_at_s is None or now_s - rec.stopped_at_s <= grace_s:
-        return None
-    return (f"overdue: its driver did not report its state exported within {grace_s:g} s of its stop "
-            "at its iteration boundary")
-
 
 @dataclass
 class PreemptionPlan:

@@ -135,7 +135,9 @@ class NodePlacement(BaseModel):
 
 
 class MoveRecord(BaseModel):
-    """One departure re-packing move (RollMux §4.2 extension, ``InterGroupScheduler.repack``)."""
+    """One move of a job to another group (RollMux §4.2 extension: departure re-packing
+    ``InterGroupScheduler.repack``, neighbourhood re-optimisation, the SLO watch), with its drain
+    off the old group's nodes (:mod:`rollmux.drain`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -146,6 +148,15 @@ class MoveRecord(BaseModel):
     move_s: Optional[float] = Field(default=None, description="predicted host-state copy time, s")
     at: Optional[float] = Field(default=None, description="when the move was decided, Unix time, s")
     trigger: Optional[str] = Field(default=None, description="the job whose departure triggered it")
+    # its drain off the old group's nodes (rollmux.drain; written by the GlobalScheduler's job store alone);
+    # a record written before drains were kept has no from_nodes: nothing to drain
+    from_nodes: list[str] = Field(default_factory=list, description="its nodes in the old group: fenced for other "
+                                  "groups' members until it drained there (rollmux.drain)")
+    stopped_at_s: Optional[float] = Field(default=None, description="when the old group's controller removed it at "
+                                          "its iteration boundary, Unix time, s")
+    drained_at_s: Optional[float] = Field(default=None, description="when its old nodes became free for others, "
+                                          "Unix time, s")
+    drained: Optional[str] = Field(default=None, description="how its old nodes became free (rollmux.drain.Drain)")
 
 
 _QUEUE_FIELDS = ("queue_position", "queued_at", "waited_s")

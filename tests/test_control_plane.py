@@ -10,7 +10,7 @@ import pytest
 from actors.kv import MemoryKV
 from factories import FakeController, FakeHandles, small_spec, unit_kw
 from rollmux.group_ledger import GroupLedger, PermitError, Report
-from rollmux.messages import Grant, MembershipPush, PhaseRecord
+from rollmux.messages import EventKind, Grant, MembershipPush, PhaseRecord
 from rollmux.records import IllegalTransition, JobRecord, JobState, MoveRecord
 
 
@@ -147,14 +147,28 @@ def test_ledger_moved_job_leaves_at_its_iteration_boundary():
     g.activate("a")
     grant = g.try_grant("a", "rollout", None, clk.t)
     assert g.remove("a", "moved to group-9") and g.moving == {"a": "moved to group-9"} and g.is_member("a")
+
+    def stopped(effects) -> list[tuple]:  # its leaving, as reported to the scheduler (rollmux.drain)
+        return [(e.job_id, e.message.group_id) for e in effects
+                if isinstance(e, Report) and getattr(e.message, "kind", None) == EventKind.STOPPED]
+
+    effects = g.take_effects()
     for ph in ("rollout", "train", "sync"):
+        assert stopped(effects) == []  # mid-iteration: its phases still run here
         if ph != "rollout":
             grant = g.try_grant("a", ph, None, clk.t)
             assert grant is not None
-        g.release(grant, _rec(g, "train-0", clk.t, clk.t))
+        effects += g.release(grant, _rec(g, "train-0", clk.t, clk.t))[1] + g.take_effects()
+    assert stopped(effects) == [("a", "group-t")]  # left at its boundary: reported once, with this group
     assert g.gone == {"a": "moved to group-9"} and g.moving == {}
     with pytest.raises(PermitError, match="moved to another group"):
         g.try_grant("a", "rollout", None, clk.t)
+    # a job between iterations leaves (and is reported) at once; one this ledger never knew, too
+    g.add("b", ["rollout-0"], ["train-0"])
+    assert g.remove("b", "moved to group-9") and stopped(g.take_effects()) == [("b", "group-t")]
+    assert g.mark_gone("c", "moved to group-9") and stopped(g.take_effects()) == [("c", "group-t")]
+    assert g.remove("d", "departed") is False and not g.mark_gone("c", "moved to group-9")
+    assert stopped(g.take_effects()) == []
 
 
 def test_ledger_redoes_a_phase_whose_worker_was_lost_without_failing_the_job():
@@ -565,12 +579,34 @@ def test_scheduler_reoptimises_admissions_off_the_admission_path():
         assert s.reoptimise_pending() == []
     out = s.admit(jobs[6].spec.model_copy(update={"measured": jobs[6].profile}).model_dump(mode="json"))
     assert out["group_id"] == "group-2" and "moves" not in out
+    for g in ("group-0", "group-1", "group-2"):
+        s.ensure_controller(g)  # drivers attached: a moved job's last phase may still run on its old nodes
+    for j in jobs[:6]:
+        s.report(j.spec.job_id, {"event": "running"})
+    was = {j.spec.job_id: s.get_job(j.spec.job_id)["placement"] for j in jobs}
     before = s.igs.cost_usd_per_h()
     moves = s.reoptimise_pending()
     assert [(m["job_id"], m["from_group"], m["to_group"]) for m in moves] == [
         ("job-00005", "group-0", "group-3"), ("job-00006", "group-2", "group-3"),
         ("job-00000", "group-0", "group-4"), ("job-00001", "group-0", "group-4"), ("job-00002", "group-0", "group-4")]
     assert [m["move_s"] > 0 for m in moves] == [True, False, True, True, True]  # job-00006 had not started
+    # each move's drain off its old nodes (rollmux.drain): job-00006 had not started, nothing of it ran there
+    assert all(m["from_nodes"] == was[m["job_id"]]["rollout_nodes"] + was[m["job_id"]]["train_nodes"] for m in moves)
+    assert [m["drained"] for m in moves] == [None, "not started", None, None, None]
+
+    def fences() -> dict:
+        return {x.job_id: x.fenced for g in ("group-3", "group-4") for x in s._target(g).members}
+
+    assert fences() == {"job-00005": ("rollout-0", "train-0"), "job-00006": ("rollout-0", "train-0"),
+                        **{j: ("rollout-1", "rollout-3", "train-1") for j in ("job-00000", "job-00001", "job-00002")}}
+    for j in ("job-00001", "job-00002", "job-00005"):
+        s.report(j, {"event": "drained", "group_id": "group-0"})
+    # job-00000 keeps rollout-1 / train-1: its own drain never fences it; the others wait for it
+    assert set(was["job-00000"]["rollout_nodes"]) & set(s.get_job("job-00000")["placement"]["rollout_nodes"])
+    assert fences() == {"job-00005": ("rollout-0", "train-0"), "job-00006": ("rollout-0", "train-0"),
+                        **{j: ("rollout-1", "train-1") for j in ("job-00001", "job-00002")}, "job-00000": ()}
+    s.report("job-00000", {"event": "drained", "group_id": "group-0"})
+    assert set(fences().values()) == {()}
     assert all(m["trigger"] == "job-00006" for m in moves) and s.reoptimise_pending() == []
     assert s.igs.cost_usd_per_h() < before - 1.0
     for m in moves:

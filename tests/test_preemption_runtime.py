@@ -5,6 +5,7 @@ refusals name the tenant. The scheduler-only checks run without Ray."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
 
@@ -130,26 +131,52 @@ def test_a_tenant_within_its_quota_reclaims_borrowed_capacity_first(local_cluste
 
 
 def test_fenced_nodes_and_drain_overdue_rule():
-    """The pure waiting rule: a member is fenced off the nodes of a preemption still draining
-    that ran in another group (never its own group's, nor a drained one's); the drain is overdue
-    only after the victim stopped and the grace passed."""
-    from rollmux.preemption import DRAIN_GRACE_S, PreemptionRecord, drain_overdue, fenced_nodes
+    """The pure waiting rule (rollmux.drain), one for preemptions and moves: a member is fenced
+    off the nodes of a drain still in progress that left another group (never its own group's,
+    never its own job's, nor a complete one's); records written before drains were kept wait for
+    nothing; the drain is overdue only after the job stopped and the grace passed, or when no
+    stop came within the bound after the decision."""
+    from rollmux.drain import DRAIN_GRACE_S, DRAIN_MAX_S, drain_overdue, drains_of, fenced_nodes, step
+    from rollmux.preemption import PreemptionRecord
+    from rollmux.records import JobRecord, MoveRecord
 
-    def rec(**kw) -> PreemptionRecord:
-        return PreemptionRecord(at_s=100.0, by_job="n", by_class="production", lost_gpu_h=0.1, reason="r", **kw)
+    def prec(**kw) -> dict:
+        return PreemptionRecord(at_s=100.0, by_job="n", by_class="production", lost_gpu_h=0.1, reason="r",
+                                **kw).to_dict()
 
-    v = rec(group_id="group-0", nodes=("rollout-0", "train-0"))
-    assert v.draining and PreemptionRecord.from_dict(v.to_dict()) == v
-    assert fenced_nodes([v], "group-2", ["train-0", "rollout-1", "rollout-0"]) == ("train-0", "rollout-0")
-    assert fenced_nodes([v], "group-0", ["rollout-0", "train-0"]) == ()  # its own group's queues serialise
-    done = rec(group_id="group-0", nodes=("rollout-0",), drained_at_s=120.0, drained="exported")
+    rec = JobRecord(job_id="v", state="preempted",
+                    preemptions=[prec(group_id="group-0", nodes=("rollout-0", "train-0"))],
+                    moves=[MoveRecord(job_id="v", from_group="group-1", to_group="group-0", at=50.0,
+                                      from_nodes=["rollout-1", "train-1"])])
+    pre, mv = drains_of(rec)
+    assert (pre.kind, pre.job_id, pre.group_id, pre.nodes, pre.at_s) == ("preempted", "v", "group-0",
+                                                                          ("rollout-0", "train-0"), 100.0)
+    assert (mv.kind, mv.group_id, mv.nodes, mv.at_s) == ("moved", "group-1", ("rollout-1", "train-1"), 50.0)
+    assert pre.draining and mv.draining
+    assert fenced_nodes([pre, mv], "group-2", ["train-0", "rollout-1", "rollout-0"], "n") == (
+        "train-0", "rollout-1", "rollout-0")
+    assert fenced_nodes([pre], "group-0", ["rollout-0", "train-0"], "n") == ()  # its own group's queues serialise
+    # the moved job keeps rollout-1 in its new group: its own drain never fences it, others' do
+    assert fenced_nodes([mv], "group-0", ["rollout-1", "train-0"], "v") == ()
+    assert fenced_nodes([mv], "group-0", ["rollout-1", "train-0"], "w") == ("rollout-1",)
+    assert step(pre, 130.0, stopped=True) == {"stopped_at_s": 130.0}
+    assert step(pre, 130.0, drained="exported") == {"stopped_at_s": 130.0, "drained_at_s": 130.0,
+                                                     "drained": "exported"}
+    done = dataclasses.replace(pre, stopped_at_s=110.0, drained_at_s=120.0, drained="exported")
     assert not done.draining and fenced_nodes([done], "group-2", ["rollout-0"]) == ()
-    old = PreemptionRecord.from_dict({k: x for k, x in v.to_dict().items() if k not in ("group_id", "nodes")})
-    assert not old.draining  # a record written before drains were kept waits for nothing
-    assert drain_overdue(v, 1e9) is None  # not stopped yet: its last phase may still run
-    stopped = rec(group_id="group-0", nodes=("rollout-0",), stopped_at_s=200.0)
+    assert step(done, 130.0, drained="again") == {} and step(dataclasses.replace(pre, stopped_at_s=110.0), 130.0,
+                                                               stopped=True) == {}
+    # a checkpoint written before drains were kept: no group / nodes, no from_nodes: nothing to wait for
+    old = JobRecord.model_validate({"job_id": "o", "state": "running",
+                                    "preemptions": [{k: x for k, x in prec().items() if k not in (
+                                        "group_id", "nodes", "stopped_at_s", "drained_at_s", "drained")}],
+                                    "moves": [{"job_id": "o", "from_group": "group-1", "to_group": "group-2"}]})
+    assert [d.draining for d in drains_of(old)] == [False, False]
+    assert drain_overdue(pre, 100.0 + DRAIN_MAX_S) is None  # not stopped yet: its last phase may still run
+    assert drain_overdue(pre, 100.0 + DRAIN_MAX_S + 1).startswith("overdue: no stop")  # the bound on a lost report
+    stopped = dataclasses.replace(mv, stopped_at_s=200.0)
     assert drain_overdue(stopped, 200.0 + DRAIN_GRACE_S) is None
-    assert drain_overdue(stopped, 200.0 + DRAIN_GRACE_S + 0.5).startswith("overdue")
+    assert drain_overdue(stopped, 200.0 + DRAIN_GRACE_S + 0.5).startswith("overdue: its driver")
     assert drain_overdue(done, 1e9) is None
 
 
@@ -196,7 +223,7 @@ def test_newcomer_is_fenced_off_the_victims_nodes_until_it_drained(local_cluster
     controller (no driver attached) is drained at once."""
     from actors.global_scheduler import GlobalSchedulerImpl
     from actors.kv import MemoryKV
-    from rollmux.preemption import DRAIN_GRACE_S
+    from rollmux.drain import DRAIN_GRACE_S
 
     kv = MemoryKV()
 

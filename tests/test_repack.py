@@ -38,6 +38,7 @@ def test_departure_dissolves_a_small_group_into_another():
     assert mv == pytest.approx((10 + 10) * 8 / 400)  # 20 GB of host state at 400 Gbit/s
     assert moves == [{"job_id": "B", "from_group": "group-0", "to_group": "group-1",
                       "placement": {"rollout_nodes": ["rollout-1"], "train_nodes": ["train-1"]},
+                      "from_placement": {"rollout_nodes": ["rollout-0"], "train_nodes": ["train-0"]},
                       "move_s": pytest.approx(mv), "saved_usd_per_h": pytest.approx(PAIR)}]
     assert s.cost_usd_per_h() == pytest.approx(PAIR)
     assert [g.group_id for g in s.groups] == ["group-1"] and s.group_of("B").job_ids == ("C", "B")

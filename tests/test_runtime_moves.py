@@ -54,7 +54,10 @@ def test_departure_moves_job_record_and_checkpoint_without_ray(local_cluster_spe
     assert out["moves"] == [{"job_id": b, "from_group": "group-0", "to_group": "group-1",
                              "placement": {"rollout_nodes": ["rollout-1"], "train_nodes": ["train-1"]},
                              "move_s": pytest.approx(0.4), "at": pytest.approx(time.time(), abs=60),
-                             "trigger": a}]  # (0.5 + 0.5) GB * 8 / 20 Gb/s
+                             "trigger": a, "from_nodes": ["rollout-0", "train-0"],
+                             # no controller of group-0 ever ran (no driver attached): nothing to wait for
+                             "stopped_at_s": out["moves"][0]["at"], "drained_at_s": out["moves"][0]["at"],
+                             "drained": "no driver"}]  # (0.5 + 0.5) GB * 8 / 20 Gb/s
     rec = s.get_job(b)
     assert rec["group_id"] == "group-1" and rec["controller"] == "rollmux-group-1"
     assert rec["placement"] == {"rollout_nodes": ["rollout-1"], "train_nodes": ["train-1"]}
@@ -82,6 +85,72 @@ def test_departure_moves_job_record_and_checkpoint_without_ray(local_cluster_spe
     assert off.depart(a) == {"job_id": a, "state": "finished", "released_nodes": [], "group_dissolved": False,
                              "dissolved_groups": [], "moves": []}
     assert off.get_job(b)["group_id"] == "group-0" and "moves" not in off.get_job(b)
+
+
+
+def test_a_move_fences_its_old_nodes_for_other_groups_until_it_drained(local_cluster_spec):
+    """Without Ray: B (running, its group's controller up) moves from group-0 to group-1 when A
+    departs; D is then admitted onto B's old node pair. D is fenced off those nodes (B may still
+    run its last iteration's phases there), B and C are not; the fence survives a restart;
+    ``stopped`` from another group or ``drained`` of another group change nothing, ``stopped``
+    from group-0 starts the bound but keeps the fence, ``drained`` (B's driver exported its state
+    from group-0's workers) lifts it. Each other way a drain completes lifts it too: overdue after
+    the stop, a failure report, no stop at all within the bound; a move of a job that had not
+    started waits for nothing."""
+    from actors.global_scheduler import GlobalSchedulerImpl
+    from rollmux.drain import DRAIN_GRACE_S, DRAIN_MAX_S
+
+    def scenario(tag: str, kv, *, running: bool = True):
+        s = GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0, max_group_size=2)
+        a, b, c = _admit_three(s.admit, tag)
+        s.ensure_controller("group-0")
+        if running:
+            s.report(b, {"event": "running"})
+        (mv,) = s.depart(a)["moves"]
+        d = f"D-{tag}"
+        assert s.admit(toy_spec(d, "small"))["group_id"] == "group-2"
+        assert s.get_job(d)["placement"] == {"rollout_nodes": ["rollout-0"], "train_nodes": ["train-0"]}
+        return s, b, c, d, mv
+
+    def fences(s) -> dict:
+        return {m.job_id: m.fenced for g in ("group-1", "group-2") for m in s._target(g).members}
+
+    kv = MemoryKV()
+    s, b, c, d, mv = scenario("f", kv)
+    assert (mv["from_nodes"], mv["stopped_at_s"], mv["drained"]) == (["rollout-0", "train-0"], None, None)
+    assert fences(s) == {c: (), b: (), d: ("rollout-0", "train-0")}
+    s = GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0, max_group_size=2)
+    assert fences(s)[d] == ("rollout-0", "train-0")  # restarted from the checkpoint: still fenced
+    s.report(b, {"event": "stopped", "group_id": "group-1"})  # not the group it left: nothing changes
+    s.report(b, {"event": "drained", "group_id": "group-1"})
+    assert s.get_job(b)["moves"][-1]["stopped_at_s"] is None and fences(s)[d] == ("rollout-0", "train-0")
+    s.report(b, {"event": "stopped", "group_id": "group-0"})  # left group-0 at its boundary
+    t_stop = s.get_job(b)["moves"][-1]["stopped_at_s"]
+    assert t_stop >= mv["at"] and fences(s)[d] == ("rollout-0", "train-0")
+    assert s.drain_overdue_pending(now=t_stop + DRAIN_GRACE_S - 1) == []
+    s.report(b, {"event": "drained", "group_id": "group-0"})  # its driver exported its state from there
+    m = s.get_job(b)["moves"][-1]
+    assert (m["drained"], m["stopped_at_s"]) == ("exported", t_stop) and m["drained_at_s"] >= t_stop
+    assert fences(s) == {c: (), b: (), d: ()}
+    assert s.get_job(b)["state"] == "running" and s.get_job(b)["group_id"] == "group-1"
+
+    # a driver that never reports its export: drained once overdue after the stop
+    s, b, c, d, mv = scenario("o", MemoryKV())
+    s.report(b, {"event": "stopped", "group_id": "group-0"})
+    t_stop = s.get_job(b)["moves"][-1]["stopped_at_s"]
+    assert s.drain_overdue_pending(now=t_stop + DRAIN_GRACE_S + 1) == [b]
+    assert s.get_job(b)["moves"][-1]["drained"].startswith("overdue: its driver") and fences(s)[d] == ()
+    # no stop reported at all (lost with a restart, its driver dead too): drained at the bound
+    s, b, c, d, mv = scenario("m", MemoryKV())
+    assert s.drain_overdue_pending(now=mv["at"] + DRAIN_MAX_S - 1) == [] and fences(s)[d]
+    assert s.drain_overdue_pending(now=mv["at"] + DRAIN_MAX_S + 1) == [b] and fences(s)[d] == ()
+    # its controller evicted it (its driver was lost): the failure report drains it
+    s, b, c, d, mv = scenario("x", MemoryKV())
+    s.report(b, {"event": "failed", "error": "driver lost: no heartbeat for 31.0s"})
+    assert s.get_job(b)["moves"][-1]["drained"].startswith("driver lost") and fences(s)[d] == ()
+    # B had not started (admitted, no driver registered it): nothing of it ran on its old nodes
+    s, b, c, d, mv = scenario("n", MemoryKV(), running=False)
+    assert (mv["drained"], mv["drained_at_s"]) == ("not started", mv["at"]) and fences(s)[d] == ()
 
 
 def _ctrl():
@@ -326,6 +395,11 @@ def test_job_moved_mid_run_finishes_on_policy(ray_cluster, local_cluster_spec, s
         assert {r["iteration"] for r in tl0} == {0, 1} and {r["iteration"] for r in tl1} == {2, 3}
         assert {r["node"] for r in tl0} == {"rollout-0", "train-0"} and {r["node"] for r in tl1} == {"rollout-1", "train-1"}
         assert all(r["ok"] for r in tl0 + tl1)
+        # the move's drain off group-0's nodes (rollmux.drain): group-0's controller reported B stopped after
+        # its last phase there ended, B's driver reported its state exported before its first phase on group-1
+        (mv,) = rec["moves"]
+        assert mv["from_nodes"] == ["rollout-0", "train-0"] and mv["drained"] == "exported", mv
+        assert max(r["end"] for r in tl0) <= mv["stopped_at_s"] <= mv["drained_at_s"] <= min(r["start"] for r in tl1)
         first = {(r["phase"], r["iteration"]): r["switch"] for r in tl1}
         assert first[("rollout", 2)] == "moved" and first[("train", 2)] == "moved"
         assert first[("sync", 2)] == ("warm" if switch == "warm" else "cold")

@@ -144,8 +144,9 @@ class RepackMixin:
 
         Returns:
             the moves committed, in order: ``{job_id, from_group, to_group, placement
-            {rollout_nodes, train_nodes}, move_s, saved_usd_per_h}`` (``saved_usd_per_h``: the
-            $/h the dissolution of ``from_group`` saved, repeated on each of its moves).
+            {rollout_nodes, train_nodes}, from_placement (its nodes in ``from_group``, same form),
+            move_s, saved_usd_per_h}`` (``saved_usd_per_h``: the $/h the dissolution of
+            ``from_group`` saved, repeated on each of its moves).
         Source: extension of RollMux §4.2 Alg. 1 (the paper only admits; its offline optimum
         re-partitions at every event, RollMux §7.5 "Opt").
         """
@@ -178,7 +179,8 @@ class RepackMixin:
                     ok = False
                     break
                 plan.append({"job_id": m.spec.job_id, "from_group": gid, "to_group": d.group_id,
-                             "placement": placement_dict(d.placement), "move_s": mv})
+                             "placement": placement_dict(d.placement), "from_placement": placement_dict(m.placement),
+                             "move_s": mv})
             # the $/h change is that of the dissolved group and the groups that took its members
             touched = [gid] + sorted({mv["to_group"] for mv in plan})
             before = sum(before_groups[x].cost for x in touched)
@@ -219,7 +221,7 @@ class RepackMixin:
 
         Returns:
             the moves committed: ``{job_id, from_group, to_group, placement {rollout_nodes,
-            train_nodes}, move_s, saved_usd_per_h}`` (as :meth:`repack`); a move of ``fresh`` has
+            train_nodes}, from_placement, move_s, saved_usd_per_h}`` (as :meth:`repack`); a move of ``fresh`` has
             ``move_s`` 0 (nothing to copy).
         Source: extension of RollMux §4.2 Alg. 1 towards the optimum that re-partitions at every
         event (RollMux §7.5 "Opt"), bounded to a neighbourhood.
@@ -340,6 +342,7 @@ class RepackMixin:
         plans = list(plan.groups)
         saved = self._save()
         origin = {m.spec.job_id: self._job_group[m.spec.job_id] for g, _ in plans for m in g.members}
+        was = {j: placement_dict(self.member(j).placement) for j in origin}  # its nodes before the move
         for j in origin:
             self.depart(j)
         moves: list[dict] = []
@@ -363,7 +366,7 @@ class RepackMixin:
             for m in mems:
                 self._job_group[m.spec.job_id] = gid
                 moves.append({"job_id": m.spec.job_id, "from_group": origin[m.spec.job_id], "to_group": gid,
-                              "placement": placement_dict(m.placement),
+                              "placement": placement_dict(m.placement), "from_placement": was[m.spec.job_id],
                               "move_s": 0.0 if m.spec.job_id == fresh else profiler.move_time_s(m.spec, self.cluster)})
         self._version += 1
         return [dict(mv, saved_usd_per_h=before - after) for mv in moves]

@@ -186,5 +186,6 @@ def watch(sched, group_id: str, predict: PredictFn, *, headroom: float = 0.0) ->
         raise RuntimeError("non-finite cost after an SLO action")
     return SloAction(action=action, reason=reason, cost_usd_per_h_after=after, mover=m.spec.job_id, to_group=to,
                      moves=[{"job_id": m.spec.job_id, "from_group": group_id, "to_group": to,
-                             "placement": placement_dict(newm.placement), "move_s": mv,
+                             "placement": placement_dict(newm.placement),
+                             "from_placement": placement_dict(m.placement), "move_s": mv,
                              "saved_usd_per_h": before - after}], **base)
