@@ -430,30 +430,38 @@ def _price(ids, rows, pi, known, raised, max_size, price_r, price_t, keep: int, 
     found: list[tuple[float, frozenset, bool, float]] = []
     theta = 1.0
     chunk = 200_000
-    frontier = np.arange(n, dtype=np.int32)[:, None]
+    # Per set of the frontier, its aggregates, extended job by job as the set grows (each child is
+    # its parent plus one job of lower dual; sums in member order, so the same floats as summing
+    # the members): least budget, largest solo time, training / rollout phase-seconds, largest NR,
+    # largest NT, training s per node of the members needing that many (the spanning ones), sum
+    # of NT x training s, largest training s of the others (-inf: none) and of all, dual sum,
+    # and per live cut the members it holds.
+    one = np.arange(n, dtype=np.int32)
+    agg = {"b": bb, "solo": solo, "wt": wt, "wr": wr, "nr": nr, "nt": nt, "wspan": tt, "ntt": nt * tt,
+           "tt_other": np.full(n, -np.inf), "tt_all": tt, "ps": pv}
+    frontier, state = one[:, None], {k_: v[one] for k_, v in agg.items()}
+    if live:
+        state["cc"] = memb[one]  # int8: a set holds at most max_size jobs of a cut
     for k in range(1, max_size + 1):
-        nxt = []
+        nxt, nxt_state = [], []
         for c0 in range(0, len(frontier), chunk):
             sets = frontier[c0:c0 + chunk]
+            a = {k_: v[c0:c0 + chunk] for k_, v in state.items()}
             # prune_floor_usd_per_h at the set's cadence: every budget is the least one, B_min
-            b_min = bb[sets].min(axis=1)
-            feasible = ((solo[sets].max(axis=1) <= b_min + 1e-9)
-                        & (wt[sets].sum(axis=1) <= nt_cap * b_min + 1e-9))
-            need = np.maximum(np.ceil(wr[sets].sum(axis=1) / b_min - 1e-9), nr[sets].max(axis=1))
-            nt_s = nt[sets]
-            n_t = nt_s.max(axis=1)
+            b_min = a["b"]
+            feasible = (a["solo"] <= b_min + 1e-9) & (a["wt"] <= nt_cap * b_min + 1e-9)
+            need = np.maximum(np.ceil(a["wr"] / b_min - 1e-9), a["nr"])
+            n_t = a["nt"]
             lo = np.where(feasible, n_t * price_t + need * price_r, np.inf)
             # the set's own floor L(S) is at least lo, and infinite when its training pool of
-            # n_t = max NT nodes fails the node-load test (_pool_ok; a looser tolerance here)
-            tt_s = tt[sets]
-            span = nt_s == n_t[:, None]
-            w_span = np.where(span, tt_s, 0.0).sum(axis=1)
-            own_ok = (((w_span[:, None] + np.where(span, 0.0, tt_s)).max(axis=1) <= b_min + 1e-6)
-                      & ((nt_s * tt_s).sum(axis=1) <= n_t * b_min + 1e-6))
+            # n_t = max NT nodes fails the node-load test (_pool_ok; a looser tolerance here):
+            # a spanning member's node carries the spanning phases, another's its own besides
+            own_ok = (((a["wspan"] + np.maximum(a["tt_other"], 0.0)) <= b_min + 1e-6)
+                      & (a["ntt"] <= n_t * b_min + 1e-6))
             own = np.where(own_ok, lo, np.inf)
-            ps = pv[sets].sum(axis=1)
+            ps = a["ps"]
             if live:
-                ps = ps - (memb[sets].sum(axis=1) // 2) @ wcut
+                ps = ps - (a["cc"] // 2) @ wcut
             room = max_size - k
             top = ps + top_tab[sets[:, -1] + 1, room]
             # no set containing this one (and only jobs of lower dual) prices below lo - top,
@@ -488,19 +496,49 @@ def _price(ids, rows, pi, known, raised, max_size, price_r, price_t, keep: int, 
                         found.sort(key=lambda x: x[0])
                         return None, found
             if room > 0:
-                par = sets[promising]
-                last = par[:, -1]
+                keep_rows = np.flatnonzero(promising)
+                last = sets[keep_rows, -1]
                 cnt = n - 1 - last
                 if cnt.sum() > 0:
-                    rep = np.repeat(np.arange(len(par)), cnt)
+                    rep = np.repeat(keep_rows, cnt)
                     start = np.cumsum(cnt) - cnt
-                    child = last[rep] + 1 + (np.arange(len(rep)) - start[rep])
-                    nxt.append(np.hstack([par[rep], child[:, None].astype(np.int32)]))
+                    child = (last.repeat(cnt) + 1 + (np.arange(len(rep)) - np.repeat(start, cnt))).astype(np.int32)
+                    nxt.append(np.hstack([sets[rep], child[:, None]]))
+                    nxt_state.append(_extend(a, rep, child, agg, memb if live else None))
         if not nxt:
             break
         frontier = np.concatenate(nxt)
+        state = {k_: np.concatenate([s_[k_] for s_ in nxt_state]) for k_ in nxt_state[0]}
     found.sort(key=lambda x: x[0])
     return (theta if farley else None), found
+
+
+
+def _extend(a: dict, rep: np.ndarray, child: np.ndarray, agg: dict, memb: Optional[np.ndarray]) -> dict:
+    """The aggregates of :func:`_price`'s frontier sets (``a``, per set) for the children
+    ``a``'s set ``rep[i]`` plus job ``child[i]`` (``agg``: the per-job values; ``memb``: per job
+    its live cuts, or None)."""
+    nt_p, nt_c, tt_c = a["nt"][rep], agg["nt"][child], agg["wspan"][child]
+    up, same = nt_c > nt_p, nt_c == nt_p
+    wspan_p, other_p, all_p = a["wspan"][rep], a["tt_other"][rep], a["tt_all"][rep]
+    out = {
+        "b": np.minimum(a["b"][rep], agg["b"][child]),
+        "solo": np.maximum(a["solo"][rep], agg["solo"][child]),
+        "wt": a["wt"][rep] + agg["wt"][child],
+        "wr": a["wr"][rep] + agg["wr"][child],
+        "nr": np.maximum(a["nr"][rep], agg["nr"][child]),
+        "nt": np.maximum(nt_p, nt_c),
+        # a job needing more training nodes than every member spans the set alone; one needing as
+        # many joins the spanning ones; one needing fewer is another's
+        "wspan": np.where(up, tt_c, np.where(same, wspan_p + tt_c, wspan_p)),
+        "ntt": a["ntt"][rep] + agg["ntt"][child],
+        "tt_other": np.where(up, all_p, np.where(same, other_p, np.maximum(other_p, tt_c))),
+        "tt_all": np.maximum(all_p, tt_c),
+        "ps": a["ps"][rep] + agg["ps"][child],
+    }
+    if memb is not None:
+        out["cc"] = a["cc"][rep] + memb[child]
+    return out
 
 
 class _FloorCache(dict):

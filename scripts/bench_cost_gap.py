@@ -38,6 +38,7 @@ Not a test: a benchmark writing JSON. Source: RollMux §7.5 ("x of optimal").
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import multiprocessing as mp
@@ -119,6 +120,31 @@ def run_one(args: tuple) -> dict:
         "decision_latency_ms_p50": rm["decision_latency_ms_p50"],
         "wall_s": time.perf_counter() - t0,
     }
+
+
+def _indexed_run(item: tuple[int, tuple]) -> tuple[int, dict]:
+    return item[0], run_one(item[1])
+
+
+def code_digest(trace: Path) -> str:
+    """SHA-256 over what a run's figures depend on: the policy and simulator code (``rollmux/``),
+    the configs, this script and the trace file, so a run saved by ``--resume-dir`` is reused only
+    by the same code on the same input."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    files = sorted([*root.glob("rollmux/**/*.py"), *root.glob("configs/**/*.yaml"), Path(__file__).resolve(),
+                    Path(trace).resolve()])
+    for f in files:
+        h.update(str(f.relative_to(root) if f.is_relative_to(root) else f.name).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def run_key(task: tuple, digest: str) -> str:
+    """The file name (without ``.json``) of one run of the grid under ``--resume-dir``."""
+    _, n_jobs, seed, mix, lo, hi, exact_max, bound, budget, incumbent = task
+    args = json.dumps([n_jobs, seed, mix, lo, hi, exact_max, bound, budget, incumbent, digest], sort_keys=True)
+    return f"{mix}-{lo:g}-{hi:g}-seed{seed}-{hashlib.sha256(args.encode()).hexdigest()[:16]}"
 
 
 def aggregate(rows: list[dict]) -> dict:
@@ -206,6 +232,9 @@ def main() -> None:
                     help="with the bound, skip the cheapest known partition at each LP instant (CP-SAT over the "
                          "master's columns within 2 deterministic seconds: 1-7 s of wall time per busy instant, "
                          "most of a 200-job run); RollMux / bound is then not split into its two factors")
+    ap.add_argument("--resume-dir", type=Path, default=None,
+                    help="save each finished run there and reuse the runs already saved by the same code on the "
+                         "same trace (code_digest), so a grid stopped part-way goes on where it stopped")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (default results/cost_gap.json; the plot beside it)")
     args = ap.parse_args()
     seeds = args.seeds if args.seeds is not None else (2 if args.quick else 10)
@@ -229,8 +258,19 @@ def main() -> None:
              for (mix, lo, hi), seed in grid]
     t0 = time.perf_counter()
     rows: list[dict] = []
+    saved: dict[int, Path] = {}
+    if args.resume_dir is not None:
+        args.resume_dir.mkdir(parents=True, exist_ok=True)
+        digest = code_digest(trace)
+        saved = {i: args.resume_dir / f"{run_key(t, digest)}.json" for i, t in enumerate(tasks)}
+        rows = [json.loads(f.read_text()) for f in saved.values() if f.is_file()]
+        print(f"{len(rows)} of {len(tasks)} runs reused from {args.resume_dir}", flush=True)
+    todo = [(i, t) for i, t in enumerate(tasks) if not (i in saved and saved[i].is_file())]
+    resumed = len(rows)
     with mp.get_context("spawn").Pool(processes=max(1, min(2, args.procs))) as pool:
-        for r in pool.imap_unordered(run_one, tasks):
+        for i, r in pool.imap_unordered(_indexed_run, todo):
+            if i in saved:
+                saved[i].write_text(json.dumps(r, indent=1))
             rows.append(r)
             print(f"{r['setting']:<28} seed {r['seed']}: rollmux/opt {r['rollmux_vs_optimum'] or float('nan'):.3f} "
                   f"(spend covered {r['spend_share_covered']:.0%}), rollmux/bound {r['rollmux_vs_lower_bound'] or float('nan'):.3f} "
@@ -245,7 +285,8 @@ def main() -> None:
         "meta": {"trace": trace.name, "jobs": n_jobs, "seeds": list(range(seeds)), "slice_seeds": slice_seeds,
                  "default_setting": setting_name(*DEFAULT_SETTING), "policies": list(POLICIES),
                  "exact_max_jobs": args.exact_max_jobs, "goal": {"mean": GOAL_MEAN, "every_run": GOAL_SLICE},
-                 "wall_s": time.perf_counter() - t0, "quick": args.quick,
+                 "wall_s": time.perf_counter() - t0, "runs_wall_s_sum": sum(r["wall_s"] for r in rows),
+                 "runs_reused": resumed, "quick": args.quick,
                  "loadavg_1_5_15": list(os.getloadavg()), "procs": max(1, min(2, args.procs)),
                  "lower_bound": not args.no_bound, "incumbent": not (args.no_bound or args.no_incumbent), **({} if args.no_bound else {"bound_budget": budget.to_json()})},
         "overall": overall, "by_setting": by_setting, "runs": rows,
