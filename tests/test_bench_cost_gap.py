@@ -41,3 +41,29 @@ def test_one_run_covers_all_spend_and_splits_the_ratio_to_the_bound():
     again = bench_cost_gap.run_one(args[:-1] + (False,))
     assert again["bound_usd"] == r["bound_usd"] and again["rollmux_vs_lower_bound"] == r["rollmux_vs_lower_bound"]
     assert again["rollmux_vs_best_known_partition"] is None and again["best_known_usd"] == 0.0
+
+
+def test_resume_dir_reuses_the_runs_saved_by_the_same_code(tmp_path, monkeypatch):
+    """--resume-dir: a second invocation of the same grid runs nothing and writes the same figures;
+    a run saved under another code digest is not reused."""
+    import json
+
+    resume = tmp_path / "runs"
+
+    def grid(out: Path) -> dict:
+        monkeypatch.setattr(sys, "argv", ["bench_cost_gap.py", "--quick", "--seeds", "1", "--jobs", "8", "--no-bound",
+                                          "--procs", "1", "--trace", str(EXTRACT_TRACE), "--resume-dir", str(resume),
+                                          "--out", str(out)])
+        bench_cost_gap.main()
+        return json.loads(out.read_text())
+
+    first = grid(tmp_path / "a.json")
+    saved = sorted(resume.glob("*.json"))
+    assert first["meta"]["runs_reused"] == 0 and len(saved) == first["overall"]["runs"] == 7
+    second = grid(tmp_path / "b.json")
+    assert second["meta"]["runs_reused"] == 7 and second["overall"] == first["overall"]
+    assert second["runs"] == first["runs"]
+    task = (str(EXTRACT_TRACE), 8, 0, "mixed", 1.0, 2.0, 16, False, {}, True)
+    digest = bench_cost_gap.code_digest(EXTRACT_TRACE)
+    assert len(digest) == 64 and bench_cost_gap.run_key(task, digest) != bench_cost_gap.run_key(task, "0" * 64)
+    assert bench_cost_gap.run_key(task, digest) != bench_cost_gap.run_key(task[:2] + (1,) + task[3:], digest)
