@@ -518,7 +518,7 @@ def _extend(a: dict, rep: np.ndarray, child: np.ndarray, agg: dict, memb: Option
     """The aggregates of :func:`_price`'s frontier sets (``a``, per set) for the children
     ``a``'s set ``rep[i]`` plus job ``child[i]`` (``agg``: the per-job values; ``memb``: per job
     its live cuts, or None)."""
-    nt_p, nt_c, tt_c = a["nt"][rep], agg["nt"][child], agg["wspan"][child]
+    nt_p, nt_c, tt_c = a["nt"][rep], agg["nt"][child], agg["tt_all"][child]  # per job: its training s per node
     up, same = nt_c > nt_p, nt_c == nt_p
     wspan_p, other_p, all_p = a["wspan"][rep], a["tt_other"][rep], a["tt_all"][rep]
     out = {

@@ -263,9 +263,11 @@ def main() -> None:
         args.resume_dir.mkdir(parents=True, exist_ok=True)
         digest = code_digest(trace)
         saved = {i: args.resume_dir / f"{run_key(t, digest)}.json" for i, t in enumerate(tasks)}
-        rows = [json.loads(f.read_text()) for f in saved.values() if f.is_file()]
+    done = {i for i, f in saved.items() if f.is_file()}
+    rows = [json.loads(saved[i].read_text()) for i in sorted(done)]
+    if args.resume_dir is not None:
         print(f"{len(rows)} of {len(tasks)} runs reused from {args.resume_dir}", flush=True)
-    todo = [(i, t) for i, t in enumerate(tasks) if not (i in saved and saved[i].is_file())]
+    todo = [(i, t) for i, t in enumerate(tasks) if i not in done]
     resumed = len(rows)
     with mp.get_context("spawn").Pool(processes=max(1, min(2, args.procs))) as pool:
         for i, r in pool.imap_unordered(_indexed_run, todo):
