@@ -1,7 +1,7 @@
 """The ``rollmux`` command, assembled at the top of the import graph.
 
 ``rollmux simulate`` (pure replay, :mod:`rollmux.cli`) plus the cluster operation commands
-``up``, ``down``, ``submit``, ``status``, ``urls`` (:mod:`actors.cli_ops`), which start the HTTP
+``up``, ``down``, ``submit``, ``status``, ``urls`` (:mod:`actors.ops.cli_ops`), which start the HTTP
 admission app through :func:`serve_app.deploy`. Nothing imports this module, so neither
 ``rollmux/`` nor ``actors/`` depends on the HTTP app or on the other's commands.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from actors import cli_ops
+from actors.ops import cli_ops
 from rollmux import cli as sim_cli
 from rollmux.config import ServeConfig
 

@@ -20,7 +20,7 @@ Routes (OpenAPI at ``/docs`` and ``/openapi.json``):
   admitted into the room; a queued job is cancelled), ``GET /v1/groups``, ``GET /healthz``.
 
 Reads scale with replicas: each replica follows the scheduler's *published snapshot* (one version
-per commit; :meth:`actors.global_scheduler.GlobalSchedulerImpl.snapshot_since`, a long poll) and
+per commit; :meth:`actors.scheduler.global_scheduler.GlobalSchedulerImpl.snapshot_since`, a long poll) and
 answers ``GET /v1/jobs`` / ``/v1/groups`` and dry-runs from it, never queueing behind the scheduler's writes; a
 write waits until the replica's copy holds it, so a client reads its own writes. Writes use the
 scheduler's group commit (``admit_batched`` / ``depart_batched``: one checkpoint write per batch).
@@ -30,7 +30,7 @@ proxy (more -> 503 with ``Retry-After``, Serve's ``BackpressureConfig``).
 
 Every error is a JSON body ``{"error": <kind>, "detail": <reason>}``; the scheduler being
 unreachable gives 503. The policy lives in :mod:`rollmux.admission` behind the ``GlobalScheduler``
-actor (``actors/global_scheduler.py``); this module only assembles the app (one ``APIRouter``
+actor (``actors/scheduler/global_scheduler.py``); this module only assembles the app (one ``APIRouter``
 per concern, :data:`ROUTERS`: add a router builder there to serve more routes) from its parts in
 :mod:`serve_api` (types, input boundary, the scheduler client, the snapshot copy, the routes)
 and deploys it on Ray Serve. Source: RollMux §4.2 (Alg. 1, admission).

@@ -423,7 +423,7 @@ class ControllerHandle(_Handle):
 
     def progress(self, report: RolloutProgress, timeout_s: Optional[float] = QUERY_TIMEOUT_S) -> Optional[TailDecision]:
         """Long-tail progress of a running rollout and the controller's decision (a driver-side
-        job's driver reads it: ``actors.driver_permits``)."""
+        job's driver reads it: ``actors.driver.permits``)."""
         return self._call(lambda a: a.progress.remote(report), timeout_s=timeout_s, what="progress")
 
     def progress_nowait(self, report: RolloutProgress) -> Optional[Pending]:
@@ -503,7 +503,7 @@ class WorkerHandle(_Handle):
 
 # ----------------------------------------------------------------------------- rollout service
 class RolloutReplicaHandle(_Handle):
-    """One engine replica of the rollout service (``actors/rollout_replica.py``): the service's
+    """One engine replica of the rollout service (``actors/rollout/replica.py``): the service's
     serving loop runs one scheduling window per call (awaited; a dead replica raises :class:`ActorLost`)."""
 
     async def window(self, call: Any) -> Any:
@@ -522,7 +522,7 @@ class RolloutReplicaHandle(_Handle):
 
 
 class RolloutServiceHandle(_Handle):
-    """The rollout service actor (``actors/rollout_service.py``), for the HTTP face (async, every
+    """The rollout service actor (``actors/rollout/service.py``), for the HTTP face (async, every
     call bounded by ``timeout_s``; reads are resent once after a lost actor, a submit never is)
     and for operators and tests (the ``*_sync`` methods)."""
 

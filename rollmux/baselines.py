@@ -718,7 +718,7 @@ class OptimalPartition:
 def realised(unit_fn: Callable[[JobSpec, ClusterSpec], Unit]) -> Callable[..., Unit]:
     """A per-job baseline's unit with the realisation's phase times: in stochastic replays the
     allocation's worst-case iteration time is scaled by the job's realised / planned solo time.
-    ``real``: a :class:`rollmux.sim_realisation.Realisation` (``stochastic``, ``solo_time_s``)."""
+    ``real``: a :class:`rollmux.sim.realisation.Realisation` (``stochastic``, ``solo_time_s``)."""
 
     def unit(job: JobSpec, cluster: ClusterSpec, real) -> Unit:
         u = unit_fn(job, cluster)

@@ -2,7 +2,7 @@
 
 ``rollmux simulate`` replays a trace through the policies (pure, no Ray). This module imports
 nothing from ``actors/``: the full ``rollmux`` command (this app plus the cluster operation
-commands of :mod:`actors.cli_ops`) is assembled at the top of the import graph, in
+commands of :mod:`actors.ops.cli_ops`) is assembled at the top of the import graph, in
 :mod:`rollmux_cli`. ``python -m rollmux.cli simulate ...`` runs the replay alone.
 """
 
@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 
 from rollmux.policies import POLICY_NAMES
-from rollmux.sim_command import run_simulate
+from rollmux.sim.command import run_simulate
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RollMux: co-execution scheduler for disaggregated RL post-training.")
 

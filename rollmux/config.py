@@ -154,7 +154,7 @@ class ServeConfig(BaseModel):
         state_dir: where ``rollmux up`` keeps its state file, token and checkpoint.
         checkpoint_path: scheduler checkpoint directory (default ``<state_dir>/checkpoint``).
         scheduler_name: Ray name of the GlobalScheduler actor (``None`` = the contract's default in
-            :mod:`actors.global_scheduler`; its namespace is always ``rollmux``).
+            :mod:`actors.scheduler.global_scheduler`; its namespace is always ``rollmux``).
         num_replicas / max_ongoing_requests: Serve replicas of the API and concurrent requests each.
         request_timeout_s: bound on one call from a Serve replica to the scheduler, s (0, 600].
         max_request_bytes: largest accepted request body, bytes (1 KiB .. 16 MiB; larger: 413).

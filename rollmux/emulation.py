@@ -5,14 +5,14 @@ GlobalScheduler, GroupControllers, permits, moves, commits, sync plans), but its
 nothing: each one waits the time the profiler's model gives for it on the cluster's modelled
 hardware, scaled by a time factor (:attr:`EmulationConfig.wall_ms_per_model_s`: one modelled
 second = that many wall milliseconds). This module is the model side (pure, no Ray, no sleeping):
-which lengths a rollout draws and when each response finishes; :mod:`actors.emulated` holds the
+which lengths a rollout draws and when each response finishes; :mod:`actors.worker.emulated` holds the
 backends that wait.
 
 Every time comes from :mod:`rollmux.profiler` (one copy of the model, the same the simulator
 replays):
 
 * **Rollout**: per-response lengths, seeded (``(seed, crc32(job_id))``, the simulator's
-  :class:`rollmux.sim_realisation.Realisation` stream), log-normal with shape
+  :class:`rollmux.sim.realisation.Realisation` stream), log-normal with shape
   :attr:`EmulationConfig.length_sigma` and mean ``job.mean_tokens``, clipped to
   ``[1, max_response_tokens]`` (:func:`rollmux.profiler.sample_response_lengths`; RollMux Fig. 11
   long tail), or all at the cap (``response_lengths: worst_case``, the simulator's deterministic
@@ -93,7 +93,7 @@ def wall_s(model_s: float, cfg: EmulationConfig) -> float:
 
 def job_rng(job_id: str, seed: int) -> np.random.Generator:
     """The job's length stream: ``default_rng([seed, crc32(job_id)])`` (the simulator's
-    :class:`rollmux.sim_realisation.Realisation` seeds each job the same way)."""
+    :class:`rollmux.sim.realisation.Realisation` seeds each job the same way)."""
     return np.random.default_rng([int(seed), zlib.crc32(job_id.encode())])
 
 

@@ -1,6 +1,6 @@
 """The bookkeeping of one co-execution group at run time (RollMux §4.3, §5.1), pure and typed.
 
-:class:`GroupLedger` is everything the ``GroupController`` actor (:mod:`actors.group_controller`)
+:class:`GroupLedger` is everything the ``GroupController`` actor (:mod:`actors.scheduler.group_controller`)
 decides, without asyncio or Ray: it owns
 
 - the members (:class:`Member`: nodes, SLO, driver heartbeat, per-iteration phase times) and the

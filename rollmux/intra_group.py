@@ -437,7 +437,7 @@ def steady_schedule(members: Union[CoExecutionGroup, Sequence[GroupMember]], *,
     curve. ``timeline`` is empty, ``iterations`` counts the iterations completed within the
     window, ``horizon_s`` is the window's end and ``lifetime_busy_fraction`` covers ``[0,
     horizon_s]`` (the event simulation also runs the drain after the window). The replay's group
-    units use it (:meth:`rollmux.sim_realisation.Realisation.group_unit`).
+    units use it (:meth:`rollmux.sim.realisation.Realisation.group_unit`).
 
     Raises ValueError on an empty group or duplicate job ids, RuntimeError past ``max_cycles``.
     Source: RollMux §4.3 (round-robin meta-iterations).

@@ -138,7 +138,7 @@ class Releaser(str, enum.Enum):
 
     LEADER_WORKER = "leader_worker"
     #: a framework job's driver, which runs the phase in its own code under ``Job.permit``
-    #: (``actors.driver_permits``): nothing of the phase runs on RollMux's workers, so the driver
+    #: (``actors.driver.permits``): nothing of the phase runs on RollMux's workers, so the driver
     #: that acquired releases; a driver that dies holding the permit is evicted after its lease
     #: (no worker marked the phase started), which frees the nodes.
     DRIVER = "driver"

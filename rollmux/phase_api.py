@@ -43,7 +43,7 @@ Mode selection (``Job(spec, attach=None)``): scheduled when ``attach=True``, or 
 ``attach=None`` and env ``ROLLMUX_ATTACH=1`` or ``ROLLMUX_JOB_ID`` is set and a Ray cluster with
 the GlobalScheduler is reachable; plain otherwise. ``ROLLMUX_JOB_ID`` attaches to an already
 admitted job id instead of admitting the spec. This module imports no Ray; the scheduled mode
-lives in :mod:`actors.runtime_client`, imported lazily.
+lives in :mod:`actors.driver.runtime_client`, imported lazily.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ __all__ = [
 @dataclass
 class JobProgram:
     """What a :class:`Job` runs: the one object the runtimes read (plain mode here, scheduled mode
-    in :mod:`actors.runtime_client`), filled by the job's decorators.
+    in :mod:`actors.driver.runtime_client`), filled by the job's decorators.
 
     ``builders``: pool (rollout | train) -> zero-arg state builder; ``phases``: phase (rollout |
     train | sync) -> function; ``apply``: ``apply_weights(rollout_state, weights)``; ``gathers``:
@@ -283,7 +283,7 @@ class Job:
 
     @property
     def runtime(self):
-        """The runtime the job runs on: plain (this process) or scheduled (:mod:`actors.runtime_client`)."""
+        """The runtime the job runs on: plain (this process) or scheduled (:mod:`actors.driver.runtime_client`)."""
         return self._runtime
 
     @property
@@ -298,7 +298,7 @@ class Job:
             if not want:
                 return _PlainRuntime(self)
             try:
-                from actors.runtime_client import scheduler_reachable
+                from actors.driver.runtime_client import scheduler_reachable
 
                 if not scheduler_reachable(self.scheduler_name):
                     warnings.warn("ROLLMUX_ATTACH set but no RollMux scheduler is reachable: running solo",
@@ -308,7 +308,7 @@ class Job:
                 return _PlainRuntime(self)
         if not want:
             return _PlainRuntime(self)
-        from actors.runtime_client import ScheduledRuntime
+        from actors.driver.runtime_client import ScheduledRuntime
 
         return ScheduledRuntime(self)
 

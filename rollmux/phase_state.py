@@ -1,7 +1,7 @@
 """Phase-state conventions shared by both modes of the phase API (RollMux §5, "phase API").
 
 Pure (no Ray): the plain runtime (:mod:`rollmux.phase_api`) and the Ray pool workers
-(:mod:`actors.workers`) both follow these rules, so they live here, below both:
+(:mod:`actors.worker.workers`) both follow these rules, so they live here, below both:
 
 - a phase state is a ``dict``; values with a truthy ``rollmux_resident`` attribute (the job's
   control plane: engines, communicators) stay in the worker process, the rest is stored between

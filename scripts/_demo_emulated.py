@@ -59,16 +59,16 @@ def run(args, root: Path) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
     from actors.handles import SchedulerHandle, gather
-    from actors.local_cluster import start_local_cluster
-    from actors.workers import worker_handle
+    from actors.ops.local_cluster import start_local_cluster
+    from actors.worker.workers import worker_handle
     from examples.emulated.job import EmulatedJobConfig, run_arrivals, run_job
     from examples.grpo import report
     from rollmux.admission import InterGroupScheduler
     from rollmux.config import CONFIG_DIR, load_cluster, repo_label
     from rollmux.emulation import load_emulation_config
-    from rollmux.plots import plot_gantt
+    from rollmux.sim.plots import plot_gantt
 
     con = Console(width=150)
     n = args.iterations or (5 if args.quick else 12)

@@ -23,5 +23,5 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
 fi
 export PATH="$ROOT/.venv/bin:$PATH"
 # Local clusters started by our scripts and tests run in Ray's token mode with a fresh token each
-# (actors.local_cluster.use_ephemeral_ray_token) unless RAY_AUTH_MODE is set; `rollmux up` too.
+# (actors.ops.local_cluster.use_ephemeral_ray_token) unless RAY_AUTH_MODE is set; `rollmux up` too.
 export RAY_USAGE_STATS_ENABLED=0

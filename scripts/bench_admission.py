@@ -208,7 +208,7 @@ def sequential_case(args, cluster, token: str, tmp: Path) -> None:
     over 200 ms and the scheduler's counters. Merged into ``--out`` as ``sequential_identical``."""
     import httpx
 
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
     from actors.handles import SchedulerHandle
     from serve_app import deploy
 
@@ -293,14 +293,14 @@ def main() -> None:
         print(table(json.loads(Path(args.print_table).read_text())))
         return
 
-    from actors.local_cluster import use_ephemeral_ray_token
+    from actors.ops.local_cluster import use_ephemeral_ray_token
 
     use_ephemeral_ray_token()  # Ray token mode with a fresh token (never ~/.ray) unless RAY_AUTH_MODE is set
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
     from ray import serve
 
-    from actors.global_scheduler import NAMESPACE, get_or_create_scheduler
+    from actors.scheduler.global_scheduler import NAMESPACE, get_or_create_scheduler
     from actors.handles import SchedulerHandle, gather
     from serve_app import deploy
 

@@ -49,7 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from actors.local_cluster import use_ephemeral_ray_token  # noqa: E402
+from actors.ops.local_cluster import use_ephemeral_ray_token  # noqa: E402
 
 use_ephemeral_ray_token()  # Ray token mode with a fresh token unless RAY_AUTH_MODE is set
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -196,7 +196,7 @@ def per_actor_processes() -> list[dict]:
     """Every descendant Ray process of this one: kind (actor class / daemon), pid, RSS MiB, CPU s."""
     import psutil
 
-    from actors.proc_stats import _kind
+    from actors.ops.proc_stats import _kind
 
     out = []
     for p in psutil.Process().children(recursive=True):
@@ -215,11 +215,11 @@ def main(argv=None) -> int:
     nodes = args.nodes_per_pool or (8 if args.quick else 32)
     iters = args.iterations or (3 if args.quick else 4)
 
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
     from actors.handles import SchedulerHandle, gather, run_in_actor
-    from actors.local_cluster import start_local_cluster
-    from actors.proc_stats import ray_process_stats
-    from actors.workers import worker_handle
+    from actors.ops.local_cluster import start_local_cluster
+    from actors.ops.proc_stats import ray_process_stats
+    from actors.worker.workers import worker_handle
     from examples.emulated.job import EmulatedJobConfig, run_arrivals
     from rollmux import profiler
     from rollmux.emulation import load_emulation_config

@@ -71,7 +71,7 @@ def run_one(args: tuple) -> dict:
     """One replay: (trace, jobs, seed, mix, slo_min, slo_max, exact_max_jobs, lower_bound, bound budget
     as a dict of :class:`rollmux.partition_bound.BoundBudget` fields, incumbent: with the bound, also
     the cheapest known partition at every LP instant) -> its record."""
-    from rollmux.simulator import simulate
+    from rollmux.sim.simulator import simulate
     from rollmux.workloads import draw_jobs
 
     trace, n_jobs, seed, mix, lo, hi, exact_max, bound, budget, incumbent = args

@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from actors.local_cluster import use_ephemeral_ray_token  # noqa: E402
+from actors.ops.local_cluster import use_ephemeral_ray_token  # noqa: E402
 
 use_ephemeral_ray_token()  # Ray token mode with a fresh token unless RAY_AUTH_MODE is set
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -104,7 +104,7 @@ def measure(res: dict, wall_s: float, n: int) -> dict:
 def run_setting(spec, migrate: bool, n: int, sigma: float) -> dict:
     import ray
 
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
     from actors.handles import SchedulerHandle
     from examples.grpo.job import run_coexecuted
 
@@ -202,7 +202,7 @@ def emu_run(cluster, keys: list[str], seed: int, trigger: float, migrate: bool, 
     measured, beside the simulator's prediction of it."""
     import ray
 
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
     from actors.handles import SchedulerHandle
     from examples.emulated.job import EmulatedJobConfig, run_arrivals
     from rollmux.emulation import load_emulation_config
@@ -242,7 +242,7 @@ def main_emulated(args) -> int:
         raise SystemExit("bench_longtail: --iterations must be >= 3 (iteration 0 is the cold start)")
     seeds = [int(x) for x in (args.seeds or ("0,1" if args.quick else "0,1,2")).split(",")]
     triggers = [float(x) for x in args.triggers.split(",")]
-    from actors.local_cluster import start_local_cluster
+    from actors.ops.local_cluster import start_local_cluster
     from rollmux.admission import load_scheduler_config
 
     sched_cfg = load_scheduler_config()
@@ -367,7 +367,7 @@ def main_cpu(args) -> int:
     n = args.iterations or (6 if args.quick else 12)
     if n < 2:
         raise SystemExit("bench_longtail: --iterations must be >= 2 (iteration 0 is the cold start)")
-    from actors.local_cluster import start_local_cluster
+    from actors.ops.local_cluster import start_local_cluster
     from rollmux.admission import load_scheduler_config
     from rollmux.config import CONFIG_DIR, load_cluster
 

@@ -51,7 +51,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from actors.rollout_engine import CPUEngine, SimulatedEngine, serve  # noqa: E402
+from actors.rollout.engine import CPUEngine, SimulatedEngine, serve  # noqa: E402
 from rollmux.rollout_sched import (  # noqa: E402
     Completion,
     Request,

@@ -10,7 +10,7 @@ open-loop background: evaluation sweeps, state queries with dialogue history, re
 burst of reward queries, released at their arrival times.
 
 * in process: ``bench_rollout_sched.run_policy(policy, CPU_SPEC, "cpu")`` (scheduler + CPU engine
-  in this process, ``actors.rollout_engine.serve``);
+  in this process, ``actors.rollout.engine.serve``);
 * over HTTP: the same trainer as an asyncio client of the service (``/v1/rollouts``, results
   streamed over NDJSON, up to ``--connections`` concurrent connections), one engine replica,
   the service restarted with each policy behind the same API.
@@ -301,15 +301,15 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or (3 if args.quick else 6)
     spec = replace(brs.CPU_SPEC, steps=steps, horizon_s=brs.CPU_SPEC.horizon_s * steps / 3)
 
-    from actors.local_cluster import use_ephemeral_ray_token
+    from actors.ops.local_cluster import use_ephemeral_ray_token
 
     use_ephemeral_ray_token()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
     from ray import serve
 
-    from actors.global_scheduler import NAMESPACE, get_or_create_scheduler
-    from actors.rollout_service import ensure_rollout_service, service_name
+    from actors.scheduler.global_scheduler import NAMESPACE, get_or_create_scheduler
+    from actors.rollout.service import ensure_rollout_service, service_name
     from rollmux.config import CONFIG_DIR, ServeConfig, load_cluster
     from serve_app import deploy
 

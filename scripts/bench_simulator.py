@@ -12,7 +12,7 @@ time) stays that of the real trace; the first N jobs of the repetition are repla
 its position in the repetition (seeded), so repeated trace rows get fresh jobs.
 
 **What is timed.** For each size, the replay of ``--policies`` (default ``rollmux``) through
-:func:`rollmux.simulator.simulate` -- what ``rollmux simulate --policies rollmux`` runs, the
+:func:`rollmux.sim.simulator.simulate` -- what ``rollmux simulate --policies rollmux`` runs, the
 same-instant exact-optimum comparison included -- excluding trace reading and workload
 drawing: ``wall_s``, ``jobs_per_s``, ``events``, ``ms_per_event``, and the cost of an event by
 the number of jobs active right after it (``per_event_by_active``: mean and p90 ms per bin).
@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 from rollmux.admission import load_scheduler_config  # noqa: E402
 from rollmux.cli import DEFAULT_MAX_DURATION_S, DEFAULT_MIN_DURATION_S  # noqa: E402
 from rollmux.config import CONFIG_DIR, load_cluster  # noqa: E402
-from rollmux.simulator import simulate  # noqa: E402
+from rollmux.sim.simulator import simulate  # noqa: E402
 from rollmux.traces import DEFAULT_TRACE, EXTRACT_TRACE, TraceJob, TraceWindow, load_trace, trace_label  # noqa: E402
 from rollmux.workloads import draw_jobs  # noqa: E402
 

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from actors.local_cluster import use_ephemeral_ray_token  # noqa: E402
+from actors.ops.local_cluster import use_ephemeral_ray_token  # noqa: E402
 
 use_ephemeral_ray_token()  # Ray token mode with a fresh token unless RAY_AUTH_MODE is set
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -58,9 +58,9 @@ def main(argv=None) -> int:
                     help="model sizes: 'config' (the job file's model) and/or HIDDENxLAYERS entries")
     args = ap.parse_args(argv)
 
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
     from actors.handles import SchedulerHandle
-    from actors.local_cluster import start_local_cluster
+    from actors.ops.local_cluster import start_local_cluster
     from examples.grpo.config import load_job_config
     from examples.grpo.job import run_job
     from examples.grpo.model import build_model

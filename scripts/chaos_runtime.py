@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
-from actors.local_cluster import use_ephemeral_ray_token  # noqa: E402
+from actors.ops.local_cluster import use_ephemeral_ray_token  # noqa: E402
 
 use_ephemeral_ray_token()
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -191,9 +191,9 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
     from actors.handles import SchedulerHandle
-    from actors.local_cluster import start_local_cluster
+    from actors.ops.local_cluster import start_local_cluster
     from rollmux.config import load_cluster
 
     con = Console(width=None if sys.stdout.isatty() else 150)

@@ -183,7 +183,7 @@ def predicted_on_profiles(replay, profiles: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    from actors.local_cluster import use_ephemeral_ray_token
+    from actors.ops.local_cluster import use_ephemeral_ray_token
 
     use_ephemeral_ray_token()  # Ray token mode with a fresh token unless RAY_AUTH_MODE is set
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -196,13 +196,13 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
     from actors.handles import SchedulerHandle
-    from actors.local_cluster import start_local_cluster
+    from actors.ops.local_cluster import start_local_cluster
     from examples.grpo import report
     from examples.grpo.config import load_job_config
     from rollmux.config import load_cluster, repo_label
-    from rollmux.plots import plot_gantt
+    from rollmux.sim.plots import plot_gantt
 
     con = Console(width=None if sys.stdout.isatty() else 150)  # wide table in logs too
     out_path = Path(args.out)

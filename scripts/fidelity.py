@@ -9,7 +9,7 @@ real runtime on emulated accelerators, side by side.
    ``[--min-iterations, --max-iterations]``; its duration is then that many solo iterations, on
    both sides). Arrivals are the trace's, rescaled so that the last one is at ``--arrival-span``
    x the mean solo lifetime (so that the jobs overlap), at least ``--min-gap-model-s`` apart.
-2. Simulator: :func:`rollmux.simulator.replay` of the policy ``rollmux`` with the scheduler
+2. Simulator: :func:`rollmux.sim.simulator.replay` of the policy ``rollmux`` with the scheduler
    settings of ``configs/scheduler.yaml`` (the file the GlobalScheduler reads), deterministic
    worst-case phase times (default) or ``--stochastic`` (the seeded long-tailed samples; long-tail
    migration off on both sides: the emulated tail does not model the tail's packing).
@@ -110,7 +110,7 @@ def build_jobs(args, cluster, real) -> tuple[list, dict]:
 # ------------------------------------------------------------------------------------- simulator
 def run_simulator(jobs, cluster, cfg, real) -> dict:
     """Replay through the policy ``rollmux``; per job its outcome and group ids over time."""
-    from rollmux.simulator import make_policy, replay
+    from rollmux.sim.simulator import make_policy, replay
 
     pol = make_policy("rollmux", cluster, real, config=cfg)
     groups_of: dict[str, list[str]] = {}
@@ -130,11 +130,11 @@ def run_simulator(jobs, cluster, cfg, real) -> dict:
 # --------------------------------------------------------------------------------------- runtime
 def run_runtime(jobs, iters, cluster, cfg, em, args, tmp: Path) -> dict:
     """The same jobs on the runtime (emulated accelerators); per job its result, per run the group polls."""
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
     from actors.handles import SchedulerHandle, gather
-    from actors.local_cluster import start_local_cluster
-    from actors.workers import worker_handle
-    from actors.proc_stats import ray_process_stats
+    from actors.ops.local_cluster import start_local_cluster
+    from actors.worker.workers import worker_handle
+    from actors.ops.proc_stats import ray_process_stats
     from examples.emulated.job import EmulatedJobConfig, run_arrivals
     from rollmux.emulation import wall_s
 
@@ -283,7 +283,7 @@ def explain(err: float, terms: dict, groups_same: bool, t_iter_sim: float, moves
 
 
 def main(argv=None) -> int:
-    from actors.local_cluster import use_ephemeral_ray_token
+    from actors.ops.local_cluster import use_ephemeral_ray_token
 
     use_ephemeral_ray_token()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -294,7 +294,7 @@ def main(argv=None) -> int:
     from rollmux.admission import load_scheduler_config
     from rollmux.config import load_cluster, repo_label
     from rollmux.emulation import load_emulation_config
-    from rollmux.sim_realisation import Realisation
+    from rollmux.sim.realisation import Realisation
 
     t_wall = time.time()
     load_start = os.getloadavg()

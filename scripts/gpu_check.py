@@ -171,7 +171,7 @@ def _repo_imports(mod: str) -> tuple[set[str], set[str]]:
 
 #: The phase API's scheduled mode (``Job(attach=True)`` / ``ROLLMUX_ATTACH``), which the checks never
 #: take: they run plain (its lazy import is the one documented entry from rollmux/ into actors/).
-SCHEDULED_ENTRY = {("rollmux.phase_api", "actors.runtime_client")}
+SCHEDULED_ENTRY = {("rollmux.phase_api", "actors.driver.runtime_client")}
 
 
 def no_ray_closure() -> dict:

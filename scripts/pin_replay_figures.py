@@ -80,7 +80,7 @@ def main() -> None:
     g.add_argument("--write", action="store_true", help="re-pin the figures")
     g.add_argument("--check", action="store_true", help="compare with the pinned figures")
     args = ap.parse_args()
-    from rollmux.simulator import simulate
+    from rollmux.sim.simulator import simulate
 
     jobs, cluster, cfg = default_inputs()
     t0 = time.perf_counter()

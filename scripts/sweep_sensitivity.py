@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rollmux.config import CONFIG_DIR, load_cluster  # noqa: E402
-from rollmux.simulator import simulate  # noqa: E402
+from rollmux.sim.simulator import simulate  # noqa: E402
 from rollmux.traces import DEFAULT_TRACE, EXTRACT_TRACE, TraceWindow, load_trace  # noqa: E402
 from rollmux.workloads import draw_jobs  # noqa: E402
 

@@ -7,7 +7,7 @@ queue position, matched prefix tokens), ``GET /v1/rollouts/{id}``, ``POST /v1/ro
 ``GET /v1/stats/prometheus``, and the OpenAI-style ``POST /v1/completions`` /
 ``POST /v1/chat/completions``. Writes need the bearer token; reads follow ``open_read_routes``.
 Bodies pass :mod:`serve_api.rollout_boundary` first. The work is done by the rollout service actor
-(:mod:`actors.rollout_service`), reached through :class:`actors.handles.RolloutServiceHandle`.
+(:mod:`actors.rollout.service`), reached through :class:`actors.handles.RolloutServiceHandle`.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class _Service:
 
     async def get(self) -> RolloutServiceHandle:
         if self._h is None:
-            from actors.rollout_service import ensure_rollout_service
+            from actors.rollout.service import ensure_rollout_service
 
             self._h = await asyncio.to_thread(ensure_rollout_service, self.name, timeout_s=self.timeout_s)
         return self._h
@@ -73,7 +73,7 @@ class _Service:
 
 def rollouts_router(ctx: Any) -> APIRouter:
     """The rollout routes of one replica (``ctx``: the app's :class:`serve_api.jobs.AppContext`)."""
-    from actors.rollout_service import service_name
+    from actors.rollout.service import service_name
 
     from rollmux.rollout_sched.config import DEFAULT_CONFIG_PATH, load_rollout_sched_config
 
@@ -196,7 +196,7 @@ def rollouts_router(ctx: Any) -> APIRouter:
              responses={200: {"content": {"text/plain": {}}}, 401: err, 503: err})
     async def stats_prometheus() -> Any:
         """The same figures as Prometheus series (bounded labels: replica, cls, outcome)."""
-        from actors.rollout_metrics import render_prometheus
+        from actors.rollout.metrics import render_prometheus
 
         s = await svc.call(lambda h: h.stats())
         return Response(render_prometheus(s), media_type="text/plain; version=0.0.4")

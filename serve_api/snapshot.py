@@ -1,6 +1,6 @@
 """A Serve replica's copy of the scheduler's published snapshot (reads that scale with replicas).
 
-:class:`SnapshotCache` long-polls ``snapshot_since`` (:mod:`actors.snapshot_log`) through the
+:class:`SnapshotCache` long-polls ``snapshot_since`` (:mod:`actors.scheduler.snapshot_log`) through the
 replica's :class:`serve_api.client.SchedulerClient` and answers ``GET /v1/jobs``, ``GET
 /v1/jobs/{id}``, ``GET /v1/groups`` and dry-runs from its copy, never queueing behind the
 scheduler's writes.

@@ -9,7 +9,7 @@ GCS, raylet and worker ports to every address of the host): ``use_ephemeral_ray_
 Nothing is left on disk: the session's cluster keeps everything (node temp dirs, Ray's session
 files, the workers' temp files) in one private run dir that its teardown removes, and the session
 fails at its end when any cluster started here left a run dir or a ``/tmp/ray/session_*`` behind
-(:func:`actors.local_cluster.leftovers`). pytest's own ``tmp_path`` dirs are kept for failed
+(:func:`actors.ops.local_cluster.leftovers`). pytest's own ``tmp_path`` dirs are kept for failed
 tests only (``tmp_path_retention_policy``).
 """
 
@@ -19,7 +19,7 @@ import os
 
 import pytest
 
-from actors.local_cluster import use_ephemeral_ray_token
+from actors.ops.local_cluster import use_ephemeral_ray_token
 
 use_ephemeral_ray_token()
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -37,7 +37,7 @@ def _has_cuda() -> bool:
 def pytest_sessionfinish(session, exitstatus):
     """Fail the session when a local cluster started by it left files behind (checked after every
     fixture's teardown)."""
-    from actors.local_cluster import leftovers
+    from actors.ops.local_cluster import leftovers
 
     left = leftovers()
     if left:
@@ -79,7 +79,7 @@ def scaleout_cluster_spec(local_cluster_spec):
 def ray_cluster(scaleout_cluster_spec):
     """The session's single local multi-node Ray cluster (head + one Ray node per pool node of
     :func:`scaleout_cluster_spec`)."""
-    from actors.local_cluster import start_local_cluster
+    from actors.ops.local_cluster import start_local_cluster
 
     lc = start_local_cluster(scaleout_cluster_spec, head_cpus=2, node_cpus=1, object_store_mb=96)
     import ray
@@ -105,7 +105,7 @@ def serve_api(ray_cluster, local_cluster_spec, tmp_path_factory):
     from ray import serve
 
     import serve_app
-    from actors.global_scheduler import NAMESPACE, get_or_create_scheduler
+    from actors.scheduler.global_scheduler import NAMESPACE, get_or_create_scheduler
     from rollmux.config import ServeConfig
 
     name = f"rollmux-serve-test-{uuid.uuid4().hex[:8]}"

@@ -129,7 +129,7 @@ def kill_scheduler_and_controllers(h, name: str, groups: tuple[str, ...] = ("gro
     ray.kill(h, no_restart=True)
 
 
-# ---- the scheduler without Ray: fake handles (actors.reconciler.HandleFactory) and an in-process client
+# ---- the scheduler without Ray: fake handles (actors.scheduler.reconciler.HandleFactory) and an in-process client
 class FakeAck:
     """A push's answer: done at once (``pending=True``: not yet; ``error``: the controller raised)."""
 
@@ -154,7 +154,7 @@ class FakeAck:
 
 
 class FakeController:
-    """A group's controller as the scheduler sees it (:class:`actors.reconciler.ControllerLike`):
+    """A group's controller as the scheduler sees it (:class:`actors.scheduler.reconciler.ControllerLike`):
     records every push (job ids, gone, seq, dissolved); each push is answered as ``answer()`` says."""
 
     def __init__(self, log: Optional[list] = None, answer: Optional[Callable[[Any], FakeAck]] = None):
@@ -173,7 +173,7 @@ class FakeController:
 
 
 class InProcessWorker:
-    """A worker object called in-process (:class:`actors.reconciler.WorkerLike`)."""
+    """A worker object called in-process (:class:`actors.scheduler.reconciler.WorkerLike`)."""
 
     def __init__(self, worker):
         self.worker = worker
@@ -211,7 +211,7 @@ class FakeHandles:
 def unit_kw(handles: Optional[FakeHandles] = None) -> dict:
     """Keyword arguments of a GlobalSchedulerImpl in a unit test: fake handles (no Ray), metrics
     recorded as totals only, no reconcile thread (the test runs the passes)."""
-    from actors.metrics import RollmuxMetrics
+    from actors.ops.metrics import RollmuxMetrics
 
     return {"handles": handles if handles is not None else FakeHandles(),
             "metrics": RollmuxMetrics(flush_interval_s=0, enabled=False), "reconcile_s": None}

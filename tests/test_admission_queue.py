@@ -11,7 +11,7 @@ from rollmux.admission_queue import AdmissionQueue, QueueFull, job_gpus
 from rollmux.cli import app
 from rollmux.config import CONFIG_DIR, load_cluster
 from rollmux.models import ClusterSpec, JobSpec, PhaseProfile
-from rollmux.simulator import Realisation, make_policy, replay, simulate
+from rollmux.sim.simulator import Realisation, make_policy, replay, simulate
 from rollmux.workloads import SimJob
 
 LOCAL = load_cluster(CONFIG_DIR / "cluster_local.yaml")  # 2 rollout + 2 training nodes of 1 GPU

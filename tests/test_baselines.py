@@ -191,7 +191,7 @@ def test_group_feasibility_takes_the_best_round_robin_order():
 def test_no_policy_cheaper_than_the_exact_optimum_at_any_instant(seed, slo):
     """At every instant the replay calls exact, the optimum of the same active jobs costs no more
     than RollMux's or Solo-D's allocation (the optimum is a lower bound where it is compared)."""
-    from rollmux.simulator import simulate
+    from rollmux.sim.simulator import simulate
     from rollmux.traces import EXTRACT_TRACE, TraceWindow, load_trace
 
     cl = load_cluster(CONFIG_DIR / "cluster_sim.yaml")

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from actors.kv import MemoryKV
+from actors.scheduler.kv import MemoryKV
 from factories import FakeController, FakeHandles, small_spec, unit_kw
 from rollmux.group_ledger import GroupLedger, PermitError, Report
 from rollmux.messages import EventKind, Grant, MembershipPush, PhaseRecord
@@ -308,7 +308,7 @@ def test_scheduler_pushes_members_in_the_planned_round_robin_order(monkeypatch):
     SLO check simulated), not in admission order; a recovering controller reads the same order."""
     import ray
 
-    from actors.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
     from factories import ring_quartet
 
     monkeypatch.setattr(ray, "get", lambda *a, **k: (_ for _ in ()).throw(AssertionError("waited")))
@@ -337,7 +337,7 @@ def test_scheduler_pushes_members_in_the_planned_round_robin_order(monkeypatch):
 
 # ---- the controller actor's class: reconcile pushes and a watchdog that never dies silently
 def _ctrl(**kw):
-    from actors.group_controller import GroupControllerImpl
+    from actors.scheduler.group_controller import GroupControllerImpl
 
     return GroupControllerImpl("group-u", None, metrics_flush_s=0, metrics_enabled=False, **kw)
 
@@ -396,7 +396,7 @@ def test_a_dissolved_groups_timeline_outlives_its_controller(local_cluster_spec)
     """An exiting controller hands its timeline to the scheduler, which answers
     ``group_timeline`` from that copy once the controller is gone (an operator reads a dissolved
     group's phases after its last job moved away)."""
-    from actors.global_scheduler import DISSOLVED_TIMELINES_KEPT, GlobalSchedulerImpl
+    from actors.scheduler.global_scheduler import DISSOLVED_TIMELINES_KEPT, GlobalSchedulerImpl
 
     s = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0)
 
@@ -468,7 +468,7 @@ def test_controller_watchdog_logs_a_failing_pass_and_goes_on(caplog):
 def test_scheduler_pushes_target_state_to_controllers_without_waiting(local_cluster_spec, monkeypatch):
     import ray
 
-    from actors.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
 
     def never(*a, **k):  # admission and departure must not wait on any controller
         raise AssertionError("the scheduler waited on a Ray call")
@@ -499,7 +499,7 @@ def test_scheduler_pushes_target_state_to_controllers_without_waiting(local_clus
 
 
 def test_an_explicit_policy_overrides_the_config(local_cluster_spec):
-    from actors.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
     from rollmux.admission import InterGroupScheduler, SchedulerConfig
 
     cfg = SchedulerConfig(policy="random", max_group_size=3, seed=4)
@@ -547,10 +547,10 @@ def test_every_scheduler_yaml_key_is_a_setting_of_both(local_cluster_spec):
     the GlobalScheduler and the replay both build their InterGroupScheduler from."""
     import yaml
 
-    from actors.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
     from rollmux.admission import SchedulerConfig, load_scheduler_config
     from rollmux.config import CONFIG_DIR
-    from rollmux.simulator import Realisation, make_policy
+    from rollmux.sim.simulator import Realisation, make_policy
 
     keys = set(yaml.safe_load((CONFIG_DIR / "scheduler.yaml").read_text()))
     assert keys <= set(SchedulerConfig.model_fields)
@@ -564,7 +564,7 @@ def test_scheduler_reoptimises_admissions_off_the_admission_path():
     """Admissions answer at once; the reconcile pass (here called directly) re-optimises each
     admission's neighbourhood: the moves are in the moved jobs' records and the checkpoint, the
     just-admitted job (driver not started) moves with nothing to copy, and $/h drops."""
-    from actors.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
     from rollmux.config import CONFIG_DIR, load_cluster
     from rollmux.traces import EXTRACT_TRACE, TraceWindow, load_trace
     from rollmux.workloads import draw_jobs

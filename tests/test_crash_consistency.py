@@ -20,8 +20,8 @@ import time
 
 import pytest
 
-from actors.checkpoint import CheckpointError
-from actors.kv import FileKV, KVStore, MemoryKV, RayInternalKV
+from actors.scheduler.checkpoint import CheckpointError
+from actors.scheduler.kv import FileKV, KVStore, MemoryKV, RayInternalKV
 from rollmux.admission import InterGroupScheduler
 from factories import InProcessWorker, unit_kw
 from rollmux.messages import PendingWeights
@@ -74,7 +74,7 @@ SPECS = {"a": spec("a", 100, 40), "b": spec("b", 40, 100), "c": spec("c", 100, 4
 
 
 def sched(kv, **kw):
-    from actors.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
 
     return GlobalSchedulerImpl(PAPER, kv=kv, **unit_kw(), metrics_flush_s=0,
                                config={"attach_timeout_s": 60.0}, **kw)
@@ -419,7 +419,7 @@ def test_failure_reasons_are_for_people_and_keep_the_raw_error():
     assert "pid" not in other
     for restarted in ("ActorUnavailableError: The actor 046c60e329d44df6eff4859702000000 is unavailable: The actor "
                       "is temporarily unavailable: IOError: The actor is restarting..",
-                      "RayTaskError(KeyError): ray::RolloutWorkerImpl.receive_weights() repr=<actors.workers."
+                      "RayTaskError(KeyError): ray::RolloutWorkerImpl.receive_weights() repr=<actors.worker.workers."
                       "RolloutWorkerImpl object at 0x7f7d4c7c9e90>)"):
         assert explain_failure(restarted, ("rollout-0", "train-0")) == (
             "the worker on rollout-0, train-0 was lost; the job's state went with it. Submit the job again to "
@@ -533,7 +533,7 @@ def test_readmitted_job_id_starts_fresh_on_a_worker_that_hosted_the_dead_run(tmp
     """The scheduler gives every admission its own token; a worker that still hosts a job id
     from a previous admission (its driver was killed) drops that run's state when the new
     admission registers, so the new run starts from step 1 (no warm start from the dead run)."""
-    from actors.workers import RolloutWorkerImpl
+    from actors.worker.workers import RolloutWorkerImpl
 
     g = sched(MemoryKV())
     t1 = g.admit(SPECS["a"]) and g.get_job("a")["admission_id"]
@@ -558,7 +558,7 @@ def test_ended_jobs_state_is_released_on_every_worker(tmp_path):
     """A job that fails (e.g. its driver was killed and it was evicted) or expires has its state
     dropped on each of its workers by the scheduler, not only by a driver that says goodbye; a
     late release of an earlier admission never drops a re-admitted run."""
-    from actors.workers import RolloutWorkerImpl, TrainWorkerImpl
+    from actors.worker.workers import RolloutWorkerImpl, TrainWorkerImpl
 
     g = sched(MemoryKV())
     g.admit(SPECS["a"])
@@ -592,7 +592,7 @@ def test_two_schedulers_on_one_host_never_see_each_others_job_state(tmp_path):
     admitted by two schedulers sharing the host's workers is two hosted jobs with their own
     files; registering or releasing one never touches the other."""
     from actors.naming import SCHEDULER_NAME, hosted_key
-    from actors.workers import RolloutWorkerImpl
+    from actors.worker.workers import RolloutWorkerImpl
 
     assert hosted_key("a", None) == hosted_key("a", SCHEDULER_NAME) == "a"
     k1, k2 = hosted_key("a", "sched-1"), hosted_key("a", "sched-2")
@@ -631,7 +631,7 @@ def test_driver_killed_with_sigkill_then_readmitted_starts_from_step_1(ray_clust
 
     import ray
 
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
     from factories import kill_scheduler_and_controllers, wait_until
     from rollmux.admission import load_scheduler_config
 
@@ -703,7 +703,7 @@ def test_lost_worker_resumes_from_the_commit_before_the_interrupted_phase(tmp_pa
     missing commit says in plain words that the state cannot be recovered."""
     import torch
 
-    from actors.workers import KEEP_COMMITS, RolloutWorkerImpl, TrainWorkerImpl, WorkerLost, _commit_files
+    from actors.worker.workers import KEEP_COMMITS, RolloutWorkerImpl, TrainWorkerImpl, WorkerLost, _commit_files
 
     cfg = {"builder": lambda: {"w": torch.zeros(2), "step": 0}, "switch": "cold",
            "checkpoint_dir": str(tmp_path), "admission": "token-of-run-1"}
@@ -809,7 +809,7 @@ def test_worker_killed_mid_run_the_job_finishes_bit_identical_to_solo(ray_cluste
     import ray
 
     import rollmux
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
     from actors.naming import NAMESPACE, worker_name
     from factories import kill_scheduler_and_controllers
     from examples.grpo.config import ModelConfig, load_job_config
@@ -864,7 +864,7 @@ def qspec(job_id: str, gpus: int = 1) -> dict:
 
 
 def qsched(kv):
-    from actors.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
 
     return GlobalSchedulerImpl(LOCAL, kv=kv, **unit_kw(), metrics_flush_s=0, max_group_size=1,
                                config={"attach_timeout_s": 0.0})

@@ -1,6 +1,6 @@
 """deploy/: the KubeRay RayCluster manifest (against the Kubernetes client's models and the RayCluster
 CRD fields it uses), the node-claiming wrapper of its worker pods, and the Grafana dashboard
-(against the metric names actors/metrics.py registers)."""
+(against the metric names actors/ops/metrics.py registers)."""
 
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ def test_claim_node_picks_the_lowest_free_index_and_resolves_double_claims():
 
 
 def _registered_metrics() -> set[str]:
-    src = (ROOT / "actors" / "metrics.py").read_text()
+    src = (ROOT / "actors" / "ops" / "metrics.py").read_text()
     body = src[src.index("def _metrics"):src.index("def flush")]
     return set(re.findall(r'"(rollmux_[a-z_]+)"', body))
 
@@ -148,7 +148,7 @@ def test_grafana_dashboard_queries_exactly_the_exported_metrics():
         for m in re.findall(r"\bray_(rollmux_[a-z_]+)", e):
             stripped = re.sub(r"_(bucket|sum|count)$", "", m)  # a histogram's series
             base = m if m in names else stripped
-            assert base in names, f"{m} is not registered in actors/metrics.py"
+            assert base in names, f"{m} is not registered in actors/ops/metrics.py"
             used.add(base)
         assert 'SessionName=~"$SessionName"' in e  # Ray's dashboards filter by session the same way
     assert used == names  # every exported metric has a panel

@@ -52,7 +52,7 @@ class FakeClock:
 def _rollout_on_fake_clock(seed: int):
     """A default job's emulated rollout engine at 10 ms per modelled second on a fake clock, and its
     response lengths drawn with ``seed``: ``(cluster, job, cfg, lengths, clock, engine)``."""
-    from actors.emulated import EmulatedRollout
+    from actors.worker.emulated import EmulatedRollout
 
     c, job = _cluster(), _job()
     cfg = EmulationConfig(wall_ms_per_model_s=10.0, progress_tick_ms=5.0)
@@ -78,7 +78,7 @@ def test_rollout_wait_is_the_model_times_the_time_factor():
 def test_rollout_wait_on_the_real_clock_within_tolerance():
     import time
 
-    from actors.emulated import EmulatedRollout
+    from actors.worker.emulated import EmulatedRollout
 
     c, job = _cluster(), _job(t_roll=40.0)
     cfg = EmulationConfig(wall_ms_per_model_s=2.0)  # 40 modelled s -> 80 ms
@@ -92,7 +92,7 @@ def test_rollout_wait_on_the_real_clock_within_tolerance():
 
 
 def test_train_and_sync_waits_are_the_model_times_the_time_factor():
-    from actors.emulated import EmulatedTrain
+    from actors.worker.emulated import EmulatedTrain
 
     c, job = _cluster(), _job(t_train=120.0)
     cfg = EmulationConfig(wall_ms_per_model_s=5.0)
@@ -110,7 +110,7 @@ def test_train_and_sync_waits_are_the_model_times_the_time_factor():
 
 
 def test_lengths_are_seeded_capped_and_the_simulators_samples():
-    from rollmux.sim_realisation import Realisation
+    from rollmux.sim.realisation import Realisation
 
     c, job = _cluster(), _job(max_response_tokens=2048)
     cfg = EmulationConfig(response_lengths="sampled")
@@ -132,7 +132,7 @@ def test_lengths_are_seeded_capped_and_the_simulators_samples():
 
 
 def test_progress_is_reported_response_by_response():
-    from actors.emulated import EmulatedRollout
+    from actors.worker.emulated import EmulatedRollout
 
     c, job = _cluster(), _job(num_prompts=16, responses_per_prompt=4)
     cfg = EmulationConfig(wall_ms_per_model_s=10.0, progress_tick_ms=1.0)
@@ -152,8 +152,8 @@ def test_progress_is_reported_response_by_response():
 
 
 def test_counted_sync_counts_the_plans_bytes(monkeypatch):
-    import actors.weight_sync as ws
-    from actors.weight_sync import SyncSession
+    import actors.worker.weight_sync as ws
+    from actors.worker.weight_sync import SyncSession
     from rollmux.sync_plan import build_plan, metas_of
 
     job = _job()
@@ -193,7 +193,7 @@ def test_emulated_job_imports_neither_torch_nor_ray_in_plain_mode():
             "from rollmux.emulation import EmulationConfig; "
             "r = run_job(EmulatedJobConfig(spec=_job(), cluster=_cluster(), "
             "emulation=EmulationConfig(wall_ms_per_model_s=0.1), iterations=2), attach=False); "
-            "import actors.workers, actors.emulated; "
+            "import actors.worker.workers, actors.worker.emulated; "
             "print(r['iterations'], 'torch' in sys.modules, 'ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**__import__("os").environ, "PYTHONPATH": "."})
@@ -209,15 +209,15 @@ def test_emulated_group_on_the_runtime_matches_the_simulator(ray_cluster, tmp_pa
     same group, sync bytes counted = one model copy."""
     import ray
 
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
     from actors.handles import SchedulerHandle, gather
-    from actors.workers import worker_handle
+    from actors.worker.workers import worker_handle
     from examples.emulated.job import EmulatedJobConfig, run_arrivals
     from examples.grpo import report
     from factories import kill_scheduler_and_controllers
     from rollmux.admission import load_scheduler_config
-    from rollmux.sim_realisation import Realisation
-    from rollmux.simulator import make_policy, replay
+    from rollmux.sim.realisation import Realisation
+    from rollmux.sim.simulator import make_policy, replay
     from rollmux.workloads import SimJob
 
     c = _cluster(2, 2)
@@ -272,10 +272,10 @@ def test_emulated_group_on_the_runtime_matches_the_simulator(ray_cluster, tmp_pa
 
 
 def test_a_rollout_starting_beside_a_running_one_acts_out_the_simulators_migration():
-    """actors.emulated_tail: the running rollout's unfinished responses end the overhead later and
+    """actors.worker.emulated_tail: the running rollout's unfinished responses end the overhead later and
     stretched (LongTailPolicy.plan_tail); the new one starts after the overhead at the freed share
     (the simulator's _finish); a rollout alone on its node is untouched."""
-    from actors import emulated_tail as et
+    from actors.worker import emulated_tail as et
     from rollmux.intra_group import _finish
 
     lt = et.policy()

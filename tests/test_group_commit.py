@@ -10,8 +10,8 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from actors.global_scheduler import GlobalSchedulerImpl
-from actors.kv import MemoryKV
+from actors.scheduler.global_scheduler import GlobalSchedulerImpl
+from actors.scheduler.kv import MemoryKV
 from rollmux.config import CONFIG_DIR, load_cluster
 from serve_app import AppSettings, _finite, _sha256, create_app
 from factories import InProcessScheduler, unit_kw

@@ -3,7 +3,7 @@
 - No circle among the repository's modules (``rollmux``, ``actors``, ``collectives``,
   ``examples``, ``serve_api``, ``serve_app``, ``rollmux_cli``).
 - ``rollmux/`` is pure: it imports ``actors/`` only at the documented phase-API entry
-  (``rollmux.phase_api`` -> ``actors.runtime_client``, scheduled mode) and never Ray.
+  (``rollmux.phase_api`` -> ``actors.driver.runtime_client``, scheduled mode) and never Ray.
 - ``actors/`` never imports the HTTP app (``serve_app`` and its parts in ``serve_api``) or the
   assembled CLI.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("rollmux", "actors", "collectives", "examples", "serve_api")
 TOP_MODULES = ("serve_app", "rollmux_cli")
-PHASE_API_ENTRY = {("rollmux.phase_api", "actors.runtime_client")}
+PHASE_API_ENTRY = {("rollmux.phase_api", "actors.driver.runtime_client")}
 
 
 def _modules() -> dict[str, Path]:
@@ -100,8 +100,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_import_graph_has_no_circle():
     graph = import_graph()
-    assert {"rollmux.phase_api", "actors.global_scheduler", "actors.naming", "serve_app"} <= set(graph)
-    assert "actors.runtime_client" in graph["rollmux.phase_api"]  # the graph sees lazy imports
+    assert {"rollmux.phase_api", "actors.scheduler.global_scheduler", "actors.naming", "serve_app"} <= set(graph)
+    assert "actors.driver.runtime_client" in graph["rollmux.phase_api"]  # the graph sees lazy imports
     assert _cycles(graph) == []
 
 

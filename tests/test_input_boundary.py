@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from actors.global_scheduler import GlobalSchedulerImpl
-from actors.kv import MemoryKV
+from actors.scheduler.global_scheduler import GlobalSchedulerImpl
+from actors.scheduler.kv import MemoryKV
 from rollmux import admission, models, profiler
 from rollmux.admission import InterGroupScheduler, SchedulerConfig
 from rollmux.config import CONFIG_DIR, ServeConfig, load_cluster

@@ -156,7 +156,7 @@ def test_build_spec_names_every_field_it_cannot_derive():
 def sched(ray_cluster, local_cluster_spec):
     import ray
 
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
     from factories import kill_scheduler_and_controllers
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -170,7 +170,7 @@ def sched(ray_cluster, local_cluster_spec):
 @pytest.mark.ray
 @pytest.mark.timeout(240)
 def test_driver_permits_co_execute_with_a_worker_job_in_round_robin_order(sched):
-    from actors.runtime_client import group_timeline
+    from actors.driver.runtime_client import group_timeline
 
     name, h = sched
     uid = uuid.uuid4().hex[:6]

@@ -33,7 +33,7 @@ def _mode(p: Path) -> int:
 
 # ----------------------------------------------------------------------------- no Ray
 def test_private_dir_refuses_a_planted_symlink_or_foreign_dir(tmp_path):
-    from actors.ray_dirs import UnsafeDirError, node_temp_dir, private_dir, short_root
+    from actors.ops.ray_dirs import UnsafeDirError, node_temp_dir, private_dir, short_root
 
     d = private_dir(tmp_path / "root")
     assert _mode(d) == 0o700
@@ -58,7 +58,7 @@ def test_private_dir_refuses_a_planted_symlink_or_foreign_dir(tmp_path):
 
 
 def test_leftovers_names_a_run_dir_until_it_is_removed():
-    from actors.local_cluster import leftovers, new_run_dir, remove_run_dir
+    from actors.ops.local_cluster import leftovers, new_run_dir, remove_run_dir
 
     d = new_run_dir()
     assert _mode(d) == 0o700 and d in leftovers()
@@ -148,7 +148,7 @@ print(json.dumps({i: {"status": str(c.get_job_status(i).value), "logs": c.get_jo
 
 @pytest.mark.slow
 def test_five_jobs_submitted_back_to_back_with_the_working_dir_all_succeed():
-    from actors.cli_stack import _free_port
+    from actors.ops.cli_stack import _free_port
 
     sd = Path(tempfile.mkdtemp(prefix="rmx-up-", dir="/tmp"))  # short: Ray's root goes in <sd>/ray
     spec = sd / "spec.yaml"

@@ -168,7 +168,7 @@ def test_the_stochastic_replay_with_measured_profiles_lifts_the_slo_users_read()
     they are measured, in groups planned on worst-case times. Both on whole-node groups only
     (``per_job_allocations: off``), so that only the profile source differs."""
     from rollmux.config import CONFIG_DIR, load_cluster
-    from rollmux.simulator import simulate
+    from rollmux.sim.simulator import simulate
     from rollmux.traces import EXTRACT_TRACE, TraceWindow, load_trace
     from rollmux.workloads import draw_jobs
 

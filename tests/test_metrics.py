@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors.metrics import RollmuxMetrics
+from actors.ops.metrics import RollmuxMetrics
 from factories import unit_kw
 
 
@@ -89,8 +89,8 @@ def test_per_job_series_are_dropped_when_the_job_ends_and_late_updates_are_ignor
 
 
 def test_scheduler_keeps_series_of_active_jobs_only():
-    from actors.global_scheduler import GlobalSchedulerImpl
-    from actors.kv import MemoryKV
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.kv import MemoryKV
     from rollmux.config import CONFIG_DIR, load_cluster
 
     g = GlobalSchedulerImpl(load_cluster(CONFIG_DIR / "cluster_paper.yaml"), kv=MemoryKV(), **unit_kw(),
@@ -113,7 +113,7 @@ def test_only_the_global_scheduler_records_per_job_series():
     series (pool busy time, phase switches) it does record."""
     import asyncio
 
-    from actors.group_controller import GroupControllerImpl
+    from actors.scheduler.group_controller import GroupControllerImpl
     from rollmux.messages import MembershipPush, PhaseRecord, ProgressReport
 
     now = [100.0]  # seconds on the controller's clock
@@ -161,7 +161,7 @@ def test_group_timeline_busy_and_bubble_from_occupancy():
 
 
 def test_sync_cross_bytes_accumulate_per_job():
-    from actors.metrics import RollmuxMetrics
+    from actors.ops.metrics import RollmuxMetrics
 
     m = RollmuxMetrics(flush_interval_s=0, enabled=False)
     for nb in (1000, 1000, 1500):

@@ -43,7 +43,7 @@ def scheduler(ray_cluster, local_cluster_spec):
     """A fresh GlobalScheduler per call (unique name): ``make()`` returns its name."""
     import ray
 
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
 
     made = []
 

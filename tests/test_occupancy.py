@@ -11,7 +11,7 @@ from rollmux.config import CONFIG_DIR, load_cluster
 from rollmux.intra_group import IterationTimes, LongTailPolicy, PhaseRecord, simulate_group
 from rollmux.models import CoExecutionGroup, GroupMember, JobSpec, PhaseProfile, Placement
 from rollmux.occupancy import BusyCurve, occupancy
-from rollmux.simulator import Realisation, simulate
+from rollmux.sim.simulator import Realisation, simulate
 from rollmux.workloads import SimJob
 
 CLUSTER = load_cluster(CONFIG_DIR / "cluster_sim.yaml")

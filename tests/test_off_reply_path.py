@@ -8,8 +8,8 @@ import asyncio
 
 from factories import unit_kw
 
-from actors.global_scheduler import GlobalSchedulerImpl
-from actors.kv import MemoryKV
+from actors.scheduler.global_scheduler import GlobalSchedulerImpl
+from actors.scheduler.kv import MemoryKV
 from rollmux.config import CONFIG_DIR, load_cluster
 
 SPEC = dict(model_params_b=7.0, max_response_tokens=4096, num_rollout_gpus=8, num_train_gpus=8, slo=1.5,
@@ -82,7 +82,7 @@ def test_reoptimisation_solves_without_the_scheduler_lock():
 
 
 def test_process_planner_gives_the_thread_planners_plan():
-    from actors.reopt_worker import ProcessPlanner, ThreadPlanner
+    from actors.scheduler.reopt_worker import ProcessPlanner, ThreadPlanner
 
     s = _sched(MemoryKV())
     for i in range(8):  # greedy admission leaves a cheaper re-partition of the first group's neighbourhood
@@ -103,7 +103,7 @@ def test_process_planner_gives_the_thread_planners_plan():
 def test_process_planner_restarts_a_dead_child():
     """A child that dies during a call loses that call's solve (None: nothing moves, ``restarts``
     counts it); one found dead before a call is started again; both then answer as before."""
-    from actors.reopt_worker import ProcessPlanner
+    from actors.scheduler.reopt_worker import ProcessPlanner
 
     s = _sched(MemoryKV())
     for i in range(8):  # greedy admission leaves a cheaper re-partition of the first group's neighbourhood

@@ -32,7 +32,7 @@ def tiny(name: str, uid: str):
 def sched(ray_cluster, local_cluster_spec):
     import ray
 
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
 
     name = f"test-onpolicy-{uuid.uuid4().hex[:6]}"
     h = get_or_create_scheduler(local_cluster_spec, name=name)

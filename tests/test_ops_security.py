@@ -124,7 +124,7 @@ def test_fresh_up_accepts_no_unauthenticated_request(netns, tmp_path):
         for f in ("ray_auth_token", "api_token"):
             assert (sd / f).stat().st_mode & 0o777 == 0o600
         assert (tmp_path / "current").read_text().strip() == str(sd)
-        from actors.cli_ops import _ray_temp_dir
+        from actors.ops.cli_ops import _ray_temp_dir
         from rollmux.config import ServeConfig
 
         grafana = _ray_temp_dir(ServeConfig(state_dir=sd)) / "head/session_latest/metrics/grafana/dashboards"

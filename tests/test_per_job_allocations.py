@@ -16,7 +16,7 @@ from rollmux.admission import SchedulerConfig, load_scheduler_config
 from rollmux.baselines import cheaper_alone, gavel_choice
 from rollmux.config import CONFIG_DIR, load_cluster
 from rollmux.partition_bound import BoundBudget
-from rollmux.simulator import simulate
+from rollmux.sim.simulator import simulate
 from rollmux.traces import TraceWindow, load_trace
 from rollmux.workloads import draw_jobs
 

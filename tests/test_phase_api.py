@@ -213,7 +213,7 @@ def test_cold_switch_rebuilds_residents_without_losing_their_state(tmp_path):
     hand over keeps running (the builder's duplicate is dropped and closed)."""
     import torch
 
-    from actors.workers import RolloutWorkerImpl, TrainWorkerImpl
+    from actors.worker.workers import RolloutWorkerImpl, TrainWorkerImpl
 
     class Engine:
         rollmux_resident = True
@@ -259,7 +259,7 @@ def test_cold_switch_keeps_the_engine_alive_and_closes_it_when_the_job_leaves(tm
     phase); the engine is asleep between phases and closed when the job leaves the worker."""
     import torch
 
-    from actors.workers import RolloutWorkerImpl
+    from actors.worker.workers import RolloutWorkerImpl
 
     calls = {"build": 0}
 

@@ -15,7 +15,7 @@ from rollmux.preemption import (
     PriorityBook, Running, choose_victims, fits_after, lost_gpu_h, may_preempt, quota_verdict, rank_of,
 )
 from rollmux.profiler import move_time_s
-from rollmux.simulator import simulate
+from rollmux.sim.simulator import simulate
 from rollmux.workloads import SimJob, assign_priorities, parse_class_shares
 
 LOCAL = load_cluster(CONFIG_DIR / "cluster_local.yaml")  # 2 rollout + 2 training nodes of 1 GPU

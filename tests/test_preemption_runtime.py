@@ -28,8 +28,8 @@ def test_scheduler_preempts_requeues_resumes_and_survives_restart(local_cluster_
     preempts the best-effort job (not the non-preemptible one), which is re-queued with its
     record saying when, by whom and what it lost; a restarted scheduler keeps both; the
     departure of the production job re-admits it with its history."""
-    from actors.global_scheduler import GlobalSchedulerImpl
-    from actors.kv import MemoryKV
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.kv import MemoryKV
 
     kv = MemoryKV()
 
@@ -65,8 +65,8 @@ def test_scheduler_preempts_requeues_resumes_and_survives_restart(local_cluster_
 
 
 def test_quota_refusals_name_the_tenant_and_an_unknown_class_the_field(local_cluster_spec):
-    from actors.global_scheduler import GlobalSchedulerImpl
-    from actors.kv import MemoryKV
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.kv import MemoryKV
 
     g = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0, max_group_size=1,
                             config={"attach_timeout_s": 0.0, "tenants": TEAM_Q})
@@ -91,8 +91,8 @@ def test_a_queued_higher_class_preempts_once_a_departure_makes_a_set_possible(lo
     no set exists, it queues. That job departs; the room it leaves is not enough (a best-effort job
     holds the other pair), but now the best-effort job alone is a set: it is preempted and the
     production job admitted, in the departure's write."""
-    from actors.global_scheduler import GlobalSchedulerImpl
-    from actors.kv import MemoryKV
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.kv import MemoryKV
 
     g = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0, max_group_size=1,
                             config={"attach_timeout_s": 0.0})
@@ -109,8 +109,8 @@ def test_a_queued_higher_class_preempts_once_a_departure_makes_a_set_possible(lo
 def test_a_tenant_within_its_quota_reclaims_borrowed_capacity_first(local_cluster_spec):
     """Tenant b borrows the second node pair beyond its quota; tenant a, within its quota, arrives
     at the same class: b's borrowed job is preempted (reclaim), b's job within its quota is not."""
-    from actors.global_scheduler import GlobalSchedulerImpl
-    from actors.kv import MemoryKV
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.kv import MemoryKV
 
     g = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0, max_group_size=1,
                             config={"attach_timeout_s": 0.0, "tenants": {
@@ -221,8 +221,8 @@ def test_newcomer_is_fenced_off_the_victims_nodes_until_it_drained(local_cluster
     state) does, as does the grace after the stop (a driver that never exports), or a failure
     report (its controller evicted it: its driver was lost). A victim whose group never had a
     controller (no driver attached) is drained at once."""
-    from actors.global_scheduler import GlobalSchedulerImpl
-    from actors.kv import MemoryKV
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.kv import MemoryKV
     from rollmux.drain import DRAIN_GRACE_S
 
     kv = MemoryKV()
@@ -299,7 +299,7 @@ def _victim_cfg(jid: str, iterations: int = 4):
 
 def _bounded_scheduler(cluster, name: str):
     """A GlobalScheduler on the local cluster (two node pairs) with groups of one and team-q's quota."""
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
     from rollmux.admission import load_scheduler_config
 
     return get_or_create_scheduler(cluster, name=name, max_group_size=1,
@@ -384,8 +384,8 @@ def test_preempted_grpo_job_resumes_bit_identical_to_solo(ray_cluster, local_clu
 
 
 def test_a_preemption_is_counted_by_the_victims_class(local_cluster_spec):
-    from actors.global_scheduler import GlobalSchedulerImpl
-    from actors.kv import MemoryKV
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.kv import MemoryKV
 
     g = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0, max_group_size=1,
                             config={"attach_timeout_s": 0.0})

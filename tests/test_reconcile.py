@@ -1,5 +1,5 @@
 """The GlobalScheduler's reconcile path without Ray: fake handles (``tests/factories.py``) stand in
-for the controllers and workers (:class:`actors.reconciler.HandleFactory`), so pushes,
+for the controllers and workers (:class:`actors.scheduler.reconciler.HandleFactory`), so pushes,
 acknowledgements, re-sends, restarts, attaches and worker releases are driven step by step."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import asyncio
 
 import pytest
 
-from actors.kv import MemoryKV
+from actors.scheduler.kv import MemoryKV
 from factories import FakeAck, FakeController, FakeHandles, InProcessWorker, small_spec, unit_kw
 
 
 def _sched(handles, kv=None, **kw):
-    from actors.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
     from rollmux.config import CONFIG_DIR, load_cluster
 
     return GlobalSchedulerImpl(load_cluster(CONFIG_DIR / "cluster_local.yaml"), kv=kv or MemoryKV(),
@@ -36,7 +36,7 @@ def test_admission_pushes_the_groups_membership_and_an_ack_clears_it():
 
 
 def test_a_failed_or_overdue_push_is_sent_again_with_a_newer_seq(monkeypatch):
-    from actors import reconciler
+    from actors.scheduler import reconciler
 
     answers = [FakeAck({}), FakeAck(error=RuntimeError("controller died")), FakeAck(pending=True),
                FakeAck({})]  # the start-up push, the admission's, then two re-sends
@@ -90,7 +90,7 @@ def test_a_restarted_scheduler_repushes_every_group_and_tells_dissolved_ones():
 
 
 def test_attach_creates_the_controller_and_waits_for_its_acknowledgement(monkeypatch):
-    from actors import global_scheduler
+    from actors.scheduler import global_scheduler
 
     handles = FakeHandles()
     s = _sched(handles)
@@ -124,7 +124,7 @@ def test_a_restarted_controller_pulls_its_membership_when_an_unknown_job_calls()
     """A controller that does not know a calling job (it restarted, or the attach's push was not
     acknowledged in time) pulls its group's membership and applies it as a push; a known job's
     calls ask nothing."""
-    from actors.group_controller import GroupControllerImpl
+    from actors.scheduler.group_controller import GroupControllerImpl
 
     s = _sched(FakeHandles())
     assert s.admit(small_spec("a"))["admitted"]
@@ -155,7 +155,7 @@ def test_a_restarted_controller_pulls_its_membership_when_an_unknown_job_calls()
 
 
 def test_ended_jobs_workers_are_released_through_the_handle_factory(tmp_path):
-    from actors.workers import RolloutWorkerImpl, TrainWorkerImpl
+    from actors.worker.workers import RolloutWorkerImpl, TrainWorkerImpl
 
     handles = FakeHandles()
     s = _sched(handles)

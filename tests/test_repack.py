@@ -10,7 +10,7 @@ from rollmux import profiler
 from rollmux.admission import InterGroupScheduler, SchedulerConfig
 from rollmux.config import CONFIG_DIR, load_cluster
 from rollmux.models import JobSpec, PhaseProfile
-from rollmux.simulator import Realisation, make_policy, replay
+from rollmux.sim.simulator import Realisation, make_policy, replay
 from rollmux.workloads import SimJob
 from tests.test_admission import R_PRICE, T_PRICE, job, make_cluster
 
@@ -274,7 +274,7 @@ def test_the_replay_and_the_cluster_repair_slos_after_every_departure(monkeypatc
     (``_departure_moves``)."""
     import inspect
 
-    import actors.scheduler_reopt as runtime
+    import actors.scheduler.reopt as runtime
 
     seen = []
     orig = InterGroupScheduler.keep_slos

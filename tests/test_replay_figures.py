@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from pin_replay_figures import MEASURED_PREFIXES, PINNED, default_inputs, differences  # noqa: E402
 
 from rollmux.policies import SCHEDULER_POLICIES  # noqa: E402
-from rollmux.simulator import simulate  # noqa: E402
+from rollmux.sim.simulator import simulate  # noqa: E402
 
 HINT = ("the default replay's figures changed: if a decision changed on purpose, re-pin with "
         "`python scripts/pin_replay_figures.py --write` and say why in the commit; otherwise a speed-up changed a decision")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from actors.rollout_metrics import idle_ratio, render_prometheus
+from actors.rollout.metrics import idle_ratio, render_prometheus
 from rollmux.rollout_sched.api import (
     ByteTokenizer, ChatBody, CompletionBody, Priority, RolloutIn, SubmitBatch, chat_prompt, openai_request,
 )

@@ -22,7 +22,7 @@ PREFIX = "shared system prompt of this step, long enough to be routed by its pre
 
 def test_replica_killed_mid_step(ray_cluster):
     from actors.handles import RolloutReplicaHandle
-    from actors.rollout_service import ensure_rollout_service
+    from actors.rollout.service import ensure_rollout_service
 
     h = ensure_rollout_service(f"rollmux-rollouts-faults-{uuid.uuid4().hex[:6]}")
     try:

@@ -1,4 +1,4 @@
-"""The rollout service over HTTP (serve_app.py + serve_api/rollouts.py + actors/rollout_service.py),
+"""The rollout service over HTTP (serve_app.py + serve_api/rollouts.py + actors/rollout/service.py),
 on the same Serve app and port as the admission API, two CPU engine replicas.
 
 A multi-step trainer loop (submit a batch, stream, cancel the leftovers after over-sampling,
@@ -21,7 +21,7 @@ SYSTEM = "You are a careful solver. Think step by step and answer briefly. " * 2
 
 @pytest.fixture(scope="module")
 def svc(serve_api):
-    from actors.rollout_service import ensure_rollout_service, service_name
+    from actors.rollout.service import ensure_rollout_service, service_name
 
     h = ensure_rollout_service(service_name(serve_api.scheduler_name))
     lim = h.ready_sync(timeout_s=300)
@@ -280,7 +280,7 @@ def test_disconnected_stream_client_has_its_requests_cancelled(http, svc):
 def test_a_restarted_service_is_found_again(http, svc, serve_api):
     """The service actor replaced under the app (e.g. a new policy): reads find the new one at once;
     a write answers 202, or 503 with Retry-After once (never resent: it may have reached the old one)."""
-    from actors.rollout_service import ensure_rollout_service, service_name
+    from actors.rollout.service import ensure_rollout_service, service_name
 
     svc.shutdown_sync()
     h = ensure_rollout_service(service_name(serve_api.scheduler_name), overrides={"policy": "fifo"})

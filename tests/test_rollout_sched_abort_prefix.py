@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.rollout_engine import CPUEngine, ListSource, SimulatedEngine, serve
+from actors.rollout.engine import CPUEngine, ListSource, SimulatedEngine, serve
 from rollmux.rollout_sched import Request, RolloutRequestScheduler, load_rollout_sched_config
 
 SYSTEM = list(range(10, 40))  # a 30-token shared system prompt

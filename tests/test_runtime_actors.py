@@ -42,7 +42,7 @@ def loop(job, fns, n, out: dict, key: str):
 def sched(ray_cluster, local_cluster_spec):
     import ray
 
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     name = f"test-sched-{_uid()}"
@@ -75,7 +75,7 @@ def run_group(name, kinds, n, *, fail=None, switch=None, sync_backend=None):
 def test_three_jobs_interleave_round_robin_in_one_group(sched, sync_backend):
     import ray
 
-    from actors.runtime_client import group_timeline
+    from actors.driver.runtime_client import group_timeline
 
     name, h = sched
     n = 3
@@ -191,7 +191,7 @@ def test_sync_fails_fast_when_a_training_rank_fails_mid_sync(sched):
 def test_failing_job_is_isolated_and_released(sched):
     import ray
 
-    from actors.workers import get_or_create_worker
+    from actors.worker.workers import get_or_create_worker
 
     name, h = sched
     n = 3
@@ -217,7 +217,7 @@ def test_failing_job_is_isolated_and_released(sched):
 def test_worker_pinned_to_policy_node(ray_cluster):
     import ray
 
-    from actors.workers import get_or_create_worker
+    from actors.worker.workers import get_or_create_worker
 
     for node in ("rollout-1", "train-0"):
         where = ray.get(get_or_create_worker(node).where.remote())
@@ -258,7 +258,7 @@ def test_lost_driver_is_evicted_and_mates_continue(ray_cluster, local_cluster_sp
     """A driver that dies between phases (no heartbeat) must not stall its group-mates."""
     import ray
 
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     name = f"test-lease-{_uid()}"
@@ -284,7 +284,7 @@ def test_lost_driver_is_evicted_and_mates_continue(ray_cluster, local_cluster_sp
 
 # ---- GroupController logic without Ray (the actor's class driven directly on an event loop)
 def _ctrl(**kw):
-    from actors.group_controller import GroupControllerImpl
+    from actors.scheduler.group_controller import GroupControllerImpl
 
     return GroupControllerImpl("group-u", None, metrics_flush_s=0, metrics_enabled=False, **kw)
 
@@ -299,7 +299,7 @@ def _rec(node, t0, t1, ok=True, switch="warm"):
 def test_controller_grants_round_robin_and_removes_failed_jobs():
     import asyncio
 
-    from actors.group_controller import PermitError
+    from actors.scheduler.group_controller import PermitError
 
     async def scenario():
         c = _ctrl(lease_s=0)
@@ -416,13 +416,13 @@ def test_controller_evicts_silent_driver():
 def test_long_tail_settings_reach_controllers_and_simulator():
     """``configs/scheduler.yaml``'s long-tail settings (trigger fraction, tail GPUs, overhead,
     whether migration acts) reach every new GroupController and the simulator's default."""
-    from actors.global_scheduler import GlobalSchedulerImpl
-    from actors.group_controller import GroupControllerImpl
-    from actors.kv import MemoryKV
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.group_controller import GroupControllerImpl
+    from actors.scheduler.kv import MemoryKV
     from rollmux.admission import load_scheduler_config
     from rollmux.config import CONFIG_DIR, load_cluster
     from rollmux.intra_group import LongTailPolicy
-    from rollmux.simulator import Realisation
+    from rollmux.sim.simulator import Realisation
 
     sim = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
     g = GlobalSchedulerImpl(sim, kv=MemoryKV(), **unit_kw(),
@@ -461,13 +461,13 @@ def test_cpu_pinning_gives_each_node_its_cpu(local_cluster_spec):
     import subprocess
     import sys
 
-    from actors.local_cluster import cpu_pinning
+    from actors.ops.local_cluster import cpu_pinning
 
     pin = cpu_pinning(local_cluster_spec, cpus=[0, 1])
     assert pin == {"rollout-0": [0], "train-0": [1], "rollout-1": [0], "train-1": [1]}
     assert cpu_pinning(local_cluster_spec, cpus=[0, 1, 2, 3])["train-1"] == [3]
     # a worker process pins itself from the environment the cluster passes down
-    code = "from actors.workers import pin_to_cpus; import os; print(pin_to_cpus('train-0'), sorted(os.sched_getaffinity(0)))"
+    code = "from actors.worker.workers import pin_to_cpus; import os; print(pin_to_cpus('train-0'), sorted(os.sched_getaffinity(0)))"
     env = {**__import__("os").environ, "ROLLMUX_CPU_PIN": json.dumps({"train-0": [0]})}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60).stdout
     assert out.split() == ["[0]", "[0]"]

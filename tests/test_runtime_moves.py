@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import rollmux
-from actors.kv import MemoryKV
+from actors.scheduler.kv import MemoryKV
 from factories import kill_scheduler_and_controllers, make_toy, toy_spec, unit_kw, wait_until
 from rollmux.messages import MembershipPush
 from test_runtime_actors import loop
@@ -42,7 +42,7 @@ def _admit_three(admit, tag: str) -> tuple[str, str, str]:
 def test_departure_moves_job_record_and_checkpoint_without_ray(local_cluster_spec):
     """Unit level (no Ray): the move is in the departure's result, the moved job's record, the
     group table and the checkpoint a restarted scheduler restores."""
-    from actors.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
 
     kv = MemoryKV()
     s = GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0, max_group_size=2)
@@ -97,7 +97,7 @@ def test_a_move_fences_its_old_nodes_for_other_groups_until_it_drained(local_clu
     from group-0's workers) lifts it. Each other way a drain completes lifts it too: overdue after
     the stop, a failure report, no stop at all within the bound; a move of a job that had not
     started waits for nothing."""
-    from actors.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
     from rollmux.drain import DRAIN_GRACE_S, DRAIN_MAX_S
 
     def scenario(tag: str, kv, *, running: bool = True):
@@ -154,7 +154,7 @@ def test_a_move_fences_its_old_nodes_for_other_groups_until_it_drained(local_clu
 
 
 def _ctrl():
-    from actors.group_controller import GroupControllerImpl
+    from actors.scheduler.group_controller import GroupControllerImpl
 
     return GroupControllerImpl("group-m", None, metrics_flush_s=0, metrics_enabled=False, lease_s=0)
 
@@ -169,7 +169,7 @@ def test_controller_moved_removal_waits_for_the_iteration_boundary():
     """A "moved" removal mid-iteration lets the job finish its iteration (its grants and
     releases are honoured), then drops it; a job between iterations leaves at once; later
     permits say the job moved."""
-    from actors.group_controller import PermitError
+    from actors.scheduler.group_controller import PermitError
 
     async def scenario():
         c = _ctrl()
@@ -215,7 +215,7 @@ def test_controller_takes_the_newest_push_when_pushes_arrive_out_of_order():
     departure's push (B moved, A departed) before the older push that added A and B. The newest
     push is the whole target state: the controller records both as gone (B: moved), ignores the
     older push as stale, and B's driver is told it moved, not "not a member"."""
-    from actors.group_controller import PermitError
+    from actors.scheduler.group_controller import PermitError
 
     async def scenario():
         c = _ctrl()
@@ -256,7 +256,7 @@ def test_move_updates_controllers_and_survives_scheduler_restart(ray_cluster, lo
     (pending); a restarted scheduler restores the record and replays the move idempotently."""
     import ray
 
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
 
     name = f"test-moves-{_uid()}"
     h = get_or_create_scheduler(local_cluster_spec, name=name, checkpoint_path=str(tmp_path / "ck"), max_group_size=2)
@@ -314,8 +314,8 @@ def test_job_moved_mid_run_finishes_on_policy(ray_cluster, local_cluster_spec, s
     import ray
 
     import test_runtime_actors
-    from actors.global_scheduler import get_or_create_scheduler
-    from actors.workers import get_or_create_worker
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
+    from actors.worker.workers import get_or_create_worker
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ray.cloudpickle.register_pickle_by_value(test_runtime_actors)

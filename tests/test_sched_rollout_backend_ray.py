@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 def test_scheduled_sched_backend_job_is_bit_identical_to_solo(ray_cluster, local_cluster_spec):
     import ray
 
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
 
     uid = uuid.uuid4().hex[:6]
     name = f"test-schedbackend-{uid}"

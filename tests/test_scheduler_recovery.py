@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from actors.kv import FileKV, MemoryKV, RayInternalKV, make_kv
+from actors.scheduler.kv import FileKV, MemoryKV, RayInternalKV, make_kv
 from factories import wait_until, unit_kw
 
 
@@ -39,7 +39,7 @@ def test_kv_roundtrip(kind, tmp_path):
 
 def test_restore_from_checkpoint_without_ray(local_cluster_spec):
     """Unit level: a second scheduler on the same KV has the same jobs and group table."""
-    from actors.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
 
     kv = MemoryKV()
     a = GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0)
@@ -73,7 +73,7 @@ def test_restore_from_checkpoint_without_ray(local_cluster_spec):
 
 
 def test_scheduler_settings_come_from_configs_scheduler_yaml_and_survive_restore(local_cluster_spec):
-    from actors.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
     from rollmux.admission import load_scheduler_config
 
     d = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0)
@@ -97,7 +97,7 @@ def test_scheduler_actor_restart_restores_state(ray_cluster, local_cluster_spec,
     import ray
 
     import rollmux
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     name = f"test-recover-{_uid()}"

@@ -328,7 +328,7 @@ def test_down_stops_only_recorded_processes(tmp_path):
 
     from typer.testing import CliRunner
 
-    from actors import cli_ops
+    from actors.ops import cli_ops
     from rollmux_cli import app
 
     ours = cli_ops._spawn(["sleep", "60"], tmp_path / "a.log", dict(os.environ))
@@ -457,7 +457,7 @@ def test_ports_handed_to_ray_lie_outside_the_ephemeral_range(monkeypatch):
     could give an outgoing connection meanwhile, and are free when chosen; a busy draw is skipped."""
     import socket
 
-    from actors import cli_ops
+    from actors.ops import cli_ops
 
     lo, hi = cli_ops._ephemeral_range()
     ports = {cli_ops._free_port() for _ in range(200)}

@@ -7,7 +7,7 @@ import pytest
 from rollmux.baselines import gavel_options
 from rollmux.config import CONFIG_DIR, load_cluster
 from rollmux.models import JobSpec, PhaseProfile
-from rollmux.simulator import Realisation, make_policy, replay, simulate, summarise
+from rollmux.sim.simulator import Realisation, make_policy, replay, simulate, summarise
 from rollmux.traces import EXTRACT_TRACE, TraceJob, TraceWindow, load_trace
 from rollmux.workloads import SimJob, draw_jobs
 
@@ -126,8 +126,8 @@ def test_bad_inputs():
 
 
 def test_plots_write_pngs_and_reject_bad_series(tmp_path):
-    from rollmux.plots import plot_cost_over_time, plot_gantt
-    from rollmux.simulator import gantt_records
+    from rollmux.sim.plots import plot_cost_over_time, plot_gantt
+    from rollmux.sim.simulator import gantt_records
 
     jobs = [sj("r", 0, 36000, 400, 100), sj("t", 0, 36000, 100, 400)]
     real = Realisation(CLUSTER)

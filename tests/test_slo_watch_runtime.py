@@ -20,7 +20,7 @@ import torch
 from fastapi.testclient import TestClient
 
 import rollmux
-from actors.kv import MemoryKV
+from actors.scheduler.kv import MemoryKV
 from factories import InProcessScheduler, kill_scheduler_and_controllers, make_toy, unit_kw, wait_until
 from rollmux.messages import ProgressReport
 from serve_app import AppSettings, _sha256, create_app
@@ -45,7 +45,7 @@ def _admit_two(admit, tag: str) -> tuple[str, str]:
 
 def test_measured_phases_over_the_declared_profile_make_the_scheduler_isolate_the_job_at_risk(local_cluster_spec):
     """No Ray: reports in, the decision in the record (checkpointed), the API and the metric."""
-    from actors.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
 
     kv = MemoryKV()
     kw = unit_kw()
@@ -79,7 +79,7 @@ def test_measured_phases_over_the_declared_profile_make_the_scheduler_isolate_th
 
 
 def test_worst_case_source_records_phases_and_never_acts(local_cluster_spec):
-    from actors.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
 
     s = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0,
                             config={"max_group_size": 2, "profile_source": "worst_case"})
@@ -103,7 +103,7 @@ def test_the_runtime_moves_the_job_at_risk_at_an_iteration_boundary_and_it_stays
     import ray
 
     import test_runtime_actors
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ray.cloudpickle.register_pickle_by_value(test_runtime_actors)

@@ -125,7 +125,7 @@ def test_auto_falls_back_to_the_object_store_when_the_endpoints_cannot_be_built(
     there; an explicit ``gloo`` fails instead; ``object_store`` never tries the collectives."""
     import torch
 
-    from actors.weight_sync import SyncSession
+    from actors.worker.weight_sync import SyncSession
 
     tried: list = []
     publish = lambda s: {"w": torch.ones(2)}  # noqa: E731  (the job's sync function)
@@ -163,7 +163,7 @@ def test_a_training_rank_waits_for_its_leaders_word_on_the_sync_generation():
 
     import torch
 
-    from actors import workers as W
+    from actors.worker import workers as W
     from rollmux.messages import SyncSignal, SyncSignalKind
     from rollmux.sync_plan import SyncAbortedError
 

@@ -112,7 +112,7 @@ def test_spec_is_derived_from_the_trainer_and_a_missing_field_is_named(tmp_path,
 def sched(ray_cluster, local_cluster_spec):
     import ray
 
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
     from factories import kill_scheduler_and_controllers
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -127,7 +127,7 @@ def sched(ray_cluster, local_cluster_spec):
 def test_trl_job_co_executed_with_another_job_is_bit_identical_to_plain_trl(plain_trl, sched, tmp_path):
     import ray
 
-    from actors.runtime_client import group_timeline
+    from actors.driver.runtime_client import group_timeline
 
     name, h, address = sched
     uid = uuid.uuid4().hex[:6]

@@ -102,7 +102,7 @@ FakeAsyncTrainer.__name__ = "PPOTrainerColocateAsync"
 
 
 def test_v1_hooks_put_verl_phases_under_the_right_permits():
-    from actors.verl_placement import trainer_cls
+    from actors.driver.verl_placement import trainer_cls
 
     job = rollmux.Job(small_spec("verl-v1"), attach=False)
     cls = trainer_cls(FakeV1Trainer)
@@ -364,7 +364,7 @@ from verl.trainer.ppo.v1.trainer_base import PPOTrainer, get_trainer_cls
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.single_controller.ray.base import RayResourcePool, ResourcePoolManager
 import rollmux.integrations.verl as a
-import actors.verl_placement as p
+import actors.driver.verl_placement as p
 cls = p.register()
 out = {"verl": verl.__version__, "registered": get_trainer_cls("rollmux_sync") is cls,
        "mro": [c.__name__ for c in cls.__mro__[:4]],

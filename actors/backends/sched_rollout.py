@@ -5,7 +5,7 @@ into a generation :class:`~rollmux.rollout_sched.Request` (``critical=True``: th
 waits on the batch; ``task_family`` = the job's task; ``policy_version`` = the weights' version),
 submits them to a :class:`~rollmux.rollout_sched.RolloutRequestScheduler` (``mixed`` policy by
 default, ``configs/rollout_sched.yaml`` section ``cpu_engine``) and runs them with
-:func:`actors.rollout_engine.serve` on a :class:`~actors.rollout_engine.CPUEngine` serving the
+:func:`actors.rollout.engine.serve` on a :class:`~actors.rollout.engine.CPUEngine` serving the
 job's own policy model (transformers, manual decode loop with KV cache and prompt-prefix KV reuse).
 Long generations advance ``slice_tokens`` tokens per scheduling window, so short requests (reward
 queries, state queries) submitted while they run enter at the next window
@@ -19,7 +19,7 @@ is built per call. The scheduler itself (prefix index, cold-start controller) pe
 calls and pickles with the backend (plain Python state), so the runtime's state convention moves
 it between phases like any other value.
 
-GPU: :class:`actors.rollout_engine.VLLMEngine` is the same engine contract on vLLM with prefix
+GPU: :class:`actors.rollout.engine.VLLMEngine` is the same engine contract on vLLM with prefix
 caching; this backend is CPU-only (``device != "cpu"`` raises), see docs/ARCHITECTURE.md.
 """
 
@@ -31,7 +31,7 @@ from typing import Any, Optional
 import torch
 
 from actors.backends.base import ProgressFn, RolloutBackend, pad_to
-from actors.rollout_engine import CPUEngine, ListSource, serve
+from actors.rollout.engine import CPUEngine, ListSource, serve
 from rollmux.rollout_sched import (
     Completion,
     Request,

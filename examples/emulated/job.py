@@ -49,7 +49,7 @@ class EmulatedJobConfig(BaseModel):
 
 def build_rollout_state(cfg: EmulatedJobConfig) -> dict:
     """Rollout-side state (cold start): the emulated engine and the job's length stream."""
-    from actors.emulated import EmulatedRollout
+    from actors.worker.emulated import EmulatedRollout
 
     em = cfg.emulation
     rng = emulation.job_rng(cfg.spec.job_id, em.seed)
@@ -60,7 +60,7 @@ def build_rollout_state(cfg: EmulatedJobConfig) -> dict:
 
 def build_train_state(cfg: EmulatedJobConfig) -> dict:
     """Training-side state (cold start): the emulated training engine."""
-    from actors.emulated import EmulatedTrain
+    from actors.worker.emulated import EmulatedTrain
 
     return {"trainer": EmulatedTrain(cfg.spec, cfg.cluster, cfg.emulation), "nodes": None}
 

@@ -2,7 +2,7 @@
 
 :class:`PermitScope` is what :meth:`rollmux.Job.permit` returns. Entering it acquires the phase's
 permit from the job's runtime (:class:`PlainPermits` in plain mode: granted at once;
-``actors.driver_permits.DriverPermits`` in scheduled mode: the co-execution group's controller,
+``actors.driver.permits.DriverPermits`` in scheduled mode: the co-execution group's controller,
 in round-robin order, the same ledger path as phases run on RollMux's workers), then calls the
 reload hook of every offload target (``reload_states`` / ``wake_up`` / ``load``); leaving it calls
 their offload hooks (``offload_states`` / ``sleep`` / ``offload``) and releases the permit with a

@@ -20,7 +20,7 @@ This module is pure (no Ray, no framework imports): the pieces every adapter sha
   waited time, and ``progress(done, total)`` for long-tail migration (RollMux §4.3).
 - :class:`PermitBackend`: what a runtime implements to grant permits (plain mode: at once,
   :class:`rollmux.integrations.permits.PlainPermits`; scheduled mode: through the group's
-  controller, ``actors.driver_permits.DriverPermits``).
+  controller, ``actors.driver.permits.DriverPermits``).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ until the next rollout. The asynchronous trainers (``colocate_async``, ``separat
 overlap rollout with training, which is not the synchronous on-policy loop RollMux multiplexes:
 :func:`rollmux_trainer_cls` refuses them.
 
-**Placement** (mechanism, so in ``actors.verl_placement``: it creates Ray placement groups): the
+**Placement** (mechanism, so in ``actors.driver.verl_placement``: it creates Ray placement groups): the
 trainer's ``global_pool`` (actor, reference, critic and, with verl's hybrid engine, the rollout
 replicas) is placed on the job's RollMux training nodes: its placement groups carry the nodes'
 ``rollmux_node:<id>`` resources (bundles from :func:`node_bundles`), one per node in the job's
@@ -44,7 +44,7 @@ the permit of the phase each name belongs to (:data:`PHASE_OF_TIMER`).
 
 Use (v1, in verl's task runner process)::
 
-    from actors.verl_placement import register
+    from actors.driver.verl_placement import register
     register()                      # adds trainer_mode "rollmux_sync" (PPOTrainerSync under RollMux,
                                     # its pools on the job's nodes; rollmux.integrations.verl.register: hooks only)
     # run verl with trainer.v1.trainer_mode=rollmux_sync (and ROLLMUX_ATTACH=1 to attach)
@@ -210,7 +210,7 @@ class RollMuxV1Hooks:
 
 def rollmux_trainer_cls(base: type, extra_bases: tuple = ()) -> type:
     """A subclass of the verl v1 trainer class ``base`` with :class:`RollMuxV1Hooks` (and
-    ``extra_bases`` before it, e.g. ``actors.verl_placement.PinnedPlacement``).
+    ``extra_bases`` before it, e.g. ``actors.driver.verl_placement.PinnedPlacement``).
 
     Raises ValueError for verl's asynchronous trainers (rollout overlapping training is not the
     synchronous on-policy loop RollMux multiplexes) and TypeError for a class without the v1 hooks."""
@@ -226,7 +226,7 @@ def rollmux_trainer_cls(base: type, extra_bases: tuple = ()) -> type:
 def register(name: str = "rollmux_sync", extra_bases: tuple = ()) -> type:
     """Register ``PPOTrainerSync`` under RollMux as verl trainer mode ``name`` (call it in the
     process that builds the trainer: verl's task runner). Returns the class. Needs verl. The
-    placement-pinning variant is ``actors.verl_placement.register``."""
+    placement-pinning variant is ``actors.driver.verl_placement.register``."""
     from verl.trainer.ppo.v1.trainer_base import register_trainer
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 

@@ -3,7 +3,7 @@
 Pure policy, no Ray: request model (:mod:`.requests`), radix prefix index (:mod:`.radix`),
 stage-1 resource budget (:mod:`.budget`), cold-start switch (:mod:`.coldstart`), policies
 ``fifo`` / ``prefix`` / ``mixed`` (:mod:`.policies`) and the scheduler (:mod:`.scheduler`).
-Engines live in ``actors.rollout_engine``.
+Engines live in ``actors.rollout.engine``.
 """
 
 from rollmux.rollout_sched.budget import EngineState, ResourceBudget, WindowBudget

@@ -2,7 +2,7 @@
 
 Pure pydantic, no Ray. The HTTP face (``serve_api/rollouts.py``) validates bodies into these
 models (``extra="forbid"``, no NaN / Infinity: a bad field gets a 422 naming it) and the service
-actor (``actors/rollout_service.py``) answers with them. Limits that depend on the engine (vocabulary,
+actor (``actors/rollout/service.py``) answers with them. Limits that depend on the engine (vocabulary,
 ``max_tokens`` cap, context length) and on the service's state (sessions, minimum policy version,
 queue capacity) are checked by the service itself and refused with :class:`Refusal`.
 

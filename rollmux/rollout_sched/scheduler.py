@@ -22,7 +22,7 @@ Engines reset their prefix cache when new weights are loaded (vLLM ``reset_prefi
 engine), so a version change with ``cache_reset=True`` (the default) empties the index; the
 profile's ``prefix_ttl_versions`` only matters for an engine that keeps KV across versions.
 An aborted running request releases its KV at once (its slot is reusable in the same window). Modules: receiver, prefix indexer, budget
-controller, priority queue; the executor is ``actors.rollout_engine``.
+controller, priority queue; the executor is ``actors.rollout.engine``.
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ class RolloutRequestScheduler:
         """Drop a queued request, or abort a running one (e.g. the trainer already has enough
         samples). A running request's KV is released at once (the next :meth:`next_batch` can use
         the slot) and its id is handed to the engine by :meth:`take_aborts`; a late completion of
-        it is ignored by :func:`actors.rollout_engine.serve`. Returns False for an unknown or
+        it is ignored by :func:`actors.rollout.engine.serve`. Returns False for an unknown or
         finished id."""
         e = self.queue.pop(request_id, None)
         if e is not None:

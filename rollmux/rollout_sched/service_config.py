@@ -39,8 +39,8 @@ class ServiceConfig(BaseModel):
             version below ``v - max_policy_lag_versions`` are refused (409).
         engine_threads: torch threads of each CPU engine replica.
         max_replica_restarts: replacement replicas started for dead ones over the service's life.
-        engine: ``cpu`` (the tiny transformers model, :class:`actors.rollout_engine.CPUEngine`) or
-            ``vllm`` (GPU hosts: :class:`actors.rollout_engine.VLLMEngine` serving ``vllm_model``).
+        engine: ``cpu`` (the tiny transformers model, :class:`actors.rollout.engine.CPUEngine`) or
+            ``vllm`` (GPU hosts: :class:`actors.rollout.engine.VLLMEngine` serving ``vllm_model``).
         vllm_model: model name or path vLLM serves (``engine: vllm`` only).
     """
 

@@ -18,8 +18,8 @@ from rollmux.codes import Code
 from rollmux.models import ClusterSpec, CoExecutionGroup
 from rollmux.policies import policy_spec
 from rollmux.preemption import PreemptionPlan, PriorityBook, class_of, retry_order, tenant_of
-from rollmux.sim_learning import MeasuredLoop
-from rollmux.sim_realisation import Realisation
+from rollmux.sim.learning import MeasuredLoop
+from rollmux.sim.realisation import Realisation
 from rollmux.workloads import SimJob
 
 

@@ -1,8 +1,8 @@
 """The GlobalScheduler's checkpoint part: one atomic write per state change, with group commit.
 
-The KV store (:mod:`actors.kv`: file directory or Ray GCS internal KV) holds a base (the whole
+The KV store (:mod:`actors.scheduler.kv`: file directory or Ray GCS internal KV) holds a base (the whole
 state: the policy's snapshot header and groups, every job record, the admission queue) and
-write-ahead records (:class:`actors.checkpoint.Checkpoint`). Every state change is ONE ``put`` of
+write-ahead records (:class:`actors.scheduler.checkpoint.Checkpoint`). Every state change is ONE ``put`` of
 one record holding the changed job records and groups and, when the admission queue changed,
 the whole queue; a crash before the write means the change never happened, after it that it
 did; a store error rolls the in-memory table and records back (:meth:`CommitPart._transaction`).
@@ -13,9 +13,9 @@ that arrive within ``GROUP_COMMIT_WINDOW_S`` (and while the previous write runs)
 checkpoint write; only then are the callers answered and the touched groups' controllers pushed
 (target state first). A failed write restores the last written state: nothing of the batch
 happened, each caller gets code ``unavailable``. Each write publishes the next snapshot version
-(:mod:`actors.snapshot_log`).
+(:mod:`actors.scheduler.snapshot_log`).
 
-Compaction (a new base, :mod:`actors.checkpoint`) is O(stored jobs): with ``compaction=
+Compaction (a new base, :mod:`actors.scheduler.checkpoint`) is O(stored jobs): with ``compaction=
 "background"`` (the actor's default) a write that makes one due only wakes the compactor
 thread (:meth:`CommitPart.compact_pending`), which copies the checkpoint's state mirror under
 the lock and encodes and writes the base outside it; the reply never waits for it.
@@ -31,7 +31,7 @@ import contextlib
 import logging
 from typing import Optional
 
-from actors.job_store import JobStore
+from actors.scheduler.job_store import JobStore
 from rollmux.admission import InterGroupScheduler
 from rollmux.codes import Code
 
@@ -102,7 +102,7 @@ class CommitPart:
         self.snapshots.publish_full()
 
     def _write(self, jobs: tuple = (), groups: tuple = (), queue: bool = False) -> None:
-        """Commit one state change: ONE write-ahead record (:class:`actors.checkpoint.Checkpoint`)
+        """Commit one state change: ONE write-ahead record (:class:`actors.scheduler.checkpoint.Checkpoint`)
         carrying the changed job records and groups and, when ``queue``, the admission queue (a
         crash before it: the change never happened; after it: it did). Records of ended jobs beyond MAX_FINISHED_RECORDS are
         dropped in the same record. Raises (and the caller rolls back) when the store fails."""
@@ -132,7 +132,7 @@ class CommitPart:
         """Compact the checkpoint log when a new base is due, off the reply path (the compactor
         thread calls this when ``compaction="background"``; a caller with ``"manual"``). Holds
         the scheduler's lock only to copy the state mirror's containers
-        (:meth:`actors.checkpoint.Checkpoint.base_view`); encoding the base, its write and the
+        (:meth:`actors.scheduler.checkpoint.Checkpoint.base_view`); encoding the base, its write and the
         deletes of the records it covers run outside it, so no admission waits for them. True
         when a base was written (counted in ``compactions_off_reply``)."""
         with self._lock:
@@ -166,7 +166,7 @@ class CommitPart:
 
     def _load_state(self, state: dict) -> None:
         """Rebuild the policy's table and the job records from a restored state (see
-        :meth:`actors.checkpoint.Checkpoint.load`)."""
+        :meth:`actors.scheduler.checkpoint.Checkpoint.load`)."""
         groups = [g for g in state["groups"].values() if g]
         self.igs = InterGroupScheduler.restore(self.cluster, {**state["header"], "groups": groups})
         self.job_store.load(state["jobs"])

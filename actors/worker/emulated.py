@@ -89,7 +89,7 @@ class EmulatedRollout(_Emulated):
         """Emulate one rollout whose responses have ``lengths`` (tokens, shape ``(n,)``): wait
         until each response's modelled finish time, reporting ``progress(done, n)`` as they finish.
         With ``node`` (the pool node this rank runs on), long-tail migration's effect is acted out
-        with the other emulated rollouts on that node (:mod:`actors.emulated_tail`: a migrated
+        with the other emulated rollouts on that node (:mod:`actors.worker.emulated_tail`: a migrated
         rollout's tail stretches, the next one runs on the freed GPUs' share).
 
         Returns ``{"t_roll_model_s", "token_fraction", "mean_tokens", "responses", "wall_s",
@@ -121,7 +121,7 @@ class EmulatedRollout(_Emulated):
 
     def _generate_on_node(self, p: emulation.RolloutPlan, node: str, progress: Optional[ProgressFn], t0: float,
                           tick: float) -> dict:
-        from actors import emulated_tail
+        from actors.worker import emulated_tail
 
         m = profiler.rollout_model(self.job, self.cluster.rollout_pool.node.gpu, self.job.num_rollout_gpus,
                                    self.job.max_response_tokens)

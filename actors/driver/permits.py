@@ -7,7 +7,7 @@ path as phases run on the workers: ``GroupController.acquire`` (round-robin over
 per-node FIFO queues, :class:`rollmux.group_ledger.GroupLedger`) and ``GroupController.release``
 with the phase's :class:`rollmux.messages.PhaseRecord`, except that the driver that acquired is
 the grant's releaser (:attr:`rollmux.messages.Releaser.DRIVER`). The acquire goes through
-:meth:`actors.runtime_client.ScheduledRuntime._acquire`, so a job moved by departure re-packing
+:meth:`actors.driver.runtime_client.ScheduledRuntime._acquire`, so a job moved by departure re-packing
 follows its record to the new group (the framework's state stays where it is; the next permit
 names the new nodes). The driver's heartbeat keeps its lease while a permit is held; no worker
 marks a driver-side phase started, so a driver that dies holding a permit is evicted after its
@@ -26,14 +26,14 @@ import logging
 from typing import Optional
 
 from actors.handles import ActorLost, CallTimeout
-from actors.workers import PROGRESS_BUCKETS
+from actors.worker.workers import PROGRESS_BUCKETS
 from rollmux.messages import EventKind, Grant, PhaseRecord, Releaser, RolloutProgress, RuntimeEvent
 
 log = logging.getLogger("rollmux.driver_permits")
 
 
 class DriverPermits:
-    """Scheduled permits of one :class:`rollmux.Job` (its :class:`~actors.runtime_client.ScheduledRuntime`)."""
+    """Scheduled permits of one :class:`rollmux.Job` (its :class:`~actors.driver.runtime_client.ScheduledRuntime`)."""
 
     def __init__(self, runtime):
         self.rt = runtime

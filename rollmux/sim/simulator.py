@@ -42,8 +42,8 @@ about as fast as an H20 (3.35 vs 4.0 TB/s HBM), so colocation is not penalised a
 in the paper's testbed. In this work-conserving fluid model, SLO-blind over-packing (random,
 most-idle) is cheap per unit of work: it trades slowdown for cost.
 
-Modules: the realised phase times and group units are :mod:`rollmux.sim_realisation`, the
-policies as the replay sees them :mod:`rollmux.sim_policies`; this module holds the replay, its
+Modules: the realised phase times and group units are :mod:`rollmux.sim.realisation`, the
+policies as the replay sees them :mod:`rollmux.sim.policies`; this module holds the replay, its
 outcomes and the summary (``Realisation`` and ``make_policy`` are re-exported here).
 """
 
@@ -62,8 +62,8 @@ from rollmux.partition_bound import BoundBudget, lp_lower_bound, master_incumben
 from rollmux.intra_group import PhaseRecord, simulate_group
 from rollmux.models import ClusterSpec, CoExecutionGroup
 from rollmux.policies import POLICY_NAMES, check_policy, policy_spec
-from rollmux.sim_policies import QUEUED_SOLO, OptimalPolicy, SimPolicy, make_policy
-from rollmux.sim_realisation import Realisation
+from rollmux.sim.policies import QUEUED_SOLO, OptimalPolicy, SimPolicy, make_policy
+from rollmux.sim.realisation import Realisation
 from rollmux.workloads import SimJob
 
 #: Paper's reported cost ratios of Solo-D and colocated veRL to RollMux (RollMux §7.4, Fig. 13a).
@@ -627,7 +627,7 @@ def simulate(
     :func:`replay`);
     ``repack=False`` runs RollMux as the paper's admission-only Alg. 1 (no departure re-packing).
     ``queue=True``: a bounded ``cluster`` holds the jobs that do not fit in the admission queue
-    (:class:`rollmux.sim_policies.SchedulerPolicy`); each policy's summary then reports its jobs' queue waits.
+    (:class:`rollmux.sim.policies.SchedulerPolicy`); each policy's summary then reports its jobs' queue waits.
     Solo-D replays queued too (a group of one). ``priorities=True`` (with ``queue``): the jobs'
     priority classes and tenants (``JobSpec.priority_class`` / ``tenant``) order the queue, quotas
     and preemption apply (:mod:`rollmux.preemption`), and each summary has ``by_class``.

@@ -7,22 +7,22 @@ InterGroupScheduler`, Alg. 1; no second copy here), tracks each job's lifecycle
 transitions) in one :class:`rollmux.records.JobRecord` per job, and releases nodes on departure
 or failure. It is composed of parts, each in its own module:
 
-- :class:`actors.job_store.JobStore`: the job records, their one writer (state transitions,
+- :class:`actors.scheduler.job_store.JobStore`: the job records, their one writer (state transitions,
   progress, moves); where a job is placed is the policy's fact, read for every view while the
   job is active and frozen into the record when it ends;
-- :class:`actors.reconciler.Reconciler`: pushes of each group's target membership to its
+- :class:`actors.scheduler.reconciler.Reconciler`: pushes of each group's target membership to its
   controller (never waited for) and the releases of ended jobs' workers, through an injected
-  :class:`actors.reconciler.HandleFactory` (``RayHandles`` on a cluster; fakes in unit tests);
-- :class:`actors.snapshot_log.SnapshotLog`: the published snapshot the Serve replicas follow;
-- the admission queue (:mod:`actors.scheduler_queue`) and the re-optimisation
-  (:mod:`actors.scheduler_reopt`) parts;
-- here: the checkpoint (:mod:`actors.checkpoint`, one write-ahead record per state change, with
+  :class:`actors.scheduler.reconciler.HandleFactory` (``RayHandles`` on a cluster; fakes in unit tests);
+- :class:`actors.scheduler.snapshot_log.SnapshotLog`: the published snapshot the Serve replicas follow;
+- the admission queue (:mod:`actors.scheduler.admission_queue`) and the re-optimisation
+  (:mod:`actors.scheduler.reopt`) parts;
+- here: the checkpoint (:mod:`actors.scheduler.checkpoint`, one write-ahead record per state change, with
   group commit for the HTTP path) and the admission / departure / report flows.
 
 The singleton never waits on a controller, except :meth:`GlobalSchedulerImpl.attach` (a driver
 asking to run its job), which awaits, bounded, the acknowledgement of the membership it pushed,
 so the driver attaches to a controller that already knows it. The *target state* (job records +
-the policy's snapshot) is checkpointed to a KV store (:mod:`actors.kv`; Ray GCS internal KV by
+the policy's snapshot) is checkpointed to a KV store (:mod:`actors.scheduler.kv`; Ray GCS internal KV by
 default, a file directory with ``checkpoint_path``) first (a crash before the write means the
 change never happened, after it that it did; a failed write rolls the change back; a bad
 checkpoint refuses to start); then each touched group's controller gets the group's membership
@@ -55,23 +55,23 @@ from typing import Any, Optional
 
 from pydantic import ValidationError
 
-from actors.checkpoint import Checkpoint, CheckpointError  # noqa: F401  (CheckpointError re-exported)
+from actors.scheduler.checkpoint import Checkpoint, CheckpointError  # noqa: F401  (CheckpointError re-exported)
 from actors.handles import start_actor
-from actors.job_store import MAX_FINISHED_RECORDS, JobStore, spec_sha256  # noqa: F401  (MAX_FINISHED_RECORDS re-exported)
-from actors.kv import make_kv
-from actors.metrics import RollmuxMetrics
+from actors.scheduler.job_store import MAX_FINISHED_RECORDS, JobStore, spec_sha256  # noqa: F401  (MAX_FINISHED_RECORDS re-exported)
+from actors.scheduler.kv import make_kv
+from actors.ops.metrics import RollmuxMetrics
 from actors.naming import (  # noqa: F401  (NAMESPACE, SCHEDULER_NAME, get_scheduler re-exported)
     NAMESPACE, SCHEDULER_NAME, control_plane_resources, controller_name, ensure_ray, get_scheduler,
 )
-from actors.reconciler import (  # noqa: F401  (re-exported)
+from actors.scheduler.reconciler import (  # noqa: F401  (re-exported)
     ATTACH_PUSH_TIMEOUT_S, PUSH_RETRY_S, RECONCILE_FULL_S, RECONCILE_S, HandleFactory, RayHandles, Reconciler,
 )
-from actors.scheduler_commit import COMPACTION_MODES, GROUP_COMMIT_WINDOW_S, CommitPart  # noqa: F401  (re-exported)
-from actors.scheduler_priority import PriorityPart
-from actors.scheduler_queue import QueuePart
-from actors.scheduler_reopt import ReoptPart
-from actors.scheduler_slo import SloPart
-from actors.snapshot_log import SNAPSHOT_LOG, SnapshotLog  # noqa: F401  (re-exported)
+from actors.scheduler.commit import COMPACTION_MODES, GROUP_COMMIT_WINDOW_S, CommitPart  # noqa: F401  (re-exported)
+from actors.scheduler.priority import PriorityPart
+from actors.scheduler.admission_queue import QueuePart
+from actors.scheduler.reopt import ReoptPart
+from actors.scheduler.slo_watch import SloPart
+from actors.scheduler.snapshot_log import SNAPSHOT_LOG, SnapshotLog  # noqa: F401  (re-exported)
 from rollmux.admission import AdmissionDecision, InterGroupScheduler, SchedulerConfig, load_scheduler_config
 from rollmux.admission_queue import QUEUE_AHEAD_REASON, AdmissionQueue, what_if
 from rollmux.codes import Code
@@ -105,7 +105,7 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart, PriorityPar
 
     Args:
         cluster: the cluster spec (dict or :class:`ClusterSpec`).
-        checkpoint_path: directory for a :class:`actors.kv.FileKV`; ``None`` uses Ray's GCS KV.
+        checkpoint_path: directory for a :class:`actors.scheduler.kv.FileKV`; ``None`` uses Ray's GCS KV.
         name: this actor's name (checkpoint key and controller-name prefix).
         config: the scheduler settings (:class:`rollmux.admission.SchedulerConfig` or its dict);
             default ``configs/scheduler.yaml`` (the file ``rollmux simulate --config`` reads
@@ -113,10 +113,10 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart, PriorityPar
         policy / max_group_size / seed / repack_on_departure: override the config's values when
             given (a copy of the config with them). The whole config is kept in the checkpoint
             (a restored scheduler keeps its settings).
-        kv: an explicit :class:`actors.kv.KVStore` (unit tests: ``MemoryKV``).
-        handles: where the controllers and workers come from (:class:`actors.reconciler.HandleFactory`);
-            default :class:`actors.reconciler.RayHandles` (named actors on the Ray cluster).
-        metrics: the metrics recorder (default a :class:`actors.metrics.RollmuxMetrics` flushing
+        kv: an explicit :class:`actors.scheduler.kv.KVStore` (unit tests: ``MemoryKV``).
+        handles: where the controllers and workers come from (:class:`actors.scheduler.reconciler.HandleFactory`);
+            default :class:`actors.scheduler.reconciler.RayHandles` (named actors on the Ray cluster).
+        metrics: the metrics recorder (default a :class:`actors.ops.metrics.RollmuxMetrics` flushing
             every ``metrics_flush_s``, exporting Ray metrics unless ``metrics_enabled`` is False).
         reconcile_s: period of the reconcile thread, s (None: no thread; the caller runs
             :meth:`reconcile_once` and the other passes itself, e.g. a unit test).
@@ -125,7 +125,7 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart, PriorityPar
             write that makes it due: deterministic, unit tests), ``"background"`` (a compactor
             thread, off every reply path: :func:`get_or_create_scheduler`'s default) or
             ``"manual"`` (off the reply path; the caller runs :meth:`compact_pending`).
-        reopt_worker: where the admissions' re-optimisation solves run (:mod:`actors.reopt_worker`):
+        reopt_worker: where the admissions' re-optimisation solves run (:mod:`actors.scheduler.reopt_worker`):
             ``"thread"`` (the thread calling :meth:`reoptimise_pending`) or ``"process"`` (a child
             process: the solves never take the actor's interpreter lock;
             :func:`get_or_create_scheduler`'s default).
@@ -239,7 +239,7 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart, PriorityPar
     def _stored(rec: JobRecord) -> dict:
         return JobStore.stored(rec)
 
-    # ---- controllers: target state, asynchronous pushes, the reconcile loop (actors.reconciler)
+    # ---- controllers: target state, asynchronous pushes, the reconcile loop (actors.scheduler.reconciler)
     def _target(self, group_id: str) -> MembershipPush:
         """The membership a group's controller must converge to: its active members (in the
         planned round-robin order: the policy's member order, which admission's SLO check
@@ -286,7 +286,7 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart, PriorityPar
 
     def release_workers_once(self) -> list[tuple[str, str]]:
         """Tell the workers of jobs that ended to drop their state (fire and forget; see
-        :meth:`actors.reconciler.Reconciler.send_releases`). Returns the (job, node) pairs sent."""
+        :meth:`actors.scheduler.reconciler.Reconciler.send_releases`). Returns the (job, node) pairs sent."""
         with self._lock:
             todo = self.reconciler.take_releases()
         return self.reconciler.send_releases(todo)
@@ -623,7 +623,7 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart, PriorityPar
                 "t_cycle_s": st["t_cycle_s"], "t_load_s": st["t_load_s"], "slack_s": st["slack_s"],
                 "controller": controller_name(gid, self.name)}
 
-    # ---- the published snapshot (Serve replicas answer reads from it: actors.snapshot_log) and group commit
+    # ---- the published snapshot (Serve replicas answer reads from it: actors.scheduler.snapshot_log) and group commit
     def _publish(self, jobs: tuple, groups: tuple, dropped: list, queue_changed: bool) -> None:
         """Publish one committed change as the next version: the views of the changed jobs (and
         of every member of a changed group), of the changed groups (None: gone) and the queue."""

@@ -31,7 +31,7 @@ class ReoptPart:
     """The re-optimisation methods of the GlobalScheduler (see the module docstring)."""
 
     _opt = None  # the departures' OptimalPartition solver (built on first use; used under the lock)
-    _reopt_planner = None  # where the admissions' solves run (actors.reopt_worker; built on first use)
+    _reopt_planner = None  # where the admissions' solves run (actors.scheduler.reopt_worker; built on first use)
     reopt_worker = "thread"  # "thread" | "process" (the actor's default: a child process)
     reopt_planned = 0  # re-optimisation solves run off the lock
     reopt_applied = 0  # ... whose plan was committed
@@ -94,10 +94,10 @@ class ReoptPart:
         del self._reopt_forget[:-4096]  # bounded: the planner's cache is dropped with its process anyway
 
     def _planner(self):
-        """Where the admissions' re-optimisation solves run (:mod:`actors.reopt_worker`: this
+        """Where the admissions' re-optimisation solves run (:mod:`actors.scheduler.reopt_worker`: this
         thread, or a child process with ``reopt_worker="process"``); built on first use."""
         if self._reopt_planner is None:
-            from actors.reopt_worker import make_planner
+            from actors.scheduler.reopt_worker import make_planner
 
             self._reopt_planner = make_planner(self.reopt_worker, self.cluster, self.igs.config)
         return self._reopt_planner

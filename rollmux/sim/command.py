@@ -34,9 +34,9 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from rollmux import plots
+    from rollmux.sim import plots
     from rollmux.config import CONFIG_DIR, ConfigError, load_cluster
-    from rollmux.simulator import gantt_records, simulate as run_sim
+    from rollmux.sim.simulator import gantt_records, simulate as run_sim
     from rollmux.traces import DEFAULT_TRACE, EXTRACT_TRACE, TraceError, TraceWindow, load_trace, trace_label
     from rollmux.workloads import draw_jobs
 
@@ -62,7 +62,7 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
     queue = queue or priorities is not None
     if queue:
         from rollmux.policies import policy_spec
-        from rollmux.sim_policies import QUEUED_SOLO
+        from rollmux.sim.policies import QUEUED_SOLO
 
         other = [n for n in names if policy_spec(n).kind != "scheduler" and n != QUEUED_SOLO]
         if other:

@@ -6,7 +6,7 @@ the actor holds a :class:`rollmux.rollout_sched.RolloutRequestScheduler` (the mi
 policy: classes, prefix index with version expiry, two-stage budget, cold start) and runs its
 loop as an asyncio task: choose the window's batch (stage 1 budget + stage 2 ordering), send it
 with the aborts and the current policy version to the replica's engine actor
-(``actors/rollout_replica.py``, one call per window), record what finished. Weight updates are
+(``actors/rollout/replica.py``, one call per window), record what finished. Weight updates are
 applied between windows. Requests are routed to the replica with the best prefix match and room in
 its budget (:func:`rollmux.rollout_sched.routing.route`).
 
@@ -171,7 +171,7 @@ class RolloutService:
 
     def _spawn(self, i: int) -> _Replica:
         """Engine replica ``i`` (a new actor) and its serving loop."""
-        from actors.rollout_replica import EngineReplica
+        from actors.rollout.replica import EngineReplica
 
         opts: dict[str, Any] = {"num_cpus": 0, "namespace": NAMESPACE, "lifetime": "detached", "max_restarts": 0}
         if res := control_plane_resources():
@@ -574,7 +574,7 @@ class RolloutService:
     # ------------------------------------------------------------------ metrics
     async def stats(self) -> dict:
         """The six service metrics and the per-replica scheduler figures (see docs/ROLLOUT_SERVICE.md)."""
-        from actors.rollout_metrics import service_stats
+        from actors.rollout.metrics import service_stats
 
         return service_stats(self)
 

@@ -4,7 +4,7 @@ One worker actor per RollMux node and pool, named ``rollmux-worker-<node>`` (det
 get-if-exists), pinned to the node by the custom resource ``rollmux_node:<node>``
 (:func:`rollmux.nodes.node_resource`), 0 CPUs (it *is* the node's "device"), computing on one
 thread (``torch.set_num_threads(1)`` once a job has loaded torch: the worker itself never imports
-it, so that workers hosting only emulated-accelerator jobs stay light, :mod:`actors.emulated`). It hosts every job pinned to its node (one
+it, so that workers hosting only emulated-accelerator jobs stay light, :mod:`actors.worker.emulated`). It hosts every job pinned to its node (one
 :class:`_Hosted` each, registered from a :class:`rollmux.messages.JobHosting`):
 
 - between phases a job's phase state (a dict: modules, optimizer, generator, sampler position)
@@ -12,7 +12,7 @@ it, so that workers hosting only emulated-accelerator jobs stay light, :mod:`act
   (the control plane: engines, communicators) which stay alive in the process;
 - a granted phase (a :class:`rollmux.messages.PhaseCall`) *warm-starts* (``ray.get`` of the
   stored state -> live objects, ``load()`` hooks), runs the user's phase function, *offloads*
-  (``offload()`` hooks, ``ray.put``), commits (:mod:`actors.commits`) and releases the permit to
+  (``offload()`` hooks, ``ray.put``), commits (:mod:`actors.worker.commits`) and releases the permit to
   the grant's GroupController: the leader worker is the grant's releaser
   (:class:`rollmux.messages.Releaser` says why), so the nodes stay held until the phase ended on
   them, even when the driver dies meanwhile;
@@ -26,8 +26,8 @@ it, so that workers hosting only emulated-accelerator jobs stay light, :mod:`act
   the new node is part of its ``switch_s``). Resident values stay behind: they are control plane
   and the builder recreates them on the new node.
 
-The weight-sync protocol is one :class:`actors.weight_sync.SyncSession` per hosted job (its
-entry points here only route to it); the durable commits are :class:`actors.commits.Commits`.
+The weight-sync protocol is one :class:`actors.worker.weight_sync.SyncSession` per hosted job (its
+entry points here only route to it); the durable commits are :class:`actors.worker.commits.Commits`.
 Every call to another actor goes through :mod:`actors.handles`.
 """
 
@@ -42,12 +42,12 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from actors.commits import (  # noqa: F401  (KEEP_COMMITS re-exported)
+from actors.worker.commits import (  # noqa: F401  (KEEP_COMMITS re-exported)
     KEEP_COMMITS, Commits, WorkerLost, commit_files, load_bytes, load_file, save_file,
 )
 from actors.handles import ControllerHandle, WorkerHandle, gather, start_actor
 from actors.naming import NAMESPACE, worker_name  # noqa: F401  (re-exported)
-from actors.weight_sync import SYNC_TIMEOUT_S, SyncSession
+from actors.worker.weight_sync import SYNC_TIMEOUT_S, SyncSession
 from rollmux.messages import (
     JobHosting, MovedState, PendingWeights, PhaseCall, PhaseOutcome, PhaseRecord, RolloutProgress, SyncAck,
     SyncSignal, WorkerPlace,
@@ -445,7 +445,7 @@ class _PoolWorker:
             h.ref = None
         return time.perf_counter() - t0, storable
 
-    # ---- durable commits (a lost worker's jobs resume from them: :mod:`actors.commits`)
+    # ---- durable commits (a lost worker's jobs resume from them: :mod:`actors.worker.commits`)
     def _recover(self, h: _Hosted, seq: int) -> dict:
         """builder() + the commit of phase ``seq - 1`` (nothing committed before phase 1: the
         fresh builder state) and, on the rollout side, the synced weights received after that
@@ -635,11 +635,11 @@ class _PoolWorker:
             result = result if call.phase == "sync" else [result] + [o.result for o in outs]
         return PhaseOutcome(result=result, record=rec)
 
-    # ---- weight sync entry points (the protocol is the job's SyncSession: :mod:`actors.weight_sync`)
+    # ---- weight sync entry points (the protocol is the job's SyncSession: :mod:`actors.worker.weight_sync`)
     def open_sync_endpoint(self, job_id: str, plan, addr: str, index: int, host: str, backend: str = "gloo",
                            gen: int = 0) -> dict:
         """Join the job's collectives group as this pool's worker ``index`` (see
-        :meth:`actors.weight_sync.SyncSession.open_endpoint`)."""
+        :meth:`actors.worker.weight_sync.SyncSession.open_endpoint`)."""
         return self._hosted(job_id).sync.open_endpoint(plan, addr, index, host, backend, gen)
 
     def sync_caps(self) -> dict:

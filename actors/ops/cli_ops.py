@@ -32,14 +32,14 @@ from typing import Callable, Optional
 import typer
 from rich.table import Table
 
-from actors.cli_stack import (  # noqa: F401  (_ephemeral_range: the tests read it here)
+from actors.ops.cli_stack import (  # noqa: F401  (_ephemeral_range: the tests read it here)
     console, PROM_TARGETS, EXPOSE_FLAG, MAX_LOCAL_POOL_NODES, _CFG_HELP, _fail, _config, _state_path,
     _read_state, _write_state, _record_current, _clear_current, _resolve, _non_loopback_addresses,
     _ray_auth_env, _port_free, _ephemeral_range, _free_port, _alive, _ray_temp_dir, _ray_node_dir, _ray_cli, _spawn,
     _wait_port, _stop, _write_prometheus_targets, _install_grafana_dashboard, _print_urls, _env_lines, _http,
     _fmt,
 )
-from actors.ray_dirs import HEAD_KEY, UnsafeDirError
+from actors.ops.ray_dirs import HEAD_KEY, UnsafeDirError
 from rollmux.config import ConfigError, ServeConfig, load_cluster, load_job
 from rollmux.nodes import HEAD_RESOURCE, NODE_RESOURCE_UNITS, node_id, node_resource, pool_resource
 
@@ -293,7 +293,7 @@ def _start_pool_node(cfg: ServeConfig, state: dict, address: str, nid: str, pool
 def _start_scheduler_and_app(cfg: ServeConfig, cluster, token: str, deadline: float) -> None:
     import ray
 
-    from actors.global_scheduler import get_or_create_scheduler
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
     from actors.handles import SchedulerHandle
 
     if _DEPLOY is None:
@@ -309,7 +309,7 @@ def _start_scheduler_and_app(cfg: ServeConfig, cluster, token: str, deadline: fl
                 raise
             _fail(why[why.index("refusing to start"):])
         _DEPLOY(cfg, token)
-        from actors.rollout_service import ensure_rollout_service, service_name
+        from actors.rollout.service import ensure_rollout_service, service_name
 
         ensure_rollout_service(service_name(cfg.scheduler_name or "default")).ready_sync(  # /v1/rollouts behind the app
             timeout_s=max(30.0, deadline - time.monotonic()))

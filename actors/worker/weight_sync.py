@@ -218,7 +218,7 @@ class SyncSession:
         return dict(out, note=self.fallback or "object_store asked for", sync_s=time.perf_counter() - t0)
 
     def _sync_counted(self, weights: dict, follower: bool) -> dict:
-        """The ``"counted"`` transport (emulated accelerators, :mod:`actors.emulated`): the same
+        """The ``"counted"`` transport (emulated accelerators, :mod:`actors.worker.emulated`): the same
         §5.2 plan as a collectives sync (:func:`rollmux.sync_plan.build_plan` over the job's N
         training ranks and M rollout workers, from the weights' metadata), with every byte
         counted and none moved. Each rank counts the shards it would send across the pool

@@ -4,7 +4,7 @@ What ``rollmux up`` records and ``rollmux down`` reads: every process it starts 
 process-group id, start time) in ``<state_dir>/state.json``, the state directory of the last
 ``up`` (``~/.rollmux/current``, ``$ROLLMUX_CURRENT``), Ray's token-mode environment, free ports
 outside the kernel's ephemeral range, the stack's URLs and Prometheus targets, and the CLI's
-error exit (:func:`_fail`). The commands themselves are :mod:`actors.cli_ops`.
+error exit (:func:`_fail`). The commands themselves are :mod:`actors.ops.cli_ops`.
 """
 
 from __future__ import annotations
@@ -234,19 +234,19 @@ def _ray_temp_dir(cfg: ServeConfig) -> Path:
     the host): with private ones, ``ray job submit`` drivers attach to this cluster even when others
     run on the machine. Every Ray node of the stack gets its own temp dir below it
     (:func:`_ray_node_dir`), so that sibling nodes never share a session directory (and with it the
-    runtime-env agent's unpacked ``working_dir`` packages, :mod:`actors.ray_dirs`). Ray puts Unix
+    runtime-env agent's unpacked ``working_dir`` packages, :mod:`actors.ops.ray_dirs`). Ray puts Unix
     sockets under them (at most 107 bytes in all): a state dir with a long path gets
     ``/tmp/rollmux-ray-<hash of the path>``, created 0700 and checked to be this user's."""
-    from actors.ray_dirs import short_root
+    from actors.ops.ray_dirs import short_root
 
     return short_root(cfg.state_dir / "ray")
 
 
 def _ray_node_dir(cfg: ServeConfig, key: str) -> Path:
     """The private (0700) temp dir of one Ray node of the stack: ``<root>/head`` or ``<root>/<node id>``,
-    under a root made 0700 (:func:`_ray_temp_dir`). Raises actors.ray_dirs.UnsafeDirError when the
+    under a root made 0700 (:func:`_ray_temp_dir`). Raises actors.ops.ray_dirs.UnsafeDirError when the
     root or the dir exists but is a symlink or another user's."""
-    from actors.ray_dirs import node_temp_dir, private_dir
+    from actors.ops.ray_dirs import node_temp_dir, private_dir
 
     return node_temp_dir(private_dir(_ray_temp_dir(cfg)), key)
 
@@ -337,7 +337,7 @@ def _write_prometheus_targets(cfg: ServeConfig, state: dict) -> None:
     (cfg.state_dir / PROM_TARGETS).write_text(json.dumps([{"targets": targets, "labels": {"job": "rollmux"}}], indent=2))
 
 
-GRAFANA_DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "rollmux_grafana_dashboard.json"
+GRAFANA_DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "rollmux_grafana_dashboard.json"
 
 
 def _install_grafana_dashboard(cfg: ServeConfig) -> Optional[Path]:
@@ -346,7 +346,7 @@ def _install_grafana_dashboard(cfg: ServeConfig) -> Optional[Path]:
     generated configuration loads it (uid ``rollmux``). Returns the copy, or None."""
     import shutil
 
-    from actors.ray_dirs import HEAD_KEY
+    from actors.ops.ray_dirs import HEAD_KEY
 
     d = _ray_temp_dir(cfg) / HEAD_KEY / "session_latest" / "metrics" / "grafana" / "dashboards"
     if not (d.is_dir() and GRAFANA_DASHBOARD.is_file()):

@@ -18,7 +18,7 @@ it then reads its record, moves its stored state to the new nodes' workers, atta
 group's controller and retries the permit once (:meth:`ScheduledRuntime._rehome`).
 
 Multi-node phases: a job placed on k rollout nodes and m training nodes runs every phase on all
-of them as one SPMD step (:meth:`actors.workers._PoolWorker.run`): the driver calls the pool's
+of them as one SPMD step (:meth:`actors.worker.workers._PoolWorker.run`): the driver calls the pool's
 rank-0 worker, which starts the other ranks, and gets the rank results in rank order; the job's
 ``@job.gather(phase)`` function combines them (see :func:`rollmux.phase_state.parallel` for what
 a rank sees). Each pool's workers share a rendezvous store hosted by their rank 0 and a gloo
@@ -40,7 +40,7 @@ from actors.handles import REGISTER_TIMEOUT_S, REPORT_TIMEOUT_S, ActorLost, Cont
 from actors.naming import (  # noqa: F401  (ensure_ray, control_plane_resources re-exported)
     NAMESPACE, control_plane_resources, ensure_ray, get_scheduler, hosted_key, worker_name,
 )
-from actors.workers import JobNotHosted, WorkerLost, worker_handle
+from actors.worker.workers import JobNotHosted, WorkerLost, worker_handle
 from rollmux.group_ledger import HEARTBEAT_S, PermitError
 from rollmux.messages import (
     AbortOutcome, AttachTicket, EventKind, Grant, JobHosting, MovedState, ParallelPlace, PhaseCall, RuntimeEvent,
@@ -534,8 +534,8 @@ class ScheduledRuntime:
 
     def permit_backend(self):
         """Driver-side permits (framework integrations, ``Job.permit``) through this job's
-        GroupController: :class:`actors.driver_permits.DriverPermits`."""
-        from actors.driver_permits import DriverPermits
+        GroupController: :class:`actors.driver.permits.DriverPermits`."""
+        from actors.driver.permits import DriverPermits
 
         return DriverPermits(self)
 

@@ -58,7 +58,7 @@ class ThreadPlanner:
         pass
 
 
-# ---- the child process: ``python -m actors.reopt_worker``, pickles framed by multiprocessing's
+# ---- the child process: ``python -m actors.scheduler.reopt_worker``, pickles framed by multiprocessing's
 # Connection (length-prefixed) on stdin / stdout
 def _conn(fd: int, *, read: bool) -> Connection:
     """A one-way :class:`multiprocessing.connection.Connection` on its own copy of ``fd``."""
@@ -93,7 +93,7 @@ def _child_main() -> None:  # pragma: no cover - runs in the child (covered by t
 
 
 class ProcessPlanner:
-    """Solves in one child process (``python -m actors.reopt_worker``: a fresh interpreter that
+    """Solves in one child process (``python -m actors.scheduler.reopt_worker``: a fresh interpreter that
     shares no threads, locks or interpreter lock with the actor)."""
 
     def __init__(self, cluster: ClusterSpec, config: SchedulerConfig):
@@ -108,7 +108,7 @@ class ProcessPlanner:
         if self._proc is None or self._proc.poll() is not None:
             self._kill()
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-            self._proc = subprocess.Popen([sys.executable, "-m", "actors.reopt_worker"], stdin=subprocess.PIPE,
+            self._proc = subprocess.Popen([sys.executable, "-m", "actors.scheduler.reopt_worker"], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, env=env, close_fds=True)
             self._send = _conn(self._proc.stdin.fileno(), read=False)
             self._recv = _conn(self._proc.stdout.fileno(), read=True)

@@ -52,7 +52,7 @@ def idle_ratio(first: dict[int, float], last: dict[int, float], now_s: float) ->
 
 
 def service_stats(svc: Any) -> dict:
-    """The stats of a :class:`actors.rollout_service.RolloutService` (read on its event loop)."""
+    """The stats of a :class:`actors.rollout.service.RolloutService` (read on its event loop)."""
     now = svc._now()
     reps = []
     hit = prompt = 0

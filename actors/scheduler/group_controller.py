@@ -27,7 +27,7 @@ Timeline records: ``job_id, phase, pool, node, iteration, start, end`` (epoch se
 ``start_s, end_s`` (seconds since the controller started), ``switch`` (warm | cold | moved),
 ``switch_s``, ``run_s``, ``offload_s``, ``ok``, ``error``. Metrics: pool busy / bubble seconds,
 phase switches (kind); job iterations / slowdown go to the GlobalScheduler, which alone exports
-the per-job series (see :mod:`actors.metrics`).
+the per-job series (see :mod:`actors.ops.metrics`).
 
 State is soft: the GlobalScheduler pushes the group's membership (a
 :class:`rollmux.messages.MembershipPush`; its checkpoint is the truth) before a driver attaches,
@@ -98,7 +98,7 @@ class GroupControllerImpl:
                  tail_trigger_fraction: float = 0.8, tail_gpus: int = 1, migration_overhead_s: float = 2.0,
                  metrics_flush_s: float = 1.0, lease_s: float = DEFAULT_LEASE_S, metrics_enabled: bool = True,
                  clock=time.time):
-        from actors.metrics import RollmuxMetrics
+        from actors.ops.metrics import RollmuxMetrics
 
         self.group_id = group_id
         self.scheduler_name = scheduler_name

@@ -1,12 +1,12 @@
-"""One engine replica of the rollout service: an actor around a :class:`actors.rollout_engine.CPUEngine`.
+"""One engine replica of the rollout service: an actor around a :class:`actors.rollout.engine.CPUEngine`.
 
-The service's serving loop for this replica (``actors/rollout_service.py``) owns the scheduler;
+The service's serving loop for this replica (``actors/rollout/service.py``) owns the scheduler;
 each :meth:`EngineReplica.window` call is one scheduling window on the engine: load a new policy
 version first (the engine drops its prefix KV, made by the old weights), stop aborted requests
 (their KV freed before the batch starts), start the batch, run one time slice (``slice_tokens``
 decode steps per running generation) and report what finished. Requests that asked for them get
 the log-probability of each sampled token. On GPU hosts (``service.engine: vllm``) a
-:class:`actors.rollout_engine.VLLMEngine` takes the same place (no token log-probs there).
+:class:`actors.rollout.engine.VLLMEngine` takes the same place (no token log-probs there).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from actors.rollout_engine import CPUEngine, _seed_of
+from actors.rollout.engine import CPUEngine, _seed_of
 from rollmux.rollout_sched import RequestType
 from rollmux.rollout_sched.api import EngineResult, WindowCall, WindowReply
 
@@ -54,7 +54,7 @@ class EngineReplica:
         cfg = RolloutSchedConfig.model_validate(config)
         self.index = index
         if cfg.service.engine == "vllm":  # GPU hosts (import-guarded; no token log-probs from this adapter)
-            from actors.rollout_engine import VLLMEngine
+            from actors.rollout.engine import VLLMEngine
 
             self.engine: Any = VLLMEngine(cfg.service.vllm_model, slice_steps=cfg.slice_tokens, seed=seed)
         else:

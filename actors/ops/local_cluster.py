@@ -13,7 +13,7 @@ run in Ray's token mode too (:func:`use_ephemeral_ray_token`) unless ``RAY_AUTH_
 Everything a cluster writes lives under one private run directory (``$TMPDIR/rmx-<random>``, mode
 0700) that :meth:`LocalCluster.shutdown` (or, failing that, interpreter exit) removes: each Ray
 node's own temp dir (``head``, ``<node id>``: separate session dirs, so sibling nodes never share
-or delete each other's unpacked runtime-env packages, :mod:`actors.ray_dirs`), Ray's address file
+or delete each other's unpacked runtime-env packages, :mod:`actors.ops.ray_dirs`), Ray's address file
 (``RAY_TMPDIR``) and the temp files of the workers (their ``TMPDIR``, e.g. default cold-start
 checkpoints). Nothing is left in ``/tmp/ray``.
 """
@@ -90,7 +90,7 @@ def new_run_dir(parent: Optional[str] = None) -> Path:
     """A fresh private (0700) run directory ``<parent or $TMPDIR>/rmx-<random>``, short enough for
     Ray's socket paths (falls back to ``/tmp`` when ``parent`` is too long); removed at interpreter
     exit if :func:`remove_run_dir` was not called. Returns its path."""
-    from actors.ray_dirs import MAX_ROOT_CHARS
+    from actors.ops.ray_dirs import MAX_ROOT_CHARS
 
     base = parent or tempfile.gettempdir()
     if len(os.path.join(base, "rmx-12345678")) > MAX_ROOT_CHARS:
@@ -182,7 +182,7 @@ def start_local_cluster(
     import ray
     from ray.cluster_utils import Cluster
 
-    from actors.ray_dirs import HEAD_KEY, MAX_KEY_CHARS, node_temp_dir
+    from actors.ops.ray_dirs import HEAD_KEY, MAX_KEY_CHARS, node_temp_dir
 
     for pool in ("rollout", "train"):
         if spec.pool(pool).num_nodes is None:  # type: ignore[arg-type]

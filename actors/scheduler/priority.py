@@ -14,10 +14,10 @@ the scheduler's records:
   controller removes it at its iteration boundary (:meth:`rollmux.group_ledger.GroupLedger.remove`),
   never inside an iteration. Its driver, refused its next permit, exports the job's state from its
   workers (the workers are freed) and waits until the queue re-admits the job; it then registers
-  the state on its new workers and goes on (:meth:`actors.runtime_client.ScheduledRuntime._rehome`).
+  the state on its new workers and goes on (:meth:`actors.driver.runtime_client.ScheduledRuntime._rehome`).
 * The newcomer is admitted at once, but no job of another group starts a phase on the victim's
   nodes until the victim has *drained* there (:mod:`rollmux.drain`, :func:`rollmux.drain.fenced_nodes`):
-  its preemption record (written by the job store alone, :meth:`actors.job_store.JobStore.note_drain`)
+  its preemption record (written by the job store alone, :meth:`actors.scheduler.job_store.JobStore.note_drain`)
   keeps its group and nodes; its controller reports when it removed it at its boundary
   (``stopped``), its driver when it exported the state (``drained``); a failure / end report of the
   job drains it too (its controller evicted it: its driver was lost), as does

@@ -31,7 +31,7 @@ import re
 import threading
 from typing import Any, Optional
 
-from actors.kv import KVStore
+from actors.scheduler.kv import KVStore
 
 FORMAT = "rollmux-checkpoint"
 VERSION = 2

@@ -30,7 +30,7 @@ _PRIOR_JOBS = 32
 
 
 class MeasuredLoop:
-    """The loop above for one :class:`rollmux.sim_policies.SchedulerPolicy` (``sched``, ``real``)."""
+    """The loop above for one :class:`rollmux.sim.policies.SchedulerPolicy` (``sched``, ``real``)."""
 
     def __init__(self, sched, real) -> None:
         self.sched, self.real = sched, real

@@ -92,7 +92,7 @@ class RayHandles:
         return h
 
     def create_controller(self, group_id: str):
-        from actors.group_controller import create_controller
+        from actors.scheduler.group_controller import create_controller
 
         return create_controller(group_id, self.name, **self.controller_kw)
 

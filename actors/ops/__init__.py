@@ -1,0 +1,1 @@
+"""Operations: the ``rollmux`` cluster commands, local clusters, metrics, process statistics."""
