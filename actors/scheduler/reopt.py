@@ -36,9 +36,16 @@ class ReoptPart:
     reopt_planned = 0  # re-optimisation solves run off the lock
     reopt_applied = 0  # ... whose plan was committed
     reopt_stale = 0  # ... whose neighbourhood changed before the commit (dropped)
+    plans_computed = 0  # global plans searched off the lock (rollmux.admission.global_plan)
+    plan_migrations_applied = 0  # ... their migrations committed
+    plan_migrations_stale = 0  # ... their migrations dropped: a group changed since the plan was captured
+    admissions_during_plan = 0  # admissions answered while a global plan was being searched
+    _planning = False  # a global plan's search is in flight (off the lock)
 
     def _note_admission(self, job_id: str, group_id: str) -> None:
         self._reopt_pending[job_id] = group_id  # re-optimised by the reconcile thread, off the admission path
+        if self._planning:
+            self.admissions_during_plan += 1  # answered beside the global plan's search, not behind it
 
     def _solver(self):
         """The set-partitioning solver of the policy's neighbourhood re-optimisation (its layout
@@ -67,10 +74,16 @@ class ReoptPart:
         return self.job_store.record_moves(
             moves, trigger, now, lambda gid, jid: self.igs.group_stats(gid)["predicted_slowdowns"].get(jid), settled)
 
+    def _policy_clock(self) -> None:
+        """The policy's clock is Unix time here (its move cap counts moves per wall-clock hour)."""
+        if self.igs.clock is None:
+            self.igs.clock = time.time
+
     def _departure_moves(self, gid: str, job_id: str) -> list[dict]:
         """The policy's moves after ``job_id`` left ``gid`` (inside the departure's transaction:
         :meth:`~rollmux.admission.InterGroupScheduler.after_departure`, SLO repair, re-packing and
         re-optimisation); a failed attempt is rolled back by the policy: no job moves."""
+        self._policy_clock()
         try:
             moves = list(self.igs.after_departure(gid, solver=self._solver()))
         except Exception:  # the policy rolls a failed attempt back; the departure itself stands
@@ -116,6 +129,7 @@ class ReoptPart:
         ``reopt_planned`` (solves run off the lock), ``reopt_applied`` (plans committed)."""
         with self._lock:
             pending, self._reopt_pending = self._reopt_pending, {}
+            self._policy_clock()
         out = []
         for jid in pending:
             with self._lock:  # short: which neighbourhood, captured as values
@@ -157,4 +171,50 @@ class ReoptPart:
                 self._push(touched)
                 self._moved_metrics(touched, len(done))
                 out += [m.model_dump(mode="json") for m in done]
-        return out
+        return out + self.global_plan_pending()
+
+    def global_plan_pending(self) -> list[dict]:
+        """The global plan (:mod:`rollmux.admission.global_plan`), when one is due: its request is
+        captured under the lock (O(active jobs)), its search runs off the lock in the planner
+        (:mod:`actors.scheduler.reopt_worker`: the child process by default), so admissions are
+        answered meanwhile (``admissions_during_plan`` counts them), and its migrations are
+        committed under the lock in one checkpoint write, each only if its groups are as planned on
+        (a stale one is dropped: ``plan_migrations_stale``). Jobs whose driver has not started
+        (state ``admitted``) copy nothing. Returns the moves as :class:`MoveRecord` dicts."""
+        with self._lock:
+            fresh = [r.job_id for r in self.jobs.values() if r.state == JobState.ADMITTED]
+            req = self.igs.plan_request(fresh)
+            if req is None:
+                return []
+            forget, self._reopt_forget = self._reopt_forget, []
+            self._planning = True
+        try:
+            plan = self._planner().plan_global(req, forget)
+        except Exception:
+            log.exception("global plan failed; no job moved")
+            plan = None
+        finally:
+            self._planning = False
+        self.plans_computed += 1
+        if plan is None:
+            return []
+        with self._lock:
+            started = {j for j in req.fresh if (r := self.job_store.get(j)) is None or r.state != JobState.ADMITTED}
+            before, applied = self.igs.plan_state.stale, self.igs.plan_state.applied
+            try:
+                with self._transaction():  # one checkpoint write commits the moves; a failed write undoes them
+                    moves = self.igs.apply_global(plan, started=started)
+                    if not moves:
+                        self.plan_migrations_stale += self.igs.plan_state.stale - before
+                        return []
+                    done = self._record_moves(moves, "global-plan", time.time())
+                    touched = list(dict.fromkeys(g for m in done for g in (m.from_group, m.to_group)))
+                    self._checkpoint(jobs=tuple(m.job_id for m in done), groups=tuple(touched))
+            except Exception:
+                log.exception("checkpoint of the global plan failed; no job moved")
+                return []
+            self.plan_migrations_stale += self.igs.plan_state.stale - before
+            self.plan_migrations_applied += self.igs.plan_state.applied - applied
+            self._push(touched)
+            self._moved_metrics(touched, len(done))
+            return [m.model_dump(mode="json") for m in done]
