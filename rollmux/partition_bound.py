@@ -79,8 +79,9 @@ class BoundResult:
     Attributes:
         bound_usd_per_h: proven lower bound on the exact optimum's cost, USD/h.
         kind: ``"lp"`` (column generation converged: the LP relaxation's value over the relaxed
-            columns), ``"lp_cuts"`` (the same with subset-row cuts, which raised it) or
-            ``"lagrangian"`` (budget hit: Farley's ``theta x sum pi``).
+            columns), ``"lp_cuts"`` (the same with subset-row cuts, which raised it),
+            ``"lagrangian"`` (budget hit: Farley's ``theta x sum pi``) or ``"stopped"`` (budget hit
+            with ``farley=False``: no bound, 0).
         lp_usd_per_h: the last restricted master LP value (with the cuts of its round), USD/h.
         iterations: master solves.
         columns: columns in the last master.
@@ -567,7 +568,7 @@ class _FloorCache(dict):
 
 def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
                    seed_columns: Iterable[Iterable[str]] = (), extra_columns: Optional[dict] = None,
-                   budget: BoundBudget = BoundBudget(), keep_pool: bool = False) -> BoundResult:
+                   budget: BoundBudget = BoundBudget(), keep_pool: bool = False, farley: bool = True) -> BoundResult:
     """Proven lower bound on the cost of :meth:`OptimalPartition.solve` over ``members``
     (``(spec, worst-case profile)`` pairs), USD/h, for any number of jobs (module docstring).
 
@@ -583,6 +584,9 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
         keep_pool: the master's columns are added to ``OptimalPartition._lp_pool`` (the columns of
             other jobs stay) instead of replacing it: a caller that bounds one window of the
             active jobs after another (the global planner) keeps every window's columns.
+        farley: when the budget stops the column generation, price every column once more for
+            Farley's bound; False (a caller that wants the columns, not the bound) skips that pass
+            and returns kind ``"stopped"`` with bound 0 (nothing proven).
     Returns:
         :class:`BoundResult`.
     Raises:
@@ -724,6 +728,8 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
             if b > bound:
                 kind, bound = "lp_cuts", b
         duals = dict(pi0)
+    elif not farley:
+        kind, bound, duals = "stopped", 0.0, dict(pi)
     else:
         kind = "lagrangian"
         # Farley: theta x pi is dual feasible for theta = min cost(S) / pi(S) over every column

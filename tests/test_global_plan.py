@@ -86,7 +86,7 @@ def test_hysteresis_holds_on_a_constructed_ping_pong():
     (and merge them at the next change: ping-pong); with the copy price a reverse move that saves
     less than its copy is never taken, and with the cap a job moved in the last hour stays."""
     cl, s, now = _singletons((1.04, 1.04), plan_move_price_usd_per_h_per_copy_s=1.0, plan_gap_trigger=0.0,
-                             move_budget_per_job=None)
+                             max_moves_per_job_per_h=1)
     node_pair = s.cost_usd_per_h() / 2
     extra = [0.0]
     # a merged group's $/h, raised in the second phase above the two singletons' (the split saves)
@@ -151,8 +151,8 @@ def test_the_planner_never_blocks_an_admission_and_a_stale_migration_is_dropped(
         s.admit({**SPEC, "job_id": jid, "slo": 1.04, "measured": prof})  # {A, C}, {B}, {D, F}, {E}
     s.depart("C")  # {A} and {B} left apart: a plan merges them (and {D, F} stays)
     assert len(s.igs.groups) == 4
-    assert s.admissions_during_plan == 0 and s.plans_computed == 0
-    inner = s._planner()
+    assert s.reopt.admitted_during_plan == 0 and s.reopt.plans == 0
+    inner = s.reopt.planner()
     seen, hit = [], []
 
     class Probe:
@@ -166,21 +166,11 @@ def test_the_planner_never_blocks_an_admission_and_a_stale_migration_is_dropped(
             s.depart(hit[0])  # a group of the first migration changes under the plan
             return plan
 
-    s._reopt_planner = Probe()
-    moves = s.global_plan_pending()
+    s.reopt.planner_impl = Probe()
+    moves = s.reopt.global_plan_pending()
     assert seen == [False]  # the search ran without the scheduler's lock
-    assert s.plans_computed == 1 and s.admissions_during_plan == 1
+    assert s.reopt.plans == 1 and s.reopt.admitted_during_plan == 1
     assert s.jobs["late"].state.is_active()
-    assert s.plan_migrations_stale >= 1  # the changed group's migration was dropped, not applied
+    assert s.reopt.plan_stale >= 1  # the changed group's migration was dropped, not applied
     assert hit[0] not in {m["job_id"] for m in moves}
-    assert s.plan_migrations_applied == s.igs.plan_state.applied
-
-
-def test_moves_stay_within_the_budget_per_admitted_job():
-    # two jobs admitted, 0.4 moves each: 0.8 < the one move the merge needs, so it waits
-    cl, s, _ = _singletons((1.04, 1.04), move_budget_per_job=0.4)
-    assert s.move_allowance() == pytest.approx(0.8)
-    plan = _plan(s, cl)
-    assert plan.migrations == () and plan.left_out == {"budget": 1}
-    cl, s, _ = _singletons((1.04, 1.04), move_budget_per_job=0.5)
-    assert len(s.apply_global(_plan(s, cl))) == 1 and s.move_allowance() == pytest.approx(0.0)
+    assert s.reopt.plan_applied == s.igs.plan_state.applied

@@ -4,7 +4,7 @@ cluster's GlobalScheduler and ``rollmux simulate`` build the admission policy fr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -81,9 +81,6 @@ class SchedulerConfig(BaseModel):
             plan, the neighbourhood re-optimisation and departure re-packing move jobs only when the
             $/h the moves save exceeds this x their copy seconds (the hysteresis: a move and its
             reverse cannot both pay).
-        move_budget_per_job: the moves the policy may make, per job admitted so far (SLO repairs
-            count but are never refused); the global plan spends it on the moves that save most per
-            second of copy. None: no budget.
         saturation: which groups Alg. 1 line 4 prunes (:func:`saturation_filter`): ``"paper"``
             (``T_load >= T_cycle``), ``"slo"`` (``T_load >= max_k slo_k T_solo_k``) or ``"off"``.
         driver_lease_s: a GroupController evicts an attached job whose driver has not
@@ -136,15 +133,14 @@ class SchedulerConfig(BaseModel):
     repack_on_departure: bool = True
     repack_max_groups: int = Field(default=4, ge=0, le=1024)
     repack_max_members: int = Field(default=2, ge=1, le=64)
-    reopt_max_jobs: int = Field(default=12, ge=0, le=12)
-    max_moves_per_job_per_h: int = Field(default=1, ge=1, le=3600)
-    plan_max_jobs: int = Field(default=64, ge=0, le=1024)
+    reopt_max_jobs: int = Field(default=6, ge=0, le=12)
+    max_moves_per_job_per_h: int = Field(default=2, ge=1, le=3600)
+    plan_max_jobs: int = Field(default=48, ge=0, le=1024)
     plan_gap_trigger: float = Field(default=0.02, ge=0.0, le=10.0)
-    plan_lp_iterations: int = Field(default=8, ge=1, le=10_000)
-    plan_lp_layouts: int = Field(default=200, ge=1, le=1_000_000)
-    plan_deterministic_s: float = Field(default=0.5, gt=0.0, le=600.0)
-    plan_move_price_usd_per_h_per_copy_s: float = Field(default=0.5, ge=0.0, le=1e6)
-    move_budget_per_job: Optional[float] = Field(default=1.2, ge=0.0, le=1e6)
+    plan_lp_iterations: int = Field(default=2, ge=1, le=10_000)
+    plan_lp_layouts: int = Field(default=40, ge=1, le=1_000_000)
+    plan_deterministic_s: float = Field(default=0.2, gt=0.0, le=600.0)
+    plan_move_price_usd_per_h_per_copy_s: float = Field(default=0.75, ge=0.0, le=1e6)
     saturation: Literal["paper", "slo", "off"] = "slo"
     attach_timeout_s: float = Field(default=600.0, ge=0.0, le=1e7)
     driver_lease_s: float = Field(default=30.0, ge=0.0, le=1e6)

@@ -72,15 +72,13 @@ class PlanRequest:
     """What :meth:`GlobalPlanMixin.plan_global` plans on, as values: the window (whole groups,
     :class:`ReoptHood`; its ``pinned`` jobs may not move), the jobs of it that have not started
     (``fresh``: no state to copy), the $/h every group of the table runs at and the estimate when
-    it was captured (``cost_usd_per_h``, ``estimate_usd_per_h``), the table's version then and the
-    moves the plan may make (:meth:`GlobalPlanMixin.move_allowance`)."""
+    it was captured (``cost_usd_per_h``, ``estimate_usd_per_h``), and the table's version then."""
 
     hood: ReoptHood
     fresh: frozenset
     cost_usd_per_h: float
     estimate_usd_per_h: float
     version: int
-    allowance: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -101,8 +99,9 @@ class GlobalPlan:
 
     Attributes:
         request: what it planned on.
-        bound_usd_per_h: the LP bound of the window within the plan's budget (a proven lower bound
-            on the cheapest partition of the window's jobs), USD/h.
+        bound_usd_per_h: the LP bound of the window when its column generation converged within the
+            plan's budget (a proven lower bound on the cheapest partition of the window's jobs),
+            else 0, USD/h.
         current_usd_per_h / target_usd_per_h: the window's groups today and the target, at the
             $/h they run at.
         duals: per job of the window, its share of the bound (``BoundResult.duals``), USD/h.
@@ -129,8 +128,6 @@ class PlanState:
     counters (plans computed, migrations applied, migrations dropped as stale)."""
 
     moves_at: dict = field(default_factory=dict)
-    moves_total: int = 0
-    seen: set = field(default_factory=set)
     duals: dict = field(default_factory=dict)
     floor: dict = field(default_factory=dict)
     scale: float = 1.0
@@ -161,33 +158,19 @@ class GlobalPlanMixin:
     def note_moves(self, moves: list[dict]) -> None:
         """Remember when the jobs of ``moves`` moved (a move with ``move_s`` 0, of a job that had not
         started, copies nothing and does not count). Needs :attr:`clock`; a no-op without it."""
-        st = self.plan_state
-        st.moves_total += sum(1 for mv in moves if mv.get("move_s", 0.0) > 0)
         if self.clock is None or not moves:
             return
         now = float(self.clock())
+        st = self.plan_state
         for mv in moves:
             if mv.get("move_s", 0.0) > 0:
                 st.moves_at.setdefault(mv["job_id"], []).append(now)
 
-    def move_allowance(self) -> float:
-        """The moves the policy may still make: ``move_budget_per_job`` x the jobs admitted so
-        far, less the moves made (``inf`` without a budget)."""
-        b = self.config.move_budget_per_job
-        if b is None:
-            return math.inf
-        st = self.plan_state
-        st.seen.update(self._job_group)
-        return b * len(st.seen) - st.moves_total
-
-    def pays(self, saving_usd_per_h: float, copy_s: float, moves: int, allowance: Optional[float] = None) -> bool:
-        """Whether a re-partition saving ``saving_usd_per_h`` by ``moves`` moves of ``copy_s``
-        seconds of copy in all is worth making: the saving exceeds the copies' price
-        (``plan_move_price_usd_per_h_per_copy_s``: the hysteresis) and the moves fit the
-        allowance (:meth:`move_allowance`, or ``allowance`` captured with a plan's request)."""
-        price = self.config.plan_move_price_usd_per_h_per_copy_s
-        left = self.move_allowance() if allowance is None else allowance
-        return saving_usd_per_h > price * copy_s + 1e-6 and (moves == 0 or moves <= left + 1e-9)
+    def pays(self, saving_usd_per_h: float, copy_s: float) -> bool:
+        """Whether a re-partition saving ``saving_usd_per_h`` with ``copy_s`` seconds of host-state
+        copy in all is worth its moves: the saving exceeds ``plan_move_price_usd_per_h_per_copy_s``
+        x the copy (the hysteresis: a re-partition and its reverse cannot both pay)."""
+        return saving_usd_per_h > self.config.plan_move_price_usd_per_h_per_copy_s * copy_s + 1e-6
 
     def pinned_jobs(self) -> frozenset:
         """The jobs that may not move now: ``max_moves_per_job_per_h`` moves (or more) within the
@@ -243,12 +226,16 @@ class GlobalPlanMixin:
                 del cache[gid]
         return cost, est
 
-    def plan_request(self, fresh=()) -> Optional[PlanRequest]:
+    def plan_request(self, fresh=(), force: bool = False) -> Optional[PlanRequest]:
         """A :class:`PlanRequest` when a plan is due (module docstring, step 1), else None. Off
         (None) with ``plan_max_jobs: 0``, without re-packing, with fewer than two jobs, or while
         the neighbourhood re-optimisation sees every active job (``reopt_max_jobs``).
         ``fresh``: admitted jobs that have not started (no state to copy: the replay's newcomer,
-        the cluster's jobs whose driver has not attached). O(active jobs) when no plan is due."""
+        the cluster's jobs whose driver has not attached). ``force``: due whatever the gap, with
+        every job but the fresh ones pinned (an admission raised the $/h the groups run at by more
+        than its marginal cost, e.g. it joined a group whose lone member ran on a cheaper own
+        allocation: the plan may place the newcomer anew, which copies nothing, and move nobody
+        else). O(groups) when no plan is due."""
         cfg = self.config
         if (cfg.plan_max_jobs < 2 or not self.spec.repacks or not cfg.repack_on_departure or len(self._job_group) < 2
                 or len(self._job_group) <= cfg.reopt_max_jobs):  # the neighbourhood re-optimisation sees them all
@@ -261,11 +248,12 @@ class GlobalPlanMixin:
         gap = cost / est - 1.0 if est > 0 else math.inf
         if st.gap_ref is not None:
             st.gap_ref = min(st.gap_ref, gap)  # the reference follows the gap down: only growth triggers
-            if gap < st.gap_ref + cfg.plan_gap_trigger:
+            if gap < st.gap_ref + cfg.plan_gap_trigger and not force:
                 return None
-        return self._capture(cost, est, frozenset(fresh))
+        return self._capture(cost, est, frozenset(fresh), only_fresh=force and (st.gap_ref is not None
+                                                                          and gap < st.gap_ref + cfg.plan_gap_trigger))
 
-    def _capture(self, cost: float, est: float, fresh: frozenset) -> PlanRequest:
+    def _capture(self, cost: float, est: float, fresh: frozenset, only_fresh: bool = False) -> PlanRequest:
         cap = self.config.plan_max_jobs
         gids = list(self._groups)
         if len(self._job_group) > cap:
@@ -287,10 +275,11 @@ class GlobalPlanMixin:
                          costs={gid: self._groups[gid].cost for gid in gids},
                          job_sets={gid: frozenset(self._groups[gid].group.job_ids) for gid in gids},
                          prices={gid: self._group_usd_per_h(self._groups[gid].group) for gid in gids},
-                         pinned=self.pinned_jobs(), placements=self._placements(gids))
+                         pinned=(frozenset(j for gid in gids for j in self._groups[gid].group.job_ids) - fresh
+                                 if only_fresh else self.pinned_jobs()), placements=self._placements(gids))
         inside = {j for s in hood.job_sets.values() for j in s}
         return PlanRequest(hood=hood, fresh=frozenset(j for j in fresh if j in inside), cost_usd_per_h=cost,
-                           estimate_usd_per_h=est, version=self._version, allowance=self.move_allowance())
+                           estimate_usd_per_h=est, version=self._version)
 
     # --- the search ---------------------------------------------------------------------------------
     def plan_global(self, req: PlanRequest, *, solver) -> GlobalPlan:
@@ -313,7 +302,7 @@ class GlobalPlanMixin:
         budget = BoundBudget(max_iterations=cfg.plan_lp_iterations, max_layouts=cfg.plan_lp_layouts,
                              time_limit_s=math.inf, cut_rounds=0)
         b = lp_lower_bound(solver, list(hood.members), seed_columns=list(current), extra_columns=prices, budget=budget,
-                           keep_pool=True)
+                           keep_pool=True, farley=False)
         # the master's columns with a layout to build (today's groups need none)
         cols: dict[frozenset, float] = {}
         for k, c in solver._lp_pool.items():
@@ -357,7 +346,7 @@ class GlobalPlanMixin:
             if not bad:
                 break
             forbidden |= bad
-        cands, left = [], {"move_price": 0, "checks": 0, "budget": 0}
+        migrations, left = [], {"move_price": 0, "checks": 0}
         after_all = sum(prices[k] for k in target if k in current)
         for old_sets, new_sets in _exchanges(current, target):
             gids = tuple(current[k] for k in old_sets)
@@ -374,27 +363,18 @@ class GlobalPlanMixin:
             movers = [j for k in new_sets for j in k if j not in stay]
             cp = sum(copy[j] for j in movers)
             saving = old_price - after
-            if not self.pays(saving, cp, 0):
+            if not self.pays(saving, cp):
                 left["move_price"] += 1
                 after_all += old_price
                 continue
             fresh = frozenset(j for k in old_sets for j in k if j in req.fresh)
             plan = ReoptPlan(hood=sub, fresh=fresh, groups=groups, before_usd_per_h=old_price, after_usd_per_h=after,
                              successions=succ)
-            cands.append((Migration(plan=plan, copy_s=cp, saving_usd_per_h=saving), sum(copy[j] > 0 for j in movers),
-                          old_price))
-        # most saving per second of copy first, within the moves the plan may make
-        cands.sort(key=lambda c: (-(c[0].saving_usd_per_h / c[0].copy_s) if c[0].copy_s > 0 else -math.inf,
-                                  min(c[0].plan.hood.groups)))
-        migrations, room = [], req.allowance
-        for mig, n, old_price in cands:
-            if n > room + 1e-9:
-                left["budget"] += 1
-                after_all += old_price
-                continue
-            room -= n
-            migrations.append(mig)
-            after_all += mig.plan.after_usd_per_h
+            migrations.append(Migration(plan=plan, copy_s=cp, saving_usd_per_h=saving))
+            after_all += after
+        # most saving per second of copy first
+        migrations.sort(key=lambda m: (-(m.saving_usd_per_h / m.copy_s) if m.copy_s > 0 else -math.inf,
+                                       min(m.plan.hood.groups)))
         return GlobalPlan(request=req, bound_usd_per_h=b.bound_usd_per_h, current_usd_per_h=before,
                           target_usd_per_h=after_all, duals=dict(b.duals), migrations=tuple(migrations),
                           left_out={k: v for k, v in left.items() if v})
@@ -425,9 +405,7 @@ class GlobalPlanMixin:
         st.plans += 1
         moves: list[dict] = []
         for mig in plan.migrations:
-            stay = {j for _, kept, _ in mig.plan.successions for j in kept}
-            n = sum(1 for g, _ in mig.plan.groups for j in g.job_ids if j not in stay and j not in mig.plan.fresh_ids)
-            ok = not mig.plan.fresh_ids & frozenset(started) and n <= self.move_allowance() + 1e-9
+            ok = not mig.plan.fresh_ids & frozenset(started)
             got = self.apply_reoptimise(mig.plan, source="plan") if ok else []
             if got:
                 st.applied += 1

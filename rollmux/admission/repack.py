@@ -44,7 +44,6 @@ class ReoptHood:
     prices: dict[str, float]
     pinned: frozenset = frozenset()
     placements: dict = field(default_factory=dict)  # job -> (rollout nodes, training nodes) now
-    allowance: float = math.inf  # the moves the policy may still make (GlobalPlanMixin.move_allowance)
 
 
 @dataclass(frozen=True)
@@ -179,8 +178,14 @@ class RepackMixin:
         cands += [gid for *_, gid in itertools.islice((x for x in self._small if x[3] != trigger_group), top - len(cands))]
         moves: list[dict] = []
         pinned = self.pinned_jobs()
+        price = self.config.plan_move_price_usd_per_h_per_copy_s
         for gid in cands:
             if gid not in self._groups or any(j in pinned for j in self._groups[gid].group.job_ids):
+                continue
+            grp = self._groups[gid].group
+            # a dissolution saves at most the group's $/h and moves every member: skip what cannot pay
+            copy_s = sum(profiler.move_time_s(m.spec, self.cluster) for m in grp.members)
+            if self._groups[gid].cost <= price * copy_s + 1e-6:
                 continue
             saved = self._save()
             before_groups = saved[0]
@@ -206,7 +211,7 @@ class RepackMixin:
             touched = [gid] + sorted({mv["to_group"] for mv in plan})
             before = sum(before_groups[x].cost for x in touched)
             after = sum(self._groups[x].cost for x in touched if x in self._groups)
-            if ok and after < before - 1e-9 and self.pays(before - after, sum(mv["move_s"] for mv in plan), len(plan)):
+            if ok and after < before - 1e-9 and self.pays(before - after, sum(mv["move_s"] for mv in plan)):
                 moves += [dict(mv, saved_usd_per_h=before - after, source="repack") for mv in plan]
             else:
                 self._load(saved)
@@ -278,7 +283,7 @@ class RepackMixin:
                          costs={gid: self._groups[gid].cost for gid in hood},
                          job_sets={gid: frozenset(self._groups[gid].group.job_ids) for gid in hood},
                          prices={gid: self._group_usd_per_h(self._groups[gid].group) for gid in hood},
-                         pinned=self.pinned_jobs(), placements=self._placements(hood), allowance=self.move_allowance())
+                         pinned=self.pinned_jobs(), placements=self._placements(hood))
 
     def _placements(self, gids) -> dict:
         """job -> (rollout nodes, training nodes) of every member of the groups ``gids``."""
@@ -409,7 +414,7 @@ class RepackMixin:
             return None
         stay = {j for _, kept, _ in checked[1] for j in kept}
         movers = [j for g in new for j in g.job_ids if j not in stay and weight[j] > 0]
-        if not self.pays(before - after, sum(weight[j] for j in movers), len(movers), hood.allowance):
+        if not self.pays(before - after, sum(weight[j] for j in movers)):
             return None
         return ReoptPlan(hood=hood, fresh=fresh, groups=checked[0], before_usd_per_h=before, after_usd_per_h=after,
                          successions=checked[1])

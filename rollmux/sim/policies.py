@@ -155,6 +155,7 @@ class SchedulerPolicy(SimPolicy):
         if self.queue is not None and not self.queue.may_try_now(job.spec):  # FIFO: behind larger held jobs
             return self._hold(job, 0.0, "queued behind larger jobs")
         prof = job.profile if self.loop is None else self.loop.profile_for(job.spec, job.profile)
+        was = self.sched.plan_gap()[0] if self.per_job else 0.0  # the $/h the groups run at
         d = self.sched.admit(job.spec, prof)
         if not d.admitted and self.book is not None and d.code == Code.RETRY_LATER:
             plan = self.book.plan(job.spec, self.sched, exclude=self._stopping)
@@ -176,7 +177,10 @@ class SchedulerPolicy(SimPolicy):
             self._moved(moves)
             if self.loop is not None:
                 self._moved(self.loop.check())
-            self._global_plan(fresh=(job.spec.job_id,))
+            # joining a lone member's group can cost more than admission's marginal cost (the member
+            # ran on a cheaper own allocation): a plan may move the newcomer while it copies nothing
+            rose = self.per_job and self.sched.plan_gap()[0] - was > d.delta_usd_per_h + 1e-6
+            self._global_plan(fresh=(job.spec.job_id,), force=rose)
         elif self.queue is not None and d.code == Code.RETRY_LATER:
             return self._hold(job, float(d.latency_ms), d.reason)
         elif self.queue is not None:
@@ -289,10 +293,10 @@ class SchedulerPolicy(SimPolicy):
         out, self._stalls = self._stalls, {}
         return out
 
-    def _global_plan(self, fresh=()) -> None:
+    def _global_plan(self, fresh=(), force: bool = False) -> None:
         """The global plan after an event (:mod:`rollmux.admission.global_plan`): when one is due,
         its target and migrations, committed at once (the replay's clock does not move meanwhile)."""
-        req = self.sched.plan_request(fresh)
+        req = self.sched.plan_request(fresh, force=force)
         if req is None:
             return
         t0 = time.perf_counter()
