@@ -36,6 +36,11 @@ from rollmux.messages import (
     AbortOutcome, AttachReply, AttachTicket, Grant, JobHosting, MembershipPush, MovedState, PhaseCall, PhaseOutcome,
     PhaseRecord, ProgressReport, RolloutProgress, RuntimeEvent, SyncSignal, TailDecision, WorkerPlace,
 )
+from rollmux.rollout_sched.api import Refusal, WindowCall, WindowReply
+from rollmux.rollout_sched.weights import (
+    DiskUpdateBody, SyncOffer, SyncReceipt, TensorSpec, UploadStartBody, UploadView, WeightsLoad, WeightsView,
+    WeightUpdateView,
+)
 
 log = logging.getLogger("rollmux.handles")
 
@@ -506,9 +511,26 @@ class RolloutReplicaHandle(_Handle):
     """One engine replica of the rollout service (``actors/rollout/replica.py``): the service's
     serving loop runs one scheduling window per call (awaited; a dead replica raises :class:`ActorLost`)."""
 
-    async def window(self, call: Any) -> Any:
-        """Run one window (:class:`rollmux.rollout_sched.api.WindowCall` -> ``WindowReply``)."""
+    async def window(self, call: WindowCall) -> WindowReply:
+        """Run one window (load weights when the call carries them, abort, admit, one slice)."""
         return await Pending(self.actor.window.remote(call), "window")
+
+    async def manifest(self) -> list[TensorSpec]:
+        """Name, dtype and shape of every tensor the replica's engine serves."""
+        return await Pending(self.actor.manifest.remote(), "manifest")
+
+    async def weights_sha256(self) -> str:
+        """The digest the replica computes now on the weights it serves."""
+        return await Pending(self.actor.weights_sha256.remote(), "weights_sha256")
+
+    async def receive_sync(self, offer: SyncOffer) -> SyncReceipt:
+        """Receive a weight version over a sync plan as its rollout worker ``offer.rollout_index``
+        (staged until :meth:`window` installs it)."""
+        return await Pending(self.actor.receive_sync.remote(offer), "receive_sync")
+
+    async def export_weights(self, version: int) -> WeightsLoad:
+        """The weights the replica serves (or has staged as ``version``), as a complete load."""
+        return await Pending(self.actor.export_weights.remote(version), "export_weights")
 
     async def ping(self, timeout_s: float = QUERY_TIMEOUT_S) -> int:
         """The replica's index once its engine is built."""
@@ -577,6 +599,36 @@ class RolloutServiceHandle(_Handle):
         """The request's view once it ended, or as it is after ``timeout_s``."""
         return await self._acall(lambda a: a.wait_result.remote(request_id, timeout_s), "wait_result",
                                  timeout_s=timeout_s + self.timeout_s)
+
+    # weights: an update is a commit (never resent); it answers when every replica serves it
+    async def start_upload(self, body: UploadStartBody) -> UploadView | Refusal:
+        return await self._acall(lambda a: a.start_upload.remote(body), "start_upload", retry=False)
+
+    async def put_chunk(self, upload_id: str, index: int, data: bytes) -> UploadView | Refusal:
+        return await self._acall(lambda a: a.put_chunk.remote(upload_id, index, data), "put_chunk", retry=False)
+
+    async def cancel_upload(self, upload_id: str) -> bool:
+        return await self._acall(lambda a: a.cancel_upload.remote(upload_id), "cancel_upload", retry=False)
+
+    async def commit_upload(self, upload_id: str, timeout_s: float) -> WeightUpdateView | Refusal:
+        return await self._acall(lambda a: a.commit_upload.remote(upload_id), "commit_upload", retry=False,
+                                 timeout_s=timeout_s + self.timeout_s)
+
+    async def update_from_disk(self, body: DiskUpdateBody, timeout_s: float) -> WeightUpdateView | Refusal:
+        return await self._acall(lambda a: a.update_from_disk.remote(body), "update_from_disk", retry=False,
+                                 timeout_s=timeout_s + self.timeout_s)
+
+    async def update_from_sync(self, offer: SyncOffer, timeout_s: float) -> WeightUpdateView | Refusal:
+        """Receive ``offer``'s version over its sync plan on every replica and apply it."""
+        return await self._acall(lambda a: a.update_from_sync.remote(offer), "update_from_sync", retry=False,
+                                 timeout_s=timeout_s + self.timeout_s)
+
+    async def weights_view(self) -> WeightsView:
+        return await self._acall(lambda a: a.weights_view.remote(), "weights_view")
+
+    async def replica_digests(self) -> list[Optional[str]]:
+        """The digest each replica computes now on the weights it serves (None: dead)."""
+        return await self._acall(lambda a: a.replica_digests.remote(), "replica_digests")
 
     def stats_sync(self, timeout_s: float = QUERY_TIMEOUT_S) -> dict:
         return self._call(lambda a: a.stats.remote(), timeout_s=timeout_s, retries=1, what="stats")

@@ -67,7 +67,8 @@ def service_stats(svc: Any) -> dict:
                      "windows": r.windows, "engine_busy_s": round(r.engine_s, 6), "policy_version": r.version,
                      "kv_in_use_tokens": m["kv_in_use_tokens"], "prefix_hit_ratio": m["prefix_hit_ratio"],
                      "index_bytes": m["index_bytes"], "index_nodes": m["index_nodes"],
-                     "coldstart_phase": m.get("coldstart_phase")})
+                     "coldstart_phase": m.get("coldstart_phase"), "weights_version": r.weights_version,
+                     "weights_sha256": r.weights_sha256})
     span = now - svc._first_submit if svc._first_submit is not None else 0.0
     pt = list(svc._policy_times)
     steps = [b - a for a, b in zip(pt, pt[1:])]
@@ -84,6 +85,7 @@ def service_stats(svc: Any) -> dict:
         "diversity_score": _entropy(list(svc._families)),
         "index_bytes": sum(r["index_bytes"] for r in reps),
         "policy_version": svc.version,
+        "weight_version": svc.weights.latest.version if svc.weights.latest is not None else None,
         "min_policy_version": svc.min_version,
         "queued": status["queued"],
         "running": status["running"],
