@@ -85,7 +85,7 @@ def service_stats(svc: Any) -> dict:
         "diversity_score": _entropy(list(svc._families)),
         "index_bytes": sum(r["index_bytes"] for r in reps),
         "policy_version": svc.version,
-        "weight_version": svc.weights.latest.version if svc.weights.latest is not None else None,
+        "weight_version": svc.updater.latest.version if svc.updater.latest is not None else None,
         "min_policy_version": svc.min_version,
         "queued": status["queued"],
         "running": status["running"],

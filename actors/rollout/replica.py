@@ -64,11 +64,6 @@ class EngineReplica:
     def weights_sha256(self) -> str:
         return self.engine.weights_sha256()
 
-    def export_weights(self) -> bytes:
-        """The weights served now, as a safetensors file."""
-        from actors.rollout.weights import encode
-
-        return encode(self.engine.model.state_dict())
 
     # ------------------------------------------------------------------ weights over a sync plan
     def _resolve(self, load: WeightsLoad) -> Any:

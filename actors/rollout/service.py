@@ -46,20 +46,20 @@ from typing import Any, Optional
 
 from actors.handles import ActorLost, RolloutReplicaHandle, RolloutServiceHandle, start_actor
 from actors.naming import NAMESPACE, control_plane_resources
+from actors.rollout.intake import check_request
 from actors.rollout.records import MAX_TURNS, ReplicaState, RequestRecord, Session
-from actors.rollout.updates import WeightUpdates
+from actors.rollout.weight_updater import WeightUpdater
 from actors.rollout.window import run_window
 from rollmux.rollout_sched import RadixPrefixIndex, Request, RequestType, RolloutRequestScheduler, RolloutSchedConfig
 from rollmux.rollout_sched.api import (
-    TERMINAL, Accepted, CancelReply, ChainIn, FieldError, Limits, PolicyView, PollReply, Priority, Refusal, RolloutIn,
+    TERMINAL, Accepted, CancelReply, ChainIn, FieldError, Limits, PolicyView, PollReply, Priority, Refusal,
     RolloutView, Status, SubmitBatch, SubmitReply,
 )
 from rollmux.rollout_sched.config import DEFAULT_CONFIG_PATH, load_rollout_sched_config
 from rollmux.rollout_sched.routing import ReplicaLoad, expected_window, route
 from rollmux.rollout_sched.service_config import ServiceConfig
 from rollmux.rollout_sched.weights import (
-    DiskUpdateBody, PauseMode, ReplicaWeights, SyncOffer, TensorSpec, UploadStartBody, UploadView, WeightsLoad,
-    WeightsView, WeightUpdateView,
+    DiskUpdateBody, SyncOffer, UploadStartBody, UploadView, WeightsView, WeightUpdateView,
 )
 
 log = logging.getLogger("rollmux.rollout_service")
@@ -111,10 +111,8 @@ class RolloutService:
         self._submit_ms: deque[float] = deque(maxlen=4096)
         self._first_submit: Optional[float] = None
         self._critical_live = 0
-        self.weights = WeightUpdates(self.svc)
-        self._update_lock = asyncio.Lock()
-        self._loaded = asyncio.Event()  # set whenever a replica reports a weights version
-        self._staged: dict[int, int] = {}  # replica -> the version it received over a sync plan (staged)
+        self.updater = WeightUpdater(self.svc, replicas=lambda: self.replicas, advance=self._advance,
+                                     requeue=self._requeue_running, now=self._now, counters=self.counters)
 
     # ------------------------------------------------------------------ life cycle
     def _now(self) -> float:
@@ -151,21 +149,11 @@ class RolloutService:
         """Wait until every replica's engine is built (and the engine's tensors are known) -> the limits."""
         self._start()
         await asyncio.gather(*(r.handle.ping(timeout_s=300) for r in self.replicas if r.alive))
-        await self._manifest()
+        await self.updater.manifest()
         return self.limits_now().model_dump()
 
-    async def _manifest(self) -> None:
-        if self.weights.manifest is None and self.svc.engine == "cpu":
-            for r in self.replicas:
-                if r.alive:
-                    try:
-                        self.weights.manifest = await r.handle.manifest()
-                        return
-                    except ActorLost:
-                        continue
-
     async def shutdown(self) -> None:
-        self._stopping = True
+        self._stopping = self.updater.stopping = True
         for r in self.replicas:
             r.wake.set()
             try:
@@ -181,7 +169,7 @@ class RolloutService:
         """Change the run-time settings (``queue_capacity``, ``disconnect_grace_s``, limits...);
         ``num_replicas`` / ``policy`` only take effect before the first call."""
         self.svc = ServiceConfig.model_validate({**self.svc.model_dump(), **overrides})
-        self.weights.svc = self.svc
+        self.updater.configure(self.svc)
         return self.svc.model_dump()
 
     def limits_now(self) -> Limits:
@@ -197,46 +185,6 @@ class RolloutService:
         return self.limits_now()
 
     # ------------------------------------------------------------------ submit
-    def _check(self, i: int, r: RolloutIn, lim: Limits) -> tuple[Optional[Refusal], list[int], Optional[Session]]:
-        f = f"requests.{i}"
-        bad = lambda fld, msg, typ="value_error": (Refusal(  # noqa: E731
-            status=422, error="invalid_request", detail=f"{f}.{fld}: {msg}",
-            errors=[FieldError(field=f"{f}.{fld}", msg=msg, type=typ)]), [], None)
-        toks = r.token_ids()
-        if max(toks) >= lim.vocab_size:
-            return bad("prompt_token_ids" if r.prompt_token_ids is not None else "prompt",
-                       f"token id {max(toks)} is outside the vocabulary [0, {lim.vocab_size})", "vocab_range")
-        if r.max_tokens > lim.max_tokens_limit:
-            return bad("max_tokens", f"{r.max_tokens} exceeds the engine's limit {lim.max_tokens_limit}", "less_than_equal")
-        sess = None
-        if r.session_id is not None:
-            sess = self.sessions.get(r.session_id)
-            if sess is None:
-                return bad("session_id", f"unknown session {r.session_id!r} (open one with open_session: true)",
-                           "unknown_session")
-        ctx = (len(sess.tokens) if sess else 0) + len(toks) + r.max_tokens
-        if ctx > lim.context_tokens:
-            return bad("max_tokens", f"session history + prompt + max_tokens = {ctx} tokens exceeds the context "
-                       f"of {lim.context_tokens} tokens", "context_length")
-        if (c := r.then) is not None:
-            pre = c.prefix_ids()
-            if pre and max(pre) >= lim.vocab_size:
-                return bad("then.prompt_token_ids" if c.prompt_token_ids is not None else "then.prompt",
-                           f"token id {max(pre)} is outside the vocabulary [0, {lim.vocab_size})", "vocab_range")
-            if c.max_tokens > lim.max_tokens_limit:
-                return bad("then.max_tokens", f"{c.max_tokens} exceeds the engine's limit {lim.max_tokens_limit}",
-                           "less_than_equal")
-            worst = len(pre) + (ctx - r.max_tokens if c.include_prompt else 0) + \
-                min(r.max_tokens, c.output_tail_tokens or r.max_tokens) + c.max_tokens
-            if worst > lim.context_tokens:
-                return bad("then.max_tokens", f"the chained request may need {worst} tokens, more than the context of "
-                           f"{lim.context_tokens}", "context_length")
-        if r.policy_version is not None and r.policy_version < self.min_version:
-            return (Refusal(status=409, error="stale_policy_version",
-                            detail=f"{f}.policy_version: {r.policy_version} is older than the service's minimum "
-                                   f"{self.min_version} (current policy version {self.version})"), [], None)
-        return None, toks, sess
-
     async def submit(self, batch: SubmitBatch) -> SubmitReply | Refusal:
         """Queue every request of ``batch`` or none: a field error -> 422 naming it, an old policy
         version -> 409, a full queue -> 429 (``retry_after_s``)."""
@@ -248,7 +196,7 @@ class RolloutService:
                            errors=[FieldError(field="requests", msg=f"at most {lim.max_submit_requests}", type="too_long")])
         checked = []
         for i, r in enumerate(batch.requests):
-            refusal, toks, sess = self._check(i, r, lim)
+            refusal, toks, sess = check_request(i, r, lim, self.sessions, self.version, self.min_version)
             if refusal is not None:
                 self.counters["refused"] += 1
                 return refusal
@@ -332,7 +280,8 @@ class RolloutService:
             return
         c: ChainIn = rec.src  # type: ignore[assignment]
         prompt = c.prompt_for(gen.req.prompt_token_ids, gen.out) or [0]
-        rec.req = rec.req.model_copy(update={"prompt_token_ids": tuple(prompt), "arrival_s": self._now()})
+        rec.submitted_s = self._now()  # it enters the queue now: its queueing delay counts from here
+        rec.req = rec.req.model_copy(update={"prompt_token_ids": tuple(prompt), "arrival_s": rec.submitted_s})
         if rec.req.critical:
             self._critical_live -= 1  # _enqueue counts it again
         self.recs.pop(rec.id, None)
@@ -368,24 +317,6 @@ class RolloutService:
         return rep
 
     # ------------------------------------------------------------------ the serving loop of one replica
-    def _weights_for(self, rep: ReplicaState) -> tuple[Optional[WeightsLoad], bool]:
-        """(weights to load in this window, hold new admissions): the latest complete version when
-        the replica serves another one, after the update's pause mode."""
-        w = self.weights.latest
-        if w is None or rep.weights_version == w.version:
-            return None, False
-        if self._staged.get(rep.index) == w.version and rep.weights_version is not None:
-            w = w.model_copy(update={"data": b""})  # the replica holds it staged (sync plan): no second copy
-        mode = self.weights.mode if rep.weights_version is not None else PauseMode.KEEP  # a new replica: nothing runs
-        if mode is PauseMode.WAIT and rep.sched.running:
-            return None, True  # the running requests end first; nothing new starts meanwhile
-        if mode is PauseMode.ABORT:
-            for rid in list(rep.sched.inflight):
-                if rep.sched.requeue(rid) and (rec := self.recs.get(rid)) is not None:
-                    rec.status, rec.dispatched_s, rec.requeued = Status.QUEUED, None, rec.requeued + 1
-                    self.counters["requeued"] += 1
-        return w, False
-
     def _dispatched(self, batch: list[Request]) -> None:
         now = self._now()
         for r in batch:
@@ -399,7 +330,7 @@ class RolloutService:
         s = rep.sched
         while not self._stopping and rep.alive:
             try:
-                load, hold = self._weights_for(rep)
+                load, hold = self.updater.for_window(rep)
                 try:
                     out = await run_window(s, rep.handle, self._now(), version=self.version, cache_reset=True,
                                            trainer_waiting=self._critical_live > 0, weights=load,
@@ -421,9 +352,7 @@ class RolloutService:
                 rep.windows += 1
                 rep.engine_s += reply.engine_s
                 if load is not None:
-                    rep.weights_version, rep.weights_sha256 = reply.weights_version, reply.weights_sha256
-                    self._loaded.set()
-                    self._loaded = asyncio.Event()
+                    self.updater.on_loaded(rep, reply.weights_version, reply.weights_sha256)
                 for req, res in out.completed:
                     rec = self.recs.get(res.id)
                     if rec is None:
@@ -464,7 +393,6 @@ class RolloutService:
         a replacement replica (at most ``max_replica_restarts`` in the service's life), which loads
         the latest complete weights version before it serves anything."""
         rep.alive = False
-        self._staged.pop(rep.index, None)
         log.warning("rollout service: engine replica %d lost (%s)", rep.index, why)
         s = rep.sched
         queued = [self.recs[rid] for rid in list(s.queue) if rid in self.recs]
@@ -494,8 +422,7 @@ class RolloutService:
                 self._end(rec, Status.FAILED, "replica_lost",
                           f"engine replica {rep.index} died while running it; not retried: {why_not}")
                 self.counters["failed"] += 1
-        self._loaded.set()  # an update waiting on the dead replica looks again
-        self._loaded = asyncio.Event()
+        self.updater.on_lost(rep)  # an update waiting on the dead replica looks again
 
     def _move(self, rec: RequestRecord, dead: int, exclude: Optional[int], backlog: list[int], retry: bool) -> None:
         rec.dispatched_s = None
@@ -596,6 +523,10 @@ class RolloutService:
         return self._cancel(ids)
 
     # ------------------------------------------------------------------ policy versions
+    async def _advance(self, version: int) -> None:
+        if version > self.version:
+            await self.set_policy(version, None)
+
     async def set_policy(self, version: int, min_version: Optional[int]) -> PolicyView | Refusal:
         """The trainer's weights advanced to ``version``: every replica's scheduler drops the prefix
         entries the new weights invalidate now (the engines load the version before their next
@@ -621,164 +552,44 @@ class RolloutService:
         return PolicyView(version=version, min_version=self.min_version, previous_version=prev,
                           prefix_entries_dropped=dropped)
 
-    # ------------------------------------------------------------------ weights
-    def _no_weights(self) -> Optional[Refusal]:
-        if self.svc.engine != "cpu":
-            return Refusal(status=501, error="not_supported",
-                           detail=f"weights: the {self.svc.engine} engine of this service cannot load weights yet "
-                                  "(the CPU engine can)")
-        return None
-
+    # ------------------------------------------------------------------ weights (actors/rollout/weight_updater.py)
     async def start_upload(self, body: UploadStartBody) -> UploadView | Refusal:
         """Announce an upload (``size_bytes``, ``sha256``, ``weight_version``, ``pause_mode``)."""
         self._start()
-        return self._no_weights() or self._refused_count(self.weights.start_upload(body))
+        return await self.updater.start_upload(body)
 
     async def put_chunk(self, upload_id: str, index: int, data: bytes) -> UploadView | Refusal:
-        """Store chunk ``index`` of an upload (bytes ``[index * chunk_bytes, ...)``)."""
-        return self._refused_count(self.weights.put_chunk(upload_id, index, data))
+        return await self.updater.put_chunk(upload_id, index, data)
 
     async def cancel_upload(self, upload_id: str) -> bool:
-        return self.weights.cancel(upload_id)
+        return await self.updater.cancel_upload(upload_id)
 
     async def commit_upload(self, upload_id: str) -> WeightUpdateView | Refusal:
         """Check the upload and apply it (every replica serves it when this answers)."""
         self._start()
-        await self._manifest()
-        out = self.weights.commit(upload_id)
-        if isinstance(out, Refusal):
-            return self._refused_count(out)
-        return await self.apply_weights(*out)
+        return await self.updater.commit_upload(upload_id)
 
     async def update_from_disk(self, body: DiskUpdateBody) -> WeightUpdateView | Refusal:
-        """Load a checkpoint's safetensors file under ``weights_root`` and apply it."""
-        from actors.rollout.weights import CheckpointError, read_checkpoint
-
         self._start()
-        if (r := self._no_weights()) is not None:
-            return r
-        await self._manifest()
-        try:
-            data = await asyncio.to_thread(read_checkpoint, body.model_path, self.svc.weights_root,
-                                           self.svc.max_weights_bytes)
-        except CheckpointError as e:
-            return self._refused_count(Refusal(status=e.status, error="invalid_model_path", detail=str(e),
-                                               errors=[FieldError(field="model_path", msg=str(e), type="path")]))
-        except OSError as e:
-            return self._refused_count(Refusal(status=422, error="invalid_model_path",
-                                               detail=f"model_path: cannot read it ({e.strerror or e})"))
-        out = self.weights.validate(data, body.weight_version, "disk", body.sha256)
-        if isinstance(out, Refusal):
-            return self._refused_count(out)
-        return await self.apply_weights(out, body.pause_mode)
+        return await self.updater.update_from_disk(body)
 
     async def update_from_sync(self, offer: SyncOffer) -> WeightUpdateView | Refusal:
-        """Receive ``offer.version`` over its sync plan on every replica (replica ``j`` is the plan's
-        rollout worker ``j``; the trainers send concurrently), then apply it. The replicas install
-        what they hold staged; the service keeps one copy (from replica 0) for replacement replicas.
-        A plan for another number of replicas, or tensors that differ from the engine's: 422
-        naming the field; a transfer that fails: 502, every replica keeps its weights."""
-        from rollmux.rollout_sched.weights import check_specs
-
         self._start()
-        if (r := self._no_weights() or self.weights.check_version(offer.version)) is not None:
-            return self._refused_count(r)
-        await self._manifest()
-        plan = offer.plan
-        if plan.num_rollout != len(self.replicas) or not all(r.alive for r in self.replicas):
-            return self._refused_count(Refusal(
-                status=422 if plan.num_rollout != len(self.replicas) else 503, error="invalid_sync_plan",
-                detail=f"plan: {plan.num_rollout} rollout workers, the service has {len(self.replicas)} replicas "
-                       f"({sum(r.alive for r in self.replicas)} alive)", retry_after_s=self.svc.retry_after_s))
-        specs = {t.name: TensorSpec(name=t.name, dtype=t.dtype, shape=t.shape) for t in plan.tensors}
-        if self.weights.manifest is not None and (errs := check_specs(specs, self.weights.manifest)):
-            return self._refused_count(Refusal(status=422, error="invalid_weights", detail="; ".join(
-                f"{f}: {m}" for f, m, _ in errs[:8]), errors=[FieldError(field=f, msg=m, type=t) for f, m, t in errs]))
-        try:
-            receipts = await asyncio.gather(*(r.handle.receive_sync(offer.model_copy(update={"rollout_index": j}))
-                                              for j, r in enumerate(self.replicas)))
-        except Exception as e:  # a peer died or timed out: nothing was installed anywhere
-            return self._refused_count(Refusal(status=502, error="sync_failed", retry_after_s=self.svc.retry_after_s,
-                                               detail=f"plan: the transfer failed ({type(e).__name__}: "
-                                                      f"{str(e).splitlines()[0][:300] if str(e) else ''})"))
-        digests = {rc.sha256 for rc in receipts}
-        want = offer.sha256 or receipts[0].sha256
-        if digests != {want}:
-            return self._refused_count(Refusal(status=422, error="digest_mismatch", detail=f"sha256: the replicas "
-                                               f"received {sorted(digests)}, expected {want}",
-                                               errors=[FieldError(field="sha256", msg="digest mismatch",
-                                                                  type="digest_mismatch")]))
-        full = await self.replicas[0].handle.export_weights(offer.version)
-        staged = {r.index for r in self.replicas}
-        return await self.apply_weights(full, offer.pause_mode, staged=staged)
-
-    def _refused_count(self, out: Any) -> Any:
-        if isinstance(out, Refusal):
-            self.counters["weight_updates_refused"] += 1
-        return out
-
-    async def apply_weights(self, load: WeightsLoad, mode: PauseMode,
-                            staged: frozenset[int] | set[int] = frozenset()) -> WeightUpdateView | Refusal:
-        """Make ``load`` the latest complete version (it already passed every check) and wait until
-        every live replica serves it (``update_timeout_s``; then 504, the replicas go on loading it).
-        The service's policy version moves to ``load.version`` when that is newer."""
-        async with self._update_lock:
-            if (r := self.weights.check_version(load.version)) is not None:
-                return self._refused_count(r)
-            t0 = self._now()
-            self.weights.applied(load, mode)
-            self._staged = {i: load.version for i in staged}
-            requeued0 = self.counters["requeued"]
-            if load.version > self.version:
-                await self.set_policy(load.version, None)
-            for r in self.replicas:
-                r.wake.set()
-            deadline = t0 + self.svc.update_timeout_s
-            while True:
-                live = [r for r in self.replicas if r.alive]
-                if all(r.weights_version == load.version for r in live) or self._stopping:
-                    break
-                if self._now() >= deadline:
-                    return Refusal(status=504, error="update_timeout",
-                                   detail=f"weight_version {load.version}: not every replica serves it after "
-                                          f"update_timeout_s {self.svc.update_timeout_s:g} s (pause_mode {mode.value}: "
-                                          "they load it once their running requests end)", retry_after_s=1)
-                try:
-                    await asyncio.wait_for(self._loaded.wait(), max(0.01, min(1.0, deadline - self._now())))
-                except asyncio.TimeoutError:
-                    pass
-            load_s = self._now() - t0
-            view = WeightUpdateView(weight_version=load.version, weights_sha256=load.sha256, bytes=load.nbytes,
-                                    source=load.source, pause_mode=mode, load_s=round(load_s, 6),
-                                    requeued=self.counters["requeued"] - requeued0, replicas=self._replica_weights())
-            bad = [r for r in view.replicas if r.alive and r.weights_sha256 != load.sha256]
-            if bad:  # an engine that serves other bytes than it was sent: a defect, said loudly
-                view.success, view.message = False, f"replicas {[r.replica for r in bad]} report another digest"
-            self.counters["weight_updates"] += 1
-            self.weights.record({"weight_version": load.version, "weights_sha256": load.sha256, "bytes": load.nbytes,
-                                 "source": load.source, "pause_mode": mode.value, "load_s": round(load_s, 6),
-                                 "at_s": round(t0, 6), "success": view.success})
-            return view
-
-    def _replica_weights(self) -> list[ReplicaWeights]:
-        return [ReplicaWeights(replica=r.index, alive=r.alive, weights_version=r.weights_version,
-                               weights_sha256=r.weights_sha256) for r in self.replicas]
+        return await self.updater.update_from_sync(offer)
 
     async def weights_view(self) -> WeightsView:
-        """The latest complete version, every replica's version and digest, the recent updates."""
         self._start()
-        w = self.weights.latest
-        return WeightsView(weight_version=w.version if w else None, weights_sha256=w.sha256 if w else None,
-                           bytes=w.nbytes if w else 0, replicas=self._replica_weights(), history=list(self.weights.history))
+        return await self.updater.view()
 
     async def replica_digests(self) -> list[Optional[str]]:
-        """The digest each live replica computes now on the weights it serves (None: dead)."""
-        async def one(r: ReplicaState) -> Optional[str]:
-            try:
-                return await r.handle.weights_sha256() if r.alive else None
-            except ActorLost:
-                return None
-        return list(await asyncio.gather(*(one(r) for r in self.replicas)))
+        return await self.updater.replica_digests()
+
+    def _requeue_running(self, rep: ReplicaState) -> None:
+        """Stop a replica's running requests and queue them again (pause mode ``abort``)."""
+        for rid in list(rep.sched.inflight):
+            if rep.sched.requeue(rid) and (rec := self.recs.get(rid)) is not None:
+                rec.status, rec.dispatched_s, rec.requeued = Status.QUEUED, None, rec.requeued + 1
+                self.counters["requeued"] += 1
 
     # ------------------------------------------------------------------ metrics
     async def stats(self) -> dict:

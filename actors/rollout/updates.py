@@ -34,7 +34,7 @@ from rollmux.rollout_sched.weights import (
     PauseMode, SafetensorsError, TensorSpec, UploadStartBody, UploadView, WeightsLoad, check_specs, file_digest,
 )
 
-MAX_UPLOADS = 2  # uploads in progress at once (each holds its announced size in memory)
+MAX_UPLOADS = 2  # uploads in progress at once (each holds its announced size in memory); a third drops the stalest
 HISTORY = 64  # applied updates kept for GET /v1/weights
 
 
@@ -121,10 +121,8 @@ class WeightUpdates:
                         f"{body.size_bytes} bytes exceed max_weights_bytes {self.svc.max_weights_bytes}", "too_large")
         if (r := self.check_version(body.weight_version)) is not None:
             return r
-        if len(self.uploads) >= MAX_UPLOADS:
-            return Refusal(status=429, error="too_many_uploads", retry_after_s=self.svc.retry_after_s,
-                           detail=f"{len(self.uploads)} uploads are in progress (at most {MAX_UPLOADS}); commit or "
-                                  "delete one, or wait upload_ttl_s")
+        while len(self.uploads) >= MAX_UPLOADS:  # the least recently touched one gives way (an abandoned upload)
+            self.uploads.pop(min(self.uploads.values(), key=lambda u: u.expires).id)
         u = _Upload(f"u-{uuid.uuid4().hex[:16]}", body, self.svc.weights_chunk_bytes, bytearray(body.size_bytes),
                     expires=now + self.svc.upload_ttl_s)
         self.uploads[u.id] = u
