@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,16 +18,10 @@ from starlette.exceptions import HTTPException
 
 from serve_api.boundary import field_error
 from serve_api.ratelimit import ClientRateLimit
-from serve_api.rollout_boundary import RolloutBoundary
+from serve_api.rollout_boundary import RolloutBoundary, service_settings
 from serve_api.views import ApiError, AppSettings, _sha256
 
 log = logging.getLogger("rollmux.serve")
-
-
-def _rollout_service_settings() -> Any:
-    from rollmux.rollout_sched.config import DEFAULT_CONFIG_PATH, load_rollout_sched_config
-
-    return load_rollout_sched_config(DEFAULT_CONFIG_PATH, "cpu_engine").service
 
 
 def _body_schema(request: Request) -> Optional[dict]:
@@ -42,7 +36,7 @@ def guard(app: FastAPI, settings: AppSettings) -> tuple[Callable[..., None], Cal
     """Install the body guards and error handlers on ``app``; returns its two auth dependencies
     ``(need_token, read_access)``: writes need the bearer token, reads follow ``open_read_routes``
     (rate-limited per client address without a token)."""
-    svc = _rollout_service_settings()
+    svc = service_settings()
     # the admission routes' BodyGuard; the rollout routes' own bounds (serve_api/rollout_boundary.py)
     app.add_middleware(RolloutBoundary, max_bytes=settings.max_request_bytes, rollout_max_bytes=svc.max_request_bytes,
                        chunk_max_bytes=svc.weights_chunk_bytes)

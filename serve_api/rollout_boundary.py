@@ -28,6 +28,13 @@ ROLLOUT_PATHS = ("/v1/rollouts", "/v1/policy", "/v1/completions", "/v1/chat/comp
 CHUNK_PATH = re.compile(r"^/v1/weights/uploads/[^/]+/chunks/[^/]+$")
 
 
+def service_settings() -> Any:
+    """The rollout service's settings (``service:`` of ``configs/rollout_sched.yaml`` ``cpu_engine``)."""
+    from rollmux.rollout_sched.config import DEFAULT_CONFIG_PATH, load_rollout_sched_config
+
+    return load_rollout_sched_config(DEFAULT_CONFIG_PATH, "cpu_engine").service
+
+
 def is_rollout_path(path: str) -> bool:
     return any(path == p or path.startswith(p + "/") or path.startswith(p + ":") for p in ROLLOUT_PATHS)
 

@@ -21,6 +21,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import JSONResponse
 
 from serve_api.app_base import guard
+from serve_api.rollout_boundary import service_settings
 from serve_api.rollouts import rollouts_router
 from serve_api.views import ApiError, AppSettings, ErrorBody
 from serve_api.weights import weights_router
@@ -79,9 +80,7 @@ class RolloutIngress:
 
 def ingress_router(ctx: Any) -> APIRouter:
     """``GET /v1/rollouts:ingress`` on the main API: start this replica's ingress and tell its address."""
-    from rollmux.rollout_sched.config import DEFAULT_CONFIG_PATH, load_rollout_sched_config
-
-    svc = load_rollout_sched_config(DEFAULT_CONFIG_PATH, "cpu_engine").service
+    svc = service_settings()
     app = APIRouter()
     ingress = RolloutIngress(ctx.settings, svc.ingress_host, svc.ingress_port)
     lock = asyncio.Lock()

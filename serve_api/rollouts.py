@@ -29,6 +29,7 @@ from rollmux.rollout_sched.api import (
     ID_PATTERN, ByteTokenizer, CancelBody, CancelReply, ChatBody, CompletionBody, PolicyBody, PolicyView, Refusal,
     RolloutIn, RolloutView, Status, StreamBody, SubmitBatch, SubmitReply, openai_request,
 )
+from serve_api.rollout_boundary import service_settings
 from serve_api.views import ApiError, ErrorBody
 
 class _RefusedError(Exception):
@@ -87,14 +88,8 @@ def service_of(ctx: Any) -> _Service:
 def rollouts_router(ctx: Any) -> APIRouter:
     """The rollout routes of one app (``ctx``: has ``settings`` (:class:`serve_api.views.AppSettings`),
     ``need_token`` and ``read_access``, e.g. the admission API's :class:`serve_api.jobs.AppContext`)."""
-    from rollmux.rollout_sched.config import DEFAULT_CONFIG_PATH, load_rollout_sched_config
-
-    settings = load_rollout_sched_config(DEFAULT_CONFIG_PATH, "cpu_engine").service
-    app = APIRouter()
-    svc = service_of(ctx)
-    need_token, read_access = ctx.need_token, ctx.read_access
-    err = {"model": ErrorBody}
-    tags = ["rollouts"]
+    settings, app, svc = service_settings(), APIRouter(), service_of(ctx)
+    need_token, read_access, err, tags = ctx.need_token, ctx.read_access, {"model": ErrorBody}, ["rollouts"]
 
     @app.post("/v1/rollouts", status_code=202, response_model=SubmitReply, dependencies=[Depends(need_token)],
               responses={401: err, 409: err, 413: err, 415: err, 422: err, 429: err, 503: err}, tags=tags)

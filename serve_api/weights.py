@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 
 from rollmux.rollout_sched.api import ID_PATTERN, Refusal
 from rollmux.rollout_sched.weights import DiskUpdateBody, UploadStartBody, UploadView, WeightsView, WeightUpdateView
+from serve_api.rollout_boundary import service_settings
 from serve_api.rollouts import _refused, service_of
 from serve_api.views import ErrorBody
 
@@ -36,15 +37,8 @@ def _answer(out: Any, status: int = 200) -> JSONResponse:
 
 def weights_router(ctx: Any) -> APIRouter:
     """The weight routes of one app (``ctx`` as :func:`serve_api.rollouts.rollouts_router`'s)."""
-    from rollmux.rollout_sched.config import DEFAULT_CONFIG_PATH, load_rollout_sched_config
-
-    settings = load_rollout_sched_config(DEFAULT_CONFIG_PATH, "cpu_engine").service
-    app = APIRouter()
-    svc = service_of(ctx)
-    need_token, read_access = ctx.need_token, ctx.read_access
-    err = {"model": ErrorBody}
-    tags = ["weights"]
-    wait_s = settings.update_timeout_s
+    app, svc, wait_s = APIRouter(), service_of(ctx), service_settings().update_timeout_s
+    need_token, read_access, err, tags = ctx.need_token, ctx.read_access, {"model": ErrorBody}, ["weights"]
 
     @app.post("/v1/weights/update_from_disk", response_model=WeightUpdateView, dependencies=[Depends(need_token)],
               responses={401: err, 403: err, 404: err, 409: err, 413: err, 415: err, 422: err, 501: err, 503: err,

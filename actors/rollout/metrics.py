@@ -140,6 +140,7 @@ def render_prometheus(stats: dict) -> bytes:
     g("diversity_score", "normalised entropy of recent task families", stats["diversity_score"])
     g("index_bytes", "prefix index memory figure, bytes", stats["index_bytes"])
     g("policy_version", "current policy version", stats["policy_version"])
+    g("weight_version", "latest complete weights version (POST /v1/weights...)", stats.get("weight_version"))
     for k, v in stats["queued_by_class"].items():
         g("queued", "requests queued per priority class", v, ("cls",), cls=k)
     g("running", "requests running", stats["running"])
@@ -155,4 +156,6 @@ def render_prometheus(stats: dict) -> bytes:
         g("replica_running", "requests running on the replica", r["running"], ("replica",), replica=i)
         g("replica_index_bytes", "prefix index bytes of the replica", r["index_bytes"], ("replica",), replica=i)
         g("replica_prefix_hit_ratio", "prefix hit ratio of the replica", r["prefix_hit_ratio"], ("replica",), replica=i)
+        g("replica_weights_version", "weights version the replica serves", r.get("weights_version"), ("replica",),
+          replica=i)
     return generate_latest(reg)
