@@ -1,36 +1,26 @@
 """The rollout service: one actor owning a serving loop per engine replica of a rollout pool.
 
-Trainers reach it over HTTP (``serve_api/rollouts.py`` and ``serve_api/weights.py``: on the
-admission API's Serve app and port, and on the rollout ingress without Serve's proxy); the HTTP
-face calls it through :class:`actors.handles.RolloutServiceHandle`. Per replica the actor holds a
-:class:`rollmux.rollout_sched.RolloutRequestScheduler` (the mixed-request policy: classes, prefix
-index with version expiry, two-stage budget, cold start) and runs its loop as an asyncio task:
-serving windows (:func:`actors.rollout.window.run_window`, the function the in-process loop runs
-too) on the replica's engine actor (``actors/rollout/replica.py``, one call per window), recording
-what finished. Requests are routed to the replica with the best prefix match and room in its
-budget (:func:`rollmux.rollout_sched.routing.route`).
+Trainers reach it over HTTP (``serve_api/rollouts.py``, ``serve_api/weights.py``: on the admission
+API's Serve app, and on the rollout ingress without Serve's proxy) through
+:class:`actors.handles.RolloutServiceHandle`. Per replica the actor holds a
+:class:`rollmux.rollout_sched.RolloutRequestScheduler` (mixed-request policy: classes, prefix index
+with version expiry, two-stage budget, cold start) and runs serving windows
+(:func:`actors.rollout.window.run_window`, the function the in-process loop runs too) on the
+replica's engine actor (``actors/rollout/replica.py``). Requests go to the replica with the best
+prefix match and room in its budget (:func:`rollmux.rollout_sched.routing.route`). A generation
+may name the request that follows it (``then``): the service queues it when the sample ends.
 
-Weights (:mod:`actors.rollout.updates`): an update (upload, checkpoint on disk, or the sync plan
-of a RollMux job) becomes the latest complete version once every check passed; each replica's loop
-loads it at a window boundary, after its pause mode (``keep``: running requests go on, every
-token records the version that sampled it; ``abort``: they are re-queued and start over on the new
-version; ``wait``: nothing new starts until they ended). The update answers when every live
-replica serves it, with the digest each reports. A replica started in place of a dead one loads
-the latest complete version before it serves anything.
+Weights (:mod:`actors.rollout.weight_updater`): a checked update becomes the latest complete
+version; each replica loads it at a window boundary after its pause mode (``keep`` / ``abort`` /
+``wait``); the update answers when every live replica serves it. A replacement replica loads the
+latest complete version before it serves anything.
 
-A generation may name the request that follows it (``then``, e.g. its reward query): the service
-queues it when the sample ends, with no client round trip.
-
-Bounds and faults:
-
-- at most ``queue_capacity`` requests queued over all replicas: a submit that would pass it is
-  refused whole (nothing enqueued); finished results kept: ``max_results`` (oldest dropped);
-- a replica whose engine dies: its queued requests are routed to the live replicas; its running
-  critical requests are retried once there (a second loss fails them, ``replica_lost``); its
-  running non-critical requests fail with ``finish_reason = "replica_lost"``; none is lost silently;
-  a replacement replica is started in its place (at most ``max_replica_restarts`` times);
-- a stream's requests carry a lease renewed by each poll; when it lapses (the client went away)
-  the unfinished ones are cancelled, ``disconnect_grace_s`` after the last poll.
+Bounds and faults: at most ``queue_capacity`` requests queued (a submit past it is refused whole);
+``max_results`` finished results kept. A replica that dies (or fails a window): its queued
+requests are routed to the live replicas, its running critical ones retried once there, its running
+non-critical ones fail with ``finish_reason = "replica_lost"`` (none lost silently), and a
+replacement starts (at most ``max_replica_restarts``). A stream's requests carry a lease renewed by
+each poll; ``disconnect_grace_s`` after the last one (the client went away) they are cancelled.
 
 Source: the rollout service interface and metrics of the mixed-request scheduler (docs/ROLLOUT_SERVICE.md).
 """
@@ -339,6 +329,14 @@ class RolloutService:
                                            and x.wants_logprobs, now=self._now)
                 except ActorLost as e:
                     self._replica_lost(rep, str(e).splitlines()[0][:200] if str(e) else "died")
+                    return
+                except Exception as e:  # the engine failed the window: its requests must not hang; replace it
+                    log.exception("rollout service: engine replica %d failed a window", rep.index)
+                    try:
+                        rep.handle.kill()
+                    except Exception:  # already gone
+                        pass
+                    self._replica_lost(rep, f"window failed ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})")
                     return
                 if out.idle:
                     rep.wake.clear()
