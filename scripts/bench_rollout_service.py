@@ -442,8 +442,11 @@ def main(argv: list[str] | None = None) -> int:
     g = {}
     for key in ("trainer_idle_ratio", "short_p99_wait_s"):
         rin, rhttp = _spread(ratios("in_process", key)), _spread(ratios("http", key))
-        ok = None if not rin["n"] or not rhttp["n"] else abs(rhttp["mean"] - rin["mean"]) <= 0.1 * rin["mean"]
-        g[key] = {"mixed_over_fifo_in_process": rin, "mixed_over_fifo_http": rhttp, "within_10pct": ok}
+        # the advantage is kept when the mean mixed/FIFO ratio over HTTP is at most 10% above the one in process
+        ok = None if not rin["n"] or not rhttp["n"] else rhttp["mean"] <= 1.1 * rin["mean"]
+        g[key] = {"mixed_over_fifo_in_process": rin, "mixed_over_fifo_http": rhttp, "advantage_kept_within_10pct": ok,
+                  "difference_within_one_std": None if ok is None else
+                  abs(rhttp["mean"] - rin["mean"]) <= max(rin["std"], rhttp["std"])}
     ing = res["overhead"]["ingress"]
     c = args.connections
     g["overhead_ms"] = {"path": "rollout ingress", "at_connections_open": ing[f"{c}_open"], "goal_p50_ms": 5.0,
@@ -462,8 +465,8 @@ def main(argv: list[str] | None = None) -> int:
            "CPU engine, while in process only the engine and the trainer loop do")
     notes = {}
     for key in ("trainer_idle_ratio", "short_p99_wait_s"):
-        if g[key]["within_10pct"] is False:
-            notes[key] = f"mean mixed/FIFO ratio over HTTP differs from in process by more than 10%: {why}"
+        if g[key]["advantage_kept_within_10pct"] is False:
+            notes[key] = f"mean mixed/FIFO ratio over HTTP more than 10% above the one in process: {why}"
     if not g["overhead_ms"]["met"]:
         notes["overhead_ms"] = f"submit round trip through the ingress with {c} connections open above 5 / 20 ms: {why}"
     res["notes"] = notes
