@@ -543,6 +543,15 @@ class RolloutReplicaHandle(_Handle):
         ray.kill(self.actor, no_restart=True)
 
 
+class RolloutIngressHandle(_Handle):
+    """The rollout ingress actor (``serve_api/rollout_ingress.py``): the rollout routes on an HTTP
+    server of their own, without Serve's proxy."""
+
+    async def start(self, timeout_s: float = QUERY_TIMEOUT_S) -> str:
+        """Start its server (once) -> its base URL (``http://host:port``)."""
+        return await asyncio.wait_for(Pending(self.actor.start.remote(), "start")._await(), timeout_s)
+
+
 class RolloutServiceHandle(_Handle):
     """The rollout service actor (``actors/rollout/service.py``), for the HTTP face (async, every
     call bounded by ``timeout_s``; reads are resent once after a lost actor, a submit never is)
@@ -659,4 +668,4 @@ class RolloutServiceHandle(_Handle):
 
 __all__ = ["ActorLost", "CallTimeout", "Pending", "gather", "watch_failures", "start_actor", "unwrap",
            "SchedulerHandle", "AsyncSchedulerHandle", "ControllerHandle", "WorkerHandle",
-           "RolloutReplicaHandle", "RolloutServiceHandle"]
+           "RolloutIngressHandle", "RolloutReplicaHandle", "RolloutServiceHandle"]

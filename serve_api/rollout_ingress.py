@@ -1,15 +1,17 @@
 """The rollout ingress: the rollout routes served without Serve's proxy.
 
 Through Serve, every request to ``/v1/rollouts`` crosses the HTTP proxy actor, then the API
-replica, then the rollout service actor: two Python hops before the service (about 14 ms of the
-~20 ms a one-request submit took at p50 on a 2-core host was the proxy alone). The ingress is a
-second HTTP server (uvicorn) on the API replica's own event loop that serves the same rollout,
-weight and OpenAI-style routes (:func:`serve_api.rollouts.rollouts_router`,
-:func:`serve_api.weights.weights_router`, the same token, bounds and errors), so a request crosses
-one hop: this process -> the service actor. ``GET /v1/rollouts:ingress`` (on the main API) starts
-it on the replica that answers, on ``service.ingress_host``:``service.ingress_port`` (0: the kernel
-picks a port), and tells its address; :class:`serve_api.trainer_client.TrainerClient` follows it
-with ``ingress=True``. Everything else (jobs, admission) stays on the main API.
+replica, then the rollout service actor: two Python hops before the service (a trivial route took
+14 ms at p50 through the proxy on this 2-core host, 0.7 ms on an HTTP server in an actor). The
+ingress is an actor of its own (:class:`RolloutIngressServer`, one per service, detached, on the
+head like the service) running a uvicorn server of the same rollout, weight and OpenAI-style routes
+(:func:`serve_api.rollouts.rollouts_router`, :func:`serve_api.weights.weights_router`: the same
+token, bounds and errors), so a request crosses one hop: the ingress -> the service actor.
+``GET /v1/rollouts:ingress`` (on the main API) starts it and tells its address
+(``service.ingress_host``:``service.ingress_port``; port 0: the kernel picks one);
+:class:`serve_api.trainer_client.TrainerClient` follows it with ``ingress=True``. Everything
+else (jobs, admission) stays on the main API. ``rollmux down`` removes it with RollMux's other
+named actors.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, Optional
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import JSONResponse
 
+from actors.handles import ActorLost, CallTimeout, RolloutIngressHandle, start_actor
 from serve_api.app_base import guard
 from serve_api.rollout_boundary import service_settings
 from serve_api.rollouts import rollouts_router
@@ -48,11 +51,12 @@ def create_ingress_app(settings: AppSettings) -> FastAPI:
     return app
 
 
-class RolloutIngress:
-    """A uvicorn server of :func:`create_ingress_app` on the running event loop."""
+class RolloutIngressServer:
+    """Actor body: a uvicorn server of :func:`create_ingress_app` on the actor's event loop.
+    ``settings``: the API's :class:`serve_api.views.AppSettings` as a dict."""
 
-    def __init__(self, settings: AppSettings, host: str, port: int):
-        self.settings, self.host, self.port = settings, host, port
+    def __init__(self, settings: dict, host: str, port: int):
+        self.settings, self.host, self.port = AppSettings.model_validate(settings), host, port
         self._server: Any = None
         self._task: Optional[asyncio.Task] = None
         self.url: Optional[str] = None
@@ -66,7 +70,7 @@ class RolloutIngress:
         cfg = uvicorn.Config(create_ingress_app(self.settings), host=self.host, port=self.port, log_level="warning",
                              access_log=False, lifespan="off", timeout_keep_alive=75)
         self._server = uvicorn.Server(cfg)
-        self._server.install_signal_handlers = lambda: None  # not the main thread: the host process owns signals
+        self._server.install_signal_handlers = lambda: None  # not the main thread: Ray owns the signals
         self._task = asyncio.get_running_loop().create_task(self._server.serve())
         deadline = asyncio.get_running_loop().time() + START_TIMEOUT_S
         while not self._server.started:
@@ -78,11 +82,24 @@ class RolloutIngress:
         return self.url
 
 
+def ensure_ingress(name: str, settings: AppSettings, host: str, port: int) -> RolloutIngressHandle:
+    """The ingress actor ``name`` (created detached when missing). Needs a connected Ray driver."""
+    from actors.naming import NAMESPACE, control_plane_resources
+
+    opts: dict[str, Any] = {"num_cpus": 0, "namespace": NAMESPACE, "lifetime": "detached", "max_concurrency": 10_000}
+    if res := control_plane_resources():
+        opts["resources"] = res
+    actor = start_actor(RolloutIngressServer, (settings.model_dump(), host, port), name=name, get_if_exists=True, **opts)
+    return RolloutIngressHandle(actor, name=name)
+
+
 def ingress_router(ctx: Any) -> APIRouter:
-    """``GET /v1/rollouts:ingress`` on the main API: start this replica's ingress and tell its address."""
+    """``GET /v1/rollouts:ingress`` on the main API: start the service's ingress and tell its address."""
+    from actors.rollout.service import service_name
+
     svc = service_settings()
     app = APIRouter()
-    ingress = RolloutIngress(ctx.settings, svc.ingress_host, svc.ingress_port)
+    name = service_name(ctx.settings.scheduler_name or "default") + "-ingress"
     lock = asyncio.Lock()
 
     @app.get("/v1/rollouts:ingress", dependencies=[Depends(ctx.need_token)], tags=["rollouts"],
@@ -92,13 +109,15 @@ def ingress_router(ctx: Any) -> APIRouter:
         without Serve's proxy (same token and answers; lower latency per request)."""
         async with lock:
             try:
-                url = await ingress.start()
-            except (RuntimeError, OSError) as e:
-                raise ApiError(503, "ingress_unavailable", f"ingress_port: {e}", retry_after_s=1) from None
+                h = await asyncio.to_thread(ensure_ingress, name, ctx.settings, svc.ingress_host, svc.ingress_port)
+                url = await h.start(timeout_s=START_TIMEOUT_S + 30)
+            except (RuntimeError, OSError, ActorLost, CallTimeout) as e:
+                raise ApiError(503, "ingress_unavailable", f"ingress_port: {str(e).splitlines()[0][:300]}",
+                               retry_after_s=1) from None
         return JSONResponse({"url": url, "routes": ["/v1/rollouts*", "/v1/policy", "/v1/weights*", "/v1/stats*",
                                                     "/v1/completions", "/v1/chat/completions", "/v1/models"]})
 
     return app
 
 
-__all__ = ["RolloutIngress", "create_ingress_app", "ingress_router"]
+__all__ = ["RolloutIngressServer", "create_ingress_app", "ensure_ingress", "ingress_router"]
