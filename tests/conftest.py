@@ -24,6 +24,9 @@ from actors.ops.local_cluster import use_ephemeral_ray_token
 use_ephemeral_ray_token()
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
+# tests/vllm_cpu/ runs in its own session and environment (scripts/test_vllm.sh sets this).
+collect_ignore_glob = [] if os.environ.get("ROLLMUX_VLLM_SESSION") else ["vllm_cpu/*"]
+
 
 def _has_cuda() -> bool:
     try:

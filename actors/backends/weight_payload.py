@@ -13,12 +13,19 @@ Rows made only of ``str``, a list of ``int`` and ``bytes`` survive any msgpack r
 in the receiving process (the worker extension), bit for bit, for every dtype torch has
 (bfloat16 included: the bytes are the tensor's own storage, not a NumPy conversion).
 
+Streaming (:func:`iter_buckets`): a weight update is sent as a sequence of buckets of at most
+``bucket_bytes`` (a tensor larger than that travels alone), each encoded only when it is sent, so
+the update holds in host memory the weights it reads from plus a few copies of one bucket (the
+encoded rows, the RPC frames, the decoded tensors in the worker) instead of every stage's copy of
+the whole model at once. :func:`bucket_bytes_for` sizes the bucket for a model.
+
 Imports torch only (the vLLM worker process imports this module to decode).
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+import warnings
+from typing import Iterable, Iterator, Mapping
 
 import torch
 
@@ -26,18 +33,59 @@ import torch
 PayloadRow = list
 
 
-def encode_weights(weights: Mapping[str, torch.Tensor]) -> list[PayloadRow]:
-    """``{name: tensor}`` -> ``[[name, dtype, shape, bytes], ...]`` (CPU copies, C order).
+#: Bucket bounds, bytes (:func:`bucket_bytes_for`).
+MIN_BUCKET_BYTES = 1 << 20
+MAX_BUCKET_BYTES = 64 << 20
+
+
+def encode_row(name: str, t: torch.Tensor) -> PayloadRow:
+    """One tensor -> ``[name, dtype, shape, bytes]`` (a CPU copy, C order).
 
     Raises TypeError for a value that is not a tensor (naming its key)."""
-    rows = []
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"weight payload: {name!r} is a {type(t).__name__}, not a tensor")
+    c = t.detach().to("cpu").contiguous()
+    raw = c.reshape(-1).view(torch.uint8).numpy().tobytes() if c.numel() else b""
+    return [str(name), str(c.dtype).removeprefix("torch."), [int(s) for s in c.shape], raw]
+
+
+def encode_weights(weights: Mapping[str, torch.Tensor]) -> list[PayloadRow]:
+    """``{name: tensor}`` -> ``[[name, dtype, shape, bytes], ...]`` (every row at once: the
+    whole model copied; a weight update streams :func:`iter_buckets` instead).
+
+    Raises TypeError for a value that is not a tensor (naming its key)."""
+    return [encode_row(name, t) for name, t in weights.items()]
+
+
+def bucket_bytes_for(weights: Mapping[str, torch.Tensor]) -> int:
+    """Bucket size for streaming ``weights``: 1/16 of the model, within [1 MiB, 64 MiB], bytes.
+
+    At most ~5 copies of one bucket exist at once (encoded rows, the engine-core RPC frame and its
+    decoding, the worker's copy, the tensors rebuilt from it), so an update adds at most ~1/3 of
+    the model to the weights it reads from, for models of 16 MiB and more (below that, at most a
+    few MiB in all)."""
+    total = sum(t.numel() * t.element_size() for t in weights.values() if isinstance(t, torch.Tensor))
+    return int(min(MAX_BUCKET_BYTES, max(MIN_BUCKET_BYTES, total // 16)))
+
+
+def iter_buckets(weights: Mapping[str, torch.Tensor], bucket_bytes: int) -> Iterator[list[PayloadRow]]:
+    """Rows of ``weights`` in their order, grouped into buckets of at most ``bucket_bytes`` tensor
+    bytes (a larger tensor is a bucket of its own), each bucket encoded when it is asked for.
+
+    Raises ValueError for ``bucket_bytes < 1``; TypeError for a value that is not a tensor."""
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    rows: list[PayloadRow] = []
+    size = 0
     for name, t in weights.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"weight payload: {name!r} is a {type(t).__name__}, not a tensor")
-        c = t.detach().to("cpu").contiguous()
-        raw = c.reshape(-1).view(torch.uint8).numpy().tobytes() if c.numel() else b""
-        rows.append([str(name), str(c.dtype).removeprefix("torch."), [int(s) for s in c.shape], raw])
-    return rows
+        n = t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+        if rows and size + n > bucket_bytes:
+            yield rows
+            rows, size = [], 0
+        rows.append(encode_row(name, t))
+        size += n
+    if rows:
+        yield rows
 
 
 def payload_bytes(rows: Iterable[PayloadRow]) -> int:
@@ -45,9 +93,10 @@ def payload_bytes(rows: Iterable[PayloadRow]) -> int:
     return sum(len(r[3]) for r in rows)
 
 
-def decode_weights(rows: Iterable) -> list[tuple[str, torch.Tensor]]:
+def decode_weights(rows: Iterable, *, copy: bool = True) -> list[tuple[str, torch.Tensor]]:
     """``[[name, dtype, shape, bytes], ...]`` (lists or tuples; ``bytes``, ``bytearray`` or
-    ``memoryview``) -> ``[(name, CPU tensor)]`` owning its memory.
+    ``memoryview``) -> ``[(name, CPU tensor)]`` owning its memory (``copy=False``: tensors over the
+    received ``bytes``, read-only, for a receiver that copies them into its own parameters).
 
     Raises ValueError naming the row when it is malformed (not four fields, unknown dtype, byte
     count not matching the shape) or when a row holds a tensor or its ``[dtype, shape, data]``
@@ -75,6 +124,10 @@ def decode_weights(rows: Iterable) -> list[tuple[str, torch.Tensor]]:
                              f"(expected {size})")
         if n == 0:
             t = torch.empty(shape, dtype=dt)
+        elif isinstance(raw, bytes) and not copy:  # read-only view of the received bytes: no copy
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "buffer is not writable": never written
+                t = torch.frombuffer(raw, dtype=torch.uint8).view(dt).reshape(shape)
         else:
             t = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dt).reshape(shape)
         out.append((str(name), t))
