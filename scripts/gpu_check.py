@@ -77,7 +77,7 @@ def _needs(check: str, graph: dict[str, set[str]]) -> set[str]:
             continue
         seen.add(d)
         todo += graph.get(d, ())
-    return seen
+    return {d for d in seen if d in graph}
 
 
 def host_problems(bundle: Path) -> dict[str, str]:
@@ -336,7 +336,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.environ.get("GPU_CHECK_OUT"),
                     help="the results folder (required here or as GPU_CHECK_OUT: nothing is written elsewhere)")
     ap.add_argument("--bundle", default=os.environ.get("GPU_CHECK_BUNDLE") or str(ROOT / ".cache" / "gpu_bundle"))
-    ap.add_argument("--deps", default=os.environ.get("GPU_CHECK_DEPS") or str(ROOT / ".cache" / "gpu_deps"),
+    # a folder named site-packages: dill (datasets' hashing, in the TRL check) pickles by reference only
+    # classes of modules under a site-packages path; pyarrow's types elsewhere fail to pickle by value
+    ap.add_argument("--deps", default=os.environ.get("GPU_CHECK_DEPS") or str(ROOT / ".cache" / "gpu_deps" / "site-packages"),
                     help="where the bundle is unpacked (put on PYTHONPATH of every check)")
     ap.add_argument("--checks", default=None, help="comma-separated subset to run (others: NOT RUN)")
     ap.add_argument("--dry-run", action="store_true")

@@ -58,7 +58,7 @@ if str(ROOT) not in sys.path:
 #: they finish: a timeout keeps what was measured). A check whose modules are missing here is
 #: NOT RUN, naming them; the others still run.
 CHECKS: dict[str, tuple[int, str, tuple[str, ...]]] = {
-    "env": (15, "a CUDA device", ()),
+    "env": (30, "a CUDA device", ()),
     "deepspeed_zero2_cuda": (60, "a CUDA device, DeepSpeed", ("deepspeed", "pydantic", "transformers")),
     "hf_rollout_cuda": (25, "a CUDA device", ("pydantic", "transformers")),
     "cuda_sync": (30, "a CUDA device", ("pydantic", "transformers")),

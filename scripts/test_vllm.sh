@@ -10,6 +10,9 @@ t0=$(date +%s)
 ARGS=("$@")
 [ ${#ARGS[@]} -gt 0 ] || ARGS=(tests/vllm_cpu)
 export ROLLMUX_VLLM_SESSION=1
+# DeepSpeed JIT-builds a CPU op per environment (its include paths differ): a cache of its own, so
+# the two sessions do not rebuild each other's op every run
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.venv-vllm-cpu/torch_extensions}"
 if PYV="$(bash scripts/vllm_env.sh | tail -1)" && [ -x "$PYV" ]; then
   t1=$(date +%s)
   "$PYV" -m pytest -q "${ARGS[@]}"
