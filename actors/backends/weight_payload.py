@@ -58,19 +58,22 @@ def encode_weights(weights: Mapping[str, torch.Tensor]) -> list[PayloadRow]:
 
 
 def bucket_bytes_for(weights: Mapping[str, torch.Tensor]) -> int:
-    """Bucket size for streaming ``weights``: 1/16 of the model, within [1 MiB, 64 MiB], bytes.
+    """Bucket size for streaming ``weights``: 1/32 of the model, within [1 MiB, 64 MiB], bytes.
 
-    At most ~5 copies of one bucket exist at once (encoded rows, the engine-core RPC frame and its
-    decoding, the worker's copy, the tensors rebuilt from it), so an update adds at most ~1/3 of
-    the model to the weights it reads from, for models of 16 MiB and more (below that, at most a
-    few MiB in all)."""
+    About four copies of one bucket exist at once (the encoded rows, the RPC frame, its decoding
+    in the worker, the rows it holds until their layer is complete), plus the one tensor being
+    reassembled from chunks in the worker, so an update adds at most ~1/8 of the model plus its
+    largest tensor to the weights it reads from (for models of 32 MiB and more; below that, a few
+    MiB in all)."""
     total = sum(t.numel() * t.element_size() for t in weights.values() if isinstance(t, torch.Tensor))
-    return int(min(MAX_BUCKET_BYTES, max(MIN_BUCKET_BYTES, total // 16)))
+    return int(min(MAX_BUCKET_BYTES, max(MIN_BUCKET_BYTES, total // 32)))
 
 
 def iter_buckets(weights: Mapping[str, torch.Tensor], bucket_bytes: int) -> Iterator[list[PayloadRow]]:
     """Rows of ``weights`` in their order, grouped into buckets of at most ``bucket_bytes`` tensor
-    bytes (a larger tensor is a bucket of its own), each bucket encoded when it is asked for.
+    bytes, each bucket encoded when it is asked for. A tensor larger than a bucket travels as
+    chunk rows ``[name, dtype, shape, bytes, start]`` (``bytes``: the flattened tensor from element
+    ``start`` on), one bucket each, put back together by :class:`Assembler`.
 
     Raises ValueError for ``bucket_bytes < 1``; TypeError for a value that is not a tensor."""
     if bucket_bytes < 1:
@@ -82,14 +85,65 @@ def iter_buckets(weights: Mapping[str, torch.Tensor], bucket_bytes: int) -> Iter
         if rows and size + n > bucket_bytes:
             yield rows
             rows, size = [], 0
-        rows.append(encode_row(name, t))
-        size += n
+        if n <= bucket_bytes:
+            rows.append(encode_row(name, t))
+            size += n
+            continue
+        flat = t.detach().to("cpu").contiguous().reshape(-1)
+        step = max(1, bucket_bytes // t.element_size())
+        for start in range(0, flat.numel(), step):
+            part = encode_row(name, flat[start:start + step])
+            yield [[part[0], part[1], [int(x) for x in t.shape], part[3], int(start)]]
     if rows:
         yield rows
 
 
+class Assembler:
+    """Receiving side of :func:`iter_buckets`: whole rows pass through, chunk rows are copied into
+    a buffer of their tensor (allocated at its first chunk), which is handed on once every element
+    arrived. :meth:`feed` returns the tensors complete after a bucket; :attr:`pending` names those
+    still missing chunks. Raises ValueError for a malformed row or a chunk outside its tensor."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, tuple[torch.Tensor, int]] = {}  # name -> (flat buffer, elements filled)
+
+    @property
+    def pending(self) -> list[str]:
+        return sorted(self._bufs)
+
+    def feed(self, rows: Iterable, *, copy: bool = False) -> list[tuple[str, torch.Tensor]]:
+        whole, out = [], []
+        for i, row in enumerate(rows):
+            if isinstance(row, (list, tuple)) and len(row) == 5:
+                name, dtype, shape, raw, start = row
+                (_, part), = decode_weights([[name, dtype, [len(raw) // max(1, _itemsize(dtype, i, name))], raw]],
+                                            copy=False)
+                buf, filled = self._bufs.get(name) or (torch.empty([int(x) for x in shape], dtype=part.dtype).reshape(-1), 0)
+                start = int(start)
+                if start < 0 or start + part.numel() > buf.numel() or buf.dtype != part.dtype:
+                    raise ValueError(f"weight payload row {i} ({name!r}): chunk [{start}, {start + part.numel()}) "
+                                     f"does not fit its tensor of {buf.numel()} {buf.dtype} elements")
+                buf[start:start + part.numel()] = part
+                filled += part.numel()
+                if filled >= buf.numel():
+                    self._bufs.pop(name, None)
+                    out.append((str(name), buf.reshape([int(x) for x in shape])))
+                else:
+                    self._bufs[name] = (buf, filled)
+            else:
+                whole.append(row)
+        return decode_weights(whole, copy=copy) + out
+
+
+def _itemsize(dtype: str, i: int, name: str) -> int:
+    dt = getattr(torch, str(dtype), None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"weight payload row {i} ({name!r}): unknown dtype {dtype!r}")
+    return torch.empty((), dtype=dt).element_size()
+
+
 def payload_bytes(rows: Iterable[PayloadRow]) -> int:
-    """Total tensor bytes of a payload."""
+    """Total tensor bytes of a payload (chunk rows count their own bytes)."""
     return sum(len(r[3]) for r in rows)
 
 

@@ -24,15 +24,10 @@ MATE_MODEL = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate
 
 @pytest.fixture(scope="module")
 def sched(ray_cluster, local_cluster_spec):
-    import ray
+    from factories import own_scheduler
 
-    from actors.scheduler.global_scheduler import get_or_create_scheduler
-
-    name = f"test-vllm-grpo-{uuid.uuid4().hex[:6]}"
-    h = get_or_create_scheduler(local_cluster_spec, name=name)
-    assert ray.get(h.health.remote())["ok"]
-    yield name
-    ray.kill(h, no_restart=True)
+    with own_scheduler(local_cluster_spec, "test-vllm-grpo") as name:
+        yield name
 
 
 def test_vllm_deepspeed_job_coexecuted_is_bit_identical_to_solo(sched):
@@ -43,13 +38,12 @@ def test_vllm_deepspeed_job_coexecuted_is_bit_identical_to_solo(sched):
         "run": ds.run.model_copy(update={"rollout_backend": "vllm", "max_new_tokens": 16, "min_new_tokens": 8}),
         "model": VLLM_MODEL})
     mate = load_job_config(CONFIG_DIR / "jobs" / "grpo_train_heavy.yaml", iterations=N)
-    mate = mate.model_copy(update={
-        "job": mate.job.model_copy(update={"job_id": f"{mate.job.job_id}-{uid}"}),
-        "run": mate.run.model_copy(update={"max_new_tokens": 24, "min_new_tokens": 8, "num_prompts": 4}),
-        "model": MATE_MODEL})
+    mate = mate.model_copy(update={"job": mate.job.model_copy(update={"job_id": f"{mate.job.job_id}-{uid}"}),
+                                   "model": MATE_MODEL,
+                                   "run": mate.run.model_copy(update={"max_new_tokens": 24, "min_new_tokens": 8,
+                                                                      "num_prompts": 4})})
     res = run_coexecuted([mate, ds], sched, admit_timeout_s=400, finish_timeout_s=600)
-    errors = {k: v for k, v in res.items() if isinstance(v, BaseException)}
-    assert not errors, errors
+    assert not [v for v in res.values() if isinstance(v, BaseException)], res
     co = res[ds.job.job_id]
     assert co["mode"] == "scheduled" and co["iterations"] == N
     assert res[mate.job.job_id]["info"]["group_id"] == co["info"]["group_id"], "the two jobs share one group"

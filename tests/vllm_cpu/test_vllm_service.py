@@ -7,7 +7,6 @@ is aborted by a cancel; a new policy version resets the engine's prefix cache an
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import pytest
@@ -49,14 +48,12 @@ def http(serve_api, svc):
         yield c
 
 
-def _settle(http, ids, timeout_s=300):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        views = [http.get(f"/v1/rollouts/{i}").json() for i in ids]
-        if all(v["status"] in ("finished", "cancelled", "failed") for v in views):
-            return views
-        time.sleep(0.2)
-    raise AssertionError(f"not settled: {[v['status'] for v in views]}")
+def _settled(http, rid: str) -> dict:
+    from factories import wait_until
+
+    return wait_until(lambda: (v := http.get(f"/v1/rollouts/{rid}").json())["status"] in ("finished", "cancelled",
+                                                                                        "failed") and v,
+                      timeout_s=300, interval_s=0.2, what=f"request {rid} settled")
 
 
 def test_vllm_engine_serves_the_rollout_api(http, svc):
@@ -94,7 +91,7 @@ def test_vllm_engine_serves_the_rollout_api(http, svc):
     assert p.status_code == 200 and p.json()["version"] == 1
     r = http.post("/v1/rollouts", json={"prompt_token_ids": prompt[:20], "max_tokens": 4, "policy_version": 1})
     assert r.status_code == 202, r.text
-    v = _settle(http, [r.json()["requests"][0]["id"]])[0]
+    v = _settled(http, r.json()["requests"][0]["id"])
     assert v["status"] == "finished" and 1 <= len(v["output_token_ids"]) <= 4
     st = http.get("/v1/stats").json()
     assert st["counters"]["submitted"] >= 8
