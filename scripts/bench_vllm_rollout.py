@@ -10,7 +10,8 @@ streamed weight update. Run with the vLLM environment's Python (``bash scripts/v
    ``ignore_eos``; HF ``min_new_tokens`` = cap), temperature 1, one warm-up call each, then the
    median of ``--repeats`` timed calls: generated tokens / s and their ratio. Both use the same
    torch thread count (``--threads``).
-2. **Weight-update host memory**: a ~90M-parameter model (~370 MB float32) loaded into the engine
+2. **Weight-update host memory**: a ~90-100M-parameter model (~350-390 MB float32,
+   :data:`MEMORY_MODELS`, ``--memory-model``) loaded into the engine
    through ``load_weights``, streamed in buckets (the default) and in one bucket (every row
    encoded at once, as before streaming): the peak resident memory of this process and the
    engine's processes above what they held before the call, sampled every 5 ms, as a fraction of
@@ -128,30 +129,37 @@ def throughput(args) -> dict:
     return out
 
 
+#: Models of the memory figure (~90-100M parameters, float32, untied embeddings). The update holds,
+#: besides the weights it reads, about two copies of its largest tensor (reassembled from chunks in
+#: the worker, then materialised by vLLM's layer reload) and a few buckets; so the ratio depends on
+#: the largest tensor's share: ``llama`` has a 1B Llama's (~6%), ``embedding_heavy`` a 32k
+#: vocabulary on a small model (27%).
+MEMORY_MODELS = {
+    "llama": dict(vocab_size=8000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=2048),
+    "embedding_heavy": dict(vocab_size=32000, hidden_size=768, num_hidden_layers=6, num_attention_heads=12,
+                            intermediate_size=2048),
+}
+
+
 def update_memory(args) -> dict:
     import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     from actors.backends.vllm_rollout import VLLMRolloutBackend
     from actors.backends.weight_payload import bucket_bytes_for
-    from examples.grpo.config import ModelConfig
-    from examples.grpo.model import build_model
 
-    shape = ModelConfig(hidden_size=768, num_layers=6, num_heads=12, intermediate_size=2048,
-                        max_position_embeddings=64)
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    with torch.random.fork_rng(devices=[]):  # a 32k vocabulary: the embedding is the largest tensor
+    shape = MEMORY_MODELS[args.memory_model]
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        cfg = LlamaConfig(vocab_size=32000, hidden_size=shape.hidden_size, num_hidden_layers=shape.num_layers,
-                          num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_heads,
-                          intermediate_size=shape.intermediate_size, max_position_embeddings=64,
+        cfg = LlamaConfig(**shape, num_key_value_heads=shape["num_attention_heads"], max_position_embeddings=64,
                           tie_word_embeddings=False)
         model = LlamaForCausalLM(cfg).float().eval()
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
     model_bytes = sum(t.numel() * t.element_size() for t in weights.values())
     b = VLLMRolloutBackend(model, max_num_seqs=4, threads=args.threads)
     del model
-    res: dict = {"params": sum(t.numel() for t in weights.values()), "model_mb": round(model_bytes / 2**20, 1),
+    res: dict = {"model": args.memory_model, "shape": shape,
+                 "params": sum(t.numel() for t in weights.values()), "model_mb": round(model_bytes / 2**20, 1),
                  "largest_tensor_mb": round(max(t.numel() * t.element_size() for t in weights.values()) / 2**20, 1)}
     for name, bucket in (("streamed", None), ("one_bucket", 1 << 40)):
         b.bucket_bytes = bucket
@@ -179,6 +187,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "results" / "bench_vllm_rollout.json"))
+    ap.add_argument("--memory-model", choices=sorted(MEMORY_MODELS), default="llama")
     ap.add_argument("--only", choices=("throughput", "memory"), default=None,
                     help="re-measure one part; the other is kept from an existing --out file")
     args = ap.parse_args(argv)
@@ -192,19 +201,24 @@ def main(argv=None) -> int:
            "command": "python scripts/bench_vllm_rollout.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     old = json.loads(Path(args.out).read_text()) if args.only and Path(args.out).is_file() else {}
     res["throughput"] = throughput(args) if args.only in (None, "throughput") else old["throughput"]
-    res["weight_update_memory"] = update_memory(args) if args.only in (None, "memory") else old["weight_update_memory"]
-    if args.only:
-        res["kept_from_previous_run"] = {"part": "memory" if args.only == "throughput" else "throughput",
-                                         "host": old.get("host"), "command": old.get("command")}
+    mem = {k: v for k, v in old.get("weight_update_memory", {}).items() if k in MEMORY_MODELS}
+    if args.only in (None, "memory"):
+        mem[args.memory_model] = update_memory(args)
+    res["weight_update_memory"] = mem
+    if args.only:  # where the kept part was measured (carried over when the old file kept it too)
+        part = "memory" if args.only == "throughput" else "throughput"
+        prev = old.get("kept_from_previous_run") or {}
+        res["kept_from_previous_run"] = prev if prev.get("part") == part else {
+            "part": part, "host": old.get("host"), "command": old.get("command")}
     res["host"]["loadavg_end"] = _load()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
     t = res["throughput"]
-    m = res["weight_update_memory"]
     print(f"tokens/s: vLLM {t['vllm']['tokens_per_s']} vs HF {t['hf']['tokens_per_s']} "
           f"(x{t['vllm_over_hf']}; batch {t['batch']} x {t['new_tokens']} tokens, load {res['host']['loadavg_start']})")
-    print(f"weight update host memory / model ({m['model_mb']} MB): streamed {m['streamed']['host_memory_over_model']}x, "
-          f"one bucket {m['one_bucket']['host_memory_over_model']}x")
+    for name, m in res["weight_update_memory"].items():
+        print(f"weight update host memory / model, {name} ({m['model_mb']} MB, largest tensor {m['largest_tensor_mb']} MB): "
+              f"streamed {m['streamed']['host_memory_over_model']}x, one bucket {m['one_bucket']['host_memory_over_model']}x")
     print(f"wrote {args.out}")
     return 0
 
