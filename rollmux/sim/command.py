@@ -38,7 +38,7 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
     from rollmux.config import CONFIG_DIR, ConfigError, load_cluster
     from rollmux.sim.simulator import gantt_records, simulate as run_sim
     from rollmux.traces import DEFAULT_TRACE, EXTRACT_TRACE, TraceError, TraceWindow, load_trace, trace_label
-    from rollmux.workloads import draw_jobs
+    from rollmux.workloads import MIXES, draw_jobs, mix_names
 
     console = Console(width=None if sys.stdout.isatty() else 160)
 
@@ -106,10 +106,12 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
         tjobs = load_trace(trace, window)
     except (ValueError, TraceError) as e:
         fail(f"--trace: {e}")
+    if mix not in MIXES:
+        fail(f"--mix: unknown mix {mix!r}; known mixes: {mix_names()}")
     try:
         sjobs = draw_jobs(tjobs, cluster, mix=mix, seed=seed, slo_range=(slo_min, slo_max))
     except ValueError as e:
-        fail(f"--mix: {e}" if "mix" in str(e) else str(e))
+        fail(str(e))
     if priorities is not None:
         from rollmux.workloads import assign_priorities, parse_class_shares
 
