@@ -179,17 +179,3 @@ def test_a_controller_forgets_a_departed_jobs_sync_totals_but_takes_it_back():
     m.job("a", iterations=1)  # moved back later: recorded again
     assert m.totals["iters"]["a"] == 1
 
-
-def test_operator_docs_name_the_metrics_as_exported():
-    """docs/PRIORITIES.md names each RollMux metric as the Prometheus endpoint shows it: with Ray's
-    ``ray_`` prefix, and only metrics RollmuxMetrics exports."""
-    import re
-    from pathlib import Path
-
-    import actors.ops.metrics as mod
-
-    exported = set(re.findall(r'"(rollmux_[a-z_]+)"', Path(mod.__file__).read_text()))
-    text = (Path(__file__).resolve().parents[1] / "docs" / "PRIORITIES.md").read_text()
-    named = re.findall(r"`(ray_)?(rollmux_[a-z_]+)[{`]", text)
-    assert named and "rollmux_preemptions_total" in exported
-    assert all(prefix == "ray_" and name in exported for prefix, name in named), named

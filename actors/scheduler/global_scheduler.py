@@ -397,10 +397,11 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart, PriorityPar
             job = JobSpec.model_validate(spec)
         except ValidationError as e:
             jid = spec.get("job_id") if isinstance(spec, dict) else None
-            return self._refusal(jid, Code.INVALID, f"invalid job spec: {e}", t0, dry_run)
+            where = ".".join(map(str, e.errors()[0]["loc"])) if e.errors() else None
+            return self._refusal(jid, Code.INVALID, f"invalid job spec: {e}", t0, dry_run, field=where or None)
         bad = self._class_refusal(job)
         if bad:
-            return self._refusal(job.job_id, Code.INVALID, f"invalid job spec: {bad}", t0, dry_run)
+            return self._refusal(job.job_id, Code.INVALID, f"invalid job spec: {bad}", t0, dry_run, field="priority_class")
         sha = spec_sha256(job)
         old = self.job_store.get(job.job_id)
         if old is not None and old.state.is_active():
@@ -462,13 +463,14 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart, PriorityPar
         self._cost_metrics(gid)
         out["latency_ms"] = out.get("latency_ms", (time.perf_counter() - t0) * 1e3)
 
-    def _refusal(self, job_id, code: Code, reason: str, t0: float, dry_run: bool) -> dict:
-        """A refusal of the scheduler itself (``invalid`` | ``duplicate`` | ...) as an AdmissionDecision."""
+    def _refusal(self, job_id, code: Code, reason: str, t0: float, dry_run: bool, field: Optional[str] = None) -> dict:
+        """A refusal of the scheduler itself (``invalid`` | ``duplicate`` | ...) as an AdmissionDecision
+        (``field``: the spec field an ``invalid`` one is about)."""
         ms = (time.perf_counter() - t0) * 1e3
         if not dry_run:
             self.metrics.admission(code.outcome, ms)
         d = AdmissionDecision(job_id=job_id, admitted=False, code=code, reason=reason, policy=self.igs.policy,
-                              delta_usd_per_h=None, latency_ms=ms)
+                              delta_usd_per_h=None, latency_ms=ms, field=field)
         return d.to_dict()
 
     def _cost_metrics(self, gid: str) -> None:
