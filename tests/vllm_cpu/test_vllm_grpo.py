@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from examples.grpo.config import ModelConfig, load_job_config
-from examples.grpo.job import run_coexecuted, run_job
+from examples.grpo.job import run_coexecuted
 from rollmux.config import CONFIG_DIR
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm_env, pytest.mark.timeout(900)]
@@ -23,11 +23,8 @@ MATE_MODEL = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate
 
 
 @pytest.fixture(scope="module")
-def sched(ray_cluster, local_cluster_spec):
-    from factories import own_scheduler
-
-    with own_scheduler(local_cluster_spec, "test-vllm-grpo") as name:
-        yield name
+def sched(module_scheduler):
+    return module_scheduler
 
 
 def test_vllm_deepspeed_job_coexecuted_is_bit_identical_to_solo(sched):
@@ -44,12 +41,9 @@ def test_vllm_deepspeed_job_coexecuted_is_bit_identical_to_solo(sched):
                                                                       "num_prompts": 4})})
     res = run_coexecuted([mate, ds], sched, admit_timeout_s=400, finish_timeout_s=600)
     assert not [v for v in res.values() if isinstance(v, BaseException)], res
-    co = res[ds.job.job_id]
-    assert co["mode"] == "scheduled" and co["iterations"] == N
-    assert res[mate.job.job_id]["info"]["group_id"] == co["info"]["group_id"], "the two jobs share one group"
-    solo = run_job(ds, attach=False)
-    assert [m["weights_sha256"] for m in solo["history"]] == [m["weights_sha256"] for m in co["history"]]
-    assert [m["reward_mean"] for m in solo["history"]] == [m["reward_mean"] for m in co["history"]]
+    from factories import assert_coexecuted_equals_solo
+
+    co = assert_coexecuted_equals_solo(res, ds, mate, N)
     # the engine generated with the weights training published (iteration i+1 samples with the
     # weights of iteration i): the digest the rollout state received equals the trainer's
     got = [m["received_sha256"] for m in co["history"]]
