@@ -11,9 +11,10 @@ that asked for them get the log-probability of each sampled token.
 
 Weights also arrive over the topology-aware sync plan (:meth:`EngineReplica.receive_sync`: this
 replica is rollout worker ``j`` of the plan; the received tensors wait, staged, until a window
-installs them) and leave as a safetensors file (:meth:`EngineReplica.export_weights`). On GPU hosts
-(``service.engine: vllm``) a :class:`actors.rollout.engine.VLLMEngine` takes the same place (no
-token log-probs, no weight loads there yet).
+installs them) and leave as a safetensors file (:meth:`EngineReplica.export_weights`). With
+``service.engine: vllm`` a :class:`actors.rollout.vllm_engine.VLLMEngine` takes the same place (no
+token log-probs, no weight loads through the service's routes yet), its KV cache sized to the
+scheduler's ``kv_capacity_tokens`` and its context to ``context_tokens``.
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ class EngineReplica:
 
         cfg = RolloutSchedConfig.model_validate(config)
         self.index = index
-        if cfg.service.engine == "vllm":  # GPU hosts (import-guarded; no token log-probs from this adapter)
-            from actors.rollout.engine import VLLMEngine
+        if cfg.service.engine == "vllm":  # vLLM's CPU build or CUDA (no token log-probs from this adapter)
+            from actors.rollout.vllm_engine import VLLMEngine
 
-            self.engine: Any = VLLMEngine(cfg.service.vllm_model, slice_steps=cfg.slice_tokens, seed=seed)
+            self.engine: Any = VLLMEngine(cfg.service.vllm_model, slice_steps=cfg.slice_tokens, seed=seed,
+                                          kv_capacity_tokens=cfg.budget.kv_capacity_tokens,
+                                          max_model_len=cfg.service.context_tokens)
             self.local = LocalWindowEngine(self.engine)
         else:
             self.engine = CPUEngine(vocab_size=cfg.coldstart.vocab_size, max_positions=cfg.service.context_tokens,
