@@ -37,7 +37,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
-
 from actors.rollout.window import LocalWindowEngine, drive, run_window
 from rollmux.rollout_sched import Completion, Request, RequestType, RolloutRequestScheduler
 
