@@ -18,8 +18,9 @@ queries, released at their arrival times.
   connections), one engine replica, the service restarted with each policy behind the same API.
 
 Each (policy, side) runs ``--repeats`` times with seeds ``seed .. seed + repeats - 1`` (fifo and
-mixed; prefix once): the mixed/FIFO ratios are taken per seed and reported as mean, standard
-deviation, min and max. Figures per run: trainer idle ratio (trainer side: sum over steps of
+mixed; prefix once), seed by seed with both sides of a seed back to back (the service restarted with
+each policy): the mixed/FIFO ratios are taken per seed and reported as mean, standard deviation,
+min and max. Figures per run: trainer idle ratio (trainer side: sum over steps of
 first critical submit -> the step's last needed result, over the run's wall time), short-request
 p99 queueing delay (reward and state queries, dispatch - submission on the scheduler's clock),
 throughput.
@@ -393,16 +394,6 @@ def main(argv: list[str] | None = None) -> int:
     res: dict = {"config": {"stream": spec.__dict__, "seeds": seeds, "quick": args.quick, "connections": args.connections,
                             "service": SERVICE_OVERRIDES, "cpus": os.cpu_count()},
                  "in_process": {p: [] for p in POLICIES}, "http": {p: [] for p in POLICIES}}
-    for seed in seeds:  # in process first, interleaving the policies so a change of load hits them alike
-        for p in POLICIES:
-            if seed not in _runs(seeds, p):
-                continue
-            r = brs.run_policy(p, spec, "cpu", seed, max_wall_s=120)
-            res["in_process"][p].append({k: r[k] for k in ("trainer_idle_ratio", "short_p99_wait_s", "sample_throughput",
-                                                           "prefix_hit_ratio", "steps_done", "makespan_s")}
-                                        | {"seed": seed, "loadavg": _load()})
-            print("in-process", p, json.dumps(res["in_process"][p][-1]), flush=True)
-
     tmp = Path(tempfile.mkdtemp(prefix="rollmux-bench-rollout-"))
     ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE,
              object_store_memory=128 * 2**20, log_to_driver=False, logging_level="ERROR")
@@ -414,23 +405,32 @@ def main(argv: list[str] | None = None) -> int:
         base = deploy(ServeConfig(port=_free_port(), state_dir=tmp, scheduler_name=sched_name, request_timeout_s=120,
                                   max_ongoing_requests=256, app_name="rollmux-bench-rollouts"), token)
         name = service_name(sched_name)
-        for p in POLICIES:
-            h = ensure_rollout_service(name, overrides={**SERVICE_OVERRIDES, "policy": p})
-            h.ready_sync(timeout_s=300)
-            for seed in _runs(seeds, p):
+        # seed by seed, both sides and every policy close together in time: a change of the host's load
+        # (other work on its 2 cores) hits the runs a ratio compares alike
+        for seed in seeds:
+            for p in POLICIES:
+                if seed not in _runs(seeds, p):
+                    continue
+                r = brs.run_policy(p, spec, "cpu", seed, max_wall_s=120)
+                res["in_process"][p].append({k: r[k] for k in ("trainer_idle_ratio", "short_p99_wait_s",
+                                                               "sample_throughput", "prefix_hit_ratio", "steps_done",
+                                                               "makespan_s")} | {"seed": seed, "loadavg": _load()})
+                print("in-process", p, json.dumps(res["in_process"][p][-1]), flush=True)
+                h = ensure_rollout_service(name, overrides={**SERVICE_OVERRIDES, "policy": p})
+                h.ready_sync(timeout_s=300)
                 res["http"][p].append(asyncio.run(http_run(base, token, spec, seed, args.connections)) | {"seed": seed})
                 print("http", p, json.dumps(res["http"][p][-1]), flush=True)
-            if p == "mixed":
-                n = 1000 if args.quick else 3000
-                res["overhead"] = {"ingress": asyncio.run(path_cost(base, token, True, n, args.connections)),
-                                   "serve_proxy": asyncio.run(path_cost(base, token, False, n, args.connections))}
-                print("overhead", json.dumps(res["overhead"]), flush=True)
-                res["training"] = train_through_service(base, token, 3 if args.quick else 6)
-                print("training", json.dumps(res["training"]), flush=True)
-                res["hold_1000"] = asyncio.run(hold_1000(base, token, h))
-                print("hold_1000", json.dumps(res["hold_1000"]), flush=True)
-            h.shutdown_sync()
-            time.sleep(1.0)
+                if p == "mixed" and seed == seeds[-1]:
+                    n = 1000 if args.quick else 3000
+                    res["overhead"] = {"ingress": asyncio.run(path_cost(base, token, True, n, args.connections)),
+                                       "serve_proxy": asyncio.run(path_cost(base, token, False, n, args.connections))}
+                    print("overhead", json.dumps(res["overhead"]), flush=True)
+                    res["training"] = train_through_service(base, token, 3 if args.quick else 6)
+                    print("training", json.dumps(res["training"]), flush=True)
+                    res["hold_1000"] = asyncio.run(hold_1000(base, token, h))
+                    print("hold_1000", json.dumps(res["hold_1000"]), flush=True)
+                h.shutdown_sync()
+                time.sleep(1.0)
     finally:
         serve.shutdown()
         ray.shutdown()
