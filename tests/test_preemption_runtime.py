@@ -342,7 +342,9 @@ def test_preempted_grpo_job_resumes_bit_identical_to_solo(ray_cluster, local_clu
             seen["admit"] = out
             wait_until(lambda: ray.get(h.get_job.remote(jid))["state"] == "preempted", timeout_s=30, interval_s=0.05,
                        what="the job preempted")
-            node = ray.get(h.get_job.remote(jid))["placement"]["rollout_nodes"][0]
+            waiting = ray.get(h.get_job.remote(jid))  # it says where it waits, not where it ran
+            assert waiting["queue_position"] == 1 and waiting["queued_at"] and waiting.get("placement") is None
+            node = waiting["preemptions"][-1]["nodes"][0]
             w = ray.get_actor(worker_name(node), namespace=NAMESPACE)
             wait_until(lambda: hosted_key(jid, name) not in ray.get(w.hosted.remote()), timeout_s=60, interval_s=0.05,
                        what="its state exported from its workers")

@@ -215,6 +215,7 @@ class GlobalSchedulerImpl:
         self.slo = SloWatch(self.policy, self.job_store, self.commit, self.reopt, self.metrics, self._lock)
         self.admissions = AdmissionPipeline(self.policy, self.job_store, self.queue_service, self.commit, self.rules,
                                             self.reopt, self.metrics)
+        self.reopt.after_moves = self.admissions.settle  # a move may free room: the queue's first
         self.lifecycle = Lifecycle(self.policy, self.job_store, self.queue_service, self.commit, self.reopt, self.drains,
                                    self.slo, self.admissions, self.reconciler.release, self.metrics)
         # ---- threads

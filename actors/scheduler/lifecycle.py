@@ -59,8 +59,11 @@ class Lifecycle:
         None for an unknown job id. A queued job leaves the admission queue (``state``:
         ``cancelled``). Queued jobs that fit into the freed room are admitted (``admitted_from_queue``).
         """
-        if job_id in self.queue:
-            return self.queue.cancel(job_id)
+        if job_id in self.queue:  # withdrawn: a larger job it blocked may go now (one write with it)
+            with self.commit.batch(force=True):
+                out = self.queue.cancel(job_id)
+                started = self.admissions.settle()
+            return {**out, **({"admitted_from_queue": started} if started else {})}
         return self.end(job_id, JobState.FINISHED, None)
 
     def end(self, job_id: str, state: JobState, error: Optional[str]) -> Optional[dict]:

@@ -57,7 +57,7 @@ class Membership:
         members, gone = [], {}
         draining = self.drains.draining()  # preempted / moved jobs whose old nodes are not free yet
         for rec in self.jobs.records.values():
-            gid = self.jobs.group_id(rec)
+            gid = self.jobs.last_group(rec)  # (a preempted job waiting: the group it was preempted from)
             if gid == group_id and rec.state.is_active():
                 pl = self.jobs.view(rec).placement
                 fenced = (fenced_nodes(draining, group_id, (*pl.rollout_nodes, *pl.train_nodes), rec.job_id)

@@ -110,7 +110,7 @@ class PriorityRules:
                                      lost_gpu_h=v.lost_gpu_h, reason=reason, group_id=gid, nodes=nodes,
                                      stopped_at_s=now if idle else None, drained_at_s=now if idle else None,
                                      drained="no driver" if idle else None).to_dict()
-            self.jobs.preempt(rec, final, entry)
+            self.jobs.preempt(rec, entry)
             self.queue.preempted(spec, by.job_id, now)
             self.commit.mark(jobs=(v.job_id,), groups=(gid,))
         self.commit.push([gid])
