@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 
+from actors.handles import SchedulerHandle
 import pytest
 
 from examples.grpo.config import ModelConfig, load_job_config
@@ -36,7 +37,7 @@ def sched(ray_cluster, local_cluster_spec):
 
     name = f"test-onpolicy-{uuid.uuid4().hex[:6]}"
     h = get_or_create_scheduler(local_cluster_spec, name=name)
-    assert ray.get(h.health.remote())["ok"]
+    assert SchedulerHandle(h).health()["ok"]
     yield name
     ray.kill(h, no_restart=True)
 

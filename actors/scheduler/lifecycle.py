@@ -25,7 +25,7 @@ from actors.scheduler.pipeline import AdmissionPipeline
 from actors.scheduler.policy_ref import PolicyRef
 from actors.scheduler.reopt import Reoptimiser, touched_groups
 from actors.scheduler.slo_watch import SloWatch
-from rollmux.messages import EventKind, ProgressReport, RuntimeEvent, parse_report
+from rollmux.messages import EventKind, ProgressReport, RuntimeEvent
 from rollmux.nodes import node_index
 from rollmux.records import JobRecord, JobState
 
@@ -128,13 +128,14 @@ class Lifecycle:
                      "nodes were released. Submit the job again to run it.")
         return late
 
-    def report(self, job_id: str, event: RuntimeEvent | ProgressReport | dict) -> Optional[dict]:
+    def report(self, job_id: str, msg: RuntimeEvent | ProgressReport) -> Optional[dict]:
         """A runtime report (see :meth:`actors.scheduler.global_scheduler.GlobalSchedulerImpl.report`);
-        the job's record, None for an unknown job."""
+        the job's record, None for an unknown job. Raises TypeError for anything but the two messages."""
+        if not isinstance(msg, (RuntimeEvent, ProgressReport)):
+            raise TypeError(f"a report is a RuntimeEvent or a ProgressReport (rollmux.messages), not {type(msg).__name__}")
         rec = self.jobs.get(job_id)
         if rec is None:
             return None
-        msg = parse_report(event)
         if isinstance(msg, ProgressReport):  # also after the end: events from controller and driver may cross
             with self.commit.transaction():
                 self.jobs.note_progress(rec, msg)

@@ -108,9 +108,9 @@ class Membership:
             rec = self.jobs.get(job_id)
             if rec is None:
                 return None
-            view = self.jobs.view(rec)
+            view = self.jobs.view(rec).model_copy(deep=True)  # (an ended job's view is its record: not shared)
             if not rec.state.is_active() or view.group_id is None:
-                return AttachTicket(view.public(), None)
+                return AttachTicket(view, None)
             gid = view.group_id
             self.reconciler.controller(gid, create=True)
             self.reconciler.push([gid])
@@ -122,4 +122,4 @@ class Membership:
                 pushed = True
             except Exception as e:  # the controller starts slowly or restarts: it pulls the membership
                 log.warning("attach of %s: the controller of %s did not acknowledge its membership (%s)", job_id, gid, e)
-        return AttachTicket(view.public(), controller_name(gid, self.name), pushed)
+        return AttachTicket(view, controller_name(gid, self.name), pushed)
