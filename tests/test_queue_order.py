@@ -98,6 +98,36 @@ def test_the_operators_scenario_freed_nodes_go_to_the_queue_in_class_order():
     assert [q.job_id for q in s.queue.jobs()] == ["res-a", "be-2"]
 
 
+def test_the_operators_scenario_over_http():
+    """The same steps over the HTTP API (the app in-process, answering reads from its snapshot copy):
+    the preemption's 201 lists the victim and what the queue took, the preempted job's record says
+    where it waits, and GET /v1/jobs numbers one line without gaps."""
+    from fastapi.testclient import TestClient
+
+    from factories import InProcessScheduler
+    from serve_app import AppSettings, _sha256, create_app
+
+    token = "t" * 32
+    auth = {"Authorization": "Bearer " + token}
+    s = scheduler(LOCAL)
+    with TestClient(create_app(AppSettings(token_sha256=_sha256(token)), client=InProcessScheduler(s))) as c:
+        assert c.post("/v1/jobs", headers=auth, json=spec("res-a", "research", 2, 2)).status_code == 201
+        for jid, cls in (("be-1", "best-effort"), ("res-b", "research")):
+            assert c.post("/v1/jobs", headers=auth, json={**spec(jid, cls), "queue": True}).status_code == 202
+        r = c.post("/v1/jobs", headers=auth, json=spec("prod-1", "production"))
+        assert r.status_code == 201 and r.json()["preempted"] == ["res-a"], r.text
+        assert r.json()["admitted_from_queue"] == ["res-b"]
+        late = c.post("/v1/jobs", headers=auth, json={**spec("be-2", "best-effort", tenant="other"), "queue": True})
+        assert late.status_code == 202 and late.json()["queue_position"] == 3
+        rec = c.get("/v1/jobs/res-a").json()
+        assert (rec["state"], rec["queue_position"], rec["group_id"], rec["placement"]) == ("preempted", 1, None, None)
+        assert rec["queued_at"] == rec["preemptions"][-1]["at_s"]
+        jobs = {j["job_id"]: j for j in c.get("/v1/jobs").json()}
+        assert jobs["res-b"]["state"] == "admitted"
+        assert {j: v["queue_position"] for j, v in jobs.items() if v.get("queue_position")} == \
+            {"res-a": 1, "be-1": 2, "be-2": 3}
+
+
 def test_a_withdrawn_blocked_job_lets_the_larger_one_behind_it_in():
     """Backfill keeps a larger job behind a smaller blocked one, also when the larger one would fit;
     when the blocked one is withdrawn the larger one is admitted at once (only the line changed)."""
@@ -110,6 +140,17 @@ def test_a_withdrawn_blocked_job_lets_the_larger_one_behind_it_in():
     dep = s.depart("b")
     assert dep["state"] == "cancelled" and dep["admitted_from_queue"] == ["l"]
     assert s.get_job("l")["state"] == "admitted" and len(s.queue) == 0
+
+
+def test_a_job_held_by_its_quota_blocks_no_other_tenant():
+    """A queued job its tenant's quota holds does not make a larger arrival of another tenant wait
+    (the drain never lets it block anyone either)."""
+    s = scheduler(FOUR, max_group_size=1, tenants=TEAM_Q)
+    assert s.admit(spec("q1", "research", 2, 2, tenant="team-q"))["admitted"]  # team-q's whole quota
+    held = s.admit(spec("q2", "production", 1, 1, tenant="team-q"), queue=True)
+    assert held["code"] == "queued" and "tenant 'team-q'" in held["reason"]
+    assert s.admit(spec("n", "production", 2, 2, tenant="other"), queue=True)["admitted"]  # larger than q2
+    assert [q.job_id for q in s.queue.jobs()] == ["q2"] and fitting_queued(s) == []
 
 
 ARRIVAL = st.tuples(st.just("arrive"), st.sampled_from(CLASSES), st.integers(1, 3), st.integers(1, 3),

@@ -223,7 +223,7 @@ class AdmissionPipeline:
         return self.refusal(a.job.job_id, Code.NEVER if v.never else Code.RETRY_LATER, v.reason, a)
 
     def on_queue_gate(self, a: Attempt) -> Optional[dict]:
-        if a.queued is not None or self.queue.line.may_try_now(a.job):
+        if a.queued is not None or self.queue.line.may_try_now(a.job, self.rules.gate if self.rules.quotas else None):
             return None
         why = QUEUE_AHEAD_REASON(len(self.queue))  # queued jobs first: a larger newcomer waits behind them
         return self.enqueue(a, why) if a.queue else self.refusal(a.job.job_id, Code.RETRY_LATER, why, a)

@@ -65,6 +65,11 @@ class PriorityRules:
                 book.admitted(m.spec, rec.admitted_at or 0.0, borrowed=rec.borrowed)
         return book
 
+    @property
+    def quotas(self) -> bool:
+        """Tenant quotas are configured (else no job is ever held by one)."""
+        return bool(self.policy.config.tenants)
+
     def quota(self, job: JobSpec) -> QuotaVerdict:
         """The job's quota verdict now; without tenant quotas in the config always ok (the
         admission path then builds no book: O(1))."""
