@@ -195,6 +195,18 @@ class _PlainRuntime:
         return result
 
     def finish(self, ok: bool, error: Optional[str]) -> None:
+        """The job ended: its resident values (engines) are closed, as a worker closes them when a
+        scheduled job leaves it (a vLLM engine's processes would otherwise outlive the job)."""
+        from rollmux.phase_state import is_resident
+
+        for st in list(self.states.values()):
+            for v in (st.values() if isinstance(st, dict) else ()):
+                close = getattr(v, "close", None)
+                if is_resident(v) and callable(close):
+                    try:
+                        close()
+                    except Exception:  # closing is best effort; the job's result stands
+                        log.debug("closing a resident value failed", exc_info=True)
         self.states.clear()
 
     def permit_backend(self):
