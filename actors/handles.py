@@ -33,10 +33,12 @@ from typing import Any, Callable, Optional, Sequence
 
 from actors.naming import NAMESPACE, SCHEDULER_NAME, controller_name, get_actor, worker_name
 from rollmux.messages import (
-    AbortOutcome, AttachReply, AttachTicket, Grant, JobHosting, MembershipPush, MovedState, PhaseCall, PhaseOutcome,
-    PhaseRecord, ProgressReport, RolloutProgress, RuntimeEvent, SyncSignal, TailDecision, WorkerPlace,
+    AbortOutcome, AttachReply, AttachTicket, Grant, JobHosting, MemberTarget, MembershipPush, MovedState, PhaseCall,
+    PhaseOutcome, PhaseRecord, ProgressReport, RolloutProgress, RuntimeEvent, SyncSignal, TailDecision, WorkerPlace,
 )
-from rollmux.rollout_sched.api import Refusal, WindowCall, WindowReply
+from rollmux.rollout_sched.api import (
+    CancelReply, Limits, PolicyView, PollReply, Refusal, RolloutView, SubmitBatch, SubmitReply, WindowCall, WindowReply,
+)
 from rollmux.rollout_sched.weights import (
     DiskUpdateBody, SyncOffer, SyncReceipt, TensorSpec, UploadStartBody, UploadView, WeightsLoad, WeightsView,
     WeightUpdateView,
@@ -285,6 +287,15 @@ class SchedulerHandle(_Handle):
     def group_timeline(self, group_id: str, timeout_s: Optional[float] = QUERY_TIMEOUT_S) -> list[dict]:
         return self._call(lambda a: a.group_timeline.remote(group_id), timeout_s=timeout_s, what="group_timeline")
 
+    def ensure_controller(self, group_id: str, timeout_s: Optional[float] = QUERY_TIMEOUT_S) -> str:
+        """The group's GroupController, created if needed (an operator's or a test's query; drivers
+        use :meth:`attach`): its actor name. Raises KeyError for a group without an active job."""
+        return self._call(lambda a: a.ensure_controller.remote(group_id), timeout_s=timeout_s, what="ensure_controller")
+
+    def group_members(self, group_id: str, timeout_s: Optional[float] = QUERY_TIMEOUT_S) -> list[MemberTarget]:
+        """The group's active members in the planned round-robin order (an operator's query)."""
+        return self._call(lambda a: a.group_members.remote(group_id), timeout_s=timeout_s, what="group_members")
+
     def report(self, job_id: str, message: RuntimeEvent | ProgressReport,
                timeout_s: Optional[float] = REPORT_TIMEOUT_S) -> Optional[dict]:
         """Report ``message`` and wait for the job's record (a driver's final report)."""
@@ -512,7 +523,8 @@ class RolloutReplicaHandle(_Handle):
     serving loop runs one scheduling window per call (awaited; a dead replica raises :class:`ActorLost`)."""
 
     async def window(self, call: WindowCall) -> WindowReply:
-        """Run one window (load weights when the call carries them, abort, admit, one slice)."""
+        """Run one window (:class:`rollmux.rollout_sched.api.WindowCall` -> ``WindowReply``: load weights
+        when the call carries them, abort, admit, one slice)."""
         return await Pending(self.actor.window.remote(call), "window")
 
     async def manifest(self) -> list[TensorSpec]:
@@ -577,14 +589,14 @@ class RolloutServiceHandle(_Handle):
                 await asyncio.sleep(RETRY_PAUSE_S)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def submit(self, batch: Any) -> Any:
+    async def submit(self, batch: SubmitBatch) -> SubmitReply | Refusal:
         """Queue a :class:`SubmitBatch` -> ``SubmitReply`` or ``Refusal`` (a commit: never resent)."""
         return await self._acall(lambda a: a.submit.remote(batch), "submit", retry=False)
 
-    async def get(self, request_id: str) -> Any:
+    async def get(self, request_id: str) -> Optional[RolloutView]:
         return await self._acall(lambda a: a.get.remote(request_id), "get")
 
-    async def poll(self, ids: list[str], session_id: Optional[str], wait_s: float) -> Any:
+    async def poll(self, ids: list[str], session_id: Optional[str], wait_s: float) -> PollReply:
         """Finished results among ``ids`` (and the session's), waiting up to ``wait_s`` (renews the stream lease)."""
         return await self._acall(lambda a: a.poll.remote(ids, session_id, wait_s), "poll", timeout_s=wait_s + self.timeout_s)
 
@@ -592,19 +604,19 @@ class RolloutServiceHandle(_Handle):
         """The stream of ``ids`` ended early: cancel them after the grace period unless claimed again."""
         return await self._acall(lambda a: a.detach.remote(ids), "detach")
 
-    async def cancel(self, ids: list[str]) -> Any:
+    async def cancel(self, ids: list[str]) -> CancelReply:
         return await self._acall(lambda a: a.cancel.remote(ids), "cancel", retry=False)
 
-    async def set_policy(self, version: int, min_version: Optional[int]) -> Any:
+    async def set_policy(self, version: int, min_version: Optional[int]) -> PolicyView | Refusal:
         return await self._acall(lambda a: a.set_policy.remote(version, min_version), "set_policy", retry=False)
 
     async def stats(self) -> dict:
         return await self._acall(lambda a: a.stats.remote(), "stats")
 
-    async def limits(self) -> Any:
+    async def limits(self) -> Limits:
         return await self._acall(lambda a: a.limits.remote(), "limits")
 
-    async def wait_result(self, request_id: str, timeout_s: float) -> Any:
+    async def wait_result(self, request_id: str, timeout_s: float) -> Optional[RolloutView]:
         """The request's view once it ended, or as it is after ``timeout_s``."""
         return await self._acall(lambda a: a.wait_result.remote(request_id, timeout_s), "wait_result",
                                  timeout_s=timeout_s + self.timeout_s)
