@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional
 
 from rollmux.models import JobSpec, PhaseName, PoolName
+from rollmux.phase_core import PhaseCore
 from rollmux.phase_state import (  # noqa: F401  (re-exported: the phase API's public names)
     PHASES, POOL_OF_PHASE, AdmissionRefused, ParallelContext, PhaseFailed, RuntimeHook, call_phase, is_resident,
     one_thread, parallel, restore_state, split_state, state_resume, state_suspend,
@@ -167,7 +168,7 @@ class _PlainRuntime:
     def run(self, phase: PhaseName, args: tuple, kwargs: dict) -> Any:
         job, prog = self.job, self.job.program
         it = job.iteration
-        prog.emit({"event": "granted", "job_id": job.job_id, "phase": phase, "iteration": it})
+        job.core.granted(phase, it)
         t0 = time.time()
         if phase == "sync":
             tstate, k1 = self._state("train")
@@ -194,6 +195,18 @@ class _PlainRuntime:
         return result
 
     def finish(self, ok: bool, error: Optional[str]) -> None:
+        """The job ended: its resident values (engines) are closed, as a worker closes them when a
+        scheduled job leaves it (a vLLM engine's processes would otherwise outlive the job)."""
+        from rollmux.phase_state import is_resident
+
+        for st in list(self.states.values()):
+            for v in (st.values() if isinstance(st, dict) else ()):
+                close = getattr(v, "close", None)
+                if is_resident(v) and callable(close):
+                    try:
+                        close()
+                    except Exception:  # closing is best effort; the job's result stands
+                        log.debug("closing a resident value failed", exc_info=True)
         self.states.clear()
 
     def permit_backend(self):
@@ -257,11 +270,9 @@ class Job:
         self.attach_job_id = job_id or os.environ.get("ROLLMUX_JOB_ID") or None
         self.program = JobProgram(hooks=list(_PENDING_HOOKS))  # what the runtimes read
         _PENDING_HOOKS.clear()
-        self.iteration = 0  # the job's iteration count: its one owner (grants and records carry copies)
-        # the driver's local view of its lifecycle (the scheduler's enum, :class:`JobState`):
-        # admitted -> running -> finished | failed, changed only by JobState transitions
-        self.lifecycle: JobState = JobState.ADMITTED
-        self.error: Optional[str] = None
+        # the one writer of the driver's lifecycle and iteration count, for @job.phase and permits alike
+        self.core = PhaseCore(lambda: self.job_id, lambda: self.program.phases, lambda: self.program.last_phase,
+                              self.program.emit, lambda ok, error: self._runtime.finish(ok, error))
         self._lock = threading.Lock()
         self._runtime = self._select_runtime(attach)
         _CURRENT = self
@@ -270,6 +281,22 @@ class Job:
     @property
     def job_id(self) -> str:
         return self.attach_job_id or self.spec.job_id
+
+    @property
+    def lifecycle(self) -> JobState:
+        """The driver's view of its lifecycle (the scheduler's :class:`JobState`): admitted ->
+        running -> finished | failed (written by :attr:`core` only)."""
+        return self.core.lifecycle
+
+    @property
+    def iteration(self) -> int:
+        """Iterations done (written by :attr:`core` only; grants and records carry copies)."""
+        return self.core.iteration
+
+    @property
+    def error(self) -> Optional[str]:
+        """``"<Type>: <message>"`` of the job's failure; None unless it failed."""
+        return self.core.error
 
     @property
     def mode(self) -> str:
@@ -394,46 +421,23 @@ class Job:
         return PermitScope(self, phase, offload=offload, empty=empty)
 
     # ---- running
-    def _emit(self, event: dict) -> None:
-        self.program.emit(event)
-
     def run_phase(self, name: PhaseName, *args, **kwargs) -> Any:
-        """Run one phase now (blocking): permit, warm start, run, offload, release.
+        """Run one phase now (blocking): permit, warm start, run, offload, release
+        (:meth:`rollmux.phase_core.PhaseCore.phase` around the runtime's run).
 
         Raises: PhaseFailed if the job is finished/failed or the phase was never registered;
         any exception raised by the phase function itself (the job is then reported failed).
         """
-        if self.lifecycle.is_ended():
-            raise PhaseFailed(f"job {self.job_id!r} is {self.lifecycle}; no more phases")
-        if name not in self.program.phases:
-            raise PhaseFailed(f"job {self.job_id!r}: no @job.phase({name!r}) registered")
-        with self._lock:
-            self.lifecycle = self.lifecycle.advance(JobState.RUNNING)
-            try:
-                result = self._runtime.run(name, args, kwargs)
-            except BaseException as e:
-                self.fail(e)
-                raise
-            self._emit({"event": "done", "job_id": self.job_id, "phase": name, "iteration": self.iteration})
-            if name == self.program.last_phase:
-                self.iteration += 1
-            return result
+        with self._lock, self.core.phase(name):
+            return self._runtime.run(name, args, kwargs)
 
     def fail(self, error: BaseException | str) -> None:
         """Report the job failed: resources are released; group-mates keep iterating."""
-        if self.lifecycle.is_ended():
-            return
-        self.lifecycle = self.lifecycle.to(JobState.FAILED)
-        self.error = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
-        self._emit({"event": "failed", "job_id": self.job_id, "error": self.error})
-        self._runtime.finish(False, self.error)
+        self.core.fail(error)
 
     def finish(self) -> None:
         """Report the job finished (departure: its nodes are released). Idempotent."""
-        if self.lifecycle.is_ended():
-            return
-        self.lifecycle = self.lifecycle.to(JobState.FINISHED)
-        self._runtime.finish(True, None)
+        self.core.finish()
 
     def __enter__(self) -> "Job":
         return self

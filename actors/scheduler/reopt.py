@@ -68,6 +68,9 @@ class Reoptimiser:
         self.plan_stale = 0  # ... their migrations dropped: a group changed since the plan was captured
         self.admitted_during_plan = 0  # admissions answered while a global plan was being searched
         self.planning = False  # a global plan's search is in flight (off the lock)
+        #: called (under the lock) after moves of the reconcile thread committed: a move may free room,
+        #: which goes to the admission queue before any arrival is decided (the scheduler sets it)
+        self.after_moves: Callable[[], object] = lambda: None
 
     def note_admission(self, job_id: str, group_id: str) -> None:
         self.pending[job_id] = group_id  # re-optimised by the reconcile thread, off the admission path
@@ -204,6 +207,7 @@ class Reoptimiser:
                 self.applied += 1
                 self.commit.push(touched)
                 self.moved_metrics(touched, len(done))
+                self.after_moves()
                 out += [m.model_dump(mode="json") for m in done]
         return out + self.global_plan_pending()
 
@@ -252,4 +256,5 @@ class Reoptimiser:
             if done:
                 self.commit.push(touched)
                 self.moved_metrics(touched, len(done))
+                self.after_moves()
             return [m.model_dump(mode="json") for m in done]
