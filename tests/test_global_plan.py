@@ -15,6 +15,9 @@ from rollmux.models import GroupMember, JobSpec, PhaseProfile, Placement
 
 #: the neighbourhood re-optimisation off, so that only the global plan moves jobs
 PLAN_ONLY = dict(reopt_max_jobs=0)
+_SIM = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
+#: a copy price of 1 $/h per copy-second on cluster_sim.yaml (the setting is in node pairs' $/h)
+ONE_USD = 1.0 / (_SIM.rollout_pool.node.price_usd_per_h + _SIM.train_pool.node.price_usd_per_h)
 
 
 def _singletons(slos, **cfg):
@@ -85,8 +88,9 @@ def test_hysteresis_holds_on_a_constructed_ping_pong():
     slightly cheaper again. Without a copy price and a move cap the plan would split them at once
     (and merge them at the next change: ping-pong); with the copy price a reverse move that saves
     less than its copy is never taken, and with the cap a job moved in the last hour stays."""
-    cl, s, now = _singletons((1.04, 1.04), plan_move_price_usd_per_h_per_copy_s=1.0, plan_gap_trigger=0.0,
+    cl, s, now = _singletons((1.04, 1.04), plan_move_price_node_pairs_per_copy_s=ONE_USD, plan_gap_trigger=0.0,
                              max_moves_per_job_per_h=1)
+    assert s.copy_price() == pytest.approx(1.0)
     node_pair = s.cost_usd_per_h() / 2
     extra = [0.0]
     # a merged group's $/h, raised in the second phase above the two singletons' (the split saves)
@@ -101,11 +105,11 @@ def test_hysteresis_holds_on_a_constructed_ping_pong():
     plan = _plan(s, cl, solver)
     assert plan.migrations == () and s.apply_global(plan) == [] and len(s.groups) == 1
     # with no copy price the same change would split them again: the ping-pong the price prevents
-    free = s.config.model_copy(update={"plan_move_price_usd_per_h_per_copy_s": 0.0})
+    free = s.config.model_copy(update={"plan_move_price_node_pairs_per_copy_s": 0.0})
     s.config = free
     assert len(_plan(s, cl, solver).migrations) == 1
     # the cap: a split that pays (20 $/h > 7.2 $/h) waits while a job moved within the hour
-    s.config = free.model_copy(update={"plan_move_price_usd_per_h_per_copy_s": 1.0})
+    s.config = free.model_copy(update={"plan_move_price_node_pairs_per_copy_s": ONE_USD})
     extra[0] = node_pair + 20.0
     s.note_moves([{"job_id": "A", "move_s": copy}, {"job_id": "B", "move_s": copy}])  # both moved just now
     now[0] += 600.0

@@ -25,7 +25,7 @@ def _free_moves():
     (at the default price the cheaper re-partition below does not pay its copies)."""
     from rollmux.admission import SchedulerConfig
 
-    return {**SchedulerConfig().model_dump(), "plan_move_price_usd_per_h_per_copy_s": 0.0}
+    return {**SchedulerConfig().model_dump(), "plan_move_price_node_pairs_per_copy_s": 0.0}
 
 
 def _admit_batched(s, ids):

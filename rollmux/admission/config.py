@@ -77,10 +77,11 @@ class SchedulerConfig(BaseModel):
             LP solves; exact layouts built).
         plan_deterministic_s: one plan's integer master, in CP-SAT's deterministic time units
             (about a second of one core each; never the wall clock, so every host plans alike).
-        plan_move_price_usd_per_h_per_copy_s: what a second of host-state copy costs: the global
-            plan, the neighbourhood re-optimisation and departure re-packing move jobs only when the
-            $/h the moves save exceeds this x their copy seconds (the hysteresis: a move and its
-            reverse cannot both pay).
+        plan_move_price_node_pairs_per_copy_s: what a second of host-state copy costs, in $/h of
+            one rollout node plus one training node of the cluster (so the rule reads alike on any
+            node prices): the global plan, the neighbourhood re-optimisation and departure
+            re-packing move jobs only when the $/h the moves save exceeds this x that node pair's
+            $/h x their copy seconds (the hysteresis: a move and its reverse cannot both pay).
         saturation: which groups Alg. 1 line 4 prunes (:func:`saturation_filter`): ``"paper"``
             (``T_load >= T_cycle``), ``"slo"`` (``T_load >= max_k slo_k T_solo_k``) or ``"off"``.
         driver_lease_s: a GroupController evicts an attached job whose driver has not
@@ -140,7 +141,7 @@ class SchedulerConfig(BaseModel):
     plan_lp_iterations: int = Field(default=2, ge=1, le=10_000)
     plan_lp_layouts: int = Field(default=40, ge=1, le=1_000_000)
     plan_deterministic_s: float = Field(default=0.2, gt=0.0, le=600.0)
-    plan_move_price_usd_per_h_per_copy_s: float = Field(default=0.75, ge=0.0, le=1e6)
+    plan_move_price_node_pairs_per_copy_s: float = Field(default=0.013, ge=0.0, le=1e3)
     saturation: Literal["paper", "slo", "off"] = "slo"
     attach_timeout_s: float = Field(default=600.0, ge=0.0, le=1e7)
     driver_lease_s: float = Field(default=30.0, ge=0.0, le=1e6)

@@ -27,7 +27,7 @@ second in its re-optimisation child process, off the reply path):
    among them at the $/h they run at), then the integer master over those columns by CP-SAT
    (:func:`rollmux.baselines.solve_set_partition`, within ``plan_deterministic_s`` of CP-SAT's
    deterministic time: the same target on any host), started from today's groups. Moves are paid
-   for in the master: a column that is not a group today costs ``plan_move_price_usd_per_h_per_copy_s``
+   for in the master: a column that is not a group today costs :meth:`GlobalPlanMixin.copy_price`
    x the seconds of host-state copy of its members on top of its price, so the target moves a job
    only where the saving is worth the copy (a fresh job, not started yet, copies nothing). The
    target is then split into its independent exchanges (the connected components of today's groups
@@ -166,11 +166,17 @@ class GlobalPlanMixin:
             if mv.get("move_s", 0.0) > 0:
                 st.moves_at.setdefault(mv["job_id"], []).append(now)
 
+    def copy_price(self) -> float:
+        """What a second of host-state copy costs, USD/h: ``plan_move_price_node_pairs_per_copy_s``
+        x the $/h of one rollout node and one training node of the cluster."""
+        node_pair = self.cluster.rollout_pool.node.price_usd_per_h + self.cluster.train_pool.node.price_usd_per_h
+        return self.config.plan_move_price_node_pairs_per_copy_s * node_pair
+
     def pays(self, saving_usd_per_h: float, copy_s: float) -> bool:
         """Whether a re-partition saving ``saving_usd_per_h`` with ``copy_s`` seconds of host-state
-        copy in all is worth its moves: the saving exceeds ``plan_move_price_usd_per_h_per_copy_s``
-        x the copy (the hysteresis: a re-partition and its reverse cannot both pay)."""
-        return saving_usd_per_h > self.config.plan_move_price_usd_per_h_per_copy_s * copy_s + 1e-6
+        copy in all is worth its moves: the saving exceeds :meth:`copy_price` x the copy (the
+        hysteresis: a re-partition and its reverse cannot both pay)."""
+        return saving_usd_per_h > self.copy_price() * copy_s + 1e-6
 
     def pinned_jobs(self) -> frozenset:
         """The jobs that may not move now: ``max_moves_per_job_per_h`` moves (or more) within the
@@ -312,7 +318,7 @@ class GlobalPlanMixin:
             cols[k] = c
         copy = self._copy_weights(hood, req.fresh)
         where = {j: gid for gid, js in hood.job_sets.items() for j in js}
-        price = cfg.plan_move_price_usd_per_h_per_copy_s
+        price = self.copy_price()
 
         def penalty(k: frozenset) -> float:
             """The copy price of a new group: its members' copies but the largest block of one old

@@ -178,7 +178,7 @@ class RepackMixin:
         cands += [gid for *_, gid in itertools.islice((x for x in self._small if x[3] != trigger_group), top - len(cands))]
         moves: list[dict] = []
         pinned = self.pinned_jobs()
-        price = self.config.plan_move_price_usd_per_h_per_copy_s
+        price = self.copy_price()
         for gid in cands:
             if gid not in self._groups or any(j in pinned for j in self._groups[gid].group.job_ids):
                 continue
