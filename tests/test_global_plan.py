@@ -11,7 +11,7 @@ from rollmux import profiler
 from rollmux.admission import InterGroupScheduler, SchedulerConfig
 from rollmux.baselines import OptimalPartition
 from rollmux.config import CONFIG_DIR, load_cluster
-from rollmux.models import GroupMember, JobSpec, PhaseProfile, Placement
+from tests.test_repack import _two_singletons
 
 #: the neighbourhood re-optimisation off, so that only the global plan moves jobs
 PLAN_ONLY = dict(reopt_max_jobs=0)
@@ -22,19 +22,9 @@ ONE_USD = 1.0 / (_SIM.rollout_pool.node.price_usd_per_h + _SIM.train_pool.node.p
 
 def _singletons(slos, **cfg):
     """A (rollout-heavy) and B (training-heavy) alone in group-0 and group-1 (restored): together
-    they interleave on one node pair at 370 / 365 s (half the nodes)."""
-    cl = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
-    groups = []
-    for i, (jid, r, t) in enumerate((("A", 300.0, 60.0), ("B", 60.0, 300.0))):
-        spec = JobSpec(job_id=jid, model_params_b=7.0, num_rollout_gpus=8, num_train_gpus=8, slo=slos[i],
-                       measured=PhaseProfile(t_roll_s=r, t_train_s=t, t_sync_s=5.0))
-        m = GroupMember(spec=spec, profile=spec.measured, placement=Placement(
-            job_id=jid, rollout_nodes=(f"rollout-{i}",), train_nodes=(f"train-{i}",)))
-        groups.append({"group_id": f"group-{i}", "rollout_nodes": [f"rollout-{i}"], "train_nodes": [f"train-{i}"],
-                       "members": [m.model_dump(mode="json")]})
-    snap = {"version": 1, "policy": "rollmux", "max_group_size": 5, "seed": 0,
-            "config": SchedulerConfig(**{**PLAN_ONLY, **cfg}).model_dump(), "next_group": 2, "groups": groups}
-    s = InterGroupScheduler.restore(cl, snap)
+    they interleave on one node pair at 370 / 365 s (half the nodes); the global plan alone moves
+    jobs, on a clock the test sets."""
+    cl, s = _two_singletons(tuple(slos), **{**PLAN_ONLY, **cfg})
     now = [0.0]
     s.clock = lambda: now[0]
     return cl, s, now

@@ -267,22 +267,10 @@ class GlobalPlanMixin:
                 g = self._groups[gid].group
                 return self._group_usd_per_h(g) - sum(self._estimate(m) for m in g.members)
 
-            ranked = sorted(gids, key=lambda gid: (-excess(gid), self._ordinal[gid]))
-            gids, n = [], 0
-            for gid in ranked:
-                k = len(self._groups[gid].group.members)
-                if n + k <= cap:
-                    gids.append(gid)
-                    n += k
-                if n >= cap:
-                    break
-        hood = ReoptHood(groups=tuple(gids),
-                         members=tuple((m.spec, m.profile) for gid in gids for m in self._groups[gid].group.members),
-                         costs={gid: self._groups[gid].cost for gid in gids},
-                         job_sets={gid: frozenset(self._groups[gid].group.job_ids) for gid in gids},
-                         prices={gid: self._group_usd_per_h(self._groups[gid].group) for gid in gids},
-                         pinned=(frozenset(j for gid in gids for j in self._groups[gid].group.job_ids) - fresh
-                                 if only_fresh else self.pinned_jobs()), placements=self._placements(gids))
+            gids = self._whole_groups(sorted(gids, key=lambda gid: (-excess(gid), self._ordinal[gid])), cap)
+        pinned = (frozenset(j for gid in gids for j in self._groups[gid].group.job_ids) - fresh if only_fresh
+                  else self.pinned_jobs())
+        hood = self._hood_of(gids, pinned)
         inside = {j for s in hood.job_sets.values() for j in s}
         return PlanRequest(hood=hood, fresh=frozenset(j for j in fresh if j in inside), cost_usd_per_h=cost,
                            estimate_usd_per_h=est, version=self._version)

@@ -263,27 +263,37 @@ class RepackMixin:
         cap = self.config.reopt_max_jobs
         if not self.spec.repacks or not self.config.repack_on_departure or cap < 2 or len(self._groups) < 2:
             return None
-        hood: list[str] = []
-        n = 0
         first = [trigger_group] if trigger_group in self._groups else []
         rest = heapq.nsmallest(3 * cap, (gid for gid in self._groups if gid != trigger_group),
                                key=lambda gid: (-self._idle_for_reopt(gid), len(self._groups[gid].group.members),
                                                 self._ordinal[gid]))
-        for gid in first + rest:
+        hood = self._whole_groups(first + rest, cap)
+        if len(hood) < 2:
+            return None
+        return self._hood_of(hood, self.pinned_jobs())
+
+    def _whole_groups(self, ordered, cap: int) -> list[str]:
+        """The groups of ``ordered`` taken in order, whole, while their jobs fit ``cap``."""
+        out: list[str] = []
+        n = 0
+        for gid in ordered:
             k = len(self._groups[gid].group.members)
             if n + k <= cap:
-                hood.append(gid)
+                out.append(gid)
                 n += k
             if n >= cap:
                 break
-        if len(hood) < 2:
-            return None
-        return ReoptHood(groups=tuple(hood),
-                         members=tuple((m.spec, m.profile) for gid in hood for m in self._groups[gid].group.members),
-                         costs={gid: self._groups[gid].cost for gid in hood},
-                         job_sets={gid: frozenset(self._groups[gid].group.job_ids) for gid in hood},
-                         prices={gid: self._group_usd_per_h(self._groups[gid].group) for gid in hood},
-                         pinned=self.pinned_jobs(), placements=self._placements(hood))
+        return out
+
+    def _hood_of(self, gids, pinned: frozenset) -> "ReoptHood":
+        """The groups ``gids`` of the table captured as a :class:`ReoptHood` (values only)."""
+        gids = tuple(gids)
+        return ReoptHood(groups=gids,
+                         members=tuple((m.spec, m.profile) for gid in gids for m in self._groups[gid].group.members),
+                         costs={gid: self._groups[gid].cost for gid in gids},
+                         job_sets={gid: frozenset(self._groups[gid].group.job_ids) for gid in gids},
+                         prices={gid: self._group_usd_per_h(self._groups[gid].group) for gid in gids},
+                         pinned=pinned, placements=self._placements(gids))
 
     def _placements(self, gids) -> dict:
         """job -> (rollout nodes, training nodes) of every member of the groups ``gids``."""
