@@ -327,11 +327,17 @@ class ProgressReport:
     t_roll_s: Optional[float] = None
     t_train_s: Optional[float] = None
     t_sync_s: Optional[float] = None
+    # the rollout at the long-tail trigger (None: no trigger reached): when, s from its start; the
+    # responses unfinished then; whether long-tail migration acted on it
+    t_trigger_s: Optional[float] = None
+    tail_responses: Optional[int] = None
+    tail_migrated: Optional[bool] = None
 
     def to_dict(self) -> dict:
         return {"event": "iteration", "iterations_done": self.iterations_done, "t_iter_s": self.t_iter_s,
                 "t_solo_s": self.t_solo_s, "slowdown": self.slowdown, "t_roll_s": self.t_roll_s,
-                "t_train_s": self.t_train_s, "t_sync_s": self.t_sync_s}
+                "t_train_s": self.t_train_s, "t_sync_s": self.t_sync_s, "t_trigger_s": self.t_trigger_s,
+                "tail_responses": self.tail_responses, "tail_migrated": self.tail_migrated}
 
 
 def parse_report(event: "RuntimeEvent | ProgressReport | Mapping[str, Any]") -> "RuntimeEvent | ProgressReport":
@@ -343,7 +349,8 @@ def parse_report(event: "RuntimeEvent | ProgressReport | Mapping[str, Any]") -> 
     kind = event.get("event")
     if kind == "iteration":
         return ProgressReport(int(event.get("iterations_done", 0)), event.get("t_iter_s"), event.get("t_solo_s"),
-                              event.get("slowdown"), event.get("t_roll_s"), event.get("t_train_s"), event.get("t_sync_s"))
+                              event.get("slowdown"), event.get("t_roll_s"), event.get("t_train_s"), event.get("t_sync_s"),
+                              event.get("t_trigger_s"), event.get("tail_responses"), event.get("tail_migrated"))
     try:
         k = EventKind(kind)
     except ValueError:

@@ -293,7 +293,7 @@ def main(argv=None) -> int:
     args.max_iterations = args.max_iterations or (6 if args.quick else 10)
     from rollmux.admission import load_scheduler_config
     from rollmux.config import load_cluster, repo_label
-    from rollmux.emulation import load_emulation_config
+    from rollmux.emulation import load_emulation_config, scheduler_config
     from rollmux.sim.realisation import Realisation
 
     t_wall = time.time()
@@ -309,6 +309,8 @@ def main(argv=None) -> int:
         cfg = cfg.model_copy(update={"tail_migration": False})
     else:
         em = em.model_copy(update={"response_lengths": "worst_case", "cycle_samples": 0})
+    # the cluster's own time bounds (drains) in modelled time, waited at the time factor like every phase
+    cfg = scheduler_config(cfg, em)
     real = Realisation(cluster, stochastic=args.stochastic, seed=cfg.seed, samples=samples)
     real.migrate = cfg.tail_migration
     factor = em.wall_ms_per_model_s / 1000.0

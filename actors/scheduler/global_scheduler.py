@@ -75,6 +75,7 @@ from actors.scheduler.snapshot_log import SNAPSHOT_LOG, SnapshotLog  # noqa: F40
 from rollmux.admission import AdmissionDecision, InterGroupScheduler, SchedulerConfig, load_scheduler_config
 from rollmux.admission_queue import QUEUE_AHEAD_REASON, AdmissionQueue, what_if
 from rollmux.codes import Code
+from rollmux.config import ConfigError
 from rollmux.messages import (
     AttachTicket, EventKind, MemberTarget, MembershipPush, ProgressReport, RuntimeEvent, parse_report,
 )
@@ -174,6 +175,10 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart, PriorityPar
         if state is not None:
             self._load_state(state)
             self.restored = True
+            if self.igs.config.runtime_refusals():  # an older release's checkpoint: the runtime never did it
+                log.warning("restored config: %s; running with per_job_allocations: off, what this runtime always did",
+                            "; ".join(self.igs.config.runtime_refusals()))
+                self.igs.config = self.igs.config.overridden(per_job_allocations="off")
             if self.store._legacy:  # a version-1 checkpoint: rewritten as a base once
                 self.store.create(self._full_state())
         else:
@@ -182,6 +187,9 @@ class GlobalSchedulerImpl(CommitPart, QueuePart, ReoptPart, SloPart, PriorityPar
             overrides = {k: v for k, v in {"policy": policy, "max_group_size": max_group_size, "seed": seed,
                                            "repack_on_departure": repack_on_departure}.items() if v is not None}
             cfg = SchedulerConfig.model_validate({**base.model_dump(), **overrides})
+            refused = cfg.runtime_refusals()  # a setting the runtime cannot carry out is refused, never ignored
+            if refused:
+                raise ConfigError("the cluster's runtime cannot carry out these scheduler settings: " + "; ".join(refused))
             self.igs = InterGroupScheduler(self.cluster, config=cfg)
             self.store.create(self._full_state())
         self.queue = AdmissionQueue.from_config(self.igs.config)

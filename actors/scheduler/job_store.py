@@ -27,7 +27,8 @@ from typing import Callable, Iterator, Optional
 from actors.naming import controller_name
 from rollmux.drain import Drain, move_drain, preemption_drain
 from rollmux.drain import step as drain_step
-from rollmux.measured import MeasuredPhases
+from rollmux.admission.slo_watch import long_tail_of
+from rollmux.measured import MeasuredPhases, reported_sample
 from rollmux.messages import ProgressReport
 from rollmux.models import JobSpec
 from rollmux.records import JobRecord, JobState, MoveRecord, NodePlacement, explain_failure
@@ -265,9 +266,15 @@ class JobStore:
         self.advance(rec, JobState.RUNNING)
         rec.note_iteration(report.iterations_done, report.t_iter_s, report.t_solo_s, report.slowdown)
         if report.t_roll_s is not None and report.t_train_s is not None:  # the job's measured profile (sliding window)
-            win = rec.measured_phases or MeasuredPhases(window=self._policy().config.measured_window)
-            try:
-                rec.measured_phases = win.add(report.t_roll_s, report.t_train_s, report.t_sync_s or 0.0)
+            pol = self._policy()
+            win = rec.measured_phases or MeasuredPhases(window=pol.config.measured_window)
+            member = pol.member(rec.job_id)
+            try:  # in the simulator's terms (trigger time, tail load): the SLO watch predicts with one function
+                rec.measured_phases = win.add(**reported_sample(
+                    member.spec, pol.cluster, long_tail_of(pol.config), t_roll_s=report.t_roll_s, t_train_s=report.t_train_s,
+                    t_sync_s=report.t_sync_s or 0.0, t_trigger_s=report.t_trigger_s, tail_responses=report.tail_responses,
+                    tail_migrated=report.tail_migrated)) if member is not None else \
+                    win.add(report.t_roll_s, report.t_train_s, report.t_sync_s or 0.0)
             except ValueError:  # a non-finite or over-long report is dropped, never folded in
                 pass
 

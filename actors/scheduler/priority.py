@@ -38,7 +38,7 @@ from typing import Optional
 from rollmux.codes import Code
 from rollmux.messages import EventKind, RuntimeEvent
 from rollmux.models import JobSpec
-from rollmux.drain import DRAIN_GRACE_S, DRAIN_MAX_S, Drain, drain_overdue, drains_of
+from rollmux.drain import Drain, drain_overdue, drains_of
 from rollmux.preemption import (
     PreemptionRecord, PriorityBook, QuotaVerdict, Running, class_of, retry_order, unknown_class,
 )
@@ -196,13 +196,16 @@ class PriorityPart:
             why = f"driver lost: {msg.error}" if msg.kind == EventKind.FAILED else "its driver ended"
             self._note_drain(job_id, drained=why[:500])
 
-    def drain_overdue_pending(self, now: Optional[float] = None, grace_s: float = DRAIN_GRACE_S,
-                              max_s: float = DRAIN_MAX_S) -> list[str]:
+    def drain_overdue_pending(self, now: Optional[float] = None, grace_s: Optional[float] = None,
+                              max_s: Optional[float] = None) -> list[str]:
         """Complete the drains that are overdue (:func:`rollmux.drain.drain_overdue`: stopped more
         than ``grace_s`` seconds ago without the driver reporting its state exported, or no stop
         within ``max_s`` of the decision); the reconcile loop calls this. ``now``: Unix time, s.
         Returns the ids of their jobs."""
         now = time.time() if now is None else now
+        cfg = self.igs.config  # the bounds of the settings (modelled time x the time factor on emulated accelerators)
+        grace_s = cfg.drain_grace_s if grace_s is None else grace_s
+        max_s = cfg.drain_max_s if max_s is None else max_s
         with self._lock:
             due: dict[tuple[str, Optional[str]], str] = {}
             for rec in self.job_store.records.values():

@@ -21,7 +21,7 @@ import logging
 import time
 
 from rollmux import profiler
-from rollmux.admission.slo_watch import at_risk, predict_slowdowns, watch
+from rollmux.admission.slo_watch import at_risk, measured_predictor, watch
 from rollmux.measured import differs
 
 log = logging.getLogger("rollmux.scheduler")
@@ -42,18 +42,11 @@ class SloPart:
                 self.igs.slo_guard = lambda g: not at_risk(g, self._predict(g), cfg.slo_watch_headroom)
 
     def _predict(self, group) -> dict:
-        """Predicted slowdown of every member of ``group`` on the members' measured windows."""
-        return predict_slowdowns(group, self._measured_samples(group.job_ids))
-
-    def _measured_samples(self, job_ids) -> dict:
-        out = {}
-        for j in job_ids:
-            rec = self.job_store.get(j)
-            # a window shorter than measured_min_iterations is no profile yet: the member's planning profile stands in
-            if rec is not None and rec.measured_phases is not None and \
-                    rec.measured_phases.n >= self.igs.config.measured_min_iterations:
-                out[j] = rec.measured_phases.iterations()
-        return out
+        """Predicted slowdown of every member of ``group`` on the members' measured windows: the
+        simulator's predictor (:func:`rollmux.admission.slo_watch.measured_predictor`, the same
+        long-tail policy)."""
+        windows = {j: rec.measured_phases for j in group.job_ids if (rec := self.job_store.get(j)) is not None}
+        return measured_predictor(self.igs.config, lambda: windows)(group)
 
     def slo_watch_pending(self) -> list[dict]:
         """Re-check the groups of the jobs that reported since the last call; returns the
