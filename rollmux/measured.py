@@ -22,7 +22,7 @@ always), ``measured`` (the high quantile times ``margin`` once ``min_iterations`
 before that the prior of the job's kind when one exists, else the worst case) or ``blended`` (per
 phase ``w`` x measured + ``(1 - w)`` x worst case, ``w = n / (n + prior_iterations)``). Every time is
 floored at :data:`rollmux.models.MIN_PHASE_S`. Source: extension of RollMux §4.2 (the paper plans on
-worst-case profiles only); docs/ARCHITECTURE.md "SLO guarantee" states what each source guarantees.
+worst-case profiles only); rollmux/admission/README.md "SLO guarantee" states what each source guarantees.
 """
 
 from __future__ import annotations

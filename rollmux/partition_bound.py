@@ -2,7 +2,7 @@
 relaxation of the set partitioning that :class:`rollmux.baselines.OptimalPartition` solves
 exactly, by column generation.
 
-Problem (``docs/ARCHITECTURE.md`` "Optimum"): partition the active jobs into co-execution groups
+Problem (``rollmux/README.md`` "Optimum"): partition the active jobs into co-execution groups
 of at most ``max_group_size`` jobs, each laid out by :func:`rollmux.admission.build_group`
 (price ``c_S``, USD/h), minimising ``sum_S c_S x_S``  s.t.  ``sum_{S ∋ j} x_S = 1``.
 

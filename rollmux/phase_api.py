@@ -26,7 +26,7 @@ the RollMux ``GlobalScheduler`` on a Ray cluster) without change::
 Calling a decorated phase blocks for the phase permit of the job's co-execution group (scheduled
 mode), warm-starts the phase state (Ray object store -> "device": the worker process heap),
 runs the function, offloads the state back and releases the permit (RollMux §5 "phase API",
-docs/ARCHITECTURE.md "Runtime conventions"). In plain mode the state simply stays in this process.
+actors/worker/README.md "Runtime conventions"). In plain mode the state simply stays in this process.
 
 State conventions (both modes):
 - A builder returns a ``dict``; it runs once (the cold start) where the state lives.

@@ -28,7 +28,7 @@ and vs colocated, every baseline that keeps 100% SLO yet costs less than RollMux
 opened (the excess $ over the optimum after arrivals vs after departures), jobs per group of
 RollMux vs the optimum at the compared instants, jobs moved and the re-optimisation latency
 after each admission; per setting and overall the spend-weighted ratio, the mean and max of
-the per-run ratios; and a plot (``cost_gap.png``). It prints a Markdown table (the README's).
+the per-run ratios; and a plot (``cost_gap.png``). It prints a Markdown table (docs/RESULTS.md's).
 Full grid: seeds 0-9 and slice seeds 3 4, 200 jobs, 22 runs; ``--quick``: seeds 0-1, slice
 seed 0, 60 jobs (a few minutes). At most 2 worker processes.
 

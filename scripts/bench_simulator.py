@@ -25,7 +25,7 @@ size and the process's niceness (the host is shared: other work inflates the tim
 Not a test: numbers depend on the machine.
 
     python scripts/bench_simulator.py                      # 1k, 10k, 100k jobs, rollmux (hours on a shared 2-core host)
-    python scripts/bench_simulator.py --sizes 1000,10000 --no-reopt-sizes 1000 --reopt-limits 0,8 --cli none   # the README's figures (~15 min)
+    python scripts/bench_simulator.py --sizes 1000,10000 --no-reopt-sizes 1000 --reopt-limits 0,8 --cli none   # docs/RESULTS.md's figures (~15 min)
     python scripts/bench_simulator.py --sizes 1000 --no-reopt-sizes 1000 --cli none   # with and without re-optimisation
     python scripts/bench_simulator.py --sizes 200 --policies rollmux,random,most-idle,solo-d
 """

@@ -2,7 +2,7 @@
 """Chaos run: kill the GlobalScheduler, a GroupController and a worker during a three-job run.
 
 For each kill (one after the other, on one local multi-node Ray cluster mirroring
-``configs/cluster_local.yaml``): the README's three GRPO jobs (``configs/jobs/``, fresh job ids)
+``configs/cluster_local.yaml``): the quickstart demo's three GRPO jobs (``configs/jobs/``, fresh job ids)
 are submitted as three user processes (``scripts/grpo_job.py --attach``), start together, and
 once the first job has completed an iteration the target actor is killed with ``ray.kill`` (Ray
 restarts it: ``max_restarts=-1``). Recorded per kill:

@@ -10,7 +10,7 @@ and moving jobs at iteration boundaries), and Solo-D for the cost reference. Per
 ``slo_attainment`` (slowdown against the job's realised solo time), ``slo_attainment_vs_planned_solo``
 (lifetime-average iteration time within ``slo x`` the worst-case solo time: the bound worst-case
 admission guarantees), ``max_slowdown_over_slo``, cost, bubble ratios, jobs moved and the SLO watch's actions.
-docs/ARCHITECTURE.md "SLO guarantee of worst-case admission" explains the difference.
+rollmux/admission/README.md "SLO guarantee of worst-case admission" explains the difference.
 
     python scripts/slo_stochastic.py            # ~30 s on 2 cores; writes results/slo_stochastic.json
 """

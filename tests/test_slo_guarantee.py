@@ -6,7 +6,7 @@ with long-tail migration on. Property: no iteration of any member ends later tha
 schedule the prediction simulated, so the realised co-execution iteration time never exceeds the
 predicted one, hence ``T_coexec_realised <= slo x T_solo_worst``.
 
-What this does not bound, with numbers (docs/ARCHITECTURE.md "SLO guarantee"): the slowdown taken
+What this does not bound, with numbers (rollmux/admission/README.md "SLO guarantee"): the slowdown taken
 against the job's *realised* solo time, ``T_coexec_realised / T_solo_realised``. Shorter phases of
 the job itself shrink its solo time faster than its waits for the others, so that ratio can pass
 the SLO by the factor ``T_solo_worst / T_solo_realised`` at most; the test checks that bound too.

@@ -5,7 +5,7 @@ A job's phase code talks to these interfaces only, so the same RL script runs on
 and on GPUs (``vllm`` rollout with sleep/wake for warm start, ``deepspeed`` over NCCL) without
 change.
 
-Warm start (RollMux §5; docs/ARCHITECTURE.md "Runtime conventions"): between phases the runtime keeps a job's
+Warm start (RollMux §5; actors/worker/README.md "Runtime conventions"): between phases the runtime keeps a job's
 state in host memory and the process alive; a backend's ``offload()`` moves device state to the
 host (vLLM: ``sleep``), ``load()`` moves it back (vLLM: ``wake_up``). On CPU both are no-ops that
 only record that they ran. Cold start rebuilds the backend from a checkpoint on disk.

@@ -1,6 +1,6 @@
 """RollMux runtime metrics on Ray's metrics API (exported in Prometheus format, ``ray_`` prefix).
 
-Names (docs/ARCHITECTURE.md "Metrics"):
+Names (actors/ops/README.md "Metrics"):
 
 ==================================  =========  ============  ==========================================
 name                                type       tags          meaning

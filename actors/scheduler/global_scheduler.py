@@ -31,7 +31,7 @@ pushed. A failing reconcile pass is logged and the loop goes on; its duration is
 restarted scheduler restores the checkpoint and re-finds the named, detached controllers. No
 admitted job is lost when the actor dies.
 
-Contract (docs/ARCHITECTURE.md "GlobalScheduler actor contract"): the public methods return
+Contract (actors/scheduler/README.md "GlobalScheduler actor contract"): the public methods return
 JSON-able dicts / lists (the control-plane ones take and return :mod:`rollmux.messages`);
 refusals are values (``AdmissionDecision.to_dict()`` with ``admitted: False`` and a
 :class:`rollmux.codes.Code`), not exceptions. Codes besides the policy's (ok | never |

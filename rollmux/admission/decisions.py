@@ -140,7 +140,7 @@ class AdmissionDecision:
         return [{"group_id": g, "plugin": p, "reason": r} for g, (p, r) in self._pruned_src]
 
     def to_dict(self, explain: str = "full") -> dict:
-        """JSON-able form (ARCHITECTURE.md "Policy core"). ``explain="chosen"``: of an admission,
+        """JSON-able form (rollmux/admission/README.md "Policy core"). ``explain="chosen"``: of an admission,
         only the chosen candidate is listed (``candidates_listed: "chosen"``; ``pruned`` empty and
         ``pruned_groups`` counting them), so the explanation of every other placement is never
         built (the hot path of many admissions); ``"full"``

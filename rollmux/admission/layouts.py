@@ -1,5 +1,5 @@
 """The exact layout of a given job set as one co-execution group (the optimum's layout class,
-``docs/ARCHITECTURE.md`` "Optimum"): :func:`build_group` and the cheaper checks the
+``rollmux/README.md`` "Optimum"): :func:`build_group` and the cheaper checks the
 neighbourhood re-optimisation bounds with (:func:`layout_floor_usd_per_h`,
 :func:`training_pins_feasible`, :func:`layout_row`). Source: RollMux §4.2 problem formulation.
 """
@@ -245,7 +245,7 @@ def build_group(members: Sequence[Union[JobSpec, tuple[JobSpec, PhaseProfile]]],
                 below_usd_per_h: Optional[float] = None, pin_orders: bool = False) -> Optional[CoExecutionGroup]:
     """Minimum-cost feasible layout of exactly these jobs as one co-execution group, or None.
 
-    Layout class (the optimum's; ``docs/ARCHITECTURE.md`` "Optimum"): the training nodes are one
+    Layout class (the optimum's; ``rollmux/README.md`` "Optimum"): the training nodes are one
     shared set of ``max_j ceil(NT_j / gpus_per_node)`` nodes; for every subset S of jobs (2^n,
     cheapest first) the jobs in S get dedicated rollout nodes (scale-out) and the others share one
     set of ``max ceil(NR_j / gpus_per_node)`` rollout nodes. Within a layout each job is pinned to

@@ -135,7 +135,7 @@ class SchedulerPolicy(SimPolicy):
             # cheaper); its solver still searches co-execution partitions at the groups' node
             # prices (solver.per_job off): an own allocation is where a lone member runs, not a
             # target to split groups into (measured on the cost-gap grid and the default replays:
-            # docs/ARCHITECTURE.md, "per-job allocations")
+            # rollmux/README.md, "Per-job allocations")
             self.sched.group_price = self._group_usd_per_h
 
     def arrive(self, job: SimJob) -> float:
