@@ -134,7 +134,7 @@ class SchedulerConfig(BaseModel):
     queue_scan_limit: int = Field(default=64, ge=1, le=100_000)
     profile_source: Literal["worst_case", "measured", "blended"] = "measured"
     measured_window: int = Field(default=16, ge=1, le=1024)
-    measured_min_iterations: int = Field(default=2, ge=1, le=1024)
+    measured_min_iterations: int = Field(default=1, ge=1, le=1024)
     measured_quantile: float = Field(default=0.9, gt=0.0, le=1.0)
     measured_margin: float = Field(default=0.99, gt=0.0, le=10.0)
     blend_prior_iterations: int = Field(default=8, ge=0, le=100_000)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Optional
 
 from rollmux.admission.slo_watch import SloAction, at_risk, measured_predictor, watch
-from rollmux.measured import MeasuredPhases, kind_of, ratio_prior, ratios_of
+from rollmux.measured import MeasuredPhases, differs, kind_of, ratio_prior, ratios_of
 from rollmux.models import CoExecutionGroup, JobSpec, PhaseProfile
 
 #: measured/worst-case ratios kept per kind (the most recent)
@@ -73,8 +73,11 @@ class MeasuredLoop:
             rs = self.ratios.setdefault(kind_of(spec), [])
             rs.append(ratios_of(self.declared[job_id], m.high(self.cfg.measured_quantile)))
             del rs[:-_PRIOR_JOBS]
-        if self.sched.group_of(job_id) is not None:
-            self.sched.update_profile(job_id, prof)
+        g = self.sched.group_of(job_id)
+        if g is not None:
+            if differs(self.sched.member(job_id).profile, prof):  # the GlobalScheduler's rule: > 5% in a phase
+                self.sched.update_profile(job_id, prof)
+            self._checked.pop(g.group_id, None)  # a new window: its group is re-checked, as on every report
         return self.check()
 
     def departed(self, job_id: str) -> None:
@@ -84,7 +87,7 @@ class MeasuredLoop:
     def predict(self, g: CoExecutionGroup) -> dict[str, float]:
         """Predicted slowdowns of ``g`` on its members' measured iterations (cached;
         :func:`rollmux.admission.slo_watch.measured_predictor`)."""
-        key = self.real._group_key(g) + tuple((m.profile, self.measured[m.spec.job_id].reports if m.spec.job_id in self.measured
+        key = self.real._group_key(g) + tuple((self.measured[m.spec.job_id].reports if m.spec.job_id in self.measured
                                                 else 0) for m in g.members)
         out = self._pred.get(key)
         if out is None:
