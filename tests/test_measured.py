@@ -188,3 +188,31 @@ def test_the_default_keeps_the_slo_users_read_under_long_tailed_phase_times():
     assert cost < wc_cost and extra["profile_source"] == "measured"
     assert sum(extra["slo_actions"].values()) > 0 and set(extra["slo_actions"]) <= {
         "move", "move_neighbour", "scale_out", "isolate", "slo_at_risk"}
+
+
+def test_a_reported_iteration_is_taken_in_the_simulators_terms():
+    """rollmux.measured.reported_sample: the tail load over the job's decode slots (as
+    profiler.iteration_times), and a migrated rollout's solo length with its stretched tail taken
+    out (the policy's tail_stretch); no trigger, no tail fields."""
+    from rollmux import profiler
+    from rollmux.config import CONFIG_DIR, load_cluster
+    from rollmux.intra_group import LongTailPolicy
+    from rollmux.measured import reported_sample
+
+    cl = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
+    spec = JobSpec(job_id="r", model_params_b=7.0, num_rollout_gpus=8, num_train_gpus=8, slo=1.5)
+    m = profiler.rollout_model(spec, cl.rollout_pool.node.gpu, 8, spec.max_response_tokens)
+    slots = m.replicas * m.concurrency
+    lt = LongTailPolicy(0.8, 1, 2.0)
+    plain = reported_sample(spec, cl, lt, t_roll_s=100.0, t_train_s=50.0)
+    assert plain == {"t_roll_s": 100.0, "t_train_s": 50.0, "t_sync_s": 0.0}
+    tail = slots  # a full GPU's share x 8 GPUs on 1 tail GPU: the rest ran 8x stretched
+    got = reported_sample(spec, cl, lt, t_roll_s=60.0 + 2.0 + 8 * 5.0, t_train_s=50.0, t_trigger_s=60.0,
+                          tail_responses=tail, tail_migrated=True)
+    assert got["tail_load"] == pytest.approx(1.0) and got["t_trigger_s"] == 60.0
+    assert got["t_roll_s"] == pytest.approx(65.0)  # 60 s to the trigger + the 5 s its tail takes alone
+    kept = reported_sample(spec, cl, lt, t_roll_s=70.0, t_train_s=50.0, t_trigger_s=60.0, tail_responses=tail,
+                           tail_migrated=False)
+    assert kept["t_roll_s"] == 70.0 and kept["tail_load"] == pytest.approx(1.0)
+    it = MeasuredPhases().add(**got).iterations()[0]
+    assert (it.t_trigger_s, it.tail_load) == (60.0, pytest.approx(1.0))

@@ -1,4 +1,4 @@
-"""The GlobalScheduler's SLO-watch part: act on measured phase times (``profile_source: measured | blended``).
+"""The GlobalScheduler's SLO-watch part: act on measured phase times (``profile_source: measured`` (the default) ``| blended``).
 
 Each iteration report carries the job's own phase times; the job store folds them into the job's
 record (``measured_phases``, a sliding window, :class:`rollmux.measured.MeasuredPhases`; the
@@ -6,7 +6,8 @@ record's one writer) and ``report`` notes the job (:meth:`SloPart._note_slo_chec
 reconcile thread's next pass (:meth:`SloPart.slo_watch_pending`) plans the job on its measured
 profile (:meth:`rollmux.admission.InterGroupScheduler.update_profile`) and runs the policy's
 :func:`rollmux.admission.slo_watch.watch` on its group, predicting every member's slowdown against
-its realised solo time from the members' measured windows. A decision goes into the at-risk job's
+its realised solo time from the members' measured windows with the simulator's predictor
+(:func:`rollmux.admission.slo_watch.measured_predictor`). A decision goes into the at-risk job's
 record (``slo_action``: action, reason, ...), the metric ``rollmux_slo_actions_total{action}`` and
 so the HTTP API (``GET /v1/jobs/{id}``); its moves are recorded, checkpointed and pushed as
 re-optimisation's are, and the controllers carry them out at the moved job's next iteration
