@@ -187,10 +187,13 @@ def scaled(p: PhaseProfile, f: float) -> PhaseProfile:
 
 
 def differs(a: PhaseProfile, b: PhaseProfile, rel: float = 0.05) -> bool:
-    """Whether any phase time of ``b`` differs from ``a``'s by more than ``rel`` (relative): a
-    planning profile is replaced only then (a window that drifts by a few percent per report
-    does not rewrite the group table on every iteration)."""
-    return any(abs(getattr(a, p) - getattr(b, p)) > rel * max(getattr(a, p), getattr(b, p)) for p in _PHASES)
+    """Whether any phase time of ``b`` differs from ``a``'s by more than ``rel`` of the iteration
+    (the larger of the two solo times): a planning profile is replaced only then, so a window
+    that drifts by a few percent per report does not rewrite the group table on every iteration,
+    and a short phase (a sync of seconds) whose measurement carries the runtime's own overhead
+    per phase (tens of milliseconds) does not replace a profile its iteration does not notice."""
+    scale = max(a.t_solo_s, b.t_solo_s)
+    return any(abs(getattr(a, p) - getattr(b, p)) > rel * scale for p in _PHASES)
 
 
 def kind_of(spec: JobSpec) -> tuple:

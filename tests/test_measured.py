@@ -216,3 +216,12 @@ def test_a_reported_iteration_is_taken_in_the_simulators_terms():
     assert kept["t_roll_s"] == 70.0 and kept["tail_load"] == pytest.approx(1.0)
     it = MeasuredPhases().add(**got).iterations()[0]
     assert (it.t_trigger_s, it.tail_load) == (60.0, pytest.approx(1.0))
+
+
+def test_a_planning_profile_is_replaced_only_when_a_phase_moves_by_5pct_of_the_iteration():
+    from rollmux.measured import differs
+
+    a = PhaseProfile(t_roll_s=400.0, t_train_s=180.0, t_sync_s=10.0)
+    assert not differs(a, PhaseProfile(t_roll_s=396.0, t_train_s=178.2, t_sync_s=13.0))  # sync +30%: 0.5% of 590 s
+    assert differs(a, PhaseProfile(t_roll_s=360.0, t_train_s=180.0, t_sync_s=10.0))  # rollout -40 s: 6.8% of it
+    assert not differs(a, a)
