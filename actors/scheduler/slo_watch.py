@@ -47,7 +47,18 @@ class SloPart:
         simulator's predictor (:func:`rollmux.admission.slo_watch.measured_predictor`, the same
         long-tail policy)."""
         windows = {j: rec.measured_phases for j in group.job_ids if (rec := self.job_store.get(j)) is not None}
-        return measured_predictor(self.igs.config, lambda: windows)(group)
+        memo = self.__dict__.get("_slo_memo")  # within one pass (the lock held: no report changes a window)
+        key = None
+        if memo is not None:
+            key = tuple((m.spec.job_id, m.profile, m.placement.rollout_nodes, m.placement.train_nodes,
+                         windows[m.spec.job_id].reports if windows.get(m.spec.job_id) is not None else 0)
+                        for m in group.members)
+            if key in memo:
+                return memo[key]
+        out = measured_predictor(self.igs.config, lambda: windows)(group)
+        if memo is not None:
+            memo[key] = out
+        return out
 
     def slo_watch_pending(self) -> list[dict]:
         """Re-check the groups of the jobs that reported since the last call; returns the
@@ -56,6 +67,7 @@ class SloPart:
         with self._lock:
             pending = self.__dict__.get("_slo_pending") or {}
             self._slo_pending = {}
+            self._slo_memo = {}  # a group's prediction is computed once per pass (its members report together)
             cfg = self.igs.config
             for jid in pending:
                 rec = self.job_store.get(jid)
@@ -97,4 +109,5 @@ class SloPart:
                     if done:
                         self._push(touched)
                         self._moved_metrics(touched, len(done))
+            self._slo_memo = None  # outside a pass (re-packing's guard) windows may have changed
         return out

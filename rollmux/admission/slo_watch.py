@@ -58,7 +58,8 @@ def long_tail_of(config) -> Optional[LongTailPolicy]:
     return config.long_tail_policy() if config.tail_migration else None
 
 
-def measured_windows(config, windows: Mapping[str, "Optional[MeasuredPhases]"], job_ids: Sequence[str]) -> dict[str, list[IterationTimes]]:
+def measured_windows(config, windows: Mapping[str, "Optional[MeasuredPhases]"],
+                     job_ids: Sequence[str]) -> dict[str, list[IterationTimes]]:
     """The members' measured iterations a prediction samples: each of ``job_ids`` whose window
     (``windows[job_id]``, :class:`rollmux.measured.MeasuredPhases`) holds at least
     ``config.measured_min_iterations`` reports; a shorter window is no profile yet (the member's

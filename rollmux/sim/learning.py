@@ -75,7 +75,7 @@ class MeasuredLoop:
             del rs[:-_PRIOR_JOBS]
         g = self.sched.group_of(job_id)
         if g is not None:
-            if differs(self.sched.member(job_id).profile, prof):  # the GlobalScheduler's rule: a phase moved > 5% of the iteration
+            if differs(self.sched.member(job_id).profile, prof):  # the GlobalScheduler's rule (measured.differs)
                 self.sched.update_profile(job_id, prof)
             self._checked.pop(g.group_id, None)  # a new window: its group is re-checked, as on every report
         return self.check()
