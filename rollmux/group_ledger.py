@@ -87,6 +87,9 @@ class Member:
     phase_s: dict[str, float] = field(default_factory=dict)
     iter_s: list[float] = field(default_factory=list)
     solo_s: list[float] = field(default_factory=list)
+    # the current iteration's rollout at the long-tail trigger (s from its grant, unfinished responses,
+    # whether migration acted): what the SLO watch's prediction needs (rollmux.measured.reported_sample)
+    tail: Optional[tuple[float, int, bool]] = None
 
     def slowdown(self) -> Optional[float]:
         """Measured co-executed / solo iteration time over the finished iterations (None before one)."""
@@ -509,11 +512,15 @@ class GroupLedger:
         phases = dict(m.phase_s)
         m.iter_s.append(iter_s)
         m.solo_s.append(solo_s)
+        tail, m.tail = m.tail, None
         m.iter_start, m.phase_s = end, {}
         # per-job series are exported by the GlobalScheduler alone (it gets this report)
         return [Report(job_id, ProgressReport(m.iterations_done, t_iter_s=iter_s, t_solo_s=solo_s,
                                               slowdown=m.slowdown(), t_roll_s=phases.get("rollout"),
-                                              t_train_s=phases.get("train"), t_sync_s=phases.get("sync")))]
+                                              t_train_s=phases.get("train"), t_sync_s=phases.get("sync"),
+                                              t_trigger_s=None if tail is None else tail[0],
+                                              tail_responses=None if tail is None else tail[1],
+                                              tail_migrated=None if tail is None else tail[2]))]
 
     def slowdown(self, job_id: str) -> Optional[float]:
         m = self.members.get(job_id)
@@ -540,6 +547,9 @@ class GroupLedger:
                 acted = True
             except ValueError:
                 pass
+        m = self.members.get(job_id)
+        if m is not None:
+            m.tail = (max(0.0, self.clock() - held.grant.granted_at), total - done, acted)
         decision = TailDecision(job_id=job_id, iteration=held.grant.iteration, done=done, total=total, t=self.clock(),
                                 next_rollout=(waiting or [None])[0], tail_workers=tuple(tail),
                                 freed_workers=tuple(freed), acted=acted)

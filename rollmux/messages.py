@@ -329,11 +329,17 @@ class ProgressReport:
     t_roll_s: Optional[float] = None
     t_train_s: Optional[float] = None
     t_sync_s: Optional[float] = None
+    # the rollout at the long-tail trigger (None: no trigger reached): when, s from its start; the
+    # responses unfinished then; whether long-tail migration acted on it
+    t_trigger_s: Optional[float] = None
+    tail_responses: Optional[int] = None
+    tail_migrated: Optional[bool] = None
 
     def to_dict(self) -> dict:
         return {"event": "iteration", "iterations_done": self.iterations_done, "t_iter_s": self.t_iter_s,
                 "t_solo_s": self.t_solo_s, "slowdown": self.slowdown, "t_roll_s": self.t_roll_s,
-                "t_train_s": self.t_train_s, "t_sync_s": self.t_sync_s}
+                "t_train_s": self.t_train_s, "t_sync_s": self.t_sync_s, "t_trigger_s": self.t_trigger_s,
+                "tail_responses": self.tail_responses, "tail_migrated": self.tail_migrated}
 
 
 # ----------------------------------------------------------------------------- hosting a job on its workers

@@ -22,7 +22,8 @@ real runtime on emulated accelerators, side by side.
    group ids from both; per run: cost ($/h over time: the simulator's step series, the runtime's
    groups polled from the scheduler), bubbles, moves; the errors, each miss explained by the terms
    measured (runtime overhead inside the phase records, hand-off gaps between phases, group
-   assignment, moves). Writes ``results/fidelity.json`` and ``results/fidelity.png``.
+   assignment, moves). Writes ``results/fidelity.json`` and ``results/fidelity.png`` (``--quick``:
+   ``results/fidelity_quick.*``).
 
     python scripts/fidelity.py --quick      # 8 jobs, a few minutes on 2 cores
     python scripts/fidelity.py              # 24 jobs
@@ -76,7 +77,7 @@ def parse_args(argv=None):
     ap.add_argument("--config", default=None, help="scheduler settings (default configs/scheduler.yaml)")
     ap.add_argument("--poll-s", type=float, default=0.25, help="wall seconds between the runtime's group polls")
     ap.add_argument("--timeout-s", type=float, default=1500.0)
-    ap.add_argument("--out", default=str(ROOT / "results" / "fidelity.json"))
+    ap.add_argument("--out", default=None, help="default results/fidelity.json (quick: results/fidelity_quick.json)")
     return ap.parse_args(argv)
 
 
@@ -179,6 +180,17 @@ def run_runtime(jobs, iters, cluster, cfg, em, args, tmp: Path) -> dict:
                            checkpoint_dir=str(tmp / "ckpt"))
         stop.set()
         th.join(timeout=10)
+        # how each move's old nodes were drained (rollmux.drain: reported, or overdue after the bounds)
+        out["drains"] = {}
+        for j in jobs:
+            try:
+                rec = sh.get_job(j.spec.job_id) or {}
+            except Exception:
+                continue
+            out["drains"][j.spec.job_id] = [
+                {"drained": m.get("drained"), "stop_to_drained_wall_s": (m["drained_at_s"] - m["stopped_at_s"])
+                 if m.get("drained_at_s") is not None and m.get("stopped_at_s") is not None else None}
+                for m in rec.get("moves") or []]
         out["ray_processes_start"] = before
         out["ray_processes_end"] = ray_process_stats(uss=True)
         out["timelines"] = {}
@@ -289,11 +301,12 @@ def main(argv=None) -> int:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     args = parse_args(argv)
     args.jobs = args.jobs or (8 if args.quick else 24)
+    args.out = args.out or str(ROOT / "results" / ("fidelity_quick.json" if args.quick else "fidelity.json"))
     args.min_iterations = args.min_iterations or (3 if args.quick else 4)
     args.max_iterations = args.max_iterations or (6 if args.quick else 10)
     from rollmux.admission import load_scheduler_config
     from rollmux.config import load_cluster, repo_label
-    from rollmux.emulation import load_emulation_config
+    from rollmux.emulation import load_emulation_config, scheduler_config
     from rollmux.sim.realisation import Realisation
 
     t_wall = time.time()
@@ -309,6 +322,8 @@ def main(argv=None) -> int:
         cfg = cfg.model_copy(update={"tail_migration": False})
     else:
         em = em.model_copy(update={"response_lengths": "worst_case", "cycle_samples": 0})
+    # the cluster's own time bounds (drains) in modelled time, waited at the time factor like every phase
+    cfg = scheduler_config(cfg, em)
     real = Realisation(cluster, stochastic=args.stochastic, seed=cfg.seed, samples=samples)
     real.migrate = cfg.tail_migration
     factor = em.wall_ms_per_model_s / 1000.0
@@ -364,6 +379,7 @@ def main(argv=None) -> int:
             "slo_met_runtime": it_rt / solo <= j.spec.slo * (1 + 1e-6), "slo_met_simulator": o.slo_met,
             "groups_runtime": g_rt, "groups_simulator": g_sim, "groups_same": g_rt == g_sim,
             "moves_runtime": len(moves), "admission_latency_model_s": admit_s,
+            "drains_runtime": rt.get("drains", {}).get(jid, []),
             "submit_late_model_s": (r["submitted_at"] - (rt["t_start"] + j.arrival_s * factor)) / factor, **terms,
             "sync_cross_bytes": sorted({x.get("sync_cross_bytes") for x in r["timeline"] if x["phase"] == "sync"} - {None}),
         }
@@ -400,7 +416,9 @@ def main(argv=None) -> int:
                      "cluster": repo_label(args.cluster), "emulation": em.model_dump(),
                      "scheduler": {k: v for k, v in cfg.model_dump().items()
                                    if k in ("policy", "max_group_size", "repack_on_departure", "reopt_max_jobs",
-                                            "tail_migration", "profile_source")}},
+                                            "tail_migration", "profile_source", "per_job_allocations",
+                                            "measured_min_iterations", "slo_watch_headroom", "drain_grace_s",
+                                            "drain_max_s")}},
         "jobs": per_job,
         "run": {
             "simulator": {"avg_cost_usd_per_h": sm["avg_cost_usd_per_h"], "rollout_bubble_ratio": sm["rollout_bubble_ratio"],

@@ -216,13 +216,14 @@ def test_emulated_group_on_the_runtime_matches_the_simulator(ray_cluster, tmp_pa
     from examples.grpo import report
     from factories import kill_scheduler_and_controllers
     from rollmux.admission import load_scheduler_config
+    from rollmux.emulation import scheduler_config
     from rollmux.sim.realisation import Realisation
     from rollmux.sim.simulator import make_policy, replay
     from rollmux.workloads import SimJob
 
     c = _cluster(2, 2)
-    cfg = load_scheduler_config()
     em = EmulationConfig(wall_ms_per_model_s=20.0, response_lengths="worst_case")  # overhead << 10% of a phase
+    cfg = scheduler_config(load_scheduler_config(), em)  # the default, its time bounds and measured times in modelled s
     uid = uuid.uuid4().hex[:6]
     specs = [_job(f"emu-r-{uid}", t_roll=240.0, t_train=80.0), _job(f"emu-t-{uid}", t_roll=80.0, t_train=240.0)]
     n = 3

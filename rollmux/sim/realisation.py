@@ -86,8 +86,10 @@ class Realisation:
 
     @staticmethod
     def _group_key(group: CoExecutionGroup) -> tuple:
+        # the planning profiles too: the round-robin schedule reads them (a migrated tail may stretch
+        # into the slack its planned rollout leaves), and measured profiles replace them at run time
         return (group.rollout_nodes, group.train_nodes) + tuple(
-            (m.spec.job_id, m.placement.rollout_nodes, m.placement.train_nodes) for m in group.members
+            (m.spec.job_id, m.placement.rollout_nodes, m.placement.train_nodes, m.profile) for m in group.members
         )
 
     def gpus_per_node(self) -> dict[str, int]:
