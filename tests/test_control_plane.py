@@ -595,7 +595,7 @@ def test_scheduler_reoptimises_admissions_off_the_admission_path():
     assert [m["drained"] for m in moves] == [None, "not started", None, None, None]
 
     def fences() -> dict:
-        return {x.job_id: x.fenced for g in ("group-3", "group-4") for x in s._target(g).members}
+        return {x.job_id: x.fenced for g in ("group-3", "group-4") for x in s.targets.target(g).members}
 
     assert fences() == {"job-00005": ("rollout-0", "train-0"), "job-00006": ("rollout-0", "train-0"),
                         **{j: ("rollout-1", "rollout-3", "train-1") for j in ("job-00000", "job-00001", "job-00002")}}

@@ -22,6 +22,7 @@ import pytest
 
 from actors.scheduler.checkpoint import CheckpointError
 from actors.scheduler.kv import FileKV, KVStore, MemoryKV, RayInternalKV
+from actors.scheduler.job_store import JobStore
 from rollmux.admission import InterGroupScheduler
 from factories import InProcessWorker, unit_kw
 from rollmux.messages import PendingWeights
@@ -296,7 +297,7 @@ def test_empty_store_starts_fresh_and_old_layout_is_migrated(tmp_path):
     for x in ref.igs.groups:
         kv.put(f"{name}.g.{x.group_id}", ref.igs.group_snapshot(x.group_id))
     for j, rec in ref.jobs.items():
-        kv.put(f"{name}.j.{j}", ref._stored(rec))
+        kv.put(f"{name}.j.{j}", JobStore.stored(rec))
     r = sched(kv)
     assert r.restored and fingerprint(r) == fingerprint(ref)
     assert not kv.keys(f"{name}.meta") and not kv.keys(f"{name}.j.") and kv.keys(f"{name}.base")
@@ -918,18 +919,20 @@ def test_scheduler_killed_at_every_queue_write(store, op, tmp_path):
 def test_queue_key_of_the_previous_layout_moves_into_the_base():
     """A checkpoint whose line sits under its own ``<prefix>.queue`` key (previous layout) is
     read once, written into a base and the old key deleted; a kill between the two keeps it."""
+    from actors.scheduler.global_scheduler import legacy_queue_key
+
     kv = MemoryKV()
     g = queue_scenario(kv)
     line = g.queue.snapshot()
     # the previous layout: a base without the line, the line under its own key
-    old = g._full_state()
+    old = g.commit.full_state()
     del old["queue"]
     g.store.compact(old)
-    kv.put(g._qkey(), line)
+    kv.put(legacy_queue_key(g.store), line)
     again = qsched(CrashKV(kv))
-    assert [q.job_id for q in again.queue.jobs()] == ["big", "w"] and kv.get(again._qkey()) is None
+    assert [q.job_id for q in again.queue.jobs()] == ["big", "w"] and kv.get(legacy_queue_key(again.store)) is None
     assert kv.get(again.store.base_key)["body"]["state"]["queue"]["jobs"][0]["spec"]["job_id"] == "big"
     # killed after the base was written but before the old key was deleted: the base wins
-    kv.put(again._qkey(), {"seq": 0, "jobs": []})
+    kv.put(legacy_queue_key(again.store), {"seq": 0, "jobs": []})
     third = qsched(kv)
-    assert [q.job_id for q in third.queue.jobs()] == ["big", "w"] and kv.get(third._qkey()) is None
+    assert [q.job_id for q in third.queue.jobs()] == ["big", "w"] and kv.get(legacy_queue_key(third.store)) is None

@@ -62,7 +62,7 @@ def test_reoptimisation_solves_without_the_scheduler_lock():
     s = _sched(MemoryKV())
     _admit_batched(s, [f"j{i}" for i in range(7)])
     assert s.reopt_planned == 0  # the replies ran no solve
-    inner = s._planner()
+    inner = s.reopt.planner()
     seen = []
 
     class Probe:
@@ -73,7 +73,7 @@ def test_reoptimisation_solves_without_the_scheduler_lock():
                 s.admit({**SPEC, "job_id": "late", "slo": 3.0})
             return plan
 
-    s._reopt_planner = Probe()
+    s.reopt.planner_impl = Probe()
     s.reoptimise_pending()
     assert seen and not any(seen)
     assert s.reopt_planned == len(seen) == 7

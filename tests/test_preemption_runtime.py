@@ -47,8 +47,8 @@ def test_scheduler_preempts_requeues_resumes_and_survives_restart(local_cluster_
     assert rec["state"] == "preempted" and rec["priority_class"] == "best-effort"
     (p,) = rec["preemptions"]
     assert p["by_job"] == "prod" and p["by_class"] == "production" and p["lost_gpu_h"] > 0 and p["resumed_at_s"] is None
-    assert g._target(be_group).gone == {"be": "preempted"}  # removed by its controller at its iteration boundary
-    assert [(q["job_id"], q["priority_class"]) for q in g._queue_view()] == [("be", "best-effort")]
+    assert g.targets.target(be_group).gone == {"be": "preempted"}  # removed by its controller at its iteration boundary
+    assert [(q["job_id"], q["priority_class"]) for q in g.views.queue()] == [("be", "best-effort")]
     assert [j["job_id"] for j in g.list_jobs()] == ["be", "hold", "prod"]  # listed once, as its record
     assert g.admit(qspec("low", "research"), queue=True)["code"] == "queued"  # nothing below research to preempt
     assert [q.job_id for q in g.queue.jobs()] == ["low", "be"]  # the higher class first
@@ -233,7 +233,7 @@ def test_newcomer_is_fenced_off_the_victims_nodes_until_it_drained(local_cluster
 
     def fence(g, job: str) -> tuple:
         gid = g.get_job(job)["group_id"]
-        return next(m.fenced for m in g._target(gid).members if m.job_id == job)
+        return next(m.fenced for m in g.targets.target(gid).members if m.job_id == job)
 
     g = make()
     assert g.admit(qspec("be", "best-effort"))["admitted"] and g.admit(qspec("r", "research"))["admitted"]

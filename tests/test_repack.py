@@ -271,7 +271,7 @@ def test_keep_slos_is_a_no_op_for_a_group_within_its_slos_and_for_plain_alg1():
 def test_the_replay_and_the_cluster_repair_slos_after_every_departure(monkeypatch):
     """The simulator's RollMux policy calls keep_slos on the group of every departure, through
     after_departure, which the cluster's GlobalScheduler calls in its departure transaction
-    (``_departure_moves``)."""
+    (``Reoptimiser.departure_moves``)."""
     import inspect
 
     import actors.scheduler.reopt as runtime
@@ -283,4 +283,4 @@ def test_the_replay_and_the_cluster_repair_slos_after_every_departure(monkeypatc
     real = Realisation(SIM)
     run = replay(jobs, make_policy("rollmux", SIM, real), real)
     assert len(run.outcomes) == 4 and len(seen) == 4
-    assert "self.igs.after_departure(gid" in inspect.getsource(runtime)
+    assert "self.policy.igs.after_departure(gid" in inspect.getsource(runtime)

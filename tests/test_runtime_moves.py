@@ -113,7 +113,7 @@ def test_a_move_fences_its_old_nodes_for_other_groups_until_it_drained(local_clu
         return s, b, c, d, mv
 
     def fences(s) -> dict:
-        return {m.job_id: m.fenced for g in ("group-1", "group-2") for m in s._target(g).members}
+        return {m.job_id: m.fenced for g in ("group-1", "group-2") for m in s.targets.target(g).members}
 
     kv = MemoryKV()
     s, b, c, d, mv = scenario("f", kv)

@@ -1,27 +1,30 @@
-"""The GlobalScheduler's checkpoint part: one atomic write per state change, with group commit.
+"""The GlobalScheduler's unit of work: one atomic checkpoint write per state change, with group commit.
 
 The KV store (:mod:`actors.scheduler.kv`: file directory or Ray GCS internal KV) holds a base (the whole
 state: the policy's snapshot header and groups, every job record, the admission queue) and
 write-ahead records (:class:`actors.scheduler.checkpoint.Checkpoint`). Every state change is ONE ``put`` of
 one record holding the changed job records and groups and, when the admission queue changed,
 the whole queue; a crash before the write means the change never happened, after it that it
-did; a store error rolls the in-memory table and records back (:meth:`CommitPart._transaction`).
+did; a store error rolls the in-memory table and records back (:meth:`Commit.transaction`).
+
+A service that changes state says what it changed (:meth:`Commit.mark`, :meth:`Commit.queue_changed`)
+and which groups' controllers must hear of it (:meth:`Commit.push`); :class:`Commit` owns what
+waits for the next write (the changed jobs and groups, the pushes, the dropped records, the
+batch's waiters) and the last record written, and writes, publishes (the next snapshot version,
+:mod:`actors.scheduler.snapshot_log`) and pushes, in that order (target state first).
 
 Group commit (the HTTP path: ``admit_batched`` / ``depart_batched`` / ``admit_many``): writes stay
 serial (one decision at a time, in arrival order, on the actor's event loop), and the decisions
 that arrive within ``GROUP_COMMIT_WINDOW_S`` (and while the previous write runs) share ONE
-checkpoint write; only then are the callers answered and the touched groups' controllers pushed
-(target state first). A failed write restores the last written state: nothing of the batch
-happened, each caller gets code ``unavailable``. Each write publishes the next snapshot version
-(:mod:`actors.scheduler.snapshot_log`).
+checkpoint write (:meth:`Commit.batched`); only then are the callers answered and the touched
+groups' controllers pushed. A failed write restores the last written state: nothing of the
+batch happened, each caller gets code ``unavailable``. Inside the actor, a change made of
+several steps (a departure and the queued jobs it lets in) is one write too (:meth:`Commit.batch`).
 
 Compaction (a new base, :mod:`actors.scheduler.checkpoint`) is O(stored jobs): with ``compaction=
 "background"`` (the actor's default) a write that makes one due only wakes the compactor
-thread (:meth:`CommitPart.compact_pending`), which copies the checkpoint's state mirror under
+thread (:meth:`Commit.compact_pending`), which copies the checkpoint's state mirror under
 the lock and encodes and writes the base outside it; the reply never waits for it.
-
-This part (:class:`CommitPart`, mixed into ``GlobalSchedulerImpl``) owns the changes waiting for
-the next write (``_pending_*``, ``_waiters``, ``_defer``) and the last record written (``_written``).
 """
 
 from __future__ import annotations
@@ -29,54 +32,149 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Optional
+import threading
+from typing import Any, Callable, Optional
 
+from actors.scheduler.checkpoint import Checkpoint
 from actors.scheduler.job_store import JobStore
+from actors.scheduler.policy_ref import PolicyRef
+from actors.scheduler.snapshot_log import SnapshotLog
 from rollmux.admission import InterGroupScheduler
-from rollmux.codes import Code
+from rollmux.admission_queue import AdmissionQueue
 
 log = logging.getLogger("rollmux.scheduler")
 
-__all__ = ["CommitPart", "GROUP_COMMIT_WINDOW_S", "COMPACTION_MODES"]
+__all__ = ["Commit", "GROUP_COMMIT_WINDOW_S", "COMPACTION_MODES", "full_state", "load_state"]
 
 GROUP_COMMIT_WINDOW_S = 0.002  # a batch of the HTTP path's decisions collects this long before its one write, s
 COMPACT_POLL_S = 5.0  # the compactor thread also looks for a due base this often, s
 COMPACTION_MODES = ("inline", "background", "manual")
 
+#: ``publish(jobs, groups, dropped, queue_changed, written)``: publish one committed change
+#: (:meth:`actors.scheduler.views.Views.publish`; ``written``: the write-ahead record)
+Publish = Callable[[tuple, tuple, list, bool, dict], None]
 
-class CommitPart:
-    """The checkpoint and group-commit methods of the GlobalScheduler (see the module docstring)."""
 
-    compaction = "inline"  # where a due compaction runs: inline (in the write) | background | manual
-    compactions_inline = 0  # bases written inside a write (on its caller's reply path)
-    compactions_off_reply = 0  # bases written by compact_pending (off the reply path)
+def full_state(policy: PolicyRef, jobs: JobStore, line: Optional[AdmissionQueue]) -> dict:
+    """The whole state as a checkpoint base keeps it (``queue`` None before the line exists)."""
+    igs = policy.igs
+    return {"header": igs.snapshot_header(),
+            "groups": {g.group_id: igs.group_snapshot(g.group_id) for g in igs.groups},
+            "jobs": jobs.snapshot(), "queue": None if line is None else line.snapshot()}
 
-    # ---- checkpoint: a base snapshot plus a write-ahead log, one atomic write per state change
-    def _delta(self, jobs: tuple = (), groups: tuple = (), dropped: tuple = (), queue: bool = False) -> dict:
-        """What one state change wrote: the given job records and groups (None: gone), the
-        policy's snapshot header, the records dropped from the table and, when
-        ``queue``, the whole admission queue (in the same record: one atomic put)."""
-        return {"header": self.igs.snapshot_header(),
-                "groups": {gid: self.igs.group_snapshot(gid) for gid in groups},
-                "jobs": {j: JobStore.stored(self.jobs[j]) for j in jobs if j in self.jobs}, "dropped": list(dropped),
-                **({"queue": self.queue.snapshot()} if queue else {})}
 
-    def _checkpoint(self, jobs: tuple = (), groups: tuple = ()) -> None:
-        """Commit a state change of ``jobs`` / ``groups``: at once, or (inside :meth:`admit_batched` /
-        :meth:`depart_batched`, group commit) with the batch being collected, in ONE write for the
-        batch. Either way every change waiting is written, then published (:meth:`snapshot_since`)."""
-        self._pending_jobs.update(dict.fromkeys(jobs))
-        self._pending_groups.update(dict.fromkeys(groups))
-        if not self._defer:
-            self._flush(force=True)
+def load_state(policy: PolicyRef, jobs: JobStore, state: dict) -> None:
+    """Rebuild the policy's table and the job records from a restored state (see
+    :meth:`actors.scheduler.checkpoint.Checkpoint.load`)."""
+    groups = [g for g in state["groups"].values() if g]
+    policy.igs = InterGroupScheduler.restore(policy.cluster, {**state["header"], "groups": groups})
+    jobs.load(state["jobs"])
 
-    def _flush(self, force: bool = False) -> None:
+
+class Commit:
+    """The scheduler's unit of work (see the module docstring).
+
+    Args:
+        store: the checkpoint (base + write-ahead records).
+        policy / jobs / line: what a write carries: the policy's table, the job records, the
+            admission queue.
+        snapshots: where a committed change is published.
+        publish: builds and publishes the views of a committed change (:data:`Publish`).
+        send: ``send(groups)``: push the groups' target membership to their controllers
+            (:meth:`actors.scheduler.reconciler.Reconciler.push`).
+        compaction: where a due compaction runs: ``"inline"`` (inside the write that makes it
+            due), ``"background"`` (the compactor thread) or ``"manual"`` (:meth:`compact_pending`).
+    Raises:
+        ValueError: an unknown ``compaction``.
+    """
+
+    def __init__(self, store: Checkpoint, policy: PolicyRef, jobs: JobStore, line: AdmissionQueue,
+                 snapshots: SnapshotLog, publish: Publish, send: Callable[[Any], Any], compaction: str = "inline"):
+        if compaction not in COMPACTION_MODES:
+            raise ValueError(f"compaction must be one of {', '.join(COMPACTION_MODES)}, not {compaction!r}")
+        self.store, self.policy, self.jobs, self.line = store, policy, jobs, line
+        self.snapshots, self._publish, self._send = snapshots, publish, send
+        self.compaction = compaction
+        self.compactions_inline = 0  # bases written inside a write (on its caller's reply path)
+        self.compactions_off_reply = 0  # bases written by compact_pending (off the reply path)
+        self.compact_wake = threading.Event()
+        # what waits for the next write
+        self.deferred = False  # inside a batch: changes wait for the batch's one write
+        self._jobs: dict[str, None] = {}
+        self._groups: dict[str, None] = {}
+        self._pushes: dict[str, None] = {}
+        self._dropped: list[str] = []
+        self._queue_dirty = False
+        self._waiters: list[Any] = []  # asyncio futures of the batch being collected
+        self._flush_scheduled = False
+        self._written: Optional[dict] = None  # the last write-ahead record (its group snapshots are published)
+
+    # ---- what a service changed
+    def mark(self, jobs: tuple = (), groups: tuple = ()) -> None:
+        """Commit a state change of ``jobs`` / ``groups``: at once, or (inside a batch) with the
+        batch, in ONE write. Either way every change waiting is written, then published."""
+        self._jobs.update(dict.fromkeys(jobs))
+        self._groups.update(dict.fromkeys(groups))
+        if not self.deferred:
+            self.flush(force=True)
+
+    def queue_changed(self) -> None:
+        """The admission queue changed: the next write carries the whole line."""
+        self._queue_dirty = True
+
+    @property
+    def pending(self) -> bool:
+        """Changes are waiting for a write."""
+        return bool(self._jobs or self._groups or self._queue_dirty)
+
+    def push(self, groups, lookup: bool = False) -> None:
+        """Send each group's target membership to its controller, if it has one; never waits.
+        Inside a batch the pushes wait for the batch's write (target state first)."""
+        if self.deferred and not lookup:
+            self._pushes.update(dict.fromkeys(groups))
+            return
+        self._send(groups, lookup=lookup)
+
+    @contextlib.contextmanager
+    def batch(self, force: bool = False):
+        """Collect the changes of the body into one write: the outermost batch writes them when
+        it ends (``force``: also when nothing changed, so the waiters are released and a new
+        version published); a batch inside another (or inside :meth:`batched`) leaves the write
+        to it."""
+        outer, self.deferred = self.deferred, True
+        try:
+            yield
+        finally:
+            self.deferred = outer
+        if not outer:
+            self.flush(force=force)
+
+    @contextlib.contextmanager
+    def transaction(self):
+        """Roll the policy's table and the active records back when the body raises (e.g. the
+        checkpoint write failed): a state change that was not committed did not happen."""
+        saved = self.policy.igs.snapshot()
+        records = self.jobs.copy_active()
+        try:
+            yield
+        except Exception:
+            self.policy.igs = InterGroupScheduler.restore(self.policy.cluster, saved)
+            self.jobs.records = records
+            raise
+
+    def transaction_unless_batched(self):
+        """:meth:`transaction`, except inside a batch: a batch's failed write restores the last
+        written state instead, so no per-change copy is taken."""
+        return contextlib.nullcontext() if self.deferred else self.transaction()
+
+    # ---- the write
+    def flush(self, force: bool = False) -> None:
         """Write every change waiting (one checkpoint write), publish it as the next snapshot
         version, push the touched groups' controllers and release the batch's waiters. A failed
         write restores the last written state (nothing of the batch happened) and fails the waiters."""
-        jobs, groups = tuple(self._pending_jobs), tuple(self._pending_groups)
-        queue_changed, pushes, waiters = self._queue_dirty, tuple(self._pending_push), self._waiters
-        self._pending_jobs, self._pending_groups, self._pending_push, self._waiters = {}, {}, {}, []
+        jobs, groups = tuple(self._jobs), tuple(self._groups)
+        queue_changed, pushes, waiters = self._queue_dirty, tuple(self._pushes), self._waiters
+        self._jobs, self._groups, self._pushes, self._waiters = {}, {}, {}, []
         self._queue_dirty = False
         if not (force or jobs or groups or queue_changed or waiters):
             return
@@ -84,41 +182,55 @@ class CommitPart:
             self._write(jobs, groups, queue_changed)
         except Exception as e:
             log.exception("checkpoint write failed: the batch of %d waiting calls is undone", len(waiters))
-            self._reload()
+            self.reload()
             self._resolve(waiters, e)
             raise
         dropped, self._dropped = self._dropped, []
-        self._publish(jobs, groups, dropped, queue_changed)
-        self._push(pushes)
+        written, self._written = self._written or {}, None
+        self._publish(jobs, groups, dropped, queue_changed, written)
+        self.push(pushes)
         self._resolve(waiters, None)
 
-    def _reload(self) -> None:
-        """Back to the last written state after a failed write (the uncommitted changes never happened)."""
-        state = self.store.load()
-        if state is not None:
-            self._load_state(state)
-            self.queue.restore(state.get("queue"))
-        self.job_store.ended_since_prune = True
-        self.snapshots.publish_full()
+    def _delta(self, jobs: tuple = (), groups: tuple = (), dropped: tuple = (), queue: bool = False) -> dict:
+        """What one state change wrote: the given job records and groups (None: gone), the
+        policy's snapshot header, the records dropped from the table and, when
+        ``queue``, the whole admission queue (in the same record: one atomic put)."""
+        igs, records = self.policy.igs, self.jobs.records
+        return {"header": igs.snapshot_header(), "groups": {gid: igs.group_snapshot(gid) for gid in groups},
+                "jobs": {j: JobStore.stored(records[j]) for j in jobs if j in records}, "dropped": list(dropped),
+                **({"queue": self.line.snapshot()} if queue else {})}
 
     def _write(self, jobs: tuple = (), groups: tuple = (), queue: bool = False) -> None:
-        """Commit one state change: ONE write-ahead record (:class:`actors.scheduler.checkpoint.Checkpoint`)
-        carrying the changed job records and groups and, when ``queue``, the admission queue (a
-        crash before it: the change never happened; after it: it did). Records of ended jobs beyond MAX_FINISHED_RECORDS are
-        dropped in the same record. Raises (and the caller rolls back) when the store fails."""
-        drop = self.job_store.prune_candidates()  # only a change that ended a job can push them over the bound
+        """Commit one state change: ONE write-ahead record carrying the changed job records and
+        groups and, when ``queue``, the admission queue. Records of ended jobs beyond
+        MAX_FINISHED_RECORDS are dropped in the same record. Raises (and the caller rolls back)
+        when the store fails."""
+        drop = self.jobs.prune_candidates()  # only a change that ended a job can push them over the bound
         delta = self._delta(jobs, groups, drop, queue)
         self.store.append(delta)
         self._written = delta  # its header and group snapshots are published as they were written
-        self.job_store.drop(drop)
+        self.jobs.drop(drop)
         self._dropped.extend(drop)
         if self.store.wants_compaction():  # the change is committed: a failing compaction is retried later
             if self.compaction == "inline":
                 self.compactions_inline += 1
                 self._compact_now()
             else:  # off the reply path: the compactor thread (or the caller) runs compact_pending
-                self._compact_wake.set()
+                self.compact_wake.set()
 
+    def reload(self) -> None:
+        """Back to the last written state after a failed write (the uncommitted changes never happened)."""
+        state = self.store.load()
+        if state is not None:
+            load_state(self.policy, self.jobs, state)
+            self.line.restore(state.get("queue"))
+        self.jobs.ended_since_prune = True
+        self.snapshots.publish_full()
+
+    def full_state(self) -> dict:
+        return full_state(self.policy, self.jobs, self.line)
+
+    # ---- compaction
     def _compact_now(self) -> bool:
         """Write the state mirror as the new base; a failure is logged (the records stay)."""
         view = self.store.base_view()
@@ -128,14 +240,13 @@ class CommitPart:
             log.exception("checkpoint compaction failed; the write-ahead records stay and it is retried")
             return False
 
-    def compact_pending(self) -> bool:
-        """Compact the checkpoint log when a new base is due, off the reply path (the compactor
-        thread calls this when ``compaction="background"``; a caller with ``"manual"``). Holds
-        the scheduler's lock only to copy the state mirror's containers
-        (:meth:`actors.scheduler.checkpoint.Checkpoint.base_view`); encoding the base, its write and the
-        deletes of the records it covers run outside it, so no admission waits for them. True
-        when a base was written (counted in ``compactions_off_reply``)."""
-        with self._lock:
+    def compact_pending(self, lock) -> bool:
+        """Compact the checkpoint log when a new base is due, off the reply path. Holds ``lock``
+        (the scheduler's) only to copy the state mirror's containers
+        (:meth:`actors.scheduler.checkpoint.Checkpoint.base_view`); encoding the base, its write
+        and the deletes of the records it covers run outside it. True when a base was written
+        (counted in ``compactions_off_reply``)."""
+        with lock:
             if not self.store.wants_compaction():
                 return False
             view = self.store.base_view()
@@ -149,43 +260,18 @@ class CommitPart:
         self.compactions_off_reply += int(done)
         return done
 
-    def _compact_loop(self) -> None:
+    def compact_loop(self, stop: threading.Event, lock) -> None:
         """The compactor thread: waits for a write that made a base due, then compacts."""
-        while not self._stop.is_set():
-            self._compact_wake.wait(COMPACT_POLL_S)
-            self._compact_wake.clear()
-            if self._stop.is_set():
+        while not stop.is_set():
+            self.compact_wake.wait(COMPACT_POLL_S)
+            self.compact_wake.clear()
+            if stop.is_set():
                 return
-            self.compact_pending()
+            self.compact_pending(lock)
 
-    def _full_state(self) -> dict:
-        return {"header": self.igs.snapshot_header(),
-                "groups": {g.group_id: self.igs.group_snapshot(g.group_id) for g in self.igs.groups},
-                "jobs": self.job_store.snapshot(),
-                "queue": None if self.queue is None else self.queue.snapshot()}
-
-    def _load_state(self, state: dict) -> None:
-        """Rebuild the policy's table and the job records from a restored state (see
-        :meth:`actors.scheduler.checkpoint.Checkpoint.load`)."""
-        groups = [g for g in state["groups"].values() if g]
-        self.igs = InterGroupScheduler.restore(self.cluster, {**state["header"], "groups": groups})
-        self.job_store.load(state["jobs"])
-
-    @contextlib.contextmanager
-    def _transaction(self):
-        """Roll the policy's table and the active records back when the body raises (e.g. the
-        checkpoint write failed): a state change that was not committed did not happen."""
-        saved = self.igs.snapshot()
-        jobs = self.job_store.copy_active()
-        try:
-            yield
-        except Exception:
-            self.igs = InterGroupScheduler.restore(self.cluster, saved)
-            self.job_store.records = jobs
-            raise
-
+    # ---- group commit (the HTTP path)
     def _resolve(self, waiters: list, err: Optional[BaseException]) -> None:
-        version = self.version
+        version = self.snapshots.version
 
         def done(f) -> None:
             if not f.done():
@@ -194,49 +280,28 @@ class CommitPart:
         for f in waiters:  # each on its own event loop (the actor has one)
             f.get_loop().call_soon_threadsafe(done, f)
 
-    async def admit_batched(self, spec: dict, dry_run: bool = False, queue: bool = False,
-                            explain: str = "chosen") -> dict:
-        """:meth:`admit` with group commit (the HTTP path): the decision is taken at once, in
-        arrival order; its checkpoint write is shared with the other decisions of the batch
-        (collected for ``GROUP_COMMIT_WINDOW_S`` and while the previous write runs) and the call
-        returns once that write is done, with ``snapshot_version`` (the published version that
-        contains it). A failed write: code ``unavailable`` (nothing of the batch happened).
-        ``explain``: ``"chosen"`` (default) or ``"full"`` candidate list of an admission."""
-        out = await self._batched(self.admit, spec, dry_run, queue, explain)
-        if "unavailable" in out:
-            return {"job_id": spec.get("job_id") if isinstance(spec, dict) else None, "admitted": False,
-                    "code": Code.UNAVAILABLE, "reason": out["unavailable"]}
-        return out
-
-    async def admit_many(self, calls: list) -> list[dict]:
-        """Several :meth:`admit_batched` calls in ONE actor call (a Serve replica's batch of
-        ``POST /v1/jobs``: ``[[spec, dry_run, queue, explain], ...]``): decided one at a time in list
-        order, sharing the group commit's write; the answers in the same order."""
-        return list(await asyncio.gather(*(self.admit_batched(*c) for c in calls)))
-
-    async def depart_batched(self, job_id: str) -> Optional[dict]:
-        """:meth:`depart` with group commit (see :meth:`admit_batched`); ``{"unavailable": reason}``
-        when the batch's write failed (the departure did not happen)."""
-        return await self._batched(self.depart, job_id)
-
-    async def _batched(self, fn, *args):
+    async def batched(self, lock, fn, *args):
+        """``fn(*args)`` (a decision, under ``lock``) with its write shared with the other
+        decisions of the batch; its answer once that write is done, with ``snapshot_version``
+        (the published version that contains it). ``{"unavailable": reason}`` when the batch's
+        write failed (nothing of it happened)."""
         loop = asyncio.get_running_loop()
         self.snapshots.bind_loop(loop)
-        with self._lock:
-            self._defer = True
+        with lock:
+            self.deferred = True
             try:
                 out = fn(*args)
             finally:
-                self._defer = False
-            if not (self._pending_jobs or self._pending_groups or self._queue_dirty):
+                self.deferred = False
+            if not self.pending:
                 if isinstance(out, dict):
-                    out["snapshot_version"] = self.version
+                    out["snapshot_version"] = self.snapshots.version
                 return out
             fut = loop.create_future()
             self._waiters.append(fut)
             if not self._flush_scheduled:
                 self._flush_scheduled = True
-                loop.create_task(self._flush_soon())
+                loop.create_task(self._flush_soon(lock))
         try:
             version = await fut
         except Exception as e:  # the batch's write failed: nothing of it happened
@@ -245,12 +310,11 @@ class CommitPart:
             out["snapshot_version"] = version
         return out
 
-    async def _flush_soon(self) -> None:
+    async def _flush_soon(self, lock) -> None:
         await asyncio.sleep(GROUP_COMMIT_WINDOW_S)
-        with self._lock:
+        with lock:
             self._flush_scheduled = False
             try:
-                self._flush()
-            except Exception:  # logged by _flush; the waiters got the error
+                self.flush()
+            except Exception:  # logged by flush; the waiters got the error
                 pass
-

@@ -1,57 +1,84 @@
-"""The GlobalScheduler's re-optimisation part: departure re-packing and neighbourhood re-optimisation.
+"""The GlobalScheduler's re-optimiser: departure re-packing and neighbourhood re-optimisation.
 
 After a departure the scheduler calls the policy's re-packing (``InterGroupScheduler.repack``)
-and neighbourhood re-optimisation (``reoptimise``) in the departure's own write; an admission is
-re-optimised off the admission path: ``admit`` notes the job (:meth:`ReoptPart._note_admission`)
-and the reconcile thread's next pass calls :meth:`ReoptPart.reoptimise_pending` (``fresh`` only
-while the job's driver has not started: nothing to copy yet). Every committed move is appended
-to the moved job's record (``JobStore.record_moves``), checkpointed with both groups *before*
-the controllers hear of it, then pushed; the record keeps the move's drain off the job's old
-nodes (:mod:`rollmux.drain`: other groups' members are fenced off them until it stopped there).
-This part (:class:`ReoptPart`, mixed into ``GlobalSchedulerImpl``) owns the admissions waiting for
-re-optimisation (``_reopt_pending``) and the set-partitioning solvers (their layout caches live as
-long as the actor). The admissions' re-optimisation solves outside the scheduler's lock (plan, then
-commit if the neighbourhood is unchanged), so no admission or read waits for a solve.
+and neighbourhood re-optimisation (``reoptimise``) in the departure's own write
+(:meth:`Reoptimiser.departure_moves`); an admission is re-optimised off the admission path: the
+admission pipeline notes the job (:meth:`Reoptimiser.note_admission`) and the reconcile thread's
+next pass calls :meth:`Reoptimiser.reoptimise_pending` (``fresh`` only while the job's driver has
+not started: nothing to copy yet). Every committed move is appended to the moved job's record
+(:meth:`Reoptimiser.record_moves`, ``JobStore.record_moves``), checkpointed with both groups
+*before* the controllers hear of it, then pushed; the record keeps the move's drain off the job's
+old nodes (:mod:`actors.scheduler.drains`: other groups' members are fenced off them until it
+stopped there). :class:`Reoptimiser` owns the admissions waiting for re-optimisation and the
+set-partitioning solvers (their layout caches live as long as the actor). The admissions'
+re-optimisation solves outside the scheduler's lock (plan, then commit if the neighbourhood is
+unchanged), so no admission or read waits for a solve.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
+from typing import Callable, Optional
 
+from actors.scheduler.commit import Commit
+from actors.scheduler.job_store import JobStore
+from actors.scheduler.policy_ref import PolicyRef
 from rollmux.records import JobState, MoveRecord
 
 log = logging.getLogger("rollmux.scheduler")
 
-__all__ = ["ReoptPart"]
+__all__ = ["Reoptimiser", "touched_groups"]
 
 
-class ReoptPart:
-    """The re-optimisation methods of the GlobalScheduler (see the module docstring)."""
+def touched_groups(gid: str, done: list[MoveRecord]) -> list[str]:
+    """``gid`` and every group the moves ``done`` left or joined, in order, once each."""
+    return list(dict.fromkeys([gid] + [g for m in done for g in (m.from_group, m.to_group)]))
 
-    _opt = None  # the departures' OptimalPartition solver (built on first use; used under the lock)
-    _reopt_planner = None  # where the admissions' solves run (actors.scheduler.reopt_worker; built on first use)
-    reopt_worker = "thread"  # "thread" | "process" (the actor's default: a child process)
-    reopt_planned = 0  # re-optimisation solves run off the lock
-    reopt_applied = 0  # ... whose plan was committed
-    reopt_stale = 0  # ... whose neighbourhood changed before the commit (dropped)
 
-    def _note_admission(self, job_id: str, group_id: str) -> None:
-        self._reopt_pending[job_id] = group_id  # re-optimised by the reconcile thread, off the admission path
+class Reoptimiser:
+    """Re-packing and re-optimisation of one scheduler (see the module docstring).
 
-    def _solver(self):
+    Args:
+        policy / jobs / commit: the table, the records and the unit of work moves are written with.
+        has_controller: ``has_controller(group_id)``: the group's controller exists (a driver attached).
+        metrics: the metrics recorder.
+        lock: the scheduler's lock (held by :meth:`reoptimise_pending` only to capture and to commit).
+        worker: where the admissions' solves run (:mod:`actors.scheduler.reopt_worker`): ``"thread"``
+            or ``"process"``.
+    Raises:
+        ValueError: an unknown ``worker``.
+    """
+
+    def __init__(self, policy: PolicyRef, jobs: JobStore, commit: Commit, has_controller: Callable[[str], bool],
+                 metrics, lock, worker: str = "thread"):
+        if worker not in ("thread", "process"):
+            raise ValueError(f"reopt_worker must be 'thread' or 'process', not {worker!r}")
+        self.policy, self.jobs, self.commit, self.has_controller = policy, jobs, commit, has_controller
+        self.metrics, self.lock, self.worker = metrics, lock, worker
+        self.pending: dict[str, str] = {}  # admitted job -> its group, to re-optimise (reconcile thread)
+        self.forgotten: list[str] = []  # departed jobs the admissions' solver forgets at its next pass
+        self._opt = None  # the departures' OptimalPartition solver (built on first use; used under the lock)
+        self.planner_impl = None  # where the admissions' solves run (built on first use)
+        self.planned = 0  # re-optimisation solves run off the lock
+        self.applied = 0  # ... whose plan was committed
+        self.stale = 0  # ... whose neighbourhood changed before the commit (dropped)
+
+    def note_admission(self, job_id: str, group_id: str) -> None:
+        self.pending[job_id] = group_id  # re-optimised by the reconcile thread, off the admission path
+
+    def solver(self):
         """The set-partitioning solver of the policy's neighbourhood re-optimisation (its layout
         cache lives as long as this actor; departed jobs' layouts are dropped)."""
         if self._opt is None:
             from rollmux.baselines import OptimalPartition
 
-            cfg = self.igs.config
-            self._opt = OptimalPartition(self.cluster, max_group_size=cfg.max_group_size,
+            cfg = self.policy.config
+            self._opt = OptimalPartition(self.policy.cluster, max_group_size=cfg.max_group_size,
                                          exact_max_jobs=max(2, cfg.reopt_max_jobs), time_limit_s=2.0)
         return self._opt
 
-    def _record_moves(self, moves: list[dict], trigger: str, now: float) -> list[MoveRecord]:
+    def record_moves(self, moves: list[dict], trigger: str, now: float) -> list[MoveRecord]:
         """Append the policy's moves to the moved jobs' records (with the policy's predicted
         slowdown in the new group) and each move's drain off the job's old nodes
         (:mod:`rollmux.drain`; other groups' members are fenced off them until the job stopped
@@ -59,48 +86,54 @@ class ReoptPart:
         there (its old group never had a controller: no driver attached; or the job had not
         started, ``admitted``: no phase ran). ``now``: Unix time, s."""
         def settled(mv: dict) -> Optional[str]:
-            if not self.reconciler.has_controller(mv["from_group"]):
+            if not self.has_controller(mv["from_group"]):
                 return "no driver"
-            rec = self.job_store.get(mv["job_id"])
+            rec = self.jobs.get(mv["job_id"])
             return "not started" if rec is not None and rec.state == JobState.ADMITTED else None
 
-        return self.job_store.record_moves(
-            moves, trigger, now, lambda gid, jid: self.igs.group_stats(gid)["predicted_slowdowns"].get(jid), settled)
+        igs = self.policy.igs
+        return self.jobs.record_moves(
+            moves, trigger, now, lambda gid, jid: igs.group_stats(gid)["predicted_slowdowns"].get(jid), settled)
 
-    def _departure_moves(self, gid: str, job_id: str) -> list[dict]:
+    def departure_moves(self, gid: str, job_id: str) -> list[dict]:
         """The policy's moves after ``job_id`` left ``gid`` (inside the departure's transaction:
         :meth:`~rollmux.admission.InterGroupScheduler.after_departure`, SLO repair, re-packing and
         re-optimisation); a failed attempt is rolled back by the policy: no job moves."""
         try:
-            moves = list(self.igs.after_departure(gid, solver=self._solver()))
+            moves = list(self.policy.igs.after_departure(gid, solver=self.solver()))
         except Exception:  # the policy rolls a failed attempt back; the departure itself stands
             log.exception("departure re-packing after %s failed; no job moved", job_id)
             moves = []
         return moves
 
-    def _moved_metrics(self, touched: list[str], n_moves: int) -> None:
+    def moved_metrics(self, touched: list[str], n_moves: int) -> None:
         self.metrics.job_moves(n_moves)
         for g in touched:
-            if self.igs.group_snapshot(g) is None:
+            cost = self.policy.group_cost(g)
+            if cost is None:
                 self.metrics.group_dissolved(g)
             else:
-                self._cost_metrics(g)
+                self.metrics.group_cost(g, cost)
 
-    def _forget(self, job_id: str) -> None:
+    def forget(self, job_id: str) -> None:
         """A departed job's layouts leave both solvers' caches (the admissions' solver is the
         planner's: it forgets at the next solve, :meth:`reoptimise_pending`)."""
-        self._solver().forget(job_id)
-        self._reopt_forget.append(job_id)
-        del self._reopt_forget[:-4096]  # bounded: the planner's cache is dropped with its process anyway
+        self.solver().forget(job_id)
+        self.forgotten.append(job_id)
+        del self.forgotten[:-4096]  # bounded: the planner's cache is dropped with its process anyway
 
-    def _planner(self):
+    def planner(self):
         """Where the admissions' re-optimisation solves run (:mod:`actors.scheduler.reopt_worker`: this
-        thread, or a child process with ``reopt_worker="process"``); built on first use."""
-        if self._reopt_planner is None:
+        thread, or a child process with ``worker="process"``); built on first use."""
+        if self.planner_impl is None:
             from actors.scheduler.reopt_worker import make_planner
 
-            self._reopt_planner = make_planner(self.reopt_worker, self.cluster, self.igs.config)
-        return self._reopt_planner
+            self.planner_impl = make_planner(self.worker, self.policy.cluster, self.policy.config)
+        return self.planner_impl
+
+    def close(self) -> None:
+        if self.planner_impl is not None:
+            self.planner_impl.close()
 
     def reoptimise_pending(self) -> list[dict]:
         """Re-optimise the neighbourhoods of the admissions since the last call
@@ -112,49 +145,50 @@ class ReoptPart:
         The scheduler's lock is held only to capture each neighbourhood (O(groups)) and to
         commit a plan; the solve (:meth:`~rollmux.admission.InterGroupScheduler.plan_reoptimise`)
         runs outside it, so admissions and reads are never queued behind it. A plan whose
-        neighbourhood changed meanwhile is dropped (``reopt_stale`` counts them). Counters:
-        ``reopt_planned`` (solves run off the lock), ``reopt_applied`` (plans committed)."""
-        with self._lock:
-            pending, self._reopt_pending = self._reopt_pending, {}
+        neighbourhood changed meanwhile is dropped (``stale`` counts them). Counters:
+        ``planned`` (solves run off the lock), ``applied`` (plans committed)."""
+        with self.lock:
+            pending, self.pending = self.pending, {}
         out = []
         for jid in pending:
-            with self._lock:  # short: which neighbourhood, captured as values
-                rec = self.job_store.get(jid)
-                if rec is None or not rec.state.is_active() or self.igs.group_of(jid) is None:
+            with self.lock:  # short: which neighbourhood, captured as values
+                rec = self.jobs.get(jid)
+                igs = self.policy.igs
+                if rec is None or not rec.state.is_active() or igs.group_of(jid) is None:
                     continue
-                gid = self.igs.group_of(jid).group_id
+                gid = igs.group_of(jid).group_id
                 fresh = jid if rec.state == JobState.ADMITTED else None
-                hood = self.igs.reopt_neighbourhood(gid)
-                forget, self._reopt_forget = (self._reopt_forget, []) if hood is not None else ([], self._reopt_forget)
+                hood = igs.reopt_neighbourhood(gid)
+                forget, self.forgotten = (self.forgotten, []) if hood is not None else ([], self.forgotten)
             if hood is None:
                 continue
             try:  # the solve, off the lock: it reads only the captured neighbourhood
-                plan = self._planner().plan(hood, fresh, forget)
+                plan = self.planner().plan(hood, fresh, forget)
             except Exception:
                 log.exception("re-optimisation after admitting %s failed; no job moved", jid)
                 continue
-            self.reopt_planned += 1
+            self.planned += 1
             if plan is None:
                 continue
-            with self._lock:
-                rec = self.job_store.get(jid)
+            with self.lock:
+                rec = self.jobs.get(jid)
                 if fresh is not None and (rec is None or rec.state != JobState.ADMITTED):
-                    self.reopt_stale += 1  # the newcomer started meanwhile: its copy was not planned for
+                    self.stale += 1  # the newcomer started meanwhile: its copy was not planned for
                     continue
                 try:
-                    with self._transaction():  # one checkpoint write commits the moves; a failed write undoes them
-                        moves = self.igs.apply_reoptimise(plan)
+                    with self.commit.transaction():  # one checkpoint write commits the moves; a failed write undoes them
+                        moves = self.policy.igs.apply_reoptimise(plan)
                         if not moves:
-                            self.reopt_stale += 1  # the neighbourhood changed since it was captured
+                            self.stale += 1  # the neighbourhood changed since it was captured
                             continue
-                        done = self._record_moves(moves, jid, time.time())
-                        touched = list(dict.fromkeys([gid] + [g for m in done for g in (m.from_group, m.to_group)]))
-                        self._checkpoint(jobs=tuple(m.job_id for m in done), groups=tuple(touched))  # target state first
+                        done = self.record_moves(moves, jid, time.time())
+                        touched = touched_groups(gid, done)
+                        self.commit.mark(jobs=tuple(m.job_id for m in done), groups=tuple(touched))  # target state first
                 except Exception:  # the write failed: rolled back, nothing moved (a later admission retries)
                     log.exception("checkpoint of the re-optimisation after admitting %s failed; no job moved", jid)
                     continue
-                self.reopt_applied += 1
-                self._push(touched)
-                self._moved_metrics(touched, len(done))
+                self.applied += 1
+                self.commit.push(touched)
+                self.moved_metrics(touched, len(done))
                 out += [m.model_dump(mode="json") for m in done]
         return out

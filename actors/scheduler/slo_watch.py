@@ -1,9 +1,9 @@
-"""The GlobalScheduler's SLO-watch part: act on measured phase times (``profile_source: measured | blended``).
+"""The GlobalScheduler's SLO watch: act on measured phase times (``profile_source: measured | blended``).
 
 Each iteration report carries the job's own phase times; the job store folds them into the job's
 record (``measured_phases``, a sliding window, :class:`rollmux.measured.MeasuredPhases`; the
-record's one writer) and ``report`` notes the job (:meth:`SloPart._note_slo_check`). The
-reconcile thread's next pass (:meth:`SloPart.slo_watch_pending`) plans the job on its measured
+record's one writer) and ``report`` notes the job (:meth:`SloWatch.note`). The reconcile
+thread's next pass (:meth:`SloWatch.pending_pass`) plans the job on its measured
 profile (:meth:`rollmux.admission.InterGroupScheduler.update_profile`) and runs the policy's
 :func:`rollmux.admission.slo_watch.watch` on its group, predicting every member's slowdown against
 its realised solo time from the members' measured windows. A decision goes into the at-risk job's
@@ -20,65 +20,80 @@ from __future__ import annotations
 import logging
 import time
 
+from actors.scheduler.commit import Commit
+from actors.scheduler.job_store import JobStore
+from actors.scheduler.policy_ref import PolicyRef
+from actors.scheduler.reopt import Reoptimiser, touched_groups
 from rollmux import profiler
 from rollmux.admission.slo_watch import at_risk, predict_slowdowns, watch
 from rollmux.measured import differs
 
 log = logging.getLogger("rollmux.scheduler")
 
-__all__ = ["SloPart"]
+__all__ = ["SloWatch"]
 
 
-class SloPart:
-    """The SLO-watch methods of the GlobalScheduler (see the module docstring)."""
+class SloWatch:
+    """The SLO watch of one scheduler (see the module docstring).
 
-    def _note_slo_check(self, job_id: str) -> None:
-        cfg = self.igs.config
+    Args:
+        policy / jobs / commit: the table, the records and the unit of work a decision is written with.
+        reopt: records, checkpoints and counts the moves a decision makes.
+        metrics: the metrics recorder.
+        lock: the scheduler's lock (taken by :meth:`pending_pass`, which the reconcile thread calls).
+    """
+
+    def __init__(self, policy: PolicyRef, jobs: JobStore, commit: Commit, reopt: Reoptimiser, metrics, lock):
+        self.policy, self.jobs, self.commit, self.reopt, self.metrics, self.lock = policy, jobs, commit, reopt, metrics, lock
+        self.pending: dict[str, None] = {}  # jobs that reported since the last pass
+
+    def note(self, job_id: str) -> None:
+        igs = self.policy.igs
+        cfg = igs.config
         if cfg.profile_source != "worst_case":
-            pending = self.__dict__.setdefault("_slo_pending", {})
-            pending[job_id] = None
-            if self.igs.slo_guard is None:  # (again after a restore or a rolled-back transaction)
+            self.pending[job_id] = None
+            if igs.slo_guard is None:  # (again after a restore or a rolled-back transaction)
                 # re-packing and re-optimisation never form a group the watch would refuse (no oscillation)
-                self.igs.slo_guard = lambda g: not at_risk(g, self._predict(g), cfg.slo_watch_headroom)
+                igs.slo_guard = lambda g: not at_risk(g, self.predict(g), cfg.slo_watch_headroom)
 
-    def _predict(self, group) -> dict:
+    def predict(self, group) -> dict:
         """Predicted slowdown of every member of ``group`` on the members' measured windows."""
-        return predict_slowdowns(group, self._measured_samples(group.job_ids))
+        return predict_slowdowns(group, self.measured_samples(group.job_ids))
 
-    def _measured_samples(self, job_ids) -> dict:
+    def measured_samples(self, job_ids) -> dict:
         out = {}
         for j in job_ids:
-            rec = self.job_store.get(j)
+            rec = self.jobs.get(j)
             # a window shorter than measured_min_iterations is no profile yet: the member's planning profile stands in
             if rec is not None and rec.measured_phases is not None and \
-                    rec.measured_phases.n >= self.igs.config.measured_min_iterations:
+                    rec.measured_phases.n >= self.policy.config.measured_min_iterations:
                 out[j] = rec.measured_phases.iterations()
         return out
 
-    def slo_watch_pending(self) -> list[dict]:
+    def pending_pass(self) -> list[dict]:
         """Re-check the groups of the jobs that reported since the last call; returns the
         decisions taken (``slo_action`` dicts). Called by the reconcile thread every pass."""
         out = []
-        with self._lock:
-            pending = self.__dict__.get("_slo_pending") or {}
-            self._slo_pending = {}
-            cfg = self.igs.config
+        with self.lock:
+            pending, self.pending = self.pending, {}
+            cfg = self.policy.config
             for jid in pending:
-                rec = self.job_store.get(jid)
-                member = self.igs.member(jid)
+                igs = self.policy.igs  # (replaced when a decision's write failed and was rolled back)
+                rec = self.jobs.get(jid)
+                member = igs.member(jid)
                 if rec is None or not rec.state.is_active() or member is None:
                     continue
-                gid = self.igs.group_of(jid).group_id
-                predict = self._predict
-                prof = cfg.planning_profile(profiler.estimate(member.spec, self.cluster), rec.measured_phases)
-                if not differs(member.profile, prof) and not at_risk(self.igs.group(gid), predict(self.igs.group(gid)),
+                gid = igs.group_of(jid).group_id
+                predict = self.predict
+                prof = cfg.planning_profile(profiler.estimate(member.spec, self.policy.cluster), rec.measured_phases)
+                if not differs(member.profile, prof) and not at_risk(igs.group(gid), predict(igs.group(gid)),
                                                                      cfg.slo_watch_headroom):
                     continue  # nothing changed, nobody at risk: no write
                 try:
-                    with self._transaction():  # one write: the new planning profile, the moves, the record
-                        changed = differs(member.profile, prof) and self.igs.update_profile(jid, prof)
-                        act = watch(self.igs, gid, predict, headroom=cfg.slo_watch_headroom)
-                        target = self.job_store.get(act.job_id) if act is not None else None
+                    with self.commit.transaction():  # one write: the new planning profile, the moves, the record
+                        changed = differs(member.profile, prof) and igs.update_profile(jid, prof)
+                        act = watch(igs, gid, predict, headroom=cfg.slo_watch_headroom)
+                        target = self.jobs.get(act.job_id) if act is not None else None
                         prev = target.slo_action if target is not None else None
                         new = act is not None and not (prev and prev.get("action") == act.action == "slo_at_risk"
                                                        and prev.get("group_id") == act.group_id)
@@ -86,21 +101,21 @@ class SloPart:
                         done = []
                         if act is not None and new:
                             d = {k: v for k, v in act.to_dict().items() if k != "moves"} | {"at": time.time()}
-                            self.job_store.note_slo_action(target, d)
+                            self.jobs.note_slo_action(target, d)
                             if act.moves:
-                                done = self._record_moves(act.moves, act.job_id, d["at"])
-                                touched = list(dict.fromkeys([gid] + [g for m in done for g in (m.from_group, m.to_group)]))
+                                done = self.reopt.record_moves(act.moves, act.job_id, d["at"])
+                                touched = touched_groups(gid, done)
                             out.append(d)
                         if changed or (act is not None and new):
                             jobs = tuple(dict.fromkeys([jid] + ([act.job_id] if act is not None else [])
                                                        + [m.job_id for m in done]))
-                            self._checkpoint(jobs=jobs, groups=tuple(touched))
+                            self.commit.mark(jobs=jobs, groups=tuple(touched))
                 except Exception:  # rolled back by the transaction: nothing moved (the next report retries)
                     log.exception("SLO watch of %s failed; no job moved", jid)
                     continue
                 if act is not None and new:
                     self.metrics.slo_action(act.action)
                     if done:
-                        self._push(touched)
-                        self._moved_metrics(touched, len(done))
+                        self.commit.push(touched)
+                        self.reopt.moved_metrics(touched, len(done))
         return out

@@ -1,0 +1,314 @@
+"""The GlobalScheduler's admission pipeline: every admission goes through one sequence of named steps.
+
+In the manner of the Kubernetes scheduling framework (plugins run in order at named extension
+points; a plugin that answers ends the cycle), an admission is an :class:`Attempt` passed through
+:data:`STEPS`; a step either lets it go on (returns None) or ends it with the answer:
+
+==============  =====================================================================================
+step            what it does
+==============  =====================================================================================
+``validate``    the spec parses, its priority class exists, the id is not admitted / queued already
+                (the same spec again is answered with its original decision, ``replayed``)
+``dry_run``     a what-if ends here (:func:`rollmux.admission_queue.what_if`, nothing changes)
+``quota``       the tenant's quota (:mod:`rollmux.preemption`): refused, or queued
+``queue_gate``  queued jobs of its class or higher go first (:meth:`~rollmux.admission_queue.
+                AdmissionQueue.may_try_now`): a larger newcomer queues behind them
+``decide``      Alg. 1 (:meth:`rollmux.admission.InterGroupScheduler.decide`); a refusal other than
+                ``retry_later`` ends here
+``preempt``     a job that did not fit preempts the cheapest allowed set of lower-class jobs
+                (:class:`actors.scheduler.priority.PriorityRules`) and is decided again; one that
+                still does not fit is queued (``queue``) or refused
+``commit``      the policy commits the placement and the job store writes the record (one checkpoint
+                write, :class:`actors.scheduler.commit.Commit`; a failed write undoes it)
+``effects``     the controller push, re-optimisation noted for the reconcile thread, metrics
+==============  =====================================================================================
+
+The same steps run for a new arrival (:meth:`AdmissionPipeline.admit`), for a queued job tried
+again with preemption after the table changed (:meth:`AdmissionPipeline.retry`; it skips what
+only an arrival needs: the what-if, the queue gate and the first decision, since it did not fit
+at its last pass) and, from ``commit`` on, for a queued job the queue's drain admitted
+(:meth:`AdmissionPipeline.settle`): the end of an admission is written once.
+
+Answers are :meth:`rollmux.admission.AdmissionDecision.to_dict` dicts with the scheduler's own
+codes (``invalid``, ``duplicate``, ``queued``, ``queue_full``) besides the policy's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from pydantic import ValidationError
+
+from actors.scheduler.admission_queue import QueueService
+from actors.scheduler.commit import Commit
+from actors.scheduler.job_store import JobStore, spec_sha256
+from actors.scheduler.policy_ref import PolicyRef
+from actors.scheduler.priority import PriorityRules
+from actors.scheduler.reopt import Reoptimiser
+from rollmux.admission import AdmissionDecision
+from rollmux.admission_queue import QUEUE_AHEAD_REASON, QueuedJob, QueueFull, what_if
+from rollmux.codes import Code
+from rollmux.models import JobSpec
+from rollmux.preemption import retry_order
+from rollmux.records import JobRecord
+
+__all__ = ["AdmissionPipeline", "Attempt", "STEPS"]
+
+#: the steps of an admission, in order (see the module docstring)
+STEPS = ("validate", "dry_run", "quota", "queue_gate", "decide", "preempt", "commit", "effects")
+
+
+@dataclass
+class Attempt:
+    """One admission on its way through the pipeline: what was asked, and what the steps found."""
+
+    spec: Any  # the spec as asked (a dict from the HTTP face; the JobSpec of a queued job)
+    dry_run: bool = False  # evaluate only (nothing changes)
+    queue: bool = False  # a job that does not fit now waits in the admission queue instead of a refusal
+    explain: str = "full"  # "full" | "chosen": candidates listed in the answer
+    queued: Optional[QueuedJob] = None  # a queued job tried again: its place in the line
+    t0: float = field(default_factory=time.perf_counter)  # when the attempt began (latency), perf_counter s
+    job: Optional[JobSpec] = None  # the validated spec
+    sha: Optional[str] = None  # the spec's digest (a retry of the same spec is recognised by it)
+    decision: Optional[AdmissionDecision] = None  # the policy's last decision
+    out: Optional[dict] = None  # the answer as built so far
+    drained: bool = False  # the queue's drain committed it to the policy already (its group: ``committed``)
+    committed: Any = None  # the group the drain committed it to
+    preempted: Optional[list[str]] = None  # the jobs preempted for it
+    record: Optional[JobRecord] = None  # its record, once committed
+    scope: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # the write it is part of
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.out and self.out.get("admitted"))
+
+    @property
+    def retry_later(self) -> bool:
+        return bool(self.out and not self.out.get("admitted") and self.out.get("code") == Code.RETRY_LATER)
+
+
+class AdmissionPipeline:
+    """The admissions of one scheduler (see the module docstring).
+
+    Args:
+        policy / jobs / queue / commit: the table, the records, the admission queue and the
+            unit of work admissions are written with.
+        rules: quotas and preemption.
+        reopt: notes each admission for re-optimisation off the admission path.
+        metrics: the metrics recorder.
+    """
+
+    def __init__(self, policy: PolicyRef, jobs: JobStore, queue: QueueService, commit: Commit, rules: PriorityRules,
+                 reopt: Reoptimiser, metrics):
+        self.policy, self.jobs, self.queue, self.commit = policy, jobs, queue, commit
+        self.rules, self.reopt, self.metrics = rules, reopt, metrics
+        self.steps: list[tuple[str, Callable[[Attempt], Optional[dict]]]] = [(s, getattr(self, f"on_{s}")) for s in STEPS]
+
+    # ---- the three ways in
+    def admit(self, spec: Any, dry_run: bool = False, queue: bool = False, explain: str = "full") -> dict:
+        """A new arrival (or, ``dry_run``, its what-if): the answer (see the module docstring)."""
+        return self.run(Attempt(spec, dry_run=dry_run, queue=queue, explain=explain))
+
+    def retry(self, q: QueuedJob) -> dict:
+        """A queued job tried again with preemption (it did not fit at its last pass): its answer
+        (``admitted`` when it was); it keeps its place when it still does not fit."""
+        return self.run(Attempt(q.spec, queue=True, explain="chosen", queued=q, job=q.spec))
+
+    def settle(self) -> list[str]:
+        """After a change that freed room (a departure): admit queued jobs into it (in order, with
+        backfill, through Alg. 1: :meth:`rollmux.admission_queue.AdmissionQueue.drain`), then try
+        preemption again for queued jobs of a class above some running preemptible job
+        (:func:`rollmux.preemption.retry_order`); a queued job that can never fit ends as
+        ``failed`` with the reason. One checkpoint write. Returns the admitted job ids."""
+        if not len(self.queue):
+            return []
+        with self.commit.batch():
+            t0 = time.perf_counter()
+            res = self.queue.drain(self.policy.igs, self.rules.gate)
+            for q, d in res.admitted:
+                self.run(Attempt(q.spec, queued=q, job=q.spec, t0=t0, out=d.to_dict(), drained=True,
+                                 committed=self.policy.igs.group_of(q.job_id)), start="commit")
+            now = time.time()
+            for q, d in res.dropped:
+                self.jobs.left_queue_failed(q.job_id, q.spec.slo, q.enqueued_at, d.reason, now)
+                self.commit.mark(jobs=(q.job_id,))
+            more = self.retry_preemption()
+            self.queue.note_metrics()
+        return [q.job_id for q, _ in res.admitted] + more
+
+    def retry_preemption(self) -> list[str]:
+        """The first queued jobs of a class above some running preemptible job try preemption
+        again (the table changed). Returns the jobs admitted so."""
+        if not len(self.queue):
+            return []
+        started = []
+        for q in retry_order(self.queue.line.jobs(), self.rules.book().running.values()):
+            if q.job_id in self.queue and self.retry(q).get("admitted"):
+                started.append(q.job_id)
+        return started
+
+    def run(self, a: Attempt, start: str = STEPS[0]) -> dict:
+        """Pass ``a`` through the steps from ``start`` on; the first answer ends it. The write the
+        attempt's steps joined (a batch, a transaction) ends with it."""
+        with a.scope:
+            for name, step in self.steps[STEPS.index(start):]:
+                out = step(a)
+                if out is not None:
+                    return out
+        raise AssertionError("the effects step answers every admission that reached it")  # pragma: no cover
+
+    # ---- the steps (``on_<step>``)
+    def on_validate(self, a: Attempt) -> Optional[dict]:
+        if a.queued is not None:  # a queued job was validated when it arrived
+            return None
+        try:
+            a.job = JobSpec.model_validate(a.spec)
+        except ValidationError as e:
+            jid = a.spec.get("job_id") if isinstance(a.spec, dict) else None
+            return self.refusal(jid, Code.INVALID, f"invalid job spec: {e}", a)
+        bad = self.rules.class_refusal(a.job)
+        if bad:
+            return self.refusal(a.job.job_id, Code.INVALID, f"invalid job spec: {bad}", a)
+        a.sha = spec_sha256(a.job)
+        jid = a.job.job_id
+        old = self.jobs.get(jid)
+        if old is not None and old.state.is_active():
+            if old.spec_sha256 == a.sha and old.decision is not None:  # a retry: the original decision, again
+                now = self.jobs.view(old)  # with where the job is now (a re-packing may have moved it)
+                return {**old.decision, "group_id": now.group_id, "replayed": True,
+                        "placement": now.placement.model_dump(mode="json") if now.placement else None}
+            return self.refusal(jid, Code.DUPLICATE, f"job {jid!r} is already {old.state} with a different spec", a)
+        if jid in self.queue:
+            return self.refusal(jid, Code.DUPLICATE, f"job {jid!r} is already queued (position "
+                                f"{self.queue.line.position(jid)})", a)
+        return None
+
+    def on_dry_run(self, a: Attempt) -> Optional[dict]:
+        if not a.dry_run:
+            return None
+        # the same function answers the Serve replicas' dry-runs from their snapshot copy
+        return what_if(self.policy.igs, a.job, self.queue.held_gpus(), backfill=self.queue.line.backfill,
+                       queue=a.queue, explain=a.explain)
+
+    def on_quota(self, a: Attempt) -> Optional[dict]:
+        if a.queued is not None:  # gated by its tenant's quota: it keeps its place
+            return self.kept(a) if self.rules.gate(a.job) else None
+        v = self.rules.quota(a.job)
+        if v.ok:
+            return None
+        if a.queue and not v.never:
+            return self.enqueue(a, v.reason)
+        return self.refusal(a.job.job_id, Code.NEVER if v.never else Code.RETRY_LATER, v.reason, a)
+
+    def on_queue_gate(self, a: Attempt) -> Optional[dict]:
+        if a.queued is not None or self.queue.line.may_try_now(a.job):
+            return None
+        why = QUEUE_AHEAD_REASON(len(self.queue))  # queued jobs first: a larger newcomer waits behind them
+        return self.enqueue(a, why) if a.queue else self.refusal(a.job.job_id, Code.RETRY_LATER, why, a)
+
+    def on_decide(self, a: Attempt) -> Optional[dict]:
+        if a.queued is not None:  # it did not fit at its last pass: straight to preemption
+            return None
+        a.decision = self.policy.igs.decide(a.job)
+        a.out = a.decision.to_dict(a.explain)
+        if a.fits or a.retry_later:  # a higher class may preempt
+            return None
+        return self.not_admitted(a)
+
+    def on_preempt(self, a: Attempt) -> Optional[dict]:
+        if a.fits:
+            return None
+        plan = self.rules.plan(a.job)
+        if plan is None:  # nothing may be preempted for it
+            return self.kept(a) if a.queued is not None else self.not_admitted(a)
+        a.scope.enter_context(self.commit.batch(force=True))  # the preemptions and the admission: one write
+        if a.queued is not None:
+            self.queue.take(a.queued)
+        for v in plan.victims:
+            self.rules.preempt(v, a.job, plan.reason)
+        a.decision = self.policy.igs.decide(a.job)
+        a.out = a.decision.to_dict(a.explain)
+        a.preempted = plan.victim_ids
+        if a.fits:
+            return None
+        if a.queued is not None:  # it goes back to its place (same arrival time)
+            self.queue.put_back(a.queued, a.out.get("reason", ""))
+        elif a.queue and a.retry_later:
+            a.out = self.enqueue(a, a.out.get("reason", ""), a.out)
+        a.out["preempted"] = a.preempted
+        return a.out
+
+    def on_commit(self, a: Attempt) -> Optional[dict]:
+        # one checkpoint write commits it; a failed write undoes it (inside a batch the batch's failed
+        # write restores the last written state instead, so no per-admission copy is taken)
+        a.scope.enter_context(self.commit.transaction_unless_batched())
+        igs = self.policy.igs
+        grp = a.committed if a.drained else igs.commit(a.decision)
+        gid = a.out["group_id"] = grp.group_id if grp is not None else a.out["group_id"]
+        member = igs.member(a.job.job_id)
+        borrowed = self.rules.quota(a.job).borrowing  # beyond its tenant's quota: borrowed capacity
+        a.record = self.jobs.admitted(a.job, a.out, member.profile if member is not None else None, sha=a.sha,
+                                      queued=a.queued, borrowed=borrowed)
+        if a.queued is not None:
+            self.metrics.queue_wait(a.record.waited_s)
+        self.commit.mark(jobs=(a.job.job_id,), groups=(gid,))  # target state first, then act
+        return None
+
+    def on_effects(self, a: Attempt) -> Optional[dict]:
+        job, out = a.job, a.out
+        gid = out["group_id"]
+        self.reopt.note_admission(job.job_id, gid)
+        self.commit.push([gid])
+        self.metrics.admission(Code.OK.outcome, out.get("latency_ms", (time.perf_counter() - a.t0) * 1e3))
+        self.metrics.job(job.job_id, slo=job.slo, iterations=0)
+        cost = self.policy.group_cost(gid)
+        if cost is not None:
+            self.metrics.group_cost(gid, cost)
+        out["latency_ms"] = out.get("latency_ms", (time.perf_counter() - a.t0) * 1e3)
+        if a.preempted is not None:
+            out["preempted"] = a.preempted
+        return out
+
+    # ---- answers that end an admission early
+    def not_admitted(self, a: Attempt) -> dict:
+        """It does not fit (and nothing may be preempted for it): queued (``queue`` and
+        ``retry_later``) or refused with the policy's decision."""
+        if a.queue and a.retry_later:
+            return self.enqueue(a, a.out.get("reason", ""), a.out)
+        out = a.out
+        self.metrics.admission(Code(out["code"]).outcome if out.get("code") else "refused", out.get("latency_ms", 0.0))
+        return out
+
+    def enqueue(self, a: Attempt, reason: str, decision: Optional[dict] = None) -> dict:
+        """Hold the job in the admission queue (checkpointed with the queue); the answer is the
+        decision with code ``queued`` and ``queue_position``, or ``queue_full``."""
+        base = dict(decision or {})
+        try:
+            pos = self.queue.hold(a.job, reason)
+        except QueueFull as e:
+            out = self.refusal(a.job.job_id, Code.QUEUE_FULL, str(e), a)
+            return {**out, "candidates": base.get("candidates", []), "pruned": base.get("pruned", [])}
+        ms = (time.perf_counter() - a.t0) * 1e3
+        self.metrics.admission(Code.QUEUED.outcome, ms)
+        return {**base, "job_id": a.job.job_id, "admitted": False, "code": Code.QUEUED, "queued": True,
+                "queue_position": pos, "reason": f"queued at position {pos}: {reason}",
+                "latency_ms": base.get("latency_ms", ms), "policy": self.policy.igs.policy}
+
+    @staticmethod
+    def kept(a: Attempt) -> dict:
+        """The answer of a queued job tried again that keeps its place (nothing was tried: its
+        tenant's quota gates it, or nothing may be preempted for it)."""
+        return {"job_id": a.job.job_id, "admitted": False, "kept": True}
+
+    def refusal(self, job_id: Optional[str], code: Code, reason: str, a: Attempt) -> dict:
+        """A refusal of the scheduler itself (``invalid`` | ``duplicate`` | ...) as an
+        AdmissionDecision (counted in the metrics unless it answers a dry run)."""
+        ms = (time.perf_counter() - a.t0) * 1e3
+        if not a.dry_run:
+            self.metrics.admission(code.outcome, ms)
+        d = AdmissionDecision(job_id=job_id, admitted=False, code=code, reason=reason, policy=self.policy.igs.policy,
+                              delta_usd_per_h=None, latency_ms=ms)
+        return d.to_dict()
