@@ -69,6 +69,16 @@ def oldest_version(rollout: int, max_staleness: int) -> int:
     return max(0, rollout - max_staleness)
 
 
+def phase_version(phase: str, iteration: int, max_staleness: int) -> int:
+    """The policy version a phase of index ``iteration`` works with, as its permit carries it
+    (:class:`rollmux.messages.Grant` ``version``): a rollout's oldest allowed one
+    (:func:`oldest_version`; ``exact``: the one it uses), the version training ``iteration``
+    starts from (``iteration``), the version sync ``iteration`` publishes (``iteration + 1``)."""
+    if phase == "rollout":
+        return oldest_version(iteration, max_staleness)
+    return iteration + 1 if phase == "sync" else iteration
+
+
 def version_for(rollout: int, max_staleness: int, mode: str, published: int) -> int:
     """The policy version rollout ``rollout`` uses when versions ``0 .. published`` have been
     published to its rollout nodes: ``exact``: ``max(0, rollout - k)``; ``bounded`` (and

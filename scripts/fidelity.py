@@ -72,6 +72,9 @@ def parse_args(argv=None):
                          "own per-phase overhead at a few %% of a phase on a loaded 2-core machine; 40 keeps it under 1%%)")
     ap.add_argument("--no-run", action="store_true", help="only draw the jobs and replay them in the simulator")
     ap.add_argument("--stochastic", action="store_true", help="seeded long-tailed lengths (8 samples per job, cycled)")
+    ap.add_argument("--async-share", type=float, default=0.0,
+                    help="share of the jobs made asynchronous (rollmux.workloads.assign_async, the seed's draw)")
+    ap.add_argument("--max-staleness", type=int, default=1, help="staleness bound k of the asynchronous jobs")
     ap.add_argument("--cluster", default=str(ROOT / "configs" / "cluster_emulated.yaml"))
     ap.add_argument("--config", default=None, help="scheduler settings (default configs/scheduler.yaml)")
     ap.add_argument("--poll-s", type=float, default=0.25, help="wall seconds between the runtime's group polls")
@@ -91,6 +94,10 @@ def build_jobs(args, cluster, real) -> tuple[list, dict]:
     trace = DEFAULT_TRACE if DEFAULT_TRACE.is_file() else EXTRACT_TRACE
     tjobs = load_trace(trace, TraceWindow(max_jobs=args.jobs, min_duration_s=60.0))
     jobs = draw_jobs(tjobs, cluster, mix=args.mix, seed=args.seed)
+    if args.async_share:  # the same asynchronous jobs on both sides
+        from rollmux.workloads import assign_async
+
+        jobs = assign_async(jobs, args.async_share, max_staleness=args.max_staleness, seed=args.seed)
     iters, solo = {}, {}
     for j in jobs:
         solo[j.spec.job_id] = real.solo_time_s(j.spec)
@@ -359,6 +366,7 @@ def main(argv=None) -> int:
         terms = job_terms(r, factor, real.mean_profile(j.spec).t_sync_s)
         per_job[jid] = {
             "job_type": j.job_type, "category": j.category, "iterations": n, "arrival_model_s": j.arrival_s,
+            "max_staleness": j.spec.max_staleness, "staleness_mode": j.spec.staleness_mode,
             "solo_iteration_s": solo, "iteration_s_runtime": it_rt, "iteration_s_simulator": it_sim,
             "error": err, "slowdown_runtime": it_rt / solo, "slowdown_simulator": o.slowdown, "slo": j.spec.slo,
             "slo_met_runtime": it_rt / solo <= j.spec.slo * (1 + 1e-6), "slo_met_simulator": o.slo_met,
@@ -396,6 +404,7 @@ def main(argv=None) -> int:
     result = {
         "summary": summary,
         "settings": {"jobs": args.jobs, "mix": args.mix, "seed": args.seed, "stochastic": args.stochastic,
+                     "async_share": args.async_share, "max_staleness": args.max_staleness,
                      "iterations_range": [args.min_iterations, args.max_iterations], "arrival_span": args.arrival_span,
                      "cluster": repo_label(args.cluster), "emulation": em.model_dump(),
                      "scheduler": {k: v for k, v in cfg.model_dump().items()

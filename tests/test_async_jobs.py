@@ -360,3 +360,48 @@ def test_lower_bound_covers_async_jobs():
         exact = OptimalPartition(c, exact_max_jobs=16, time_limit_s=5.0).solve(ms)
         assert exact.exact
         assert lp_lower_bound(OptimalPartition(c), ms).bound_usd_per_h <= exact.cost_usd_per_h + 1e-6
+
+
+# --- the runtime's ledger (pure) --------------------------------------------------------------------
+
+def test_ledger_grants_an_async_jobs_two_streams_at_once_with_versions():
+    """An async member (k = 1) beside a synchronous one: its rollout 1 is granted while its
+    training 0 holds the training node; every grant carries the version it works with; a move
+    drains the pipeline (no rollout ahead) and takes effect at the iteration boundary."""
+    from rollmux.group_ledger import GroupLedger, PermitError
+    from rollmux.messages import PhaseRecord
+
+    t = [0.0]
+    led = GroupLedger("g", clock=lambda: t[0], lease_s=0)
+    led.add("A", ["r0"], ["t0"], max_staleness=1)
+    led.add("B", ["r1"], ["t1"])
+    ok = PhaseRecord(ok=True)
+
+    def grant(j, ph, it):
+        g = led.try_grant(j, ph, it, t[0])
+        assert g is not None, (j, ph, it)
+        return g
+
+    r0 = grant("A", "rollout", 0)
+    assert r0.version == 0 and led.try_grant("A", "train", 0, 0.0) is None  # training 0 waits for rollout 0
+    led.release(r0, ok)
+    t0, r1 = grant("A", "train", 0), grant("A", "rollout", 1)  # both streams at once
+    assert (t0.version, r1.version) == (0, 0)
+    assert set(led.grants) == {("A", "train"), ("A", "rollout")}
+    with pytest.raises(PermitError, match="asked for sync"):
+        led.try_grant("A", "sync", 0, 0.0)  # its training runs: the sync is not next yet
+    led.release(r1, ok)
+    assert led.try_grant("A", "rollout", 2, 0.0) is None  # rollout 2 waits for sync 0 (version 1)
+    led.release(t0, ok)
+    s0 = grant("A", "sync", 0)
+    assert s0.version == 1
+    led.release(s0, ok)
+    assert led.members["A"].iterations_done == 1
+    assert grant("B", "rollout", 0).version == 0  # a synchronous member as before
+    # a move: no rollout ahead is granted; the job leaves once its pipeline has drained
+    assert led.remove("A", "moved to group-9") and "A" in led.moving
+    assert led.try_grant("A", "rollout", 2, 0.0) is None
+    t1 = grant("A", "train", 1)
+    led.release(t1, ok)
+    led.release(grant("A", "sync", 1), ok)
+    assert led.gone["A"] == "moved to group-9" and not led.is_queued("A")
