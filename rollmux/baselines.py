@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Optional, Sequence
 
 from rollmux import profiler
@@ -757,7 +757,14 @@ def realised(unit_fn: Callable[[JobSpec, ClusterSpec], Unit]) -> Callable[..., U
 
 
 def _solo(job: JobSpec, cluster: ClusterSpec, real) -> Unit:
-    return solo_unit(job, real.mean_profile(job), cluster)
+    u = solo_unit(job, real.mean_profile(job), cluster)
+    t, t0 = real.solo_time_s(job), u.iter_time_s[job.job_id]
+    if t == t0:
+        return u
+    # an asynchronous job's sampled iterations pipeline alone (Realisation.solo_time_s): its Solo-D
+    # runs at that time, the same busy GPU-seconds per iteration
+    return replace(u, iter_time_s={job.job_id: t}, rollout_busy_gpus=u.rollout_busy_gpus * t0 / t,
+                   train_busy_gpus=u.train_busy_gpus * t0 / t)
 
 
 #: The per-job baselines' allocations by the ``unit`` name of their :class:`rollmux.policies.PolicySpec`:

@@ -200,6 +200,8 @@ class _PlainRuntime:
                 weights = call_phase(prog.phases["sync"], "sync", tstate, args, kwargs, None)
                 if k > 0:  # published: the rollout that is due applies it (its own thread may run now)
                     with self._held_lock:
+                        if job.spec.staleness_mode != "exact":  # bounded: only the newest is ever used
+                            self.held.clear()
                         self.held[it + 1] = weights
                 elif prog.apply is not None:
                     prog.apply(rstate, weights)
@@ -502,17 +504,16 @@ class Job:
         with ThreadPoolExecutor(1, thread_name_prefix=f"rollmux-rollouts-{self.job_id}") as ex:
             ahead: deque = deque()
             nxt = 0
-            for n, it in enumerate(its):
-                while nxt < len(its) and nxt <= n + k:
-                    ahead.append(ex.submit(rollout, its[nxt]))
-                    nxt += 1
-                try:
+            try:
+                for n, it in enumerate(its):
+                    while nxt < len(its) and nxt <= n + k:
+                        ahead.append(ex.submit(rollout, its[nxt]))
+                        nxt += 1
                     samples = ahead.popleft().result()
-                except BaseException:
-                    for f in ahead:
-                        f.cancel()
-                    raise
-                yield it, samples
+                    yield it, samples
+            finally:  # a rollout failed, or the loop ended early: the rollouts not started never run
+                for f in ahead:
+                    f.cancel()
 
     def fail(self, error: BaseException | str) -> None:
         """Report the job failed: resources are released; group-mates keep iterating."""

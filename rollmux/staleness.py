@@ -56,6 +56,14 @@ def solo_iteration_s(t_roll_s: float, t_train_s: float, t_sync_s: float, max_sta
     return max(t_roll_s, t_train_s + t_sync_s)
 
 
+def pipeline_fill_s(t_roll_s: float, t_train_s: float, t_sync_s: float, max_staleness: int) -> float:
+    """The one-off time an asynchronous job's first iteration takes beyond its steady solo
+    iteration, seconds: ``min(t_roll_s, t_train_s + t_sync_s)`` (the pipeline fills: its first
+    iteration takes ``R + T + S``); 0 for a synchronous job. Alone, ``n`` iterations take
+    ``n x solo_iteration_s + pipeline_fill_s``."""
+    return (t_roll_s + t_train_s + t_sync_s) - solo_iteration_s(t_roll_s, t_train_s, t_sync_s, max_staleness)
+
+
 def gating_sync(rollout: int, max_staleness: int) -> Optional[int]:
     """The sync that must have ended before rollout ``rollout`` starts: ``rollout - k - 1``
     (it publishes version ``rollout - k``, the oldest the rollout may use); None when no sync is

@@ -7,7 +7,8 @@ real runtime on emulated accelerators, side by side.
    (32 x 8 H20 rollout + 32 x 8 H800 training nodes). Each job's work is a whole number of
    iterations (its trace duration over its solo iteration time, clamped to
    ``[--min-iterations, --max-iterations]``; its duration is then that many solo iterations, on
-   both sides). Arrivals are the trace's, rescaled so that the last one is at ``--arrival-span``
+   both sides; an asynchronous job's, ``--async-share``, also its pipeline fill,
+   :func:`rollmux.staleness.pipeline_fill_s`). Arrivals are the trace's, rescaled so that the last one is at ``--arrival-span``
    x the mean solo lifetime (so that the jobs overlap), at least ``--min-gap-model-s`` apart.
 2. Simulator: :func:`rollmux.sim.simulator.replay` of the policy ``rollmux`` with the scheduler
    settings of ``configs/scheduler.yaml`` (the file the GlobalScheduler reads), deterministic
@@ -98,9 +99,13 @@ def build_jobs(args, cluster, real) -> tuple[list, dict]:
         from rollmux.workloads import assign_async
 
         jobs = assign_async(jobs, args.async_share, max_staleness=args.max_staleness, seed=args.seed)
-    iters, solo = {}, {}
+    from rollmux.staleness import pipeline_fill_s
+
+    iters, solo, fill = {}, {}, {}
     for j in jobs:
         solo[j.spec.job_id] = real.solo_time_s(j.spec)
+        p = real.mean_profile(j.spec)  # an asynchronous job's first iteration fills its pipeline
+        fill[j.spec.job_id] = pipeline_fill_s(p.t_roll_s, p.t_train_s, p.t_sync_s, j.spec.max_staleness)
         iters[j.spec.job_id] = int(min(args.max_iterations, max(args.min_iterations,
                                                                 round(j.duration_s / solo[j.spec.job_id]))))
     mean_life = statistics.mean(iters[k] * solo[k] for k in iters)
@@ -110,7 +115,8 @@ def build_jobs(args, cluster, real) -> tuple[list, dict]:
     for j in jobs:
         a = max((j.arrival_s - first) * scale, prev + args.min_gap_model_s) if prev > -math.inf else 0.0
         prev = a
-        out.append(replace(j, arrival_s=round(a, 3), duration_s=iters[j.spec.job_id] * solo[j.spec.job_id]))
+        out.append(replace(j, arrival_s=round(a, 3),
+                           duration_s=iters[j.spec.job_id] * solo[j.spec.job_id] + fill[j.spec.job_id]))
     return out, iters
 
 

@@ -95,6 +95,8 @@ class SyncSession:
         with self._lock:
             self.pending = pw
             if self.max_staleness and pw.version is not None:
+                if self.mode != "exact":  # bounded: only the newest is ever used (rollmux.staleness.weight_copies)
+                    self.held.clear()
                 self.held[pw.version] = pw
 
     def take_due(self, rollout: int, cold: bool) -> tuple[Optional[dict], Optional[int]]:
