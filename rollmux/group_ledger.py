@@ -39,9 +39,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Union
+from typing import Callable, Optional
 
 from rollmux.intra_group import LongTailPolicy
+from rollmux.ledger_effects import Effect, JobLeft, PhaseSwitched, Report, SyncBytes, TimelineChanged
 from rollmux.messages import AbortOutcome, Grant, PhaseRecord, ProgressReport, RuntimeEvent, EventKind, TailDecision
 from rollmux.models import pool_of_phase
 from rollmux.round_robin import RoundRobinQueues
@@ -107,50 +108,6 @@ class _Held:
     started: bool = False  # the worker began the phase (the lease then waits for its release)
     migrated: bool = False  # a long-tail decision was taken for this rollout
 
-
-# ---- effects: what the actor must do for the ledger (typed; carried out by GroupController._apply)
-@dataclass(frozen=True)
-class Report:
-    """Send ``message`` about ``job_id`` to the GlobalScheduler (fire and forget)."""
-
-    job_id: str
-    message: Union[RuntimeEvent, ProgressReport]
-
-
-@dataclass(frozen=True)
-class JobLeft:
-    """The job left this group: its per-job totals in the group's metrics go (it may come back)."""
-
-    job_id: str
-
-
-@dataclass(frozen=True)
-class TimelineChanged:
-    """The group's occupancy records changed (``metrics.group_timeline``)."""
-
-    group_id: str
-    records: list  # one per phase and node: pool, node, start_s, end_s, gpus (s since the ledger started)
-    nodes: dict  # pool -> {node: GPUs}
-    window: tuple[float, float]  # the group's lifetime so far, s since the ledger started
-
-
-@dataclass(frozen=True)
-class PhaseSwitched:
-    """A phase started its state: ``kind`` warm | cold | moved, ``seconds`` its start-up time."""
-
-    kind: str
-    seconds: float
-
-
-@dataclass(frozen=True)
-class SyncBytes:
-    """A sync of ``job_id`` sent ``nbytes`` bytes across the pool boundary."""
-
-    job_id: str
-    nbytes: int
-
-
-Effect = Union[Report, JobLeft, TimelineChanged, PhaseSwitched, SyncBytes]
 
 
 class GroupLedger:

@@ -77,7 +77,7 @@ from rollmux.phase_state import (  # noqa: F401  (re-exported: the phase API's p
     one_thread, parallel, restore_state, split_state, state_resume, state_suspend,
 )
 from rollmux.records import JobState
-from rollmux.staleness import StalenessError, check_version, oldest_version, version_for
+from rollmux.staleness import StalenessError, oldest_version, version_for
 from rollmux.sync_plan import SYNC_BACKENDS
 
 log = logging.getLogger("rollmux.phase_api")
