@@ -83,7 +83,7 @@ def what_if(sched: "InterGroupScheduler", spec: JobSpec, held_gpus: list[int], *
         from rollmux.admission import AdmissionDecision
 
         return AdmissionDecision(job_id=spec.job_id, admitted=False, code=Code.INVALID, reason=f"invalid job spec: {bad}",
-                                 policy=sched.policy, delta_usd_per_h=None,
+                                 policy=sched.policy, delta_usd_per_h=None, field="priority_class",
                                  latency_ms=(time.perf_counter() - t0) * 1e3).to_dict()  # type: ignore[arg-type]
     if not may_try_now(spec, held_gpus, backfill):
         from rollmux.admission import AdmissionDecision

@@ -48,8 +48,10 @@ def simulate(
     vc: Optional[str] = typer.Option(None, "--vc", help="keep one Philly virtual cluster (cluster column)"),
     slo_min: float = typer.Option(1.0, "--slo-min", help="SLO ~ U(slo-min, slo-max)"),
     slo_max: float = typer.Option(2.0, "--slo-max"),
-    config: Path = typer.Option(None, "--config", help="scheduler settings YAML, the file the cluster's GlobalScheduler "
-                                "reads \\[default: configs/scheduler.yaml]; the flags below override a copy"),
+    config: Path = typer.Option(None, "--config", envvar="ROLLMUX_SCHEDULER_CONFIG",
+                                help="scheduler settings YAML, the file the cluster's GlobalScheduler reads (`rollmux up "
+                                "--scheduler-config`) \\[default: configs/scheduler.yaml]; the flags below override a "
+                                "copy; recorded in summary.json's meta"),
     max_group_size: Optional[int] = typer.Option(None, "--max-group-size", min=1, max=16,
                                                  help="jobs per co-execution group \\[default: the config's]"),
     exact_max_jobs: int = typer.Option(16, "--exact-max-jobs", min=1, max=64,

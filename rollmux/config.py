@@ -8,6 +8,7 @@ documents them.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional, TypeVar
 
@@ -45,13 +46,31 @@ class ConfigError(ValueError):
     """A configuration file is missing, not YAML, or fails validation (message names the field)."""
 
 
+class ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's booleans: only ``true`` / ``false`` (``True``, ``TRUE``,
+    ...) are booleans. PyYAML follows YAML 1.1, which also reads ``on`` / ``off`` / ``yes`` / ``no``
+    / ``y`` / ``n`` as booleans, so a value documented as ``off`` (``per_job_allocations: off``,
+    ``saturation: off``) arrived as ``False`` and was refused. Here such words stay the strings
+    written; a boolean setting still accepts them (pydantic reads ``on`` / ``off`` / ``yes`` / ``no``
+    as booleans), and any other setting sees exactly the word in the file."""
+
+
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+ConfigLoader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+
 def read_yaml(path: str | Path) -> Any:
-    """Parse a YAML file. Raises :class:`ConfigError` when missing or malformed."""
+    """Parse a YAML file (YAML 1.2 booleans: :class:`ConfigLoader`). Raises :class:`ConfigError`
+    when missing or malformed."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        return yaml.safe_load(p.read_text())
+        return yaml.load(p.read_text(), Loader=ConfigLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as e:  # pragma: no cover - message passthrough
         raise ConfigError(f"{p}: not valid YAML: {e}") from e
 
@@ -151,6 +170,12 @@ class ServeConfig(BaseModel):
             more get 429 with ``Retry-After``. Requests with the token are not limited.
         open_read_burst: the bucket's size (requests a client may send at once).
         cluster_spec: cluster YAML the GlobalScheduler plans for.
+        scheduler_config: scheduler settings YAML the GlobalScheduler runs with
+            (:class:`rollmux.admission.SchedulerConfig`: tenant quotas, priority classes, ...;
+            ``None`` = ``configs/scheduler.yaml``); ``rollmux up --scheduler-config`` or env
+            ``ROLLMUX_SCHEDULER_CONFIG``. Validated before anything starts; a scheduler restored
+            from its checkpoint keeps the checkpoint's settings, so ``up`` refuses a given file
+            that differs from them.
         state_dir: where ``rollmux up`` keeps its state file, token and checkpoint.
         checkpoint_path: scheduler checkpoint directory (default ``<state_dir>/checkpoint``).
         scheduler_name: Ray name of the GlobalScheduler actor (``None`` = the contract's default in
@@ -188,6 +213,7 @@ class ServeConfig(BaseModel):
     open_read_rate_per_s: float = Field(default=50.0, gt=0, le=1_000_000, allow_inf_nan=False)
     open_read_burst: int = Field(default=100, ge=1, le=1_000_000)
     cluster_spec: Path = CONFIG_DIR / "cluster_local.yaml"
+    scheduler_config: Optional[Path] = None
     state_dir: Path = Path("~/.rollmux")
     checkpoint_path: Optional[Path] = None
     scheduler_name: Optional[str] = None
@@ -208,7 +234,7 @@ class ServeConfig(BaseModel):
     ray_token_file: Optional[Path] = None
     ray_address: Optional[str] = Field(default=None, min_length=1)
 
-    @field_validator("state_dir", "token_file", "ray_token_file", "checkpoint_path", "cluster_spec")
+    @field_validator("state_dir", "token_file", "ray_token_file", "checkpoint_path", "cluster_spec", "scheduler_config")
     @classmethod
     def _expand(cls, v: Optional[Path]) -> Optional[Path]:
         if v is None:

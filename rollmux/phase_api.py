@@ -72,6 +72,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Literal, Optional
 
 from rollmux.models import JobSpec, PhaseName, PoolName
+from rollmux.phase_core import PhaseCore
 from rollmux.phase_state import (  # noqa: F401  (re-exported: the phase API's public names)
     PHASES, POOL_OF_PHASE, AdmissionRefused, ParallelContext, PhaseFailed, RuntimeHook, call_phase, is_resident,
     one_thread, parallel, restore_state, split_state, state_resume, state_suspend,
@@ -189,7 +190,7 @@ class _PlainRuntime:
         job, prog = self.job, self.job.program
         it = job.iteration if index is None else index
         k = job.spec.max_staleness
-        prog.emit({"event": "granted", "job_id": job.job_id, "phase": phase, "iteration": it})
+        job.core.granted(phase, it)
         t0 = time.time()
         extra: dict = {}
         if phase == "sync":
@@ -243,6 +244,18 @@ class _PlainRuntime:
         return v
 
     def finish(self, ok: bool, error: Optional[str]) -> None:
+        """The job ended: its resident values (engines) are closed, as a worker closes them when a
+        scheduled job leaves it (a vLLM engine's processes would otherwise outlive the job)."""
+        from rollmux.phase_state import is_resident
+
+        for st in list(self.states.values()):
+            for v in (st.values() if isinstance(st, dict) else ()):
+                close = getattr(v, "close", None)
+                if is_resident(v) and callable(close):
+                    try:
+                        close()
+                    except Exception:  # closing is best effort; the job's result stands
+                        log.debug("closing a resident value failed", exc_info=True)
         self.states.clear()
 
     def permit_backend(self):
@@ -306,13 +319,10 @@ class Job:
         self.attach_job_id = job_id or os.environ.get("ROLLMUX_JOB_ID") or None
         self.program = JobProgram(hooks=list(_PENDING_HOOKS))  # what the runtimes read
         _PENDING_HOOKS.clear()
-        self.iteration = 0  # the job's iteration count: its one owner (grants and records carry copies)
-        self.rollouts = 0  # rollouts run (an asynchronous job's rollout stream runs up to k ahead)
-        self.version = 0  # the newest policy version published (syncs done; rollmux.staleness)
-        # the driver's local view of its lifecycle (the scheduler's enum, :class:`JobState`):
-        # admitted -> running -> finished | failed, changed only by JobState transitions
-        self.lifecycle: JobState = JobState.ADMITTED
-        self.error: Optional[str] = None
+        # the one writer of the driver's lifecycle, iteration count, rollout count and published
+        # policy version, for @job.phase and permits alike
+        self.core = PhaseCore(lambda: self.job_id, lambda: self.program.phases, lambda: self.program.last_phase,
+                              self.program.emit, lambda ok, error: self._runtime.finish(ok, error))
         self._lock = threading.Lock()
         # an asynchronous job's rollout stream runs beside its training stream: one lock each
         self._locks = {"rollout": threading.Lock() if self.spec.max_staleness else self._lock, "train": self._lock}
@@ -323,6 +333,32 @@ class Job:
     @property
     def job_id(self) -> str:
         return self.attach_job_id or self.spec.job_id
+
+    @property
+    def lifecycle(self) -> JobState:
+        """The driver's view of its lifecycle (the scheduler's :class:`JobState`): admitted ->
+        running -> finished | failed (written by :attr:`core` only)."""
+        return self.core.lifecycle
+
+    @property
+    def iteration(self) -> int:
+        """Iterations done (written by :attr:`core` only; grants and records carry copies)."""
+        return self.core.iteration
+
+    @property
+    def rollouts(self) -> int:
+        """Rollouts done (an asynchronous job runs them up to its staleness bound ahead; :attr:`core`)."""
+        return self.core.rollouts
+
+    @property
+    def version(self) -> int:
+        """The newest policy version the job published (syncs done; :attr:`core`, rollmux.staleness)."""
+        return self.core.version
+
+    @property
+    def error(self) -> Optional[str]:
+        """``"<Type>: <message>"`` of the job's failure; None unless it failed."""
+        return self.core.error
 
     @property
     def mode(self) -> str:
@@ -447,41 +483,25 @@ class Job:
         return PermitScope(self, phase, offload=offload, empty=empty)
 
     # ---- running
-    def _emit(self, event: dict) -> None:
-        self.program.emit(event)
-
     def run_phase(self, name: PhaseName, *args, **kwargs) -> Any:
-        """Run one phase now (blocking): permit, warm start, run, offload, release.
+        """Run one phase now (blocking): permit, warm start, run, offload, release
+        (:meth:`rollmux.phase_core.PhaseCore.phase` around the runtime's run).
 
         Raises: PhaseFailed if the job is finished/failed or the phase was never registered;
         any exception raised by the phase function itself (the job is then reported failed).
         """
-        if self.lifecycle.is_ended():
-            raise PhaseFailed(f"job {self.job_id!r} is {self.lifecycle}; no more phases")
-        if name not in self.program.phases:
-            raise PhaseFailed(f"job {self.job_id!r}: no @job.phase({name!r}) registered")
         k = self.spec.max_staleness
         with self._locks[POOL_OF_PHASE[name]]:
-            index = self.rollouts if name == "rollout" else self.iteration
-            if name == "rollout" and k > 0 and self.program.has_sync and self.version < oldest_version(index, k):
+            core = self.core
+            index = core.rollouts if (name == "rollout" and k > 0) else core.iteration
+            if name == "rollout" and k > 0 and self.program.has_sync and core.version < oldest_version(index, k):
                 err = StalenessError(f"job {self.job_id!r}: rollout {index} needs policy version >= "
-                                     f"{oldest_version(index, k)} (staleness bound {k}); published: {self.version}")
-                self.fail(err)
+                                     f"{oldest_version(index, k)} (staleness bound {k}); published: {core.version}")
+                core.check(name)
+                core.fail(err)
                 raise err  # refused before its permit: it would break the job's bound
-            self.lifecycle = self.lifecycle.advance(JobState.RUNNING)
-            try:
-                result = self._runtime.run(name, args, kwargs, index)
-            except BaseException as e:
-                self.fail(e)
-                raise
-            self._emit({"event": "done", "job_id": self.job_id, "phase": name, "iteration": index})
-            if name == "rollout":
-                self.rollouts += 1
-            if name == "sync":
-                self.version = index + 1
-            if name == self.program.last_phase:
-                self.iteration += 1
-            return result
+            with core.phase(name, index):
+                return self._runtime.run(name, args, kwargs, index)
 
     def pipeline(self, rollout: Callable, iterations: Iterable[int]) -> Iterator[tuple[int, Any]]:
         """``for it, samples in job.pipeline(rollout, range(n)):`` yields each iteration's index
@@ -517,19 +537,11 @@ class Job:
 
     def fail(self, error: BaseException | str) -> None:
         """Report the job failed: resources are released; group-mates keep iterating."""
-        if self.lifecycle.is_ended():
-            return
-        self.lifecycle = self.lifecycle.to(JobState.FAILED)
-        self.error = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
-        self._emit({"event": "failed", "job_id": self.job_id, "error": self.error})
-        self._runtime.finish(False, self.error)
+        self.core.fail(error)
 
     def finish(self) -> None:
         """Report the job finished (departure: its nodes are released). Idempotent."""
-        if self.lifecycle.is_ended():
-            return
-        self.lifecycle = self.lifecycle.to(JobState.FINISHED)
-        self._runtime.finish(True, None)
+        self.core.finish()
 
     def __enter__(self) -> "Job":
         return self

@@ -138,6 +138,8 @@ _THREADS_STATE = {"users": 0, "prev": None}
 class _OneThread:
     def __enter__(self):
         torch = sys.modules.get("torch")  # never imported here: a job that does not use torch stays light
+        if torch is not None:  # loaded, or being loaded by another thread: wait for the whole module
+            import torch
         self._torch = torch
         if torch is None:
             return self

@@ -160,7 +160,8 @@ class MoveRecord(BaseModel):
 
 
 _QUEUE_FIELDS = ("queue_position", "queued_at", "waited_s")
-_OPTIONAL_FIELDS = _QUEUE_FIELDS + ("measured_phases", "slo_action", "priority_class", "tenant")  # listed only when set
+_OPTIONAL_FIELDS = _QUEUE_FIELDS + ("measured_phases", "slo_action", "priority_class", "tenant",
+                                    "admission")  # listed only when set
 
 
 class JobRecord(BaseModel):
@@ -197,6 +198,11 @@ class JobRecord(BaseModel):
     spec_sha256: Optional[str] = Field(default=None, description="SHA-256 of the admitted spec (checkpoint only)")
     decision: Optional[dict[str, Any]] = Field(
         default=None, description="the admission decision as first answered, replayed to a retry (checkpoint only)")
+    admission: Optional[dict[str, Any]] = Field(
+        default=None, description="why the job was placed where it runs, from its admission decision: strategy "
+        "(direct | scale_out | isolated ...), group_id, reason, delta_usd_per_h, and rejected: the placements in "
+        "existing groups it was not given and why (at most 4; null when it was admitted with ?explain=chosen, the "
+        "HTTP default, which explains the chosen placement only: explain says which)")
     queue_position: Optional[int] = Field(default=None, description="place in the admission queue, 1 = next (queued only)")
     queued_at: Optional[float] = Field(default=None, description="when the job entered the admission queue, Unix time, s")
     waited_s: Optional[float] = Field(default=None, description="time spent in the admission queue, s (so far, "

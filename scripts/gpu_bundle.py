@@ -3,15 +3,15 @@
 
 The host this is sized for: one GPU, Python 3.12, torch 2.11 (CUDA 13), cupy-cuda13x 14.2 and
 transformers 5.17 preinstalled (with what they require: :data:`HOST`), but no pydantic, Ray,
-DeepSpeed or vLLM, no package index, and room for a few tens of MB brought along. The bundle
-holds what the checks import and such a host lacks (:data:`LOCK`: DeepSpeed as a wheel built
-here, pydantic and its parts, hjson, msgpack, ..., and TRL with accelerate / datasets), for
-CPython 3.12 manylinux x86_64 (``pip download --only-binary=:all: --python-version 3.12
---platform manylinux...``), at most :data:`MAX_BUNDLE_MB`. It leaves out, and says so:
-
-- pyarrow and pandas (TRL imports both; 54 MB together): the host must have them for the TRL
-  check (:data:`HOST_FOR_CHECK`), else that check does not run and the run is not "ok";
-- Ray (79 MB) and vLLM (336 MB + torch 2.14): their checks are NOT RUN on such a host.
+DeepSpeed, pyarrow, pandas or vLLM, no package index, and at most 64 MiB of files brought along
+besides the repository. The bundle holds what the checks import and such a host lacks
+(:data:`LOCK`: DeepSpeed as a wheel built here, pydantic and its parts, hjson, msgpack, ..., TRL
+with accelerate / datasets, and datasets' pyarrow and pandas), for CPython 3.12 manylinux x86_64
+(``pip download --only-binary=:all: --python-version 3.12 --platform manylinux...``), at most
+:data:`MAX_BUNDLE_MB`. pyarrow's wheel (55 MB) is repacked without what neither datasets nor TRL
+loads (:data:`SLIM`: Arrow Flight, the S3 filesystem, C++ headers, tests, duplicate library
+names; ~31 MB): pyarrow imports those lazily and names them as not imported. It leaves out, and
+says so: Ray (79 MB) and vLLM (336 MB + torch 2.14): their checks are NOT RUN on such a host.
 
 ``python scripts/gpu_bundle.py build DIR`` downloads / builds the wheels into ``DIR`` (reused
 while :data:`LOCK` is unchanged: ``DIR/manifest.json`` holds its hash); ``check DIR`` verifies
@@ -34,7 +34,7 @@ import zipfile
 from pathlib import Path
 from typing import Optional
 
-MAX_BUNDLE_MB = 32.0
+MAX_BUNDLE_MB = 64.0
 #: The host's Python (env ``GPU_BUNDLE_PYTHON`` builds for another one, e.g. to try the bundle on
 #: this machine's interpreter).
 PYTHON = os.environ.get("GPU_BUNDLE_PYTHON", "3.12")
@@ -55,8 +55,9 @@ HOST = {
                          "httpcore", "h11", "anyio", "idna", "certifi", "click", "packaging", "pyyaml", "regex",
                          "safetensors", "tokenizers", "tqdm", "cuda-pathfinder", "cuda-bindings", "cuda-toolkit")},
 }
-#: Needed by one check, left out of the bundle for size: the host must have them for that check.
-HOST_FOR_CHECK = {"pyarrow": "trl_adapter_cuda", "pandas": "trl_adapter_cuda"}
+#: Needed by one check, left out of the bundle for size: the host must have them for that check
+#: (none since pyarrow and pandas fit, :data:`SLIM`).
+HOST_FOR_CHECK: dict[str, str] = {}
 
 #: The bundle (exact versions; DeepSpeed is built here as a pure-Python wheel, its ops JIT).
 LOCK = (
@@ -64,8 +65,17 @@ LOCK = (
     "py-cpuinfo==9.0.0",
     "pydantic==2.12.5", "pydantic-core==2.41.5", "annotated-types==0.7.0", "typing-inspection==0.4.2",
     "trl==1.16.0", "accelerate==1.15.0", "datasets==5.2.0", "dill==0.4.1", "multiprocess==0.70.19",
-    "xxhash==4.1.0",
+    "xxhash==4.1.0", "pyarrow==26.0.1", "pandas==3.1.1", "python-dateutil==4.0.0", "pytz==2026.6",
+    "tzdata==2026.6", "six==1.17.0",
 )
+#: Wheels repacked without files no check loads (name -> path patterns inside the wheel): pyarrow's
+#: Arrow Flight and S3 libraries and their Python modules (imported lazily, only by ``pyarrow.flight``
+#: and ``pyarrow.fs.S3FileSystem``), C++ headers and sources, tests, and the library names no module
+#: links (``libarrow_python.so`` and ``.so.2600.1.0``: copies of ``.so.2600``, which is what links).
+SLIM = {"pyarrow": ("pyarrow/libarrow_flight.so*", "pyarrow/libarrow_python_flight.so*", "pyarrow/_flight.*",
+                    "pyarrow/flight.py", "pyarrow/libarrow_s3.so*", "pyarrow/_s3fs.*", "pyarrow/include/*",
+                    "pyarrow/src/*", "pyarrow/tests/*", "pyarrow/_pyarrow_cpp_tests.*", "pyarrow/libarrow_python.so",
+                    "pyarrow/libarrow_python.so.*.*.*", "pyarrow/*.pxd", "pyarrow/*.pyx", "pyarrow/includes/*")}
 BUILT_HERE = {"deepspeed"}  # sdist only on PyPI: `pip wheel` here (no compiled ops: DS_BUILD_OPS=0)
 
 
@@ -74,7 +84,31 @@ def canon(name: str) -> str:
 
 
 def lock_hash() -> str:
-    return hashlib.sha256("\n".join(LOCK + PLATFORMS + (PYTHON,)).encode()).hexdigest()[:16]
+    slim = tuple(f"{k}:{','.join(v)}" for k, v in sorted(SLIM.items()))
+    return hashlib.sha256("\n".join(LOCK + PLATFORMS + (PYTHON,) + slim).encode()).hexdigest()[:16]
+
+
+def slim(whl: Path, drop: tuple[str, ...]) -> dict:
+    """Rewrite ``whl`` without the members matching ``drop`` (fnmatch patterns) and their RECORD
+    lines. Returns ``{dropped, before_mb, after_mb}``."""
+    import fnmatch
+
+    before = whl.stat().st_size
+    tmp = whl.with_suffix(".slim")
+    dropped = []
+    with zipfile.ZipFile(whl) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zout:
+        for info in zin.infolist():
+            if any(fnmatch.fnmatch(info.filename, pat) for pat in drop):
+                dropped.append(info.filename)
+                continue
+            data = zin.read(info.filename)
+            if info.filename.endswith(".dist-info/RECORD"):
+                keep = [ln for ln in data.decode().splitlines()
+                        if not any(fnmatch.fnmatch(ln.split(",", 1)[0], pat) for pat in drop)]
+                data = ("\n".join(keep) + "\n").encode()
+            zout.writestr(info, data)
+    tmp.replace(whl)
+    return {"dropped": len(dropped), "before_mb": round(before / 2**20, 1), "after_mb": round(whl.stat().st_size / 2**20, 1)}
 
 
 def _pip(*args: str, env: Optional[dict] = None, timeout: float = 600) -> None:
@@ -106,11 +140,16 @@ def build(bundle: Path) -> dict:
         if canon(r.split("==")[0]) in BUILT_HERE:
             _pip("wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(bundle), r, env={"DS_BUILD_OPS": "0"},
                  timeout=1200)
+    slimmed = {}
+    for w in wheels(bundle):
+        name = canon(w.name.split("-")[0])
+        if name in SLIM:
+            slimmed[name] = slim(w, SLIM[name])
     files = {w.name: w.stat().st_size for w in wheels(bundle)}
     m = {"lock": lock_hash(), "python": PYTHON, "platforms": list(PLATFORMS), "files": files,
          "total_mb": round(sum(files.values()) / 2**20, 2), "max_mb": MAX_BUNDLE_MB,
-         "left_out": {"pyarrow, pandas": "54 MB together, over the budget: the host must have them for the TRL check",
-                      "ray": "79 MB wheel: the co-executed Ray run is NOT RUN without it",
+         "slimmed": slimmed,
+         "left_out": {"ray": "79 MB wheel: the co-executed Ray run is NOT RUN without it",
                       "vllm": "336 MB + torch 2.14: the vLLM checks are NOT RUN without it"}}
     man.write_text(json.dumps(m, indent=2))
     return m

@@ -89,8 +89,11 @@ def jobs_router(ctx: AppContext) -> APIRouter:
         if not view["admitted"]:
             code = Code(view["explanation"]["code"])
             status = HTTP_STATUS[code]
-            if code == Code.INVALID:  # the scheduler's own validation (the API validated first)
-                return JSONResponse({"error": "invalid_request", "detail": view["explanation"]["reason"]}, status_code=status)
+            if code == Code.INVALID:  # the scheduler's own validation (the API validated first): as the API's 422s
+                why = view["explanation"]["reason"]
+                return JSONResponse({"error": "invalid_request", "detail": why,
+                                     "errors": [{"field": d.get("field") or "body", "msg": why, "type": "value_error"}]},
+                                    status_code=status)
             if code == Code.QUEUED:
                 return JSONResponse(AdmissionView.model_validate(view).model_dump(mode="json"), status_code=status)
             if code == Code.QUEUE_FULL:
@@ -141,7 +144,9 @@ def jobs_router(ctx: AppContext) -> APIRouter:
         when ``"queue": true`` would hold it); nothing changes."""
         return await _admit(spec, dry_run=True, queue=spec.queue, explain=explain)
 
-    @app.get("/v1/jobs", response_model=list[JobView], dependencies=[Depends(read_access)], responses={401: err, 429: err, 503: err}, tags=["jobs"])
+    private = {"decision", "spec_sha256"}  # checkpoint-only fields of a record: never answered (JobRecord.public)
+
+    @app.get("/v1/jobs", response_model=list[JobView], response_model_exclude=private, dependencies=[Depends(read_access)], responses={401: err, 429: err, 503: err}, tags=["jobs"])
     async def list_jobs(limit: Optional[int] = Query(default=None, ge=1, le=100_000, description="at most this many"),
                         offset: int = Query(default=0, ge=0, le=10_000_000, description="skip this many first")) -> Any:
         """Every job the scheduler knows (admission order, then the queued jobs in line order):
@@ -152,7 +157,7 @@ def jobs_router(ctx: AppContext) -> APIRouter:
         jobs = await client.list_jobs()
         return jobs[offset: None if limit is None else offset + limit]
 
-    @app.get("/v1/jobs/{job_id}", response_model=JobView, dependencies=[Depends(read_access)], responses={401: err, 429: err, 404: err, 503: err}, tags=["jobs"])
+    @app.get("/v1/jobs/{job_id}", response_model=JobView, response_model_exclude=private, dependencies=[Depends(read_access)], responses={401: err, 429: err, 404: err, 503: err}, tags=["jobs"])
     async def get_job(job_id: str = PathParam(max_length=JOB_ID_MAX_LEN, pattern=JOB_ID_PATTERN)) -> Any:
         """One job: state, iterations done, measured vs predicted phase times (s), slowdown vs SLO
         (a queued job: ``queue_position`` and ``waited_s``)."""

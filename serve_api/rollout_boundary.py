@@ -27,14 +27,18 @@ def is_rollout_path(path: str) -> bool:
     return any(path == p or path.startswith(p + "/") or path.startswith(p + ":") for p in ROLLOUT_PATHS)
 
 
+class NotFinite(ValueError):
+    """A JSON number that is not finite (``NaN``, ``Infinity``) or does not fit a float."""
+
+
 def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number (finite numbers only)")
+    raise NotFinite(f"{name} is not a JSON number (finite numbers only)")
 
 
 def _finite_float(s: str) -> float:
     v = float(s)
     if not math.isfinite(v):
-        raise ValueError(f"{s[:40]} does not fit a finite float")
+        raise NotFinite(f"{s[:40]} does not fit a finite float")
     return v
 
 
@@ -43,9 +47,10 @@ def finite_numbers(body: bytes) -> Optional[tuple[str, str]]:
     for a float; None otherwise (malformed JSON is left to FastAPI's 422 with the position)."""
     try:
         json.loads(body, parse_constant=_no_constant, parse_float=_finite_float)
-    except ValueError as e:
-        if "finite" in str(e) or "float" in str(e):
-            return str(e), "finite_number"
+    except NotFinite as e:
+        return str(e), "finite_number"
+    except ValueError:  # malformed JSON: FastAPI's 422 names the position
+        pass
     except RecursionError:  # pragma: no cover - bounded by the depth check that runs first
         return "JSON nested too deep", "json_invalid"
     return None

@@ -24,6 +24,9 @@ from actors.ops.local_cluster import use_ephemeral_ray_token
 use_ephemeral_ray_token()
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
+# tests/vllm_cpu/ runs in its own session and environment (scripts/test_vllm.sh sets this).
+collect_ignore_glob = [] if os.environ.get("ROLLMUX_VLLM_SESSION") else ["vllm_cpu/*"]
+
 
 def _has_cuda() -> bool:
     try:
@@ -89,6 +92,16 @@ def ray_cluster(scaleout_cluster_spec):
     ray.cloudpickle.register_pickle_by_value(factories)  # the toy jobs' phases run on the workers
     yield lc
     lc.shutdown()
+
+
+@pytest.fixture(scope="module")
+def module_scheduler(ray_cluster, local_cluster_spec, request):
+    """A GlobalScheduler of the test module's own on the session's cluster (named after the
+    module), killed after the module; yields its name."""
+    from factories import own_scheduler
+
+    with own_scheduler(local_cluster_spec, "test-" + request.module.__name__.rpartition(".")[2]) as name:
+        yield name
 
 
 @pytest.fixture(scope="session")

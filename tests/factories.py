@@ -6,8 +6,10 @@ instead of writing its own (tests/conftest.py puts this folder on ``sys.path``).
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any, Callable, Optional, TypeVar
+import uuid
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import torch
 
@@ -36,6 +38,38 @@ def wait_until(probe: Callable[[], T], *, timeout_s: float = 60.0, interval_s: f
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{what} not reached within {timeout_s:g} s (last: {last!r})")
         time.sleep(interval_s)
+
+
+@contextlib.contextmanager
+def own_scheduler(spec, prefix: str) -> Iterator[str]:
+    """A GlobalScheduler of its own (``prefix`` + a random suffix) on the session's cluster, healthy;
+    yields its name and kills it at exit (a module fixture's body)."""
+    import ray
+
+    from actors.scheduler.global_scheduler import get_or_create_scheduler
+
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    h = get_or_create_scheduler(spec, name=name)
+    assert ray.get(h.health.remote())["ok"]
+    try:
+        yield name
+    finally:
+        ray.kill(h, no_restart=True)
+
+
+def assert_coexecuted_equals_solo(res: dict, cfg, mate, iterations: int) -> dict:
+    """On-policy preserved (RollMux §5): the job ``cfg`` co-executed beside ``mate`` (results
+    ``res`` of :func:`examples.grpo.job.run_coexecuted`, one group) has, every iteration, the
+    trainer weights and rewards of the same job run solo in this process. Returns its result."""
+    from examples.grpo.job import run_job
+
+    co = res[cfg.job.job_id]
+    assert co["mode"] == "scheduled" and co["iterations"] == iterations
+    assert res[mate.job.job_id]["info"]["group_id"] == co["info"]["group_id"], "the two jobs share one group"
+    solo = run_job(cfg, attach=False)
+    assert [m["weights_sha256"] for m in solo["history"]] == [m["weights_sha256"] for m in co["history"]]
+    assert [m["reward_mean"] for m in solo["history"]] == [m["reward_mean"] for m in co["history"]]
+    return co
 
 
 def toy_spec(job_id: str, kind: str, slo: float = 5.0) -> dict:

@@ -16,6 +16,7 @@ from rollmux.models import JobSpec
 
 TOK = CharTokenizer()
 TINY = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, max_position_embeddings=32)
+TINY32 = TINY.model_copy(update={"num_heads": 2})  # head size 32 (vLLM's CPU kernels have no 16)
 PROMPTS = TOK.encode_batch(["3>", "7>", "1>", "0>"])
 
 
@@ -36,7 +37,7 @@ def test_unknown_backend_names_the_field():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the guard on machines without CUDA")
 def test_gpu_backends_raise_backend_unavailable_on_cpu():
     m = build_model(TINY, 0)
-    with pytest.raises(BackendUnavailable, match="vllm|CUDA"):
+    with pytest.raises(BackendUnavailable, match="vllm"):  # this Python has no vLLM (tests/vllm_cpu/ runs it)
         make_rollout_backend("vllm", m)
     # DeepSpeed runs on CPU (gloo): tests/test_deepspeed_cpu.py
 
@@ -100,7 +101,7 @@ def test_grpo_job_plain_on_cuda():
 @pytest.mark.gpu
 def test_vllm_sleep_wake_and_weight_update():
     pytest.importorskip("vllm")
-    model = build_model(TINY, 0)
+    model = build_model(TINY32, 0)
     b = make_rollout_backend("vllm", model, gpu_memory_utilization=0.1)
     assert b.rollmux_resident
     a = gen(b, 3)
@@ -110,7 +111,7 @@ def test_vllm_sleep_wake_and_weight_update():
     b.load()
     assert torch.cuda.mem_get_info()[0] < free_asleep  # waking re-allocated device memory
     assert torch.equal(a, gen(b, 3))  # per-request seeds: reproducible across sleep/wake
-    other = build_model(TINY, 1)
+    other = build_model(TINY32, 1)
     b.load_weights({k: v for k, v in other.state_dict().items()})
     assert not torch.equal(a, gen(b, 3))
 
@@ -128,7 +129,8 @@ def test_vllm_production_attention_exact_lengths_update_and_close():
     b = make_rollout_backend("vllm", model, dtype="bfloat16", gpu_memory_utilization=0.1,
                              kv_cache_memory_bytes=64 << 20, ignore_eos=True)
     out = b.generate(PROMPTS, max_new_tokens=16, temperature=1.0, seed=1, eos_id=TOK.eos_id, pad_id=TOK.pad_id)
-    assert out.shape == (4, PROMPTS.shape[1] + 16) and bool((out[:, PROMPTS.shape[1]:] != TOK.pad_id).all())
+    # every row ran to its cap: vLLM says so (the pad id is a token it may sample, so "no pad" is no check)
+    assert out.shape == (4, PROMPTS.shape[1] + 16) and b.last_finish_reasons == ["length"] * 4
     b.load_weights(build_model(prod, 1).to(torch.bfloat16).state_dict())
     assert not torch.equal(out, b.generate(PROMPTS, max_new_tokens=16, temperature=1.0, seed=1, eos_id=TOK.eos_id,
                                            pad_id=TOK.pad_id))

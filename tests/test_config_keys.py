@@ -223,3 +223,85 @@ def test_the_checker_finds_an_unread_key(sources):
     model = Sched.model_validate({k: v for k, v in typo.items() if k != "slice_token"})
     assert problems_of("y.yaml", [((), model, typo)], typo, (), reads | {"planted_kv_bytes_per_token"}, consts) == [
         "y.yaml: slice_token: not a field of Sched"]
+
+
+#: the words YAML 1.1 (PyYAML's default) reads as booleans; the configs are read as YAML 1.2 (only
+#: true / false are booleans: rollmux.config.ConfigLoader)
+YAML11_BOOL_WORDS = {"on": True, "off": False, "yes": True, "no": False, "y": True, "n": False}
+
+
+def _words_of(annotation) -> dict[str, Any]:
+    """The YAML-1.1-boolean words a field of this type documents, with the value each must load as:
+    every such word of a ``Literal`` (itself), ``on`` / ``off`` / ``yes`` / ``no`` for a ``bool``."""
+    import typing
+
+    if annotation is bool:
+        return {w: YAML11_BOOL_WORDS[w.lower()] for w in ("on", "off", "yes", "no", "On", "OFF", "Yes", "NO")}
+    if typing.get_origin(annotation) is typing.Literal:
+        return {a: a for a in typing.get_args(annotation) if isinstance(a, str) and a.lower() in YAML11_BOOL_WORDS}
+    if typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        out: dict[str, Any] = {}
+        for a in typing.get_args(annotation):
+            out.update(_words_of(a))
+        return out
+    return {}
+
+
+def _at(obj: Any, keys: tuple) -> Any:
+    for k in keys:
+        obj = obj[k] if isinstance(obj, (dict, list, tuple)) else getattr(obj, _field_of(type(obj), k) or k)
+    return obj
+
+
+def test_documented_values_yaml_reads_as_booleans_load_as_written(tmp_path):
+    """Every key of every config file whose values include a word YAML 1.1 reads as a boolean
+    (``per_job_allocations: off``, ``saturation: off``, ``open_read_routes: on``, ...) loads
+    with the word written unquoted: a Literal setting gets the word, a boolean the truth value."""
+    import yaml
+
+    checked = 0
+    for f in config_files():
+        _, load = loader_of(f)
+        for path, model, payload in load(f):
+            for keys, cls, name in list(declared(model, payload, path)):
+                words = _words_of(cls.model_fields[name].annotation) if name else {}
+                for word, want in words.items():
+                    data = read_yaml(f)
+                    parent = _at(data, keys[:-1])
+                    parent[keys[-1]] = "__WORD__"
+                    text = yaml.safe_dump(data, sort_keys=False).replace("__WORD__", word)
+                    copy = tmp_path / f.relative_to(CONFIG_DIR)
+                    copy.parent.mkdir(parents=True, exist_ok=True)
+                    copy.write_text(text)
+                    got = [m for p, m, _ in load(copy) if p == path][0]
+                    assert _at(got, keys[len(path):]) == want, (f.name, keys, word)
+                    checked += 1
+    assert checked >= 20  # per_job_allocations, saturation and the boolean settings of every file
+
+
+def test_per_job_allocations_off_as_documented_runs_the_replay(tmp_path):
+    """``per_job_allocations: off   # off | simulator``, written as configs/scheduler.yaml documents
+    it, in a user's own config given to ``rollmux simulate --config`` (and ``$ROLLMUX_SCHEDULER_CONFIG``)."""
+    from typer.testing import CliRunner
+
+    from rollmux.cli import app
+    from rollmux.traces import EXTRACT_TRACE
+
+    text = (CONFIG_DIR / "scheduler.yaml").read_text()
+    lines = ["per_job_allocations: off   # off | simulator" if ln.startswith("per_job_allocations:") else ln
+             for ln in text.splitlines()]
+    cfg = tmp_path / "scheduler.yaml"
+    cfg.write_text("\n".join(lines) + "\n")
+    assert load_scheduler_config(cfg).per_job_allocations == "off"
+    args = ["simulate", "--trace", str(EXTRACT_TRACE), "--policies", "rollmux", "--jobs", "5", "--no-progress"]
+    r = CliRunner().invoke(app, [*args, "--config", str(cfg), "--out", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "b")], env={"ROLLMUX_SCHEDULER_CONFIG": str(cfg)})
+    assert r.exit_code == 0, r.output
+    import json
+
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["meta"]["scheduler_config"] == "scheduler.yaml"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("per_job_allocations: simulator", "per_job_allocations: false"))
+    r = CliRunner().invoke(app, [*args, "--config", str(bad), "--out", str(tmp_path / "c")])
+    assert r.exit_code == 2 and "per_job_allocations" in r.output and "'off' or 'simulator'" in r.output

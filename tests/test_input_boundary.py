@@ -379,6 +379,8 @@ def test_an_unknown_priority_class_is_422_naming_the_field_and_the_classes(app):
         r = app.post(path, headers=JSON, json={"job_id": "gold", "model_params_b": 7, "priority_class": "gold"})
         assert r.status_code == 422, r.text
         assert "priority_class" in r.json()["detail"] and "best-effort" in r.json()["detail"], r.json()
+        (err,) = r.json()["errors"]  # as every other 422: the field it is about
+        assert err["field"] == "priority_class" and "best-effort" in err["msg"], r.json()
 
 
 def test_preemption_over_http_the_job_view_says_when_by_whom_and_what_it_lost(local):
@@ -408,3 +410,28 @@ def local():
                             max_group_size=1, config={"attach_timeout_s": 0.0})
     return TestClient(create_app(AppSettings(token_sha256=_sha256(TOKEN), max_request_bytes=4096),
                                  client=InProcessScheduler(g)))
+
+
+def test_a_job_record_says_why_it_was_placed_where_it_runs():
+    """A small job with a loose SLO (as a TRL job attached with ``ROLLMUX_SPEC={"slo": 3}``) kept
+    out of the running job's group on the local cluster: its record says why (the rejected
+    placements and their reasons), and no checkpoint-only field (``decision: null``) is answered."""
+    g = GlobalSchedulerImpl(load_cluster(CONFIG_DIR / "cluster_local.yaml"), kv=MemoryKV(), **unit_kw())
+    app = TestClient(create_app(AppSettings(token_sha256=_sha256(TOKEN), max_request_bytes=4096),
+                                client=InProcessScheduler(g)))
+    base = {"model_params_b": 0.01, "num_prompts": 8, "max_response_tokens": 256, "num_rollout_gpus": 1,
+            "num_train_gpus": 1}
+    assert _post(app, json.dumps({**base, "job_id": "demo-1", "slo": 1.5})).status_code == 201
+    r = app.post("/v1/jobs?explain=full", headers=JSON, json={**base, "job_id": "trl", "slo": 3.0, "model_params_b": 0.0005})
+    assert r.status_code == 201, r.text
+    v = app.get("/v1/jobs/trl", headers=AUTH).json()
+    a = v["admission"]
+    assert "decision" not in v and "spec_sha256" not in v
+    assert a["strategy"] == r.json()["explanation"]["strategy"] and a["group_id"] == v["group_id"] and a["reason"]
+    demo = app.get("/v1/jobs/demo-1", headers=AUTH).json()["group_id"]
+    assert a["strategy"] == "isolated" and v["group_id"] != demo  # kept out of demo-1's group, and why:
+    assert a["rejected"] and all(x.startswith(f"{demo}/") for x in a["rejected"]), a
+    assert any(": slo: trl: slowdown" in x and "> SLO 3.000" in x for x in a["rejected"]), a
+    d = app.get("/v1/jobs/demo-1", headers=AUTH).json()["admission"]
+    assert d["explain"] == "chosen" and d["rejected"] is None  # POST's default explains the chosen placement only
+    assert all("decision" not in j for j in app.get("/v1/jobs", headers=AUTH).json())

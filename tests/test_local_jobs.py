@@ -79,7 +79,7 @@ def test_working_dir_upload_leaves_out_the_venv_and_git(tmp_path, gitignore):
     names = ZipFile(out).namelist()
     tops = {n.split("/", 1)[0] for n in names}
     assert {"rollmux", "scripts", "tests", "configs"} <= tops
-    assert not tops & {".venv", ".git", ".venv-vllm", ".venv-verl", ".pytest_cache", ".hypothesis", "tmp", "out"}
+    assert not tops & {".venv", ".git", ".venv-vllm", ".venv-vllm-cpu", ".venv-verl", ".pytest_cache", ".hypothesis", "tmp", "out"}
     assert not any("__pycache__" in n for n in names) and out.stat().st_size < 20 * 2**20
 
 

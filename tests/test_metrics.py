@@ -178,3 +178,4 @@ def test_a_controller_forgets_a_departed_jobs_sync_totals_but_takes_it_back():
     assert "a" not in m.totals["sync_cross_bytes"] and "a" not in m.totals["sync_cross_last"]
     m.job("a", iterations=1)  # moved back later: recorded again
     assert m.totals["iters"]["a"] == 1
+

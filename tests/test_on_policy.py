@@ -29,16 +29,8 @@ def tiny(name: str, uid: str):
 
 
 @pytest.fixture(scope="module")
-def sched(ray_cluster, local_cluster_spec):
-    import ray
-
-    from actors.scheduler.global_scheduler import get_or_create_scheduler
-
-    name = f"test-onpolicy-{uuid.uuid4().hex[:6]}"
-    h = get_or_create_scheduler(local_cluster_spec, name=name)
-    assert ray.get(h.health.remote())["ok"]
-    yield name
-    ray.kill(h, no_restart=True)
+def sched(module_scheduler):
+    return module_scheduler
 
 
 def test_coexecuted_grpo_job_is_bit_identical_to_solo(sched):
@@ -85,9 +77,6 @@ def test_coexecuted_deepspeed_job_is_bit_identical_to_solo(sched):
     ds = ds.model_copy(update={"job": ds.job.model_copy(update={"job_id": f"{ds.job.job_id}-{uid}", "slo": 5.0})})
     mate = tiny("grpo_train_heavy", uid)
     res = _coexecute([mate, ds], sched)
-    co = res[ds.job.job_id]
-    assert co["mode"] == "scheduled" and co["iterations"] == N
-    assert res[mate.job.job_id]["info"]["group_id"] == co["info"]["group_id"], "the two jobs share one group"
-    solo = run_job(ds, attach=False)
-    assert [m["weights_sha256"] for m in solo["history"]] == [m["weights_sha256"] for m in co["history"]]
-    assert [m["reward_mean"] for m in solo["history"]] == [m["reward_mean"] for m in co["history"]]
+    from factories import assert_coexecuted_equals_solo
+
+    co = assert_coexecuted_equals_solo(res, ds, mate, N)

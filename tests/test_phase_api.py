@@ -298,3 +298,32 @@ def test_cold_switch_keeps_the_engine_alive_and_closes_it_when_the_job_leaves(tm
     assert all(e is eng for e in engines) and not eng.closed
     assert eng.log == ["wake_up", "sleep"] * 4
     assert w.unregister_job("j") and eng.closed
+
+
+def test_phase_api_and_permits_share_one_phase_core():
+    """``@job.phase`` and ``with job.permit(phase)`` are one phase of the same core: the iteration
+    counts across both, the events are the same, and only the core writes the lifecycle and count."""
+    job, rollout, train, publish = make_job("one-core")
+    events: list = []
+    job.runtime_hook(lambda e: events.append((e["event"], e.get("phase"), e.get("iteration"))))
+    train(rollout(0))
+    publish()
+    assert job.iteration == 1 and job.lifecycle == "running"
+    for phase in ("rollout", "train", "sync"):  # the same phases, under permits (a framework's code)
+        with job.permit(phase) as p:
+            assert p.iteration == 1
+    assert job.iteration == 2
+    kinds = [(k, p) for k, p, _ in events if k in ("granted", "done")]
+    assert kinds == [(k, p) for p in ("rollout", "train", "sync") for k in ("granted", "done")] * 2
+    assert [it for k, _, it in events if k == "done"] == [0, 0, 0, 1, 1, 1]
+    with pytest.raises(AttributeError):
+        job.iteration = 5  # read-only: the core is its one writer
+    with pytest.raises(AttributeError):
+        job.lifecycle = "finished"
+    with pytest.raises(RuntimeError, match="boom"):
+        with job.permit("rollout"):
+            raise RuntimeError("boom")
+    assert job.lifecycle == "failed" and job.error == "RuntimeError: boom"
+    assert [k for k, _, _ in events].count("failed") == 1
+    with pytest.raises(PhaseFailed, match="is failed; no more phases"):
+        rollout(2)

@@ -317,12 +317,15 @@ def _hold_other_pair(h, uid: str) -> None:
 
 @pytest.mark.ray
 @pytest.mark.timeout(300)
-def test_preempted_grpo_job_resumes_bit_identical_to_solo(ray_cluster, local_cluster_spec, tmp_path):
+def test_preempted_grpo_job_resumes_bit_identical_to_solo(ray_cluster, local_cluster_spec, tmp_path, caplog):
     """A best-effort GRPO job runs on one node pair, a non-preemptible job holds the other; a
     production job admitted during its run preempts it: its controller removes it at its
-    iteration boundary, its driver exports its state (its workers no longer host it) and waits;
-    when the production job departs the queue re-admits it and it resumes. It runs every
-    iteration once and its trainer weights equal the solo run's bit for bit (SHA-256)."""
+    iteration boundary, its driver exports its state (its workers no longer host it) and waits,
+    its log saying so (not that heartbeats fail); when the production job departs the queue
+    re-admits it and it resumes. It runs every iteration once and its trainer weights equal the
+    solo run's bit for bit (SHA-256)."""
+    import logging
+
     import ray
 
     from actors.naming import NAMESPACE, hosted_key, worker_name
@@ -359,10 +362,16 @@ def test_preempted_grpo_job_resumes_bit_identical_to_solo(ray_cluster, local_clu
 
     try:
         _hold_other_pair(h, uid)
+        caplog.set_level(logging.INFO, logger="rollmux.runtime")
         res = run_job(cfg, attach=True, scheduler_name=name, checkpoint_dir=str(tmp_path / "ckpt"),
                       on_iteration=on_iteration)
         t.join(timeout=60)
         assert "error" not in seen, seen.get("error")
+        said = [r.getMessage() for r in caplog.records if r.name == "rollmux.runtime" and r.levelno >= logging.WARNING]
+        told = [m for m in said if m.startswith(f"job {jid} preempted by {prod} at iteration ")]
+        assert len(told) == 1 and told[0].endswith("; waiting to resume"), said
+        assert any(m.startswith(f"job {jid} resumed on ") for m in said), said
+        assert not any("heartbeat to its controller failed" in m for m in said), said
         assert seen["admit"]["admitted"] and seen["admit"]["preempted"] == [jid]
         assert jid in seen["dep"]["admitted_from_queue"] and seen["freed"]
         assert [m["step"] for m in res["history"]] == [1, 2, 3, 4]

@@ -138,7 +138,7 @@ def test_vllm_engine_serves_a_mixed_stream(tmp_path):
     pytest.importorskip("vllm")
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from actors.rollout.engine import VLLMEngine
+    from actors.rollout.vllm_engine import VLLMEngine
 
     cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)

@@ -411,6 +411,60 @@ def test_up_refuses_a_busy_port_before_starting_anything(tmp_path):
     assert not (tmp_path / "state.json").exists() and not (tmp_path / "logs").exists()  # nothing was started
 
 
+def test_up_validates_scheduler_config_and_checkpoint_before_starting_anything(tmp_path):
+    """``rollmux up --scheduler-config`` (and ``$ROLLMUX_SCHEDULER_CONFIG``) is validated before
+    anything starts, naming the key and how to write it; a damaged checkpoint is refused with the
+    scheduler's own words; a plain ``up`` after ``up --state-dir X; down`` uses X (its checkpoint)."""
+    from typer.testing import CliRunner
+
+    from actors.ops.cli_stack import _free_port
+    from rollmux.config import CONFIG_DIR
+    from rollmux_cli import app
+
+    sd = tmp_path / "x"
+    sd.mkdir()
+    ports = ["--port", str(_free_port()), "--ray-port", str(_free_port()), "--dashboard-port", str(_free_port()),
+             "--metrics-export-port", str(_free_port())]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((CONFIG_DIR / "scheduler.yaml").read_text().replace("per_job_allocations: simulator",
+                                                                        "per_job_allocations: false"))
+    env = {"ROLLMUX_CURRENT": str(tmp_path / "current"), "ROLLMUX_STATE_DIR": "", "COLUMNS": "200"}
+    r = CliRunner().invoke(app, ["up", "--state-dir", str(sd), *ports, "--scheduler-config", str(bad)], env=env)
+    assert r.exit_code == 2 and "per_job_allocations" in r.output and "'off' or 'simulator'" in r.output, r.output
+    r = CliRunner().invoke(app, ["up", "--state-dir", str(sd), *ports], env={**env, "ROLLMUX_SCHEDULER_CONFIG": str(bad)})
+    assert r.exit_code == 2 and "per_job_allocations" in r.output, r.output
+    (tmp_path / "current").write_text(f"{sd}\n")  # what `up --state-dir X` records; `down` keeps it
+    r = CliRunner().invoke(app, ["up", *ports, "--scheduler-config", str(bad)], env=env)
+    assert r.exit_code == 2 and f"state dir {sd} (the last `rollmux up`'s" in r.output, r.output
+    (sd / "checkpoint").mkdir()
+    (sd / "checkpoint" / "rollmux-global-scheduler.base.json").write_text("{not json")
+    r = CliRunner().invoke(app, ["up", *ports], env=env)
+    out = " ".join(r.output.split())  # (rich wraps long lines)
+    assert r.exit_code == 2 and "refusing to start" in out and "rollmux down --purge" in out, r.output
+    assert not (sd / "state.json").exists() and not (sd / "logs").exists()  # nothing was started
+
+
+@pytest.mark.ray
+def test_up_refuses_a_scheduler_config_its_restored_scheduler_does_not_run(serve_api, tmp_path):
+    """The scheduler says which settings it runs with (``config_sha256``); ``up`` given a file with
+    other settings than a restored scheduler keeps refuses it instead of ignoring it."""
+    import typer
+
+    from actors.handles import SchedulerHandle
+    from actors.ops.cli_ops import _refuse_other_settings
+    from rollmux.admission import load_scheduler_config
+
+    health = SchedulerHandle(serve_api.scheduler).health()
+    same = load_scheduler_config()  # what the test scheduler was started with
+    assert health["config_sha256"] == same.sha256()
+    cfg = serve_api.config.model_copy(update={"scheduler_config": tmp_path / "s.yaml"})
+    _refuse_other_settings(cfg, health, same)
+    with pytest.raises(typer.Exit) as e:
+        _refuse_other_settings(cfg, health, same.overridden(tenants={"team-a": {"rollout_gpus": 1, "train_gpus": 1}}))
+    assert e.value.exit_code == 2
+    _refuse_other_settings(serve_api.config, health, same.overridden(preemption=False))  # no file given: nothing to refuse
+
+
 @pytest.mark.ray
 def test_read_routes_can_be_protected(serve_api):
     """open_read_routes=false: the same app (in process, real scheduler actor) needs the token for GETs."""

@@ -2,26 +2,21 @@
 (the engine core's decoding of ``collective_rpc`` arguments) and are rebuilt bit for bit by the
 worker extension.
 
-CI runs the codec through msgspec (the library vLLM's serializer is built on) and the extension
-with a fake model runner. The round trip through vLLM 0.33's own ``MsgpackEncoder`` /
-``MsgpackDecoder`` runs when the separate vLLM environment exists (``scripts/vllm_env.sh``;
-``ROLLMUX_VLLM_PYTHON`` names another one) and is skipped, saying so, where it does not."""
+Here: the codec through msgspec (the library vLLM's serializer is built on), the streamed buckets,
+and the extension with a fake model runner. The round trip through vLLM's own ``MsgpackEncoder`` /
+``MsgpackDecoder`` and the update on a real engine run in the vLLM session
+(``tests/vllm_cpu/test_vllm_backend.py``)."""
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from actors.backends.vllm_rollout import WeightUpdateExtension
-from actors.backends.weight_payload import decode_weights, encode_weights, payload_bytes
+from actors.backends.weight_payload import (
+    MAX_BUCKET_BYTES, MIN_BUCKET_BYTES, Assembler, bucket_bytes_for, decode_weights, encode_weights, iter_buckets, payload_bytes,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
 msgspec = pytest.importorskip("msgspec", reason="msgspec (a dev dependency) is missing")
 
 
@@ -83,47 +78,75 @@ def test_tensors_in_the_arguments_do_not_survive_and_the_decoder_says_why():
         encode_weights({"w": [1.0]})
 
 
+class FakeExtension(WeightUpdateExtension):
+    """The worker extension over a fake model runner: vLLM's reload hooks recorded, not run."""
+
+    def __init__(self):
+        class FakeModel(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.p = torch.nn.Parameter(torch.zeros(1))
+                self.got: list = []
+
+            def load_weights(self, weights):
+                self.got.extend((k, v.clone()) for k, v in weights)
+
+        self.model_runner = type("Runner", (), {"model": FakeModel()})()
+        self.calls: list[str] = []
+
+    def _rollmux_context(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def _rollmux_reload_begin(self, model):
+        self.calls.append("begin")
+
+    def _rollmux_reload_end(self, model):
+        self.calls.append("end")
+
+
 def test_worker_extension_rebuilds_the_tensors_it_hands_to_the_model():
-    class FakeModel(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.p = torch.nn.Parameter(torch.zeros(1))
-            self.got: list = []
-
-        def load_weights(self, weights):
-            self.got.extend(weights)
-
-    ext = WeightUpdateExtension()
-    ext.model_runner = type("Runner", (), {"model": FakeModel()})()
+    ext = FakeExtension()
     w = weights()
-    n = ext.rollmux_load_weights(utility_round_trip((encode_weights(w),))[0])
+    n = ext.rollmux_load_weights(utility_round_trip((encode_weights(w),))[0])  # one call: begin, load, end
     got = dict(ext.model_runner.model.got)
-    assert n == len(w) and set(got) == set(w)
+    assert n == len(w) and set(got) == set(w) and ext.calls == ["begin", "end"]
     assert all(same_bits(got[k], w[k]) for k in w)
 
 
-def vllm_python() -> Path | None:
-    for c in (os.environ.get("ROLLMUX_VLLM_PYTHON"), ROOT / ".venv-vllm" / "bin" / "python"):
-        if c and Path(c).is_file():
-            return Path(c)
-    return None
+def test_a_streamed_update_is_one_reload_over_several_buckets():
+    ext = FakeExtension()
+    w = weights()
+    buckets = list(iter_buckets(w, 2048))
+    assert len(buckets) > 2 and list(dict.fromkeys(r[0] for b in buckets for r in b)) == list(w)  # order kept
+    assert all(payload_bytes(b) <= 2048 for b in buckets)  # a bigger tensor travels in chunks
+    chunks = [r for b in buckets for r in b if len(r) == 5]
+    assert {r[0] for r in chunks} == {"f32"} and len(chunks) == 4  # 8 KiB in 2 KiB chunks
+    assert ext.rollmux_begin_weights() == 0
+    taken = [ext.rollmux_load_weights(utility_round_trip((b,))[0]) for b in buckets]
+    assert taken == [len(b) for b in buckets]
+    assert ext.rollmux_end_weights() == len(w) and ext.calls == ["begin", "end"]
+    got = dict(ext.model_runner.model.got)
+    assert all(same_bits(got[k], w[k]) for k in w)
+    with pytest.raises(RuntimeError, match="without rollmux_begin_weights"):
+        ext.rollmux_end_weights()
+    # a chunked tensor missing a chunk: the update ends with an error naming it
+    ext.rollmux_begin_weights()
+    ext.rollmux_load_weights(utility_round_trip(([chunks[0]],))[0])
+    with pytest.raises(RuntimeError, match="missing chunks: \\['f32'\\]"):
+        ext.rollmux_end_weights()
+    with pytest.raises(ValueError, match="does not fit its tensor"):
+        Assembler().feed([["x", "float32", [2], b"\0" * 8, 1]])
 
 
-@pytest.mark.vllm_env
-@pytest.mark.timeout(300)
-def test_round_trip_through_vllm_033_serializer_reproduces_the_bug_and_the_fix():
-    py = vllm_python()
-    if py is None:
-        pytest.skip("no vLLM 0.33 environment (bash scripts/vllm_env.sh creates .venv-vllm; or set "
-                    "ROLLMUX_VLLM_PYTHON): the round trip through vLLM's own serializer did NOT run")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_LOGGING_LEVEL="ERROR")
-    p = subprocess.run([str(py), str(ROOT / "tests" / "vllm_serial_probe.py")], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=280)
-    assert p.returncode == 0, p.stderr[-3000:]
-    out = json.loads(p.stdout.strip().splitlines()[-1])
-    assert out["vllm"].startswith("0.33.")
-    # the bug: a tensor inside the argument list arrives as a [dtype, shape, buffer index] list
-    assert out["old"]["item_type"] == "list" and out["old"]["frames"] > 1
-    assert out["old"]["to_error"] == "AttributeError: 'list' object has no attribute 'to'"
-    # the fix: one frame of plain rows, every tensor rebuilt bit for bit in the extension
-    assert out["new"]["frames"] == 1 and out["new"]["loaded"] == 6 and all(out["new"]["equal"].values())
+def test_bucket_size_follows_the_model():
+    assert bucket_bytes_for({"w": torch.zeros(10)}) == MIN_BUCKET_BYTES
+    assert bucket_bytes_for({"w": torch.zeros(64 << 20, dtype=torch.uint8)}) == 2 << 20  # 1/32 of 64 MiB
+    assert bucket_bytes_for({"w": torch.zeros(2 << 30, dtype=torch.uint8, device="meta")}) == MAX_BUCKET_BYTES
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        next(iter_buckets({"w": torch.zeros(1)}, 0))
+    # decoding without a copy: tensors over the received bytes, equal
+    rows = encode_weights({"w": torch.arange(6.0)})
+    (name, t), = decode_weights(rows, copy=False)
+    assert torch.equal(t, torch.arange(6.0))

@@ -3,7 +3,7 @@
 A job's phase code talks to these interfaces only, so the same RL script runs on this CPU machine
 (``hf`` rollout = transformers ``generate``, ``torch`` or ``deepspeed`` ZeRO training over gloo)
 and on GPUs (``vllm`` rollout with sleep/wake for warm start, ``deepspeed`` over NCCL) without
-change.
+change; ``vllm`` also runs on vLLM's CPU build (its own environment: ``scripts/vllm_env.sh``).
 
 Warm start (RollMux §5; actors/worker/README.md "Runtime conventions"): between phases the runtime keeps a job's
 state in host memory and the process alive; a backend's ``offload()`` moves device state to the
@@ -24,11 +24,11 @@ from actors.backends.base import (  # noqa: F401  (the interfaces, re-exported)
 
 
 def make_rollout_backend(name: str, model: torch.nn.Module, *, device: str = "cpu", **kw) -> RolloutBackend:
-    """Rollout backend by name: ``hf`` (transformers generate), ``vllm`` (GPU only) or ``sched``
+    """Rollout backend by name: ``hf`` (transformers generate), ``vllm`` (CUDA or vLLM's CPU build) or ``sched``
     (generation as requests through the rollout request scheduler, CPU; ``kw``: ``task_family``, ``policy``).
 
     Raises:
-        ValueError: unknown name. BackendUnavailable: vLLM or CUDA missing.
+        ValueError: unknown name, or a model vLLM's kernels cannot run here. BackendUnavailable: vLLM missing.
     """
     if name == "hf":
         from actors.backends.hf_rollout import HFRolloutBackend

@@ -19,7 +19,7 @@ is built per call. The scheduler itself (prefix index, cold-start controller) pe
 calls and pickles with the backend (plain Python state), so the runtime's state convention moves
 it between phases like any other value.
 
-GPU: :class:`actors.rollout.engine.VLLMEngine` is the same engine contract on vLLM with prefix
+GPU: :class:`actors.rollout.vllm_engine.VLLMEngine` is the same engine contract on vLLM with prefix
 caching; this backend is CPU-only (``device != "cpu"`` raises), see docs/ARCHITECTURE.md.
 """
 

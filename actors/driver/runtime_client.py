@@ -75,7 +75,7 @@ def ship_by_value(objs) -> list[str]:
 
     The per-node workers are shared by jobs submitted with different working directories, so a
     worker may not be able to import a job's own modules (e.g. ``examples.grpo``). Used as a
-    fallback when registration fails with "No module named" (by-value pickling does not suit
+    fallback when registration fails with an ImportError (by-value pickling does not suit
     every module, e.g. pydantic models defined there, so it is not the default); modules
     outside site-packages / the standard library / RollMux itself are registered with
     ``cloudpickle.register_pickle_by_value``. Returns the registered top-level module names.
@@ -166,6 +166,8 @@ class ScheduledRuntime:
             if not self._attach_after_moves():
                 raise
         self._stop = threading.Event()
+        self._preempted = threading.Event()  # set while preempted: no controller to heartbeat
+        self._said_preempted: Optional[float] = None  # at_s of the preemption the log already told
         self._hb = threading.Thread(target=self._heartbeat, name=f"rollmux-heartbeat-{jid}", daemon=True)
         self._hb.start()
 
@@ -286,7 +288,8 @@ class ScheduledRuntime:
         ev = {"iteration": self.job.iteration, "by_job": last.get("by_job"),
               "from_group": getattr(self, "info", {}).get("group_id")}  # (no info: preempted before it attached)
         self.program.emit({"event": "preempted", "job_id": jid, **ev})
-        log.info("job %s preempted by %s after iteration %d; waiting to be re-admitted", jid, ev["by_job"], ev["iteration"])
+        self._preempted.set()  # no controller holds it until it is re-admitted: no heartbeats meanwhile
+        self._say_preempted(last)
         wait_s = float(os.environ.get("ROLLMUX_PREEMPT_WAIT_S", PREEMPT_WAIT_S))
         while True:
             ticket = self.sched.attach(jid)
@@ -302,25 +305,60 @@ class ScheduledRuntime:
             time.sleep(PREEMPT_POLL_S)
         self._home(ticket)
         self.attach_info = self.controller.attach(jid, has_sync=self.program.has_sync, driver=self.driver)
+        self._preempted.clear()  # its new controller's lease from now on
         self._register(moved=payload)
         ev.update(to_group=rec["group_id"], waited_s=time.monotonic() - t0,
                   to_nodes=self.rollout_nodes + self.train_nodes)
         self.preemptions.append(ev)
         self.program.emit({"event": "resumed", "job_id": jid, **ev})
+        log.warning("job %s resumed on %s after waiting %.0f s", jid, ev["to_group"], ev["waited_s"])
+        return True
+
+    def _say_preempted(self, last: dict) -> None:
+        """Log, once per preemption, that the job was preempted and waits (the operator's line;
+        ``last``: the record's latest preemption)."""
+        if self._said_preempted is not None and self._said_preempted == last.get("at_s"):
+            return
+        self._said_preempted = last.get("at_s")
+        it = last.get("iteration")
+        log.warning("job %s preempted by %s at iteration %d; waiting to resume", self.job.job_id,
+                    last.get("by_job") or "a higher-class job", self.job.iteration if it is None else it)
+
+    def _preempted_now(self) -> bool:
+        """After a refused or failed heartbeat: whether the job was preempted (its record says
+        so; one scheduler call). Tells the log once when it was."""
+        try:
+            ticket = self.sched.attach(self.job.job_id)
+        except Exception:  # the scheduler restarting: the heartbeat failure is logged as such
+            return False
+        if ticket is None or JobState(ticket.record["state"]) != JobState.PREEMPTED:
+            return False
+        self._say_preempted((ticket.record.get("preemptions") or [{}])[-1])
         return True
 
     def _heartbeat(self) -> None:
         """Driver lease: tell the current GroupController this driver is alive (every HEARTBEAT_S).
         ``self.controller`` changes when the job moves; a refused heartbeat (the job left this
-        controller, e.g. moved) does not stop the thread (``finish`` does)."""
-        failures = 0
+        controller, e.g. moved) does not stop the thread (``finish`` does). A preempted job has no
+        controller until it is re-admitted: a refused or failed heartbeat asks its record once,
+        and when it was preempted the log says so ("preempted by <job> at iteration i; waiting to
+        resume", :meth:`_say_preempted`), not that heartbeats fail."""
+        failures, asked, preempted = 0, False, False  # asked: the record was read since the last accepted beat
         while not self._stop.wait(HEARTBEAT_S):
+            if self._preempted.is_set():  # waiting to be re-admitted (the main thread sets and clears it)
+                continue
             try:
-                self.controller.heartbeat(self.job.job_id, self.driver)
+                member = self.controller.heartbeat(self.job.job_id, self.driver)
                 failures = 0
+                if member is not False:
+                    asked = preempted = False
+                elif not asked:  # removed by its controller: preempted (or moved)?
+                    asked, preempted = True, self._preempted_now()
             except Exception as e:  # controller restarting; keep trying until finish (logged, never silent)
                 failures += 1
-                if failures in (1, 10) or failures % 100 == 0:
+                if not asked:  # its group may have dissolved with its preemption
+                    asked, preempted = True, self._preempted_now()
+                if not preempted and (failures in (1, 10) or failures % 100 == 0):
                     log.warning("job %s: heartbeat to its controller failed %d time(s): %s",
                                 self.job.job_id, failures, e)
 
@@ -370,8 +408,8 @@ class ScheduledRuntime:
                     if moved is not None or recover or attempt == MAX_REHOMES or not self._attach_after_moves():
                         raise
         except Exception as e:  # a shared worker cannot import this job's code: ship it by value
-            if "No module named" not in str(e):
-                raise
+            if not isinstance(e, ImportError) and not isinstance(getattr(e, "cause", None), ImportError):
+                raise  # (a RayTaskError that could not take its cause's class keeps it as ``cause``)
             self.shipped = ship_by_value(prog.callables())
             if not self.shipped:
                 raise
@@ -493,14 +531,13 @@ class ScheduledRuntime:
         for attempt in range(WORKER_RECOVERIES + 1):
             if not replay:  # a replay uses the grant of the run that was released before the loss
                 grant = self._acquire(phase, index)
-                self.program.emit({"event": "granted", "job_id": j.job_id, "phase": phase, "iteration": grant.iteration,
-                                   "nodes": list(grant.nodes), "waited_s": grant.waited_s})
+                j.core.granted(phase, grant.iteration, nodes=list(grant.nodes), waited_s=grant.waited_s)
             worker = self.rollout_worker if pool == "rollout" else self.train_worker
             try:
                 out = worker.run(self.key, PhaseCall(grant, seq, replay), args, kwargs)
                 break
             except (WorkerLost, JobNotHosted) as err:
-                if "cannot be recovered" in str(err):
+                if isinstance(err, WorkerLost) and not err.recoverable:
                     raise
                 reason = f"worker on {leader_node} was lost during {phase}" if isinstance(err, JobNotHosted) else str(err)
             except ActorLost as e:

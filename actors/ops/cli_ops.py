@@ -10,7 +10,9 @@ is recorded (pid, process-group id, start time) in ``<state_dir>/state.json``; `
 signals exactly those process groups and nothing else (on a cluster it did not start: deletes the
 app and RollMux's named actors). The state directory of the last ``up`` is recorded in
 ``~/.rollmux/current`` (``$ROLLMUX_CURRENT``), so later commands find the stack without
-``--state-dir``.
+``--state-dir``; ``down`` keeps the record, so a plain ``up`` restarts that stack (and restores
+its checkpoint). The scheduler's settings: ``--scheduler-config`` / ``$ROLLMUX_SCHEDULER_CONFIG``
+(default ``configs/scheduler.yaml``), validated before anything starts.
 Configuration: ``configs/serve.yaml`` (:class:`rollmux.config.ServeConfig`), ``ROLLMUX_*``
 environment, flags. Ray is imported only inside the commands.
 
@@ -27,14 +29,14 @@ import secrets
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import typer
 from rich.table import Table
 
 from actors.ops.cli_stack import (  # noqa: F401  (_ephemeral_range: the tests read it here)
     console, PROM_TARGETS, EXPOSE_FLAG, MAX_LOCAL_POOL_NODES, _CFG_HELP, _fail, _config, _state_path,
-    _read_state, _write_state, _record_current, _clear_current, _resolve, _non_loopback_addresses,
+    _read_state, _write_state, _record_current, _last_state_dir, _resolve, _non_loopback_addresses,
     _ray_auth_env, _port_free, _ephemeral_range, _free_port, _alive, _ray_temp_dir, _ray_node_dir, _ray_cli, _spawn,
     _wait_port, _stop, _write_prometheus_targets, _install_grafana_dashboard, _print_urls, _env_lines, _http,
     _fmt,
@@ -42,6 +44,9 @@ from actors.ops.cli_stack import (  # noqa: F401  (_ephemeral_range: the tests r
 from actors.ops.ray_dirs import HEAD_KEY, UnsafeDirError
 from rollmux.config import ConfigError, ServeConfig, load_cluster, load_job
 from rollmux.nodes import HEAD_RESOURCE, NODE_RESOURCE_UNITS, node_id, node_resource, pool_resource
+
+if TYPE_CHECKING:
+    from rollmux.admission import SchedulerConfig
 
 #: ``deploy(cfg, token) -> base URL`` of the HTTP admission app, given by :func:`register`.
 _DEPLOY: Optional[Callable[[ServeConfig, str], str]] = None
@@ -54,6 +59,9 @@ def up(
     port: Optional[int] = typer.Option(None, help="HTTP port (default 8000)"),
     cluster_spec: Optional[Path] = typer.Option(None, "--cluster-spec", help="cluster YAML for the scheduler "
                                                 "(default configs/cluster_local.yaml)"),
+    scheduler_config: Optional[Path] = typer.Option(None, "--scheduler-config", help="scheduler settings YAML: tenant "
+                                                    "quotas, priority classes, queue, preemption (default "
+                                                    "configs/scheduler.yaml, or $ROLLMUX_SCHEDULER_CONFIG)"),
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="state, token and checkpoint directory"),
     address: Optional[str] = typer.Option(None, "--address", help="deploy the scheduler and the API onto this running "
                                           "Ray cluster (GCS host:port, or 'auto'; run on its head node) instead of starting one"),
@@ -75,9 +83,16 @@ def up(
     """Start a local Ray head (token mode), the GlobalScheduler and the HTTP admission API; wait for /healthz.
 
     With ``--address``: deploy the scheduler and the API onto a running Ray cluster instead."""
-    cfg = _config(config, host=host, port=port, cluster_spec=cluster_spec, state_dir=state_dir, ray_port=ray_port,
-                  dashboard_port=dashboard_port, metrics_export_port=metrics_export_port,
-                  open_read_routes=open_read_routes, start_pool_nodes=pool_nodes, ray_auth=ray_auth, ray_address=address)
+    given = dict(host=host, port=port, cluster_spec=cluster_spec, ray_port=ray_port, dashboard_port=dashboard_port,
+                 metrics_export_port=metrics_export_port, open_read_routes=open_read_routes, start_pool_nodes=pool_nodes,
+                 ray_auth=ray_auth, ray_address=address, scheduler_config=scheduler_config)
+    cfg = _config(config, state_dir=state_dir, **given)
+    last = _last_state_dir()
+    if state_dir is None and "state_dir" not in cfg.model_fields_set and last not in (None, cfg.state_dir):
+        # no state dir chosen (flag, $ROLLMUX_STATE_DIR, serve config): the last `up`'s stack, stopped
+        # or not, so that `up --state-dir X; down; up` restores X's checkpoint
+        cfg = _config(config, state_dir=last, **given)
+        console.print(f"state dir {last} (the last `rollmux up`'s; --state-dir chooses another)")
     state = _read_state(cfg)
     if state and (any(_alive(r) for r in state.get("processes", [])) or state.get("mode") == "attached"):
         console.print(f"[yellow]RollMux is already up[/] (state {_state_path(cfg)}); `rollmux down` stops it.")
@@ -99,10 +114,14 @@ def up(
     for what, p in [("port", cfg.port), *ports]:
         if not _port_free(p):
             _fail(f"{what} {p} on 127.0.0.1 is already in use; choose another (--{what.replace('_', '-')} or ROLLMUX_{what.upper()})", 2)
+    from rollmux.admission import load_scheduler_config
+
     try:
         cluster = load_cluster(cfg.cluster_spec)
+        settings = load_scheduler_config(cfg.scheduler_config)  # validated before anything starts
     except ConfigError as e:
         _fail(str(e), 2)
+    _check_checkpoint(cfg)
     token = cfg.resolve_token()
     generated = token is None
     if generated:
@@ -118,7 +137,7 @@ def up(
     env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
     os.environ.update({k: env[k] for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED", "RAY_AUTH_TOKEN_PATH") if k in env})
     if cfg.ray_address:
-        _up_attached(cfg, cluster, token, ray_token, timeout_s)
+        _up_attached(cfg, cluster, settings, token, ray_token, timeout_s)
         if generated:
             console.print(f"generated a new API token in {cfg.token_path} (mode 0600)")
         return
@@ -135,7 +154,7 @@ def up(
         "dashboard_url": f"http://127.0.0.1:{cfg.dashboard_port}",
         "metrics_url": f"http://127.0.0.1:{cfg.metrics_export_port}/metrics",
         "ray_client_address": f"ray://127.0.0.1:{client_port}",
-        "config": cfg.model_dump(mode="json", exclude={"token"}),
+        "config": cfg.model_dump(mode="json", exclude={"token"}), "scheduler_config_sha256": settings.sha256(),
     }
     deadline = time.monotonic() + timeout_s
     try:
@@ -165,7 +184,7 @@ def up(
                         _start_pool_node(cfg, state, address, nid, pool, cluster.pool(pool).node.gpus_per_node,  # type: ignore[arg-type]
                                          logs, env, deadline)
             st.update("starting the GlobalScheduler and the Serve app ...")
-            _start_scheduler_and_app(cfg, cluster, token, deadline)
+            _start_scheduler_and_app(cfg, cluster, settings, token, deadline)
             st.update(f"waiting for {cfg.base_url}/healthz ...")
             _wait_healthy(cfg, deadline)
     except typer.Exit:
@@ -188,7 +207,24 @@ def up(
     _print_urls(cfg, state)
 
 
-def _up_attached(cfg: ServeConfig, cluster, token: str, ray_token: Optional[str], timeout_s: float) -> None:
+def _check_checkpoint(cfg: ServeConfig) -> None:
+    """Read the scheduler checkpoint ``up`` will restore, before anything starts: a damaged one
+    exits with the scheduler's own refusal (where it is, how to recover) instead of a scheduler
+    actor that dies at start-up."""
+    from actors.naming import SCHEDULER_NAME
+    from actors.scheduler.checkpoint import Checkpoint, CheckpointError
+    from actors.scheduler.kv import FileKV
+
+    if not cfg.checkpoint.is_dir():
+        return
+    try:
+        Checkpoint(FileKV(cfg.checkpoint), cfg.scheduler_name or SCHEDULER_NAME).load()
+    except CheckpointError as e:
+        _fail(str(e), 2)
+
+
+def _up_attached(cfg: ServeConfig, cluster, settings: SchedulerConfig, token: str, ray_token: Optional[str],
+                 timeout_s: float) -> None:
     """``rollmux up --address``: the scheduler and the Serve app on a Ray cluster started elsewhere.
 
     Checks that the cluster's nodes carry ``rollmux_node:<id>`` for every node of a bounded spec
@@ -197,7 +233,8 @@ def _up_attached(cfg: ServeConfig, cluster, token: str, ray_token: Optional[str]
     deadline = time.monotonic() + timeout_s
     state = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "mode": "attached",
              "ray_address": cfg.ray_address, "ray_auth": cfg.ray_auth, "ray_token": ray_token,
-             "base_url": cfg.base_url, "processes": [], "config": cfg.model_dump(mode="json", exclude={"token"})}
+             "base_url": cfg.base_url, "processes": [], "config": cfg.model_dump(mode="json", exclude={"token"}),
+             "scheduler_config_sha256": settings.sha256()}
     try:
         with console.status(f"connecting to the Ray cluster at {cfg.ray_address} ..."):
             _connect(cfg, cfg.ray_address)  # type: ignore[arg-type]
@@ -212,7 +249,7 @@ def _up_attached(cfg: ServeConfig, cluster, token: str, ray_token: Optional[str]
             except ValueError:
                 state["serve_was_running"] = False
             state["dashboard_url"] = _dashboard_url()
-            _start_scheduler_and_app(cfg, cluster, token, deadline)
+            _start_scheduler_and_app(cfg, cluster, settings, token, deadline)
         _write_state(cfg, state)
         _wait_healthy(cfg, deadline)
     except typer.Exit:
@@ -290,7 +327,10 @@ def _start_pool_node(cfg: ServeConfig, state: dict, address: str, nid: str, pool
     _fail(f"Ray node {nid} did not join the cluster; see {logs / f'ray-{nid}.log'}")
 
 
-def _start_scheduler_and_app(cfg: ServeConfig, cluster, token: str, deadline: float) -> None:
+def _start_scheduler_and_app(cfg: ServeConfig, cluster, settings: SchedulerConfig, token: str, deadline: float) -> None:
+    """The GlobalScheduler (with ``settings``, unless it restores its checkpoint's), the Serve app
+    and the rollout service. Exits when ``cfg.scheduler_config`` was given but the scheduler,
+    restored from its checkpoint, runs with other settings (the file would be silently ignored)."""
     import ray
 
     from actors.scheduler.global_scheduler import get_or_create_scheduler
@@ -300,14 +340,9 @@ def _start_scheduler_and_app(cfg: ServeConfig, cluster, token: str, deadline: fl
         _fail("the HTTP app is not wired into this CLI (use the `rollmux` command, rollmux_cli.app)")
     try:
         kw = {"name": cfg.scheduler_name} if cfg.scheduler_name else {}
-        sched = SchedulerHandle(get_or_create_scheduler(cluster, checkpoint_path=str(cfg.checkpoint), **kw))
-        try:
-            sched.health(timeout_s=max(5.0, deadline - time.monotonic()))
-        except Exception as e:  # e.g. a bad checkpoint: the scheduler refuses to start and says why
-            why = next((ln.strip() for ln in str(e).splitlines() if "refusing to start" in ln), None)
-            if why is None:
-                raise
-            _fail(why[why.index("refusing to start"):])
+        sched = SchedulerHandle(get_or_create_scheduler(cluster, checkpoint_path=str(cfg.checkpoint),
+                                                        config=settings, **kw))
+        _refuse_other_settings(cfg, sched.health(timeout_s=max(5.0, deadline - time.monotonic())), settings)
         _DEPLOY(cfg, token)
         from actors.rollout.service import ensure_rollout_service, service_name
 
@@ -315,6 +350,16 @@ def _start_scheduler_and_app(cfg: ServeConfig, cluster, token: str, deadline: fl
             timeout_s=max(30.0, deadline - time.monotonic()))
     finally:
         ray.shutdown()
+
+
+def _refuse_other_settings(cfg: ServeConfig, health: dict, settings: SchedulerConfig) -> None:
+    """Exit (2) when ``cfg.scheduler_config`` was given but the scheduler runs with other settings
+    (``health["config_sha256"]``): it restored its checkpoint, whose settings it keeps."""
+    if cfg.scheduler_config is not None and health.get("config_sha256") != settings.sha256():
+        _fail(f"--scheduler-config {cfg.scheduler_config}: the scheduler restored its checkpoint ({cfg.checkpoint}), "
+              "whose settings differ from this file's, and a restored scheduler keeps the checkpoint's settings. To "
+              "run with this file: `rollmux down --purge` (drops the checkpoint and the admitted jobs' records), then "
+              "`rollmux up --scheduler-config ...` again", 2)
 
 
 def _wait_healthy(cfg: ServeConfig, deadline: float) -> None:
@@ -361,7 +406,6 @@ def down(
             console.print(line)
         _state_path(cfg).unlink(missing_ok=True)
         console.print("[bold]RollMux is down.[/]")
-    _clear_current(cfg.state_dir)
     if purge:
         for d in (cfg.checkpoint, _ray_temp_dir(cfg), cfg.state_dir / "logs"):
             shutil.rmtree(d, ignore_errors=True)

@@ -2,7 +2,7 @@
 
 What ``rollmux up`` records and ``rollmux down`` reads: every process it starts (pid,
 process-group id, start time) in ``<state_dir>/state.json``, the state directory of the last
-``up`` (``~/.rollmux/current``, ``$ROLLMUX_CURRENT``), Ray's token-mode environment, free ports
+``up``, kept after ``down`` (``~/.rollmux/current``, ``$ROLLMUX_CURRENT``), Ray's token-mode environment, free ports
 outside the kernel's ephemeral range, the stack's URLs and Prometheus targets, and the CLI's
 error exit (:func:`_fail`). The commands themselves are :mod:`actors.ops.cli_ops`.
 """
@@ -80,13 +80,14 @@ def _record_current(state_dir: Path) -> None:
     p.write_text(str(state_dir.absolute()) + "\n")
 
 
-def _clear_current(state_dir: Path) -> None:
-    p = _current_path()
+def _last_state_dir() -> Optional[Path]:
+    """The state directory of the last ``rollmux up`` (running or stopped: ``down`` keeps the
+    record, so a plain ``up`` restarts that stack and restores its checkpoint), None if none."""
     try:
-        if Path(p.read_text().strip()) == state_dir.absolute():
-            p.unlink()
+        p = Path(_current_path().read_text().strip())
     except OSError:
-        pass
+        return None
+    return p if p.is_absolute() and p.is_dir() else None
 
 
 def _resolve(config: Optional[Path], state_dir: Optional[Path], **overrides: Any) -> tuple[ServeConfig, Optional[dict]]:

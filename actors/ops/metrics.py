@@ -49,7 +49,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 log = logging.getLogger("rollmux.metrics")
 
@@ -88,40 +88,40 @@ class RollmuxMetrics:
             self._thread = threading.Thread(target=self._loop, name="rollmux-metrics", daemon=True)
             self._thread.start()
 
-    # ---- recording API (cheap: append only)
+    # ---- recording API (cheap: append only; each pushes the bound method that applies it)
     def admission(self, outcome: str, latency_ms: float) -> None:
-        self._push("admission", (outcome, float(latency_ms)))
+        self._push(self._admission, outcome, float(latency_ms))
 
     def job(self, job_id: str, *, slowdown: Optional[float] = None, slo: Optional[float] = None,
             iterations: Optional[int] = None) -> None:
-        self._push("job", (job_id, slowdown, slo, iterations))
+        self._push(self._job, job_id, slowdown, slo, iterations)
 
     def job_ended(self, job_id: str, *, ignore_late: bool = True) -> None:
         """The job finished, failed or departed (or left this recorder's group): its per-job totals
         (slowdown, SLO, iterations, sync bytes) are dropped and its gauges no longer refreshed, so
         Ray's exporter drops them; with ``ignore_late`` later :meth:`job` updates for it are ignored
         (a GroupController passes False: a job moved away may come back)."""
-        self._push("job_gone", (job_id, bool(ignore_late)))
+        self._push(self._job_gone, job_id, bool(ignore_late))
 
     def group_cost(self, group_id: str, usd_per_h: float) -> None:
-        self._push("group_cost", (group_id, float(usd_per_h)))
+        self._push(self._group_cost, group_id, float(usd_per_h))
 
     def group_dissolved(self, group_id: str) -> None:
         """The group ceased to exist: its cost gauge reads 0, then is no longer refreshed (Ray's
         exporter drops it after about two export intervals, so dissolved groups do not pile up)."""
-        self._push("group_gone", (group_id,))
+        self._push(self._group_gone, group_id)
 
     def job_moves(self, n: int) -> None:
         """``n`` jobs were moved by departure re-packing."""
         if n:
-            self._push("moves", (int(n),))
+            self._push(self._moves, int(n))
 
     def slo_action(self, action: str) -> None:
         """The SLO watch took ``action`` (:data:`rollmux.admission.slo_watch.ACTIONS`)."""
-        self._push("slo_action", (str(action),))
+        self._push(self._count, "slo_actions", "action", str(action))
 
     def pool_time(self, pool: str, busy_s: float = 0.0, bubble_s: float = 0.0) -> None:
-        self._push("pool_time", (pool, float(busy_s), float(bubble_s)))
+        self._push(self._pool_time, pool, float(busy_s), float(bubble_s))
 
     def group_timeline(self, group_id: str, records: list, nodes: dict, window: tuple[float, float]) -> None:
         """Account a group's busy / bubble time from its phase records (cheap: the occupancy is
@@ -134,37 +134,38 @@ class RollmuxMetrics:
         """
         with self._lock:
             self._timelines[group_id] = (records, nodes, window)
-        self._push("timeline", (group_id,))
+        self._push(self._timeline, group_id)
 
     def phase_switch(self, kind: str, seconds: float) -> None:
-        self._push("switch", (kind, float(seconds)))
+        self._push(self._switch, kind, float(seconds))
 
     def reconcile(self, seconds: float, loop: str = "controllers") -> None:
         """Duration of the last pass of a reconcile loop (the GlobalScheduler's), s."""
-        self._push("reconcile", (loop, float(seconds)))
+        self._push(self._gauge, "reconcile_s", "loop", loop, float(seconds))
+
     def queue(self, length: int, oldest_wait_s: float) -> None:
         """The admission queue now holds ``length`` jobs; the first in line has waited ``oldest_wait_s``."""
-        self._push("queue", (int(length), float(oldest_wait_s)))
+        self._push(self._queue, int(length), float(oldest_wait_s))
 
     def preemption(self, priority_class: str) -> None:
         """A job of ``priority_class`` was preempted for a higher class (:mod:`rollmux.preemption`)."""
-        self._push("preemption", (str(priority_class),))
+        self._push(self._count, "preemptions", "class", str(priority_class))
 
     def queue_wait(self, wait_s: float) -> None:
         """A queued job was admitted after waiting ``wait_s`` seconds."""
-        self._push("queue_wait", (float(wait_s),))
+        self._push(self._queue_wait, float(wait_s))
 
     def sync_cross_bytes(self, job_id: str, nbytes: int) -> None:
         """One weight sync of ``job_id`` sent ``nbytes`` across the pool boundary (counted by the
         sync executors / object-store transfers, not taken from the plan)."""
-        self._push("sync_cross", (job_id, int(nbytes)))
+        self._push(self._sync_cross, job_id, int(nbytes))
 
-    def _push(self, kind: str, args: tuple) -> None:
-        self._q.append((kind, args))
+    def _push(self, apply: Callable[..., None], *args: Any) -> None:
+        self._q.append((apply, args))
         if self.flush_interval_s <= 0:
             self.flush()
 
-    # ---- application
+    # ---- application (on the flush thread: one method per update)
     def _metrics(self) -> dict[str, Any]:
         if self._m is None:
             from ray.util.metrics import Counter, Gauge, Histogram
@@ -206,121 +207,128 @@ class RollmuxMetrics:
         """Apply every buffered update; returns how many were applied."""
         n = 0
         while self._q:
-            kind, args = self._q.popleft()
+            apply, args = self._q.popleft()
             try:
-                self._apply(kind, args)
+                apply(*args)
             except Exception:  # metrics must never break the control plane
-                log.exception("metric update %s%r failed", kind, args)
+                log.exception("metric update %s%r failed", apply.__name__, args)
             n += 1
         return n
 
-    def _apply(self, kind: str, a: tuple) -> None:
-        t = self.totals
-        m = self._metrics() if self.enabled else None
-        if kind == "admission":
-            outcome, lat = a
-            t["decisions"][outcome] = t["decisions"].get(outcome, 0) + 1
-            if m:
-                m["decisions"].inc(1.0, tags={"outcome": outcome})
-                m["latency"].observe(lat)
-        elif kind == "job":
-            job_id, slowdown, slo, iters = a
-            if job_id in self._ended:
-                return
-            for key, v in (("slowdown", slowdown), ("slo", slo), ("iters", iters)):
-                if v is not None:
-                    t[key][job_id] = v
-                    if m:
-                        m[key].set(float(v), tags={"job_id": job_id})
-        elif kind == "job_gone":
-            job_id, ignore_late = a
-            for key in self.JOB_GAUGES + ("sync_cross_bytes", "sync_cross_last"):
-                t[key].pop(job_id, None)
-            if not ignore_late:
-                return
-            self._ended[job_id] = None
-            while len(self._ended) > self.ENDED_MEMORY:
-                self._ended.popitem(last=False)
-        elif kind == "group_cost":
-            gid, usd = a
-            t["cost"][gid] = usd
-            if m:
-                m["cost"].set(usd, tags={"group_id": gid})
-        elif kind == "group_gone":
-            (gid,) = a
-            t["cost"].pop(gid, None)
-            if m:
-                m["cost"].set(0.0, tags={"group_id": gid})
-        elif kind == "moves":
-            t["moves"] = t.get("moves", 0) + a[0]
-            if m:
-                m["moves"].inc(float(a[0]))
-        elif kind == "preemption":
-            (cls,) = a
-            t.setdefault("preemptions", {})[cls] = t.get("preemptions", {}).get(cls, 0) + 1
-            if m:
-                m["preemptions"].inc(1.0, tags={"class": cls})
-        elif kind == "slo_action":
-            (action,) = a
-            t.setdefault("slo_actions", {})[action] = t.get("slo_actions", {}).get(action, 0) + 1
-            if m:
-                m["slo_actions"].inc(1.0, tags={"action": action})
-        elif kind == "pool_time":
-            pool, busy, bubble = a
-            t["busy"][pool] = t["busy"].get(pool, 0.0) + busy
-            t["bubble"][pool] = t["bubble"].get(pool, 0.0) + bubble
-            if m:
-                m["busy"].set(t["busy"][pool], tags={"pool": pool})
-                m["bubble"].set(t["bubble"][pool], tags={"pool": pool})
-        elif kind == "reconcile":
-            loop, sec = a
-            t["reconcile_s"][loop] = sec
-            if m:
-                m["reconcile_s"].set(sec, tags={"loop": loop})
-        elif kind == "timeline":
-            from rollmux.occupancy import occupancy
+    def _m_or_none(self) -> Optional[dict[str, Any]]:
+        return self._metrics() if self.enabled else None
 
-            (gid,) = a
-            with self._lock:
-                pending = self._timelines.pop(gid, None)
-            if pending is None:  # already accounted by an earlier update of this flush
-                return
-            records, nodes, window = pending
-            occ = occupancy(list(records), nodes, window=window)
-            t["occ"][gid] = {p: (o.busy_gpu_s, o.capacity_gpu_s) for p, o in occ.items()}
-            for pool in occ:
-                busy = sum(v[pool][0] for v in t["occ"].values())
-                cap = sum(v[pool][1] for v in t["occ"].values())
-                t["busy"][pool], t["bubble"][pool] = busy, cap - busy
-                t["bubble_ratio"][pool] = (cap - busy) / cap if cap > 0 else 0.0
+    def _admission(self, outcome: str, lat: float) -> None:
+        t = self.totals
+        t["decisions"][outcome] = t["decisions"].get(outcome, 0) + 1
+        if m := self._m_or_none():
+            m["decisions"].inc(1.0, tags={"outcome": outcome})
+            m["latency"].observe(lat)
+
+    def _job(self, job_id: str, slowdown: Optional[float], slo: Optional[float], iters: Optional[int]) -> None:
+        if job_id in self._ended:
+            return
+        m = self._m_or_none()
+        for key, v in (("slowdown", slowdown), ("slo", slo), ("iters", iters)):
+            if v is not None:
+                self.totals[key][job_id] = v
                 if m:
-                    for key in ("busy", "bubble", "bubble_ratio"):
-                        m[key].set(t[key][pool], tags={"pool": pool})
-        elif kind == "sync_cross":
-            job_id, nb = a
-            t["sync_cross_bytes"][job_id] = t["sync_cross_bytes"].get(job_id, 0) + nb
-            t["sync_cross_last"][job_id] = nb
+                    m[key].set(float(v), tags={"job_id": job_id})
+
+    def _job_gone(self, job_id: str, ignore_late: bool) -> None:
+        for key in self.JOB_GAUGES + ("sync_cross_bytes", "sync_cross_last"):
+            self.totals[key].pop(job_id, None)
+        if not ignore_late:
+            return
+        self._ended[job_id] = None
+        while len(self._ended) > self.ENDED_MEMORY:
+            self._ended.popitem(last=False)
+
+    def _group_cost(self, gid: str, usd: float) -> None:
+        self.totals["cost"][gid] = usd
+        if m := self._m_or_none():
+            m["cost"].set(usd, tags={"group_id": gid})
+
+    def _group_gone(self, gid: str) -> None:
+        self.totals["cost"].pop(gid, None)
+        if m := self._m_or_none():
+            m["cost"].set(0.0, tags={"group_id": gid})
+
+    def _moves(self, n: int) -> None:
+        self.totals["moves"] = self.totals.get("moves", 0) + n
+        if m := self._m_or_none():
+            m["moves"].inc(float(n))
+
+    def _count(self, key: str, tag: str, label: str) -> None:
+        """One event of counter ``key`` (``slo_actions``, ``preemptions``) with ``tag=label``."""
+        counts = self.totals.setdefault(key, {})
+        counts[label] = counts.get(label, 0) + 1
+        if m := self._m_or_none():
+            m[key].inc(1.0, tags={tag: label})
+
+    def _gauge(self, key: str, tag: str, label: str, value: float) -> None:
+        """Gauge ``key`` (``reconcile_s``) of ``tag=label`` set to ``value``."""
+        self.totals[key][label] = value
+        if m := self._m_or_none():
+            m[key].set(value, tags={tag: label})
+
+    def _pool_time(self, pool: str, busy: float, bubble: float) -> None:
+        t = self.totals
+        t["busy"][pool] = t["busy"].get(pool, 0.0) + busy
+        t["bubble"][pool] = t["bubble"].get(pool, 0.0) + bubble
+        if m := self._m_or_none():
+            m["busy"].set(t["busy"][pool], tags={"pool": pool})
+            m["bubble"].set(t["bubble"][pool], tags={"pool": pool})
+
+    def _timeline(self, gid: str) -> None:
+        from rollmux.occupancy import occupancy
+
+        with self._lock:
+            pending = self._timelines.pop(gid, None)
+        if pending is None:  # already accounted by an earlier update of this flush
+            return
+        t, m = self.totals, self._m_or_none()
+        records, nodes, window = pending
+        occ = occupancy(list(records), nodes, window=window)
+        t["occ"][gid] = {p: (o.busy_gpu_s, o.capacity_gpu_s) for p, o in occ.items()}
+        for pool in occ:
+            busy = sum(v[pool][0] for v in t["occ"].values())
+            cap = sum(v[pool][1] for v in t["occ"].values())
+            t["busy"][pool], t["bubble"][pool] = busy, cap - busy
+            t["bubble_ratio"][pool] = (cap - busy) / cap if cap > 0 else 0.0
             if m:
-                m["sync_cross"].inc(float(nb), tags={"job_id": job_id})
-                m["sync_last"].set(float(nb), tags={"job_id": job_id})
-        elif kind == "queue":
-            n, oldest = a
-            t["queue_jobs"]["admission"], t["queue_oldest_s"]["admission"] = n, oldest
-            if m:
-                m["queue_jobs"].set(float(n), tags={"queue": "admission"})
-                m["queue_oldest_s"].set(oldest, tags={"queue": "admission"})
-        elif kind == "queue_wait":
-            t["queue_waits"] = t.get("queue_waits", 0) + 1
-            t["queue_wait_total_s"] = t.get("queue_wait_total_s", 0.0) + a[0]
-            if m:
-                m["queue_wait"].observe(a[0])
-        elif kind == "switch":
-            k, s = a
-            t["switches"][k] = t["switches"].get(k, 0) + 1
-            t["switch_s"][k] = s
-            if m:
-                m["switches"].inc(1.0, tags={"kind": k})
-                m["switch_s"].set(s, tags={"kind": k})
+                for key in ("busy", "bubble", "bubble_ratio"):
+                    m[key].set(t[key][pool], tags={"pool": pool})
+
+    def _sync_cross(self, job_id: str, nb: int) -> None:
+        t = self.totals
+        t["sync_cross_bytes"][job_id] = t["sync_cross_bytes"].get(job_id, 0) + nb
+        t["sync_cross_last"][job_id] = nb
+        if m := self._m_or_none():
+            m["sync_cross"].inc(float(nb), tags={"job_id": job_id})
+            m["sync_last"].set(float(nb), tags={"job_id": job_id})
+
+    def _queue(self, n: int, oldest: float) -> None:
+        t = self.totals
+        t["queue_jobs"]["admission"], t["queue_oldest_s"]["admission"] = n, oldest
+        if m := self._m_or_none():
+            m["queue_jobs"].set(float(n), tags={"queue": "admission"})
+            m["queue_oldest_s"].set(oldest, tags={"queue": "admission"})
+
+    def _queue_wait(self, wait_s: float) -> None:
+        t = self.totals
+        t["queue_waits"] = t.get("queue_waits", 0) + 1
+        t["queue_wait_total_s"] = t.get("queue_wait_total_s", 0.0) + wait_s
+        if m := self._m_or_none():
+            m["queue_wait"].observe(wait_s)
+
+    def _switch(self, kind: str, s: float) -> None:
+        t = self.totals
+        t["switches"][kind] = t["switches"].get(kind, 0) + 1
+        t["switch_s"][kind] = s
+        if m := self._m_or_none():
+            m["switches"].inc(1.0, tags={"kind": kind})
+            m["switch_s"].set(s, tags={"kind": kind})
 
     def refresh(self) -> int:
         """Re-record every gauge at its last value (keeps it on the endpoint); returns the count."""

@@ -9,8 +9,8 @@ Engines (one interface, :class:`RolloutEngine`):
   replay items by a prompt log-probability pass, state queries by a short generation.
 * :class:`SimulatedEngine`: the same contract on a virtual clock with a cost model of one H20
   serving a 7B model (prefill FLOPs, memory-bound decode steps), for scale runs.
-* :class:`VLLMEngine`: vLLM's ``LLMEngine`` with automatic prefix caching on, written against
-  vLLM's API, import-guarded (GPU hosts only; untested on this CPU machine).
+* :class:`actors.rollout.vllm_engine.VLLMEngine`: vLLM's ``LLMEngine`` with automatic prefix
+  caching on (vLLM's CPU build in the test command, or CUDA).
 
 :func:`serve` runs scheduling windows: poll arrivals and cancellations (queued requests are dropped,
 running ones aborted: the engine stops them before the next slice, their KV slot is free in the
@@ -564,77 +564,3 @@ class CPUEngine(_WallClockEngine):
                 if not self._live:
                     break
         return done
-
-
-# ----------------------------------------------------------------------------- vLLM engine
-class VLLMEngine(_WallClockEngine):
-    """vLLM ``LLMEngine`` adapter with automatic prefix caching (GPU hosts; import-guarded).
-
-    Each window adds the scheduler's batch with ``LLMEngine.add_request`` and runs
-    ``slice_steps`` engine steps; finished ``RequestOutput`` s become completions. Reward queries
-    run with ``max_tokens=1`` and ``logprobs=1`` (score: the sampled token's log-probability);
-    replay items with ``prompt_logprobs=0`` (score: mean prompt log-probability).
-    ``on_weights_updated`` resets vLLM's prefix cache (KV made by old weights is stale).
-    ``ignore_eos``: generation requests run to their ``max_tokens`` (length-exact tests).
-
-    Raises:
-        ImportError: vLLM is not installed (``pip install 'rollmux[gpu]'``).
-    """
-
-    def __init__(self, model: str, *, slice_steps: int = 8, seed: int = 0, ignore_eos: bool = False,
-                 **engine_kwargs: Any):
-        try:
-            from vllm import EngineArgs, LLMEngine, SamplingParams
-        except ImportError as e:  # pragma: no cover - GPU hosts only
-            raise ImportError("VLLMEngine needs vLLM (GPU hosts): pip install 'rollmux[gpu]'") from e
-        self._SamplingParams = SamplingParams
-        args = EngineArgs(model=model, enable_prefix_caching=True, seed=seed, **engine_kwargs)
-        self.engine = LLMEngine.from_engine_args(args)
-        self.slice_steps = slice_steps
-        self.ignore_eos = bool(ignore_eos)  # generations run to max_tokens (a random model may emit <eos> early)
-        self._t0 = time.monotonic()
-        self._types: dict[str, RequestType] = {}
-
-    @property
-    def running(self) -> int:
-        return self.engine.get_num_unfinished_requests()
-
-    def admit(self, batch: list[Request], hits: dict[str, int]) -> None:  # pragma: no cover - GPU only
-        SP = self._SamplingParams
-        for r in batch:
-            if r.type is RequestType.REWARD:
-                p = SP(max_tokens=1, logprobs=1, temperature=1.0)
-            elif r.type is RequestType.REPLAY:
-                p = SP(max_tokens=1, prompt_logprobs=0)
-            else:
-                p = SP(max_tokens=r.max_tokens, temperature=1.0, ignore_eos=self.ignore_eos)
-            self._types[r.request_id] = r.type
-            self.engine.add_request(r.request_id, {"prompt_token_ids": list(r.prompt_token_ids)}, p)
-
-    def step(self) -> list[Completion]:  # pragma: no cover - GPU only
-        done = []
-        for _ in range(self.slice_steps):
-            if not self.engine.has_unfinished_requests():
-                break
-            for out in self.engine.step():
-                if not out.finished:
-                    continue
-                t = self._types.pop(out.request_id, RequestType.GENERATION)
-                o = out.outputs[0]
-                score = None
-                if t is RequestType.REWARD and o.logprobs:
-                    score = float(next(iter(o.logprobs[0].values())).logprob)
-                elif t is RequestType.REPLAY and out.prompt_logprobs:
-                    vals = [next(iter(d.values())).logprob for d in out.prompt_logprobs if d]
-                    score = float(np.mean(vals)) if vals else 0.0
-                toks = () if t in (RequestType.REWARD, RequestType.REPLAY) else tuple(o.token_ids)
-                done.append(Completion(out.request_id, toks, self.now(), score=score))
-        return done
-
-    def on_weights_updated(self, version: int) -> None:  # pragma: no cover - GPU only
-        self.engine.reset_prefix_cache()
-
-    def abort(self, request_ids: list[str]) -> None:  # pragma: no cover - GPU only
-        self.engine.abort_request(list(request_ids))
-        for rid in request_ids:
-            self._types.pop(rid, None)

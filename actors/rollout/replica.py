@@ -5,8 +5,9 @@ each :meth:`EngineReplica.window` call is one scheduling window on the engine: l
 version first (the engine drops its prefix KV, made by the old weights), stop aborted requests
 (their KV freed before the batch starts), start the batch, run one time slice (``slice_tokens``
 decode steps per running generation) and report what finished. Requests that asked for them get
-the log-probability of each sampled token. On GPU hosts (``service.engine: vllm``) a
-:class:`actors.rollout.engine.VLLMEngine` takes the same place (no token log-probs there).
+the log-probability of each sampled token. With ``service.engine: vllm`` a
+:class:`actors.rollout.vllm_engine.VLLMEngine` takes the same place (no token log-probs there),
+its KV cache sized to the scheduler's ``kv_capacity_tokens`` and its context to ``context_tokens``.
 """
 
 from __future__ import annotations
@@ -53,10 +54,12 @@ class EngineReplica:
 
         cfg = RolloutSchedConfig.model_validate(config)
         self.index = index
-        if cfg.service.engine == "vllm":  # GPU hosts (import-guarded; no token log-probs from this adapter)
-            from actors.rollout.engine import VLLMEngine
+        if cfg.service.engine == "vllm":  # vLLM's CPU build or CUDA (no token log-probs from this adapter)
+            from actors.rollout.vllm_engine import VLLMEngine
 
-            self.engine: Any = VLLMEngine(cfg.service.vllm_model, slice_steps=cfg.slice_tokens, seed=seed)
+            self.engine: Any = VLLMEngine(cfg.service.vllm_model, slice_steps=cfg.slice_tokens, seed=seed,
+                                          kv_capacity_tokens=cfg.budget.kv_capacity_tokens,
+                                          max_model_len=cfg.service.context_tokens)
         else:
             self.engine = _LogprobEngine(vocab_size=cfg.coldstart.vocab_size, max_positions=cfg.service.context_tokens,
                                          slice_tokens=cfg.slice_tokens, seed=seed, num_threads=cfg.service.engine_threads)

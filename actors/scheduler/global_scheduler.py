@@ -377,6 +377,7 @@ class GlobalSchedulerImpl:
     def health(self) -> dict:
         return {"ok": True, "jobs": self.job_store.active(), "groups": len(self.igs.groups), "queued": len(self.queue),
                 "snapshot_version": self.version, "restored": self.restored, "name": self.name,
+                "config_sha256": self.igs.config.sha256(),
                 "unacked_pushes": len(self.reconciler.dirty), "checkpoint_seq": self.store.seq,
                 "checkpoint_base_seq": self.store.base_seq, "compactions_inline": self.compactions_inline,
                 "compactions_off_reply": self.compactions_off_reply, "reopt_planned": self.reopt_planned,

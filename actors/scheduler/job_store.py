@@ -175,7 +175,8 @@ class JobStore:
                                                     "t_sync_s": profile.t_sync_s, "t_solo_s": profile.t_solo_s},
             predicted_slowdown=(decision.get("predicted_slowdowns") or {}).get(job.job_id), admitted_at=now,
             spec_sha256=sha or spec_sha256(job),
-            decision={k: v for k, v in decision.items() if k not in ("candidates", "pruned")})
+            decision={k: v for k, v in decision.items() if k not in ("candidates", "pruned")},
+            admission=admission_summary(decision))
         if queued is not None:
             rec.queued_at, rec.waited_s = queued.enqueued_at, max(0.0, now - queued.enqueued_at)
         cfg = self._policy().config
@@ -305,3 +306,18 @@ class JobStore:
             r.predicted_slowdown = predicted(m.to_group, m.job_id)
             done.append(m)
         return done
+
+
+def admission_summary(decision: dict, most: int = 4) -> dict:
+    """The public ``admission`` of a job record: where its admission decision placed it and why
+    (``JobRecord.admission``): strategy, group, reason, marginal cost, and the rejected placements
+    in existing groups (``group/strategy: filter: reason``, at most ``most``), so that a job
+    isolated in a group of its own says what kept it out of the others."""
+    rejected = [f"{c.get('group_id')}/{c.get('strategy')}: {c.get('plugin')}: {'; '.join(c.get('reasons') or [])}"
+                for c in decision.get("candidates") or [] if c.get("verdict") != "ok" and c.get("group_id")]
+    rejected += [f"{p.get('group_id')}: {p.get('plugin')}: {p.get('reason')}" for p in decision.get("pruned") or []
+                 if isinstance(p, dict)]
+    chosen_only = decision.get("candidates_listed") == "chosen"  # ?explain=chosen: the others were not explained
+    return {"strategy": decision.get("strategy"), "group_id": decision.get("group_id"),
+            "reason": decision.get("reason"), "delta_usd_per_h": decision.get("delta_usd_per_h"),
+            "rejected": None if chosen_only else rejected[:most], "explain": "chosen" if chosen_only else "full"}

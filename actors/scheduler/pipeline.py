@@ -168,10 +168,11 @@ class AdmissionPipeline:
             a.job = JobSpec.model_validate(a.spec)
         except ValidationError as e:
             jid = a.spec.get("job_id") if isinstance(a.spec, dict) else None
-            return self.refusal(jid, Code.INVALID, f"invalid job spec: {e}", a)
+            where = ".".join(map(str, e.errors()[0]["loc"])) if e.errors() else None
+            return self.refusal(jid, Code.INVALID, f"invalid job spec: {e}", a, field=where or None)
         bad = self.rules.class_refusal(a.job)
         if bad:
-            return self.refusal(a.job.job_id, Code.INVALID, f"invalid job spec: {bad}", a)
+            return self.refusal(a.job.job_id, Code.INVALID, f"invalid job spec: {bad}", a, field="priority_class")
         a.sha = spec_sha256(a.job)
         jid = a.job.job_id
         old = self.jobs.get(jid)
@@ -303,12 +304,13 @@ class AdmissionPipeline:
         tenant's quota gates it, or nothing may be preempted for it)."""
         return {"job_id": a.job.job_id, "admitted": False, "kept": True}
 
-    def refusal(self, job_id: Optional[str], code: Code, reason: str, a: Attempt) -> dict:
+    def refusal(self, job_id: Optional[str], code: Code, reason: str, a: Attempt, field: Optional[str] = None) -> dict:
         """A refusal of the scheduler itself (``invalid`` | ``duplicate`` | ...) as an
-        AdmissionDecision (counted in the metrics unless it answers a dry run)."""
+        AdmissionDecision (counted in the metrics unless it answers a dry run; ``field``: the spec
+        field an ``invalid`` one is about, for the HTTP 422's ``errors``)."""
         ms = (time.perf_counter() - a.t0) * 1e3
         if not a.dry_run:
             self.metrics.admission(code.outcome, ms)
         d = AdmissionDecision(job_id=job_id, admitted=False, code=code, reason=reason, policy=self.policy.igs.policy,
-                              delta_usd_per_h=None, latency_ms=ms)
+                              delta_usd_per_h=None, latency_ms=ms, field=field)
         return d.to_dict()

@@ -37,7 +37,13 @@ KEEP_COMMITS = 3  # committed phase states kept per job, pool and rank (a redo n
 class WorkerLost(RuntimeError):
     """A phase was interrupted because one of the job's workers was lost (died, or restarted
     without the job's state). The driver redoes the phase from the job's last committed state.
-    Its message contains "cannot be recovered" when the state needed is not committed."""
+
+    ``recoverable``: False when the state the redo needs is not committed (the message says what
+    is missing): the job cannot go on, and the driver does not try."""
+
+    def __init__(self, msg: str, recoverable: bool = True):
+        super().__init__(msg)
+        self.recoverable = bool(recoverable)  # an instance attribute: it survives pickling across Ray
 
 
 def _commit_path(prefix: str, seq: int) -> Path:
@@ -157,7 +163,8 @@ class Commits:
         path = _commit_path(self.prefix, seq)
         if not path.is_file():
             raise WorkerLost(f"worker on {self.node} was lost and job {self.job!r}'s state after its {self.pool} "
-                             f"phase {seq} was not committed ({path.name} missing): it cannot be recovered")
+                             f"phase {seq} was not committed ({path.name} missing): it cannot be recovered",
+                             recoverable=False)
         body = load_file(path)
         if "state_of" in body:
             body = {**self.load(int(body["state_of"])), "result": body.get("result")}
@@ -176,7 +183,7 @@ class Commits:
         if unsaved:
             raise WorkerLost(f"worker on {self.node} was lost and job {self.job!r}'s state cannot be recovered: "
                              f"its resident {', '.join(f'{k} ({t})' for k, t in sorted(unsaved.items()))} "
-                             "keeps state outside the commits (no state_dict)")
+                             "keeps state outside the commits (no state_dict)", recoverable=False)
         state = restore_state(state, dict(body["state"]))
         for k, sd in (body.get("resident_state") or {}).items():
             if hasattr(state.get(k), "load_state_dict"):

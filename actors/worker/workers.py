@@ -359,6 +359,8 @@ class _PoolWorker:
         import ray
 
         torch = sys.modules.get("torch")
+        if torch is not None:  # another thread may be importing it (a job's registration): wait for the module
+            import torch
         return WorkerPlace(ray_node_id=ray.get_runtime_context().get_node_id(), node=self.node, pool=self.pool,
                            ip=ray.util.get_node_ip_address(), pid=os.getpid(),
                            torch_threads=torch.get_num_threads() if torch is not None else 1,
@@ -605,7 +607,7 @@ class _PoolWorker:
             rec = rec.replace(ok=True)
         except BaseException as e:
             rec = rec.replace(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=8))
-            lost = None if isinstance(e, WorkerLost) and "cannot be recovered" in str(e) else \
+            lost = None if isinstance(e, WorkerLost) and not e.recoverable else \
                 (str(e) if isinstance(e, WorkerLost) else self._peer_lost(h) if h.durable and seq is not None else None)
             if lost is not None:
                 # a peer died (or restarted without the job): not the job's fault; the driver

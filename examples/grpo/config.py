@@ -63,9 +63,10 @@ class RunConfig(_Strict):
         zero_stage: DeepSpeed ZeRO stage (``train_backend: deepspeed`` only; CPU: 1 or 2 tested).
         torch_adam: DeepSpeed uses ``torch.optim.AdamW`` (no Adam op build; ``deepspeed`` only).
         device: ``cpu`` or ``cuda``.
-        vllm_kv_cache_bytes: ``rollout_backend: vllm``: the engine's KV cache size per GPU, bytes
-            (vLLM then skips the start-up memory profile that fails when a DeepSpeed worker on the
-            same GPU frees memory meanwhile; None: sized from ``gpu_memory_utilization``).
+        vllm_kv_cache_bytes: ``rollout_backend: vllm``: the engine's KV cache size per device,
+            bytes (None: the job's batch of ``max_position_embeddings``-token sequences). Always
+            explicit, so vLLM skips the start-up memory profile that fails when a DeepSpeed worker
+            on the same GPU frees memory meanwhile (and on CPU does not take 90% of the host).
         fail_in_train_at: raise inside the training phase of this iteration (failure-isolation demo).
     """
 

@@ -63,12 +63,22 @@ def build_rollout_state(cfg: GRPOJobConfig) -> dict:
     return {
         "engine": make_rollout_backend(r.rollout_backend, model, device=r.device,
                                        **({"task_family": r.task} if r.rollout_backend == "sched" else {}),
-                                       **({"kv_cache_memory_bytes": r.vllm_kv_cache_bytes}
-                                          if r.rollout_backend == "vllm" and r.vllm_kv_cache_bytes else {})),
+                                       **(_vllm_kw(r) if r.rollout_backend == "vllm" else {})),
         "sampler": PromptSampler(r.task, seed=r.seed + 1, answer_len=r.answer_len),
         "rng": torch.Generator().manual_seed(r.seed + 2),
         "version": 0,
     }
+
+
+def _vllm_kw(r) -> dict:
+    """vLLM engine settings of a job: the KV cache is always sized explicitly (the job's batch of
+    full-length sequences unless ``vllm_kv_cache_bytes`` says otherwise), so an engine sharing its
+    device with other jobs never runs vLLM's start-up memory profile; on CPU the engine worker
+    gets the job's ``threads`` (its tokens then do not depend on where it runs)."""
+    kw = {"max_num_seqs": r.batch_size, "threads": r.threads}
+    if r.vllm_kv_cache_bytes:
+        kw["kv_cache_memory_bytes"] = r.vllm_kv_cache_bytes
+    return kw
 
 
 def build_train_state(cfg: GRPOJobConfig) -> dict:

@@ -176,6 +176,14 @@ class SchedulerConfig(BaseModel):
                                 quantile=self.measured_quantile, margin=self.measured_margin, prior=prior,
                                 prior_iterations=self.blend_prior_iterations)
 
+    def sha256(self) -> str:
+        """SHA-256 of these settings (their JSON form, keys sorted): which settings a scheduler
+        runs with (``GlobalScheduler.health``'s ``config_sha256``), compared by ``rollmux up``."""
+        import hashlib
+        import json
+
+        return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+
     def overridden(self, **values) -> "SchedulerConfig":
         """A validated copy with the given values; ``None`` values are ignored (an option not
         given keeps the config's value). How the cluster and ``rollmux simulate`` apply explicit

@@ -121,6 +121,9 @@ class AdmissionDecision:
     _chosen: Optional[Candidate] = None
     _version: int = -1
     _expand: Optional[Callable[[], list[Candidate]]] = field(default=None, repr=False)
+    #: the job spec field an ``invalid`` refusal is about (e.g. ``priority_class``), for the HTTP
+    #: 422's ``errors[{field}]``; None otherwise (and then absent from :meth:`to_dict`)
+    field: Optional[str] = None
 
     @property
     def candidates(self) -> list[Candidate]:
@@ -166,5 +169,6 @@ class AdmissionDecision:
             "pruned": self.pruned if pruned is None else pruned,
             "latency_ms": self.latency_ms,
             "profile": None if self.profile is None else self.profile.model_dump(),
+            **({"field": self.field} if self.field is not None else {}),
         }
 

@@ -8,8 +8,10 @@ reload hook of every offload target (``reload_states`` / ``wake_up`` / ``load``)
 their offload hooks (``offload_states`` / ``sleep`` / ``offload``) and releases the permit with a
 timeline record (``switch_s``: reload, ``run_s``: the block, ``offload_s``). The driver that
 acquired releases. An exception in the block releases the permit as failed and fails the job
-(its group-mates go on). After the job's last phase of an iteration (sync, or training for a job
-without sync) ``job.iteration`` increases, as for phases run through ``@job.phase``.
+(its group-mates go on). The job's lifecycle, its iteration count (up by one after the job's last
+phase of an iteration: sync, or training for a job without sync) and the ``granted`` / ``done`` /
+``failed`` events are the phase core's (:class:`rollmux.phase_core.PhaseCore`), the same as for
+phases run through ``@job.phase``.
 
 :class:`PhaseSequencer` serves frameworks whose phase boundaries are implicit (a hook that says
 "generation starts" but nothing that says "training ended"): ``enter(phase)`` ends the open
@@ -29,7 +31,6 @@ from rollmux.integrations.protocol import Permit, offload_hooks
 from rollmux.messages import Grant
 from rollmux.models import pool_of_phase
 from rollmux.phase_state import PHASES, PhaseFailed
-from rollmux.records import JobState
 from rollmux.staleness import phase_version
 
 log = logging.getLogger("rollmux.integrations")
@@ -98,25 +99,20 @@ class PermitScope:
         self._t: dict[str, float] = {}
 
     def __enter__(self) -> Permit:
-        job = self.job
-        if job.lifecycle.is_ended():
-            raise PhaseFailed(f"job {job.job_id!r} is {job.lifecycle.value}; no more phases")
-        if self.phase not in job.program.phases:
-            raise PhaseFailed(f"job {job.job_id!r}: phase {self.phase!r} is not declared "
-                              "(job.driver_phases(...) before the first permit)")
+        job, core = self.job, self.job.core
+        core.check(self.phase)
         be = _backend(job)
         if be.open_phase is not None:
             raise PhaseFailed(f"job {job.job_id!r}: a {be.open_phase} permit is still open; a job holds one permit at a time")
-        job.lifecycle = job.lifecycle.advance(JobState.RUNNING)
+        core.begin(self.phase)
         t0 = time.time()
         try:
             grant = be.acquire(self.phase)
         except BaseException as e:  # as for a @job.phase: a permit that cannot be granted fails the job
-            job.fail(e)
+            core.end(self.phase, e)
             raise
         be.open_phase = self.phase
-        job._emit({"event": "granted", "job_id": job.job_id, "phase": self.phase, "iteration": grant.iteration,
-                   "nodes": list(grant.nodes), "waited_s": grant.waited_s, "driver_side": True})
+        core.granted(self.phase, grant.iteration, nodes=list(grant.nodes), waited_s=grant.waited_s, driver_side=True)
         t1 = time.time()
         try:
             for _off, rel in self.hooks:
@@ -130,7 +126,7 @@ class PermitScope:
         self.permit = Permit(job_id=job.job_id, phase=self.phase, pool=pool_of_phase(self.phase),
                              nodes=tuple(grant.nodes), devices=devices, iteration=int(grant.iteration),
                              granted_at=float(grant.granted_at or t1), waited_s=float(grant.waited_s or 0.0),
-                             group_id=grant.group_id or None, grant=grant, _backend=be, _emit=job._emit)
+                             group_id=grant.group_id or None, grant=grant, _backend=be, _emit=job.program.emit)
         self._grant = grant
         return self.permit
 
@@ -160,12 +156,7 @@ class PermitScope:
         try:
             self.record = be.release(self.phase, grant, record)
         finally:
-            if ok:
-                job._emit({"event": "done", "job_id": job.job_id, "phase": self.phase, "iteration": job.iteration})
-                if self.phase == job.program.last_phase:
-                    job.iteration += 1
-            else:
-                job.fail(err)
+            job.core.end(self.phase, err)
 
 
 CYCLE = ("rollout", "train", "sync")

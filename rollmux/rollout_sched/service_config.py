@@ -40,7 +40,7 @@ class ServiceConfig(BaseModel):
         engine_threads: torch threads of each CPU engine replica.
         max_replica_restarts: replacement replicas started for dead ones over the service's life.
         engine: ``cpu`` (the tiny transformers model, :class:`actors.rollout.engine.CPUEngine`) or
-            ``vllm`` (GPU hosts: :class:`actors.rollout.engine.VLLMEngine` serving ``vllm_model``).
+            ``vllm`` (:class:`actors.rollout.vllm_engine.VLLMEngine` serving ``vllm_model``: CUDA or vLLM's CPU build).
         vllm_model: model name or path vLLM serves (``engine: vllm`` only).
     """
 

@@ -29,17 +29,18 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
     plots, print the table. Exits with code 2 and a one-line error on bad input.
 
     The scheduler settings come from ``config`` (default ``configs/scheduler.yaml``, the file the
-    cluster's GlobalScheduler reads: one :class:`rollmux.admission.SchedulerConfig`); ``seed``,
+    cluster's GlobalScheduler reads: one :class:`rollmux.admission.SchedulerConfig`; a given file
+    is recorded in summary.json's ``meta`` with the SHA-256 of the settings run); ``seed``,
     ``max_group_size``, ``repack`` and ``profile_source`` override a copy of it when given."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from rollmux.sim import plots
-    from rollmux.config import CONFIG_DIR, ConfigError, load_cluster
+    from rollmux.config import CONFIG_DIR, ConfigError, load_cluster, repo_label
     from rollmux.sim.simulator import gantt_records, simulate as run_sim
     from rollmux.traces import DEFAULT_TRACE, EXTRACT_TRACE, TraceError, TraceWindow, load_trace, trace_label
-    from rollmux.workloads import draw_jobs
+    from rollmux.workloads import MIXES, draw_jobs, mix_names
 
     console = Console(width=None if sys.stdout.isatty() else 160)
 
@@ -107,10 +108,12 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
         tjobs = load_trace(trace, window)
     except (ValueError, TraceError) as e:
         fail(f"--trace: {e}")
+    if mix not in MIXES:
+        fail(f"--mix: unknown mix {mix!r}; known mixes: {mix_names()}")
     try:
         sjobs = draw_jobs(tjobs, cluster, mix=mix, seed=seed, slo_range=(slo_min, slo_max))
     except ValueError as e:
-        fail(f"--mix: {e}" if "mix" in str(e) else str(e))
+        fail(str(e))
     if async_share:
         from rollmux.workloads import assign_async
 
@@ -141,10 +144,11 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
             res = run_sim(sjobs, cluster, names, stochastic=stochastic, seed=seed, config=sched_cfg, queue=queue,
                           priorities=priorities is not None,
                           exact_max_jobs=exact_max_jobs, on_event=on_event, lower_bound=lower_bound, bound_incumbent=lower_bound,
-                          meta={"trace": trace_label(trace), "mix": mix, **({"priority_shares": priorities} if priorities else {}),
+                          meta={"trace": trace_label(trace), "mix": mix, **({"priority_shares": priorities} if priorities else {}), "window": window.model_dump(), "cluster": cluster.name,
                                 **({"async_share": async_share, "max_staleness": max_staleness, "staleness_mode": staleness_mode}
                                    if async_share else {}),
-                                "window": window.model_dump(), "cluster": cluster.name})
+                                **({"scheduler_config": repo_label(config), "scheduler_config_sha256": sched_cfg.sha256()}
+                                   if config is not None else {})})
         except (ValueError, RuntimeError) as e:  # e.g. a bounded --cluster refusing a job
             fail(f"--cluster: {e}" if cluster_config else str(e))
             return
