@@ -436,3 +436,17 @@ def test_stochastic_solo_d_of_an_async_job_is_its_realised_solo_time():
     assert sd["A"].slowdown == pytest.approx(1.0, rel=1e-9) and sd["B"].slowdown == pytest.approx(1.0, rel=1e-9)
     assert res.real.solo_time_s(a) < res.real.mean_profile(a).t_roll_s + res.real.mean_profile(a).t_train_s
     assert all(o.slo_met for o in res.runs["rollmux"].outcomes.values())
+
+
+def test_slo_watch_predicts_async_slowdowns_against_the_pipelined_solo_time():
+    """The SLO watch's prediction (measured samples through the same schedule) takes an async
+    member's slowdown against its pipelined realised solo time: the hand-worked pair gives A
+    100 / 60 and B 1.0, from their planning profiles and from one measured sample each."""
+    from rollmux.admission.slo_watch import predict_slowdowns
+    from rollmux.models import CoExecutionGroup
+
+    a, b = mem("A", 60, 30, 10, k=1), mem("B", 40, 50, 10)
+    g = CoExecutionGroup(group_id="g", rollout_nodes=("r0",), train_nodes=("t0",), members=(a, b))
+    assert predict_slowdowns(g, {}) == pytest.approx({"A": 100 / 60, "B": 1.0})
+    got = predict_slowdowns(g, {"A": [IterationTimes(60, 30, 10)], "B": [IterationTimes(40, 50, 10)]})
+    assert got == pytest.approx({"A": 100 / 60, "B": 1.0})
