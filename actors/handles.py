@@ -33,8 +33,15 @@ from typing import Any, Callable, Optional, Sequence
 
 from actors.naming import NAMESPACE, SCHEDULER_NAME, controller_name, get_actor, worker_name
 from rollmux.messages import (
-    AbortOutcome, AttachReply, AttachTicket, Grant, JobHosting, MembershipPush, MovedState, PhaseCall, PhaseOutcome,
-    PhaseRecord, ProgressReport, RolloutProgress, RuntimeEvent, SyncSignal, TailDecision, WorkerPlace,
+    AbortOutcome, AttachReply, AttachTicket, Grant, JobHosting, MemberTarget, MembershipPush, MovedState, PhaseCall,
+    PhaseOutcome, PhaseRecord, ProgressReport, RolloutProgress, RuntimeEvent, SyncSignal, TailDecision, WorkerPlace,
+)
+from rollmux.rollout_sched.api import (
+    CancelReply, Limits, PolicyView, PollReply, Refusal, RolloutView, SubmitBatch, SubmitReply, WindowCall, WindowReply,
+)
+from rollmux.rollout_sched.weights import (
+    DiskUpdateBody, SyncOffer, SyncReceipt, TensorSpec, UploadStartBody, UploadView, WeightsLoad, WeightsView,
+    WeightUpdateView,
 )
 
 log = logging.getLogger("rollmux.handles")
@@ -280,6 +287,15 @@ class SchedulerHandle(_Handle):
     def group_timeline(self, group_id: str, timeout_s: Optional[float] = QUERY_TIMEOUT_S) -> list[dict]:
         return self._call(lambda a: a.group_timeline.remote(group_id), timeout_s=timeout_s, what="group_timeline")
 
+    def ensure_controller(self, group_id: str, timeout_s: Optional[float] = QUERY_TIMEOUT_S) -> str:
+        """The group's GroupController, created if needed (an operator's or a test's query; drivers
+        use :meth:`attach`): its actor name. Raises KeyError for a group without an active job."""
+        return self._call(lambda a: a.ensure_controller.remote(group_id), timeout_s=timeout_s, what="ensure_controller")
+
+    def group_members(self, group_id: str, timeout_s: Optional[float] = QUERY_TIMEOUT_S) -> list[MemberTarget]:
+        """The group's active members in the planned round-robin order (an operator's query)."""
+        return self._call(lambda a: a.group_members.remote(group_id), timeout_s=timeout_s, what="group_members")
+
     def report(self, job_id: str, message: RuntimeEvent | ProgressReport,
                timeout_s: Optional[float] = REPORT_TIMEOUT_S) -> Optional[dict]:
         """Report ``message`` and wait for the job's record (a driver's final report)."""
@@ -508,9 +524,27 @@ class RolloutReplicaHandle(_Handle):
     """One engine replica of the rollout service (``actors/rollout/replica.py``): the service's
     serving loop runs one scheduling window per call (awaited; a dead replica raises :class:`ActorLost`)."""
 
-    async def window(self, call: Any) -> Any:
-        """Run one window (:class:`rollmux.rollout_sched.api.WindowCall` -> ``WindowReply``)."""
+    async def window(self, call: WindowCall) -> WindowReply:
+        """Run one window (:class:`rollmux.rollout_sched.api.WindowCall` -> ``WindowReply``: load weights
+        when the call carries them, abort, admit, one slice)."""
         return await Pending(self.actor.window.remote(call), "window")
+
+    async def manifest(self) -> list[TensorSpec]:
+        """Name, dtype and shape of every tensor the replica's engine serves."""
+        return await Pending(self.actor.manifest.remote(), "manifest")
+
+    async def weights_sha256(self) -> str:
+        """The digest the replica computes now on the weights it serves."""
+        return await Pending(self.actor.weights_sha256.remote(), "weights_sha256")
+
+    async def receive_sync(self, offer: SyncOffer) -> SyncReceipt:
+        """Receive a weight version over a sync plan as its rollout worker ``offer.rollout_index``
+        (staged until :meth:`window` installs it)."""
+        return await Pending(self.actor.receive_sync.remote(offer), "receive_sync")
+
+    async def export_weights(self, version: int) -> WeightsLoad:
+        """The weights the replica serves (or has staged as ``version``), as a complete load."""
+        return await Pending(self.actor.export_weights.remote(version), "export_weights")
 
     async def ping(self, timeout_s: float = QUERY_TIMEOUT_S) -> int:
         """The replica's index once its engine is built."""
@@ -521,6 +555,15 @@ class RolloutReplicaHandle(_Handle):
         import ray
 
         ray.kill(self.actor, no_restart=True)
+
+
+class RolloutIngressHandle(_Handle):
+    """The rollout ingress actor (``serve_api/rollout_ingress.py``): the rollout routes on an HTTP
+    server of their own, without Serve's proxy."""
+
+    async def start(self, timeout_s: float = QUERY_TIMEOUT_S) -> str:
+        """Start its server (once) -> its base URL (``http://host:port``)."""
+        return await asyncio.wait_for(Pending(self.actor.start.remote(), "start")._await(), timeout_s)
 
 
 class RolloutServiceHandle(_Handle):
@@ -548,14 +591,14 @@ class RolloutServiceHandle(_Handle):
                 await asyncio.sleep(RETRY_PAUSE_S)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def submit(self, batch: Any) -> Any:
+    async def submit(self, batch: SubmitBatch) -> SubmitReply | Refusal:
         """Queue a :class:`SubmitBatch` -> ``SubmitReply`` or ``Refusal`` (a commit: never resent)."""
         return await self._acall(lambda a: a.submit.remote(batch), "submit", retry=False)
 
-    async def get(self, request_id: str) -> Any:
+    async def get(self, request_id: str) -> Optional[RolloutView]:
         return await self._acall(lambda a: a.get.remote(request_id), "get")
 
-    async def poll(self, ids: list[str], session_id: Optional[str], wait_s: float) -> Any:
+    async def poll(self, ids: list[str], session_id: Optional[str], wait_s: float) -> PollReply:
         """Finished results among ``ids`` (and the session's), waiting up to ``wait_s`` (renews the stream lease)."""
         return await self._acall(lambda a: a.poll.remote(ids, session_id, wait_s), "poll", timeout_s=wait_s + self.timeout_s)
 
@@ -563,22 +606,52 @@ class RolloutServiceHandle(_Handle):
         """The stream of ``ids`` ended early: cancel them after the grace period unless claimed again."""
         return await self._acall(lambda a: a.detach.remote(ids), "detach")
 
-    async def cancel(self, ids: list[str]) -> Any:
+    async def cancel(self, ids: list[str]) -> CancelReply:
         return await self._acall(lambda a: a.cancel.remote(ids), "cancel", retry=False)
 
-    async def set_policy(self, version: int, min_version: Optional[int]) -> Any:
+    async def set_policy(self, version: int, min_version: Optional[int]) -> PolicyView | Refusal:
         return await self._acall(lambda a: a.set_policy.remote(version, min_version), "set_policy", retry=False)
 
     async def stats(self) -> dict:
         return await self._acall(lambda a: a.stats.remote(), "stats")
 
-    async def limits(self) -> Any:
+    async def limits(self) -> Limits:
         return await self._acall(lambda a: a.limits.remote(), "limits")
 
-    async def wait_result(self, request_id: str, timeout_s: float) -> Any:
+    async def wait_result(self, request_id: str, timeout_s: float) -> Optional[RolloutView]:
         """The request's view once it ended, or as it is after ``timeout_s``."""
         return await self._acall(lambda a: a.wait_result.remote(request_id, timeout_s), "wait_result",
                                  timeout_s=timeout_s + self.timeout_s)
+
+    # weights: an update is a commit (never resent); it answers when every replica serves it
+    async def start_upload(self, body: UploadStartBody) -> UploadView | Refusal:
+        return await self._acall(lambda a: a.start_upload.remote(body), "start_upload", retry=False)
+
+    async def put_chunk(self, upload_id: str, index: int, data: bytes) -> UploadView | Refusal:
+        return await self._acall(lambda a: a.put_chunk.remote(upload_id, index, data), "put_chunk", retry=False)
+
+    async def cancel_upload(self, upload_id: str) -> bool:
+        return await self._acall(lambda a: a.cancel_upload.remote(upload_id), "cancel_upload", retry=False)
+
+    async def commit_upload(self, upload_id: str, timeout_s: float) -> WeightUpdateView | Refusal:
+        return await self._acall(lambda a: a.commit_upload.remote(upload_id), "commit_upload", retry=False,
+                                 timeout_s=timeout_s + self.timeout_s)
+
+    async def update_from_disk(self, body: DiskUpdateBody, timeout_s: float) -> WeightUpdateView | Refusal:
+        return await self._acall(lambda a: a.update_from_disk.remote(body), "update_from_disk", retry=False,
+                                 timeout_s=timeout_s + self.timeout_s)
+
+    async def update_from_sync(self, offer: SyncOffer, timeout_s: float) -> WeightUpdateView | Refusal:
+        """Receive ``offer``'s version over its sync plan on every replica and apply it."""
+        return await self._acall(lambda a: a.update_from_sync.remote(offer), "update_from_sync", retry=False,
+                                 timeout_s=timeout_s + self.timeout_s)
+
+    async def weights_view(self) -> WeightsView:
+        return await self._acall(lambda a: a.weights_view.remote(), "weights_view")
+
+    async def replica_digests(self) -> list[Optional[str]]:
+        """The digest each replica computes now on the weights it serves (None: dead)."""
+        return await self._acall(lambda a: a.replica_digests.remote(), "replica_digests")
 
     def stats_sync(self, timeout_s: float = QUERY_TIMEOUT_S) -> dict:
         return self._call(lambda a: a.stats.remote(), timeout_s=timeout_s, retries=1, what="stats")
@@ -609,4 +682,4 @@ class RolloutServiceHandle(_Handle):
 
 __all__ = ["ActorLost", "CallTimeout", "Pending", "gather", "watch_failures", "start_actor", "unwrap",
            "SchedulerHandle", "AsyncSchedulerHandle", "ControllerHandle", "WorkerHandle",
-           "RolloutReplicaHandle", "RolloutServiceHandle"]
+           "RolloutIngressHandle", "RolloutReplicaHandle", "RolloutServiceHandle"]

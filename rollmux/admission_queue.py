@@ -203,11 +203,14 @@ class AdmissionQueue:
         first = next(iter(self._jobs.values()), None)
         return 0.0 if first is None else max(0.0, now - first.enqueued_at)
 
-    def may_try_now(self, spec: JobSpec) -> bool:
+    def may_try_now(self, spec: JobSpec, gate: Optional[Any] = None) -> bool:
         """Whether a new arrival may be decided at once instead of queueing behind held jobs of its
-        class or higher: none is held, or (with backfill) the job is no larger than every one."""
+        class or higher: none is held, or (with backfill) the job is no larger than every one.
+        ``gate(spec)``: the reason a held job may not start whatever the room (its tenant's quota),
+        or None, as in :meth:`drain`: a gated job blocks no one here either."""
         r = self.rank_of(spec)
-        return may_try_now(spec, [q.gpus for q in self._jobs.values() if q.rank <= r], self.backfill)
+        held = [q.gpus for q in self._jobs.values() if q.rank <= r and not (gate is not None and gate(q.spec))]
+        return may_try_now(spec, held, self.backfill)
 
     # --- changes -----------------------------------------------------------------------------------
     def push(self, spec: JobSpec, now: float, *, profile: Optional[PhaseProfile] = None, reason: str = "") -> int:

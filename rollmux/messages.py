@@ -40,11 +40,13 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
+from rollmux.records import JobRecord
+
 __all__ = [
     "MemberTarget", "MembershipPush", "AttachTicket", "AttachReply", "Releaser", "Grant", "PhaseCall",
     "PhaseRecord", "PhaseOutcome", "RolloutProgress", "TailDecision", "EventKind", "RuntimeEvent",
     "ProgressReport", "AbortOutcome", "ParallelPlace", "JobHosting", "PendingWeights", "MovedState",
-    "SyncSignalKind", "SyncSignal", "SyncAck", "WorkerPlace", "parse_report",
+    "SyncSignalKind", "SyncSignal", "SyncAck", "WorkerPlace",
 ]
 
 
@@ -110,13 +112,13 @@ class AttachTicket:
     the name of its group's controller, which already holds the job's membership when this is
     answered (the scheduler pushed it and waited for the acknowledgement, bounded)."""
 
-    record: Mapping[str, Any]  # the job's record (:meth:`rollmux.records.JobRecord.public`)
+    record: JobRecord  # the job's record as the scheduler shows it (group and placement read from the policy)
     controller: Optional[str]  # the group's GroupController actor name (None: the job is not active)
     pushed: bool = False  # the controller acknowledged the membership that lists the job
 
     @property
     def group_id(self) -> Optional[str]:
-        return self.record.get("group_id")
+        return self.record.group_id
 
 
 @dataclass(frozen=True)
@@ -338,26 +340,6 @@ class ProgressReport:
         return {"event": "iteration", "iterations_done": self.iterations_done, "t_iter_s": self.t_iter_s,
                 "t_solo_s": self.t_solo_s, "slowdown": self.slowdown, "t_roll_s": self.t_roll_s,
                 "t_train_s": self.t_train_s, "t_sync_s": self.t_sync_s}
-
-
-def parse_report(event: "RuntimeEvent | ProgressReport | Mapping[str, Any]") -> "RuntimeEvent | ProgressReport":
-    """A report from its message or its dict form (``{"event": "running" | "iteration" |
-    "finished" | "failed" | "stopped" | "drained", ...}``, the scheduler's documented ``report`` argument). Raises
-    ValueError for an unknown event kind."""
-    if isinstance(event, (RuntimeEvent, ProgressReport)):
-        return event
-    kind = event.get("event")
-    if kind == "iteration":
-        return ProgressReport(int(event.get("iterations_done", 0)), event.get("t_iter_s"), event.get("t_solo_s"),
-                              event.get("slowdown"), event.get("t_roll_s"), event.get("t_train_s"), event.get("t_sync_s"))
-    try:
-        k = EventKind(kind)
-    except ValueError:
-        raise ValueError(f"unknown runtime event {kind!r} (running | iteration | finished | failed | stopped | "
-                         "drained)") from None
-    n = event.get("iterations_done")
-    return RuntimeEvent(k, error=event.get("error"), phase=event.get("phase"),
-                        iterations_done=None if n is None else int(n), group_id=event.get("group_id"))
 
 
 # ----------------------------------------------------------------------------- hosting a job on its workers

@@ -46,6 +46,7 @@ cluster) extended with Kueue-style quotas and priority preemption.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
@@ -55,7 +56,7 @@ from rollmux.models import ClusterSpec, JobSpec
 
 __all__ = ["EXACT_MAX_CANDIDATES", "RETRY_MAX_QUEUED", "WHATIF_MAX_CANDIDATES", "retry_order", "admits_after", "choose_victims_greedy", "PreemptionPlan", "PreemptionRecord", "PriorityBook", "QuotaVerdict", "Running",
            "choose_victims", "class_of", "fits_after", "lost_gpu_h", "may_preempt", "quota_verdict", "rank_of",
-           "tenant_of", "unknown_class"]
+           "resumed_preemptions", "tenant_of", "unknown_class"]
 
 #: candidate victims up to which every subset is tried (2^12 = 4,096 node-count checks)
 EXACT_MAX_CANDIDATES = 12
@@ -303,6 +304,13 @@ class PreemptionRecord:
                 "group_id": self.group_id, "nodes": list(self.nodes), "stopped_at_s": self.stopped_at_s,
                 "drained_at_s": self.drained_at_s, "drained": self.drained}
 
+    def resumed(self, now_s: float) -> "PreemptionRecord":
+        """This preemption once its job runs again at ``now_s`` (Unix or simulated s): with
+        ``resumed_at_s`` set, unless it is set already. The one writer of ``resumed_at_s`` (the
+        simulator's :meth:`PriorityBook.resumed` and the scheduler's records,
+        :func:`resumed_preemptions`)."""
+        return self if self.resumed_at_s is not None else dataclasses.replace(self, resumed_at_s=float(now_s))
+
     @classmethod
     def from_dict(cls, d: dict) -> "PreemptionRecord":
         def opt(k: str) -> Optional[float]:
@@ -396,5 +404,14 @@ class PriorityBook:
     def resumed(self, job_id: str, now_s: float) -> None:
         """A preempted job runs again: its last preemption record gets ``resumed_at_s``."""
         recs = self.preemptions.get(job_id)
-        if recs and recs[-1].resumed_at_s is None:
-            recs[-1].resumed_at_s = float(now_s)
+        if recs:
+            recs[-1] = recs[-1].resumed(now_s)
+
+
+def resumed_preemptions(entries: list[dict], now_s: float) -> list[dict]:
+    """A job record's preemptions (:class:`PreemptionRecord` dicts, oldest first) once the job runs
+    again at ``now_s`` (Unix time, s): the last one resumed (:meth:`PreemptionRecord.resumed`)."""
+    out = [dict(p) for p in entries]
+    if out:
+        out[-1] = PreemptionRecord.from_dict(out[-1]).resumed(now_s).to_dict()
+    return out

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rollmux.measured import MeasuredPhases
 
 __all__ = ["JobState", "IllegalTransition", "TRANSITIONS", "ACTIVE_STATES", "NodePlacement", "MoveRecord",
-           "JobRecord", "explain_failure", "queued_records"]
+           "JobRecord", "explain_failure", "queue_places", "queued_records", "with_queue_place"]
 
 
 class IllegalTransition(ValueError):
@@ -255,14 +255,29 @@ class JobRecord(BaseModel):
         self.slowdown = slowdown
 
 
+def queue_places(queue: list[dict[str, Any]], now: float) -> dict[str, dict[str, Any]]:
+    """Each job's place in the admission queue as the GlobalScheduler publishes it
+    (``[{job_id, slo, queued_at, reason}, ...]`` in line order): ``{job_id: {queue_position,
+    queued_at, waited_s}}``, with the 1-based position, ``queued_at`` (Unix s) and ``waited_s`` at
+    ``now`` (s). Every job in the line has one, also a preempted job waiting to resume."""
+    return {q["job_id"]: {"queue_position": i, "queued_at": q["queued_at"], "waited_s": max(0.0, now - q["queued_at"])}
+            for i, q in enumerate(queue, start=1)}
+
+
+def with_queue_place(view: dict[str, Any], places: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A job record's view (:meth:`JobRecord.public`) with its place in the admission queue
+    (:func:`queue_places`) when it is a preempted job waiting there (the one kind of job that has
+    a record and a place in the line); else the view as it is."""
+    place = places.get(view["job_id"]) if view.get("state") == JobState.PREEMPTED else None
+    return view if place is None else {**view, **place}
+
+
 def queued_records(queue: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
     """Job views (:meth:`JobRecord.public`) of the admission queue as the GlobalScheduler
-    publishes it (``[{job_id, slo, queued_at, reason}, ...]`` in line order): state ``queued``,
-    1-based ``queue_position``, ``queued_at`` (Unix s) and ``waited_s`` at ``now`` (s)."""
-    return [JobRecord(job_id=q["job_id"], state=JobState.QUEUED, slo=q.get("slo"), queue_position=i,
-                      queued_at=q["queued_at"], waited_s=max(0.0, now - q["queued_at"]),
-                      priority_class=q.get("priority_class"), tenant=q.get("tenant")).public()
-            for i, q in enumerate(queue, start=1)]
+    publishes it (line order): state ``queued`` and the place (:func:`queue_places`)."""
+    places = queue_places(queue, now)
+    return [JobRecord(job_id=q["job_id"], state=JobState.QUEUED, slo=q.get("slo"), **places[q["job_id"]],
+                      priority_class=q.get("priority_class"), tenant=q.get("tenant")).public() for q in queue]
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

@@ -85,6 +85,7 @@ def jobs_router(ctx: AppContext) -> APIRouter:
         view = admission_view(d, dry_run)
         view["queued"], view["queue_position"] = bool(d.get("queued")), d.get("queue_position")
         view["preempted"] = list(d.get("preempted") or [])
+        view["admitted_from_queue"] = list(d.get("admitted_from_queue") or [])
         view["scheduler_call_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
         if not view["admitted"]:
             code = Code(view["explanation"]["code"])

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from rollmux.models import JobSpec
-from rollmux.records import queued_records
+from rollmux.records import queue_places, queued_records, with_queue_place
 from serve_api.views import _finite
 
 if TYPE_CHECKING:
@@ -193,16 +193,23 @@ class SnapshotCache:
         if self.queue:
             import json
 
+            now = time.time()
+            places = queue_places(self.queue, now)
+            # a preempted job waiting: its record with its place in the queue
+            parts = (b if j not in places else json.dumps(with_queue_place(self.jobs[j], places),
+                                                          separators=(",", ":")).encode()
+                     for j, b in self._json.items())
             parts = itertools.chain(parts, [json.dumps(v, separators=(",", ":")).encode()
-                                            for v in queued_records(self.queue, time.time())
-                                            if v["job_id"] not in self.jobs])  # a preempted job: its record
+                                            for v in queued_records(self.queue, now)
+                                            if v["job_id"] not in self.jobs])
         # a page costs its own length, not the number of stored jobs (dict views are not sliceable)
         page = itertools.islice(parts, offset, None if limit is None else offset + limit)
         return b"[" + b",".join(page) + b"]"
 
     def job(self, job_id: str) -> Optional[dict]:
         if job_id in self.jobs:
-            return self.jobs[job_id]
+            return with_queue_place(self.jobs[job_id], queue_places(self.queue, time.time())) if self.queue \
+                else self.jobs[job_id]
         for v in queued_records(self.queue, time.time()) if any(q["job_id"] == job_id for q in self.queue) else ():
             if v["job_id"] == job_id:
                 return v

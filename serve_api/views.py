@@ -70,6 +70,8 @@ class AdmissionView(_Open):
     queue_position: Optional[int] = Field(default=None, description="place in the admission queue, 1 = next")
     preempted: list[str] = Field(default=[], description="lower-class jobs preempted (at their next iteration "
                                  "boundary, back in the admission queue) to admit this job")
+    admitted_from_queue: list[str] = Field(default=[], description="queued jobs admitted in the same write into the "
+                                           "room the preemption freed beyond this job's need (class order)")
 
 
 class SubmitRequest(JobSpec):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+from actors.handles import SchedulerHandle
 import pytest
 
 from actors.ops.local_cluster import use_ephemeral_ray_token
@@ -124,7 +125,7 @@ def serve_api(ray_cluster, local_cluster_spec, tmp_path_factory):
     name = f"rollmux-serve-test-{uuid.uuid4().hex[:8]}"
     ckpt = tmp_path_factory.mktemp("serve_ckpt")
     sched = get_or_create_scheduler(local_cluster_spec, checkpoint_path=str(ckpt), name=name)
-    ray.get(sched.health.remote(), timeout=120)
+    SchedulerHandle(sched).health(timeout_s=120)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -135,10 +136,10 @@ def serve_api(ray_cluster, local_cluster_spec, tmp_path_factory):
     yield SimpleNamespace(base_url=base, token=token, scheduler=sched, scheduler_name=name, config=cfg)
     try:
         sched = ray.get_actor(name, namespace=NAMESPACE)
-        ctrls = {g.get("controller") for g in ray.get(sched.list_groups.remote(), timeout=60)}
-        for j in ray.get(sched.list_jobs.remote(), timeout=60):
+        ctrls = {g.get("controller") for g in SchedulerHandle(sched).list_groups(timeout_s=60)}
+        for j in SchedulerHandle(sched).list_jobs(timeout_s=60):
             ctrls.add(j.get("controller"))
-            ray.get(sched.depart.remote(j["job_id"]), timeout=60)
+            SchedulerHandle(sched).depart(j["job_id"], timeout_s=60)
         for c in filter(None, ctrls):
             try:
                 ray.kill(ray.get_actor(c, namespace=NAMESPACE), no_restart=True)

@@ -46,11 +46,12 @@ def own_scheduler(spec, prefix: str) -> Iterator[str]:
     yields its name and kills it at exit (a module fixture's body)."""
     import ray
 
+    from actors.handles import SchedulerHandle
     from actors.scheduler.global_scheduler import get_or_create_scheduler
 
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     h = get_or_create_scheduler(spec, name=name)
-    assert ray.get(h.health.remote())["ok"]
+    assert SchedulerHandle(h).health()["ok"]
     try:
         yield name
     finally:

@@ -10,7 +10,7 @@ import pytest
 from actors.scheduler.kv import MemoryKV
 from factories import FakeController, FakeHandles, small_spec, unit_kw
 from rollmux.group_ledger import GroupLedger, PermitError, Report
-from rollmux.messages import EventKind, Grant, MembershipPush, PhaseRecord
+from rollmux.messages import EventKind, Grant, MembershipPush, PhaseRecord, RuntimeEvent
 from rollmux.records import IllegalTransition, JobRecord, JobState, MoveRecord
 
 
@@ -320,7 +320,7 @@ def test_scheduler_pushes_members_in_the_planned_round_robin_order(monkeypatch):
     for spec in jobs:
         assert s.admit(spec.model_dump())["admitted"]
     assert log[-1][:2] == (planned, {})
-    assert [m["job_id"] for m in s.group_members("group-0")] == planned
+    assert [m.job_id for m in s.group_members("group-0")] == planned
 
     async def controller_takes_it():
         c = _ctrl(lease_s=0)
@@ -582,7 +582,7 @@ def test_scheduler_reoptimises_admissions_off_the_admission_path():
     for g in ("group-0", "group-1", "group-2"):
         s.ensure_controller(g)  # drivers attached: a moved job's last phase may still run on its old nodes
     for j in jobs[:6]:
-        s.report(j.spec.job_id, {"event": "running"})
+        s.report(j.spec.job_id, RuntimeEvent(EventKind.RUNNING))
     was = {j.spec.job_id: s.get_job(j.spec.job_id)["placement"] for j in jobs}
     before = s.igs.cost_usd_per_h()
     moves = s.reoptimise_pending()
@@ -600,12 +600,12 @@ def test_scheduler_reoptimises_admissions_off_the_admission_path():
     assert fences() == {"job-00005": ("rollout-0", "train-0"), "job-00006": ("rollout-0", "train-0"),
                         **{j: ("rollout-1", "rollout-3", "train-1") for j in ("job-00000", "job-00001", "job-00002")}}
     for j in ("job-00001", "job-00002", "job-00005"):
-        s.report(j, {"event": "drained", "group_id": "group-0"})
+        s.report(j, RuntimeEvent(EventKind.DRAINED, group_id="group-0"))
     # job-00000 keeps rollout-1 / train-1: its own drain never fences it; the others wait for it
     assert set(was["job-00000"]["rollout_nodes"]) & set(s.get_job("job-00000")["placement"]["rollout_nodes"])
     assert fences() == {"job-00005": ("rollout-0", "train-0"), "job-00006": ("rollout-0", "train-0"),
                         **{j: ("rollout-1", "train-1") for j in ("job-00001", "job-00002")}, "job-00000": ()}
-    s.report("job-00000", {"event": "drained", "group_id": "group-0"})
+    s.report("job-00000", RuntimeEvent(EventKind.DRAINED, group_id="group-0"))
     assert set(fences().values()) == {()}
     assert all(m["trigger"] == "job-00006" for m in moves) and s.reoptimise_pending() == []
     assert s.igs.cost_usd_per_h() < before - 1.0

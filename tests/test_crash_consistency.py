@@ -24,8 +24,9 @@ from actors.scheduler.checkpoint import CheckpointError
 from actors.scheduler.kv import FileKV, KVStore, MemoryKV, RayInternalKV
 from actors.scheduler.job_store import JobStore
 from rollmux.admission import InterGroupScheduler
+from actors.handles import SchedulerHandle, WorkerHandle
 from factories import InProcessWorker, unit_kw
-from rollmux.messages import PendingWeights
+from rollmux.messages import EventKind, PendingWeights, ProgressReport, RuntimeEvent
 from rollmux.config import CONFIG_DIR, load_cluster
 
 PAPER = load_cluster(CONFIG_DIR / "cluster_paper.yaml")
@@ -88,8 +89,8 @@ def scenario(kv):
     for j in "abc":
         assert g.admit(SPECS[j])["admitted"]
     for j in "ab":
-        g.report(j, {"event": "running"})
-    g.report("b", {"event": "iteration", "iterations_done": 3, "t_iter_s": 150.0, "t_solo_s": 143.0, "slowdown": 1.05})
+        g.report(j, RuntimeEvent(EventKind.RUNNING))
+    g.report("b", ProgressReport(3, t_iter_s=150.0, t_solo_s=143.0, slowdown=1.05))
     return g
 
 
@@ -97,9 +98,9 @@ OPS = {
     "admit": lambda g: g.admit(SPECS["d"]),
     "depart": lambda g: g.depart("c"),
     "move": lambda g: g.depart("a"),  # b moves to group-1
-    "fail": lambda g: g.report("b", {"event": "failed", "error": "boom"}),
+    "fail": lambda g: g.report("b", RuntimeEvent(EventKind.FAILED, error="boom")),
     "expire": lambda g: g.expire_unattached(now=time.time() + 3600),  # c never attached
-    "progress": lambda g: g.report("b", {"event": "iteration", "iterations_done": 4, "t_iter_s": 150.0}),
+    "progress": lambda g: g.report("b", ProgressReport(4, t_iter_s=150.0)),
 }
 
 
@@ -388,9 +389,8 @@ def test_scheduler_killed_at_every_write_gcs_store(ray_cluster, op):
         for j in "abc":
             g.admit(SPECS[j])
         for j in "ab":
-            g.report(j, {"event": "running"})
-        g.report("b", {"event": "iteration", "iterations_done": 3, "t_iter_s": 150.0, "t_solo_s": 143.0,
-                       "slowdown": 1.05})
+            g.report(j, RuntimeEvent(EventKind.RUNNING))
+        g.report("b", ProgressReport(3, t_iter_s=150.0, t_solo_s=143.0, slowdown=1.05))
         g.store.compact_every, g.store.compact_ratio = 1, 0.0
         kv.arm(k)
         with pytest.raises(Crash):
@@ -426,7 +426,7 @@ def test_failure_reasons_are_for_people_and_keep_the_raw_error():
             "the worker on rollout-0, train-0 was lost; the job's state went with it. Submit the job again to "
             "start it from step 1.")
     g = scenario(MemoryKV())
-    rec = g.report("b", {"event": "failed", "error": f"worker died: {raw}"})
+    rec = g.report("b", RuntimeEvent(EventKind.FAILED, error=f"worker died: {raw}"))
     assert rec["state"] == "failed" and rec["error"].startswith("the worker on rollout-0")
     assert rec["error_detail"] == f"worker died: {raw}"
     assert sched(g.kv).get_job("b") == g.get_job("b")
@@ -538,7 +538,7 @@ def test_readmitted_job_id_starts_fresh_on_a_worker_that_hosted_the_dead_run(tmp
 
     g = sched(MemoryKV())
     t1 = g.admit(SPECS["a"]) and g.get_job("a")["admission_id"]
-    g.report("a", {"event": "failed", "error": "driver lost: no heartbeat for 31.0s (lease 30.0s)"})
+    g.report("a", RuntimeEvent(EventKind.FAILED, error="driver lost: no heartbeat for 31.0s (lease 30.0s)"))
     t2 = g.admit(SPECS["a"]) and g.get_job("a")["admission_id"]
     assert t1 and t2 and t1 != t2
     w = RolloutWorkerImpl("rollout-0")
@@ -574,7 +574,7 @@ def test_ended_jobs_state_is_released_on_every_worker(tmp_path):
     files = [w.jobs["a"].ckpt for w in workers.values()]
     g.reconciler.handles.workers = {w.node: InProcessWorker(w) for w in workers.values()}  # called in-process
 
-    g.report("a", {"event": "failed", "error": "driver lost: no heartbeat for 31.0s (lease 30.0s)"})
+    g.report("a", RuntimeEvent(EventKind.FAILED, error="driver lost: no heartbeat for 31.0s (lease 30.0s)"))
     assert sorted(n for _, n in g.release_workers_once()) == sorted(w.node for w in workers.values())
     assert all("a" not in w.jobs for w in workers.values()) and not any(f.exists() for f in files)
     # re-admitted: a late release carrying the old token leaves the new run alone
@@ -630,7 +630,6 @@ def test_driver_killed_with_sigkill_then_readmitted_starts_from_step_1(ray_clust
     import uuid
     from pathlib import Path
 
-    import ray
 
     from actors.scheduler.global_scheduler import get_or_create_scheduler
     from factories import kill_scheduler_and_controllers, wait_until
@@ -657,29 +656,29 @@ def test_driver_killed_with_sigkill_then_readmitted_starts_from_step_1(ray_clust
     try:
         p = subprocess.Popen(cmd(500), cwd=str(root), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            wait_until(lambda: (ray.get(h.get_job.remote(jid)) or {}).get("iterations_done", 0) >= 2 or p.poll() is not None,
+            wait_until(lambda: (SchedulerHandle(h).get_job(jid) or {}).get("iterations_done", 0) >= 2 or p.poll() is not None,
                        timeout_s=240, interval_s=0.2, what="two iterations of the first run")
             assert p.poll() is None, "the first run ended before it was killed"
             # the same job id under a second scheduler on the same workers, beside the running one
             out2 = tmp_path / "other-scheduler.json"
             p2 = subprocess.Popen(cmd(1, out2), cwd=str(root), env={**env, "ROLLMUX_SCHEDULER_NAME": name2},
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            node = ray.get(h.get_job.remote(jid))["placement"]["rollout_nodes"][0]
+            node = SchedulerHandle(h).get_job(jid)["placement"]["rollout_nodes"][0]
             both = {hosted_key(jid, name), hosted_key(jid, name2)}
             seen = wait_until(lambda: (lambda k: "both" if both <= k else "ended" if p2.poll() is not None else None)(
-                set(ray.get(ray.get_actor(worker_name(node), namespace="rollmux").hosted.remote()))),
+                set(WorkerHandle.of_node(node).hosted())),
                 timeout_s=240, interval_s=0.1, what="both schedulers' runs hosted")
             assert seen == "both" and p2.wait(timeout=240) == 0
             assert [m["step"] for m in json.loads(out2.read_text())["history"]] == [1]
-            before = ray.get(h.get_job.remote(jid))["iterations_done"]
-            wait_until(lambda: ray.get(h.get_job.remote(jid))["iterations_done"] > before, timeout_s=120,
+            before = SchedulerHandle(h).get_job(jid)["iterations_done"]
+            wait_until(lambda: SchedulerHandle(h).get_job(jid)["iterations_done"] > before, timeout_s=120,
                        interval_s=0.2, what="the first scheduler's run going on")
-            assert p.poll() is None and ray.get(h.get_job.remote(jid))["state"] == "running"
+            assert p.poll() is None and SchedulerHandle(h).get_job(jid)["state"] == "running"
         finally:
             os.kill(p.pid, signal.SIGKILL)
             p.wait(timeout=30)
             killed_at = time.monotonic()
-        rec = wait_until(lambda: (lambda r: r if r["state"] == "failed" else None)(ray.get(h.get_job.remote(jid))),
+        rec = wait_until(lambda: (lambda r: r if r["state"] == "failed" else None)(SchedulerHandle(h).get_job(jid)),
                          timeout_s=60, interval_s=0.2, what="the killed driver evicted")
         # seen dead through the cluster's driver table within seconds, not after the 30 s lease
         assert time.monotonic() - killed_at < 15.0 and "process exited" in rec["error_detail"], rec
@@ -689,7 +688,7 @@ def test_driver_killed_with_sigkill_then_readmitted_starts_from_step_1(ray_clust
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         res = json.loads(out.read_text())
         assert [m["step"] for m in res["history"]] == [1]
-        again = ray.get(h.get_job.remote(jid))
+        again = SchedulerHandle(h).get_job(jid)
         assert again["state"] == "finished" and again["iterations_done"] == 1
     finally:
         kill_scheduler_and_controllers(h, name)
@@ -834,7 +833,7 @@ def test_worker_killed_mid_run_the_job_finishes_bit_identical_to_solo(ray_cluste
 
     def kill_train_worker(m: dict) -> None:
         if m["iteration"] == 1:  # between iterations 1 and 2
-            node = ray.get(h.get_job.remote(jid))["placement"]["train_nodes"][0]
+            node = SchedulerHandle(h).get_job(jid)["placement"]["train_nodes"][0]
             ray.kill(ray.get_actor(worker_name(node), namespace=NAMESPACE), no_restart=False)
             killed.append(node)
 
@@ -848,7 +847,7 @@ def test_worker_killed_mid_run_the_job_finishes_bit_identical_to_solo(ray_cluste
         tl = res["timeline"]
         assert any(r["phase"] == "rollout" and r["iteration"] == 1 and r["switch"] == "recovered" for r in tl), tl
         assert any(r["phase"] == "train" and r["iteration"] == 2 and r["switch"] == "recovered" for r in tl), tl
-        rec = ray.get(h.get_job.remote(jid))
+        rec = SchedulerHandle(h).get_job(jid)
         assert rec["state"] == "finished" and rec["iterations_done"] == 4 and not rec.get("error"), rec
         assert ckpt.is_dir() and not any(ckpt.iterdir())  # the commits were written there, all removed at the end
     finally:

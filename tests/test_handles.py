@@ -20,6 +20,14 @@ SOURCES = [*sorted((ROOT / "actors").rglob("*.py")), *sorted((ROOT / "rollmux").
 #: the one actor outside the project's own: the admission benchmark's no-op actor measuring Serve's
 #: replica -> actor hop (a ceiling for the scheduler's, not a RollMux actor)
 NOT_OURS = {("scripts/bench_admission.py", "noop"), ("scripts/bench_admission.py", "@ray.remote")}
+#: the tests call RollMux's actors through the handles too (where they plug in fakes); these are the
+#: tests' own probe actors (not RollMux actors): where a Ray task lands on a node, and the gloo
+#: transport's harness actors (a collectives test of its own)
+TESTS = sorted((ROOT / "tests").glob("*.py"))
+TEST_ACTORS = {("tests/job_probe.py", "probe"), ("tests/job_probe.py", "@ray.remote"),
+               ("tests/test_local_jobs.py", "where"), ("tests/test_local_jobs.py", "@ray.remote"),
+               ("tests/test_sync_gloo.py", "actor"), ("tests/test_sync_gloo.py", "[a."),
+               ("tests/test_sync_gloo.py", "trainers[0].host")}
 
 
 def _remote_calls(tree: ast.AST) -> list[int]:
@@ -40,19 +48,29 @@ def _getattr_dispatch(tree: ast.AST) -> list[int]:
     return out
 
 
-def test_only_the_handle_module_calls_remote():
+def _outside_handles(paths, allowed) -> dict[str, list[int]]:
     found = {}
-    for path in SOURCES:
+    for path in paths:
         if path == HANDLES:
             continue
         rel = str(path.relative_to(ROOT))
         text = path.read_text().splitlines()
         lines = [n for n in _remote_calls(ast.parse(path.read_text(), str(path)))
-                 if not any(rel == f and key in text[n - 1].lower() for f, key in NOT_OURS)]
+                 if not any(rel == f and key in text[n - 1].lower() for f, key in allowed)]
         if lines:
-            found[str(path.relative_to(ROOT))] = lines
+            found[rel] = lines
+    return found
+
+
+def test_only_the_handle_module_calls_remote():
+    found = _outside_handles(SOURCES, NOT_OURS)
     assert found == {}, f"Ray calls outside actors/handles.py: {found}"
     assert _remote_calls(ast.parse(HANDLES.read_text()))  # the checker sees them where they are
+
+
+def test_the_tests_call_rollmux_actors_through_the_handles():
+    found = _outside_handles(TESTS, TEST_ACTORS)
+    assert found == {}, f"tests calling a RollMux actor with .remote( instead of its handle: {found}"
 
 
 def test_no_actor_method_is_chosen_by_a_string():

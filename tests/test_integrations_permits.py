@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import rollmux
+from actors.handles import SchedulerHandle
 from factories import make_toy, small_spec, wait_until
 from rollmux.integrations import PhaseSequencer, SpecFieldMissing, Underivable, build_spec, offload_hooks
 from rollmux.phase_state import PhaseFailed
@@ -162,7 +163,7 @@ def sched(ray_cluster, local_cluster_spec):
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     name = f"test-permits-{uuid.uuid4().hex[:6]}"
     h = get_or_create_scheduler(local_cluster_spec, name=name)
-    assert ray.get(h.health.remote())["ok"]
+    assert SchedulerHandle(h).health()["ok"]
     yield name, h
     kill_scheduler_and_controllers(h, name)
 
@@ -238,8 +239,7 @@ def test_driver_permits_co_execute_with_a_worker_job_in_round_robin_order(sched)
     assert any(a["job_id"] != b["job_id"] and a["start"] < b["end"] and b["start"] < a["end"]
                for a in rolls for b in trains)
     assert all(d["job_id"] == fw.job_id for d in seen["decisions"])  # long-tail decisions reach the driver
-    import ray
 
-    rec = wait_until(lambda: (r := ray.get(h.get_job.remote(fw.job_id)))["state"] == "finished" and r,
+    rec = wait_until(lambda: (r := SchedulerHandle(h).get_job(fw.job_id))["state"] == "finished" and r,
                      what="the framework job's finished record")
     assert rec["iterations_done"] == n

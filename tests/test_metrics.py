@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from actors.ops.metrics import RollmuxMetrics
 from factories import unit_kw
+from rollmux.messages import ProgressReport
 
 
 class _Fake:
@@ -98,10 +99,10 @@ def test_scheduler_keeps_series_of_active_jobs_only():
     spec = {"model_params_b": 7, "measured": {"t_roll_s": 100.0, "t_train_s": 100.0, "t_sync_s": 1.0}}
     for i in range(30):
         assert g.admit({"job_id": f"j{i}", **spec})["admitted"]
-        g.report(f"j{i}", {"event": "iteration", "iterations_done": 1, "slowdown": 1.1})
+        g.report(f"j{i}", ProgressReport(1, slowdown=1.1))
         if i < 29:
             g.depart(f"j{i}")
-    g.report("j0", {"event": "iteration", "iterations_done": 2, "slowdown": 1.2})  # late, after the end
+    g.report("j0", ProgressReport(2, slowdown=1.2))  # late, after the end
     assert {k: sorted(g.metrics.totals[k]) for k in RollmuxMetrics.JOB_GAUGES} == {
         "slowdown": ["j29"], "slo": ["j29"], "iters": ["j29"]}
 

@@ -17,6 +17,7 @@ from examples.grpo.config import ModelConfig, load_job_config
 from examples.grpo.job import TOK, run_coexecuted, run_job
 from examples.grpo.model import build_model
 from rollmux.config import CONFIG_DIR
+from actors.handles import SchedulerHandle
 from factories import kill_scheduler_and_controllers
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
@@ -41,8 +42,6 @@ def model_bytes(cfg) -> int:
 @pytest.fixture()
 def scheduler(ray_cluster, local_cluster_spec):
     """A fresh GlobalScheduler per call (unique name): ``make()`` returns its name."""
-    import ray
-
     from actors.scheduler.global_scheduler import get_or_create_scheduler
 
     made = []
@@ -50,7 +49,7 @@ def scheduler(ray_cluster, local_cluster_spec):
     def make(spec=local_cluster_spec) -> str:
         name = f"test-multinode-{uuid.uuid4().hex[:6]}"
         h = get_or_create_scheduler(spec, name=name)
-        assert ray.get(h.health.remote(), timeout=120)["ok"]
+        assert SchedulerHandle(h).health(timeout_s=120)["ok"]
         made.append((h, name))
         return name
 

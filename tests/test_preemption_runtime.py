@@ -11,7 +11,9 @@ import uuid
 
 import pytest
 
+from actors.handles import SchedulerHandle, WorkerHandle
 from factories import kill_scheduler_and_controllers, unit_kw, wait_until
+from rollmux.messages import EventKind, RuntimeEvent
 
 TEAM_Q = {"team-q": {"rollout_gpus": 1, "train_gpus": 1}}
 
@@ -248,11 +250,11 @@ def test_newcomer_is_fenced_off_the_victims_nodes_until_it_drained(local_cluster
     assert (e["group_id"], tuple(e["nodes"]), e["stopped_at_s"], e["drained_at_s"]) == (be_group, be_nodes, None, None)
     g2 = make()  # restarted from the checkpoint: still fenced
     assert fence(g2, "p") == be_nodes
-    g2.report("be", {"event": "stopped"})
+    g2.report("be", RuntimeEvent(EventKind.STOPPED))
     (e,) = g2.get_job("be")["preemptions"]
     assert e["stopped_at_s"] >= e["at_s"] and fence(g2, "p") == be_nodes
     assert g2.drain_overdue_pending(now=e["stopped_at_s"] + DRAIN_GRACE_S - 1) == []
-    g2.report("be", {"event": "drained"})
+    g2.report("be", RuntimeEvent(EventKind.DRAINED))
     (e,) = g2.get_job("be")["preemptions"]
     assert e["drained"] == "exported" and e["drained_at_s"] >= e["stopped_at_s"] and fence(g2, "p") == ()
     assert g2.get_job("be")["state"] == "preempted" and [q.job_id for q in g2.queue.jobs()] == ["be"]
@@ -262,7 +264,7 @@ def test_newcomer_is_fenced_off_the_victims_nodes_until_it_drained(local_cluster
     assert g2.get_job("be")["state"] == "admitted"
     g2.ensure_controller(g2.get_job("be")["group_id"])
     assert g2.admit(qspec("p2", "production"))["preempted"] == ["be"] and fence(g2, "p2")
-    g2.report("be", {"event": "stopped"})
+    g2.report("be", RuntimeEvent(EventKind.STOPPED))
     t_stop = g2.get_job("be")["preemptions"][-1]["stopped_at_s"]
     assert g2.drain_overdue_pending(now=t_stop + DRAIN_GRACE_S + 1) == ["be"]
     assert g2.get_job("be")["preemptions"][-1]["drained"].startswith("overdue") and fence(g2, "p2") == ()
@@ -271,7 +273,7 @@ def test_newcomer_is_fenced_off_the_victims_nodes_until_it_drained(local_cluster
     g2.depart("p2")
     g2.ensure_controller(g2.get_job("be")["group_id"])
     assert g2.admit(qspec("p3", "production"))["preempted"] == ["be"] and fence(g2, "p3")
-    g2.report("be", {"event": "failed", "error": "driver lost: no heartbeat for 31.0s"})
+    g2.report("be", RuntimeEvent(EventKind.FAILED, error="driver lost: no heartbeat for 31.0s"))
     assert g2.get_job("be")["preemptions"][-1]["drained"].startswith("driver lost") and fence(g2, "p3") == ()
     assert g2.get_job("be")["state"] == "preempted" and "be" in g2.queue
 
@@ -309,10 +311,8 @@ def _bounded_scheduler(cluster, name: str):
 
 def _hold_other_pair(h, uid: str) -> None:
     """A non-preemptible research job holds one node pair (no driver), so a newcomer must preempt."""
-    import ray
-
-    assert ray.get(h.admit.remote({**qspec(f"hold-{uid}", "research", "team-q", preemptible=False),
-                                   "mem_roll_gb": 0.05, "mem_train_gb": 0.1}))["admitted"]
+    assert SchedulerHandle(h).admit({**qspec(f"hold-{uid}", "research", "team-q", preemptible=False),
+                                   "mem_roll_gb": 0.05, "mem_train_gb": 0.1})["admitted"]
 
 
 @pytest.mark.ray
@@ -341,16 +341,18 @@ def test_preempted_grpo_job_resumes_bit_identical_to_solo(ray_cluster, local_clu
 
     def preempt_then_free() -> None:
         try:
-            out = ray.get(h.admit.remote({**qspec(prod, "production"), "mem_roll_gb": 0.05, "mem_train_gb": 0.1}))
+            out = SchedulerHandle(h).admit({**qspec(prod, "production"), "mem_roll_gb": 0.05, "mem_train_gb": 0.1})
             seen["admit"] = out
-            wait_until(lambda: ray.get(h.get_job.remote(jid))["state"] == "preempted", timeout_s=30, interval_s=0.05,
+            wait_until(lambda: SchedulerHandle(h).get_job(jid)["state"] == "preempted", timeout_s=30, interval_s=0.05,
                        what="the job preempted")
-            node = ray.get(h.get_job.remote(jid))["placement"]["rollout_nodes"][0]
+            waiting = SchedulerHandle(h).get_job(jid)  # it says where it waits, not where it ran
+            assert waiting["queue_position"] == 1 and waiting["queued_at"] and waiting.get("placement") is None
+            node = waiting["preemptions"][-1]["nodes"][0]
             w = ray.get_actor(worker_name(node), namespace=NAMESPACE)
-            wait_until(lambda: hosted_key(jid, name) not in ray.get(w.hosted.remote()), timeout_s=60, interval_s=0.05,
+            wait_until(lambda: hosted_key(jid, name) not in WorkerHandle(w).hosted(), timeout_s=60, interval_s=0.05,
                        what="its state exported from its workers")
             seen["freed"] = node
-            seen["dep"] = ray.get(h.depart.remote(prod))
+            seen["dep"] = SchedulerHandle(h).depart(prod)
         except BaseException as e:  # pragma: no cover - reported by the assertions below
             seen["error"] = e
 
@@ -377,7 +379,7 @@ def test_preempted_grpo_job_resumes_bit_identical_to_solo(ray_cluster, local_clu
         assert [m["step"] for m in res["history"]] == [1, 2, 3, 4]
         assert res["weights_sha256"] == solo["weights_sha256"]
         assert [m["reward_mean"] for m in res["history"]] == [m["reward_mean"] for m in solo["history"]]
-        rec = ray.get(h.get_job.remote(jid))
+        rec = SchedulerHandle(h).get_job(jid)
         assert rec["state"] == "finished" and rec["iterations_done"] == 4 and rec["priority_class"] == "best-effort"
         (p,) = rec["preemptions"]
         assert p["by_job"] == prod and p["by_class"] == "production" and p["lost_gpu_h"] > 0
@@ -386,7 +388,7 @@ def test_preempted_grpo_job_resumes_bit_identical_to_solo(ray_cluster, local_clu
         tl = [(r["phase"], r["iteration"]) for r in res["timeline"] if r.get("job_id", jid) == jid]
         assert len(tl) == len(set(tl)), tl
         # quota: the tenant holding its whole quota is refused another job, naming it
-        out = ray.get(h.admit.remote(qspec(f"q2-{uid}", tenant="team-q")))
+        out = SchedulerHandle(h).admit(qspec(f"q2-{uid}", tenant="team-q"))
         assert out["code"] == "retry_later" and "tenant 'team-q'" in out["reason"]
     finally:
         kill_scheduler_and_controllers(h, name)
@@ -414,8 +416,6 @@ def test_newcomer_runs_on_the_victims_nodes_only_after_the_victim_drained(ray_cl
     no earlier than the victim's last phase there ended, and after the victim's drain (its
     state exported by its driver) was recorded. The newcomer departs; the victim resumes and
     ends bit-identical to its solo run."""
-    import ray
-
     import rollmux
     from examples.grpo.job import make_job, run_job
     from factories import make_toy, toy_spec
@@ -430,7 +430,7 @@ def test_newcomer_runs_on_the_victims_nodes_only_after_the_victim_drained(ray_cl
 
     def newcomer() -> None:
         try:
-            seen["admit"] = ray.get(h.admit.remote({**toy_spec(prod, "small"), "priority_class": "production"}))
+            seen["admit"] = SchedulerHandle(h).admit({**toy_spec(prod, "small"), "priority_class": "production"})
             job = rollmux.Job(toy_spec(prod, "small"), attach=True, scheduler_name=name, job_id=prod,
                               sync_backend="object_store")
             r, t, p = make_toy(job, "small", seed=7)
@@ -461,15 +461,15 @@ def test_newcomer_runs_on_the_victims_nodes_only_after_the_victim_drained(ray_cl
         assert not th.is_alive() and "error" not in seen, seen.get("error")
         assert seen["admit"]["admitted"] and seen["admit"]["preempted"] == [jid]
 
-        rec = ray.get(h.get_job.remote(jid))
+        rec = SchedulerHandle(h).get_job(jid)
         assert rec["state"] == "finished" and rec["iterations_done"] == cfg.run.iterations
         (p,) = rec["preemptions"]
         assert p["by_job"] == prod and p["iteration"] == stop_at and p["drained"] == "exported"
         assert p["at_s"] <= p["stopped_at_s"] <= p["drained_at_s"] <= p["resumed_at_s"]
         # the runtime's own phase records: the victim's old group (before the stop), the newcomer's group
-        old = [r for r in ray.get(h.group_timeline.remote(p["group_id"])) if r["job_id"] == jid
+        old = [r for r in SchedulerHandle(h).group_timeline(p["group_id"]) if r["job_id"] == jid
                and r["start"] < p["resumed_at_s"]]
-        new = [r for r in ray.get(h.group_timeline.remote(seen["admit"]["group_id"])) if r["job_id"] == prod]
+        new = [r for r in SchedulerHandle(h).group_timeline(seen["admit"]["group_id"]) if r["job_id"] == prod]
         assert new and all(r["ok"] for r in old + new)
         # the victim ran whole iterations only, up to and including the one it was preempted in
         assert sorted((r["iteration"], r["phase"]) for r in old) == \

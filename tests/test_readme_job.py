@@ -11,6 +11,7 @@ import sys
 import uuid
 from pathlib import Path
 
+from actors.handles import SchedulerHandle
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,8 +34,6 @@ def test_solo_run_learns_the_best_arm():
 @pytest.mark.ray
 @pytest.mark.timeout(240)
 def test_scheduled_run_is_bit_identical_to_solo(ray_cluster, local_cluster_spec, monkeypatch):
-    import ray
-
     from actors.scheduler.global_scheduler import get_or_create_scheduler
     from factories import kill_scheduler_and_controllers
 
@@ -42,7 +41,7 @@ def test_scheduled_run_is_bit_identical_to_solo(ray_cluster, local_cluster_spec,
     name = f"test-readme-{uuid.uuid4().hex[:6]}"
     h = get_or_create_scheduler(local_cluster_spec, name=name)
     try:
-        assert ray.get(h.health.remote())["ok"]
+        assert SchedulerHandle(h).health()["ok"]
         monkeypatch.setenv("ROLLMUX_ATTACH", "1")
         monkeypatch.setenv("ROLLMUX_SCHEDULER_NAME", name)
         sched = runpy.run_path(str(JOB), run_name="__main__")

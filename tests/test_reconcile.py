@@ -10,6 +10,7 @@ import pytest
 
 from actors.scheduler.kv import MemoryKV
 from factories import FakeAck, FakeController, FakeHandles, InProcessWorker, small_spec, unit_kw
+from rollmux.messages import EventKind, RuntimeEvent
 
 
 def _sched(handles, kv=None, **kw):
@@ -98,7 +99,7 @@ def test_attach_creates_the_controller_and_waits_for_its_acknowledgement(monkeyp
     assert handles.created == []  # admissions start no actor
     t = asyncio.run(s.attach("a"))
     assert handles.created == ["group-0"] and t.pushed and t.controller == "rollmux-group-0"
-    assert t.record["job_id"] == "a" and t.group_id == "group-0"
+    assert t.record.job_id == "a" and t.group_id == "group-0" and t.record.state == "admitted"
     assert [m.job_id for m in handles.controllers["group-0"].pushes[-1].members] == ["a"]
     assert asyncio.run(s.attach("nope")) is None
     # a controller that does not answer in time: the ticket says so (it pulls the membership itself)
@@ -109,7 +110,7 @@ def test_attach_creates_the_controller_and_waits_for_its_acknowledgement(monkeyp
     assert not t.pushed and t.controller == "rollmux-group-0"
     s.depart("a")
     ended = asyncio.run(s.attach("a"))
-    assert ended.controller is None and ended.record["state"] == "finished"
+    assert ended.controller is None and ended.record.state == "finished"
 
 
 class _Never(FakeAck):
@@ -167,7 +168,7 @@ def test_ended_jobs_workers_are_released_through_the_handle_factory(tmp_path):
         w.register_job("a", {"builder": dict, "checkpoint_dir": str(tmp_path), "admission": rec["admission_id"]})
         workers[n] = handles.workers[n] = InProcessWorker(w)
     assert s.release_workers_once() == []  # nothing ended yet
-    s.report("a", {"event": "failed", "error": "boom"})
+    s.report("a", RuntimeEvent(EventKind.FAILED, error="boom"))
     assert sorted(n for _, n in s.release_workers_once()) == sorted(workers)
     assert all(w.calls == [("a", rec["admission_id"])] and "a" not in w.worker.jobs for w in workers.values())
     assert s.release_workers_once() == []  # sent once

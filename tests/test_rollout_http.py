@@ -219,7 +219,8 @@ FIELDS = [  # (route, body, the exact field of the first error)
     ("/v1/rollouts:stream", {"ids": ["ok", "bad id!"]}, "ids.1"),
     ("/v1/rollouts:stream", {}, "ids"),
     ("/v1/policy", {"version": 5, "min_version": 6}, "min_version"),
-    ("/v1/completions", {"prompt": "x", "stream": True}, "stream"),
+    ("/v1/completions", {"prompt": "x", "n": 2}, "n"),
+    ("/v1/weights/uploads", {"weight_version": 1, "size_bytes": 100, "sha256": "xyz"}, "sha256"),
 ]
 
 
@@ -241,8 +242,8 @@ def test_other_routes_refuse_bad_input(http, svc):
     assert http.post("/v1/rollouts:stream", json={}).status_code == 422
     assert http.get("/v1/rollouts/r-unknown").status_code == 404
     assert http.delete("/v1/rollouts/r-unknown").status_code == 404
-    r = http.post("/v1/completions", json={"prompt": "x", "stream": True})
-    assert r.status_code == 422 and "stream" in r.text
+    r = http.post("/v1/completions", json={"prompt": "x", "model": "gpt-x"})
+    assert r.status_code == 404 and r.json()["error"] == "model_not_found" and "model" in r.json()["detail"]
     r = http.post("/v1/chat/completions", json={"messages": [{"role": "robot", "content": "x"}]})
     assert r.status_code == 422 and "messages.0.role" in r.text
     noauth = httpx.post(str(http.base_url) + "/v1/rollouts", json={"prompt": "x"})

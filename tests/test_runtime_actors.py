@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import rollmux
+from actors.handles import ControllerHandle, SchedulerHandle, WorkerHandle
 from factories import SLEEP, make_toy, toy_spec, unit_kw, wait_until  # noqa: F401  (re-exported for other tests)
 from rollmux.messages import RolloutProgress
 
@@ -47,7 +48,7 @@ def sched(ray_cluster, local_cluster_spec):
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     name = f"test-sched-{_uid()}"
     h = get_or_create_scheduler(local_cluster_spec, name=name)
-    assert ray.get(h.health.remote())["ok"]
+    assert SchedulerHandle(h).health()["ok"]
     yield name, h
     ray.kill(h, no_restart=True)
 
@@ -73,8 +74,6 @@ def run_group(name, kinds, n, *, fail=None, switch=None, sync_backend=None):
 @ray_test
 @pytest.mark.parametrize("sync_backend", ["object_store", "auto"])
 def test_three_jobs_interleave_round_robin_in_one_group(sched, sync_backend):
-    import ray
-
     from actors.driver.runtime_client import group_timeline
 
     name, h = sched
@@ -111,7 +110,7 @@ def test_three_jobs_interleave_round_robin_in_one_group(sched, sync_backend):
     assert set(kinds[ids[2]]) == {"cold"}
     assert kinds[ids[0]][:2] == ["cold", "cold"] and set(kinds[ids[0]][2:]) == {"warm"}
     assert all(r["switch_s"] >= 0 for r in tl)
-    status = ray.get(ray.get_actor(jobs[0].info["controller"], namespace="rollmux").status.remote())
+    status = ControllerHandle(name=jobs[0].info["controller"]).status()
     assert status["metrics"]["switches"]["warm"] >= 1 and status["metrics"]["switches"]["cold"] >= 3
     for j in ids:  # the exported counter (flushed periodically: whole syncs so far) adds the records' bytes
         per = [r["sync_cross_bytes"] for r in syncs if r["job_id"] == j]
@@ -120,9 +119,9 @@ def test_three_jobs_interleave_round_robin_in_one_group(sched, sync_backend):
     assert any(m["job_id"] in ids for m in status["migrations"])  # progress reached the tail trigger
     # lifecycle: all finished, group released
     for jid in ids:
-        rec = ray.get(h.get_job.remote(jid))
+        rec = SchedulerHandle(h).get_job(jid)
         assert rec["state"] == "finished" and rec["iterations_done"] == n, rec
-    assert all(g["group_id"] not in gids for g in ray.get(h.list_groups.remote()))
+    assert all(g["group_id"] not in gids for g in SchedulerHandle(h).list_groups())
     # on-policy: the co-executed job equals the same job run solo (same seed), bit for bit
     solo = rollmux.Job(toy_spec(f"solo-{_uid()}", "small"), attach=False)
     fns = make_toy(solo, "small", seed=1)
@@ -137,8 +136,6 @@ def test_sync_fails_fast_when_a_training_rank_fails_mid_sync(sched):
     so no socket closes): the leader sees rank 1's task fail and aborts every sync endpoint of
     the job, so the sync phase fails within seconds (not the collectives' 120 s timeout) and
     names the failed rank and its error."""
-    import ray
-
     name, h = sched
     jid = f"ff-{_uid()}"
     job = rollmux.Job(dict(toy_spec(jid, "small"), num_train_gpus=2), attach=True, scheduler_name=name)
@@ -177,7 +174,7 @@ def test_sync_fails_fast_when_a_training_rank_fails_mid_sync(sched):
                 train(rollout(it))
                 publish()
     assert len(job.info["placement"]["train_nodes"]) == 2
-    tl = ray.get(h.group_timeline.remote(job.info["group_id"]))
+    tl = SchedulerHandle(h).group_timeline(job.info["group_id"])
     syncs = [r for r in tl if r["job_id"] == jid and r["phase"] == "sync"]
     assert [r["ok"] for r in syncs] == [True, False], syncs
     assert syncs[0]["sync_backend"] == "gloo" and syncs[0]["sync_backend_requested"] == "auto"
@@ -189,8 +186,6 @@ def test_sync_fails_fast_when_a_training_rank_fails_mid_sync(sched):
 
 @ray_test
 def test_failing_job_is_isolated_and_released(sched):
-    import ray
-
     from actors.worker.workers import get_or_create_worker
 
     name, h = sched
@@ -201,15 +196,15 @@ def test_failing_job_is_isolated_and_released(sched):
     assert len(out[ids[1]]) == 1  # failed during iteration 1
     for jid in (ids[0], ids[2]):  # group-mates keep iterating to the end
         assert len(out[jid]) == n and jid + ":error" not in out
-        assert ray.get(h.get_job.remote(jid))["state"] == "finished"
-    rec = ray.get(h.get_job.remote(ids[1]))
+        assert SchedulerHandle(h).get_job(jid)["state"] == "finished"
+    rec = SchedulerHandle(h).get_job(ids[1])
     assert rec["state"] == "failed" and "injected failure" in rec["error"]
-    tl = ray.get(h.group_timeline.remote(jobs[0].info["group_id"]))
+    tl = SchedulerHandle(h).group_timeline(jobs[0].info["group_id"])
     failed = [r for r in tl if r["job_id"] == ids[1] and not r["ok"]]
     assert len(failed) == 1 and failed[0]["phase"] == "train" and failed[0]["iteration"] == 1
     assert not [r for r in tl if r["job_id"] == ids[1] and r["start"] > failed[0]["end"]]
     for node in jobs[1].info["placement"]["rollout_nodes"] + jobs[1].info["placement"]["train_nodes"]:
-        hosted = ray.get(get_or_create_worker(node).hosted.remote())
+        hosted = WorkerHandle(get_or_create_worker(node)).hosted()
         assert ids[1] not in {v["job_id"] for v in hosted.values()}  # its state was dropped
 
 
@@ -220,7 +215,7 @@ def test_worker_pinned_to_policy_node(ray_cluster):
     from actors.worker.workers import get_or_create_worker
 
     for node in ("rollout-1", "train-0"):
-        where = ray.get(get_or_create_worker(node).where.remote())
+        where = WorkerHandle(get_or_create_worker(node)).where()
         carrying = [n["NodeID"] for n in ray.nodes() if n["Alive"] and f"rollmux_node:{node}" in n["Resources"]]
         assert carrying == [where.ray_node_id]
         assert where.node == node and where.torch_threads == 1
@@ -229,28 +224,26 @@ def test_worker_pinned_to_policy_node(ray_cluster):
 
 @ray_test
 def test_admission_and_refusals_through_the_actor(sched):
-    import ray
-
     name, h = sched
     jid = f"adm-{_uid()}"
-    dry = ray.get(h.admit.remote(toy_spec(jid, "small"), True))
-    assert dry["admitted"] and ray.get(h.get_job.remote(jid)) is None  # dry run changes nothing
-    d = ray.get(h.admit.remote(toy_spec(jid, "small")))
+    dry = SchedulerHandle(h).admit(toy_spec(jid, "small"), True)
+    assert dry["admitted"] and SchedulerHandle(h).get_job(jid) is None  # dry run changes nothing
+    d = SchedulerHandle(h).admit(toy_spec(jid, "small"))
     assert d["admitted"] and d["placement"]["rollout_nodes"] and d["group_id"]
-    rec = ray.get(h.get_job.remote(jid))
+    rec = SchedulerHandle(h).get_job(jid)
     assert rec["state"] == "admitted" and rec["predicted"]["t_solo_s"] == pytest.approx(4.0)
-    again = ray.get(h.admit.remote(toy_spec(jid, "small")))  # a retry: the original decision
+    again = SchedulerHandle(h).admit(toy_spec(jid, "small"))  # a retry: the original decision
     assert again["admitted"] and again["replayed"] and again["group_id"] == d["group_id"]
-    assert ray.get(h.admit.remote(toy_spec(jid, "small", slo=6.0)))["code"] == "duplicate"  # another spec
-    bad = ray.get(h.admit.remote({**toy_spec(f"bad-{_uid()}", "small"), "slo": 0.2}))
+    assert SchedulerHandle(h).admit(toy_spec(jid, "small", slo=6.0))["code"] == "duplicate"  # another spec
+    bad = SchedulerHandle(h).admit({**toy_spec(f"bad-{_uid()}", "small"), "slo": 0.2})
     assert bad["code"] == "invalid" and "slo" in bad["reason"]
-    huge = ray.get(h.admit.remote({**toy_spec(f"huge-{_uid()}", "small"), "num_rollout_gpus": 64}))
+    huge = SchedulerHandle(h).admit({**toy_spec(f"huge-{_uid()}", "small"), "num_rollout_gpus": 64})
     assert not huge["admitted"] and huge["code"] == "never"
-    grp = [g for g in ray.get(h.list_groups.remote()) if jid in g["members"]][0]
+    grp = [g for g in SchedulerHandle(h).list_groups() if jid in g["members"]][0]
     assert grp["cost_usd_per_h"] > 0 and grp["slack_s"] == pytest.approx(grp["t_cycle_s"] - grp["t_load_s"])
-    dep = ray.get(h.depart.remote(jid))
-    assert dep["job_id"] == jid and ray.get(h.get_job.remote(jid))["state"] == "finished"
-    assert ray.get(h.depart.remote(f"nope-{_uid()}")) is None
+    dep = SchedulerHandle(h).depart(jid)
+    assert dep["job_id"] == jid and SchedulerHandle(h).get_job(jid)["state"] == "finished"
+    assert SchedulerHandle(h).depart(f"nope-{_uid()}") is None
 
 
 @ray_test
@@ -274,10 +267,10 @@ def test_lost_driver_is_evicted_and_mates_continue(ray_cluster, local_cluster_sp
         out: dict = {}
         loop(mate, fns, 3, out, "m")
         assert len(out["m"]) == 3 and "m:error" not in out
-        rec = ray.get(h.get_job.remote(lost.job_id))
+        rec = SchedulerHandle(h).get_job(lost.job_id)
         assert rec["state"] == "failed" and "driver lost" in rec["error_detail"]
         assert "driver stopped reporting" in rec["error"] and "step 1" in rec["error"]
-        assert ray.get(h.get_job.remote(mate.job_id))["state"] == "finished"
+        assert SchedulerHandle(h).get_job(mate.job_id)["state"] == "finished"
     finally:
         ray.kill(h, no_restart=True)
 
@@ -507,5 +500,5 @@ def test_killing_the_group_controller_twice_fails_no_job(sched):
     assert not any(t.is_alive() for t in threads)
     assert not [k for k in out if k.endswith(":error")], {k: v for k, v in out.items() if k.endswith(":error")}
     for jid in ids:
-        rec = ray.get(h.get_job.remote(jid))
+        rec = SchedulerHandle(h).get_job(jid)
         assert rec["state"] == "finished" and rec["iterations_done"] == n, rec

@@ -20,8 +20,9 @@ import torch
 
 import rollmux
 from actors.scheduler.kv import MemoryKV
+from actors.handles import ActorLost, CallTimeout, ControllerHandle, SchedulerHandle, WorkerHandle
 from factories import kill_scheduler_and_controllers, make_toy, toy_spec, unit_kw, wait_until
-from rollmux.messages import MembershipPush
+from rollmux.messages import EventKind, MembershipPush, RuntimeEvent
 from test_runtime_actors import loop
 
 pytestmark = [pytest.mark.timeout(180)]
@@ -64,7 +65,7 @@ def test_departure_moves_job_record_and_checkpoint_without_ray(local_cluster_spe
     assert [(m["from_group"], m["to_group"], m["trigger"]) for m in rec["moves"]] == [("group-0", "group-1", a)]
     assert rec["state"] == "admitted" and rec["predicted_slowdown"] == pytest.approx(1.0)  # B, C interleave
     assert [(g["group_id"], sorted(g["members"])) for g in s.list_groups()] == [("group-1", sorted([b, c]))]
-    assert [m["job_id"] for m in s.group_members("group-1")] == [c, b]  # planned round-robin order: b joined last
+    assert [m.job_id for m in s.group_members("group-1")] == [c, b]  # planned round-robin order: b joined last
     # a restarted scheduler (same KV) has the moved record and the new table
     r = GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0, max_group_size=2)
     assert r.restored and r.get_job(b) == rec and r.list_groups() == s.list_groups()
@@ -105,7 +106,7 @@ def test_a_move_fences_its_old_nodes_for_other_groups_until_it_drained(local_clu
         a, b, c = _admit_three(s.admit, tag)
         s.ensure_controller("group-0")
         if running:
-            s.report(b, {"event": "running"})
+            s.report(b, RuntimeEvent(EventKind.RUNNING))
         (mv,) = s.depart(a)["moves"]
         d = f"D-{tag}"
         assert s.admit(toy_spec(d, "small"))["group_id"] == "group-2"
@@ -121,14 +122,14 @@ def test_a_move_fences_its_old_nodes_for_other_groups_until_it_drained(local_clu
     assert fences(s) == {c: (), b: (), d: ("rollout-0", "train-0")}
     s = GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0, max_group_size=2)
     assert fences(s)[d] == ("rollout-0", "train-0")  # restarted from the checkpoint: still fenced
-    s.report(b, {"event": "stopped", "group_id": "group-1"})  # not the group it left: nothing changes
-    s.report(b, {"event": "drained", "group_id": "group-1"})
+    s.report(b, RuntimeEvent(EventKind.STOPPED, group_id="group-1"))  # not the group it left: nothing changes
+    s.report(b, RuntimeEvent(EventKind.DRAINED, group_id="group-1"))
     assert s.get_job(b)["moves"][-1]["stopped_at_s"] is None and fences(s)[d] == ("rollout-0", "train-0")
-    s.report(b, {"event": "stopped", "group_id": "group-0"})  # left group-0 at its boundary
+    s.report(b, RuntimeEvent(EventKind.STOPPED, group_id="group-0"))  # left group-0 at its boundary
     t_stop = s.get_job(b)["moves"][-1]["stopped_at_s"]
     assert t_stop >= mv["at"] and fences(s)[d] == ("rollout-0", "train-0")
     assert s.drain_overdue_pending(now=t_stop + DRAIN_GRACE_S - 1) == []
-    s.report(b, {"event": "drained", "group_id": "group-0"})  # its driver exported its state from there
+    s.report(b, RuntimeEvent(EventKind.DRAINED, group_id="group-0"))  # its driver exported its state from there
     m = s.get_job(b)["moves"][-1]
     assert (m["drained"], m["stopped_at_s"]) == ("exported", t_stop) and m["drained_at_s"] >= t_stop
     assert fences(s) == {c: (), b: (), d: ()}
@@ -136,7 +137,7 @@ def test_a_move_fences_its_old_nodes_for_other_groups_until_it_drained(local_clu
 
     # a driver that never reports its export: drained once overdue after the stop
     s, b, c, d, mv = scenario("o", MemoryKV())
-    s.report(b, {"event": "stopped", "group_id": "group-0"})
+    s.report(b, RuntimeEvent(EventKind.STOPPED, group_id="group-0"))
     t_stop = s.get_job(b)["moves"][-1]["stopped_at_s"]
     assert s.drain_overdue_pending(now=t_stop + DRAIN_GRACE_S + 1) == [b]
     assert s.get_job(b)["moves"][-1]["drained"].startswith("overdue: its driver") and fences(s)[d] == ()
@@ -146,7 +147,7 @@ def test_a_move_fences_its_old_nodes_for_other_groups_until_it_drained(local_clu
     assert s.drain_overdue_pending(now=mv["at"] + DRAIN_MAX_S + 1) == [b] and fences(s)[d] == ()
     # its controller evicted it (its driver was lost): the failure report drains it
     s, b, c, d, mv = scenario("x", MemoryKV())
-    s.report(b, {"event": "failed", "error": "driver lost: no heartbeat for 31.0s"})
+    s.report(b, RuntimeEvent(EventKind.FAILED, error="driver lost: no heartbeat for 31.0s"))
     assert s.get_job(b)["moves"][-1]["drained"].startswith("driver lost") and fences(s)[d] == ()
     # B had not started (admitted, no driver registered it): nothing of it ran on its old nodes
     s, b, c, d, mv = scenario("n", MemoryKV(), running=False)
@@ -261,22 +262,21 @@ def test_move_updates_controllers_and_survives_scheduler_restart(ray_cluster, lo
     name = f"test-moves-{_uid()}"
     h = get_or_create_scheduler(local_cluster_spec, name=name, checkpoint_path=str(tmp_path / "ck"), max_group_size=2)
     try:
-        a, b, c = _admit_three(lambda sp: ray.get(h.admit.remote(sp)), _uid())
-        ctrl = {g: ray.get_actor(ray.get(h.ensure_controller.remote(g)), namespace="rollmux")
-                for g in ("group-0", "group-1")}
-        out = ray.get(h.depart.remote(a))
+        a, b, c = _admit_three(lambda sp: SchedulerHandle(h).admit(sp), _uid())
+        ctrl = {g: ControllerHandle(name=SchedulerHandle(h).ensure_controller(g)) for g in ("group-0", "group-1")}
+        out = SchedulerHandle(h).depart(a)
         assert [(m["job_id"], m["from_group"], m["to_group"]) for m in out["moves"]] == [(b, "group-0", "group-1")]
 
         seen_old: list = []
 
         def pushed():  # the scheduler pushes to controllers asynchronously (never waits on them)
             try:  # group-0 is dissolved: its controller exits a moment after its final push
-                old = ray.get(ctrl["group-0"].status.remote())
+                old = ctrl["group-0"].status()
                 if len(old["gone"]) == 2:
                     seen_old.append(old)
-            except ray.exceptions.RayActorError:
+            except ActorLost:
                 seen_old.append("exited")
-            new = ray.get(ctrl["group-1"].status.remote())
+            new = ctrl["group-1"].status()
             return (seen_old[-1], new) if seen_old and len(new["pending"]) == 2 else None
 
         old, new = wait_until(pushed, timeout_s=90, what="controllers converged")
@@ -285,21 +285,21 @@ def test_move_updates_controllers_and_survives_scheduler_restart(ray_cluster, lo
         # no leaked actor: the dissolved group's controller ends itself (its moved job was pending)
         wait_until(lambda: _gone(f"{name}-group-0"), timeout_s=60, what="group-0's controller exited")
         assert new["order"] == [c, b]  # the planned round-robin order reached the controller
-        rec = ray.get(h.get_job.remote(b))
+        rec = SchedulerHandle(h).get_job(b)
         assert rec["group_id"] == "group-1" and rec["controller"] == f"{name}-group-1"
-        assert [g["group_id"] for g in ray.get(h.list_groups.remote())] == ["group-1"]
+        assert [g["group_id"] for g in SchedulerHandle(h).list_groups()] == ["group-1"]
 
         ray.kill(h, no_restart=False)  # Ray restarts it; it restores from the file checkpoint
-        health = wait_until(lambda: (lambda x: x if x["restored"] else None)(ray.get(h.health.remote(), timeout=10)),
+        health = wait_until(lambda: (lambda x: x if x["restored"] else None)(SchedulerHandle(h).health(timeout_s=10)),
                             timeout_s=120, interval_s=0.5, what="scheduler restored",
-                            ignore=(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError))
+                            ignore=(ActorLost, CallTimeout))
         assert health is not None and health["restored"] and health["jobs"] == 2
-        assert ray.get(h.get_job.remote(b)) == rec
-        assert [m["job_id"] for m in ray.get(h.group_members.remote("group-1"))] == [c, b]
-        new = ray.get(ctrl["group-1"].status.remote())
+        assert SchedulerHandle(h).get_job(b) == rec
+        assert [m.job_id for m in SchedulerHandle(h).group_members("group-1")] == [c, b]
+        new = ctrl["group-1"].status()
         assert sorted(new["pending"]) == sorted([b, c]) and _gone(f"{name}-group-0")
         for j in (b, c):
-            ray.get(h.depart.remote(j))
+            SchedulerHandle(h).depart(j)
     finally:
         kill_scheduler_and_controllers(h, name)
 
@@ -323,7 +323,7 @@ def test_job_moved_mid_run_finishes_on_policy(ray_cluster, local_cluster_spec, s
     h = get_or_create_scheduler(local_cluster_spec, name=name, max_group_size=2)
     n = 4
     try:
-        a, b, c = _admit_three(lambda sp: ray.get(h.admit.remote(sp)), _uid())
+        a, b, c = _admit_three(lambda sp: SchedulerHandle(h).admit(sp), _uid())
         jb = rollmux.Job(toy_spec(b, "small"), attach=True, scheduler_name=name, job_id=b, switch=switch,
                          sync_backend=sync_backend)
         rb, tb, pb = make_toy(jb, "small", seed=3)
@@ -332,7 +332,7 @@ def test_job_moved_mid_run_finishes_on_policy(ray_cluster, local_cluster_spec, s
         fc = make_toy(jc, "small", seed=5)
         out: dict = {}
         c_first = threading.Event()  # C's iteration 0 is done
-        ctrl1 = ray.get_actor(ray.get(h.ensure_controller.remote("group-1")), namespace="rollmux")
+        ctrl1 = ControllerHandle(name=SchedulerHandle(h).ensure_controller("group-1"))
 
         def run_c():  # one iteration, then wait until B has joined group-1's queues, then the rest
             r, t, p = fc
@@ -342,7 +342,7 @@ def test_job_moved_mid_run_finishes_on_policy(ray_cluster, local_cluster_spec, s
                 out.setdefault("c", []).append(None)
                 c_first.set()
                 try:
-                    wait_until(lambda: b in ray.get(ctrl1.status.remote())["jobs"], timeout_s=60, interval_s=0.05,
+                    wait_until(lambda: b in ctrl1.status()["jobs"], timeout_s=60, interval_s=0.05,
                                what="B in group-1's queues")
                 except TimeoutError:
                     pass  # C goes on; the assertions below tell what happened
@@ -359,22 +359,22 @@ def test_job_moved_mid_run_finishes_on_policy(ray_cluster, local_cluster_spec, s
         tc.start()
         # C's first iteration (its first sync opens its gloo endpoints) completes before B starts, so no
         # two first syncs race; B's iteration 0 then runs while C waits for it to join group-1
-        assert c_first.wait(120) and "c:error" not in out, (out.get("c:error"), ray.get(ctrl1.status.remote()))
+        assert c_first.wait(120) and "c:error" not in out, (out.get("c:error"), ctrl1.status())
         ws = []
         ws.append(tb(rb(0))["w"])
         pb()
         x = rb(1)  # B is mid-iteration 1 when A departs
-        dep = ray.get(h.depart.remote(a))
+        dep = SchedulerHandle(h).depart(a)
         assert [(m["job_id"], m["from_group"], m["to_group"]) for m in dep["moves"]] == [(b, "group-0", "group-1")]
-        old_ctrl = ray.get_actor(f"{name}-group-0", namespace="rollmux")
+        old_ctrl = ControllerHandle.of_group("group-0", name)
         try:  # the scheduler's push reaches the controller asynchronously
-            wait_until(lambda: ray.get(old_ctrl.status.remote())["moving"], timeout_s=90, what="the move pushed")
+            wait_until(lambda: old_ctrl.status()["moving"], timeout_s=90, what="the move pushed")
         except TimeoutError:
             pass
-        assert ray.get(old_ctrl.status.remote())["moving"] == {b: "moved to group-1"}
+        assert old_ctrl.status()["moving"] == {b: "moved to group-1"}
         ws.append(tb(x)["w"])  # iteration 1 completes on group-0
         pb()
-        assert ray.get(old_ctrl.status.remote())["gone"][b] == "moved to group-1"
+        assert old_ctrl.status()["gone"][b] == "moved to group-1"
         for it in range(2, n):  # the first permit is refused -> re-home -> group-1
             ws.append(tb(rb(it))["w"])
             pb()
@@ -385,11 +385,11 @@ def test_job_moved_mid_run_finishes_on_policy(ray_cluster, local_cluster_spec, s
         rt = jb._runtime
         assert jb.info["group_id"] == "group-1" and rt.rollout_nodes == ["rollout-1"] and rt.train_nodes == ["train-1"]
         assert [(m["from_group"], m["to_group"], m["iteration"]) for m in rt.moves] == [("group-0", "group-1", 2)]
-        rec = ray.get(h.get_job.remote(b))
+        rec = SchedulerHandle(h).get_job(b)
         assert rec["state"] == "finished" and rec["iterations_done"] == n and len(rec["moves"]) == 1
         # phase order: iterations 0-1 on group-0's nodes, 2-3 on group-1's, first phase per pool "moved"
-        tl0 = [r for r in ray.get(h.group_timeline.remote("group-0")) if r["job_id"] == b]
-        tl1 = [r for r in ray.get(h.group_timeline.remote("group-1")) if r["job_id"] == b]
+        tl0 = [r for r in SchedulerHandle(h).group_timeline("group-0") if r["job_id"] == b]
+        tl1 = [r for r in SchedulerHandle(h).group_timeline("group-1") if r["job_id"] == b]
         seq = [(r["phase"], r["iteration"]) for r in sorted(tl0 + tl1, key=lambda r: r["start"])]
         assert seq == [(ph, it) for it in range(n) for ph in ("rollout", "train", "sync")]
         assert {r["iteration"] for r in tl0} == {0, 1} and {r["iteration"] for r in tl1} == {2, 3}
@@ -406,25 +406,25 @@ def test_job_moved_mid_run_finishes_on_policy(ray_cluster, local_cluster_spec, s
         assert {r["sync_backend"] for r in tl0 + tl1 if r["phase"] == "sync"} == {sync_backend}
         # C's group-1 queues took B in at its planned place (after C, in the round C had just
         # served: B's rollout before C's second), then round-robin C, B until B is done
-        tlc = [r for r in ray.get(h.group_timeline.remote("group-1")) if r["phase"] == "rollout"]
+        tlc = [r for r in SchedulerHandle(h).group_timeline("group-1") if r["phase"] == "rollout"]
         assert [r["job_id"] for r in sorted(tlc, key=lambda r: r["start"])] == [c, b, c, b, c, c], \
             [(r["job_id"], r["iteration"], r["start"], r["end"]) for r in sorted(tlc, key=lambda r: r["start"])]
         try:  # metric totals are flushed by a background thread every 1 s
-            wait_until(lambda: ray.get(ctrl1.status.remote())["metrics"]["switches"].get("moved") == 2, timeout_s=10,
+            wait_until(lambda: ctrl1.status()["metrics"]["switches"].get("moved") == 2, timeout_s=10,
                        what="moved switches counted")
         except TimeoutError:
             pass
-        switches = ray.get(ctrl1.status.remote())["metrics"]["switches"]
+        switches = ctrl1.status()["metrics"]["switches"]
         assert switches.get("moved") == 2  # B's first rollout and first training on group-1
         for node in ("rollout-0", "train-0"):  # exported by the move
-            assert b not in ray.get(get_or_create_worker(node).hosted.remote())
+            assert b not in WorkerHandle(get_or_create_worker(node)).hosted()
         for node in ("rollout-1", "train-1"):  # finish() unregisters asynchronously
             try:
-                wait_until(lambda: b not in ray.get(get_or_create_worker(node).hosted.remote()), timeout_s=5,
+                wait_until(lambda: b not in WorkerHandle(get_or_create_worker(node)).hosted(), timeout_s=5,
                            interval_s=0.05, what=f"{b} unregistered on {node}")
             except TimeoutError:
                 pass
-            assert b not in ray.get(get_or_create_worker(node).hosted.remote())
+            assert b not in WorkerHandle(get_or_create_worker(node)).hosted()
         # on-policy: B (moved mid-run) and C equal solo runs with the same seeds, bit for bit
         for seed, got, skip in ((3, ws, 0), (5, out["c"], 1)):
             solo = rollmux.Job(toy_spec(f"solo-{_uid()}", "small"), attach=False)

@@ -8,7 +8,9 @@ import uuid
 import pytest
 
 from actors.scheduler.kv import FileKV, MemoryKV, RayInternalKV, make_kv
+from actors.handles import ActorLost, CallTimeout, ControllerHandle, SchedulerHandle
 from factories import wait_until, unit_kw
+from rollmux.messages import EventKind, ProgressReport, RuntimeEvent
 
 
 def _uid() -> str:
@@ -45,8 +47,8 @@ def test_restore_from_checkpoint_without_ray(local_cluster_spec):
     a = GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0)
     d1, d2 = a.admit(spec("r1", "big")), a.admit(spec("r2"))
     assert d1["admitted"] and d2["admitted"] and d2["group_id"] == d1["group_id"] and d2["strategy"] == "direct"
-    a.report("r1", {"event": "running"})
-    a.report("r1", {"event": "iteration", "iterations_done": 2, "t_iter_s": 3.0, "t_solo_s": 2.0, "slowdown": 1.5})
+    a.report("r1", RuntimeEvent(EventKind.RUNNING))
+    a.report("r1", ProgressReport(2, t_iter_s=3.0, t_solo_s=2.0, slowdown=1.5))
     b = GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0)
     # progress is written with the event that changes it: the restored records are equal, counters included
     assert b.restored and b.list_jobs() == a.list_jobs() and b.list_groups() == a.list_groups()
@@ -58,7 +60,7 @@ def test_restore_from_checkpoint_without_ray(local_cluster_spec):
     assert b.admit({**spec("r2"), "slo": 9.0})["code"] == "duplicate"  # another spec under a live id
     d3 = b.admit(spec("r3"))
     assert d3["group_id"] == d1["group_id"] and d3["strategy"] == "direct"  # the restored table is used
-    dep = b.report("r2", {"event": "failed", "error": "boom"})
+    dep = b.report("r2", RuntimeEvent(EventKind.FAILED, error="boom"))
     assert dep["state"] == "failed" and dep["error_detail"] == "boom" and "boom" in dep["error"]
     assert "r2" not in b.list_groups()[0]["members"]
     out = b.depart("r1")
@@ -104,7 +106,7 @@ def test_scheduler_actor_restart_restores_state(ray_cluster, local_cluster_spec,
     ck = str(tmp_path / "ck") if store == "file" else None
     h = get_or_create_scheduler(local_cluster_spec, name=name, checkpoint_path=ck)
     ids = [f"rec-{_uid()}", f"rec-{_uid()}"]
-    d = [ray.get(h.admit.remote(spec(ids[0], "big"))), ray.get(h.admit.remote(spec(ids[1])))]
+    d = [SchedulerHandle(h).admit(spec(ids[0], "big")), SchedulerHandle(h).admit(spec(ids[1]))]
     assert all(x["admitted"] for x in d)
     # job B's driver attaches (this creates the group's controller) and runs one iteration
     job = rollmux.Job(spec(ids[1]), attach=True, scheduler_name=name, job_id=ids[1])
@@ -122,28 +124,28 @@ def test_scheduler_actor_restart_restores_state(ray_cluster, local_cluster_spec,
         return state["n"]
 
     assert train(rollout(0)) == 1
-    jobs_before, groups_before = ray.get(h.list_jobs.remote()), ray.get(h.list_groups.remote())
+    jobs_before, groups_before = SchedulerHandle(h).list_jobs(), SchedulerHandle(h).list_groups()
     ctrl = ray.get_actor(jobs_before[0]["controller"], namespace="rollmux")
 
     ray.kill(h, no_restart=False)  # both actors die; Ray restarts them (max_restarts=-1)
     ray.kill(ctrl, no_restart=False)
     # ray.kill is asynchronous: the old instance may answer first
-    health = wait_until(lambda: (lambda x: x if x["restored"] else None)(ray.get(h.health.remote(), timeout=10)),
+    health = wait_until(lambda: (lambda x: x if x["restored"] else None)(SchedulerHandle(h).health(timeout_s=10)),
                         timeout_s=120, interval_s=0.5, what="scheduler restored",
-                        ignore=(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError))
+                        ignore=(ActorLost, CallTimeout))
     assert health is not None and health["restored"] and health["jobs"] == 2
     soft = ("iterations_done", "measured", "slowdown", "measured_phases")  # progress: reports may land after the read
     hard = lambda js: [{k: v for k, v in x.items() if k not in soft} for x in js]  # noqa: E731
-    assert hard(ray.get(h.list_jobs.remote())) == hard(jobs_before)
-    assert ray.get(h.list_groups.remote()) == groups_before
-    assert ray.get(h.admit.remote(spec(ids[1])))["replayed"]  # a retry of the same spec: its decision
-    assert ray.get(h.admit.remote({**spec(ids[1]), "slo": 6.0}))["code"] == "duplicate"
+    assert hard(SchedulerHandle(h).list_jobs()) == hard(jobs_before)
+    assert SchedulerHandle(h).list_groups() == groups_before
+    assert SchedulerHandle(h).admit(spec(ids[1]))["replayed"]  # a retry of the same spec: its decision
+    assert SchedulerHandle(h).admit({**spec(ids[1]), "slo": 6.0})["code"] == "duplicate"
 
     # B keeps iterating after both restarts; A (admitted, no driver) does not block it
     assert [train(rollout(i)) for i in (1, 2)] == [3, 6]
-    st = ray.get(ctrl.status.remote())
+    st = ControllerHandle(ctrl).status()
     assert list(st["jobs"]) == [ids[1]] and st["pending"] == [ids[0]]
     job.finish()
-    rec = ray.get(h.get_job.remote(ids[1]))
+    rec = SchedulerHandle(h).get_job(ids[1])
     assert rec["state"] == "finished" and rec["iterations_done"] == 3
     ray.kill(h, no_restart=True)

@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 
 import rollmux
 from actors.scheduler.kv import MemoryKV
+from actors.handles import SchedulerHandle
 from factories import InProcessScheduler, kill_scheduler_and_controllers, make_toy, unit_kw, wait_until
 from rollmux.messages import ProgressReport
 from serve_app import AppSettings, _sha256, create_app
@@ -111,7 +112,7 @@ def test_the_runtime_moves_the_job_at_risk_at_an_iteration_boundary_and_it_stays
     h = get_or_create_scheduler(local_cluster_spec, name=name, config=CONFIG)
     iters_v, iters_n = 8, 6
     try:
-        v, n = _admit_two(lambda sp: ray.get(h.admit.remote(sp)), _uid())
+        v, n = _admit_two(lambda sp: SchedulerHandle(h).admit(sp), _uid())
         out: dict = {}
         jv = rollmux.Job(_spec(v, 1.2), attach=True, scheduler_name=name, job_id=v)
         fv = make_toy(jv, "small", seed=7)
@@ -124,7 +125,7 @@ def test_the_runtime_moves_the_job_at_risk_at_an_iteration_boundary_and_it_stays
         for t in ts:
             t.join(timeout=150)
         assert not any(t.is_alive() for t in ts) and "v:error" not in out and "n:error" not in out, out
-        rec = ray.get(h.get_job.remote(v))
+        rec = SchedulerHandle(h).get_job(v)
         assert rec["state"] == "finished" and rec["iterations_done"] == iters_v
         assert rec["slo_action"]["action"] == "isolate" and rec["slo_action"]["to_group"] == "group-1", rec.get("slo_action")
         assert [(m["from_group"], m["to_group"]) for m in rec["moves"]] == [("group-0", "group-1")]
@@ -134,8 +135,8 @@ def test_the_runtime_moves_the_job_at_risk_at_an_iteration_boundary_and_it_stays
         assert [(m["from_group"], m["to_group"]) for m in rt.moves] == [("group-0", "group-1")]
         moved_at = rt.moves[0]["iteration"]
         assert 2 <= moved_at < iters_v
-        tl0 = [r for r in ray.get(h.group_timeline.remote("group-0")) if r["job_id"] == v]
-        tl1 = [r for r in ray.get(h.group_timeline.remote("group-1")) if r["job_id"] == v]
+        tl0 = [r for r in SchedulerHandle(h).group_timeline("group-0") if r["job_id"] == v]
+        tl1 = [r for r in SchedulerHandle(h).group_timeline("group-1") if r["job_id"] == v]
         assert {r["iteration"] for r in tl0} == set(range(moved_at)) and {r["iteration"] for r in tl1} == set(range(moved_at, iters_v))
         # on-policy: the moved job equals a solo run with the same seed, bit for bit
         solo = rollmux.Job(_spec(f"solo-{_uid()}", 1.2), attach=False)

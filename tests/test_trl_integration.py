@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import rollmux
+from actors.handles import SchedulerHandle
 from factories import make_toy, small_spec, toy_spec, wait_until
 
 try:
@@ -118,15 +119,13 @@ def sched(ray_cluster, local_cluster_spec):
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     name = f"test-trl-{uuid.uuid4().hex[:6]}"
     h = get_or_create_scheduler(local_cluster_spec, name=name)
-    assert ray.get(h.health.remote())["ok"]
+    assert SchedulerHandle(h).health()["ok"]
     yield name, h, ray_cluster.address
     kill_scheduler_and_controllers(h, name)
 
 
 @pytest.mark.ray
 def test_trl_job_co_executed_with_another_job_is_bit_identical_to_plain_trl(plain_trl, sched, tmp_path):
-    import ray
-
     from actors.driver.runtime_client import group_timeline
 
     name, h, address = sched
@@ -140,7 +139,7 @@ def test_trl_job_co_executed_with_another_job_is_bit_identical_to_plain_trl(plai
                      "ROLLMUX_SPEC": json.dumps(extra)},
                 timeline=tmp_path / "tl.json", wrapper=True, background=True)
     try:
-        rec = wait_until(lambda: ray.get(h.get_job.remote(trl_id)), timeout_s=180, what="the TRL job's admission")
+        rec = wait_until(lambda: SchedulerHandle(h).get_job(trl_id), timeout_s=180, what="the TRL job's admission")
         other = rollmux.Job(small_spec(f"other-{uid}"), attach=True, scheduler_name=name)
         assert other.info["group_id"] == rec["group_id"], "both jobs in one co-execution group"
         rollout, train, publish = make_toy(other, "small", seed=3)
@@ -182,5 +181,5 @@ def test_trl_job_co_executed_with_another_job_is_bit_identical_to_plain_trl(plai
         first, last = order.index(trl_id), len(order) - 1 - order[::-1].index(trl_id)
         window = order[first:last + 1]  # while the TRL job ran, the two jobs alternated on the node
         assert all(window[i] != window[i + 1] for i in range(len(window) - 1)), (pool, order)
-    trl_done = ray.get(h.get_job.remote(trl_id))
+    trl_done = SchedulerHandle(h).get_job(trl_id)
     assert trl_done["state"] == "finished" and trl_done["iterations_done"] == STEPS

@@ -150,8 +150,8 @@ class ScheduledRuntime:
         ticket = self.sched.attach(jid)
         if ticket is None:
             raise PhaseFailed(f"cannot attach: job {jid!r} is not admitted by the RollMux scheduler")
-        if JobState(ticket.record["state"]).is_ended():
-            raise PhaseFailed(f"cannot attach: job {jid!r} is already {ticket.record['state']}")
+        if ticket.record.state.is_ended():
+            raise PhaseFailed(f"cannot attach: job {jid!r} is already {ticket.record.state}")
         self.timeline: list[dict] = []
         self.moves: list[dict] = []  # departure re-packing moves this driver carried out
         self.recoveries: list[dict] = []  # lost workers this driver recovered from
@@ -180,7 +180,7 @@ class ScheduledRuntime:
         for _ in range(MAX_REHOMES):
             time.sleep(0.5)
             ticket = self.sched.attach(jid)
-            if ticket is None or not JobState(ticket.record["state"]).is_active():
+            if ticket is None or not ticket.record.state.is_active():
                 return False
             try:
                 self._home(ticket)
@@ -192,7 +192,7 @@ class ScheduledRuntime:
 
     def _home(self, ticket: AttachTicket) -> None:
         """Point this driver at the group, controller and node workers of ``ticket``'s record."""
-        rec = dict(ticket.record)
+        rec = ticket.record.public()
         if ticket.controller is None:
             raise KeyError(f"job {self.job.job_id!r} has no active group ({rec.get('state')})")
         self.info = rec
@@ -217,7 +217,7 @@ class ScheduledRuntime:
         """
         jid = self.job.job_id
         ticket = self.sched.attach(jid)
-        rec = None if ticket is None else ticket.record
+        rec = None if ticket is None else ticket.record.public()
         if rec is not None and JobState(rec["state"]) == JobState.PREEMPTED:
             return self._resume_after_preemption(rec)
         if rec is None or not JobState(rec["state"]).is_active() or rec["group_id"] == self.info["group_id"]:
@@ -246,9 +246,9 @@ class ScheduledRuntime:
                     raise
                 time.sleep(0.2)
                 ticket = self.sched.attach(jid)
-                if ticket is None or not JobState(ticket.record["state"]).is_active():
+                if ticket is None or not ticket.record.state.is_active():
                     raise
-                rec = ticket.record
+                rec = ticket.record.public()
                 self._home(ticket)  # the exported state (payload) goes to the newest home
         if self._registered:
             self._registered = False
@@ -293,7 +293,7 @@ class ScheduledRuntime:
         wait_s = float(os.environ.get("ROLLMUX_PREEMPT_WAIT_S", PREEMPT_WAIT_S))
         while True:
             ticket = self.sched.attach(jid)
-            rec = None if ticket is None else ticket.record
+            rec = None if ticket is None else ticket.record.public()
             state = None if rec is None else JobState(rec["state"])
             if state is None or state.is_ended():
                 return False
@@ -331,9 +331,9 @@ class ScheduledRuntime:
             ticket = self.sched.attach(self.job.job_id)
         except Exception:  # the scheduler restarting: the heartbeat failure is logged as such
             return False
-        if ticket is None or JobState(ticket.record["state"]) != JobState.PREEMPTED:
+        if ticket is None or ticket.record.state != JobState.PREEMPTED:
             return False
-        self._say_preempted((ticket.record.get("preemptions") or [{}])[-1])
+        self._say_preempted((ticket.record.preemptions or [{}])[-1])
         return True
 
     def _heartbeat(self) -> None:

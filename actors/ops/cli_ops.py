@@ -492,6 +492,26 @@ def submit(
         raise typer.Exit(1)
 
 
+def status_rows(jobs: list[dict]) -> tuple[list[tuple], list[tuple]]:
+    """``rollmux status``'s rows from ``GET /v1/jobs``: the jobs with a place in no queue
+    ``(job, state, group, iterations, slowdown, SLO, error)``, and the admission queue in line
+    order ``(#position, job, state, class, waited s)``, where a preempted job waiting to resume
+    stands at its place ("preempted by <job>, waiting to resume")."""
+    placed, waiting = [], []
+    for j in jobs:
+        pos = j.get("queue_position")
+        if pos is None:
+            placed.append((j["job_id"], j.get("state"), j.get("group_id"), j.get("iterations_done"), j.get("slowdown"),
+                           j.get("slo"), j.get("error")))
+            continue
+        state = j.get("state")
+        if state == "preempted" and j.get("preemptions"):  # by whom, waiting to resume
+            state = f"preempted by {j['preemptions'][-1].get('by_job')}, waiting to resume"
+        waiting.append((f"#{pos}", j["job_id"], state, j.get("priority_class"), round(j.get("waited_s") or 0.0)))
+    waiting.sort(key=lambda r: int(r[0][1:]))
+    return placed, waiting
+
+
 def status(
     config: Optional[Path] = typer.Option(None, "--config", help=_CFG_HELP),
     port: Optional[int] = typer.Option(None, help="HTTP port of the API"),
@@ -512,19 +532,21 @@ def status(
     for g in groups.json():
         tg.add_row(g["group_id"], _fmt(g.get("members")), _fmt(g.get("rollout_nodes")), _fmt(g.get("train_nodes")),
                    _fmt(g.get("cost_usd_per_h")), _fmt(g.get("t_cycle_s")), _fmt(g.get("t_load_s")), _fmt(g.get("slack_s")))
+    placed, waiting = status_rows(jobs.json())
     tj = Table(title="jobs")
     for c in ("job", "state", "group", "iterations", "slowdown", "SLO", "error"):
         tj.add_column(c)
-    for j in jobs.json():
-        state = j.get("state")
-        if state == "queued":  # its place in line and how long it has waited
-            state = f"queued #{j.get('queue_position')} ({(j.get('waited_s') or 0.0):.0f} s)"
-        elif state == "preempted" and j.get("preemptions"):  # by whom, waiting to resume
-            state = f"preempted by {j['preemptions'][-1].get('by_job')}"
-        tj.add_row(j["job_id"], _fmt(state), _fmt(j.get("group_id")), _fmt(j.get("iterations_done")),
-                   _fmt(j.get("slowdown")), _fmt(j.get("slo")), _fmt(j.get("error")))
+    for row in placed:
+        tj.add_row(*(_fmt(v) for v in row))
+    tq = Table(title="admission queue")
+    for c in ("#", "job", "state", "class", "waited s"):
+        tq.add_column(c)
+    for row in waiting:
+        tq.add_row(*(_fmt(v) for v in row))
     console.print(tg)
     console.print(tj)
+    if waiting:
+        console.print(tq)
     hj = h.json()
     console.print(f"scheduler {hj.get('name', '?')}: {'ok' if hj.get('ok') else 'NOT ok'}, active jobs: {hj.get('jobs', 0)}, "
                   f"groups: {hj.get('groups', 0)}, queued: {hj.get('queued', 0)}" + (" (restored from its checkpoint)" if hj.get("restored") else ""))

@@ -16,7 +16,6 @@ from actors.scheduler.commit import Commit
 from actors.scheduler.job_store import JobStore
 from rollmux.admission_queue import AdmissionQueue, DrainResult, QueuedJob
 from rollmux.models import JobSpec
-from rollmux.records import JobState
 
 __all__ = ["QueueService"]
 
@@ -75,16 +74,12 @@ class QueueService:
         """Withdraw a queued job (``queued -> cancelled``; it never had a record, except a
         preempted job waiting to resume: its record ends ``preempted -> cancelled``)."""
         self.line.remove(job_id)
-        rec = self.jobs.get(job_id)
-        if rec is not None and rec.state == JobState.PREEMPTED:
-            self.jobs.transition(rec, JobState.CANCELLED)
-            rec.ended_at = time.time()
-            self.commit.mark(jobs=(job_id,))
+        state = self.jobs.left_queue_cancelled(job_id, time.time())
         self.commit.queue_changed()
-        self.commit.mark()
+        self.commit.mark(jobs=(job_id,) if job_id in self.jobs else ())
         self.note_metrics()
-        return {"job_id": job_id, "state": str(JobState.QUEUED.to(JobState.CANCELLED)), "released_nodes": [],
-                "group_dissolved": False, "dissolved_groups": [], "moves": []}
+        return {"job_id": job_id, "state": str(state), "released_nodes": [], "group_dissolved": False,
+                "dissolved_groups": [], "moves": []}
 
     def note_metrics(self) -> None:
         self.metrics.queue(len(self.line), self.line.oldest_wait_s(time.time()))

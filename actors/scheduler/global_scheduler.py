@@ -66,7 +66,7 @@ from actors.naming import (  # noqa: F401  (NAMESPACE, SCHEDULER_NAME, get_sched
 )
 from actors.ops.metrics import RollmuxMetrics
 from actors.scheduler.admission_queue import QueueService
-from actors.scheduler.checkpoint import Checkpoint, CheckpointError, key_prefix  # noqa: F401  (CheckpointError re-exported)
+from actors.scheduler.checkpoint import Checkpoint, CheckpointError  # noqa: F401  (CheckpointError re-exported)
 from actors.scheduler.commit import COMPACTION_MODES, GROUP_COMMIT_WINDOW_S, Commit, full_state, load_state  # noqa: F401
 from actors.scheduler.drains import Drains
 from actors.scheduler.job_store import MAX_FINISHED_RECORDS, JobStore, spec_sha256  # noqa: F401  (re-exported)
@@ -86,9 +86,9 @@ from actors.scheduler.views import Views
 from rollmux.admission import InterGroupScheduler, SchedulerConfig, load_scheduler_config
 from rollmux.admission_queue import AdmissionQueue
 from rollmux.codes import Code
-from rollmux.messages import AttachTicket, MembershipPush, ProgressReport, RuntimeEvent
+from rollmux.messages import AttachTicket, MemberTarget, MembershipPush, ProgressReport, RuntimeEvent
 from rollmux.models import ClusterSpec
-from rollmux.records import JobRecord, JobState
+from rollmux.records import JobRecord
 
 log = logging.getLogger("rollmux.scheduler")
 
@@ -215,6 +215,7 @@ class GlobalSchedulerImpl:
         self.slo = SloWatch(self.policy, self.job_store, self.commit, self.reopt, self.metrics, self._lock)
         self.admissions = AdmissionPipeline(self.policy, self.job_store, self.queue_service, self.commit, self.rules,
                                             self.reopt, self.metrics)
+        self.reopt.after_moves = self.admissions.settle  # a move may free room: the queue's first
         self.lifecycle = Lifecycle(self.policy, self.job_store, self.queue_service, self.commit, self.reopt, self.drains,
                                    self.slo, self.admissions, self.reconciler.release, self.metrics)
         # ---- threads
@@ -332,8 +333,8 @@ class GlobalSchedulerImpl:
         return self.lifecycle.expire_unattached(now)
 
     @_locked
-    def report(self, job_id: str, event: RuntimeEvent | ProgressReport | dict) -> Optional[dict]:
-        """Runtime reports (:mod:`rollmux.messages`, or their dict form ``{"event": ...}``): a
+    def report(self, job_id: str, event: RuntimeEvent | ProgressReport) -> Optional[dict]:
+        """Runtime reports (:mod:`rollmux.messages`; anything else raises TypeError): a
         :class:`ProgressReport` (one measured iteration: iterations_done, t_iter_s, t_solo_s,
         slowdown); a :class:`RuntimeEvent` ``running``, ``finished`` (departure) or ``failed``
         (error; departure), the last two with the driver's final iteration count; of a preempted
@@ -419,10 +420,9 @@ class GlobalSchedulerImpl:
         return self.reconciler.next_push(group_id)
 
     @_locked
-    def group_members(self, group_id: str) -> list[dict]:
-        """Active members of a group: ``job_id, rollout_nodes, train_nodes, slo`` (planned
-        round-robin order)."""
-        return [m.to_dict() for m in self.targets.target(group_id).members]
+    def group_members(self, group_id: str) -> list[MemberTarget]:
+        """Active members of a group (planned round-robin order): job, nodes, SLO, fenced nodes."""
+        return list(self.targets.target(group_id).members)
 
     @_locked
     def ensure_controller(self, group_id: str) -> str:

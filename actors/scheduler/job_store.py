@@ -30,6 +30,7 @@ from rollmux.drain import step as drain_step
 from rollmux.measured import MeasuredPhases
 from rollmux.messages import ProgressReport
 from rollmux.models import JobSpec
+from rollmux.preemption import resumed_preemptions
 from rollmux.records import JobRecord, JobState, MoveRecord, NodePlacement, explain_failure
 
 __all__ = ["JobStore", "MAX_FINISHED_RECORDS", "spec_sha256"]
@@ -168,9 +169,11 @@ class JobStore:
         left, ``queued -> admitted``, with its wait). A re-admitted id goes to the end (admission order)."""
         now = time.time() if now is None else now
         old = self.records.pop(job.job_id, None)
-        state = JobState.ADMITTED if queued is None else JobState.QUEUED.to(JobState.ADMITTED)
+        resumed = old is not None and old.state == JobState.PREEMPTED
+        # the state it leaves (a preempted job resumes, a queued one leaves the line) or a new job's
+        prior = old.state if resumed else JobState.QUEUED if queued is not None else JobState.ADMITTED
         rec = JobRecord(
-            job_id=job.job_id, state=state, slo=job.slo, admission_id=uuid.uuid4().hex,
+            job_id=job.job_id, state=prior, slo=job.slo, admission_id=uuid.uuid4().hex,
             predicted=None if profile is None else {"t_roll_s": profile.t_roll_s, "t_train_s": profile.t_train_s,
                                                     "t_sync_s": profile.t_sync_s, "t_solo_s": profile.t_solo_s},
             predicted_slowdown=(decision.get("predicted_slowdowns") or {}).get(job.job_id), admitted_at=now,
@@ -183,23 +186,33 @@ class JobStore:
         from rollmux.preemption import class_of, tenant_of
 
         rec.priority_class, rec.tenant, rec.borrowed = class_of(cfg, job), tenant_of(cfg, job), bool(borrowed)
-        if old is not None and old.state == JobState.PREEMPTED:  # resumed: its history and progress go on
-            rec.preemptions = [dict(p) for p in old.preemptions]
-            if rec.preemptions and rec.preemptions[-1].get("resumed_at_s") is None:
-                rec.preemptions[-1]["resumed_at_s"] = now
+        if resumed:  # its history and progress go on
+            rec.preemptions = resumed_preemptions(old.preemptions, now)
             rec.iterations_done = old.iterations_done
             rec.measured, rec.slowdown, rec.measured_phases = old.measured, old.slowdown, old.measured_phases
+        if prior != JobState.ADMITTED:
+            self.transition(rec, JobState.ADMITTED)
         self.records[job.job_id] = rec
         return rec
 
-    def preempt(self, rec: JobRecord, final: JobRecord, entry: dict) -> None:
-        """The job is preempted (``admitted | running -> preempted``): its last placement ``final``
-        is frozen into the record (its group's controller lists it as gone, removed at its
-        iteration boundary) and ``entry`` (:class:`rollmux.preemption.PreemptionRecord` dict with
-        ``at_s`` in Unix time) appended to its preemptions."""
-        rec.group_id, rec.placement, rec.controller = final.group_id, final.placement, final.controller
+    def preempt(self, rec: JobRecord, entry: dict) -> None:
+        """The job is preempted (``admitted | running -> preempted``) and waits in the admission
+        queue: ``entry`` (:class:`rollmux.preemption.PreemptionRecord` dict with ``at_s`` in Unix
+        time and the group and nodes it ran on, which its drain and its old group's controller
+        read) is appended to its preemptions; the record names no group, nodes or controller while
+        it waits (none is its own) and says when it entered the queue (``queued_at``)."""
+        rec.group_id, rec.placement, rec.controller = None, None, None
         self.transition(rec, JobState.PREEMPTED)
         rec.preemptions = [*rec.preemptions, {**entry, "iteration": rec.iterations_done}]
+        rec.queued_at, rec.waited_s = entry["at_s"], None
+
+    def last_group(self, rec: JobRecord) -> Optional[str]:
+        """The group the job was last in: its current one, the frozen one of an ended job, or
+        the one it was preempted from (a preempted job waiting, or one that ended waiting)."""
+        gid = self.group_id(rec)
+        if gid is None and not rec.state.is_active() and rec.preemptions:
+            return rec.preemptions[-1].get("group_id")
+        return gid
 
     @staticmethod
     def note_drain(rec: JobRecord, now: float, *, stopped: bool = False, drained: Optional[str] = None,
@@ -236,14 +249,25 @@ class JobStore:
 
     def left_queue_failed(self, job_id: str, slo: Optional[float], enqueued_at: float, reason: str,
                           now: float) -> JobRecord:
-        """The record of a queued job that can never be admitted (``queued -> failed``)."""
-        self.records.pop(job_id, None)
-        rec = JobRecord(job_id=job_id, state=JobState.QUEUED.to(JobState.FAILED), slo=slo, queued_at=enqueued_at,
-                        waited_s=now - enqueued_at, ended_at=now,
-                        error=f"left the admission queue, it can never be admitted: {reason}")
-        self.records[job_id] = rec
-        self.ended_since_prune = True
+        """The record of a queued job that can never be admitted: ``queued -> failed`` (a new
+        record), or ``preempted -> failed`` (its record, with its history, ends)."""
+        rec = self.records.get(job_id)
+        if rec is None or rec.state != JobState.PREEMPTED:
+            self.records.pop(job_id, None)
+            rec = self.records[job_id] = JobRecord(job_id=job_id, state=JobState.QUEUED, slo=slo)
+        self.transition(rec, JobState.FAILED)
+        rec.queued_at, rec.waited_s, rec.ended_at = enqueued_at, now - enqueued_at, now
+        rec.error = f"left the admission queue, it can never be admitted: {reason}"
         return rec
+
+    def left_queue_cancelled(self, job_id: str, now: float) -> JobState:
+        """A queued job withdrawn: ``preempted -> cancelled`` for a preempted job waiting (its record
+        ends), ``queued -> cancelled`` for one never admitted (it has no record). The new state."""
+        rec = self.records.get(job_id)
+        if rec is None or rec.state != JobState.PREEMPTED:  # never admitted: nothing was recorded, nothing ends
+            return JobState.CANCELLED
+        rec.ended_at = now
+        return self.transition(rec, JobState.CANCELLED)
 
     def end(self, rec: JobRecord, state: JobState, error: Optional[str], final: JobRecord, now: float) -> None:
         """The job ended (``state``: finished | failed | expired): its placement ``final`` (its

@@ -25,7 +25,7 @@ from actors.scheduler.pipeline import AdmissionPipeline
 from actors.scheduler.policy_ref import PolicyRef
 from actors.scheduler.reopt import Reoptimiser, touched_groups
 from actors.scheduler.slo_watch import SloWatch
-from rollmux.messages import EventKind, ProgressReport, RuntimeEvent, parse_report
+from rollmux.messages import EventKind, ProgressReport, RuntimeEvent
 from rollmux.nodes import node_index
 from rollmux.records import JobRecord, JobState
 
@@ -59,8 +59,11 @@ class Lifecycle:
         None for an unknown job id. A queued job leaves the admission queue (``state``:
         ``cancelled``). Queued jobs that fit into the freed room are admitted (``admitted_from_queue``).
         """
-        if job_id in self.queue:
-            return self.queue.cancel(job_id)
+        if job_id in self.queue:  # withdrawn: a larger job it blocked may go now (one write with it)
+            with self.commit.batch(force=True):
+                out = self.queue.cancel(job_id)
+                started = self.admissions.settle()
+            return {**out, **({"admitted_from_queue": started} if started else {})}
         return self.end(job_id, JobState.FINISHED, None)
 
     def end(self, job_id: str, state: JobState, error: Optional[str]) -> Optional[dict]:
@@ -125,13 +128,14 @@ class Lifecycle:
                      "nodes were released. Submit the job again to run it.")
         return late
 
-    def report(self, job_id: str, event: RuntimeEvent | ProgressReport | dict) -> Optional[dict]:
+    def report(self, job_id: str, msg: RuntimeEvent | ProgressReport) -> Optional[dict]:
         """A runtime report (see :meth:`actors.scheduler.global_scheduler.GlobalSchedulerImpl.report`);
-        the job's record, None for an unknown job."""
+        the job's record, None for an unknown job. Raises TypeError for anything but the two messages."""
+        if not isinstance(msg, (RuntimeEvent, ProgressReport)):
+            raise TypeError(f"a report is a RuntimeEvent or a ProgressReport (rollmux.messages), not {type(msg).__name__}")
         rec = self.jobs.get(job_id)
         if rec is None:
             return None
-        msg = parse_report(event)
         if isinstance(msg, ProgressReport):  # also after the end: events from controller and driver may cross
             with self.commit.transaction():
                 self.jobs.note_progress(rec, msg)

@@ -61,7 +61,7 @@ class Membership:
         except KeyError:
             bound = {}
         for rec in self.jobs.records.values():
-            gid = self.jobs.group_id(rec)
+            gid = self.jobs.last_group(rec)  # (a preempted job waiting: the group it was preempted from)
             if gid == group_id and rec.state.is_active():
                 pl = self.jobs.view(rec).placement
                 fenced = (fenced_nodes(draining, group_id, (*pl.rollout_nodes, *pl.train_nodes), rec.job_id)
@@ -112,9 +112,9 @@ class Membership:
             rec = self.jobs.get(job_id)
             if rec is None:
                 return None
-            view = self.jobs.view(rec)
+            view = self.jobs.view(rec).model_copy(deep=True)  # (an ended job's view is its record: not shared)
             if not rec.state.is_active() or view.group_id is None:
-                return AttachTicket(view.public(), None)
+                return AttachTicket(view, None)
             gid = view.group_id
             self.reconciler.controller(gid, create=True)
             self.reconciler.push([gid])
@@ -126,4 +126,4 @@ class Membership:
                 pushed = True
             except Exception as e:  # the controller starts slowly or restarts: it pulls the membership
                 log.warning("attach of %s: the controller of %s did not acknowledge its membership (%s)", job_id, gid, e)
-        return AttachTicket(view.public(), controller_name(gid, self.name), pushed)
+        return AttachTicket(view, controller_name(gid, self.name), pushed)

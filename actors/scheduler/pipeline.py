@@ -59,6 +59,9 @@ __all__ = ["AdmissionPipeline", "Attempt", "STEPS"]
 
 #: the steps of an admission, in order (see the module docstring)
 STEPS = ("validate", "dry_run", "quota", "queue_gate", "decide", "preempt", "commit", "effects")
+#: drain passes of one settle at most (each pass after the first follows a preemption that admitted a
+#: queued job: the lines' classes above the preemptible ones shrink every time)
+SETTLE_MAX_PASSES = 8
 
 
 @dataclass
@@ -118,37 +121,53 @@ class AdmissionPipeline:
         return self.run(Attempt(q.spec, queue=True, explain="chosen", queued=q, job=q.spec))
 
     def settle(self) -> list[str]:
-        """After a change that freed room (a departure): admit queued jobs into it (in order, with
-        backfill, through Alg. 1: :meth:`rollmux.admission_queue.AdmissionQueue.drain`), then try
-        preemption again for queued jobs of a class above some running preemptible job
-        (:func:`rollmux.preemption.retry_order`); a queued job that can never fit ends as
-        ``failed`` with the reason. One checkpoint write. Returns the admitted job ids."""
-        if not len(self.queue):
-            return []
-        with self.commit.batch():
-            t0 = time.perf_counter()
-            res = self.queue.drain(self.policy.igs, self.rules.gate)
-            for q, d in res.admitted:
-                self.run(Attempt(q.spec, queued=q, job=q.spec, t0=t0, out=d.to_dict(), drained=True,
-                                 committed=self.policy.igs.group_of(q.job_id)), start="commit")
-            now = time.time()
-            for q, d in res.dropped:
-                self.jobs.left_queue_failed(q.job_id, q.spec.slo, q.enqueued_at, d.reason, now)
-                self.commit.mark(jobs=(q.job_id,))
-            more = self.retry_preemption()
-            self.queue.note_metrics()
-        return [q.job_id for q, _ in res.admitted] + more
+        """After every change that may have freed room or changed the line (a departure, a
+        preemption, a move, a withdrawn queued job), before any other arrival is decided: admit
+        queued jobs into the room (in class order, with backfill, through Alg. 1:
+        :meth:`rollmux.admission_queue.AdmissionQueue.drain`), then try preemption again for queued
+        jobs of a class above some running preemptible job (:func:`rollmux.preemption.retry_order`),
+        and drain again while such a preemption freed room (what its job did not need goes to the
+        line, not to a later arrival). A queued job that can never fit ends as ``failed`` with
+        the reason. One checkpoint write. Returns the admitted job ids, in admission order.
 
-    def retry_preemption(self) -> list[str]:
-        """The first queued jobs of a class above some running preemptible job try preemption
-        again (the table changed). Returns the jobs admitted so."""
+        Afterwards every queued job is blocked now (Alg. 1 does not place it, it waits behind a
+        smaller job that Alg. 1 does not place, or its tenant's quota holds it): that is what lets
+        the queue gate decide a newcomer no larger than the queued jobs of its class or higher at once."""
         if not len(self.queue):
             return []
-        started = []
-        for q in retry_order(self.queue.line.jobs(), self.rules.book().running.values()):
-            if q.job_id in self.queue and self.retry(q).get("admitted"):
-                started.append(q.job_id)
+        started: list[str] = []
+        with self.commit.batch():
+            for _ in range(SETTLE_MAX_PASSES):
+                t0 = time.perf_counter()
+                res = self.queue.drain(self.policy.igs, self.rules.gate)
+                for q, d in res.admitted:
+                    self.run(Attempt(q.spec, queued=q, job=q.spec, t0=t0, out=d.to_dict(), drained=True,
+                                     committed=self.policy.igs.group_of(q.job_id)), start="commit")
+                now = time.time()
+                for q, d in res.dropped:
+                    self.jobs.left_queue_failed(q.job_id, q.spec.slo, q.enqueued_at, d.reason, now)
+                    self.commit.mark(jobs=(q.job_id,))
+                more, preempted = self.retry_preemption()
+                started += [q.job_id for q, _ in res.admitted] + more
+                if not preempted or not len(self.queue):
+                    break
+            self.queue.note_metrics()
         return started
+
+    def retry_preemption(self) -> tuple[list[str], bool]:
+        """The first queued jobs of a class above some running preemptible job try preemption
+        again (the table changed). Returns the jobs admitted so, and whether any job was preempted."""
+        if not len(self.queue):
+            return [], False
+        started, preempted = [], False
+        for q in retry_order(self.queue.line.jobs(), self.rules.book().running.values()):
+            if q.job_id not in self.queue:
+                continue
+            out = self.retry(q)
+            preempted |= bool(out.get("preempted"))
+            if out.get("admitted"):
+                started.append(q.job_id)
+        return started, preempted
 
     def run(self, a: Attempt, start: str = STEPS[0]) -> dict:
         """Pass ``a`` through the steps from ``start`` on; the first answer ends it. The write the
@@ -205,7 +224,7 @@ class AdmissionPipeline:
         return self.refusal(a.job.job_id, Code.NEVER if v.never else Code.RETRY_LATER, v.reason, a)
 
     def on_queue_gate(self, a: Attempt) -> Optional[dict]:
-        if a.queued is not None or self.queue.line.may_try_now(a.job):
+        if a.queued is not None or self.queue.line.may_try_now(a.job, self.rules.gate if self.rules.quotas else None):
             return None
         why = QUEUE_AHEAD_REASON(len(self.queue))  # queued jobs first: a larger newcomer waits behind them
         return self.enqueue(a, why) if a.queue else self.refusal(a.job.job_id, Code.RETRY_LATER, why, a)
@@ -240,6 +259,7 @@ class AdmissionPipeline:
         elif a.queue and a.retry_later:
             a.out = self.enqueue(a, a.out.get("reason", ""), a.out)
         a.out["preempted"] = a.preempted
+        self.refill(a)
         return a.out
 
     def on_commit(self, a: Attempt) -> Optional[dict]:
@@ -271,7 +291,18 @@ class AdmissionPipeline:
         out["latency_ms"] = out.get("latency_ms", (time.perf_counter() - a.t0) * 1e3)
         if a.preempted is not None:
             out["preempted"] = a.preempted
+            self.refill(a)
         return out
+
+    def refill(self, a: Attempt) -> None:
+        """A preemption for an arrival freed its victims' nodes: what the arrival did not take goes
+        to the queued jobs (in class order, one write with the preemption) before any other
+        arrival is decided (``admitted_from_queue``). A queued job's preemption is followed by the
+        drain that tried it (:meth:`settle`)."""
+        if a.queued is None:
+            started = self.settle()
+            if started:
+                a.out["admitted_from_queue"] = started
 
     # ---- answers that end an admission early
     def not_admitted(self, a: Attempt) -> dict:

@@ -65,6 +65,11 @@ class PriorityRules:
                 book.admitted(m.spec, rec.admitted_at or 0.0, borrowed=rec.borrowed)
         return book
 
+    @property
+    def quotas(self) -> bool:
+        """Tenant quotas are configured (else no job is ever held by one)."""
+        return bool(self.policy.config.tenants)
+
     def quota(self, job: JobSpec) -> QuotaVerdict:
         """The job's quota verdict now; without tenant quotas in the config always ok (the
         admission path then builds no book: O(1))."""
@@ -110,7 +115,7 @@ class PriorityRules:
                                      lost_gpu_h=v.lost_gpu_h, reason=reason, group_id=gid, nodes=nodes,
                                      stopped_at_s=now if idle else None, drained_at_s=now if idle else None,
                                      drained="no driver" if idle else None).to_dict()
-            self.jobs.preempt(rec, final, entry)
+            self.jobs.preempt(rec, entry)
             self.queue.preempted(spec, by.job_id, now)
             self.commit.mark(jobs=(v.job_id,), groups=(gid,))
         self.commit.push([gid])

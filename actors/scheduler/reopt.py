@@ -63,6 +63,9 @@ class Reoptimiser:
         self.planned = 0  # re-optimisation solves run off the lock
         self.applied = 0  # ... whose plan was committed
         self.stale = 0  # ... whose neighbourhood changed before the commit (dropped)
+        #: called (under the lock) after moves of the reconcile thread committed: a move may free room,
+        #: which goes to the admission queue before any arrival is decided (the scheduler sets it)
+        self.after_moves: Callable[[], object] = lambda: None
 
     def note_admission(self, job_id: str, group_id: str) -> None:
         self.pending[job_id] = group_id  # re-optimised by the reconcile thread, off the admission path
@@ -190,5 +193,6 @@ class Reoptimiser:
                 self.applied += 1
                 self.commit.push(touched)
                 self.moved_metrics(touched, len(done))
+                self.after_moves()
                 out += [m.model_dump(mode="json") for m in done]
         return out

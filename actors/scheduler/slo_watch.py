@@ -118,4 +118,5 @@ class SloWatch:
                     if done:
                         self.commit.push(touched)
                         self.reopt.moved_metrics(touched, len(done))
+                        self.reopt.after_moves()
         return out

@@ -18,7 +18,7 @@ from actors.scheduler.policy_ref import PolicyRef
 from actors.scheduler.snapshot_log import SnapshotLog
 from rollmux.admission_queue import AdmissionQueue
 from rollmux.preemption import class_of, tenant_of
-from rollmux.records import JobRecord, queued_records
+from rollmux.records import JobRecord, queue_places, queued_records, with_queue_place
 
 __all__ = ["Views"]
 
@@ -67,16 +67,20 @@ class Views:
 
     # ---- queries
     def list_jobs(self) -> list[dict]:
-        """Every job record (admission order), then the queued jobs (line order)."""
-        records = self.jobs.records
-        return [self.public(r) for r in records.values()] + [
-            v for v in self.queued() if v["job_id"] not in records]  # a preempted job: its record
+        """Every job record (admission order; a preempted job waiting with its place in the
+        queue), then the queued jobs without a record (line order)."""
+        records, now = self.jobs.records, time.time()
+        places = queue_places(self.queue(), now) if len(self.line) else {}
+        return [with_queue_place(self.public(r), places) for r in records.values()] + [
+            v for v in self.queued(now) if v["job_id"] not in records]
 
     def get_job(self, job_id: str) -> Optional[dict]:
         r = self.jobs.get(job_id)
-        if r is None and job_id in self.line:
+        if job_id not in self.line:
+            return None if r is None else self.public(r)
+        if r is None:
             return next(v for v in self.queued() if v["job_id"] == job_id)
-        return None if r is None else self.public(r)
+        return with_queue_place(self.public(r), queue_places(self.queue(), time.time()))
 
     def list_groups(self) -> list[dict]:
         """Groups: members, nodes, Cost(G) USD/h, T_cycle, T_load and slack (T_cycle - T_load)."""
