@@ -230,9 +230,17 @@ def planning_profile(source: str, declared: PhaseProfile, measured: Optional[Mea
         prior: the prior of the job's kind (:func:`ratio_prior`) used by ``measured`` before
             ``min_iterations``; None: the worst case.
         prior_iterations: weight of the worst case in ``blended``, in iterations.
+    The result pipelines as ``declared`` does (its ``max_staleness``, the job's bound).
+
     Raises:
         ValueError: an unknown source.
     """
+    return _planning(source, declared, measured, min_iterations, quantile, margin, prior,
+                     prior_iterations).with_staleness(declared.max_staleness)
+
+
+def _planning(source: str, declared: PhaseProfile, measured: Optional[MeasuredPhases], min_iterations: int,
+              quantile: float, margin: float, prior: Optional[PhaseProfile], prior_iterations: int) -> PhaseProfile:
     if source not in PROFILE_SOURCES:
         raise ValueError(f"profile_source must be one of {', '.join(PROFILE_SOURCES)}, got {source!r}")
     if source == "worst_case":

@@ -7,7 +7,8 @@ real runtime on emulated accelerators, side by side.
    (32 x 8 H20 rollout + 32 x 8 H800 training nodes). Each job's work is a whole number of
    iterations (its trace duration over its solo iteration time, clamped to
    ``[--min-iterations, --max-iterations]``; its duration is then that many solo iterations, on
-   both sides). Arrivals are the trace's, rescaled so that the last one is at ``--arrival-span``
+   both sides; an asynchronous job's, ``--async-share``, also its pipeline fill,
+   :func:`rollmux.staleness.pipeline_fill_s`). Arrivals are the trace's, rescaled so that the last one is at ``--arrival-span``
    x the mean solo lifetime (so that the jobs overlap), at least ``--min-gap-model-s`` apart.
 2. Simulator: :func:`rollmux.sim.simulator.replay` of the policy ``rollmux`` with the scheduler
    settings of ``configs/scheduler.yaml`` (the file the GlobalScheduler reads), deterministic
@@ -73,6 +74,9 @@ def parse_args(argv=None):
                          "own per-phase overhead at a few %% of a phase on a loaded 2-core machine; 40 keeps it under 1%%)")
     ap.add_argument("--no-run", action="store_true", help="only draw the jobs and replay them in the simulator")
     ap.add_argument("--stochastic", action="store_true", help="seeded long-tailed lengths (8 samples per job, cycled)")
+    ap.add_argument("--async-share", type=float, default=0.0,
+                    help="share of the jobs made asynchronous (rollmux.workloads.assign_async, the seed's draw)")
+    ap.add_argument("--max-staleness", type=int, default=1, help="staleness bound k of the asynchronous jobs")
     ap.add_argument("--cluster", default=str(ROOT / "configs" / "cluster_emulated.yaml"))
     ap.add_argument("--config", default=None, help="scheduler settings (default configs/scheduler.yaml)")
     ap.add_argument("--poll-s", type=float, default=0.25, help="wall seconds between the runtime's group polls")
@@ -92,9 +96,17 @@ def build_jobs(args, cluster, real) -> tuple[list, dict]:
     trace = DEFAULT_TRACE if DEFAULT_TRACE.is_file() else EXTRACT_TRACE
     tjobs = load_trace(trace, TraceWindow(max_jobs=args.jobs, min_duration_s=60.0))
     jobs = draw_jobs(tjobs, cluster, mix=args.mix, seed=args.seed)
-    iters, solo = {}, {}
+    if args.async_share:  # the same asynchronous jobs on both sides
+        from rollmux.workloads import assign_async
+
+        jobs = assign_async(jobs, args.async_share, max_staleness=args.max_staleness, seed=args.seed)
+    from rollmux.staleness import pipeline_fill_s
+
+    iters, solo, fill = {}, {}, {}
     for j in jobs:
         solo[j.spec.job_id] = real.solo_time_s(j.spec)
+        p = real.mean_profile(j.spec)  # an asynchronous job's first iteration fills its pipeline
+        fill[j.spec.job_id] = pipeline_fill_s(p.t_roll_s, p.t_train_s, p.t_sync_s, j.spec.max_staleness)
         iters[j.spec.job_id] = int(min(args.max_iterations, max(args.min_iterations,
                                                                 round(j.duration_s / solo[j.spec.job_id]))))
     mean_life = statistics.mean(iters[k] * solo[k] for k in iters)
@@ -104,7 +116,8 @@ def build_jobs(args, cluster, real) -> tuple[list, dict]:
     for j in jobs:
         a = max((j.arrival_s - first) * scale, prev + args.min_gap_model_s) if prev > -math.inf else 0.0
         prev = a
-        out.append(replace(j, arrival_s=round(a, 3), duration_s=iters[j.spec.job_id] * solo[j.spec.job_id]))
+        out.append(replace(j, arrival_s=round(a, 3),
+                           duration_s=iters[j.spec.job_id] * solo[j.spec.job_id] + fill[j.spec.job_id]))
     return out, iters
 
 
@@ -374,6 +387,7 @@ def main(argv=None) -> int:
         terms = job_terms(r, factor, real.mean_profile(j.spec).t_sync_s)
         per_job[jid] = {
             "job_type": j.job_type, "category": j.category, "iterations": n, "arrival_model_s": j.arrival_s,
+            "max_staleness": j.spec.max_staleness, "staleness_mode": j.spec.staleness_mode,
             "solo_iteration_s": solo, "iteration_s_runtime": it_rt, "iteration_s_simulator": it_sim,
             "error": err, "slowdown_runtime": it_rt / solo, "slowdown_simulator": o.slowdown, "slo": j.spec.slo,
             "slo_met_runtime": it_rt / solo <= j.spec.slo * (1 + 1e-6), "slo_met_simulator": o.slo_met,
@@ -412,6 +426,7 @@ def main(argv=None) -> int:
     result = {
         "summary": summary,
         "settings": {"jobs": args.jobs, "mix": args.mix, "seed": args.seed, "stochastic": args.stochastic,
+                     "async_share": args.async_share, "max_staleness": args.max_staleness,
                      "iterations_range": [args.min_iterations, args.max_iterations], "arrival_span": args.arrival_span,
                      "cluster": repo_label(args.cluster), "emulation": em.model_dump(),
                      "scheduler": {k: v for k, v in cfg.model_dump().items()

@@ -164,8 +164,8 @@ def test_counted_sync_counts_the_plans_bytes(monkeypatch):
         def __init__(self, s):
             self.s = s
 
-        def receive_counted_nowait(self, key, weights, cross, intra):
-            return self.s.receive_counted(weights, cross, intra)
+        def receive_counted_nowait(self, key, weights, cross, intra, version=None):
+            return self.s.receive_counted(weights, cross, intra, version)
 
     monkeypatch.setattr(ws, "gather", lambda pending, timeout_s=None: list(pending))
     lead = SyncSession("j", "train", "train-0", backend="counted", world_size=2, peers=("w0", "w1"),

@@ -191,7 +191,7 @@ def test_controller_moved_removal_waits_for_the_iteration_boundary():
         await c.release(held, _rec("rollout-0"))  # the running phase completes normally
         for ph in ("train", "sync"):  # ... and so does the rest of a's iteration
             g = await c.acquire("a", ph, timeout_s=5)
-            assert g.iteration == 1 and c.ledger.grants["a"].turn == 1
+            assert g.iteration == 1 and c.ledger.grants[("a", "train")].turn == 1
             await c.release(g, _rec("train-0"))
         st = await c.status()
         assert st["jobs"] == {} and st["moving"] == {} and st["gone"]["a"] == "moved to group-9"

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
 
 from rollmux import profiler
 from rollmux.admission.decisions import AdmissionDecision, placement_dict
-from rollmux.intra_group import IterationTimes, LongTailPolicy, sampled_meta_iterations, simulate_group
+from rollmux.intra_group import IterationTimes, LongTailPolicy, realised_solo_s, sampled_meta_iterations, simulate_group
 from rollmux.models import CoExecutionGroup, PhaseProfile
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -88,17 +88,17 @@ def measured_predictor(config, windows: Callable[[], Mapping[str, "Optional[Meas
 def predict_slowdowns(group: CoExecutionGroup, samples: Mapping[str, Sequence[IterationTimes | PhaseProfile]], *,
                       long_tail: Optional[LongTailPolicy] = None, meta_iterations: Optional[int] = None) -> dict[str, float]:
     """Per member of ``group``: mean co-executed iteration time on ``samples`` (job id -> its
-    iterations, cycled; a member without samples runs its planning profile) over the mean solo
-    time of the same iterations. Shapes: one float per member, dimensionless (>= about 1).
+    iterations, cycled; a member without samples runs its planning profile) over the realised solo
+    time of the same iterations (:func:`rollmux.intra_group.realised_solo_s`). Shapes: one float per member, dimensionless (>= about 1).
     ``meta_iterations`` default :func:`rollmux.intra_group.sampled_meta_iterations` of the longest
     sample list. Raises ValueError on an empty group."""
     times = {m.spec.job_id: list(samples.get(m.spec.job_id) or [m.profile]) for m in group.members}
     k = meta_iterations or sampled_meta_iterations(group, max(len(v) for v in times.values()))
     s = simulate_group(group, meta_iterations=k, phase_times=times, long_tail=long_tail, record_timeline=False)
     out = {}
-    for jid, its in times.items():
-        solo = sum(i.t_solo_s for i in its) / len(its)
-        out[jid] = s.t_coexec_s[jid] / solo
+    for m in group.members:  # an asynchronous member's solo time pipelines its iterations (realised_solo_s)
+        jid = m.spec.job_id
+        out[jid] = s.t_coexec_s[jid] / realised_solo_s(m, times[jid])
     return out
 
 
