@@ -510,6 +510,7 @@ class GroupLedger:
             p = m.phase_s
             solo_s = solo_iteration_s(p.get("rollout", 0.0), p.get("train", 0.0), p.get("sync", 0.0), m.max_staleness)
         phases = dict(m.phase_s)
+        cold = not m.iter_s  # its first iteration in this group: the cold start (admission or a move)
         m.iter_s.append(iter_s)
         m.solo_s.append(solo_s)
         tail, m.tail = m.tail, None
@@ -518,6 +519,7 @@ class GroupLedger:
         return [Report(job_id, ProgressReport(m.iterations_done, t_iter_s=iter_s, t_solo_s=solo_s,
                                               slowdown=m.slowdown(), t_roll_s=phases.get("rollout"),
                                               t_train_s=phases.get("train"), t_sync_s=phases.get("sync"),
+                                              cold_start=cold,
                                               t_trigger_s=None if tail is None else tail[0],
                                               tail_responses=None if tail is None else tail[1],
                                               tail_migrated=None if tail is None else tail[2]))]

@@ -340,12 +340,17 @@ class ProgressReport:
     t_trigger_s: Optional[float] = None
     tail_responses: Optional[int] = None
     tail_migrated: Optional[bool] = None
+    # the job's first iteration in its group (after its admission or a move): it carries the cold
+    # start (engine start-up, first load onto the nodes), which the steady-state model has no term
+    # for, so it is not folded into the measured profile
+    cold_start: bool = False
 
     def to_dict(self) -> dict:
         return {"event": "iteration", "iterations_done": self.iterations_done, "t_iter_s": self.t_iter_s,
                 "t_solo_s": self.t_solo_s, "slowdown": self.slowdown, "t_roll_s": self.t_roll_s,
                 "t_train_s": self.t_train_s, "t_sync_s": self.t_sync_s, "t_trigger_s": self.t_trigger_s,
-                "tail_responses": self.tail_responses, "tail_migrated": self.tail_migrated}
+                "tail_responses": self.tail_responses, "tail_migrated": self.tail_migrated,
+                "cold_start": self.cold_start}
 
 
 # ----------------------------------------------------------------------------- hosting a job on its workers

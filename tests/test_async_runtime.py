@@ -68,11 +68,12 @@ def test_plain_async_job_pipelines_and_keeps_its_versions():
 def sched(ray_cluster, local_cluster_spec):
     import ray
 
+    from actors.handles import SchedulerHandle
     from actors.scheduler.global_scheduler import get_or_create_scheduler
 
     name = f"test-async-{uuid.uuid4().hex[:6]}"
     h = get_or_create_scheduler(local_cluster_spec, name=name, config={"tail_migration": False})
-    assert ray.get(h.health.remote())["ok"]
+    assert SchedulerHandle(h).health(timeout_s=None)["ok"]
     yield name
     ray.kill(h, no_restart=True)
 

@@ -98,6 +98,14 @@ def test_ledger_accounts_slowdown_from_its_clock_and_reports_iterations():
     assert (a["t_iter_s"], a["t_solo_s"], a["slowdown"]) == (5.0, 5.0, 1.0)
     assert (b["t_iter_s"], b["t_solo_s"], b["slowdown"]) == (5.0, 5.0, 1.0)  # b's clock starts at its grant
     assert g.slowdown("a") == 1.0 and g.status()["jobs"]["a"]["iterations_done"] == 1
+    assert a["cold_start"] and b["cold_start"]  # each one's first iteration in the group: not a profile
+    for ph, dur in (("rollout", 2.0), ("train", 2.0), ("sync", 1.0)):  # a's second iteration is warm
+        grant = g.try_grant("a", ph, None, clk.t)
+        t0 = clk.t
+        clk.t += dur
+        _, eff = g.release(grant, _rec(g, grant.nodes[0], t0, clk.t))
+        reports += _reports(eff)
+    assert [(r["iterations_done"], r["cold_start"]) for r in reports[2:]] == [(2, False)]
 
 
 def test_the_iteration_report_carries_the_rollouts_long_tail_trigger():

@@ -146,3 +146,19 @@ def test_the_runtime_moves_the_job_at_risk_at_an_iteration_boundary_and_it_stays
         assert len(out["v"]) == iters_v and all(torch.equal(a, b) for a, b in zip(so["s"], out["v"]))
     finally:
         kill_scheduler_and_controllers(h, name)
+
+
+def test_a_cold_start_iteration_is_not_folded_into_the_measured_profile(local_cluster_spec):
+    """No Ray: a report marked ``cold_start`` (the job's first iteration in its group: engine
+    start-up, first load) leaves the measured window and the planning profile alone, so a slow
+    first iteration cannot move a job; the next (warm) report is folded and acted on as usual."""
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
+
+    s = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0, config=CONFIG)
+    v, n = _admit_two(s.admit, "c")
+    s.report(v, ProgressReport(1, t_iter_s=9.0, t_solo_s=8.0, t_roll_s=4.0, t_train_s=4.0, t_sync_s=0.0, cold_start=True))
+    assert s.slo_watch_pending() == [] and s.get_job(v).get("measured_phases") is None
+    s.report(v, ProgressReport(2, t_iter_s=0.2, t_solo_s=0.16, t_roll_s=0.08, t_train_s=0.08, t_sync_s=0.0))
+    assert [x["t_roll_s"] for x in s.get_job(v)["measured_phases"]["samples"]] == [0.08]
+    assert [d["action"] for d in s.slo_watch_pending()] == ["isolate"]
+

@@ -290,7 +290,8 @@ class JobStore:
         the controller and the driver may cross); an admitted job is running by then."""
         self.advance(rec, JobState.RUNNING)
         rec.note_iteration(report.iterations_done, report.t_iter_s, report.t_solo_s, report.slowdown)
-        if report.t_roll_s is not None and report.t_train_s is not None:  # the job's measured profile (sliding window)
+        # the job's measured profile (sliding window); a cold-start iteration is not a profile
+        if report.t_roll_s is not None and report.t_train_s is not None and not report.cold_start:
             pol = self._policy()
             win = rec.measured_phases or MeasuredPhases(window=pol.config.measured_window)
             member = pol.member(rec.job_id)
