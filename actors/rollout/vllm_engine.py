@@ -43,8 +43,9 @@ class VLLMEngine(_WallClockEngine):
 
     Per-token versions: a generation's tokens arrive per engine step (``RequestOutputKind.DELTA``),
     and a step runs between two windows' weight loads, so each token records the weights version
-    that sampled it exactly. This needs synchronous scheduling (vLLM's CPU platform forces it; on
-    CUDA with ``async_scheduling`` a step's tokens may have been sampled before the load). Token
+    that sampled it exactly. This needs synchronous scheduling (with ``async_scheduling`` a step's
+    tokens may have been sampled before the load): the engine turns it off (vLLM's CPU platform
+    always does; an engine passed to :meth:`from_engine` is taken as it is). Token
     log-probabilities are not recorded by this adapter.
 
     Args:
@@ -70,7 +71,7 @@ class VLLMEngine(_WallClockEngine):
         from vllm import EngineArgs, LLMEngine
 
         kw: dict[str, Any] = {"skip_tokenizer_init": True, "dtype": "float32", "enforce_eager": True,
-                              "worker_extension_cls": EXTENSION,
+                              "worker_extension_cls": EXTENSION, "async_scheduling": False,
                               **(cpu_environment() if platform == "cpu" else {}), **engine_kwargs}
         cfg = None
         try:
