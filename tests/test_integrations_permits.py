@@ -163,7 +163,7 @@ def sched(ray_cluster, local_cluster_spec):
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     name = f"test-permits-{uuid.uuid4().hex[:6]}"
     h = get_or_create_scheduler(local_cluster_spec, name=name)
-    assert SchedulerHandle(h).health()["ok"]
+    assert SchedulerHandle(h).health().ok
     yield name, h
     kill_scheduler_and_controllers(h, name)
 

@@ -456,7 +456,7 @@ def test_up_refuses_a_scheduler_config_its_restored_scheduler_does_not_run(serve
 
     health = SchedulerHandle(serve_api.scheduler).health()
     same = load_scheduler_config()  # what the test scheduler was started with
-    assert health["config_sha256"] == same.sha256()
+    assert health.config_sha256 == same.sha256()
     cfg = serve_api.config.model_copy(update={"scheduler_config": tmp_path / "s.yaml"})
     _refuse_other_settings(cfg, health, same)
     with pytest.raises(typer.Exit) as e:

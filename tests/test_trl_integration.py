@@ -119,7 +119,7 @@ def sched(ray_cluster, local_cluster_spec):
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     name = f"test-trl-{uuid.uuid4().hex[:6]}"
     h = get_or_create_scheduler(local_cluster_spec, name=name)
-    assert SchedulerHandle(h).health()["ok"]
+    assert SchedulerHandle(h).health().ok
     yield name, h, ray_cluster.address
     kill_scheduler_and_controllers(h, name)
 
@@ -182,4 +182,4 @@ def test_trl_job_co_executed_with_another_job_is_bit_identical_to_plain_trl(plai
         window = order[first:last + 1]  # while the TRL job ran, the two jobs alternated on the node
         assert all(window[i] != window[i + 1] for i in range(len(window) - 1)), (pool, order)
     trl_done = SchedulerHandle(h).get_job(trl_id)
-    assert trl_done["state"] == "finished" and trl_done["iterations_done"] == STEPS
+    assert trl_done.state == "finished" and trl_done.iterations_done == STEPS

@@ -7,13 +7,19 @@ and :class:`_Handle` (a named actor looked up again after it died).
 
 from __future__ import annotations
 
-import asyncio  # noqa: F401
 import logging
 import threading
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Generic, Mapping, Optional, Sequence, TypeVar
 
 from actors.naming import NAMESPACE, get_actor
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+
+#: the answer type of a call (:class:`Pending`)
+T = TypeVar("T")
 
 log = logging.getLogger("rollmux.handles")
 
@@ -67,7 +73,8 @@ def _translate(e: BaseException) -> BaseException:
     return e
 
 
-def start_actor(cls: type, args: tuple = (), kwargs: Optional[dict] = None, **options: Any):
+def start_actor(cls: type, args: tuple = (), kwargs: Optional[Mapping[str, object]] = None,
+                **options: object) -> ActorHandle:
     """Create the Ray actor ``cls(*args, **kwargs)`` with ``options`` (name, namespace, lifetime,
     get_if_exists, resources, ...): the one place the project creates actors. Returns Ray's
     actor handle (wrap it in the handle of its kind)."""
@@ -76,23 +83,23 @@ def start_actor(cls: type, args: tuple = (), kwargs: Optional[dict] = None, **op
     return ray.remote(cls).options(**options).remote(*args, **(kwargs or {}))
 
 
-def run_in_actor(actor: Any, fn: Callable[[Any], Any], timeout_s: Optional[float] = None) -> Any:
+def run_in_actor(actor: ActorHandle, fn: Callable[..., T], timeout_s: Optional[float] = None) -> T:
     """``fn(instance)`` run inside the actor ``actor`` (Ray's ``__ray_call__``), its result (bounded by
     ``timeout_s``; errors translated as the module docstring says). For benchmarks that instrument
     or read an actor's internals; the product's calls go through the typed handles."""
     return Pending(actor.__ray_call__.remote(fn), getattr(fn, "__name__", "__ray_call__")).result(timeout_s)
 
 
-class Pending:
-    """One call in flight (a Ray ObjectRef): :meth:`result` waits for it (bounded), ``await``
-    awaits it; errors as the module docstring says."""
+class Pending(Generic[T]):
+    """One call in flight (a Ray ObjectRef) whose answer is a ``T``: :meth:`result` waits for it
+    (bounded), ``await`` awaits it; errors as the module docstring says."""
 
     __slots__ = ("ref", "what")
 
-    def __init__(self, ref: Any, what: str = ""):
+    def __init__(self, ref: ObjectRef[T], what: str = ""):
         self.ref, self.what = ref, what
 
-    def result(self, timeout_s: Optional[float] = None) -> Any:
+    def result(self, timeout_s: Optional[float] = None) -> T:
         import ray
 
         try:
@@ -110,14 +117,14 @@ class Pending:
     def __await__(self):
         return self._await().__await__()
 
-    async def _await(self) -> Any:
+    async def _await(self) -> T:
         try:
             return await self.ref
         except BaseException as e:
             raise _translate(e) from None
 
 
-def gather(pending: Sequence[Pending], timeout_s: Optional[float] = None) -> list:
+def gather(pending: Sequence[Pending[T]], timeout_s: Optional[float] = None) -> list[T]:
     """The results of several calls, in order (the first failure raises, translated)."""
     import ray
 
@@ -127,7 +134,7 @@ def gather(pending: Sequence[Pending], timeout_s: Optional[float] = None) -> lis
         raise _translate(e) from None
 
 
-def watch_failures(pending: dict[Pending, str], stop: threading.Event,
+def watch_failures(pending: Mapping[Pending, str], stop: threading.Event,
                    on_fail: Callable[[str], None], name: str = "rollmux-watch") -> threading.Thread:
     """A thread that calls ``on_fail(reason)`` as soon as one of ``pending`` (call -> the name of
     the worker running it) fails, until ``stop`` is set (polls every 0.2 s)."""
@@ -155,13 +162,13 @@ class _Handle:
     """A named RollMux actor: the Ray handle is cached and looked up by name again after the
     actor died (when the handle has a name)."""
 
-    def __init__(self, actor: Any = None, *, name: Optional[str] = None):
+    def __init__(self, actor: Optional[ActorHandle] = None, *, name: Optional[str] = None):
         if actor is None and name is None:
             raise ValueError("a handle needs an actor handle or an actor name")
         self._actor, self.name = actor, name
 
     @property
-    def actor(self) -> Any:
+    def actor(self) -> ActorHandle:
         if self._actor is None:
             try:
                 self._actor = get_actor(self.name)
@@ -174,8 +181,8 @@ class _Handle:
         if self.name is not None:
             self._actor = None
 
-    def _call(self, submit: Callable[[Any], Any], *, timeout_s: Optional[float], retries: int = 0,
-              what: str = "") -> Any:
+    def _call(self, submit: Callable[[ActorHandle], ObjectRef[T]], *, timeout_s: Optional[float], retries: int = 0,
+              what: str = "") -> T:
         """``submit(actor)`` (one ``.remote`` call) and its result; on a lost actor the handle
         looks it up again and resends, ``retries`` times."""
         for attempt in range(retries + 1):
@@ -188,7 +195,7 @@ class _Handle:
                 time.sleep(RETRY_PAUSE_S)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _send(self, submit: Callable[[Any], Any], what: str = "") -> Optional[Pending]:
+    def _send(self, submit: Callable[[ActorHandle], ObjectRef[T]], what: str = "") -> Optional[Pending[T]]:
         """Fire and forget ``submit(actor)``; a stale handle is looked up again once. None (logged)
         when the actor cannot be reached."""
         for attempt in range(2):
