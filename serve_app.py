@@ -38,27 +38,22 @@ and deploys it on Ray Serve. Source: RollMux §4.2 (Alg. 1, admission).
 
 from __future__ import annotations
 
-import hmac
 import logging
 from typing import Any, Callable, Optional
 
-from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel
+from fastapi import FastAPI
 from ray import serve
-from starlette.exceptions import HTTPException
 
 from actors.naming import control_plane_resources
 from rollmux.config import ServeConfig
+from serve_api.app_base import guard
 from serve_api.boundary import BodyGuard, allowed, field_error  # noqa: F401  (allowed re-exported)
 from serve_api.client import AdmitBatcher, SchedulerApi, SchedulerClient  # noqa: F401  (re-exported)
 from serve_api.jobs import AppContext, jobs_router
-from serve_api.ratelimit import ClientRateLimit
-from serve_api.rollout_boundary import RolloutBoundary
+from serve_api.rollout_ingress import ingress_router
 from serve_api.rollouts import rollouts_router
 from serve_api.snapshot import SnapshotCache  # noqa: F401  (re-exported)
+from serve_api.weights import weights_router
 from serve_api.views import (  # noqa: F401  (re-exported: the API's types)
     MAX_REQUEST_BYTES, AdmissionView, ApiError, AppSettings, DepartureView, ErrorBody, GroupView, HealthView,
     JobView, MoveView, SubmitRequest, _finite, _sha256,
@@ -69,7 +64,7 @@ log = logging.getLogger("rollmux.serve")
 API_VERSION = "v1"
 
 #: The app's routers: ``builder(ctx: AppContext) -> APIRouter``, included in this order.
-ROUTERS: tuple[Callable[[AppContext], Any], ...] = (jobs_router, rollouts_router)
+ROUTERS: tuple[Callable[[AppContext], Any], ...] = (jobs_router, rollouts_router, weights_router, ingress_router)
 
 
 
@@ -92,20 +87,6 @@ def _mount_offline_docs(app: FastAPI) -> None:
         )
 
 
-def _rollout_max_bytes() -> int:
-    from rollmux.rollout_sched.config import DEFAULT_CONFIG_PATH, load_rollout_sched_config
-
-    return load_rollout_sched_config(DEFAULT_CONFIG_PATH, "cpu_engine").service.max_request_bytes
-
-
-def _body_schema(request: Request) -> Optional[dict]:
-    """The JSON schema of the matched route's pydantic body model (what a 422 lists as allowed), or
-    None (the job spec's: the admission routes parse their body themselves)."""
-    field = getattr(request.scope.get("route"), "body_field", None)
-    model = getattr(getattr(field, "field_info", None), "annotation", None)
-    return model.model_json_schema() if isinstance(model, type) and issubclass(model, BaseModel) else None
-
-
 def create_app(settings: AppSettings, client: Optional[SchedulerApi] = None) -> FastAPI:
     """Build the FastAPI app (one per Serve replica) from :data:`ROUTERS`. ``client`` (a
     :class:`serve_api.client.SchedulerApi`) defaults to the named scheduler's :class:`SchedulerClient`."""
@@ -120,52 +101,7 @@ def create_app(settings: AppSettings, client: Optional[SchedulerApi] = None) -> 
         docs_url=None,  # served below from the bundled Swagger UI assets (no CDN: works offline)
     )
     _mount_offline_docs(app)
-    # the admission routes' BodyGuard; the rollout routes' own bounds (serve_api/rollout_boundary.py)
-    app.add_middleware(RolloutBoundary, max_bytes=settings.max_request_bytes, rollout_max_bytes=_rollout_max_bytes())
-    bearer = HTTPBearer(auto_error=False, description="RollMux API token (see `rollmux urls`)")
-
-    def _check(creds: Optional[HTTPAuthorizationCredentials]) -> None:
-        if creds is None or creds.scheme.lower() != "bearer":
-            raise ApiError(401, "unauthorized", "missing bearer token (Authorization: Bearer <token>)")
-        if not hmac.compare_digest(_sha256(creds.credentials), settings.token_sha256):
-            raise ApiError(401, "unauthorized", "invalid bearer token")
-
-    def need_token(creds: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
-        _check(creds)
-
-    limit = ClientRateLimit(settings.open_read_rate_per_s, settings.open_read_burst)
-
-    def read_access(request: Request, creds: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
-        if not settings.open_read_routes:
-            _check(creds)
-        elif creds is None or not hmac.compare_digest(_sha256(creds.credentials), settings.token_sha256):
-            wait = limit.take(request.client.host if request.client else "?")  # per client address, this replica
-            if wait:
-                raise ApiError(429, "rate_limited", "too many reads without a token from this address "
-                               f"(open_read_rate_per_s={settings.open_read_rate_per_s:g}); retry later or send the "
-                               "API token", retry_after_s=ClientRateLimit.retry_after_s(wait))
-
-    @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return exc.response()
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [field_error(e, _body_schema(request)) for e in exc.errors()]
-        detail = "; ".join(f"{e['field']}: {e['msg']}" for e in errors) or "invalid request"
-        return JSONResponse({"error": "invalid_request", "detail": detail, "errors": errors}, status_code=422)
-
-    @app.exception_handler(HTTPException)
-    async def _http(_: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse({"error": "http_error", "detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
-
-    @app.middleware("http")
-    async def _never_a_traceback(request: Request, call_next):
-        try:
-            return await call_next(request)
-        except Exception as e:  # a bug: log it, answer JSON without the traceback
-            log.exception("unhandled error on %s %s", request.method, request.url.path)
-            return JSONResponse({"error": "internal", "detail": f"{type(e).__name__}"}, status_code=500)
+    need_token, read_access = guard(app, settings)
 
     ctx = AppContext(settings=settings, client=client, cache=SnapshotCache(client), batcher=AdmitBatcher(client),
                      need_token=need_token, read_access=read_access)

@@ -51,7 +51,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from actors.rollout.engine import CPUEngine, SimulatedEngine, serve  # noqa: E402
+from actors.rollout.engine import CPUEngine, serve  # noqa: E402
+from actors.rollout.sim_engine import SimulatedEngine  # noqa: E402
 from rollmux.rollout_sched import (  # noqa: E402
     Completion,
     Request,
@@ -321,7 +322,8 @@ def run_policy(policy: str, spec: StreamSpec, engine_kind: str, seed: int, max_w
     stream = Stream(spec, seed)
     sched = RolloutRequestScheduler(cfg, policy)
     if engine_kind == "cpu":
-        engine = CPUEngine(vocab_size=spec.vocab, slice_tokens=cfg.slice_tokens, eos_token_id=0, seed=seed)
+        engine = CPUEngine(vocab_size=spec.vocab, slice_tokens=cfg.slice_tokens, eos_token_id=0, seed=seed,
+                           block_tokens=cfg.prefix_block_tokens)
     else:
         engine = SimulatedEngine(cfg.slice_tokens, output_len=stream.out_len, output_tokens=stream.out_tokens, seed=seed)
     src = TrainerSource(stream)

@@ -86,10 +86,11 @@ class BodyGuard:
 
     def __init__(self, app: Any, max_bytes: int, max_depth: Optional[int] = None,
                  check: Optional[Callable[[bytes], Optional[tuple[str, str]]]] = None,
-                 limit_name: str = "max_request_bytes", what: str = "the job spec"):
+                 limit_name: str = "max_request_bytes", what: str = "the job spec", binary: bool = False):
         self.app, self.max_bytes = app, max_bytes
         self.max_depth = MAX_JSON_DEPTH if max_depth is None else max_depth
         self.check, self.limit_name, self.what = check, limit_name, what
+        self.binary = binary  # raw bytes (application/octet-stream), no JSON checks: an upload chunk
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope.get("type") != "http" or scope.get("method") not in ("POST", "PUT", "PATCH") \
@@ -98,7 +99,12 @@ class BodyGuard:
         headers = {k.lower(): v for k, v in scope.get("headers") or []}
         ctype = headers.get(b"content-type", b"").decode("latin-1")
         media = ctype.split(";", 1)[0].strip().lower()
-        if not (media == "application/json" or (media.startswith("application/") and media.endswith("+json"))):
+        if self.binary and media != "application/octet-stream":
+            return await JSONResponse(
+                {"error": "unsupported_media_type",
+                 "detail": f"Content-Type {ctype or '(none)'!s} is not accepted: send {self.what} as raw bytes "
+                           "with Content-Type: application/octet-stream"}, status_code=415)(scope, receive, send)
+        if not self.binary and not (media == "application/json" or (media.startswith("application/") and media.endswith("+json"))):
             return await JSONResponse(
                 {"error": "unsupported_media_type",
                  "detail": f"Content-Type {ctype or '(none)'!s} is not accepted: send {self.what} as JSON "
@@ -120,8 +126,9 @@ class BodyGuard:
             if total > self.max_bytes:
                 return await too_big(scope, receive, send)
         body, sent = b"".join(chunks), False
-        problem = json_body_problem(body, self.max_depth)
-        bad = (problem, "json_invalid") if problem is not None else self.check(body) if self.check else None
+        problem = None if self.binary else json_body_problem(body, self.max_depth)
+        bad = (problem, "json_invalid") if problem is not None else self.check(body) if self.check and not self.binary \
+            else None
         if bad is not None:
             return await JSONResponse({"error": "invalid_request", "detail": f"body: {bad[0]}",
                                        "errors": [{"field": "body", "msg": bad[0], "type": bad[1]}]},

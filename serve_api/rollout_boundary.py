@@ -5,7 +5,9 @@
 - a body over ``max_request_bytes`` of the service settings (1 MiB by default) -> 413;
 - a body that is not UTF-8 -> 422 (field ``body``, the byte offset);
 - JSON nested deeper than 16 levels (objects and arrays) -> 422;
-- ``NaN`` / ``Infinity`` or a number too large for a float -> 422.
+- ``NaN`` / ``Infinity`` or a number too large for a float -> 422;
+- an upload chunk (``PUT /v1/weights/uploads/{id}/chunks/{i}``): raw bytes
+  (``application/octet-stream``, else 415), at most ``weights_chunk_bytes`` (413).
 
 Both are :class:`serve_api.boundary.BodyGuard` (one implementation), with the rollout bounds here
 and the admission API's for every other path.
@@ -15,12 +17,22 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, Optional
 
 from rollmux.rollout_sched.service_config import MAX_JSON_DEPTH
 from serve_api.boundary import BodyGuard, json_body_problem
 
-ROLLOUT_PATHS = ("/v1/rollouts", "/v1/policy", "/v1/completions", "/v1/chat/completions", "/v1/stats")
+ROLLOUT_PATHS = ("/v1/rollouts", "/v1/policy", "/v1/completions", "/v1/chat/completions", "/v1/stats", "/v1/weights",
+                 "/v1/models")
+CHUNK_PATH = re.compile(r"^/v1/weights/uploads/[^/]+/chunks/[^/]+$")
+
+
+def service_settings() -> Any:
+    """The rollout service's settings (``service:`` of ``configs/rollout_sched.yaml`` ``cpu_engine``)."""
+    from rollmux.rollout_sched.config import DEFAULT_CONFIG_PATH, load_rollout_sched_config
+
+    return load_rollout_sched_config(DEFAULT_CONFIG_PATH, "cpu_engine").service
 
 
 def is_rollout_path(path: str) -> bool:
@@ -68,13 +80,16 @@ class RolloutBoundary:
     bounds (``rollout_max_bytes``, depth 16, finite numbers), every other request through the
     admission API's (``max_bytes``)."""
 
-    def __init__(self, app: Any, max_bytes: int, rollout_max_bytes: int):
+    def __init__(self, app: Any, max_bytes: int, rollout_max_bytes: int, chunk_max_bytes: int = 4 << 20):
         self.app = app
         self.guarded = BodyGuard(app, max_bytes=max_bytes)
         self.rollout = BodyGuard(app, max_bytes=rollout_max_bytes, max_depth=MAX_JSON_DEPTH, check=finite_numbers,
                                  limit_name="rollout service max_request_bytes", what="the request")
+        self.chunk = BodyGuard(app, max_bytes=chunk_max_bytes, limit_name="rollout service weights_chunk_bytes",
+                               what="an upload chunk", binary=True)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope.get("type") == "http" and is_rollout_path(str(scope.get("path", ""))):
-            return await self.rollout(scope, receive, send)
+        path = str(scope.get("path", ""))
+        if scope.get("type") == "http" and is_rollout_path(path):
+            return await (self.chunk if CHUNK_PATH.match(path) else self.rollout)(scope, receive, send)
         return await self.guarded(scope, receive, send)

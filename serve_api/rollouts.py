@@ -5,7 +5,8 @@ queue position, matched prefix tokens), ``GET /v1/rollouts/{id}``, ``POST /v1/ro
 (NDJSON or server-sent events, results as they finish), ``DELETE /v1/rollouts/{id}``,
 ``POST /v1/rollouts:cancel``, ``POST /v1/policy``, ``GET /v1/stats`` (JSON) and
 ``GET /v1/stats/prometheus``, and the OpenAI-style ``POST /v1/completions`` /
-``POST /v1/chat/completions``. Writes need the bearer token; reads follow ``open_read_routes``.
+``POST /v1/chat/completions`` (``stream: true``: server-sent chunks) and ``GET /v1/models``.
+Writes need the bearer token; reads follow ``open_read_routes``.
 Bodies pass :mod:`serve_api.rollout_boundary` first. The work is done by the rollout service actor
 (:mod:`actors.rollout.service`), reached through :class:`actors.handles.RolloutServiceHandle`.
 """
@@ -26,15 +27,21 @@ from pydantic import ValidationError
 from actors.handles import ActorLost, CallTimeout, RolloutServiceHandle
 from rollmux.rollout_sched.api import (
     ID_PATTERN, ByteTokenizer, CancelBody, CancelReply, ChatBody, CompletionBody, PolicyBody, PolicyView, Refusal,
-    RolloutView, Status, StreamBody, SubmitBatch, SubmitReply, openai_request,
+    RolloutIn, RolloutView, Status, StreamBody, SubmitBatch, SubmitReply, openai_request,
 )
+from serve_api.rollout_boundary import service_settings
 from serve_api.views import ApiError, ErrorBody
+
+class _RefusedError(Exception):
+    def __init__(self, refusal: Refusal):
+        self.refusal = refusal
+
 
 def _refused(r: Refusal) -> JSONResponse:
     body: dict[str, Any] = {"error": r.error, "detail": r.detail}
     if r.errors:
         body["errors"] = [e.model_dump() for e in r.errors]
-    headers = {"Retry-After": str(r.retry_after_s or 1)} if r.status in (429, 503) else None
+    headers = {"Retry-After": str(r.retry_after_s or 1)} if r.status in (429, 503, 504) else None
     return JSONResponse(body, status_code=r.status, headers=headers)
 
 
@@ -71,18 +78,18 @@ class _Service:
             raise ApiError(503, "rollout_service_unavailable", str(e), retry_after_s=1) from None
 
 
-def rollouts_router(ctx: Any) -> APIRouter:
-    """The rollout routes of one replica (``ctx``: the app's :class:`serve_api.jobs.AppContext`)."""
+def service_of(ctx: Any) -> _Service:
+    """The rollout service handle of an app (one per router; the actor is shared)."""
     from actors.rollout.service import service_name
 
-    from rollmux.rollout_sched.config import DEFAULT_CONFIG_PATH, load_rollout_sched_config
+    return _Service(service_name(ctx.settings.scheduler_name or "default"), ctx.settings.request_timeout_s)
 
-    settings = load_rollout_sched_config(DEFAULT_CONFIG_PATH, "cpu_engine").service
-    app = APIRouter()
-    svc = _Service(service_name(ctx.settings.scheduler_name or "default"), ctx.settings.request_timeout_s)
-    need_token, read_access = ctx.need_token, ctx.read_access
-    err = {"model": ErrorBody}
-    tags = ["rollouts"]
+
+def rollouts_router(ctx: Any) -> APIRouter:
+    """The rollout routes of one app (``ctx``: has ``settings`` (:class:`serve_api.views.AppSettings`),
+    ``need_token`` and ``read_access``, e.g. the admission API's :class:`serve_api.jobs.AppContext`)."""
+    settings, app, svc = service_settings(), APIRouter(), service_of(ctx)
+    need_token, read_access, err, tags = ctx.need_token, ctx.read_access, {"model": ErrorBody}, ["rollouts"]
 
     @app.post("/v1/rollouts", status_code=202, response_model=SubmitReply, dependencies=[Depends(need_token)],
               responses={401: err, 409: err, 413: err, 415: err, 422: err, 429: err, 503: err}, tags=tags)
@@ -201,7 +208,11 @@ def rollouts_router(ctx: Any) -> APIRouter:
         s = await svc.call(lambda h: h.stats())
         return Response(render_prometheus(s), media_type="text/plain; version=0.0.4")
 
-    async def _complete(body: CompletionBody | ChatBody, chat: bool) -> Any:
+    async def _finished(body: CompletionBody | ChatBody) -> tuple[RolloutView, RolloutIn]:
+        """Run an OpenAI-style body as a generation and wait for it (at most ``completion_timeout_s``)."""
+        if body.model is not None and body.model != settings.model_name:
+            raise ApiError(404, "model_not_found", f"model: {body.model!r} is not served here (GET /v1/models lists "
+                           f"{settings.model_name!r})")
         try:
             req = openai_request(body)
         except ValidationError as e:
@@ -209,20 +220,40 @@ def rollouts_router(ctx: Any) -> APIRouter:
         timeout = settings.completion_timeout_s
         out = await svc.call(lambda h: h.submit(SubmitBatch(requests=[req])))
         if isinstance(out, Refusal):
-            return _refused(out)
+            raise _RefusedError(out)
         acc = out.requests[0]
-        h = await svc.get()
         v: RolloutView = await svc.call(lambda h: h.wait_result(acc.id, timeout))
         if v is None or v.status is not Status.FINISHED:
             if v is not None and v.status in (Status.QUEUED, Status.RUNNING):
-                await h.cancel([acc.id])
-                raise ApiError(503, "timeout", f"request {acc.id} did not finish within {timeout:g} s (cancelled)",
-                               retry_after_s=1)
+                await svc.call(lambda h: h.cancel([acc.id]))
+                raise ApiError(503, "timeout", f"request {acc.id} did not finish within {timeout:g} s "
+                               "(completion_timeout_s; it was cancelled)", retry_after_s=1)
             raise ApiError(409 if v is not None and v.status is Status.CANCELLED else 503,
                            str(v.finish_reason if v else "lost"), (v.error if v else None) or "the request did not finish",
                            retry_after_s=1)
-        text = v.text or ""
+        return v, req
+
+    def _usage(v: RolloutView, req: RolloutIn) -> dict:
         n_prompt = len(req.token_ids())
+        return {"prompt_tokens": n_prompt, "completion_tokens": len(v.output_token_ids),
+                "total_tokens": n_prompt + len(v.output_token_ids)}
+
+    def _rollmux(v: RolloutView) -> dict:
+        return {"priority": v.priority.value, "policy_version": v.policy_version, "replica": v.replica,
+                "matched_prefix_tokens": v.matched_prefix_tokens, "session_id": v.session_id,
+                "version_span": v.version_span, "timings": v.timings.model_dump()}
+
+    async def _complete(body: CompletionBody | ChatBody, chat: bool) -> Any:
+        try:
+            v, req = await _finished(body)
+        except _RefusedError as e:
+            return _refused(e.refusal)
+        obj = "chat.completion" if chat else "text_completion"
+        model = body.model or settings.model_name
+        if body.stream:
+            return StreamingResponse(_sse(v, req, chat, model, bool((body.stream_options or {}).get("include_usage"))),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+        text = v.text or ""
         lp = None
         if v.logprobs is not None:
             lp = {"tokens": [ByteTokenizer.decode([t]) for t in v.output_token_ids], "token_logprobs": v.logprobs}
@@ -231,30 +262,71 @@ def rollouts_router(ctx: Any) -> APIRouter:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        return JSONResponse({
-            "id": v.id, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": body.model or "rollmux-rollout", "choices": [choice],
-            "usage": {"prompt_tokens": n_prompt, "completion_tokens": len(v.output_token_ids),
-                      "total_tokens": n_prompt + len(v.output_token_ids)},
-            "rollmux": {"priority": v.priority.value, "policy_version": v.policy_version, "replica": v.replica,
-                        "matched_prefix_tokens": v.matched_prefix_tokens, "session_id": v.session_id,
-                        "timings": v.timings.model_dump()},
-        })
+        return JSONResponse({"id": v.id, "object": obj, "created": int(time.time()), "model": model, "choices": [choice],
+                             "usage": _usage(v, req), "rollmux": _rollmux(v)})
+
+    async def _sse(v: RolloutView, req: RolloutIn, chat: bool, model: str, usage: bool) -> AsyncIterator[bytes]:
+        """OpenAI's streamed chunks (``chat.completion.chunk`` / ``text_completion``) of a finished
+        generation, one per generated token, then the finish reason, then ``[DONE]``."""
+        obj, created = ("chat.completion.chunk" if chat else "text_completion"), int(time.time())
+
+        def chunk(delta: Optional[str], finish: Optional[str] = None, first: bool = False) -> bytes:
+            if chat:
+                d: dict[str, Any] = {"role": "assistant", "content": ""} if first else {} if delta is None else {"content": delta}
+                choice: dict[str, Any] = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": None}
+            else:
+                choice = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
+            data = {"id": v.id, "object": obj, "created": created, "model": model, "choices": [choice]}
+            if finish is not None:
+                data["rollmux"] = _rollmux(v)
+            return f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+        if chat:
+            yield chunk(None, first=True)
+        text = v.text or ""
+        step = max(1, len(text) // max(1, len(v.output_token_ids)))
+        for i in range(0, len(text), step):
+            yield chunk(text[i:i + step])
+        yield chunk(None, v.finish_reason or "stop")
+        if usage:
+            data = {"id": v.id, "object": obj, "created": created, "model": model, "choices": [], "usage": _usage(v, req)}
+            yield f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+        yield b"data: [DONE]\n\n"
 
     oa = ["openai"]
+    sse = {"text/event-stream": {}}
 
     @app.post("/v1/completions", dependencies=[Depends(need_token)], tags=oa,
-              responses={401: err, 409: err, 413: err, 415: err, 422: err, 429: err, 503: err})
+              responses={200: {"content": sse, "description": "a completion, or (stream: true) server-sent chunks"},
+                         401: err, 404: err, 409: err, 413: err, 415: err, 422: err, 429: err, 503: err})
     async def completions(body: CompletionBody) -> Any:
-        """OpenAI-style completion through the same scheduler; extra fields ``priority``,
-        ``policy_version``, ``task_family``, ``session_id``. Answers when the generation finished."""
+        """OpenAI-style completion through the same scheduler, at the service's current policy
+        version unless ``policy_version`` names one (the answer's ``rollmux.policy_version`` says
+        which); extra fields ``priority``, ``policy_version``, ``task_family``, ``session_id``.
+        ``stream: true``: server-sent ``text_completion`` chunks, then ``data: [DONE]``."""
         return await _complete(body, chat=False)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(need_token)], tags=oa,
-              responses={401: err, 409: err, 413: err, 415: err, 422: err, 429: err, 503: err})
+              responses={200: {"content": sse, "description": "a chat completion, or (stream: true) server-sent chunks"},
+                         401: err, 404: err, 409: err, 413: err, 415: err, 422: err, 429: err, 503: err})
     async def chat_completions(body: ChatBody) -> Any:
         """OpenAI-style chat completion (messages rendered as ``<|role|>\\ncontent\\n``); extra fields as
-        ``/v1/completions``. With ``session_id`` send only the new messages: the session's history is kept."""
+        ``/v1/completions``. With ``session_id`` send only the new messages: the session's history is kept.
+        ``stream: true``: server-sent ``chat.completion.chunk`` chunks, then ``data: [DONE]``."""
         return await _complete(body, chat=True)
+
+    def _model() -> dict:
+        return {"id": settings.model_name, "object": "model", "created": 0, "owned_by": "rollmux"}
+
+    @app.get("/v1/models", dependencies=[Depends(read_access)], tags=oa, responses={401: err})
+    async def list_models() -> Any:
+        """The model the OpenAI-style routes serve (``service.model_name``)."""
+        return JSONResponse({"object": "list", "data": [_model()]})
+
+    @app.get("/v1/models/{model}", dependencies=[Depends(read_access)], tags=oa, responses={401: err, 404: err})
+    async def get_model(model: str = PathParam(max_length=256)) -> Any:
+        if model != settings.model_name:
+            raise ApiError(404, "model_not_found", f"model: {model!r} is not served here (served: {settings.model_name!r})")
+        return JSONResponse(_model())
 
     return app

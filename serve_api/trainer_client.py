@@ -8,8 +8,10 @@
     for r in c.stream(ids):            # results as they finish (one long-lived NDJSON response)
         ...
     c.cancel(leftover_ids)              # over-sampling: drop the rest
-    c.set_policy(4)                     # new weights: stale prefixes stop matching
+    c.push_weights(safetensors_bytes, version=4)   # the trainer's new policy (chunked, SHA-256 checked)
 
+``TrainerClient(base, token, ingress=True)`` asks the admission API for the rollout ingress
+(``GET /v1/rollouts:ingress``) and sends every call there (the same routes without Serve's proxy).
 :class:`StepTimer` measures the trainer idle ratio from the trainer's side: per step, the time
 from its first critical submit to its last critical result, over the step's wall time.
 Every non-2xx answer raises :class:`RolloutError` (``status``, ``body``).
@@ -17,6 +19,7 @@ Every non-2xx answer raises :class:`RolloutError` (``status``, ``body``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from typing import Any, AsyncIterator, Iterator, Optional
@@ -40,11 +43,25 @@ def _check(r: httpx.Response) -> Any:
     return r.json()
 
 
-class TrainerClient:
-    """Blocking client (one connection pool)."""
+def _upload_start(data: bytes, version: int, pause_mode: str) -> dict:
+    return {"weight_version": int(version), "size_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+            "pause_mode": pause_mode}
 
-    def __init__(self, base_url: str, token: str, timeout_s: float = 60.0):
-        self.http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s)
+
+_OCTETS = {"Content-Type": "application/octet-stream"}
+
+
+class TrainerClient:
+    """Blocking client (one connection pool). ``ingress``: send every call to the rollout ingress
+    (its address asked once from ``base_url``)."""
+
+    def __init__(self, base_url: str, token: str, timeout_s: float = 60.0, ingress: bool = False):
+        headers = {"Authorization": f"Bearer {token}"}
+        if ingress:
+            base_url = _check(httpx.get(f"{base_url.rstrip('/')}/v1/rollouts:ingress", headers=headers,
+                                        timeout=timeout_s))["url"]
+        self.base_url = base_url
+        self.http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s)
 
     def close(self) -> None:
         self.http.close()
@@ -84,14 +101,42 @@ class TrainerClient:
     def stats(self) -> dict:
         return _check(self.http.get("/v1/stats"))
 
+    def push_weights(self, data: bytes, version: int, pause_mode: str = "keep") -> dict:
+        """Upload a safetensors file as weights ``version`` (chunked, SHA-256 checked) and apply it
+        -> the update (``weights_sha256``, per-replica digests, ``load_s``)."""
+        up = _check(self.http.post("/v1/weights/uploads", json=_upload_start(data, version, pause_mode)))
+        n = up["chunk_bytes"]
+        for i in range(up["chunks"]):
+            _check(self.http.put(f"/v1/weights/uploads/{up['upload_id']}/chunks/{i}", content=data[i * n:(i + 1) * n],
+                                 headers=_OCTETS))
+        return _check(self.http.post(f"/v1/weights/uploads/{up['upload_id']}:commit", json={}))
+
+    def update_from_disk(self, model_path: str, version: int, pause_mode: str = "keep") -> dict:
+        return _check(self.http.post("/v1/weights/update_from_disk", json={
+            "model_path": model_path, "weight_version": int(version), "pause_mode": pause_mode}))
+
+    def weights(self) -> dict:
+        return _check(self.http.get("/v1/weights"))
+
 
 class AsyncTrainerClient:
-    """The same calls on ``httpx.AsyncClient`` (``max_connections`` concurrent connections)."""
+    """The same calls on ``httpx.AsyncClient`` (``max_connections`` concurrent connections);
+    :meth:`create` with ``ingress=True`` follows the rollout ingress."""
 
     def __init__(self, base_url: str, token: str, timeout_s: float = 60.0, max_connections: int = 64):
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self.base_url = base_url
         self.http = httpx.AsyncClient(base_url=base_url, headers={"Authorization": f"Bearer {token}"},
                                       timeout=timeout_s, limits=limits)
+
+    @classmethod
+    async def create(cls, base_url: str, token: str, timeout_s: float = 60.0, max_connections: int = 64,
+                     ingress: bool = False) -> "AsyncTrainerClient":
+        if ingress:
+            async with httpx.AsyncClient(timeout=timeout_s) as c:
+                base_url = _check(await c.get(f"{base_url.rstrip('/')}/v1/rollouts:ingress",
+                                              headers={"Authorization": f"Bearer {token}"}))["url"]
+        return cls(base_url, token, timeout_s, max_connections)
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -120,6 +165,15 @@ class AsyncTrainerClient:
 
     async def stats(self) -> dict:
         return _check(await self.http.get("/v1/stats"))
+
+    async def push_weights(self, data: bytes, version: int, pause_mode: str = "keep") -> dict:
+        """:meth:`TrainerClient.push_weights` (chunks sent one after another)."""
+        up = _check(await self.http.post("/v1/weights/uploads", json=_upload_start(data, version, pause_mode)))
+        n = up["chunk_bytes"]
+        for i in range(up["chunks"]):
+            _check(await self.http.put(f"/v1/weights/uploads/{up['upload_id']}/chunks/{i}",
+                                       content=data[i * n:(i + 1) * n], headers=_OCTETS))
+        return _check(await self.http.post(f"/v1/weights/uploads/{up['upload_id']}:commit", json={}))
 
 
 class StepTimer:

@@ -26,7 +26,7 @@ def test_replica_killed_mid_step(ray_cluster):
 
     h = ensure_rollout_service(f"rollmux-rollouts-faults-{uuid.uuid4().hex[:6]}")
     try:
-        assert h.ready_sync(timeout_s=300)["num_replicas"] == 2
+        assert h.ready_sync(timeout_s=300).num_replicas == 2
         names = h.replica_names_sync()
 
         victims: list[int] = []

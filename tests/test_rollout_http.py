@@ -25,7 +25,7 @@ def svc(serve_api):
 
     h = ensure_rollout_service(service_name(serve_api.scheduler_name))
     lim = h.ready_sync(timeout_s=300)
-    assert lim["num_replicas"] == 2 and lim["vocab_size"] == 256
+    assert lim.num_replicas == 2 and lim.vocab_size == 256
     return h
 
 
@@ -34,6 +34,13 @@ def http(serve_api, svc):
     with httpx.Client(base_url=serve_api.base_url, headers={"Authorization": f"Bearer {serve_api.token}"},
                       timeout=120) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def v0(http):
+    """The policy version the module starts from: the service is shared with other modules (the
+    clients' tests advance it), so this module's versions count from where they left it."""
+    return http.get("/v1/stats").json()["policy_version"]
 
 
 def _stream(http, ids, n_stop=None):
@@ -67,18 +74,18 @@ def _settle(http, ids, timeout_s=60):
     raise AssertionError(f"not settled: {[v['status'] for v in views]}")
 
 
-def test_trainer_loop_over_http(http, svc):
+def test_trainer_loop_over_http(http, svc, v0):
     sampled = 0
     long_cut = 0
     for step in range(3):
         fams = ["math", "code"]
         reqs = [{"prompt": SYSTEM + f"[{fams[i % 2]}] question {step}-{i}?", "max_tokens": 24, "critical": True,
-                 "policy_version": step, "task_family": fams[i % 2], "logprobs": i == 0} for i in range(8)]
+                 "policy_version": v0 + step, "task_family": fams[i % 2], "logprobs": i == 0} for i in range(8)]
         # one over-sampled long generation (32 windows): still running when the trainer has its 4 samples
         reqs[7]["max_tokens"] = 256
         reqs += [{"task_type": "reward", "prompt_token_ids": [1, 2, 3, 4 + step], "max_tokens": 1, "critical": True,
-                  "policy_version": step},
-                 {"task_type": "replay", "prompt": "an old trajectory", "max_tokens": 0, "policy_version": step}]
+                  "policy_version": v0 + step},
+                 {"task_type": "replay", "prompt": "an old trajectory", "max_tokens": 0, "policy_version": v0 + step}]
         r = http.post("/v1/rollouts", json={"requests": reqs})
         assert r.status_code == 202, r.text
         acc = r.json()["requests"]
@@ -108,23 +115,23 @@ def test_trainer_loop_over_http(http, svc):
             assert v["status"] == "cancelled" and v["finish_reason"] == "cancelled"
         if c["dropped"] + c["aborted"]:
             assert http.delete(f"/v1/rollouts/{(c['dropped'] + c['aborted'])[0]}").status_code == 409
-        p = http.post("/v1/policy", json={"version": step + 1})
-        assert p.status_code == 200 and p.json()["version"] == step + 1 and p.json()["previous_version"] == step
+        p = http.post("/v1/policy", json={"version": v0 + step + 1})
+        assert p.status_code == 200 and p.json()["version"] == v0 + step + 1 and p.json()["previous_version"] == v0 + step
     assert long_cut >= 1  # over-sampling cut a running long generation at least once in three steps
     # requests of a version older than the minimum are refused; so is an older policy
-    r = http.post("/v1/rollouts", json={"prompt": "late", "policy_version": 0})
+    r = http.post("/v1/rollouts", json={"prompt": "late", "policy_version": v0})
     assert r.status_code == 409 and r.json()["error"] == "stale_policy_version" and "policy_version" in r.json()["detail"]
-    assert http.post("/v1/policy", json={"version": 0}).status_code == 409
+    assert http.post("/v1/policy", json={"version": v0}).status_code == 409
 
     # prefix hits: a repeated prompt matches once its first copy ran; a new version expires the entry
     prompt = SYSTEM + "shared prefix probe"
-    a = http.post("/v1/rollouts", json={"prompt": prompt, "max_tokens": 4, "policy_version": 3}).json()["requests"][0]
+    a = http.post("/v1/rollouts", json={"prompt": prompt, "max_tokens": 4, "policy_version": v0 + 3}).json()["requests"][0]
     _settle(http, [a["id"]])
-    b = http.post("/v1/rollouts", json={"prompt": prompt, "max_tokens": 4, "policy_version": 3}).json()["requests"][0]
+    b = http.post("/v1/rollouts", json={"prompt": prompt, "max_tokens": 4, "policy_version": v0 + 3}).json()["requests"][0]
     assert b["replica"] == a["replica"] and b["matched_prefix_tokens"] == len(prompt.encode()) - 1
     _settle(http, [b["id"]])
-    assert http.post("/v1/policy", json={"version": 4}).json()["prefix_entries_dropped"] > 0
-    c = http.post("/v1/rollouts", json={"prompt": prompt, "max_tokens": 4, "policy_version": 4}).json()["requests"][0]
+    assert http.post("/v1/policy", json={"version": v0 + 4}).json()["prefix_entries_dropped"] > 0
+    c = http.post("/v1/rollouts", json={"prompt": prompt, "max_tokens": 4, "policy_version": v0 + 4}).json()["requests"][0]
     assert c["matched_prefix_tokens"] == 0
     _settle(http, [c["id"]])
 
@@ -133,7 +140,7 @@ def test_trainer_loop_over_http(http, svc):
     assert 0 < s["prefix_hit_ratio"] < 1 and s["training_step_time_s"] > 0
     assert 0 < s["diversity_score"] <= 1 and s["index_bytes"] > 0
     assert s["counters"]["cancelled"] >= 1 and s["counters"]["samples"] >= sampled
-    assert s["policy_version"] == 4 and len(s["replicas"]) == 2 and all(r["alive"] for r in s["replicas"])
+    assert s["policy_version"] == v0 + 4 and len(s["replicas"]) == 2 and all(r["alive"] for r in s["replicas"])
     prom = http.get("/v1/stats/prometheus")
     assert prom.status_code == 200
     for name in ("sample_throughput_per_s", "trainer_idle_ratio", "prefix_hit_ratio", "training_step_time_seconds",
@@ -142,14 +149,14 @@ def test_trainer_loop_over_http(http, svc):
     assert 'rollmux_rollout_replica_alive{replica="1"} 1.0' in prom.text
 
 
-def test_sessions_and_openai_routes(http, svc):
+def test_sessions_and_openai_routes(http, svc, v0):
     first = http.post("/v1/rollouts", json={"prompt": "user: hi\n", "max_tokens": 6, "open_session": True,
-                                            "policy_version": 4}).json()["requests"][0]
+                                            "policy_version": v0 + 4}).json()["requests"][0]
     sid = first["session_id"]
     assert sid == first["id"]
     v1 = _settle(http, [first["id"]])[0]
     second = http.post("/v1/rollouts", json={"prompt": "user: more\n", "max_tokens": 6, "session_id": sid,
-                                             "policy_version": 4}).json()["requests"][0]
+                                             "policy_version": v0 + 4}).json()["requests"][0]
     # the later turn reuses the session's history (prompt + output of turn 1) on the same replica
     assert second["replica"] == first["replica"]
     assert second["matched_prefix_tokens"] >= len(b"user: hi\n") - 1
@@ -160,14 +167,14 @@ def test_sessions_and_openai_routes(http, svc):
         text = r.read().decode()
     assert text.count("event: result") == 2 and text.rstrip().splitlines()[-2] == "event: end"
     r = http.post("/v1/completions", json={"prompt": "1+1=", "max_tokens": 5, "priority": "critical",
-                                           "policy_version": 4, "logprobs": True})
+                                           "policy_version": v0 + 4, "logprobs": True})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["object"] == "text_completion" and body["rollmux"]["priority"] == "critical"
     assert 1 <= body["usage"]["completion_tokens"] <= 5 and body["usage"]["prompt_tokens"] == 4
     assert len(body["choices"][0]["logprobs"]["token_logprobs"]) == body["usage"]["completion_tokens"]
     r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4,
-                                                "policy_version": 4})
+                                                "policy_version": v0 + 4})
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["role"] == "assistant"
 
 
@@ -219,7 +226,8 @@ FIELDS = [  # (route, body, the exact field of the first error)
     ("/v1/rollouts:stream", {"ids": ["ok", "bad id!"]}, "ids.1"),
     ("/v1/rollouts:stream", {}, "ids"),
     ("/v1/policy", {"version": 5, "min_version": 6}, "min_version"),
-    ("/v1/completions", {"prompt": "x", "stream": True}, "stream"),
+    ("/v1/completions", {"prompt": "x", "n": 2}, "n"),
+    ("/v1/weights/uploads", {"weight_version": 1, "size_bytes": 100, "sha256": "xyz"}, "sha256"),
 ]
 
 
@@ -241,29 +249,29 @@ def test_other_routes_refuse_bad_input(http, svc):
     assert http.post("/v1/rollouts:stream", json={}).status_code == 422
     assert http.get("/v1/rollouts/r-unknown").status_code == 404
     assert http.delete("/v1/rollouts/r-unknown").status_code == 404
-    r = http.post("/v1/completions", json={"prompt": "x", "stream": True})
-    assert r.status_code == 422 and "stream" in r.text
+    r = http.post("/v1/completions", json={"prompt": "x", "model": "gpt-x"})
+    assert r.status_code == 404 and r.json()["error"] == "model_not_found" and "model" in r.json()["detail"]
     r = http.post("/v1/chat/completions", json={"messages": [{"role": "robot", "content": "x"}]})
     assert r.status_code == 422 and "messages.0.role" in r.text
     noauth = httpx.post(str(http.base_url) + "/v1/rollouts", json={"prompt": "x"})
     assert noauth.status_code == 401
 
 
-def test_full_queue_gets_429_and_nothing_enqueued(http, svc):
+def test_full_queue_gets_429_and_nothing_enqueued(http, svc, v0):
     svc.configure_sync({"queue_capacity": 3})
     try:
         before = _submitted(svc)
-        r = http.post("/v1/rollouts", json={"requests": [{"prompt": "q", "max_tokens": 4, "policy_version": 4}] * 4})
+        r = http.post("/v1/rollouts", json={"requests": [{"prompt": "q", "max_tokens": 4, "policy_version": v0 + 4}] * 4})
         assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1 and r.json()["error"] == "queue_full"
         assert _submitted(svc) == before
     finally:
         svc.configure_sync({"queue_capacity": 4096})
 
 
-def test_disconnected_stream_client_has_its_requests_cancelled(http, svc):
+def test_disconnected_stream_client_has_its_requests_cancelled(http, svc, v0):
     svc.configure_sync({"disconnect_grace_s": 0.5})
     try:
-        reqs = [{"prompt": f"long job {i}", "max_tokens": 256, "background": True, "policy_version": 4}
+        reqs = [{"prompt": f"long job {i}", "max_tokens": 256, "background": True, "policy_version": v0 + 4}
                 for i in range(40)]
         ids = [a["id"] for a in http.post("/v1/rollouts", json={"requests": reqs}).json()["requests"]]
         with http.stream("POST", "/v1/rollouts:stream", json={"ids": ids, "timeout_s": 600}) as r:
@@ -284,7 +292,7 @@ def test_a_restarted_service_is_found_again(http, svc, serve_api):
 
     svc.shutdown_sync()
     h = ensure_rollout_service(service_name(serve_api.scheduler_name), overrides={"policy": "fifo"})
-    assert h.ready_sync(timeout_s=300)["policy"] == "fifo"
+    assert h.ready_sync(timeout_s=300).policy == "fifo"
     r = http.post("/v1/rollouts", json={"prompt": "after restart", "max_tokens": 2})
     assert r.status_code in (202, 503), r.text
     if r.status_code == 503:

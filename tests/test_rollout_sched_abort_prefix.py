@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from actors.rollout.engine import CPUEngine, ListSource, SimulatedEngine, serve
+from actors.rollout.engine import CPUEngine, ListSource, serve
+from actors.rollout.sim_engine import SimulatedEngine
 from rollmux.rollout_sched import Request, RolloutRequestScheduler, load_rollout_sched_config
 
 SYSTEM = list(range(10, 40))  # a 30-token shared system prompt
@@ -28,17 +29,17 @@ def test_cpu_engine_credited_hits_equal_reused_prefill_across_a_weight_update(po
     eng = CPUEngine(slice_tokens=4, eos_token_id=None, prefix_cache_entries=16)
     serve(s, eng, ListSource(reqs("v0", 4), version=0))
     h0, r0 = s.counters["hit_tokens"], eng.prefill_tokens_reused
-    assert h0 == r0 == 3 * 30  # the first prompt computes, the next three reuse the system prompt
+    assert h0 == r0 == 3 * 16  # the first prompt computes, the next three reuse the system prompt's whole block
     serve(s, eng, ListSource(reqs("v1", 4), version=1))  # new weights: the engine drops its prefix KV
     h1, r1 = s.counters["hit_tokens"] - h0, eng.prefill_tokens_reused - r0
-    assert h1 == r1 == 3 * 30  # not 4 x 32 from the version-0 entries
+    assert h1 == r1 == 3 * 16  # not 4 x 16 from the version-0 entries
     assert [d.hit_tokens for d in s.dispatch_log if d.request_id == "v1-0"] == [0]
     m = s.metrics()
-    assert m["prefix_hit_ratio"] == pytest.approx(180 / 256) and m["cache_resets"] == 1
+    assert m["prefix_hit_ratio"] == pytest.approx(96 / 256) and m["cache_resets"] == 1
     # same version again (a second batch on the same weights): prefixes stay creditable and reused;
-    # a repeated full prompt reuses all but its last token (which must run to give the first logits)
+    # a repeated full prompt reuses the whole blocks of all but its last token (which must run)
     serve(s, eng, ListSource(reqs("w1", 2), version=1))
-    assert s.counters["hit_tokens"] - h0 - h1 == eng.prefill_tokens_reused - r0 - r1 == 2 * 31
+    assert s.counters["hit_tokens"] - h0 - h1 == eng.prefill_tokens_reused - r0 - r1 == 2 * 16
 
 
 def test_simulated_engine_saves_no_prefill_across_versions():

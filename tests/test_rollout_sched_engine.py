@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from actors.rollout.engine import CPUEngine, ListSource, SimulatedEngine, serve
+from actors.rollout.engine import CPUEngine, ListSource, serve
+from actors.rollout.sim_engine import SimulatedEngine
 from rollmux.rollout_sched import Request, RequestType, RolloutRequestScheduler, load_rollout_sched_config
 
 
@@ -114,22 +115,27 @@ def test_bench_quick_mixed_beats_baselines_on_the_simulated_stream():
     assert res["mixed"]["index_bytes"] < res["prefix"]["index_bytes"]
 
 
-def test_cpu_prefix_cache_reuses_kv_with_identical_logits(cpu_engine_factory):
+def test_cpu_prefix_cache_reuses_whole_blocks_with_bit_identical_logits(cpu_engine_factory):
+    """Block-granular reuse: a prompt's logits are the same bits whether its prefix came from the
+    cache (another prompt's, or its own) or was computed, so outputs never depend on the cache."""
     import torch
 
     _, make = cpu_engine_factory
-    eng = make()
-    shared = tuple(range(1, 25))
+    eng, cold = make(), make()
+    cold.prefix_cache_entries = 0
+    shared = tuple(range(1, 40))  # 39 shared tokens: two whole blocks of 16
     with eng._threads():
         eng._prefill(shared + (100, 101))
         reused_logits, _ = eng._prefill(shared + (200, 201, 202))
-        assert eng.prefill_tokens_reused == 24 and eng.prefill_tokens_computed == 26 + 3
-        fresh_logits, _ = eng._forward(list(shared + (200, 201, 202)))
-    assert torch.allclose(reused_logits[-1], fresh_logits[-1], atol=1e-5)
+        assert eng.prefill_tokens_reused == 32 and eng.prefill_tokens_computed == 41 + 10
+        same, _ = eng._prefill(shared + (200, 201, 202))  # its own prompt again: 32 of 42 tokens reused
+        assert eng.prefill_tokens_reused == 64
+        fresh_logits, _ = cold._prefill(shared + (200, 201, 202))
+    assert torch.equal(reused_logits[-1], fresh_logits[-1]) and torch.equal(same[-1], fresh_logits[-1])
     eng.on_weights_updated(1)
     with eng._threads():
         eng._prefill(shared + (7,))
-    assert eng.prefill_tokens_reused == 24  # nothing reused after a weight update
+    assert eng.prefill_tokens_reused == 64  # nothing reused after a weight update
 
 
 @pytest.mark.gpu

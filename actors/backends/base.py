@@ -60,6 +60,19 @@ class RolloutBackend(ABC):
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Install the policy weights published by training (sync phase)."""
 
+    def weights_digest(self) -> str:
+        """Canonical SHA-256 (hex) of the weights this backend serves: SHA-256 over the tensors in
+        name order (name, dtype, shape, bytes; :func:`actors.rollout.weights.state_digest`), equal
+        to the trainer's digest of its state dict exactly when the served weights are bit-identical.
+        The default reads the backend's ``state_dict()``; a backend whose weights live elsewhere
+        (vLLM's worker processes) overrides it. Raises NotImplementedError when neither exists."""
+        state_dict = getattr(self, "state_dict", None)
+        if state_dict is None:
+            raise NotImplementedError(f"rollout backend {self.name!r} cannot report a weights digest")
+        from actors.rollout.weights import state_digest
+
+        return state_digest(state_dict())
+
     def offload(self) -> None:
         """Release device memory, keeping weights in host memory (vLLM ``sleep``)."""
 

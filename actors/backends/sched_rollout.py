@@ -50,9 +50,9 @@ class _JobEngine(CPUEngine):
     """
 
     def __init__(self, model: torch.nn.Module, *, temperature: float, min_new_tokens: int, eos_id: int,
-                 slice_tokens: int, seed: int, num_threads: int) -> None:
+                 slice_tokens: int, seed: int, num_threads: int, block_tokens: int = 1) -> None:
         super().__init__(model=model, slice_tokens=slice_tokens, eos_token_id=eos_id, seed=seed,
-                         num_threads=num_threads, prefix_cache_entries=16)
+                         num_threads=num_threads, prefix_cache_entries=16, block_tokens=block_tokens)
         self.temperature = float(temperature)
         self.min_new_tokens = int(min_new_tokens)
         self.clock = 0.0
@@ -120,6 +120,10 @@ class SchedRolloutBackend(RolloutBackend):
         self.model = model.to("cpu").eval()
         self.task_family = task_family
         cfg = config or load_rollout_sched_config(config_path, config_section)
+        # a job's engine is built per call, with an empty prefix cache, and runs a deterministic
+        # schedule: its outputs are reproducible with token-granular prefix reuse (block 1), which
+        # saves the most prefill on a job's short prompts
+        cfg = cfg.model_copy(update={"prefix_block_tokens": 1})
         vocab = getattr(getattr(model, "config", None), "vocab_size", None)
         if vocab:  # the cold-start output entropy is normalised by the served model's vocabulary
             cfg = cfg.model_copy(update={"coldstart": cfg.coldstart.model_copy(update={"vocab_size": int(vocab)})})
@@ -175,7 +179,8 @@ class SchedRolloutBackend(RolloutBackend):
                         task_family=self.task_family) for i in range(B)]
         side, self._side = self._side, []
         engine = _JobEngine(self.model, temperature=temperature, min_new_tokens=min_new_tokens, eos_id=eos_id,
-                            slice_tokens=self.config.slice_tokens, seed=int(seed), num_threads=self.num_threads)
+                            slice_tokens=self.config.slice_tokens, seed=int(seed), num_threads=self.num_threads,
+                            block_tokens=1)
         self.scheduler.on_engine_cache_reset()  # a fresh engine holds no prefix KV: credit none from earlier calls
         source = _CallSource(reqs + side, self.version, engine.now)
         want = set(ids)

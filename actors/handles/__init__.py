@@ -27,10 +27,10 @@ from actors.handles.base import (  # noqa: F401  (the timeouts, re-exported)
     HEARTBEAT_TIMEOUT_S, PLACE_TIMEOUT_S, QUERY_TIMEOUT_S, REGISTER_TIMEOUT_S, RELEASE_TIMEOUT_S, REPORT_TIMEOUT_S,
     RETRY_PAUSE_S, ActorLost, CallTimeout, Pending, gather, run_in_actor, start_actor, unwrap, watch_failures,
 )
-from actors.handles.rollout import RolloutReplicaHandle, RolloutServiceHandle
+from actors.handles.rollout import RolloutIngressHandle, RolloutReplicaHandle, RolloutServiceHandle
 from actors.handles.runtime import ControllerHandle, WorkerHandle
 from actors.handles.scheduler import AsyncSchedulerHandle, SchedulerHandle
 
 __all__ = ["ActorLost", "CallTimeout", "Pending", "gather", "watch_failures", "start_actor", "unwrap",
            "SchedulerHandle", "AsyncSchedulerHandle", "ControllerHandle", "WorkerHandle",
-           "RolloutReplicaHandle", "RolloutServiceHandle"]
+           "RolloutIngressHandle", "RolloutReplicaHandle", "RolloutServiceHandle"]

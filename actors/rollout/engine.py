@@ -1,25 +1,28 @@
 """Engine side of rollout request scheduling: engines that take their batches from
-:class:`rollmux.rollout_sched.RolloutRequestScheduler`, and the engine loop :func:`serve`.
+:class:`rollmux.rollout_sched.RolloutRequestScheduler`, and the in-process engine loop :func:`serve`.
 
 Engines (one interface, :class:`RolloutEngine`):
 
 * :class:`CPUEngine`: a tiny transformers causal LM built from a config (no download); prefill
   then a manual decode loop with a KV cache per request, ``slice_tokens`` decode steps per running
   generation per window. Reward queries are answered by a cheap scorer (one forward pass),
-  replay items by a prompt log-probability pass, state queries by a short generation.
-* :class:`SimulatedEngine`: the same contract on a virtual clock with a cost model of one H20
-  serving a 7B model (prefill FLOPs, memory-bound decode steps), for scale runs.
+  replay items by a prompt log-probability pass, state queries by a short generation. It loads
+  new weights (:meth:`CPUEngine.load_weights`) and reports their digest; every sampled token
+  records the weights version that sampled it.
+* :class:`actors.rollout.sim_engine.SimulatedEngine`: the same contract on a virtual clock with a
+  cost model of one H20 serving a 7B model (prefill FLOPs, memory-bound decode steps), for scale runs.
 * :class:`actors.rollout.vllm_engine.VLLMEngine`: vLLM's ``LLMEngine`` with automatic prefix
   caching on (vLLM's CPU build in the test command, or CUDA).
 
-:func:`serve` runs scheduling windows: poll arrivals and cancellations (queued requests are dropped,
-running ones aborted: the engine stops them before the next slice, their KV slot is free in the
-same window) -> stage-1 budget + stage-2 ordering -> admit the batch -> run one time slice ->
-report completions. ``serve(..., sample_target=n)`` ends a step once ``n`` generations finished
-(over-sampling: the leftovers are aborted, not waited for). Because long generations advance one
-slice per window, a short reward query submitted while they run enters at the next slice boundary
-(time slices), and its wait is bounded (``MixedPolicy`` starvation bound).
-No Ray here: the RolloutWorker actor wraps an engine and calls :func:`serve`.
+:func:`serve` runs scheduling windows in this process: poll arrivals and cancellations (queued
+requests are dropped, running ones aborted: the engine stops them before the next slice, their KV
+slot is free in the same window), then one serving window
+(:func:`actors.rollout.window.run_window`: stage-1 budget + stage-2 ordering -> admit the batch ->
+run one time slice -> report completions; the rollout service's loop runs the same function).
+``serve(..., sample_target=n)`` ends a step once ``n`` generations finished (over-sampling: the
+leftovers are aborted, not waited for). Because long generations advance one slice per window, a
+short reward query submitted while they run enters at the next slice boundary (time slices), and
+its wait is bounded (``MixedPolicy`` starvation bound). No Ray here.
 """
 
 from __future__ import annotations
@@ -28,14 +31,13 @@ import contextlib
 import copy
 import hashlib
 import time
-from collections import OrderedDict
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Optional, Protocol
 
-import numpy as np
-
+from actors.rollout.window import LocalWindowEngine, drive, run_window
 from rollmux.rollout_sched import Completion, Request, RequestType, RolloutRequestScheduler
 
 
@@ -43,8 +45,14 @@ def _seed_of(request_id: str, seed: int) -> int:
     return int.from_bytes(hashlib.blake2b(f"{seed}:{request_id}".encode(), digest_size=8).digest(), "little") >> 1
 
 
+def request_seed(req: Request, engine_seed: int) -> int:
+    """Sampling seed of ``req``: its own ``seed`` when it names one (then the tokens do not depend
+    on the engine or replica), else derived from its id and the engine's seed."""
+    return int(req.seed) if req.seed is not None else _seed_of(req.request_id, engine_seed)
+
+
 class RolloutEngine(ABC):
-    """Contract of an engine driven by :func:`serve`. Times are seconds on ``now()``'s clock."""
+    """Contract of an engine driven by a serving window. Times are seconds on ``now()``'s clock."""
 
     @abstractmethod
     def now(self) -> float:
@@ -68,11 +76,20 @@ class RolloutEngine(ABC):
         """Requests in flight."""
 
     #: the engine drops its prefix KV when new weights are loaded (vLLM ``reset_prefix_cache``,
-    #: the CPU engine); :func:`serve` then tells the scheduler, which stops crediting old prefixes.
+    #: the CPU engine); the serving window then tells the scheduler, which stops crediting old prefixes.
     resets_prefix_cache_on_update: bool = True
+    #: the weights version the engine serves (moved by :meth:`load_weights` through a window).
+    weights_version: int = 0
 
     def on_weights_updated(self, version: int) -> None:  # noqa: B027 - optional hook
-        """New policy weights were loaded (engines with a prefix cache may reset it)."""
+        """The policy version moved without new weights here (engines with a prefix cache may reset it)."""
+
+    def load_weights(self, weights: Mapping[str, Any]) -> str:
+        """Install ``weights`` (name -> tensor, every tensor of the model) and return the digest of
+        the weights now served (:func:`actors.rollout.weights.state_digest`); all or nothing.
+        Raises ValueError naming a missing / unexpected tensor or a wrong shape / dtype;
+        NotImplementedError for an engine that cannot load weights."""
+        raise NotImplementedError(f"{type(self).__name__} cannot load weights")
 
     @abstractmethod
     def abort(self, request_ids: list[str]) -> None:
@@ -156,8 +173,9 @@ def serve(
     A source's ``cancelled()`` ids are dropped when queued and aborted when running, before the
     window's batch is chosen, so an aborted request's slot is reused in the same window.
     The engine's prefix cache and the scheduler's prefix credit move together: on a new policy
-    version the engine loads it (``on_weights_updated``) and, when it resets its prefix cache
+    version the engine is told (``on_weights_updated``) and, when it resets its prefix cache
     (``resets_prefix_cache_on_update``), the scheduler forgets every prefix.
+    Each window is :func:`actors.rollout.window.run_window` on the engine (in this process).
     ``on_window(now_s, batch, completions)`` is called after each slice (metrics, logging).
     Raises RuntimeError when no progress is possible (queued requests that can never be admitted,
     nothing running, no next event).
@@ -166,16 +184,10 @@ def serve(
         raise ValueError(f"sample_target must be >= 1, got {sample_target}")
     stats = ServeStats()
     t_wall = time.monotonic()
-    version = None
     stuck = 0
     samples = 0
     mine: set[str] = set()  # requests of this call (the scheduler may hold others')
-
-    def abort_running() -> None:
-        ids = scheduler.take_aborts()
-        if ids:
-            engine.abort(ids)
-            stats.aborted += len(ids)
+    local = LocalWindowEngine(engine, version=scheduler.policy_version)
 
     while True:
         if stats.windows >= max_windows:
@@ -190,18 +202,11 @@ def serve(
             mine.add(r.request_id)
         for rid in getattr(source, "cancelled", lambda: ())():
             scheduler.cancel(rid)
-        abort_running()
-        v = source.policy_version()
-        if v != version:
-            version = v
-            if v != scheduler.policy_version:  # new weights: the engine loads them, maybe dropping its prefix KV
-                engine.on_weights_updated(v)
-                scheduler.set_policy_version(v, cache_reset=engine.resets_prefix_cache_on_update)
-        scheduler.set_trainer_waiting(source.trainer_waiting())
-        batch = scheduler.next_batch(now)
-        if batch:
-            engine.admit(batch, {r.request_id: scheduler.hit_of(r.request_id) for r in batch})
-        if engine.running == 0:
+        out = drive(run_window(scheduler, local, now, version=source.policy_version(),
+                               cache_reset=engine.resets_prefix_cache_on_update,
+                               trainer_waiting=source.trainer_waiting(), engine_version=local.version))
+        stats.aborted += len(out.aborts)
+        if out.idle or not out.reply.stepped:
             nxt = source.next_event_s()
             if scheduler.pending == 0 and nxt is None:
                 if source.done():
@@ -219,151 +224,30 @@ def serve(
             stats.windows += 1
             continue
         stuck = 0
-        comps = engine.step()
         stats.windows += 1
-        comps = [c for c in comps if c.request_id in scheduler.inflight]  # an aborted request's late result
-        for c in comps:
-            if scheduler.inflight[c.request_id][0].req.type is RequestType.GENERATION:
+        comps = []
+        for req, res in out.completed:
+            if req.type is RequestType.GENERATION:
                 samples += 1
-            scheduler.on_complete(c.request_id, c.output_token_ids, c.finished_s)
+            c = Completion(res.id, tuple(res.output_token_ids), res.finished_s, score=res.score,
+                           token_versions=tuple(res.token_versions) if res.token_versions is not None else None)
             source.on_complete(c, c.finished_s)
+            comps.append(c)
         stats.completed += len(comps)
         if on_window is not None:
-            on_window(now, batch, comps)
+            on_window(now, out.batch, comps)
         if sample_target is not None and samples >= sample_target:
             for rid in list(scheduler.queue) + list(scheduler.inflight):
                 if rid in mine:
                     scheduler.cancel(rid)
-            abort_running()
+            ids = scheduler.take_aborts()
+            if ids:
+                local.abort(ids)
+                stats.aborted += len(ids)
             stats.stopped_by = "sample_target"
             break
     stats.end_s = engine.now()
     return stats
-
-
-# ----------------------------------------------------------------------------- simulated engine
-@dataclass(frozen=True)
-class SimCostModel:
-    """Roofline cost model of one inference GPU, seconds.
-
-    Defaults: a 7B bf16 policy on one H20 (148 TFLOP/s, 4.0 TB/s) at ~50% MFU: one token of
-    compute = 2 x 7e9 FLOP / 74e12 FLOP/s = 1.9e-4 s (prefill per token; decode per running
-    sequence). A decode step takes max(memory time, compute time): memory = the weights
-    (14 GB / 4 TB/s = 3.5 ms) + every running sequence's KV (57 KB/token / 4 TB/s = 1.4e-8 s/token);
-    compute = running sequences x 1.9e-4 s.
-    """
-
-    prefill_s_per_token: float = 1.9e-4
-    prefill_base_s: float = 2e-3
-    decode_base_s: float = 3.5e-3
-    decode_s_per_seq: float = 1.9e-4
-    decode_s_per_kv_token: float = 1.4e-8
-
-
-@dataclass
-class _SimReq:
-    req: Request
-    remaining: int
-    kv: int
-    out: list[int] = field(default_factory=list)
-
-
-class SimulatedEngine(RolloutEngine):
-    """Virtual-clock engine with :class:`SimCostModel`.
-
-    Args:
-        slice_tokens: decode steps per window.
-        output_len: true output length of a request (default ``max_tokens``), capped at max_tokens.
-        output_tokens: ``(request, n) -> tokens`` generated (default: uniform over 32000 ids).
-        cost: the cost model. Prefix hits skip their prefill tokens (the engine's prefix cache).
-    """
-
-    def __init__(
-        self,
-        slice_tokens: int = 32,
-        *,
-        output_len: Callable[[Request], int] | None = None,
-        output_tokens: Callable[[Request, int], tuple[int, ...]] | None = None,
-        cost: SimCostModel = SimCostModel(),
-        seed: int = 0,
-    ):
-        self.slice_tokens = slice_tokens
-        self.cost = cost
-        self._len = output_len or (lambda r: r.max_tokens)
-        rng = np.random.default_rng(seed)
-        self._tok = output_tokens or (lambda r, n: tuple(int(x) for x in rng.integers(0, 32000, n)))
-        self.clock = 0.0
-        self._run: list[_SimReq] = []
-        self._new: list[tuple[_SimReq, int]] = []
-        self.busy_s = 0.0
-        self.prefill_tokens = 0
-        self.prefill_saved_tokens = 0
-        self.decode_tokens = 0
-
-    def now(self) -> float:
-        return self.clock
-
-    def idle_until(self, t_s: float) -> None:
-        self.clock = max(self.clock, t_s)
-
-    @property
-    def running(self) -> int:
-        return len(self._run) + len(self._new)
-
-    def admit(self, batch: list[Request], hits: dict[str, int]) -> None:
-        for r in batch:
-            n = 0 if r.type is RequestType.REPLAY else max(1, min(r.max_tokens, int(self._len(r))))
-            self._new.append((_SimReq(r, n, len(r.prompt_token_ids)), hits.get(r.request_id, 0)))
-
-    def abort(self, request_ids: list[str]) -> None:
-        ids = set(request_ids)
-        self._run = [s for s in self._run if s.req.request_id not in ids]
-        self._new = [(s, h) for s, h in self._new if s.req.request_id not in ids]
-
-    def step(self) -> list[Completion]:
-        c, t = self.cost, self.clock
-        done: list[Completion] = []
-        if self._new:
-            toks = sum(len(s.req.prompt_token_ids) - h for s, h in self._new)
-            self.prefill_tokens += toks
-            self.prefill_saved_tokens += sum(h for _, h in self._new)
-            t += c.prefill_base_s + c.prefill_s_per_token * toks
-            for s, _ in self._new:
-                if s.remaining > 0:  # prefill emits the first token
-                    s.remaining -= 1
-                    s.kv += 1
-                if s.remaining == 0:
-                    done.append(self._finish(s, t))
-                else:
-                    self._run.append(s)
-            self._new = []
-        for _ in range(self.slice_tokens):
-            if not self._run:
-                break
-            kv = sum(s.kv for s in self._run)
-            t += max(c.decode_base_s + c.decode_s_per_kv_token * kv, c.decode_s_per_seq * len(self._run))
-            self.decode_tokens += len(self._run)
-            still = []
-            for s in self._run:
-                s.remaining -= 1
-                s.kv += 1
-                if s.remaining == 0:
-                    done.append(self._finish(s, t))
-                else:
-                    still.append(s)
-            self._run = still
-        self.busy_s += t - self.clock
-        self.clock = t
-        return done
-
-    def _finish(self, s: _SimReq, t: float) -> Completion:
-        r = s.req
-        if r.type is RequestType.REPLAY:
-            return Completion(r.request_id, (), t, score=0.0)
-        n = min(r.max_tokens, int(self._len(r)))
-        out = self._tok(r, max(1, n))
-        score = float(sum(out) % 1000) / 1000.0 if r.type is RequestType.REWARD else None
-        return Completion(r.request_id, tuple(out), t, score=score)
 
 
 # ----------------------------------------------------------------------------- CPU engine
@@ -374,6 +258,9 @@ class _Live:
     next_token: int
     out: list[int]
     gen: Any
+    next_version: int = 0
+    versions: list[int] = field(default_factory=list)
+    logprobs: Optional[list[float]] = None
 
 
 class _WallClockEngine(RolloutEngine):
@@ -391,14 +278,20 @@ class _WallClockEngine(RolloutEngine):
 class CPUEngine(_WallClockEngine):
     """A tiny transformers causal LM on CPU (built from a ``LlamaConfig``; random weights, no download).
 
-    Generation: one prefill forward, then a manual decode loop reusing the KV cache
-    (``past_key_values``), ``slice_tokens`` tokens per running request per :meth:`step`; stops at
-    ``eos_token_id`` (if set) or ``max_tokens``. Prefix caching: the KV of the last
-    ``prefix_cache_entries`` prompts is kept; a new prompt copies the entry with the longest common
-    prefix, crops it to that prefix and prefills only the rest (``prefill_tokens_reused`` /
-    ``prefill_tokens_computed`` count it); the cache is dropped on a weight update. Sampling is seeded per request id, so a request's
-    output does not depend on what it was batched with. Reward query: score = sigmoid(logit[1] -
-    logit[0]) at the last prompt position (one forward). Replay: mean log-probability of the prompt.
+    Generation: prefill, then a manual decode loop reusing the KV cache, ``slice_tokens`` tokens
+    per running request per :meth:`step`; stops at ``eos_token_id`` (if set) or ``max_tokens``.
+    Prefill runs in blocks of ``block_tokens`` positions ([0, B), [B, 2B), ..., then the rest),
+    and prefix caching reuses whole blocks: the KV of the last ``prefix_cache_entries`` prompts is
+    kept; a new prompt copies the entry with the longest common prefix, crops it to the whole
+    blocks of that prefix (at most ``len - 1`` tokens: the last one runs to give logits) and
+    prefills only the rest (``prefill_tokens_reused`` / ``prefill_tokens_computed`` count it), as
+    vLLM's block-granular prefix cache does. Because a block's KV is always computed the same way
+    (same tokens, same earlier blocks), a request's logits, and so its tokens, are bit-identical
+    whether its prefix came from the cache or not: the output does not depend on what ran before
+    it, on which replica, or on the cache's state. The cache is dropped on a weight update.
+    Sampling is seeded per request (its ``seed``, else its id and ``seed``), so a request's output
+    does not depend on what it was batched with. Reward query: score = sigmoid(logit[1] - logit[0])
+    at the last prompt position. Replay: mean log-probability of the prompt (one full forward).
 
     Args:
         vocab_size, hidden_size, num_layers, num_heads, num_kv_heads: model shape.
@@ -407,6 +300,9 @@ class CPUEngine(_WallClockEngine):
         seed: weight-init and sampling seed.
         model: an existing transformers causal LM to serve instead of building one (the rollout
             backend ``sched`` passes the job's policy); the shape arguments are then ignored.
+        block_tokens: prefill block (and prefix-reuse granularity), tokens (vLLM's default block is 16).
+            1: any prefix is reused and the rest runs in one forward (fewest forwards; a prompt's
+            logits may then differ in their last bits with the cache's state).
     """
 
     def __init__(
@@ -424,33 +320,28 @@ class CPUEngine(_WallClockEngine):
         num_threads: int | None = 1,
         prefix_cache_entries: int = 16,
         model: Any = None,
+        block_tokens: int = 16,
     ):
         import inspect
 
         import torch
-        from transformers import LlamaConfig, LlamaForCausalLM
 
         self._torch = torch
-        cfg = LlamaConfig(
-            vocab_size=vocab_size,
-            hidden_size=hidden_size,
-            intermediate_size=2 * hidden_size,
-            num_hidden_layers=num_layers,
-            num_attention_heads=num_heads,
-            num_key_value_heads=num_kv_heads,
-            max_position_embeddings=max_positions,
-        )
+        if block_tokens < 1:
+            raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
         if model is not None:  # an existing causal LM (e.g. a job's policy); shape args are ignored
             self.model = model.eval()
             vocab_size = int(model.config.vocab_size)
         else:
             with torch.random.fork_rng():
                 torch.manual_seed(seed)
-                self.model = LlamaForCausalLM(cfg).eval()
+                self.model = tiny_llama(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers,
+                                        num_heads=num_heads, num_kv_heads=num_kv_heads, max_positions=max_positions)
         self.vocab_size = vocab_size
         self.slice_tokens = slice_tokens
         self.eos = eos_token_id
         self.seed = seed
+        self.block_tokens = int(block_tokens)
         self._t0 = time.monotonic()
         self._live: list[_Live] = []
         self._done: list[Completion] = []
@@ -460,6 +351,9 @@ class CPUEngine(_WallClockEngine):
         self._pcache: OrderedDict[tuple[int, ...], Any] = OrderedDict()
         self.prefill_tokens_reused = 0
         self.prefill_tokens_computed = 0
+        self.weights_version = 0
+        self._want_lp: set[str] = set()
+        self._lp_done: dict[str, list[float]] = {}
         # transformers >= 5 renamed the forward's ``past_key_values`` to ``cache``
         self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
 
@@ -486,24 +380,32 @@ class CPUEngine(_WallClockEngine):
         return out.logits[0], out[self._cache_kw] if self._cache_kw in out else out.past_key_values
 
     def _prefill(self, ids: tuple[int, ...]):
-        """Prefill ``ids`` reusing the longest cached prompt prefix; returns (logits, cache)."""
-        best, hit = None, 0
+        """Prefill ``ids`` in blocks, reusing the whole blocks of the longest cached prompt prefix;
+        returns (logits of the last block run, cache)."""
+        best, common = None, 0
         for key in self._pcache:
             n = min(len(key), len(ids))
             k = 0
             while k < n and key[k] == ids[k]:
                 k += 1
-            if k > hit:
-                best, hit = key, k
-        hit = min(hit, len(ids) - 1)  # at least one token must run to produce logits
+            if k > common:
+                best, common = key, k
+        B = self.block_tokens
+        hit = (min(common, len(ids) - 1) // B) * B  # whole blocks; the last token always runs
+        cache = None
         if best is not None and hit > 0:
             self._pcache.move_to_end(best)
             cache = copy.deepcopy(self._pcache[best])
-            cache.crop(-(cache.get_seq_length() - hit))  # negative: tokens to drop (all versions)
-            logits, cache = self._forward(list(ids[hit:]), cache)
+            extra = cache.get_seq_length() - hit
+            if extra > 0:
+                cache.crop(-extra)  # negative: tokens to drop (all versions)
         else:
             hit = 0
-            logits, cache = self._forward(list(ids))
+        pos, logits = hit, None
+        while pos < len(ids):
+            end = len(ids) if B == 1 else min(len(ids), (pos // B + 1) * B)  # B == 1: the rest in one forward
+            logits, cache = self._forward(list(ids[pos:end]), cache)
+            pos = end
         self.prefill_tokens_reused += hit
         self.prefill_tokens_computed += len(ids) - hit
         if self.prefix_cache_entries > 0:
@@ -516,15 +418,65 @@ class CPUEngine(_WallClockEngine):
         """KV made by the old weights is stale: drop the prefix cache."""
         self._pcache.clear()
 
+    def load_weights(self, weights: Mapping[str, Any]) -> str:
+        """Install ``weights`` (every tensor of the model, same names, shapes and dtypes) in place,
+        drop the prefix cache; returns the digest of the weights now served. All or nothing:
+        raises ValueError naming the first mismatch before any tensor is written."""
+        from actors.rollout.weights import state_digest
+
+        live = self.model.state_dict()
+        missing, extra = sorted(set(live) - set(weights)), sorted(set(weights) - set(live))
+        if missing or extra:
+            raise ValueError(f"tensors: missing {missing[:4]}, unexpected {extra[:4]}")
+        for k, t in live.items():
+            w = weights[k]
+            if tuple(w.shape) != tuple(t.shape) or w.dtype != t.dtype:
+                raise ValueError(f"tensors.{k}: {w.dtype} {list(w.shape)}, the model's is {t.dtype} {list(t.shape)}")
+        with self._torch.no_grad():
+            for k, t in live.items():
+                t.copy_(weights[k])
+        self._pcache.clear()
+        return state_digest(self.model.state_dict())
+
+    def weights_sha256(self) -> str:
+        """Digest of the weights served now (:func:`actors.rollout.weights.state_digest`)."""
+        from actors.rollout.weights import state_digest
+
+        return state_digest(self.model.state_dict())
+
     def abort(self, request_ids: list[str]) -> None:
         ids = set(request_ids)
         self._live = [s for s in self._live if s.req.request_id not in ids]
         self._done = [c for c in self._done if c.request_id not in ids]
+        for rid in ids:
+            self._want_lp.discard(rid)
+            self._lp_done.pop(rid, None)
+
+    def want_logprobs(self, request_id: str) -> None:
+        """Record the log-probability of each token ``request_id`` samples (call before admitting it)."""
+        self._want_lp.add(request_id)
+
+    def take_logprobs(self, request_id: str) -> list[float] | None:
+        """The token log-probabilities of a finished request that asked (None otherwise); forgets them."""
+        self._want_lp.discard(request_id)
+        return self._lp_done.pop(request_id, None)
 
     def _sample(self, logits, gen, drawn: int) -> int:
         """Sample one token; ``drawn`` = tokens this request has sampled before (hook for subclasses)."""
         torch = self._torch
         return int(torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=gen))
+
+    def _draw(self, s: _Live, logits) -> None:
+        """Sample ``s``'s next token from ``logits`` with the weights served now."""
+        s.next_token = self._sample(logits, s.gen, len(s.out))
+        s.next_version = self.weights_version
+        if s.logprobs is not None:
+            s.logprobs.append(float(self._torch.log_softmax(logits.float(), -1)[s.next_token]))
+
+    def _finish(self, s: _Live) -> Completion:
+        if s.logprobs is not None:
+            self._lp_done[s.req.request_id] = s.logprobs[:len(s.out)]
+        return Completion(s.req.request_id, tuple(s.out), self.now(), token_versions=tuple(s.versions))
 
     def admit(self, batch: list[Request], hits: dict[str, int]) -> None:
         torch = self._torch
@@ -542,25 +494,40 @@ class CPUEngine(_WallClockEngine):
                     score = float(lp.gather(1, torch.tensor(ids[1:]).unsqueeze(1)).mean()) if len(ids) > 1 else 0.0
                     self._done.append(Completion(r.request_id, (), self.now(), score=score))
                 else:
-                    gen = torch.Generator().manual_seed(_seed_of(r.request_id, self.seed))
+                    gen = torch.Generator().manual_seed(request_seed(r, self.seed))
                     logits, cache = self._prefill(r.prompt_token_ids)
-                    self._live.append(_Live(r, cache, self._sample(logits[-1], gen, 0), [], gen))
+                    s = _Live(r, cache, 0, [], gen, logprobs=[] if r.request_id in self._want_lp else None)
+                    self._draw(s, logits[-1])
+                    self._live.append(s)
 
     def step(self) -> list[Completion]:
-        torch = self._torch
         done, self._done = self._done, []
         with self._threads():
             for _ in range(self.slice_tokens):
                 still = []
                 for s in self._live:
                     s.out.append(s.next_token)
-                    if len(s.out) >= s.req.max_tokens or s.next_token == self.eos:
-                        done.append(Completion(s.req.request_id, tuple(s.out), self.now()))
+                    s.versions.append(s.next_version)
+                    if len(s.out) >= s.req.max_tokens or (s.next_token == self.eos and not s.req.ignore_eos):
+                        done.append(self._finish(s))
                         continue
                     logits, s.cache = self._forward([s.next_token], s.cache)
-                    s.next_token = self._sample(logits[-1], s.gen, len(s.out))
+                    self._draw(s, logits[-1])
                     still.append(s)
                 self._live = still
                 if not self._live:
                     break
         return done
+
+
+def tiny_llama(*, vocab_size: int = 256, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
+               num_kv_heads: int = 2, max_positions: int = 2048) -> Any:
+    """The CPU engine's model: a ``LlamaForCausalLM`` of this shape with random weights (torch's
+    global RNG: seed it, or fork it, around the call). A trainer that serves its policy through the
+    rollout service builds the same (``examples/rollout_service_trainer.py``)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_positions)).eval()

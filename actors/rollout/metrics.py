@@ -67,7 +67,8 @@ def service_stats(svc: Any) -> dict:
                      "windows": r.windows, "engine_busy_s": round(r.engine_s, 6), "policy_version": r.version,
                      "kv_in_use_tokens": m["kv_in_use_tokens"], "prefix_hit_ratio": m["prefix_hit_ratio"],
                      "index_bytes": m["index_bytes"], "index_nodes": m["index_nodes"],
-                     "coldstart_phase": m.get("coldstart_phase")})
+                     "coldstart_phase": m.get("coldstart_phase"), "weights_version": r.weights_version,
+                     "weights_sha256": r.weights_sha256})
     span = now - svc._first_submit if svc._first_submit is not None else 0.0
     pt = list(svc._policy_times)
     steps = [b - a for a, b in zip(pt, pt[1:])]
@@ -84,6 +85,7 @@ def service_stats(svc: Any) -> dict:
         "diversity_score": _entropy(list(svc._families)),
         "index_bytes": sum(r["index_bytes"] for r in reps),
         "policy_version": svc.version,
+        "weight_version": svc.updater.latest.version if svc.updater.latest is not None else None,
         "min_policy_version": svc.min_version,
         "queued": status["queued"],
         "running": status["running"],
@@ -138,6 +140,7 @@ def render_prometheus(stats: dict) -> bytes:
     g("diversity_score", "normalised entropy of recent task families", stats["diversity_score"])
     g("index_bytes", "prefix index memory figure, bytes", stats["index_bytes"])
     g("policy_version", "current policy version", stats["policy_version"])
+    g("weight_version", "latest complete weights version (POST /v1/weights...)", stats.get("weight_version"))
     for k, v in stats["queued_by_class"].items():
         g("queued", "requests queued per priority class", v, ("cls",), cls=k)
     g("running", "requests running", stats["running"])
@@ -153,4 +156,6 @@ def render_prometheus(stats: dict) -> bytes:
         g("replica_running", "requests running on the replica", r["running"], ("replica",), replica=i)
         g("replica_index_bytes", "prefix index bytes of the replica", r["index_bytes"], ("replica",), replica=i)
         g("replica_prefix_hit_ratio", "prefix hit ratio of the replica", r["prefix_hit_ratio"], ("replica",), replica=i)
+        g("replica_weights_version", "weights version the replica serves", r.get("weights_version"), ("replica",),
+          replica=i)
     return generate_latest(reg)

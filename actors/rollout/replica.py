@@ -1,49 +1,30 @@
 """One engine replica of the rollout service: an actor around a :class:`actors.rollout.engine.CPUEngine`.
 
 The service's serving loop for this replica (``actors/rollout/service.py``) owns the scheduler;
-each :meth:`EngineReplica.window` call is one scheduling window on the engine: load a new policy
-version first (the engine drops its prefix KV, made by the old weights), stop aborted requests
-(their KV freed before the batch starts), start the batch, run one time slice (``slice_tokens``
-decode steps per running generation) and report what finished. Requests that asked for them get
-the log-probability of each sampled token. With ``service.engine: vllm`` a
-:class:`actors.rollout.vllm_engine.VLLMEngine` takes the same place (no token log-probs there),
-its KV cache sized to the scheduler's ``kv_capacity_tokens`` and its context to ``context_tokens``.
+each :meth:`EngineReplica.window` call is the engine side of one serving window
+(:class:`actors.rollout.window.LocalWindowEngine`, the same code the in-process loop runs): load
+new weights first when the call carries them (the engine drops its prefix KV, made by the old
+weights, and reports the digest of what it serves now), stop aborted requests (their KV freed
+before the batch starts), start the batch, run one time slice (``slice_tokens`` decode steps per
+running generation) and report what finished, with the weights version of every token. Requests
+that asked for them get the log-probability of each sampled token.
+
+Weights also arrive over the topology-aware sync plan (:meth:`EngineReplica.receive_sync`: this
+replica is rollout worker ``j`` of the plan; the received tensors wait, staged, until a window
+installs them) and leave as a safetensors file (:meth:`EngineReplica.export_weights`). With
+``service.engine: vllm`` a :class:`actors.rollout.vllm_engine.VLLMEngine` takes the same place (no
+token log-probs, no weight loads through the service's routes yet), its KV cache sized to the
+scheduler's ``kv_capacity_tokens`` and its context to ``context_tokens``.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Any
+from typing import Any, Optional
 
-from actors.rollout.engine import CPUEngine, _seed_of
-from rollmux.rollout_sched import RequestType
-from rollmux.rollout_sched.api import EngineResult, WindowCall, WindowReply
-
-
-class _LogprobEngine(CPUEngine):
-    """CPUEngine that keeps the log-probability of each token it samples for the requests that ask
-    (a request's sampling generator is seeded by its id, so the generator names the request)."""
-
-    def __init__(self, **kw: Any):
-        super().__init__(**kw)
-        self._want: dict[int, str] = {}  # generator seed -> request id
-        self._lp: dict[str, list[float]] = {}
-
-    def want_logprobs(self, request_id: str) -> None:
-        self._want[_seed_of(request_id, self.seed)] = request_id
-        self._lp[request_id] = []
-
-    def _sample(self, logits, gen, drawn: int) -> int:
-        tok = super()._sample(logits, gen, drawn)
-        rid = self._want.get(gen.initial_seed())
-        if rid is not None:
-            self._lp[rid].append(float(self._torch.log_softmax(logits.float(), -1)[tok]))
-        return tok
-
-    def take_logprobs(self, request_id: str) -> list[float] | None:
-        """The request's token log-probabilities (None when it did not ask); forgets them."""
-        self._want.pop(_seed_of(request_id, self.seed), None)
-        return self._lp.pop(request_id, None)
+from actors.rollout.engine import CPUEngine
+from actors.rollout.window import LocalWindowEngine
+from rollmux.rollout_sched.api import WindowCall, WindowReply
+from rollmux.rollout_sched.weights import SyncOffer, SyncReceipt, TensorSpec, WeightsLoad
 
 
 class EngineReplica:
@@ -60,40 +41,76 @@ class EngineReplica:
             self.engine: Any = VLLMEngine(cfg.service.vllm_model, slice_steps=cfg.slice_tokens, seed=seed,
                                           kv_capacity_tokens=cfg.budget.kv_capacity_tokens,
                                           max_model_len=cfg.service.context_tokens)
+            self.local = LocalWindowEngine(self.engine)
         else:
-            self.engine = _LogprobEngine(vocab_size=cfg.coldstart.vocab_size, max_positions=cfg.service.context_tokens,
-                                         slice_tokens=cfg.slice_tokens, seed=seed, num_threads=cfg.service.engine_threads)
-        self.version = 0
-        self._max_tokens: dict[str, int] = {}
+            self.engine = CPUEngine(vocab_size=cfg.coldstart.vocab_size, max_positions=cfg.service.context_tokens,
+                                    slice_tokens=cfg.slice_tokens, seed=seed, num_threads=cfg.service.engine_threads,
+                                    block_tokens=cfg.prefix_block_tokens)
+            self.local = LocalWindowEngine(self.engine, logprob_hooks=(self.engine.want_logprobs,
+                                                                       self.engine.take_logprobs),
+                                           resolve=self._resolve)
+        self._staged: Optional[tuple[int, dict]] = None  # (version, tensors) received over a sync plan
+        self._endpoints: dict[str, Any] = {}
 
     def ping(self) -> int:
         return self.index
 
     def window(self, call: WindowCall) -> WindowReply:
-        e = self.engine
+        return self.local.run(call)
+
+    def manifest(self) -> list[TensorSpec]:
+        """Name, dtype and shape of every tensor the engine serves (what an update must match)."""
+        from actors.rollout.weights import specs_of
+
+        return specs_of(self.engine.model.state_dict())
+
+    def weights_sha256(self) -> str:
+        return self.engine.weights_sha256()
+
+
+    # ------------------------------------------------------------------ weights over a sync plan
+    def _resolve(self, load: WeightsLoad) -> Any:
+        """The tensors of ``load``: the staged ones of a sync-plan version (a load without bytes),
+        else its file decoded."""
+        from actors.rollout.weights import decode
+
+        if not load.data:
+            if self._staged is None or self._staged[0] != load.version:
+                raise ValueError(f"weights: version {load.version} was announced as staged, but this replica "
+                                 f"holds {None if self._staged is None else self._staged[0]}")
+            tensors = self._staged[1]
+            self._staged = None
+            return tensors
+        return decode(load)
+
+    def receive_sync(self, offer: SyncOffer) -> SyncReceipt:
+        """Receive ``offer.version`` as rollout worker ``offer.rollout_index`` of its plan (all or
+        nothing: a failed transfer raises and leaves nothing staged); the tensors wait, staged,
+        until a window installs them. Windows of this replica wait while it receives."""
+        import time
+
+        from actors.rollout.weights import state_digest
+        from collectives import open_endpoint
+
         t0 = time.perf_counter()
-        if call.policy_version != self.version:
-            e.on_weights_updated(call.policy_version)
-            self.version = call.policy_version
-        lp = isinstance(e, _LogprobEngine)
-        if call.aborts:
-            e.abort(call.aborts)
-            for rid in call.aborts:
-                self._max_tokens.pop(rid, None)
-                if lp:
-                    e.take_logprobs(rid)
-        if call.batch:
-            for rid in call.logprobs if lp else ():
-                e.want_logprobs(rid)
-            for r in call.batch:
-                self._max_tokens[r.request_id] = r.max_tokens
-            e.admit(call.batch, call.hits)
-        done = e.step() if e.running else []
-        out = []
-        for c in done:
-            toks = list(c.output_token_ids)
-            cap = self._max_tokens.pop(c.request_id, 0)
-            reason = "length" if c.score is None and len(toks) >= cap else "stop"
-            out.append(EngineResult(id=c.request_id, output_token_ids=toks, score=c.score,
-                                    logprobs=e.take_logprobs(c.request_id) if lp else None, finish_reason=reason))
-        return WindowReply(results=out, running=e.running, engine_s=time.perf_counter() - t0)
+        key = f"{offer.job_id}/{offer.plan.digest()}"
+        ep = self._endpoints.get(key)
+        if ep is None or ep.broken:
+            for old in self._endpoints.values():
+                old.close()
+            self._endpoints = {}
+            ep = open_endpoint(offer.plan, "rollout", offer.rollout_index, backend=offer.backend, addr=offer.addr,
+                               job_id=offer.job_id, timeout_s=offer.timeout_s, bind_host=offer.bind_host)
+            self._endpoints[key] = ep
+        tensors = ep.receive(self.engine.model.state_dict())
+        self._staged = (offer.version, tensors)
+        return SyncReceipt(rollout_index=offer.rollout_index, version=offer.version, sha256=state_digest(tensors),
+                           received_bytes=sum(int(t.numel()) * int(t.element_size()) for t in tensors.values()),
+                           recv_s=time.perf_counter() - t0)
+
+    def export_weights(self, version: int) -> WeightsLoad:
+        """The staged sync-plan version ``version`` (else the weights served) as a complete load."""
+        from actors.rollout.weights import encode, state_digest
+
+        sd = self._staged[1] if self._staged is not None and self._staged[0] == version else self.engine.model.state_dict()
+        return WeightsLoad(version=version, sha256=state_digest(sd), data=encode(sd), source="sync")

@@ -1,25 +1,26 @@
 """The rollout service: one actor owning a serving loop per engine replica of a rollout pool.
 
-Trainers reach it over HTTP (``serve_api/rollouts.py``, on the admission API's Serve app and
-port); the HTTP face calls it through :class:`actors.handles.RolloutServiceHandle`. Per replica
-the actor holds a :class:`rollmux.rollout_sched.RolloutRequestScheduler` (the mixed-request
-policy: classes, prefix index with version expiry, two-stage budget, cold start) and runs its
-loop as an asyncio task: choose the window's batch (stage 1 budget + stage 2 ordering), send it
-with the aborts and the current policy version to the replica's engine actor
-(``actors/rollout/replica.py``, one call per window), record what finished. Weight updates are
-applied between windows. Requests are routed to the replica with the best prefix match and room in
-its budget (:func:`rollmux.rollout_sched.routing.route`).
+Trainers reach it over HTTP (``serve_api/rollouts.py``, ``serve_api/weights.py``: on the admission
+API's Serve app, and on the rollout ingress without Serve's proxy) through
+:class:`actors.handles.RolloutServiceHandle`. Per replica the actor holds a
+:class:`rollmux.rollout_sched.RolloutRequestScheduler` (mixed-request policy: classes, prefix index
+with version expiry, two-stage budget, cold start) and runs serving windows
+(:func:`actors.rollout.window.run_window`, the function the in-process loop runs too) on the
+replica's engine actor (``actors/rollout/replica.py``). Requests go to the replica with the best
+prefix match and room in its budget (:func:`rollmux.rollout_sched.routing.route`). A generation
+may name the request that follows it (``then``): the service queues it when the sample ends.
 
-Bounds and faults:
+Weights (:mod:`actors.rollout.weight_updater`): a checked update becomes the latest complete
+version; each replica loads it at a window boundary after its pause mode (``keep`` / ``abort`` /
+``wait``); the update answers when every live replica serves it. A replacement replica loads the
+latest complete version before it serves anything.
 
-- at most ``queue_capacity`` requests queued over all replicas: a submit that would pass it is
-  refused whole (nothing enqueued); finished results kept: ``max_results`` (oldest dropped);
-- a replica whose engine dies: its queued requests are routed to the live replicas; its running
-  critical requests are retried once there (a second loss fails them, ``replica_lost``); its
-  running non-critical requests fail with ``finish_reason = "replica_lost"``; none is lost silently;
-  a replacement replica is started in its place (at most ``max_replica_restarts`` times);
-- a stream's requests carry a lease renewed by each poll; when it lapses (the client went away)
-  the unfinished ones are cancelled, ``disconnect_grace_s`` after the last poll.
+Bounds and faults: at most ``queue_capacity`` requests queued (a submit past it is refused whole);
+``max_results`` finished results kept. A replica that dies (or fails a window): its queued
+requests are routed to the live replicas, its running critical ones retried once there, its running
+non-critical ones fail with ``finish_reason = "replica_lost"`` (none lost silently), and a
+replacement starts (at most ``max_replica_restarts``). A stream's requests carry a lease renewed by
+each poll; ``disconnect_grace_s`` after the last one (the client went away) they are cancelled.
 
 Source: the rollout service interface and metrics of the mixed-request scheduler (docs/ROLLOUT_SERVICE.md).
 """
@@ -31,25 +32,32 @@ import logging
 import time
 import uuid
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from actors.handles import ActorLost, RolloutReplicaHandle, RolloutServiceHandle, start_actor
 from actors.naming import NAMESPACE, control_plane_resources
+from actors.rollout.intake import check_request
+from actors.rollout.records import MAX_TURNS, ReplicaState, RequestRecord, Session
+from actors.rollout.weight_updater import WeightUpdater
+from actors.rollout.window import run_window
 from rollmux.rollout_sched import RadixPrefixIndex, Request, RequestType, RolloutRequestScheduler, RolloutSchedConfig
 from rollmux.rollout_sched.api import (
-    TERMINAL, Accepted, ByteTokenizer, CancelReply, FieldError, Limits, PolicyView, PollReply, Priority, Refusal,
-    RolloutIn, RolloutView, Status, SubmitBatch, SubmitReply, Timings, WindowCall,
+    TERMINAL, Accepted, CancelReply, ChainIn, FieldError, Limits, PolicyView, PollReply, Priority, Refusal,
+    RolloutView, Status, SubmitBatch, SubmitReply,
 )
 from rollmux.rollout_sched.config import DEFAULT_CONFIG_PATH, load_rollout_sched_config
 from rollmux.rollout_sched.routing import ReplicaLoad, expected_window, route
 from rollmux.rollout_sched.service_config import ServiceConfig
+from rollmux.rollout_sched.weights import (
+    DiskUpdateBody, SyncOffer, UploadStartBody, UploadView, WeightsView, WeightUpdateView,
+)
 
 log = logging.getLogger("rollmux.rollout_service")
 
 DEFAULT_SECTION = "cpu_engine"
 IDLE_WAIT_S = 0.5  # an idle loop wakes at least this often
 DIVERSITY_WINDOW = 256  # dispatched generations the diversity score looks back on
+MAX_STEPS_KEPT = 1024  # training steps the idle ratio and step time look back on
 
 
 def service_name(app_name: str) -> str:
@@ -57,73 +65,8 @@ def service_name(app_name: str) -> str:
     return f"rollmux-rollouts-{app_name}"
 
 
-@dataclass
-class _Rec:
-    """One request's state, written by the service only."""
-
-    id: str
-    req: Request
-    src: RolloutIn
-    priority: Priority
-    status: Status = Status.QUEUED
-    replica: Optional[int] = None
-    session_id: Optional[str] = None
-    matched: int = 0
-    submitted_s: float = 0.0
-    dispatched_s: Optional[float] = None
-    finished_s: Optional[float] = None
-    out: list[int] = field(default_factory=list)
-    score: Optional[float] = None
-    logprobs: Optional[list[float]] = None
-    finish_reason: Optional[str] = None
-    error: Optional[str] = None
-    retries: int = 0
-    lease_until: Optional[float] = None  # a stream holds it until then
-
-    def view(self) -> RolloutView:
-        t = Timings(submitted_s=round(self.submitted_s, 6), dispatched_s=self.dispatched_s, finished_s=self.finished_s,
-                    queue_wait_s=None if self.dispatched_s is None else round(self.dispatched_s - self.submitted_s, 6),
-                    run_s=None if self.finished_s is None or self.dispatched_s is None
-                    else round(self.finished_s - self.dispatched_s, 6))
-        gen = self.req.type in (RequestType.GENERATION, RequestType.STATE_QUERY)
-        return RolloutView(id=self.id, status=self.status, task_type=self.req.type, priority=self.priority,
-                           policy_version=self.req.policy_version, task_family=self.req.task_family,
-                           replica=self.replica, session_id=self.session_id, matched_prefix_tokens=self.matched,
-                           output_token_ids=list(self.out),
-                           text=ByteTokenizer.decode(self.out) if gen and self.status is Status.FINISHED else None,
-                           logprobs=self.logprobs, score=self.score, finish_reason=self.finish_reason,
-                           error=self.error, retries=self.retries, timings=t)
-
-
-@dataclass
-class _Replica:
-    index: int
-    handle: RolloutReplicaHandle
-    sched: RolloutRequestScheduler
-    name: str
-    alive: bool = True
-    version: int = 0  # the version its engine holds
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    windows: int = 0
-    engine_s: float = 0.0
-    task: Optional[asyncio.Task] = None
-    #: prompts routed here (queued ones included): routing affinity before the engine holds their KV
-    affinity: Optional[RadixPrefixIndex] = None
-
-    def backlog_kv(self) -> int:
-        es = self.sched.engine_state()
-        return sum(e.req.kv_tokens for e in self.sched.queue.values()) + es.kv_long_in_use_tokens + es.kv_short_in_use_tokens
-
-
-@dataclass
-class _Session:
-    replica: Optional[int]
-    tokens: list[int]
-    turns: list[str] = field(default_factory=list)  # request ids, oldest first (at most MAX_TURNS kept)
-
-
-MAX_TURNS = 1024  # request ids a session remembers for its stream
-MAX_STEPS_KEPT = 1024  # training steps the idle ratio and step time look back on
+def _priority(req: Request) -> Priority:
+    return Priority.CRITICAL if req.critical else Priority.BACKGROUND if req.request_class().value == 2 else Priority.REUSABLE
 
 
 class RolloutService:
@@ -140,16 +83,17 @@ class RolloutService:
         self.svc: ServiceConfig = cfg.service
         self.name = name
         self._t0 = time.monotonic()
-        self.recs: dict[str, _Rec] = {}  # live (queued / running)
-        self.done: OrderedDict[str, _Rec] = OrderedDict()  # ended, bounded by max_results
-        self.sessions: OrderedDict[str, _Session] = OrderedDict()
+        self.recs: dict[str, RequestRecord] = {}  # live (queued / running / a chained request waiting on its sample)
+        self.done: OrderedDict[str, RequestRecord] = OrderedDict()  # ended, bounded by max_results
+        self.sessions: OrderedDict[str, Session] = OrderedDict()
         self.version, self.min_version = 0, 0
         self._changed = asyncio.Event()
         self._started = False
         self._stopping = False
-        self.replicas: list[_Replica] = []
+        self.replicas: list[ReplicaState] = []
         self.counters = {k: 0 for k in ("submitted", "finished", "cancelled", "failed", "refused", "rerouted",
-                                        "retried", "lease_cancelled", "samples", "replica_restarts")}
+                                        "retried", "lease_cancelled", "samples", "replica_restarts", "chained",
+                                        "requeued", "weight_updates", "weight_updates_refused")}
         self._families: deque[str] = deque(maxlen=DIVERSITY_WINDOW)
         self._step_first: OrderedDict[int, float] = OrderedDict()  # policy version -> first critical submit
         self._step_last: dict[int, float] = {}  # -> last critical result
@@ -157,6 +101,8 @@ class RolloutService:
         self._submit_ms: deque[float] = deque(maxlen=4096)
         self._first_submit: Optional[float] = None
         self._critical_live = 0
+        self.updater = WeightUpdater(self.svc, replicas=lambda: self.replicas, advance=self._advance,
+                                     requeue=self._requeue_running, now=self._now, counters=self.counters)
 
     # ------------------------------------------------------------------ life cycle
     def _now(self) -> float:
@@ -169,7 +115,7 @@ class RolloutService:
         self.replicas = [self._spawn(i) for i in range(self.svc.num_replicas)]
         asyncio.get_running_loop().create_task(self._reaper())
 
-    def _spawn(self, i: int) -> _Replica:
+    def _spawn(self, i: int) -> ReplicaState:
         """Engine replica ``i`` (a new actor) and its serving loop."""
         from actors.rollout.replica import EngineReplica
 
@@ -178,8 +124,8 @@ class RolloutService:
             opts["resources"] = res
         rname = f"{self.name}-replica-{i}-{uuid.uuid4().hex[:6]}"  # fresh: never a killed predecessor's handle
         actor = start_actor(EngineReplica, (i, self.cfg.model_dump(mode="json")), name=rname, **opts)
-        rep = _Replica(i, RolloutReplicaHandle(actor, name=rname), RolloutRequestScheduler(self.cfg, self.svc.policy,
-                       log_limit=0), rname, affinity=self._affinity_index())
+        rep = ReplicaState(i, RolloutReplicaHandle(actor, name=rname), RolloutRequestScheduler(self.cfg, self.svc.policy,
+                           log_limit=0), rname, affinity=self._affinity_index())
         rep.sched.set_policy_version(self.version)
         rep.task = asyncio.get_running_loop().create_task(self._loop(rep))
         return rep
@@ -189,13 +135,15 @@ class RolloutService:
         return RadixPrefixIndex(ttl_versions=1 << 30, max_bytes=ic.max_bytes, node_overhead_bytes=ic.node_overhead_bytes,
                                 bytes_per_token=ic.bytes_per_token, evict_low_watermark=ic.evict_low_watermark)
 
-    async def ready(self) -> dict:
+    async def ready(self) -> Limits:
+        """Wait until every replica's engine is built (and the engine's tensors are known) -> the limits."""
         self._start()
         await asyncio.gather(*(r.handle.ping(timeout_s=300) for r in self.replicas if r.alive))
-        return self.limits_now().model_dump()
+        await self.updater.manifest()
+        return self.limits_now()
 
     async def shutdown(self) -> None:
-        self._stopping = True
+        self._stopping = self.updater.stopping = True
         for r in self.replicas:
             r.wake.set()
             try:
@@ -207,50 +155,26 @@ class RolloutService:
         self._start()
         return [r.name for r in self.replicas]
 
-    async def configure(self, overrides: dict) -> dict:
+    async def configure(self, overrides: dict) -> ServiceConfig:
         """Change the run-time settings (``queue_capacity``, ``disconnect_grace_s``, limits...);
         ``num_replicas`` / ``policy`` only take effect before the first call."""
         self.svc = ServiceConfig.model_validate({**self.svc.model_dump(), **overrides})
-        return self.svc.model_dump()
+        self.updater.configure(self.svc)
+        return self.svc
 
     def limits_now(self) -> Limits:
         s = self.svc
         return Limits(vocab_size=self.cfg.coldstart.vocab_size, max_tokens_limit=s.max_tokens_limit,
                       context_tokens=min(s.context_tokens, self.cfg.budget.kv_capacity_tokens),
                       max_submit_requests=s.max_submit_requests, max_request_bytes=s.max_request_bytes,
-                      queue_capacity=s.queue_capacity, num_replicas=s.num_replicas, policy=s.policy)
+                      queue_capacity=s.queue_capacity, num_replicas=s.num_replicas, policy=s.policy,
+                      policy_version=self.version, model_name=s.model_name,
+                      weights_chunk_bytes=s.weights_chunk_bytes, max_weights_bytes=s.max_weights_bytes)
 
     async def limits(self) -> Limits:
         return self.limits_now()
 
     # ------------------------------------------------------------------ submit
-    def _check(self, i: int, r: RolloutIn, lim: Limits) -> tuple[Optional[Refusal], list[int], Optional[_Session]]:
-        f = f"requests.{i}"
-        bad = lambda fld, msg, typ="value_error": (Refusal(  # noqa: E731
-            status=422, error="invalid_request", detail=f"{f}.{fld}: {msg}",
-            errors=[FieldError(field=f"{f}.{fld}", msg=msg, type=typ)]), [], None)
-        toks = r.token_ids()
-        if max(toks) >= lim.vocab_size:
-            return bad("prompt_token_ids" if r.prompt_token_ids is not None else "prompt",
-                       f"token id {max(toks)} is outside the vocabulary [0, {lim.vocab_size})", "vocab_range")
-        if r.max_tokens > lim.max_tokens_limit:
-            return bad("max_tokens", f"{r.max_tokens} exceeds the engine's limit {lim.max_tokens_limit}", "less_than_equal")
-        sess = None
-        if r.session_id is not None:
-            sess = self.sessions.get(r.session_id)
-            if sess is None:
-                return bad("session_id", f"unknown session {r.session_id!r} (open one with open_session: true)",
-                           "unknown_session")
-        ctx = (len(sess.tokens) if sess else 0) + len(toks) + r.max_tokens
-        if ctx > lim.context_tokens:
-            return bad("max_tokens", f"session history + prompt + max_tokens = {ctx} tokens exceeds the context "
-                       f"of {lim.context_tokens} tokens", "context_length")
-        if r.policy_version < self.min_version:
-            return (Refusal(status=409, error="stale_policy_version",
-                            detail=f"{f}.policy_version: {r.policy_version} is older than the service's minimum "
-                                   f"{self.min_version} (current policy version {self.version})"), [], None)
-        return None, toks, sess
-
     async def submit(self, batch: SubmitBatch) -> SubmitReply | Refusal:
         """Queue every request of ``batch`` or none: a field error -> 422 naming it, an old policy
         version -> 409, a full queue -> 429 (``retry_after_s``)."""
@@ -262,7 +186,7 @@ class RolloutService:
                            errors=[FieldError(field="requests", msg=f"at most {lim.max_submit_requests}", type="too_long")])
         checked = []
         for i, r in enumerate(batch.requests):
-            refusal, toks, sess = self._check(i, r, lim)
+            refusal, toks, sess = check_request(i, r, lim, self.sessions, self.version, self.min_version)
             if refusal is not None:
                 self.counters["refused"] += 1
                 return refusal
@@ -283,14 +207,14 @@ class RolloutService:
             rid = f"r-{uuid.uuid4().hex[:16]}"
             critical, background = r.flags()
             full = (sess.tokens if sess else []) + toks
+            version = self.version if r.policy_version is None else r.policy_version
             req = Request(request_id=rid, prompt_token_ids=tuple(full), type=r.task_type, max_tokens=r.max_tokens,
-                          arrival_s=now, critical=critical, background=background, policy_version=r.policy_version,
-                          task_family=r.task_family)
-            prio = Priority.CRITICAL if critical else Priority.BACKGROUND if req.request_class().value == 2 else Priority.REUSABLE
-            rec = _Rec(rid, req, r, prio, submitted_s=now)
+                          arrival_s=now, critical=critical, background=background, policy_version=version,
+                          task_family=r.task_family, seed=r.seed, ignore_eos=r.ignore_eos)
+            rec = RequestRecord(rid, req, r, _priority(req), submitted_s=now)
             if r.open_session:
                 rec.session_id = rid
-                self.sessions[rid] = sess = _Session(None, list(full))
+                self.sessions[rid] = sess = Session(None, list(full))
                 while len(self.sessions) > self.svc.max_sessions:
                     self.sessions.popitem(last=False)
             elif r.session_id is not None:
@@ -301,27 +225,66 @@ class RolloutService:
                 sess.replica = rep.index
                 sess.turns.append(rid)
                 del sess.turns[:-MAX_TURNS]
-            if critical:
-                if r.policy_version not in self._step_first:
-                    self._step_first[r.policy_version] = now
-                    while len(self._step_first) > MAX_STEPS_KEPT:
-                        self._step_last.pop(self._step_first.popitem(last=False)[0], None)
-            q = rep.sched.queue[rid]
-            short = q.short
+            if r.then is not None:
+                self._hold_chain(rec, r.then, now)
+            if critical and version not in self._step_first:
+                self._step_first[version] = now
+                while len(self._step_first) > MAX_STEPS_KEPT:
+                    self._step_last.pop(self._step_first.popitem(last=False)[0], None)
+            short = rep.sched.queue[rid].short
             out.append(Accepted(id=rid, replica=rep.index, queue_position=rep.sched.pending, matched_prefix_tokens=rec.matched,
                                 expected_window=expected_window(rep.sched.window, rep.sched.pending,
                                                                 rep.sched.profile.max_batch_requests, short=short,
                                                                 short_slots_per_window=self.cfg.budget.short_slots_per_window,
                                                                 shorts_ahead=len(rep.sched.shorts) - 1),
-                                session_id=rec.session_id))
+                                session_id=rec.session_id, chained_id=rec.chained_id, policy_version=version))
         self.counters["submitted"] += len(out)
         if self._first_submit is None:
             self._first_submit = now
         self._submit_ms.append((time.perf_counter() - t0) * 1e3)
         return SubmitReply(requests=out)
 
-    def _enqueue(self, rec: _Rec, backlog: list[int], sticky: Optional[int] = None,
-                 exclude: Optional[int] = None) -> _Replica:
+    def _hold_chain(self, gen: RequestRecord, c: ChainIn, now: float) -> None:
+        """The request that follows ``gen``: live (its id streams and cancels) but queued only when
+        ``gen``'s sample ends (:meth:`_release_chain`)."""
+        g = gen.req
+        prio = c.priority or gen.priority
+        placeholder = Request(request_id=f"{gen.id}-then", prompt_token_ids=tuple(c.prefix_ids() or (0,)),
+                              type=c.task_type, max_tokens=c.max_tokens, arrival_s=now,
+                              critical=prio is Priority.CRITICAL, background=prio is Priority.BACKGROUND,
+                              policy_version=g.policy_version, task_family=g.task_family, seed=c.seed)
+        rec = RequestRecord(placeholder.request_id, placeholder, c, prio, submitted_s=now, chained_from=gen.id)
+        gen.chained_id = rec.id
+        self.recs[rec.id] = rec
+        if placeholder.critical:
+            self._critical_live += 1
+
+    def _release_chain(self, gen: RequestRecord) -> None:
+        """``gen`` ended: queue its chained request on its sample (finished), or cancel it (no sample)."""
+        rec = self.recs.get(gen.chained_id or "")
+        if rec is None or rec.status is not Status.QUEUED or rec.replica is not None:
+            return
+        if gen.status is not Status.FINISHED:
+            self._end(rec, Status.CANCELLED, "cancelled", f"the generation it follows ({gen.id}) ended {gen.status.value}")
+            self.counters["cancelled"] += 1
+            return
+        c: ChainIn = rec.src  # type: ignore[assignment]
+        prompt = c.prompt_for(gen.req.prompt_token_ids, gen.out) or [0]
+        rec.submitted_s = self._now()  # it enters the queue now: its queueing delay counts from here
+        rec.req = rec.req.model_copy(update={"prompt_token_ids": tuple(prompt), "arrival_s": rec.submitted_s})
+        if rec.req.critical:
+            self._critical_live -= 1  # _enqueue counts it again
+        self.recs.pop(rec.id, None)
+        try:
+            self._enqueue(rec, [r.backlog_kv() for r in self.replicas])
+        except LookupError:
+            self._end(rec, Status.FAILED, "replica_lost", "no engine replica is alive")
+            self.counters["failed"] += 1
+            return
+        self.counters["chained"] += 1
+
+    def _enqueue(self, rec: RequestRecord, backlog: list[int], sticky: Optional[int] = None,
+                 exclude: Optional[int] = None) -> ReplicaState:
         """Route ``rec`` (prefix-aware; ``backlog``: KV tokens queued and running per replica,
         updated here) and queue it there. Raises LookupError without a live replica."""
         req = rec.req
@@ -344,60 +307,68 @@ class RolloutService:
         return rep
 
     # ------------------------------------------------------------------ the serving loop of one replica
-    async def _loop(self, rep: _Replica) -> None:
+    def _dispatched(self, batch: list[Request]) -> None:
+        now = self._now()
+        for r in batch:
+            rec = self.recs.get(r.request_id)
+            if rec is not None:
+                rec.status, rec.dispatched_s = Status.RUNNING, now
+                if r.type is RequestType.GENERATION:
+                    self._families.append(r.task_family)
+
+    async def _loop(self, rep: ReplicaState) -> None:
         s = rep.sched
         while not self._stopping and rep.alive:
             try:
-                if s.policy_version != self.version:
-                    s.set_policy_version(self.version)  # expiry at once is done by set_policy; this catches up
-                s.set_trainer_waiting(self._critical_live > 0)
-                now = self._now()
-                batch = s.next_batch(now) if s.pending else []
-                aborts = s.take_aborts()
-                if not batch and not aborts and s.running == 0 and rep.version == self.version:
+                load, hold = self.updater.for_window(rep)
+                try:
+                    out = await run_window(s, rep.handle, self._now(), version=self.version, cache_reset=True,
+                                           trainer_waiting=self._critical_live > 0, weights=load,
+                                           engine_version=rep.version, hold=hold, on_dispatch=self._dispatched,
+                                           logprobs=lambda r: (x := self.recs.get(r.request_id)) is not None
+                                           and x.wants_logprobs, now=self._now)
+                except ActorLost as e:
+                    self._replica_lost(rep, str(e).splitlines()[0][:200] if str(e) else "died")
+                    return
+                except Exception as e:  # the engine failed the window: its requests must not hang; replace it
+                    log.exception("rollout service: engine replica %d failed a window", rep.index)
+                    try:
+                        rep.handle.kill()
+                    except Exception:  # already gone
+                        pass
+                    self._replica_lost(rep, f"window failed ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})")
+                    return
+                if out.idle:
                     rep.wake.clear()
                     try:
                         await asyncio.wait_for(rep.wake.wait(), IDLE_WAIT_S)
                     except asyncio.TimeoutError:
                         pass
                     continue
-                for r in batch:
-                    rec = self.recs.get(r.request_id)
-                    if rec is not None:
-                        rec.status, rec.dispatched_s = Status.RUNNING, now
-                        if r.type is RequestType.GENERATION:
-                            self._families.append(r.task_family)
-                call = WindowCall(policy_version=self.version, aborts=aborts, batch=batch,
-                                  hits={r.request_id: s.hit_of(r.request_id) for r in batch},
-                                  logprobs=[r.request_id for r in batch if (x := self.recs.get(r.request_id)) and x.src.logprobs])
-                try:
-                    reply = await rep.handle.window(call)
-                except ActorLost as e:
-                    self._replica_lost(rep, str(e).splitlines()[0][:200] if str(e) else "died")
-                    return
-                rep.version = call.policy_version
+                reply = out.reply
+                rep.version = self.version
                 rep.windows += 1
                 rep.engine_s += reply.engine_s
-                now = self._now()
-                for res in reply.results:
-                    if res.id not in s.inflight:
-                        continue  # aborted meanwhile
-                    s.on_complete(res.id, tuple(res.output_token_ids), now)
+                if load is not None:
+                    self.updater.on_loaded(rep, reply.weights_version, reply.weights_sha256)
+                for req, res in out.completed:
                     rec = self.recs.get(res.id)
-                    if rec is not None:
-                        rec.out, rec.score, rec.logprobs, rec.finish_reason = (res.output_token_ids, res.score,
-                                                                               res.logprobs, res.finish_reason)
-                        if rec.req.type in (RequestType.GENERATION, RequestType.STATE_QUERY):
-                            self.counters["samples"] += 1
-                        if rec.session_id and (sess := self.sessions.get(rec.session_id)) is not None:
-                            sess.tokens = list(rec.req.prompt_token_ids) + list(res.output_token_ids)
-                        self._end(rec, Status.FINISHED)
-                        self.counters["finished"] += 1
+                    if rec is None:
+                        continue
+                    rec.out, rec.score, rec.logprobs, rec.finish_reason = (res.output_token_ids, res.score,
+                                                                           res.logprobs, res.finish_reason)
+                    rec.token_versions = res.token_versions
+                    if req.type in (RequestType.GENERATION, RequestType.STATE_QUERY):
+                        self.counters["samples"] += 1
+                    if rec.session_id and (sess := self.sessions.get(rec.session_id)) is not None:
+                        sess.tokens = list(req.prompt_token_ids) + list(res.output_token_ids)
+                    self._end(rec, Status.FINISHED)
+                    self.counters["finished"] += 1
             except Exception:  # a bug must not stop the loop silently
                 log.exception("rollout service loop of replica %d", rep.index)
                 await asyncio.sleep(0.2)
 
-    def _end(self, rec: _Rec, status: Status, reason: Optional[str] = None, error: Optional[str] = None) -> None:
+    def _end(self, rec: RequestRecord, status: Status, reason: Optional[str] = None, error: Optional[str] = None) -> None:
         rec.status, rec.finished_s = status, self._now()
         if reason:
             rec.finish_reason = reason
@@ -410,12 +381,15 @@ class RolloutService:
         self.done[rec.id] = rec
         while len(self.done) > self.svc.max_results:
             self.done.popitem(last=False)
+        if rec.chained_id is not None:
+            self._release_chain(rec)
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def _replica_lost(self, rep: _Replica, why: str) -> None:
+    def _replica_lost(self, rep: ReplicaState, why: str) -> None:
         """Re-route the dead replica's queued requests; retry its running critical ones once; start
-        a replacement replica (at most ``max_replica_restarts`` in the service's life)."""
+        a replacement replica (at most ``max_replica_restarts`` in the service's life), which loads
+        the latest complete weights version before it serves anything."""
         rep.alive = False
         log.warning("rollout service: engine replica %d lost (%s)", rep.index, why)
         s = rep.sched
@@ -446,8 +420,9 @@ class RolloutService:
                 self._end(rec, Status.FAILED, "replica_lost",
                           f"engine replica {rep.index} died while running it; not retried: {why_not}")
                 self.counters["failed"] += 1
+        self.updater.on_lost(rep)  # an update waiting on the dead replica looks again
 
-    def _move(self, rec: _Rec, dead: int, exclude: Optional[int], backlog: list[int], retry: bool) -> None:
+    def _move(self, rec: RequestRecord, dead: int, exclude: Optional[int], backlog: list[int], retry: bool) -> None:
         rec.dispatched_s = None
         try:
             self._enqueue(rec, backlog, exclude=exclude)
@@ -462,7 +437,7 @@ class RolloutService:
             self.counters["rerouted"] += 1
 
     # ------------------------------------------------------------------ reads, streams, cancel
-    def _find(self, rid: str) -> Optional[_Rec]:
+    def _find(self, rid: str) -> Optional[RequestRecord]:
         return self.recs.get(rid) or self.done.get(rid)
 
     async def get(self, request_id: str) -> Optional[RolloutView]:
@@ -546,6 +521,10 @@ class RolloutService:
         return self._cancel(ids)
 
     # ------------------------------------------------------------------ policy versions
+    async def _advance(self, version: int) -> None:
+        if version > self.version:
+            await self.set_policy(version, None)
+
     async def set_policy(self, version: int, min_version: Optional[int]) -> PolicyView | Refusal:
         """The trainer's weights advanced to ``version``: every replica's scheduler drops the prefix
         entries the new weights invalidate now (the engines load the version before their next
@@ -570,6 +549,45 @@ class RolloutService:
                                else max(0, version - self.svc.max_policy_lag_versions))
         return PolicyView(version=version, min_version=self.min_version, previous_version=prev,
                           prefix_entries_dropped=dropped)
+
+    # ------------------------------------------------------------------ weights (actors/rollout/weight_updater.py)
+    async def start_upload(self, body: UploadStartBody) -> UploadView | Refusal:
+        """Announce an upload (``size_bytes``, ``sha256``, ``weight_version``, ``pause_mode``)."""
+        self._start()
+        return await self.updater.start_upload(body)
+
+    async def put_chunk(self, upload_id: str, index: int, data: bytes) -> UploadView | Refusal:
+        return await self.updater.put_chunk(upload_id, index, data)
+
+    async def cancel_upload(self, upload_id: str) -> bool:
+        return await self.updater.cancel_upload(upload_id)
+
+    async def commit_upload(self, upload_id: str) -> WeightUpdateView | Refusal:
+        """Check the upload and apply it (every replica serves it when this answers)."""
+        self._start()
+        return await self.updater.commit_upload(upload_id)
+
+    async def update_from_disk(self, body: DiskUpdateBody) -> WeightUpdateView | Refusal:
+        self._start()
+        return await self.updater.update_from_disk(body)
+
+    async def update_from_sync(self, offer: SyncOffer) -> WeightUpdateView | Refusal:
+        self._start()
+        return await self.updater.update_from_sync(offer)
+
+    async def weights_view(self) -> WeightsView:
+        self._start()
+        return await self.updater.view()
+
+    async def replica_digests(self) -> list[Optional[str]]:
+        return await self.updater.replica_digests()
+
+    def _requeue_running(self, rep: ReplicaState) -> None:
+        """Stop a replica's running requests and queue them again (pause mode ``abort``)."""
+        for rid in list(rep.sched.inflight):
+            if rep.sched.requeue(rid) and (rec := self.recs.get(rid)) is not None:
+                rec.status, rec.dispatched_s, rec.requeued = Status.QUEUED, None, rec.requeued + 1
+                self.counters["requeued"] += 1
 
     # ------------------------------------------------------------------ metrics
     async def stats(self) -> dict:

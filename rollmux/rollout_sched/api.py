@@ -17,14 +17,14 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rollmux.rollout_sched.requests import MAX_REQUEST_TOKENS, MAX_TOKEN_ID, RequestType
+from rollmux.rollout_sched.requests import MAX_REQUEST_TOKENS, MAX_SEED, MAX_TOKEN_ID, MAX_VERSION, RequestType
 from rollmux.rollout_sched.service_config import MAX_SUBMIT_REQUESTS
+from rollmux.rollout_sched.weights import WeightsLoad
 
 #: longest text prompt, characters (a byte-level prompt is at most 4 bytes a character).
 MAX_PROMPT_CHARS = 256 * 1024
 #: most ids one cancel / stream call names.
 MAX_IDS = 4096
-MAX_VERSION = (1 << 31) - 1
 ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 FAMILY_PATTERN = r"^[A-Za-z0-9_.:/-]{1,128}$"
 RequestId = Annotated[str, Field(pattern=ID_PATTERN)]  # a rollout request id in a body (as in the paths)
@@ -74,6 +74,43 @@ class ByteTokenizer:
 
 
 # ----------------------------------------------------------------------------- submit
+class ChainIn(_In):
+    """The request that follows a generation on the server (a reward / verification query), run
+    when the sample ends, with no client round trip. Its prompt: ``prompt`` / ``prompt_token_ids``
+    (optional, first), then the generation's prompt when ``include_prompt``, then the generated
+    tokens (the last ``output_tail_tokens`` of them when set). Class: ``priority`` or the generation's."""
+
+    task_type: RequestType = Field(default=RequestType.REWARD, description="reward (default) | generation | state_query | replay")
+    prompt: Optional[str] = Field(default=None, min_length=1, max_length=MAX_PROMPT_CHARS)
+    prompt_token_ids: Optional[list[int]] = Field(default=None, min_length=1, max_length=MAX_REQUEST_TOKENS)
+    include_prompt: bool = Field(default=False, description="the generation's prompt goes before its output")
+    output_tail_tokens: Optional[int] = Field(default=None, ge=1, le=MAX_REQUEST_TOKENS,
+                                              description="only the last n generated tokens")
+    max_tokens: int = Field(default=1, ge=0, le=MAX_REQUEST_TOKENS)
+    priority: Optional[Priority] = Field(default=None, description="default: the generation's class")
+    seed: Optional[int] = Field(default=None, ge=0, le=MAX_SEED)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ChainIn":
+        if self.prompt is not None and self.prompt_token_ids is not None:
+            raise ValueError("prompt: give at most one of prompt and prompt_token_ids")
+        if self.prompt_token_ids is not None and (min(self.prompt_token_ids) < 0 or max(self.prompt_token_ids) > MAX_TOKEN_ID):
+            raise ValueError(f"prompt_token_ids: token ids must be in [0, {MAX_TOKEN_ID}]")
+        if self.task_type is not RequestType.REPLAY and self.max_tokens < 1:
+            raise ValueError(f"max_tokens: must be >= 1 for a {self.task_type.value} request")
+        return self
+
+    def prefix_ids(self) -> list[int]:
+        if self.prompt_token_ids is not None:
+            return list(self.prompt_token_ids)
+        return ByteTokenizer.encode(self.prompt) if self.prompt is not None else []
+
+    def prompt_for(self, gen_prompt: list[int] | tuple[int, ...], output: list[int] | tuple[int, ...]) -> list[int]:
+        """The chained request's prompt for a generation of ``gen_prompt`` that produced ``output``."""
+        out = list(output)[-self.output_tail_tokens:] if self.output_tail_tokens else list(output)
+        return self.prefix_ids() + (list(gen_prompt) if self.include_prompt else []) + out
+
+
 class RolloutIn(_In):
     """One rollout request: exactly one of ``prompt`` (text) / ``prompt_token_ids``.
 
@@ -91,11 +128,17 @@ class RolloutIn(_In):
     critical: bool = Field(default=False, description="the current training step waits on it")
     background: bool = Field(default=False, description="evaluation / logging work: only fills idle capacity")
     priority: Optional[Priority] = Field(default=None, description="critical | reusable | background (overrides the flags)")
-    policy_version: int = Field(default=0, ge=0, le=MAX_VERSION, description="policy version that issued it")
+    policy_version: Optional[int] = Field(default=None, ge=0, le=MAX_VERSION,
+                                          description="policy version that issued it (default: the service's current one)")
     task_family: str = Field(default="default", pattern=FAMILY_PATTERN, description="task family (diversity)")
     session_id: Optional[str] = Field(default=None, pattern=ID_PATTERN, description="continue this session")
     open_session: bool = Field(default=False, description="start a session with this request (its id is returned)")
     logprobs: bool = Field(default=False, description="return the log-probability of each generated token")
+    seed: Optional[int] = Field(default=None, ge=0, le=MAX_SEED,
+                                description="sampling seed (same seed, prompt and weights: same tokens on any replica)")
+    ignore_eos: bool = Field(default=False, description="generate max_tokens tokens whatever is sampled")
+    then: Optional[ChainIn] = Field(default=None, description="a reward / verification request run on the server "
+                                    "when this generation's sample ends (its id is returned as chained_id)")
 
     @model_validator(mode="after")
     def _one_prompt(self) -> "RolloutIn":
@@ -107,6 +150,8 @@ class RolloutIn(_In):
             raise ValueError(f"max_tokens: must be >= 1 for a {self.task_type.value} request")
         if self.open_session and self.session_id is not None:
             raise ValueError("session_id: open_session and session_id exclude each other (a session is opened once)")
+        if self.then is not None and self.task_type not in (RequestType.GENERATION, RequestType.STATE_QUERY):
+            raise ValueError("then: only a generation or a state query produces a sample to chain on")
         return self
 
     def token_ids(self) -> list[int]:
@@ -142,6 +187,8 @@ class Accepted(_Out):
     queue_position: int = Field(description="requests queued on its replica including it")
     matched_prefix_tokens: int = Field(description="prompt tokens found in the replica's prefix index")
     session_id: Optional[str] = None
+    chained_id: Optional[str] = Field(default=None, description="id of the request that follows it (then)")
+    policy_version: int = Field(default=0, description="the policy version it was issued at")
 
 
 class SubmitReply(_Out):
@@ -191,10 +238,15 @@ class RolloutView(_Out):
     output_token_ids: list[int] = []
     text: Optional[str] = None
     logprobs: Optional[list[float]] = None
+    token_versions: Optional[list[int]] = Field(default=None, description="weights version that sampled each output token")
+    version_span: Optional[list[int]] = Field(default=None, description="[oldest, newest] weights version of its tokens")
     score: Optional[float] = Field(default=None, description="reward score / replay mean log-probability")
     finish_reason: Optional[str] = Field(default=None, description="stop | length | cancelled | replica_lost")
     error: Optional[str] = None
     retries: int = 0
+    requeued: int = Field(default=0, description="times it was stopped by a weight update (pause_mode abort) and re-queued")
+    chained_id: Optional[str] = Field(default=None, description="the request that follows it (then)")
+    chained_from: Optional[str] = Field(default=None, description="the generation it follows")
     timings: Timings
 
 
@@ -264,6 +316,10 @@ class Limits(_Out):
     queue_capacity: int
     num_replicas: int
     policy: str
+    policy_version: int = 0
+    model_name: str = "rollmux"
+    weights_chunk_bytes: int = 4 << 20
+    max_weights_bytes: int = 256 << 20
 
 
 # ----------------------------------------------------------------------------- OpenAI-style
@@ -271,18 +327,19 @@ class _OpenAIExtras(_In):
     model: Optional[str] = Field(default=None, max_length=256, description="ignored (one model is served)")
     max_tokens: int = Field(default=16, ge=1, le=MAX_REQUEST_TOKENS)
     n: int = Field(default=1, ge=1, le=1, description="1 only")
-    stream: bool = Field(default=False, description="false only (use POST /v1/rollouts:stream)")
+    stream: bool = Field(default=False, description="true: server-sent events (chat.completion.chunk / text_completion chunks)")
     logprobs: Optional[bool | int] = Field(default=None, description="true / >0: token log-probabilities")
     user: Optional[str] = Field(default=None, max_length=256)
     priority: Priority = Field(default=Priority.REUSABLE, description="extra field: the request's class")
-    policy_version: int = Field(default=0, ge=0, le=MAX_VERSION, description="extra field")
+    policy_version: Optional[int] = Field(default=None, ge=0, le=MAX_VERSION,
+                                          description="extra field (default: the service's current version)")
+    seed: Optional[int] = Field(default=None, ge=0, le=MAX_SEED)
+    stream_options: Optional[dict[str, Any]] = Field(default=None, description="include_usage (stream only)")
     task_family: str = Field(default="default", pattern=FAMILY_PATTERN, description="extra field")
     session_id: Optional[str] = Field(default=None, pattern=ID_PATTERN, description="extra field: continue a session")
 
     @model_validator(mode="after")
-    def _no_stream(self):
-        if self.stream:
-            raise ValueError("stream: only false is served here; stream results with POST /v1/rollouts:stream")
+    def _check(self):
         if isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool) and not 0 <= self.logprobs <= 5:
             raise ValueError("logprobs: 0..5")
         return self
@@ -315,7 +372,8 @@ def chat_prompt(messages: list[ChatMessage]) -> str:
 
 
 def openai_request(body: CompletionBody | ChatBody) -> RolloutIn:
-    """The rollout request an OpenAI-style body stands for (a generation)."""
+    """The rollout request an OpenAI-style body stands for (a generation; without ``policy_version``
+    it is issued at the service's current version)."""
     if isinstance(body, ChatBody):
         prompt: dict[str, Any] = {"prompt": chat_prompt(body.messages)}
     elif isinstance(body.prompt, str):
@@ -324,7 +382,7 @@ def openai_request(body: CompletionBody | ChatBody) -> RolloutIn:
         prompt = {"prompt_token_ids": body.prompt}
     return RolloutIn(task_type=RequestType.GENERATION, max_tokens=body.max_tokens, priority=body.priority,
                      policy_version=body.policy_version, task_family=body.task_family, session_id=body.session_id,
-                     logprobs=bool(body.logprobs), **prompt)
+                     logprobs=bool(body.logprobs), seed=body.seed, **prompt)
 
 
 # ----------------------------------------------------------------------------- service <-> replica
@@ -336,11 +394,14 @@ class EngineResult(_Out):
     score: Optional[float] = None
     logprobs: Optional[list[float]] = None
     finish_reason: str = "length"
+    finished_s: Optional[float] = Field(default=None, description="on the engine's clock (in-process engines)")
+    token_versions: Optional[list[int]] = None
 
 
 class WindowCall(_Out):
-    """One scheduling window for a replica: load ``policy_version`` first (dropping stale prefix
-    KV), stop ``aborts``, start ``batch`` (``hits``: prefix tokens per id), run one time slice."""
+    """One scheduling window for a replica: load ``weights`` when given (else a bare version change
+    of ``policy_version`` drops the stale prefix KV), stop ``aborts``, start ``batch`` (``hits``:
+    prefix tokens per id), run one time slice (:func:`actors.rollout.window.run_window`)."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
@@ -349,9 +410,13 @@ class WindowCall(_Out):
     batch: list[Any] = Field(default=[], description="rollmux.rollout_sched.Request objects")
     hits: dict[str, int] = {}
     logprobs: list[str] = Field(default=[], description="ids of the batch that want token log-probabilities")
+    weights: Optional[WeightsLoad] = Field(default=None, description="a complete weight version to load first")
 
 
 class WindowReply(_Out):
     results: list[EngineResult]
     running: int
     engine_s: float = Field(description="time the engine computed in this window, s")
+    stepped: bool = Field(default=True, description="a time slice ran (something was running)")
+    weights_version: Optional[int] = Field(default=None, description="the weights version the engine serves")
+    weights_sha256: Optional[str] = Field(default=None, description="digest of the weights it serves (after a load)")

@@ -142,6 +142,9 @@ class RolloutSchedConfig(_Cfg):
         hit_refresh_windows: a queued request's cached prefix hit is looked up again at least
             every this many windows (and whenever the index lost entries); candidates are always
             refreshed before being taken. 1 = exact every window, O(queue) index lookups.
+        prefix_block_tokens: the engine reuses prefix KV in whole blocks of this many tokens
+            (vLLM: its block size; the CPU engine: 16), so a dispatch is credited the whole blocks
+            of its match only; 1 = per token (the simulated engine).
         service: the rollout service over engines of this section
             (:class:`rollmux.rollout_sched.service_config.ServiceConfig`; defaults when absent).
     """
@@ -151,6 +154,7 @@ class RolloutSchedConfig(_Cfg):
     cost_scale_tokens: int = Field(default=4096, gt=0, le=MAX_TOKENS)
     diversity_decay: float = Field(default=0.9, ge=0, le=1)
     hit_refresh_windows: int = Field(default=8, ge=1, le=MAX_STEPS)
+    prefix_block_tokens: int = Field(default=1, ge=1, le=4096)
     budget: BudgetConfig
     index: IndexConfig = IndexConfig()
     coldstart: ColdStartConfig

@@ -19,6 +19,10 @@ MAX_REQUEST_TOKENS = 1 << 20
 MAX_TOKEN_ID = (1 << 31) - 1
 #: latest arrival time on a scheduler's clock, s (about 31 years).
 MAX_ARRIVAL_S = 1e9
+#: largest policy / weights version.
+MAX_VERSION = (1 << 31) - 1
+#: largest per-request sampling seed.
+MAX_SEED = (1 << 63) - 1
 
 
 class RequestType(str, Enum):
@@ -57,6 +61,9 @@ class Request(BaseModel):
         background: evaluation / logging work that only fills idle capacity.
         policy_version: policy version (training step) that issued the request.
         task_family: task family label (diversity is measured across families).
+        seed: sampling seed of this request (None: derived from ``request_id`` and the engine's
+            seed); the same seed, prompt and weights give the same tokens on any engine replica.
+        ignore_eos: generate ``max_tokens`` tokens whatever is sampled (vLLM's ``ignore_eos``).
 
     Raises:
         pydantic.ValidationError: empty prompt, negative token id, max_tokens out of range, ...
@@ -71,8 +78,10 @@ class Request(BaseModel):
     arrival_s: float = Field(default=0.0, ge=0, le=MAX_ARRIVAL_S)
     critical: bool = False
     background: bool = False
-    policy_version: int = Field(default=0, ge=0, le=(1 << 31) - 1)
+    policy_version: int = Field(default=0, ge=0, le=MAX_VERSION)
     task_family: str = Field(default="default", min_length=1, max_length=256)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    ignore_eos: bool = False
 
     @field_validator("prompt_token_ids")
     @classmethod
@@ -112,10 +121,12 @@ class Completion:
     """Result of one request as reported by an engine.
 
     ``output_token_ids``: generated tokens (empty for replay); ``score``: reward / replay
-    log-probability where the type has one; ``finished_s``: completion time on the clock.
+    log-probability where the type has one; ``finished_s``: completion time on the clock;
+    ``token_versions``: the weights version that sampled each output token (engines that track it).
     """
 
     request_id: str
     output_token_ids: tuple[int, ...]
     finished_s: float
     score: float | None = None
+    token_versions: tuple[int, ...] | None = None

@@ -105,6 +105,7 @@ class RolloutRequestScheduler:
             "cancelled": 0,
             "aborted": 0,
             "cache_resets": 0,
+            "requeued": 0,
         }
         self._aborts: list[str] = []
 
@@ -225,8 +226,10 @@ class RolloutRequestScheduler:
             # a full-prompt match reuses len - 1 tokens (vLLM and the CPU engine alike)
             # a replay item needs the logits of every prompt position (vLLM skips its prefix cache for
             # prompt_logprobs, the CPU engine recomputes): nothing of it is reused, nothing credited
+            # an engine with block-granular prefix caching reuses whole blocks of the match only
             hit = 0 if r.type is RequestType.REPLAY else min(self.index.match(r.prompt_token_ids),
                                                              len(r.prompt_token_ids) - 1)
+            hit -= hit % self.config.prefix_block_tokens
             self.index.insert(r.prompt_token_ids)
             self.inflight[rid] = (e, hit)
             if e.short:
@@ -266,6 +269,20 @@ class RolloutRequestScheduler:
         self._release(request_id)
         self._aborts.append(request_id)
         self.counters["aborted"] += 1
+        return True
+
+    def requeue(self, request_id: str) -> bool:
+        """Stop a running request and queue it again in its old place (a weight update with pause
+        mode ``abort``: it starts over on the new weights). Its KV is released at once and its id
+        handed to the engine by :meth:`take_aborts`. Returns False for an id that is not running."""
+        if request_id not in self.inflight:
+            return False
+        e = self._release(request_id)
+        self._aborts.append(request_id)
+        self.queue[request_id] = e
+        if e.short and e.cls is not RequestClass.BACKGROUND:
+            self.shorts[request_id] = e
+        self.counters["requeued"] += 1
         return True
 
     def take_aborts(self) -> list[str]:

@@ -42,6 +42,18 @@ class ServiceConfig(BaseModel):
         engine: ``cpu`` (the tiny transformers model, :class:`actors.rollout.engine.CPUEngine`) or
             ``vllm`` (:class:`actors.rollout.vllm_engine.VLLMEngine` serving ``vllm_model``: CUDA or vLLM's CPU build).
         vllm_model: model name or path vLLM serves (``engine: vllm`` only).
+        model_name: the model id of the OpenAI-style routes (``GET /v1/models``; a request naming
+            another model gets 404 ``model_not_found``).
+        weights_root: directory checkpoints are loaded from (``POST /v1/weights/update_from_disk``;
+            a path resolving outside it gets 403); None: loading from disk is off.
+        max_weights_bytes: largest weights file of an update (upload or disk), bytes (413 past it).
+        weights_chunk_bytes: size of one upload chunk, bytes (the last one may be shorter).
+        upload_ttl_s: an upload not touched this long is dropped.
+        update_timeout_s: the longest an update waits for every replica to serve it (``wait`` mode:
+            for the running requests to end), s; then it answers 504 and the replicas go on loading it.
+        ingress_host / ingress_port: where the rollout ingress listens (the rollout routes served
+            without Serve's proxy; ``GET /v1/rollouts:ingress`` tells its address; port 0: the
+            kernel picks one).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -64,6 +76,14 @@ class ServiceConfig(BaseModel):
     max_replica_restarts: int = Field(default=4, ge=0, le=1000)
     engine: Literal["cpu", "vllm"] = "cpu"
     vllm_model: Optional[str] = Field(default=None, min_length=1, max_length=1024)
+    model_name: str = Field(default="rollmux", min_length=1, max_length=256)
+    weights_root: Optional[str] = Field(default=None, min_length=1, max_length=4096)
+    max_weights_bytes: int = Field(default=256 << 20, ge=1024, le=1 << 40)
+    weights_chunk_bytes: int = Field(default=4 << 20, ge=1024, le=64 << 20)
+    upload_ttl_s: float = Field(default=600.0, gt=0, le=86400)
+    update_timeout_s: float = Field(default=120.0, gt=0, le=86400)
+    ingress_host: str = Field(default="127.0.0.1", min_length=1, max_length=255)
+    ingress_port: int = Field(default=0, ge=0, le=65535)
 
     @model_validator(mode="after")
     def _vllm_needs_a_model(self) -> "ServiceConfig":
