@@ -342,7 +342,7 @@ def test_preempted_grpo_job_resumes_bit_identical_to_solo(ray_cluster, local_clu
 
     def preempt_then_free() -> None:
         try:
-            out = SchedulerHandle(h).admit(JobSpec(**qspec(prod, "production"), mem_roll_gb=0.05, mem_train_gb=0.1))
+            out = SchedulerHandle(h).admit(JobSpec(**{**qspec(prod, "production"), "mem_roll_gb": 0.05, "mem_train_gb": 0.1}))
             seen["admit"] = out
             wait_until(lambda: SchedulerHandle(h).get_job(jid).state == "preempted", timeout_s=30, interval_s=0.05,
                        what="the job preempted")

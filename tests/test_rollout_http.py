@@ -179,7 +179,7 @@ def test_sessions_and_openai_routes(http, svc, v0):
 
 
 def _submitted(svc) -> int:
-    return svc.stats_sync()["counters"]["submitted"]
+    return svc.stats_sync().counters["submitted"]
 
 
 BAD = [  # (body or raw bytes, content type, status, what the detail names)
@@ -280,7 +280,7 @@ def test_disconnected_stream_client_has_its_requests_cancelled(http, svc, v0):
         views = _settle(http, ids, timeout_s=30)
         cancelled = [v for v in views if v["status"] == "cancelled"]
         assert cancelled and all(v["error"] == "stream client disconnected" for v in cancelled)
-        assert svc.stats_sync()["counters"]["lease_cancelled"] >= len(cancelled)
+        assert svc.stats_sync().counters["lease_cancelled"] >= len(cancelled)
     finally:
         svc.configure_sync({"disconnect_grace_s": 5.0})
 

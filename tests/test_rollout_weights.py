@@ -295,4 +295,4 @@ def test_replica_killed_mid_update_comes_back_on_the_latest_version_and_nothing_
     assert svc.replica_names_sync()[victim] != names[victim]
     assert all(v.status is Status.FINISHED for v in views), [v.status for v in views]  # retried / rerouted, none lost
     s = svc.stats_sync()
-    assert s["replicas"][victim]["weights_version"] == v0 + 1 and s["queued"] == 0 and s["running"] == 0
+    assert s.replicas[victim].weights_version == v0 + 1 and s.queued == 0 and s.running == 0

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Callable, Optional
 from actors.handles.base import QUERY_TIMEOUT_S, RETRY_PAUSE_S, ActorLost, CallTimeout, Pending, T, _Handle
 from actors.naming import NAMESPACE, get_actor
 from rollmux.rollout_sched.api import (
-    CancelReply, Limits, PolicyView, PollReply, Refusal, RolloutView, SubmitBatch, SubmitReply, WindowCall, WindowReply,
+    CancelReply, Limits, PolicyView, PollReply, Refusal, RolloutView, ServiceStats, SubmitBatch, SubmitReply, WindowCall,
+    WindowReply,
 )
 from rollmux.rollout_sched.service_config import ServiceConfig
 from rollmux.rollout_sched.weights import (
@@ -115,7 +116,7 @@ class RolloutServiceHandle(_Handle):
     async def set_policy(self, version: int, min_version: Optional[int]) -> PolicyView | Refusal:
         return await self._acall(lambda a: a.set_policy.remote(version, min_version), "set_policy", retry=False)
 
-    async def stats(self) -> dict:
+    async def stats(self) -> ServiceStats:
         return await self._acall(lambda a: a.stats.remote(), "stats")
 
     async def limits(self) -> Limits:
@@ -156,7 +157,7 @@ class RolloutServiceHandle(_Handle):
         """The digest each replica computes now on the weights it serves (None: dead)."""
         return await self._acall(lambda a: a.replica_digests.remote(), "replica_digests")
 
-    def stats_sync(self, timeout_s: float = QUERY_TIMEOUT_S) -> dict:
+    def stats_sync(self, timeout_s: float = QUERY_TIMEOUT_S) -> ServiceStats:
         return self._call(lambda a: a.stats.remote(), timeout_s=timeout_s, retries=1, what="stats")
 
     def configure_sync(self, overrides: dict, timeout_s: float = QUERY_TIMEOUT_S) -> ServiceConfig:

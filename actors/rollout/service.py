@@ -43,7 +43,7 @@ from actors.rollout.window import run_window
 from rollmux.rollout_sched import RadixPrefixIndex, Request, RequestType, RolloutRequestScheduler, RolloutSchedConfig
 from rollmux.rollout_sched.api import (
     TERMINAL, Accepted, CancelReply, ChainIn, FieldError, Limits, PolicyView, PollReply, Priority, Refusal,
-    RolloutView, Status, SubmitBatch, SubmitReply,
+    RolloutView, ServiceStats, Status, SubmitBatch, SubmitReply,
 )
 from rollmux.rollout_sched.config import DEFAULT_CONFIG_PATH, load_rollout_sched_config
 from rollmux.rollout_sched.routing import ReplicaLoad, expected_window, route
@@ -590,7 +590,7 @@ class RolloutService:
                 self.counters["requeued"] += 1
 
     # ------------------------------------------------------------------ metrics
-    async def stats(self) -> dict:
+    async def stats(self) -> ServiceStats:
         """The six service metrics and the per-replica scheduler figures (see docs/ROLLOUT_SERVICE.md)."""
         from actors.rollout.metrics import service_stats
 
