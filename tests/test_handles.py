@@ -85,9 +85,8 @@ def test_the_test_only_scheduler_flag_is_gone():
         assert "create_controllers" not in path.read_text(), path
 
 
-#: the one handle method still taking a dict: the rollout service's run-time settings overrides (a
-#: partial ``ServiceConfig``, validated by the service); its answer is typed
-UNTYPED_LEFT = {("RolloutServiceHandle", "configure_sync")}
+#: handle methods allowed to name dict / Any (none)
+UNTYPED_LEFT: set[tuple[str, str]] = set()
 
 
 def _untyped_methods(tree: ast.AST) -> set[tuple[str, str]]:

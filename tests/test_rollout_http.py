@@ -14,6 +14,8 @@ import time
 import httpx
 import pytest
 
+from rollmux.rollout_sched.service_config import ServiceConfig
+
 pytestmark = pytest.mark.ray
 
 SYSTEM = "You are a careful solver. Think step by step and answer briefly. " * 2
@@ -258,18 +260,18 @@ def test_other_routes_refuse_bad_input(http, svc):
 
 
 def test_full_queue_gets_429_and_nothing_enqueued(http, svc, v0):
-    svc.configure_sync({"queue_capacity": 3})
+    svc.configure_sync(ServiceConfig(queue_capacity=3))
     try:
         before = _submitted(svc)
         r = http.post("/v1/rollouts", json={"requests": [{"prompt": "q", "max_tokens": 4, "policy_version": v0 + 4}] * 4})
         assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1 and r.json()["error"] == "queue_full"
         assert _submitted(svc) == before
     finally:
-        svc.configure_sync({"queue_capacity": 4096})
+        svc.configure_sync(ServiceConfig(queue_capacity=4096))
 
 
 def test_disconnected_stream_client_has_its_requests_cancelled(http, svc, v0):
-    svc.configure_sync({"disconnect_grace_s": 0.5})
+    svc.configure_sync(ServiceConfig(disconnect_grace_s=0.5))
     try:
         reqs = [{"prompt": f"long job {i}", "max_tokens": 256, "background": True, "policy_version": v0 + 4}
                 for i in range(40)]
@@ -282,7 +284,7 @@ def test_disconnected_stream_client_has_its_requests_cancelled(http, svc, v0):
         assert cancelled and all(v["error"] == "stream client disconnected" for v in cancelled)
         assert svc.stats_sync().counters["lease_cancelled"] >= len(cancelled)
     finally:
-        svc.configure_sync({"disconnect_grace_s": 5.0})
+        svc.configure_sync(ServiceConfig(disconnect_grace_s=5.0))
 
 
 def test_a_restarted_service_is_found_again(http, svc, serve_api):

@@ -160,9 +160,10 @@ class RolloutServiceHandle(_Handle):
     def stats_sync(self, timeout_s: float = QUERY_TIMEOUT_S) -> ServiceStats:
         return self._call(lambda a: a.stats.remote(), timeout_s=timeout_s, retries=1, what="stats")
 
-    def configure_sync(self, overrides: dict, timeout_s: float = QUERY_TIMEOUT_S) -> ServiceConfig:
-        """Change service settings at run time (``ServiceConfig`` fields, validated) -> the new settings."""
-        return self._call(lambda a: a.configure.remote(overrides), timeout_s=timeout_s, what="configure")
+    def configure_sync(self, change: ServiceConfig, timeout_s: float = QUERY_TIMEOUT_S) -> ServiceConfig:
+        """Change service settings at run time: the fields set in ``change`` (e.g.
+        ``ServiceConfig(queue_capacity=8)``) replace the current ones -> the new settings."""
+        return self._call(lambda a: a.configure.remote(change), timeout_s=timeout_s, what="configure")
 
     def replica_names_sync(self, timeout_s: float = QUERY_TIMEOUT_S) -> list[str]:
         return self._call(lambda a: a.replica_names.remote(), timeout_s=timeout_s, retries=1, what="replica_names")

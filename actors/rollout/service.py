@@ -155,10 +155,10 @@ class RolloutService:
         self._start()
         return [r.name for r in self.replicas]
 
-    async def configure(self, overrides: dict) -> ServiceConfig:
-        """Change the run-time settings (``queue_capacity``, ``disconnect_grace_s``, limits...);
-        ``num_replicas`` / ``policy`` only take effect before the first call."""
-        self.svc = ServiceConfig.model_validate({**self.svc.model_dump(), **overrides})
+    async def configure(self, change: ServiceConfig) -> ServiceConfig:
+        """Change the run-time settings: the fields set in ``change`` replace the current ones -> the new
+        settings (``num_replicas`` / ``policy`` only take effect before the first call)."""
+        self.svc = ServiceConfig.model_validate({**self.svc.model_dump(), **change.model_dump(include=change.model_fields_set)})
         self.updater.configure(self.svc)
         return self.svc
 
