@@ -141,7 +141,7 @@ def test_trl_job_co_executed_with_another_job_is_bit_identical_to_plain_trl(plai
     try:
         rec = wait_until(lambda: SchedulerHandle(h).get_job(trl_id), timeout_s=180, what="the TRL job's admission")
         other = rollmux.Job(small_spec(f"other-{uid}"), attach=True, scheduler_name=name)
-        assert other.info["group_id"] == rec["group_id"], "both jobs in one co-execution group"
+        assert other.info["group_id"] == rec.group_id, "both jobs in one co-execution group"
         rollout, train, publish = make_toy(other, "small", seed=3)
         done = {"n": 0}
 
@@ -167,7 +167,7 @@ def test_trl_job_co_executed_with_another_job_is_bit_identical_to_plain_trl(plai
     assert got["trainer"] == "RollMuxGRPOTrainer"
     assert got["digests"] == plain_trl, "co-executed TRL must equal plain TRL after every step"
     tl = json.loads((tmp_path / "tl.json").read_text())
-    assert tl["mode"] == "scheduled" and tl["group_id"] == rec["group_id"]
+    assert tl["mode"] == "scheduled" and tl["group_id"] == rec.group_id
     assert [r["phase"] for r in tl["timeline"]] == ["rollout", "train", "sync"] * STEPS
     # the controller granted both jobs' phases on the same nodes, turn by turn
     ids = (trl_id, other.job_id)
