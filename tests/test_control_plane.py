@@ -490,8 +490,8 @@ def test_scheduler_pushes_target_state_to_controllers_without_waiting(local_clus
     assert logs["group-0"][-1][:2] == ([a, b], {}) and logs["group-1"][-1][:2] == ([c], {})
     out = s.depart(a)
     assert [(m.job_id, m.to_group) for m in out.moves] == [(b, "group-1")]
-    # A never ran (no driver reported it running): its departure withdraws it, "cancelled"
-    assert logs["group-0"][-1][:2] == ([], {a: "cancelled", b: "moved to group-1"})
+    # A never ran (no driver reported it running): withdrawn (``cancelled``), "departed" to its controller
+    assert logs["group-0"][-1][:2] == ([], {a: "departed", b: "moved to group-1"})
     assert logs["group-1"][-1][:2] == ([c, b], {})  # the planned round-robin order: the mover joins last
     seqs = [x[2] for v in logs.values() for x in v]
     assert len(set(seqs)) == len(seqs) and s.health().unacked_pushes == 2

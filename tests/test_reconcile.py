@@ -83,7 +83,7 @@ def test_a_restarted_scheduler_repushes_every_group_and_tells_dissolved_ones():
     s2 = _sched(FakeHandles({g: FakeController(v) for g, v in logs.items()}), kv=kv)
     assert s2.restored
     assert logs["group-1"][-1][:2] == (["C", "B"], {})
-    assert logs["group-0"][-1][:2] == ([], {"A": "cancelled", "B": "moved to group-1"})  # A never ran: withdrawn
+    assert logs["group-0"][-1][:2] == ([], {"A": "departed", "B": "moved to group-1"})  # (A never ran: cancelled)
     pushes = {g: c.pushes[-1] for g, c in s2.reconciler.handles.controllers.items()}
     assert pushes["group-0"].dissolved and pushes["group-7"].dissolved and not pushes["group-1"].dissolved
     assert set(s2.reconcile_once()["acked"]) == set(logs)
