@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Optional, Sequence
 
 from rollmux import profiler
@@ -49,6 +49,8 @@ class Unit:
         iter_time_s: realised iteration time of each member, seconds (co-execution time).
         rollout_busy_gpus / train_busy_gpus: GPUs busy on average (busy GPU-seconds per second);
             the rest of ``*_gpus`` is the dependency bubble.
+        staleness: per asynchronous member, the share of its rollouts per staleness ``{s:
+            fraction}`` in this unit (:mod:`rollmux.staleness`); synchronous members are absent.
     """
 
     key: str
@@ -59,6 +61,7 @@ class Unit:
     iter_time_s: dict[str, float]
     rollout_busy_gpus: float
     train_busy_gpus: float
+    staleness: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
 
 
 def _without_measured(job: JobSpec) -> JobSpec:
@@ -114,7 +117,9 @@ def solo_unit(job: JobSpec, profile: PhaseProfile, cluster: ClusterSpec) -> Unit
     # are GPU-weighted, so a job on 4 of a node's 8 GPUs leaves the other 4 idle
     recs = [dict(pool="rollout", node=f"r{i}", start_s=0.0, end_s=profile.t_roll_s, gpus=min(rgpn, job.num_rollout_gpus / rn))
             for i in range(rn)]
-    recs += [dict(pool="train", node=f"t{i}", start_s=profile.t_roll_s, end_s=t, gpus=min(tgpn, job.num_train_gpus / tn))
+    # an asynchronous job's training overlaps its next rollout: it ends the iteration either way
+    t0 = profile.t_roll_s if profile.max_staleness == 0 else t - profile.t_train_node_s
+    recs += [dict(pool="train", node=f"t{i}", start_s=t0, end_s=t, gpus=min(tgpn, job.num_train_gpus / tn))
              for i in range(tn)]
     occ = occupancy(recs, {"rollout": {f"r{i}": rgpn for i in range(rn)}, "train": {f"t{i}": tgpn for i in range(tn)}},
                     window=(0.0, t))
@@ -127,7 +132,24 @@ def solo_unit(job: JobSpec, profile: PhaseProfile, cluster: ClusterSpec) -> Unit
         iter_time_s={job.job_id: t},
         rollout_busy_gpus=occ["rollout"].busy_gpu_s / t,
         train_busy_gpus=occ["train"].busy_gpu_s / t,
+        staleness=_own_staleness(job, profile),
     )
+
+
+def _own_staleness(job: JobSpec, profile: PhaseProfile) -> dict[str, dict[int, float]]:
+    """A per-job unit's :attr:`Unit.staleness`: an asynchronous job alone on its own GPUs (rollout
+    and training apart: :func:`rollmux.intra_group.solo_staleness`; colocated, one after the other:
+    every version is published before the next rollout, so ``bounded`` uses the newest and
+    ``exact`` the one ``k`` behind)."""
+    if job.max_staleness == 0:
+        return {}
+    if profile.max_staleness == 0:
+        return {job.job_id: {job.max_staleness if job.staleness_mode == "exact" else 0: 1.0}}
+    from rollmux.intra_group import solo_staleness
+    from rollmux.models import GroupMember, Placement
+
+    pl = Placement(job_id=job.job_id, rollout_nodes=("rollout-0",), train_nodes=("train-0",))
+    return {job.job_id: solo_staleness(GroupMember(spec=job, profile=profile, placement=pl))}
 
 
 # --- Colocated (veRL-style) -----------------------------------------------------------------------
@@ -160,6 +182,7 @@ def colocated_unit(job: JobSpec, cluster: ClusterSpec) -> Unit:
         iter_time_s={job.job_id: p.t_solo_s},
         rollout_busy_gpus=0.0,
         train_busy_gpus=float(g),
+        staleness=_own_staleness(job, p),
     )
 
 
@@ -259,7 +282,8 @@ def choice_unit(job: JobSpec, g: GavelChoice) -> Unit:
         rb, tb = 0.0, float(g.train_gpus)
     else:
         rb, tb = g.rollout_gpus * p.t_roll_s / t, g.train_gpus * p.t_train_node_s / t
-    return Unit(f"gavel:{job.job_id}", (job.job_id,), g.cost_usd_per_h, g.rollout_gpus, g.train_gpus, {job.job_id: t}, rb, tb)
+    return Unit(f"gavel:{job.job_id}", (job.job_id,), g.cost_usd_per_h, g.rollout_gpus, g.train_gpus, {job.job_id: t}, rb, tb,
+                _own_staleness(job, p))
 
 
 # --- Optimum ------------------------------------------------------------------------------------------
@@ -733,7 +757,14 @@ def realised(unit_fn: Callable[[JobSpec, ClusterSpec], Unit]) -> Callable[..., U
 
 
 def _solo(job: JobSpec, cluster: ClusterSpec, real) -> Unit:
-    return solo_unit(job, real.mean_profile(job), cluster)
+    u = solo_unit(job, real.mean_profile(job), cluster)
+    t, t0 = real.solo_time_s(job), u.iter_time_s[job.job_id]
+    if t == t0:
+        return u
+    # an asynchronous job's sampled iterations pipeline alone (Realisation.solo_time_s): its Solo-D
+    # runs at that time, the same busy GPU-seconds per iteration
+    return replace(u, iter_time_s={job.job_id: t}, rollout_busy_gpus=u.rollout_busy_gpus * t0 / t,
+                   train_busy_gpus=u.train_busy_gpus * t0 / t)
 
 
 #: The per-job baselines' allocations by the ``unit`` name of their :class:`rollmux.policies.PolicySpec`:

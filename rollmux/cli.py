@@ -72,6 +72,12 @@ def simulate(
                                              "priority_classes; tenants = the trace's virtual clusters where it has them, "
                                              "quotas from the config's tenants); implies --queue on a bounded --cluster, "
                                              "preempts lower classes at iteration boundaries, reports per class"),
+    async_share: float = typer.Option(0.0, "--async-share", help="share of the jobs made asynchronous (off-policy: "
+                                      "rollout i+1 overlaps training i), drawn with the seed; 0: every job synchronous"),
+    max_staleness: int = typer.Option(1, "--max-staleness", help="staleness bound k of the asynchronous jobs "
+                                      "(rollout i uses a policy version >= i - k)"),
+    staleness_mode: str = typer.Option("mixed", "--staleness-mode", help="exact (rollout i uses version i - k) | "
+                                       "bounded (the newest published, >= i - k) | mixed (each asynchronous job draws one)"),
     lower_bound: bool = typer.Option(False, "--lower-bound", help="also compare RollMux with a proven lower bound "
                                      "at every instant (the exact optimum where exact, else the LP relaxation by "
                                      "column generation; slower): cost_vs_lower_bound in summary.json"),
@@ -86,7 +92,8 @@ def simulate(
                  max_duration_s=max_duration_s, vc=vc, slo_min=slo_min, slo_max=slo_max, max_group_size=max_group_size,
                  exact_max_jobs=exact_max_jobs, cluster_config=cluster_config, repack=repack, progress=progress,
                  config=config, queue=queue, profile_source=profile_source, priorities=priorities,
-                 lower_bound=lower_bound)
+                 lower_bound=lower_bound, async_share=async_share, max_staleness=max_staleness,
+                 staleness_mode=staleness_mode)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -27,6 +27,11 @@ fence is needed either: its round-robin queues serialise the phases on each node
 its slots until its boundary (a fence there would deadlock: the member waiting at a node's head,
 the leaving job behind it).
 
+The two bounds are settings (``SchedulerConfig.drain_grace_s`` / ``drain_max_s``, defaults
+:data:`DRAIN_GRACE_S` / :data:`DRAIN_MAX_S`) in the cluster's own time: on emulated accelerators a
+modelled second lasts the time factor (:func:`rollmux.emulation.scheduler_config` scales them), so
+an emulated cluster waits for a lost report what a real one would, not 25x longer.
+
 Pure rules, no Ray; times are Unix seconds.
 """
 
@@ -41,12 +46,14 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 __all__ = ["DRAIN_GRACE_S", "DRAIN_MAX_S", "Drain", "drain_overdue", "drains_of", "fenced_nodes", "move_drain",
            "preemption_drain", "step"]
 
-#: how long after a job stopped (its old group's controller removed it at its iteration boundary)
-#: its driver has to report its state exported before its nodes count as drained anyway, s (the
+#: default of ``drain_grace_s``: how long after a job stopped (its old group's controller removed it
+#: at its iteration boundary) its driver has to report its state exported before its nodes count
+#: as drained anyway, s (the
 #: driver died or hangs between phases; two driver leases, ``rollmux.group_ledger.DEFAULT_LEASE_S``)
 DRAIN_GRACE_S = 60.0
 
-#: how long after the decision a drain whose stop was never reported counts as drained anyway, s
+#: default of ``drain_max_s``: how long after the decision a drain whose stop was never reported
+#: counts as drained anyway, s
 #: (the ``stopped`` report is fire and forget: lost with a scheduler restart at that moment while
 #: the driver died too, no other report comes). Longer than one iteration of the jobs we schedule,
 #: so it only bounds a wait that would otherwise never end.

@@ -45,7 +45,7 @@ from rollmux.models import ClusterSpec, JobSpec, PhaseProfile, PoolName
 from rollmux.sync_plan import TensorMeta
 
 __all__ = ["EmulationConfig", "RolloutPlan", "VirtualTensor", "draw_lengths", "job_rng", "load_emulation_config",
-           "move_copy_s", "plan_rollout", "sync_s", "train_s", "virtual_weights", "wall_s"]
+           "move_copy_s", "plan_rollout", "scheduler_config", "sync_s", "train_s", "virtual_weights", "wall_s"]
 
 
 class EmulationConfig(BaseModel):
@@ -84,6 +84,19 @@ def load_emulation_config(path: Union[str, Path, None] = None) -> EmulationConfi
     from rollmux.config import CONFIG_DIR, load_model
 
     return load_model(path or CONFIG_DIR / "emulation.yaml", EmulationConfig)
+
+
+def scheduler_config(config, cfg: "EmulationConfig"):
+    """The scheduler settings (:class:`rollmux.admission.SchedulerConfig`) of a cluster on emulated
+    accelerators: its bounds in the cluster's own time (``drain_grace_s``, ``drain_max_s``: how
+    long a drain waits for a report before it counts as done) are modelled seconds there, waited
+    at the time factor like every phase (60 s of grace = 2.4 wall s at 40 ms per modelled s), so
+    that the emulated cluster waits what a real one would; and the time factor itself
+    (``wall_s_per_model_s``), by which the jobs' measured phase times (wall seconds) are divided
+    before the SLO watch compares them with configured profiles (modelled seconds)."""
+    f = cfg.wall_ms_per_model_s / 1000.0
+    return config.overridden(drain_grace_s=config.drain_grace_s * f, drain_max_s=config.drain_max_s * f,
+                             wall_s_per_model_s=f)
 
 
 def wall_s(model_s: float, cfg: EmulationConfig) -> float:

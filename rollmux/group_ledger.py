@@ -5,7 +5,8 @@ decides, without asyncio or Ray: it owns
 
 - the members (:class:`Member`: nodes, SLO, driver heartbeat, per-iteration phase times) and the
   jobs that left (``gone``: reason) or leave at their iteration boundary (``moving``);
-- the phase grants (``grants``: the one answer to "is a phase of job X running here");
+- the phase grants (``grants``: the one answer to "is a phase of job X running here"; keyed by job
+  and pool, since an asynchronous job's rollout and training run at once, :mod:`rollmux.staleness`);
 - the round-robin queues (:class:`rollmux.round_robin.RoundRobinQueues`), which own the phase
   order, the queue iteration count and whether a queued job has a sync phase; the round-robin
   order is the *planned* one (:meth:`GroupLedger.set_order`: the order admission's SLO check
@@ -38,12 +39,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Union
+from typing import Callable, Optional
 
 from rollmux.intra_group import LongTailPolicy
+from rollmux.ledger_effects import Effect, JobLeft, PhaseSwitched, Report, SyncBytes, TimelineChanged
 from rollmux.messages import AbortOutcome, Grant, PhaseRecord, ProgressReport, RuntimeEvent, EventKind, TailDecision
 from rollmux.models import pool_of_phase
 from rollmux.round_robin import RoundRobinQueues
+from rollmux.staleness import phase_version, solo_iteration_s
 
 __all__ = ["GroupLedger", "Member", "Effect", "Report", "JobLeft", "TimelineChanged", "PhaseSwitched", "SyncBytes",
            "PermitError", "MAX_TIMELINE", "HEARTBEAT_S", "DEFAULT_LEASE_S"]
@@ -81,12 +84,17 @@ class Member:
     heartbeat: Optional[float] = None
     confirmed: bool = False  # this ledger granted it a phase (its queue position is this ledger's own)
     driver: Optional[str] = None  # the driver's process identity (a Ray job id), if it told
+    max_staleness: int = 0  # the job's staleness bound k (rollmux.staleness; pushed with the membership)
+    streams: set = field(default_factory=set)  # pools this ledger granted it a phase on (an async job's resume)
     fenced: frozenset[str] = frozenset()  # nodes it may not start a phase on yet (a preempted / moved job drains there)
     iterations_done: int = 0  # derived from the grants (see the class docstring)
     iter_start: Optional[float] = None
     phase_s: dict[str, float] = field(default_factory=dict)
     iter_s: list[float] = field(default_factory=list)
     solo_s: list[float] = field(default_factory=list)
+    # the current iteration's rollout at the long-tail trigger (s from its grant, unfinished responses,
+    # whether migration acted): what the SLO watch's prediction needs (rollmux.measured.reported_sample)
+    tail: Optional[tuple[float, int, bool]] = None
 
     def slowdown(self) -> Optional[float]:
         """Measured co-executed / solo iteration time over the finished iterations (None before one)."""
@@ -103,50 +111,6 @@ class _Held:
     started: bool = False  # the worker began the phase (the lease then waits for its release)
     migrated: bool = False  # a long-tail decision was taken for this rollout
 
-
-# ---- effects: what the actor must do for the ledger (typed; carried out by GroupController._apply)
-@dataclass(frozen=True)
-class Report:
-    """Send ``message`` about ``job_id`` to the GlobalScheduler (fire and forget)."""
-
-    job_id: str
-    message: Union[RuntimeEvent, ProgressReport]
-
-
-@dataclass(frozen=True)
-class JobLeft:
-    """The job left this group: its per-job totals in the group's metrics go (it may come back)."""
-
-    job_id: str
-
-
-@dataclass(frozen=True)
-class TimelineChanged:
-    """The group's occupancy records changed (``metrics.group_timeline``)."""
-
-    group_id: str
-    records: list  # one per phase and node: pool, node, start_s, end_s, gpus (s since the ledger started)
-    nodes: dict  # pool -> {node: GPUs}
-    window: tuple[float, float]  # the group's lifetime so far, s since the ledger started
-
-
-@dataclass(frozen=True)
-class PhaseSwitched:
-    """A phase started its state: ``kind`` warm | cold | moved, ``seconds`` its start-up time."""
-
-    kind: str
-    seconds: float
-
-
-@dataclass(frozen=True)
-class SyncBytes:
-    """A sync of ``job_id`` sent ``nbytes`` bytes across the pool boundary."""
-
-    job_id: str
-    nbytes: int
-
-
-Effect = Union[Report, JobLeft, TimelineChanged, PhaseSwitched, SyncBytes]
 
 
 class GroupLedger:
@@ -175,7 +139,7 @@ class GroupLedger:
         self.members: dict[str, Member] = {}
         self.gone: dict[str, str] = {}  # job_id -> why it left ("failed: ...", "departed", "moved to <g>")
         self.moving: dict[str, str] = {}  # job_id -> "moved to <g>" (due at its iteration boundary)
-        self.grants: dict[str, _Held] = {}  # job_id -> the grant of its running phase (not released yet)
+        self.grants: dict[tuple[str, str], _Held] = {}  # (job_id, pool) -> the grant of its phase there (not released yet)
         self.migrations: list[TailDecision] = []
         self.timeline: list[dict] = []
         self.pending: list[Effect] = []  # effects of state changes not returned by the call (take_effects)
@@ -191,13 +155,15 @@ class GroupLedger:
         return job_id in self.rr.job_ids
 
     def add(self, job_id: str, rollout_nodes: list[str], train_nodes: list[str], *, has_sync: bool = True,
-            slo: Optional[float] = None) -> bool:
-        """Record an admitted member (pending until its driver attaches). Idempotent: for a current
-        member, True only when a deferred move of it is cancelled (it moved back)."""
+            slo: Optional[float] = None, max_staleness: int = 0) -> bool:
+        """Record an admitted member (pending until its driver attaches; ``max_staleness``: its
+        staleness bound k). Idempotent: for a current member, True only when a deferred move of it
+        is cancelled (it moved back)."""
         if self.is_member(job_id):
             return self.moving.pop(job_id, None) is not None
         self.gone.pop(job_id, None)
-        self.members[job_id] = Member(list(rollout_nodes), list(train_nodes), slo=slo, has_sync=has_sync)
+        self.members[job_id] = Member(list(rollout_nodes), list(train_nodes), slo=slo, has_sync=has_sync,
+                                      max_staleness=int(max_staleness))
         return True
 
     def activate(self, job_id: str) -> None:
@@ -212,7 +178,7 @@ class GroupLedger:
                                   "re-attach to the group in its scheduler record")
             raise PermitError(f"group {self.group_id}: job {job_id!r} cannot attach: {why}")
         if not m.active:
-            self.rr.add_job(job_id, m.rollout_nodes, m.train_nodes, has_sync=m.has_sync)
+            self.rr.add_job(job_id, m.rollout_nodes, m.train_nodes, has_sync=m.has_sync, max_staleness=m.max_staleness)
             m.active = True
         m.heartbeat = self.clock()
 
@@ -288,7 +254,8 @@ class GroupLedger:
         ``"preempted"`` (a higher class needs its nodes): the removal takes effect at the job's
         *iteration boundary* (never half an iteration): a job in the middle of a meta-iteration
         (a phase granted or running, or its next phase is training / sync) keeps its slots until
-        its iteration's last phase is released. A job between iterations leaves now. When a
+        its iteration's last phase is released. An asynchronous job is not granted rollouts ahead
+        meanwhile, so its pipeline drains to such a boundary (:meth:`try_grant`). A job between iterations leaves now. When a
         moved or preempted job actually leaves (now or at its boundary) the GlobalScheduler is
         told (a :class:`Report` of a ``stopped`` :class:`rollmux.messages.RuntimeEvent` with this
         group's id): no phase of it runs here any more, which starts the bound on its drain
@@ -303,7 +270,8 @@ class GroupLedger:
         self.moving.pop(job_id, None)
         if self.is_queued(job_id):
             self.rr.remove_job(job_id)
-        self.grants.pop(job_id, None)
+        for pool in ("rollout", "train"):
+            self.grants.pop((job_id, pool), None)
         self.gone[job_id] = reason
         # its per-job totals in this group's recorder (sync bytes) go with it; it may come back
         self.pending.append(JobLeft(job_id))
@@ -357,8 +325,7 @@ class GroupLedger:
 
     # ---- permits
     def _started(self, job_id: str) -> bool:
-        held = self.grants.get(job_id)
-        return held is not None and held.started
+        return any(h is not None and h.started for h in (self.grants.get((job_id, p)) for p in ("rollout", "train")))
 
     def try_grant(self, job_id: str, phase: str, iteration: Optional[int], waited_since: float) -> Optional[Grant]:
         """Grant ``phase`` of a queued ``job_id`` if the queues let it start now, else None.
@@ -371,8 +338,10 @@ class GroupLedger:
         """
         if not self.is_queued(job_id):
             self.activate(job_id)
-        nxt = self.rr.next_phase(job_id)
         m = self.members[job_id]
+        if self.rr.max_staleness(job_id) > 0:
+            return self._try_grant_async(job_id, m, phase, iteration, waited_since)
+        nxt = self.rr.next_phase(job_id)
         if nxt != phase and not m.confirmed and not self.rr.is_running(job_id):
             # a restarted controller: the driver's own report says where the job is in its
             # meta-iteration (the phase it asks for is its next one); resume it there
@@ -384,28 +353,57 @@ class GroupLedger:
                 pass
         if nxt != phase:
             raise PermitError(f"group {self.group_id}: job {job_id!r} asked for {phase} but its next phase is {nxt}")
-        ready = next((r for r in self.rr.ready() if r.job_id == job_id), None)
+        return self._grant(job_id, m, phase, iteration, waited_since)
+
+    def _try_grant_async(self, job_id: str, m: Member, phase: str, iteration: Optional[int],
+                         waited_since: float) -> Optional[Grant]:
+        """:meth:`try_grant` of an asynchronous job: its rollout stream and its training stream
+        ask on their own (``iteration``: the rollout's own index for a rollout). A restarted
+        controller resumes each stream on its first request (:meth:`RoundRobinQueues.resume`).
+        A job due to move (or be preempted) is granted no rollout ahead, so its pipeline drains."""
+        pool = pool_of_phase(phase)
+        if pool not in m.streams and iteration is not None:
+            idx = self.rr.rollouts(job_id) if phase == "rollout" else self.rr.iteration(job_id)
+            if idx != int(iteration) and not self.rr.is_running(job_id, phase):
+                try:
+                    if not self.rr.resume(job_id, phase, int(iteration)):
+                        return None
+                except ValueError:
+                    pass
+        if phase not in self.rr.next_phases(job_id):
+            raise PermitError(f"group {self.group_id}: job {job_id!r} asked for {phase} but may ask for "
+                              f"{', '.join(self.rr.next_phases(job_id)) or 'nothing (its phases run)'}")
+        if phase == "rollout" and job_id in self.moving:
+            return None  # drain: no rollout ahead while the job is due to leave at its iteration boundary
+        return self._grant(job_id, m, phase, iteration, waited_since)
+
+    def _grant(self, job_id: str, m: Member, phase: str, iteration: Optional[int], waited_since: float) -> Optional[Grant]:
+        """Grant ``phase`` if the queues have it ready and none of its nodes is fenced, else None."""
+        ready = next((r for r in self.rr.ready() if r.job_id == job_id and r.phase == phase), None)
         if ready is None or m.fenced.intersection(ready.nodes):
             return None
         rp = self.rr.grant(job_id, phase)
         now = self.clock()
+        it = rp.iteration if iteration is None else int(iteration)
+        version = phase_version(phase, it, self.rr.max_staleness(job_id))
         grant = Grant(job_id=job_id, group_id=self.group_id, phase=phase, pool=rp.pool, nodes=tuple(rp.nodes),
-                      iteration=rp.iteration if iteration is None else int(iteration), granted_at=now,
-                      waited_s=now - waited_since, controller=self.address)
-        self.grants[job_id] = _Held(grant, turn=rp.iteration)
+                      iteration=it, granted_at=now, waited_s=now - waited_since, controller=self.address,
+                      version=version)
+        self.grants[(job_id, rp.pool)] = _Held(grant, turn=self.rr.iteration(job_id))
         m.confirmed = True
+        m.streams.add(rp.pool)
         if phase == "rollout" and m.iter_start is None:
             m.iter_start = now
         return grant
 
-    def grant_of(self, job_id: str) -> Optional[Grant]:
-        """The job's grant not released yet (None: no phase of it is granted here)."""
-        held = self.grants.get(job_id)
+    def grant_of(self, job_id: str, pool: str = "train") -> Optional[Grant]:
+        """The job's grant on ``pool`` not released yet (None: no phase of it is granted there)."""
+        held = self.grants.get((job_id, pool))
         return None if held is None else held.grant
 
     def phase_started(self, job_id: str, phase: str) -> bool:
         """The worker began the granted phase (the lease then waits for its release)."""
-        held = self.grants.get(job_id)
+        held = self.grants.get((job_id, pool_of_phase(phase)))
         if held is None or held.grant.phase != phase:
             return False
         held.started = True
@@ -423,7 +421,7 @@ class GroupLedger:
         (the timeline record, effects); the record's ``iteration`` is the grant's.
         """
         job_id, phase = grant.job_id, grant.phase
-        held = self.grants.pop(job_id, None)
+        held = self.grants.pop((job_id, pool_of_phase(phase)), None)
         ok = bool(record.ok)
         now = self.clock()
         rec = {"job_id": job_id, "phase": phase, "group_id": self.group_id, "pool": pool_of_phase(phase),
@@ -444,7 +442,7 @@ class GroupLedger:
                     self.rr.on_phase_done(job_id, phase)
                 except ValueError:
                     pass  # a stale or duplicate release must not break the group
-                if self.rr.iteration(job_id) > held.turn:
+                if phase != "rollout" and self.rr.iteration(job_id) > held.turn:
                     effects += self._iteration_done(job_id, rec)
                     if job_id in self.moving:  # iteration boundary: a deferred move takes effect
                         self.remove(job_id, self.moving.pop(job_id))
@@ -465,14 +463,15 @@ class GroupLedger:
         if not self.is_member(job_id):
             raise PermitError(f"group {self.group_id}: job {job_id!r} is not a member: "
                               f"{self.gone.get(job_id, 'not a member of this group')}")
-        held = self.grants.get(job_id)
+        held = self.grants.get((job_id, pool_of_phase(phase)))
         if held is not None and held.grant.phase == phase:
             g = held.grant
             rec, effects = self.release(g, PhaseRecord(ok=False, lost=True, error=reason, start=g.granted_at,
                                                        end=self.clock()))
             return AbortOutcome.ABORTED, effects
-        if held is None and self.is_queued(job_id) and not self.rr.is_running(job_id) \
-                and self.members[job_id].confirmed and self.rr.next_phase(job_id) != phase:
+        # (an asynchronous job's rollout is always among its next phases: it is asked again, "none")
+        if held is None and self.is_queued(job_id) and not self.rr.is_running(job_id, phase) \
+                and self.members[job_id].confirmed and phase not in self.rr.next_phases(job_id):
             return AbortOutcome.DONE, []
         return AbortOutcome.NONE, []
 
@@ -505,15 +504,25 @@ class GroupLedger:
         m.iterations_done = int(rec["iteration"]) + 1  # derived: the grant's index (the driver's count) + 1
         end = rec["end"] if rec.get("end") is not None else self.clock()
         iter_s = end - (m.iter_start or end)
-        solo_s = sum(m.phase_s.values())  # the job's own phase time: its iteration alone
+        if m.max_staleness == 0:
+            solo_s = sum(m.phase_s.values())  # the job's own phase time: its iteration alone
+        else:  # an asynchronous job's rollouts overlap its trainings alone too (rollmux.staleness)
+            p = m.phase_s
+            solo_s = solo_iteration_s(p.get("rollout", 0.0), p.get("train", 0.0), p.get("sync", 0.0), m.max_staleness)
         phases = dict(m.phase_s)
+        cold = not m.iter_s  # its first iteration in this group: the cold start (admission or a move)
         m.iter_s.append(iter_s)
         m.solo_s.append(solo_s)
+        tail, m.tail = m.tail, None
         m.iter_start, m.phase_s = end, {}
         # per-job series are exported by the GlobalScheduler alone (it gets this report)
         return [Report(job_id, ProgressReport(m.iterations_done, t_iter_s=iter_s, t_solo_s=solo_s,
                                               slowdown=m.slowdown(), t_roll_s=phases.get("rollout"),
-                                              t_train_s=phases.get("train"), t_sync_s=phases.get("sync")))]
+                                              t_train_s=phases.get("train"), t_sync_s=phases.get("sync"),
+                                              cold_start=cold,
+                                              t_trigger_s=None if tail is None else tail[0],
+                                              tail_responses=None if tail is None else tail[1],
+                                              tail_migrated=None if tail is None else tail[2]))]
 
     def slowdown(self, job_id: str) -> Optional[float]:
         m = self.members.get(job_id)
@@ -524,7 +533,7 @@ class GroupLedger:
         """Generation progress of the running rollout; a migration decision once per rollout
         (``LongTailPolicy.should_migrate``, RollMux §4.3): the tail / freed worker split, the next
         rollout waiting, and whether the queue slots were released (``acted``)."""
-        held = self.grants.get(job_id)
+        held = self.grants.get((job_id, "rollout"))
         if held is None or held.grant.phase != "rollout" or held.migrated:
             return None
         if not self.long_tail.should_migrate(done, total):
@@ -540,6 +549,9 @@ class GroupLedger:
                 acted = True
             except ValueError:
                 pass
+        m = self.members.get(job_id)
+        if m is not None:
+            m.tail = (max(0.0, self.clock() - held.grant.granted_at), total - done, acted)
         decision = TailDecision(job_id=job_id, iteration=held.grant.iteration, done=done, total=total, t=self.clock(),
                                 next_rollout=(waiting or [None])[0], tail_workers=tuple(tail),
                                 freed_workers=tuple(freed), acted=acted)
@@ -560,6 +572,9 @@ class GroupLedger:
             jobs[j] = {"next_phase": self.rr.next_phase(j), "running": self.rr.is_running(j),
                        "iterations_done": m.iterations_done, "turns": self.rr.iteration(j), "fenced": sorted(m.fenced),
                        "rollout_nodes": m.rollout_nodes, "train_nodes": m.train_nodes, "slowdown": m.slowdown()}
+            if m.max_staleness:  # an asynchronous job: both streams
+                jobs[j].update(max_staleness=m.max_staleness, next_phases=list(self.rr.next_phases(j)),
+                               rollouts=self.rr.rollouts(j))
         pending = [j for j, m in self.members.items() if not m.active and j not in self.gone]
         return {"group_id": self.group_id, "jobs": jobs, "pending": pending, "gone": dict(self.gone),
                 "moving": dict(self.moving), "queues": self.queues(), "order": list(self.order),

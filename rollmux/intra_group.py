@@ -11,72 +11,29 @@ The group-level quantities of saturation pruning (RollMux §4.2: ``T_cycle(G) = 
 ``T_load(G)`` = the busiest node's pinned phase times, rollout nodes: rollouts, training nodes:
 training + sync, which holds the training slot) are the policy's, computed once in
 :func:`rollmux.admission.groups.summarise_group` and compared by :func:`rollmux.admission.is_saturated`.
+
+The records and the figures of a schedule are :mod:`rollmux.group_schedule`; the steady state
+without events (the recurrence admission and the replay read) is :mod:`rollmux.steady_state`,
+re-exported here.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence, Union
 
+from rollmux.group_schedule import GroupSchedule, IterationTimes, PhaseRecord, members_of, staleness_counts
 from rollmux.models import CoExecutionGroup, GroupMember, PhaseProfile
 from rollmux.occupancy import BusyCurve
 from rollmux.round_robin import RoundRobinQueues
+from rollmux.staleness import solo_iteration_s
+from rollmux.steady_state import (STEADY_MAX_CYCLES, coexec_key, coexec_times, coexec_values, sampled_meta_iterations,
+                                  steady_horizon, steady_meta_iterations, steady_schedule)
 
-
-@dataclass(frozen=True)
-class IterationTimes:
-    """One iteration's realised phase times, seconds.
-
-    ``t_trigger_s`` (optional, relative to the rollout's start): when the trigger fraction of
-    the rollout's responses is done, i.e. when long-tail migration may fire.
-    ``tail_load`` (optional, >= 0): the unfinished responses at the trigger as a fraction of the
-    job's concurrent decode slots over all its rollout GPUs (``None``: ``1 - trigger_fraction``,
-    i.e. a rollout that started with every slot full). It sets how much the tail stretches
-    when its stragglers are packed onto fewer GPUs (:meth:`LongTailPolicy.tail_stretch`).
-    """
-
-    t_roll_s: float
-    t_train_s: float
-    t_sync_s: float = 0.0
-    t_trigger_s: Optional[float] = None
-    tail_load: Optional[float] = None
-
-    def __post_init__(self) -> None:
-        for name in ("t_roll_s", "t_train_s", "t_sync_s"):
-            v = getattr(self, name)
-            if not (v >= 0 and math.isfinite(v)):
-                raise ValueError(f"{name} must be a finite number >= 0, got {v}")
-        if self.t_trigger_s is not None and not (0 <= self.t_trigger_s <= self.t_roll_s):
-            raise ValueError(f"t_trigger_s must lie in [0, t_roll_s={self.t_roll_s}], got {self.t_trigger_s}")
-        if self.tail_load is not None and not (self.tail_load >= 0 and math.isfinite(self.tail_load)):
-            raise ValueError(f"tail_load must be a finite number >= 0, got {self.tail_load}")
-
-    @property
-    def t_solo_s(self) -> float:
-        """This iteration run alone, s: ``t_roll_s + t_train_s + t_sync_s`` (as :attr:`PhaseProfile.t_solo_s`)."""
-        return self.t_roll_s + self.t_train_s + self.t_sync_s
-
-
-@dataclass(frozen=True)
-class PhaseRecord:
-    """One phase of one job on one node: ``[start_s, end_s)`` of meta-iteration ``iteration``.
-
-    ``gpus``: GPUs of ``node`` the phase uses (``None``: the whole node); after long-tail
-    migration the tail's record holds only the tail GPUs. Busy / bubble ratios are computed from
-    these records by :func:`rollmux.occupancy.occupancy`.
-    """
-
-    job_id: str
-    phase: str
-    pool: str
-    node: str
-    iteration: int
-    start_s: float
-    end_s: float
-    gpus: Optional[float] = None
+__all__ = ["GroupSchedule", "IterationTimes", "LongTailPolicy", "PhaseRecord", "STEADY_MAX_CYCLES", "TimesFn",
+           "coexec_key", "coexec_times", "coexec_values", "realised_solo_s", "sampled_meta_iterations", "simulate_group",
+           "solo_staleness", "steady_horizon", "steady_meta_iterations", "steady_schedule"]
 
 
 @dataclass(frozen=True)
@@ -158,52 +115,6 @@ class LongTailPolicy:
         return t_trigger_s is not None and t_trigger_s + self.migration_overhead_s < t_roll_s
 
 
-@dataclass
-class GroupSchedule:
-    """Result of :func:`simulate_group`.
-
-    Attributes:
-        timeline: phase records (empty when ``record_timeline=False``).
-        t_coexec_s: per job, mean iteration time over the steady-state window (seconds).
-        t_coexec_max_s: per job, the longest single iteration in that window.
-        t_solo_s: per job, solo iteration time of its planning profile.
-        t_meta_s: meta-iteration time = max_j t_coexec_s (every member iterates once per meta-iteration).
-        busy_fraction / bubble_fraction: per pool (``"rollout"``, ``"train"``), GPU-time fraction
-            busy / idle over the steady-state window ``window_s`` (:func:`rollmux.occupancy.occupancy`
-            on the records: GPU-weighted, union of busy intervals).
-        lifetime_busy_fraction: the same over the whole simulated run ``[0, horizon_s]``
-            (warm-up and drain included).
-        busy_curve: :class:`rollmux.occupancy.BusyCurve` of the run (cumulative busy GPU-seconds).
-        iterations: completed iterations per job; horizon_s: end of the simulation.
-    """
-
-    timeline: list[PhaseRecord]
-    t_coexec_s: dict[str, float]
-    t_coexec_max_s: dict[str, float]
-    t_solo_s: dict[str, float]
-    t_meta_s: float
-    busy_fraction: dict[str, float]
-    bubble_fraction: dict[str, float]
-    iterations: dict[str, int]
-    horizon_s: float
-    window_s: tuple[float, float] = (0.0, 0.0)
-    migrations: int = 0
-    lifetime_busy_fraction: dict[str, float] = field(default_factory=dict)
-    busy_curve: Optional[BusyCurve] = None
-
-    def slowdown(self, job_id: str) -> float:
-        """``t_coexec / t_solo`` of ``job_id`` (KeyError if unknown)."""
-        return self.t_coexec_s[job_id] / self.t_solo_s[job_id]
-
-    @property
-    def slowdowns(self) -> dict[str, float]:
-        return {j: self.slowdown(j) for j in self.t_coexec_s}
-
-
-def _members_of(g: Union[CoExecutionGroup, Sequence[GroupMember]]) -> Sequence[GroupMember]:
-    return g.members if isinstance(g, CoExecutionGroup) else g
-
-
 # --- simulation ----------------------------------------------------------------------------------
 
 TimesFn = Callable[[str, int], Union[IterationTimes, PhaseProfile]]
@@ -266,7 +177,7 @@ def simulate_group(
         GroupSchedule. Raises ValueError on an empty group, duplicate job ids or
         ``meta_iterations < 2``; RuntimeError if the queues deadlock or ``max_events`` is hit.
     """
-    members = list(_members_of(members))
+    members = list(members_of(members))
     if not members:
         raise ValueError("simulate_group needs at least one member")
     n = len(members)
@@ -277,7 +188,8 @@ def simulate_group(
     q = RoundRobinQueues()
     gpus: dict[str, int] = {}
     for mb in members:
-        q.add_job(mb.spec.job_id, mb.placement.rollout_nodes, mb.placement.train_nodes, has_sync=True)
+        q.add_job(mb.spec.job_id, mb.placement.rollout_nodes, mb.placement.train_nodes, has_sync=True,
+                  max_staleness=mb.profile.max_staleness)
         gpus[mb.spec.job_id] = mb.spec.num_rollout_gpus
     if len(gpus) != n:
         raise ValueError("duplicate job ids in group")
@@ -298,7 +210,8 @@ def simulate_group(
 
     by_id = {mb.spec.job_id: mb for mb in members}
     done_at: dict[str, list[float]] = {j: [0.0] for j in gpus}
-    cur: dict[str, IterationTimes] = {}
+    roll_starts: dict[str, list[float]] = {j: [] for j in gpus}
+    cur: dict[tuple[str, int], IterationTimes] = {}  # (job, iteration) -> its times (rollout ran, training due)
     tails: dict[str, list[tuple[float, float]]] = {}
     rollout_end: dict[str, tuple[float, int]] = {}  # job -> (end of its running rollout, heap key)
     held_gpus: dict[str, int] = {}  # job -> GPUs its migrated tail keeps
@@ -313,12 +226,13 @@ def simulate_group(
         for rp in q.ready() if ready is None else ready:
             j, ph = rp.job_id, rp.phase
             if ph == "rollout":
-                if q.iteration(j) >= m_it and min(len(v) - 1 for v in done_at.values()) >= m_it:
+                if rp.iteration >= m_it and min(len(v) - 1 for v in done_at.values()) >= m_it:
                     continue
-                it = times(j, q.iteration(j))
+                it = times(j, rp.iteration)
                 if isinstance(it, PhaseProfile):
                     it = IterationTimes(it.t_roll_s, it.t_train_s, it.t_sync_s)
-                cur[j] = it
+                cur[(j, rp.iteration)] = it
+                roll_starts[j].append(now)
                 ts = [x for nd in rp.nodes for x in tails.get(nd, ()) if x[0] > now]
                 end = _finish(now, it.t_roll_s, ts) if ts else now + it.t_roll_s
                 rollout_end[j] = (end, seq)
@@ -326,7 +240,7 @@ def simulate_group(
                         and long_tail.worthwhile(it.t_roll_s, it.t_trigger_s)):
                     heapq.heappush(heap, (now + it.t_trigger_s, seq, j, "trigger"))
             else:
-                it = cur[j]
+                it = cur[(j, rp.iteration)] if ph == "train" else cur.pop((j, rp.iteration))
                 end = now + (it.t_train_s if ph == "train" else it.t_sync_s)
             q.grant(j, ph)
             heapq.heappush(heap, (end, seq, j, ph))
@@ -350,8 +264,8 @@ def simulate_group(
             # packed per tail GPU and pays the migration overhead
             end, tok = rollout_end.get(j, (None, None))
             plan = None
-            if tok == key and q.is_running(j) and q.next_phase(j) == "rollout" and q.waiting_for(j):
-                it = cur[j]
+            if tok == key and q.is_running(j, "rollout") and q.waiting_for(j):
+                it = cur[(j, q.rollouts(j))]
                 plan = long_tail.plan_tail(gpus[j], end - now, by_id[j].profile.t_roll_s - it.t_roll_s,  # type: ignore[union-attr]
                                            it.tail_load)
             if plan is not None:
@@ -371,7 +285,7 @@ def simulate_group(
         if ph == "rollout" and rollout_end.get(j, (None, key))[1] != key:
             continue  # superseded by the migrated tail's end
         if ph == "release":
-            if q.next_phase(j) == "rollout" and q.is_running(j):
+            if q.is_running(j, "rollout"):
                 q.release(j)
                 held = min(1.0, held_gpus.get(j, 1) / max(1, gpus[j]))
                 end = rollout_end[j][0]
@@ -406,6 +320,7 @@ def simulate_group(
     steady, life = curve.occupancy((w0, w1)), curve.occupancy((0.0, now))
     busy_frac = {p: o.busy_ratio for p, o in steady.items()}
     bubble = {p: o.bubble_ratio for p, o in steady.items()}
+    stale = staleness_counts(members, roll_starts, {j: c[1:] for j, c in done_at.items()}, h, m_it)
     return GroupSchedule(
         timeline=timeline if record_timeline else [],
         t_coexec_s=t_co,
@@ -420,333 +335,39 @@ def simulate_group(
         migrations=migrations,
         lifetime_busy_fraction={p: o.busy_ratio for p, o in life.items()},
         busy_curve=curve,
+        staleness=stale,
     )
 
 
-def steady_schedule(members: Union[CoExecutionGroup, Sequence[GroupMember]], *,
-                    gpus_per_node: Optional[Mapping[str, float]] = None,
-                    max_cycles: int = 100_000) -> GroupSchedule:
-    """The steady state of the deterministic round-robin schedule (planning profiles, no long
-    tails) without the event simulation: the fields of :func:`simulate_group` (default
-    ``meta_iterations``, ``phase_times=None``, ``long_tail=None``) that describe the schedule up
-    to the end of its steady-state window, bit for bit (property-tested): ``t_coexec_s``,
-    ``t_coexec_max_s``, ``t_solo_s``, ``t_meta_s``, ``window_s``, ``busy_fraction``,
-    ``bubble_fraction`` and ``busy_curve`` on ``[0, window_s[1]]``. The schedule is the
-    recurrence of :func:`_rr_recurrence` (every node's FIFO in admission order), run until every
-    phase that starts within the window is known; the records of those phases feed the busy
-    curve. ``timeline`` is empty, ``iterations`` counts the iterations completed within the
-    window, ``horizon_s`` is the window's end and ``lifetime_busy_fraction`` covers ``[0,
-    horizon_s]`` (the event simulation also runs the drain after the window). The replay's group
-    units use it (:meth:`rollmux.sim.realisation.Realisation.group_unit`).
-
-    Raises ValueError on an empty group or duplicate job ids, RuntimeError past ``max_cycles``.
-    Source: RollMux §4.3 (round-robin meta-iterations).
-    """
-    members = list(_members_of(members))
-    n = len(members)
-    if n == 0:
-        raise ValueError("steady_schedule needs at least one member")
-    ids = [mb.spec.job_id for mb in members]
-    if len(set(ids)) != n:
-        raise ValueError("duplicate job ids in group")
-    m_it = steady_meta_iterations(members)
-    h = m_it // 2
-    nodes: dict[tuple[str, str], int] = {}
-    rolls, trains = [], []
-    for k, mb in enumerate(members):
-        p = mb.profile
-        rn = tuple(nodes.setdefault(("rollout", x), len(nodes)) for x in mb.placement.rollout_nodes)
-        tn = tuple(nodes.setdefault(("train", x), len(nodes)) for x in mb.placement.train_nodes)
-        if gpus_per_node is None:
-            gr = gt = None
-        else:
-            gr = min(float(gpus_per_node["rollout"]), mb.spec.num_rollout_gpus / len(rn))
-            gt = min(float(gpus_per_node["train"]), mb.spec.num_train_gpus / len(tn))
-        rolls.append((k, p.t_roll_s, rn, gr))
-        trains.append((k, p.t_train_s, p.t_sync_s, tn, gt))
-    cap = {("rollout" if key[0] == "rollout" else "train", key[1]): (float(gpus_per_node[key[0]]) if gpus_per_node is not None else 1.0)
-           for key in nodes}
-    node_keys = list(nodes)
-    free = [0.0] * len(nodes)
-    last = [0.0] * n
-    rend = [0.0] * n
-    done: list[list[float]] = [[0.0] for _ in range(n)]
-    recs: list[tuple[float, int, float, float, Optional[float]]] = []  # (start, node, start, end, gpus)
-    w1 = math.inf
-    cycle = 0
-    while True:
-        starts_before = False
-        for k, tr, rn, gr in rolls:
-            s0 = last[k]
-            for x in rn:
-                if free[x] > s0:
-                    s0 = free[x]
-            e = s0 + tr
-            for x in rn:
-                free[x] = e
-                recs.append((s0, x, s0, e, gr))
-            rend[k] = e
-            starts_before |= s0 < w1
-        for k, tt, ts, tn, gt in trains:
-            s0 = rend[k]
-            for x in tn:
-                if free[x] > s0:
-                    s0 = free[x]
-            et = s0 + tt
-            e = et + ts
-            for x in tn:
-                free[x] = e
-                recs.append((s0, x, s0, et, gt))
-                recs.append((et, x, et, e, gt))
-            last[k] = e
-            done[k].append(e)
-        cycle += 1
-        if cycle == m_it:
-            w1 = done[0][m_it]
-        if cycle >= m_it and not starts_before:
-            break
-        if cycle > max_cycles:
-            raise RuntimeError(f"steady_schedule: more than {max_cycles} cycles before the window ends")
-    w0 = done[0][h]
-    deltas: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    recs.sort(key=lambda r: r[0])
-    for st, x, s0, e, g in recs:
-        if st > w1:
-            break
-        key = node_keys[x]
-        g = cap[key] if g is None else g
-        if e > s0 and g > 0:
-            deltas.setdefault(key, []).extend(((s0, g), (e, -g)))
-    pool_caps = {"rollout": {}, "train": {}}
-    for (pool, nd), c in cap.items():
-        pool_caps[pool][nd] = c
-    curve = BusyCurve.from_deltas(deltas, pool_caps)
-    t_co = {ids[k]: (c[m_it] - c[h]) / (m_it - h) for k, c in enumerate(done)}
-    t_co_max = {ids[k]: max(c[i + 1] - c[i] for i in range(h, m_it)) for k, c in enumerate(done)}
-    steady, life = curve.occupancy((w0, w1)), curve.occupancy((0.0, w1))
-    return GroupSchedule(
-        timeline=[],
-        t_coexec_s=t_co,
-        t_coexec_max_s=t_co_max,
-        t_solo_s={mb.spec.job_id: mb.profile.t_solo_s for mb in members},
-        t_meta_s=max(t_co.values()),
-        busy_fraction={p: o.busy_ratio for p, o in steady.items()},
-        bubble_fraction={p: o.bubble_ratio for p, o in steady.items()},
-        iterations={ids[k]: sum(1 for t in c[1:] if t <= w1) for k, c in enumerate(done)},
-        horizon_s=w1,
-        window_s=(w0, w1),
-        migrations=0,
-        lifetime_busy_fraction={p: o.busy_ratio for p, o in life.items()},
-        busy_curve=curve,
-    )
+def realised_solo_s(member: GroupMember, its: Sequence[Union[IterationTimes, PhaseProfile]]) -> float:
+    """A job's realised solo iteration time over its iterations ``its`` (cycled), seconds: the
+    mean of their :attr:`IterationTimes.t_solo_s` for a synchronous job; for an asynchronous one
+    (``member.profile.max_staleness >= 1``, whose rollouts overlap its trainings) the mean
+    iteration of the job alone on its own nodes, through the same schedule as its group
+    (:func:`simulate_group` of the one member). With one iteration it is
+    :func:`rollmux.staleness.solo_iteration_s` of it. Raises ValueError on no iterations."""
+    its = list(its)
+    if not its:
+        raise ValueError("realised_solo_s needs at least one iteration")
+    k = member.profile.max_staleness
+    if k == 0:
+        return sum(i.t_solo_s for i in its) / len(its)
+    if len(its) == 1:
+        return solo_iteration_s(its[0].t_roll_s, its[0].t_train_s, its[0].t_sync_s, k)
+    j = member.spec.job_id
+    s = simulate_group([member], meta_iterations=sampled_meta_iterations([member], len(its)), phase_times={j: its},
+                       record_timeline=False)
+    return s.t_coexec_s[j]
 
 
-# --- cached steady state for admission ---------------------------------------------------------
-
-def _canonical(members: Sequence[GroupMember], rollout_overhead_s: float = 0.0) -> tuple:
-    return coexec_key([(mb.profile.t_roll_s + rollout_overhead_s, mb.profile.t_train_s, mb.profile.t_sync_s,
-                        mb.placement.rollout_nodes, mb.placement.train_nodes) for mb in members])
-
-
-def coexec_key(rows: Sequence[tuple]) -> tuple:
-    """The memo key of :func:`coexec_times` for members given in round-robin order as rows
-    ``(t_roll_s + rollout overhead, t_train_s, t_sync_s, rollout node ids, training node ids)``:
-    node ids renamed 0, 1, ... in order of first use, so groups of the same structure share it."""
-    names: dict[str, int] = {}
-    key = []
-    for tr, tt, ts, rn, tn in rows:
-        r = tuple(names.setdefault(x, len(names)) for x in rn)
-        t = tuple(names.setdefault(x, len(names)) for x in tn)
-        key.append((tr, tt, ts, r, t))
-    return tuple(key)
+def solo_staleness(member: GroupMember) -> dict[int, float]:
+    """The share of an asynchronous job's rollouts per staleness when it runs alone on its own
+    nodes (its Solo-D), in the steady state of its planning profile: ``{s: fraction}``; ``{}``
+    for a synchronous job. From the same schedule as a group's (:func:`steady_schedule`)."""
+    if member.profile.max_staleness == 0:
+        return {}
+    cnt = steady_schedule([member]).staleness[member.spec.job_id]
+    n = sum(cnt.values())
+    return {s: c / n for s, c in cnt.items()}
 
 
-def _rr_cycle(key: tuple, free: list[float], last: list[float], rend: list[float]) -> None:
-    """One meta-iteration of the round-robin recurrence, in place: every rollout in admission
-    order starts at ``max(its job's last sync end, its rollout nodes' free time)``, then every
-    training (+ sync) at ``max(its rollout's end, its training nodes' free time)``. ``free``:
-    per node id, ``last``: per job (its last sync end), ``rend``: per job (rollout end), seconds."""
-    for k, (tr, _tt, _ts, rn, _tn) in enumerate(key):
-        e = last[k]
-        for x in rn:
-            if free[x] > e:
-                e = free[x]
-        e = e + tr
-        for x in rn:
-            free[x] = e
-        rend[k] = e
-    for k, (_tr, tt, ts, _rn, tn) in enumerate(key):
-        e = rend[k]
-        for x in tn:
-            if free[x] > e:
-                e = free[x]
-        e = e + tt + ts
-        for x in tn:
-            free[x] = e
-        last[k] = e
-
-
-def _rr_recurrence(key: tuple, m_it: int) -> tuple[float, ...]:
-    """Deterministic round-robin schedule as a recurrence (no events): with every node's FIFO
-    order fixed to admission order, rollout ``(c, k)`` starts at ``max(end of k's sync of cycle
-    c-1, free time of its rollout nodes)`` and training ``(c, k)`` at ``max(end of its rollout,
-    free time of its training nodes)``; processing cycle by cycle, rollouts then trainings, in
-    admission order respects every FIFO and dependency edge. Identical to :func:`simulate_group`
-    without long tails (property-tested), ~20x cheaper. Returns steady-state t_coexec per job."""
-    n = len(key)
-    free = [0.0] * (1 + max((x for *_, rn, tn in key for x in rn + tn), default=0))  # node ids are 0..N-1
-    last = [0.0] * n
-    rend = [0.0] * n
-    done: list[list[float]] = [[0.0] for _ in range(n)]
-    for _ in range(m_it):
-        _rr_cycle(key, free, last, rend)
-        for k in range(n):
-            done[k].append(last[k])
-    h = m_it // 2
-    return tuple((c[m_it] - c[h]) / (m_it - h) for c in done)
-
-
-#: The most meta-iterations :func:`steady_horizon` simulates while it looks for the periodic
-#: regime (beyond it the horizon's second-half average stands).
-STEADY_MAX_CYCLES = 4096
-
-
-@lru_cache(maxsize=16384)
-def _rr_steady(key: tuple) -> tuple[int, tuple[float, ...]]:
-    """The horizon and steady-state ``t_coexec`` per job of a :func:`coexec_key`:
-    ``(m, values)``, ``values`` the recurrence of :func:`_rr_recurrence` averaged over
-    ``[m // 2, m]`` (the same sums), ``m`` the least horizon of the form below whose window lies
-    in the periodic regime.
-
-    The recurrence maps the state ``x(c)`` (every node's free time, every job's last sync end)
-    max-plus linearly and homogeneously: ``x(c + 1) = F(x(c))``, ``F(x + a) = F(x) + a``, per
-    group of jobs linked by shared nodes. Once ``x(c) - x(c - p)`` is one constant per such
-    component, ``x(c - p)`` is an eigenvector of ``F^p`` and the schedule is periodic from
-    ``c - p`` on: every job of a component then runs one iteration per ``lambda = (x(c) -
-    x(c - p)) / p`` seconds (its meta-iteration), whatever its own phases. A window that starts
-    before that point averages a transient: a job whose own iteration is shorter than its
-    partners' looks faster for as many cycles as its head start lasts (two jobs sharing one
-    training node, own iterations 791 s and 847 s: both run at 847 s, but the first cycles show
-    791 s for more than ``2n + 4`` cycles). So ``m = 2n + 4`` (the default, and the answer
-    whenever the regime is periodic from ``m // 2`` with a period dividing the window) or else
-    ``2H``, ``H`` the first multiple of the period at or after the regime's start, and
-    ``STEADY_MAX_CYCLES`` when none is found within it. Source: RollMux §4.3; Baccelli, Cohen,
-    Olsder & Quadrat, *Synchronization and Linearity* (1992), ch. 3 (cyclicity of max-plus
-    linear systems).
-    """
-    n = len(key)
-    m0 = 2 * n + 4
-    h0 = m0 // 2
-    nn = 1 + max((x for *_, rn, tn in key for x in rn + tn), default=0)
-    parent = list(range(nn))
-
-    def root(a: int) -> int:
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
-
-    for *_, rn, tn in key:
-        xs = rn + tn
-        for x in xs[1:]:
-            parent[root(x)] = root(xs[0])
-    # state index -> component: nodes 0..nn-1, then job k's last sync end at nn + k
-    comp = [root(x) for x in range(nn)] + [root((rn + tn)[0]) for *_, rn, tn in key]
-    free = [0.0] * nn
-    last = [0.0] * n
-    rend = [0.0] * n
-    states = [tuple(free + last)]
-    p_max = 2 * n + 2
-
-    def cycle() -> None:
-        _rr_cycle(key, free, last, rend)
-        states.append(tuple(free + last))
-
-    def periodic(c: int, p: int) -> bool:
-        a, b = states[c], states[c - p]
-        seen: dict[int, float] = {}
-        for i, g in enumerate(comp):
-            d = a[i] - b[i]
-            d0 = seen.setdefault(g, d)
-            if abs(d - d0) > 1e-9 * max(1.0, abs(d0)):
-                return False
-        return True
-
-    def values(m: int) -> tuple[float, ...]:
-        h = m // 2
-        return tuple((states[m][nn + k] - states[h][nn + k]) / (m - h) for k in range(n))
-
-    for _ in range(m0):
-        cycle()
-    if any((m0 - h0) % p == 0 and periodic(h0 + p, p) for p in range(1, min(p_max, m0 - h0) + 1)):
-        return m0, values(m0)
-    m = STEADY_MAX_CYCLES
-    for c in range(m0 + 1, STEADY_MAX_CYCLES + 1):
-        cycle()
-        p = next((p for p in range(1, min(p_max, c) + 1) if periodic(c, p)), None)
-        if p is not None:
-            h = -(-(c - p) // p) * p
-            m = max(m0, 2 * h)
-            break
-    while len(states) <= m:
-        cycle()
-    return m, values(m)
-
-
-def steady_horizon(key: tuple) -> int:
-    """The meta-iterations whose second half is the steady state of a :func:`coexec_key`'s
-    round-robin schedule (:func:`_rr_steady`): ``2n + 4`` unless the schedule is still in its
-    transient there. :func:`simulate_group` and :func:`steady_schedule` run this many by default."""
-    return _rr_steady(key)[0]
-
-
-def steady_meta_iterations(members: Union[CoExecutionGroup, Sequence[GroupMember]], *,
-                           rollout_overhead_s: float = 0.0) -> int:
-    """:func:`steady_horizon` of a group on its members' planning profiles (their order; every
-    rollout ``rollout_overhead_s`` longer, as :func:`coexec_times` plans it): the default
-    ``meta_iterations`` of :func:`simulate_group`, and the least a stochastic replay of the group
-    should run."""
-    return steady_horizon(_canonical(list(_members_of(members)), rollout_overhead_s))
-
-
-def sampled_meta_iterations(members: Union[CoExecutionGroup, Sequence[GroupMember]], cycle: int) -> int:
-    """Meta-iterations for a group whose phase times cycle through ``cycle`` sampled iterations
-    per job (a stochastic replay, the SLO watch's prediction): the least multiple of
-    ``2 * cycle`` that is at least :func:`steady_meta_iterations`, so that the averaged second
-    half is steady and spans whole sample cycles (its mean is the samples' mean, not a biased
-    part of them). Raises ValueError when ``cycle < 1``."""
-    if cycle < 1:
-        raise ValueError(f"cycle must be >= 1, got {cycle}")
-    step = 2 * int(cycle)
-    return -(-steady_meta_iterations(members) // step) * step
-
-
-def _coexec_cached(key: tuple) -> tuple[float, ...]:
-    return _rr_steady(key)[1]
-
-
-def coexec_values(key: tuple) -> tuple[float, ...]:
-    """Steady-state ``t_coexec_s`` per position of a :func:`coexec_key` (memoised; what
-    :func:`coexec_times` returns, without the job ids)."""
-    return _coexec_cached(key)
-
-
-def coexec_times(members: Sequence[GroupMember], *, rollout_overhead_s: float = 0.0) -> dict[str, float]:
-    """Steady-state ``t_coexec_s`` per job on the members' planning profiles, memoised on the
-    group's structure (profiles and node sharing pattern), so unchanged groups are never
-    re-simulated. Used by admission's SLO check (Alg. 1 line 10).
-
-    ``rollout_overhead_s``: run-time time added to the end of every rollout of a co-executed
-    group, seconds: with long-tail migration on, a migrated rollout ends ``migration_overhead_s``
-    later than its responses do (the stragglers' re-prefill, :class:`LongTailPolicy`), so the
-    prediction plans every rollout with it (the worst case: every rollout migrates). A job alone
-    has nobody to hand its GPUs to, so a one-member group plans without it; the solo time the
-    slowdown is taken against stays the plain profile.
-    """
-    if not (rollout_overhead_s >= 0 and math.isfinite(rollout_overhead_s)):
-        raise ValueError(f"rollout_overhead_s must be a finite number >= 0, got {rollout_overhead_s}")
-    members = list(members)
-    if len(members) < 2:
-        rollout_overhead_s = 0.0
-    vals = _coexec_cached(_canonical(members, rollout_overhead_s))
-    return {mb.spec.job_id: v for mb, v in zip(members, vals)}

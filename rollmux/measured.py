@@ -128,6 +128,42 @@ class MeasuredPhases(BaseModel):
         return out
 
 
+def reported_sample(spec: JobSpec, cluster, long_tail, *, t_roll_s: float, t_train_s: float, t_sync_s: float = 0.0,
+                    t_trigger_s: Optional[float] = None, tail_responses: Optional[int] = None,
+                    tail_migrated: Optional[bool] = None) -> dict:
+    """The keyword arguments of :meth:`MeasuredPhases.add` for one iteration a job's runtime
+    reported (seconds; the fields of :class:`rollmux.messages.ProgressReport`), in the terms of the
+    simulator's :class:`rollmux.intra_group.IterationTimes`, so that the SLO watch predicts from
+    either with one function:
+
+    * ``tail_load`` = ``tail_responses`` / the job's concurrent decode slots
+      (:func:`rollmux.profiler.rollout_model`: replicas x concurrency), as
+      :func:`rollmux.profiler.iteration_times` defines it;
+    * a rollout on which long-tail migration acted (``tail_migrated``) ran its rest stretched on
+      ``long_tail.tail_gpus`` GPUs after ``migration_overhead_s``: its solo length (what the
+      window holds, the denominator of the slowdown users read) is ``t_trigger_s + rest / stretch``
+      with ``stretch`` = :meth:`rollmux.intra_group.LongTailPolicy.tail_stretch`.
+
+    ``long_tail``: the :class:`rollmux.intra_group.LongTailPolicy` of the scheduler's settings.
+    Without a trigger (``t_trigger_s`` None) the sample carries none."""
+    out: dict = {"t_roll_s": t_roll_s, "t_train_s": t_train_s, "t_sync_s": t_sync_s or 0.0}
+    if t_trigger_s is None or not (t_trigger_s >= 0 and math.isfinite(t_trigger_s)) or not (t_roll_s >= 0):
+        return out
+    trig = min(float(t_trigger_s), float(t_roll_s))
+    load = None
+    if tail_responses is not None and tail_responses >= 0:
+        from rollmux import profiler
+
+        m = profiler.rollout_model(spec, cluster.rollout_pool.node.gpu, spec.num_rollout_gpus, spec.max_response_tokens)
+        load = float(tail_responses) / max(1, m.replicas * m.concurrency)
+    if tail_migrated and long_tail is not None:
+        stretch = long_tail.tail_stretch(spec.num_rollout_gpus, load)
+        rest = max(0.0, t_roll_s - trig - long_tail.migration_overhead_s)
+        out["t_roll_s"] = trig + rest / stretch
+    out["t_trigger_s"], out["tail_load"] = trig, load
+    return out
+
+
 def robust_quantile(values: Sequence[float], q: float) -> float:
     """The ``q`` quantile of ``values`` as an order statistic that never takes the largest value
     of two or more (one outlier never decides alone): index ``min(ceil(q n) - 1, n - 2)`` of the
@@ -151,10 +187,13 @@ def scaled(p: PhaseProfile, f: float) -> PhaseProfile:
 
 
 def differs(a: PhaseProfile, b: PhaseProfile, rel: float = 0.05) -> bool:
-    """Whether any phase time of ``b`` differs from ``a``'s by more than ``rel`` (relative): a
-    planning profile is replaced only then (a window that drifts by a few percent per report
-    does not rewrite the group table on every iteration)."""
-    return any(abs(getattr(a, p) - getattr(b, p)) > rel * max(getattr(a, p), getattr(b, p)) for p in _PHASES)
+    """Whether any phase time of ``b`` differs from ``a``'s by more than ``rel`` of the iteration
+    (the larger of the two solo times): a planning profile is replaced only then, so a window
+    that drifts by a few percent per report does not rewrite the group table on every iteration,
+    and a short phase (a sync of seconds) whose measurement carries the runtime's own overhead
+    per phase (tens of milliseconds) does not replace a profile its iteration does not notice."""
+    scale = max(a.t_solo_s, b.t_solo_s)
+    return any(abs(getattr(a, p) - getattr(b, p)) > rel * scale for p in _PHASES)
 
 
 def kind_of(spec: JobSpec) -> tuple:
@@ -191,9 +230,17 @@ def planning_profile(source: str, declared: PhaseProfile, measured: Optional[Mea
         prior: the prior of the job's kind (:func:`ratio_prior`) used by ``measured`` before
             ``min_iterations``; None: the worst case.
         prior_iterations: weight of the worst case in ``blended``, in iterations.
+    The result pipelines as ``declared`` does (its ``max_staleness``, the job's bound).
+
     Raises:
         ValueError: an unknown source.
     """
+    return _planning(source, declared, measured, min_iterations, quantile, margin, prior,
+                     prior_iterations).with_staleness(declared.max_staleness)
+
+
+def _planning(source: str, declared: PhaseProfile, measured: Optional[MeasuredPhases], min_iterations: int,
+              quantile: float, margin: float, prior: Optional[PhaseProfile], prior_iterations: int) -> PhaseProfile:
     if source not in PROFILE_SOURCES:
         raise ValueError(f"profile_source must be one of {', '.join(PROFILE_SOURCES)}, got {source!r}")
     if source == "worst_case":

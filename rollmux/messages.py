@@ -75,18 +75,20 @@ class MemberTarget:
     # nodes of this member on which it may not start a phase yet: a job of another group preempted
     # or moved off them has not drained there (rollmux.drain.fenced_nodes); empty: none
     fenced: tuple[str, ...] = ()
+    max_staleness: int = 0  # the job's staleness bound k (rollmux.staleness; 0: synchronous)
 
     def to_dict(self) -> dict:
-        """JSON-able ``{job_id, rollout_nodes, train_nodes, slo, fenced}`` (``group_members`` answers)."""
+        """JSON-able ``{job_id, rollout_nodes, train_nodes, slo, fenced, max_staleness}`` (``group_members`` answers)."""
         return {"job_id": self.job_id, "rollout_nodes": list(self.rollout_nodes),
-                "train_nodes": list(self.train_nodes), "slo": self.slo, "fenced": list(self.fenced)}
+                "train_nodes": list(self.train_nodes), "slo": self.slo, "fenced": list(self.fenced),
+                "max_staleness": self.max_staleness}
 
     @classmethod
     def of(cls, d: "MemberTarget | Mapping[str, Any]") -> "MemberTarget":
         if isinstance(d, MemberTarget):
             return d
         return cls(str(d["job_id"]), tuple(d["rollout_nodes"]), tuple(d["train_nodes"]), d.get("slo"),
-                   tuple(d.get("fenced") or ()))
+                   tuple(d.get("fenced") or ()), int(d.get("max_staleness") or 0))
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,9 @@ class Grant:
     waited_s: float  # how long the acquire waited for it, s
     controller: Optional[str] = None  # the granting GroupController's actor name: where the releaser releases
     releaser: Releaser = Releaser.LEADER_WORKER  # who releases the permit (see :class:`Releaser`)
+    # the policy version the phase works with (rollmux.staleness): a rollout's oldest allowed one
+    # (``exact``: the one it uses), the version a training step starts from, the version a sync publishes
+    version: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -234,6 +239,7 @@ class PhaseRecord:
     sync_cross_bytes_by_rank: Optional[tuple[Optional[int], ...]] = None  # sync: per training rank, B
     release_error: Optional[str] = None  # the release to the controller failed ("<Type>: <message>")
     driver_side: Optional[bool] = None  # the phase ran in the driver under a permit (framework integrations)
+    policy_version: Optional[int] = None  # rollout: the policy version its weights are (rollmux.staleness)
     empty: Optional[bool] = None  # driver-side: the framework skipped the phase; the permit kept the job's turn
 
     def to_dict(self) -> dict:
@@ -383,11 +389,22 @@ class ProgressReport:
     t_roll_s: Optional[float] = None
     t_train_s: Optional[float] = None
     t_sync_s: Optional[float] = None
+    # the rollout at the long-tail trigger (None: no trigger reached): when, s from its start; the
+    # responses unfinished then; whether long-tail migration acted on it
+    t_trigger_s: Optional[float] = None
+    tail_responses: Optional[int] = None
+    tail_migrated: Optional[bool] = None
+    # the job's first iteration in its group (after its admission or a move): it carries the cold
+    # start (engine start-up, first load onto the nodes), which the steady-state model has no term
+    # for, so it is not folded into the measured profile
+    cold_start: bool = False
 
     def to_dict(self) -> dict:
         return {"event": "iteration", "iterations_done": self.iterations_done, "t_iter_s": self.t_iter_s,
                 "t_solo_s": self.t_solo_s, "slowdown": self.slowdown, "t_roll_s": self.t_roll_s,
-                "t_train_s": self.t_train_s, "t_sync_s": self.t_sync_s}
+                "t_train_s": self.t_train_s, "t_sync_s": self.t_sync_s, "t_trigger_s": self.t_trigger_s,
+                "tail_responses": self.tail_responses, "tail_migrated": self.tail_migrated,
+                "cold_start": self.cold_start}
 
 
 # ----------------------------------------------------------------------------- hosting a job on its workers
@@ -430,6 +447,8 @@ class JobHosting:
     rebuild_resident: bool = False  # cold starts rebuild resident values (engines) with the builder; False: keep them
     rollout_workers: tuple[str, ...] = ()  # training side: the job's rollout worker names (sync targets), rank order
     parallel: ParallelPlace = field(default_factory=ParallelPlace)  # this worker's SPMD place
+    max_staleness: int = 0  # the job's staleness bound k (rollmux.staleness; 0: synchronous)
+    staleness_mode: str = "exact"  # exact | bounded: which held version a rollout applies
 
     @classmethod
     def of(cls, cfg: "JobHosting | Mapping[str, Any]") -> "JobHosting":
@@ -458,6 +477,7 @@ class PendingWeights:
 
     refs: Optional[tuple[Any, ...]] = None  # ObjectRefs of the weights dict (object store)
     tensors: Optional[Mapping[str, Any]] = None  # name -> tensor (received over collectives / from disk)
+    version: Optional[int] = None  # the policy version they are (the publishing sync's grant; None: not known)
 
 
 @dataclass(frozen=True)
@@ -472,6 +492,8 @@ class MovedState:
     ref: Any = None  # ObjectRef of the storable state, or None
     ckpt: Optional[bytes] = None  # the cold-start checkpoint's bytes, or None
     pending_weights: Optional[PendingWeights] = None  # rollout side: weights not applied yet
+    held_weights: tuple[PendingWeights, ...] = ()  # rollout side, async ``exact`` job: versions published ahead
+    policy_version: Optional[int] = None  # rollout side, async job: the version its rollout state holds
     bytes: Optional[int] = None  # size of ``ckpt``, B (None for a ref)
 
 

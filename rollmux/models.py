@@ -14,6 +14,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from rollmux.staleness import MAX_STALENESS, StalenessMode, solo_iteration_s
+
 PoolName = Literal["rollout", "train"]
 PhaseName = Literal["rollout", "train", "sync"]
 #: The pool each phase runs on: sync holds the training nodes (RollMux §4.3). The one copy of
@@ -155,16 +157,28 @@ class PhaseProfile(_Strict):
 
     For admission these are *worst-case* times (every response at max tokens, RollMux §4.2
     "conservative planning"); measured times may be supplied instead.
-    ``t_solo_s = t_roll_s + t_train_s + t_sync_s``.
+    ``max_staleness``: how far the job's rollouts may run ahead of its training (the job's
+    :attr:`JobSpec.max_staleness`, stamped by :func:`rollmux.profiler.estimate`; 0 = synchronous),
+    which sets how the phases pipeline: ``t_solo_s = t_roll_s + t_train_s + t_sync_s`` for 0,
+    ``max(t_roll_s, t_train_s + t_sync_s)`` above (:func:`rollmux.staleness.solo_iteration_s`).
     """
 
     t_roll_s: float = Field(gt=0, le=MAX_PHASE_S)
     t_train_s: float = Field(gt=0, le=MAX_PHASE_S)
     t_sync_s: float = Field(default=0.0, ge=0, le=MAX_PHASE_S)
+    max_staleness: int = Field(default=0, ge=0, le=MAX_STALENESS)
 
     @property
     def t_solo_s(self) -> float:
-        return self.t_roll_s + self.t_train_s + self.t_sync_s
+        """Steady-state solo iteration time, s (:func:`rollmux.staleness.solo_iteration_s`)."""
+        return solo_iteration_s(self.t_roll_s, self.t_train_s, self.t_sync_s, self.max_staleness)
+
+    def with_staleness(self, max_staleness: int) -> "PhaseProfile":
+        """This profile for a job of staleness bound ``max_staleness`` (itself when equal)."""
+        if max_staleness == self.max_staleness:
+            return self
+        return PhaseProfile(t_roll_s=self.t_roll_s, t_train_s=self.t_train_s, t_sync_s=self.t_sync_s,
+                            max_staleness=max_staleness)
 
     @property
     def t_train_node_s(self) -> float:
@@ -199,6 +213,14 @@ class DeclaredProfile(PhaseProfile):
     def _sync_floor(cls, v: float) -> float:
         if 0.0 < v < MIN_PHASE_S:
             raise ValueError(f"t_sync_s = {v:.3g} s: must be 0 (no sync) or at least the floor of {MIN_PHASE_S} s (1 ms)")
+        return v
+
+    @field_validator("max_staleness")
+    @classmethod
+    def _staleness_on_job(cls, v: int) -> int:
+        if v != 0:
+            raise ValueError("a declared profile holds phase times only: declare the staleness bound on the job "
+                             "(max_staleness)")
         return v
 
 
@@ -237,13 +259,21 @@ class JobSpec(_Strict):
             ``None`` takes the config's ``default_tenant``.
         preemptible: whether a job of a higher class (or a tenant reclaiming its quota) may stop
             this one at an iteration boundary and re-queue it (:mod:`rollmux.preemption`).
+        max_staleness: ``k``, how many policy versions a rollout's weights may lag behind: 0 (the
+            default) is the synchronous on-policy job (rollout ``i`` uses version ``i``); ``k >= 1``
+            an asynchronous (off-policy) job whose rollout ``i`` may overlap its training ``i - 1``
+            and uses a version ``>= i - k`` (:mod:`rollmux.staleness`).
+        staleness_mode: for ``k >= 1``, ``"exact"`` (rollout ``i`` uses exactly version
+            ``max(0, i - k)``: deterministic, a co-executed run is bit-identical to its solo
+            run; the default) or ``"bounded"`` (the newest version published when it starts,
+            ``>= i - k``). Ignored for ``k = 0``.
 
     Every number is finite and bounded (strict types: no string or boolean coercion):
     ``1e-6 <= model_params_b <= 2000`` (B params, :data:`MIN_MODEL_PARAMS_B`); ``num_prompts`` 1..1e6; ``responses_per_prompt``
     1..1024; ``prompt_tokens``, ``max_response_tokens``, ``mean_response_tokens`` 1..1,048,576
     tokens; ``turns`` 1..1000; GPU counts 1..65,536; ``1 <= slo <= 100``; ``mem_*_gb`` in
     (0, 65,536] GB; ``measured`` phase times in [0.001, 604,800] s (:data:`MIN_PHASE_S`; sync 0 or
-    in [0.001, 604,800] s); ``zero_stage`` 0..3.
+    in [0.001, 604,800] s); ``zero_stage`` 0..3; ``max_staleness`` 0..16 (:data:`rollmux.staleness.MAX_STALENESS`).
 
     Raises:
         pydantic.ValidationError: a non-finite or out-of-range number, a wrong type, SLO < 1,
@@ -271,6 +301,8 @@ class JobSpec(_Strict):
     priority_class: Optional[str] = Field(default=None, pattern=CLASS_NAME_PATTERN, max_length=64)
     tenant: Optional[str] = Field(default=None, pattern=CLASS_NAME_PATTERN, max_length=64)
     preemptible: bool = True
+    max_staleness: int = Field(default=0, ge=0, le=MAX_STALENESS)
+    staleness_mode: StalenessMode = "exact"
 
     @field_validator("measured", mode="before")
     @classmethod
@@ -329,11 +361,27 @@ class Placement(_Frozen):
 
 
 class GroupMember(_Frozen):
-    """A job inside a co-execution group: its spec, planning profile and placement."""
+    """A job inside a co-execution group: its spec, planning profile and placement.
+
+    The profile pipelines as the job's contract says: a profile given with ``max_staleness`` 0
+    takes the spec's :attr:`JobSpec.max_staleness`; any other value must equal it
+    (ValidationError otherwise)."""
 
     spec: JobSpec
     profile: PhaseProfile
     placement: Placement
+
+    @model_validator(mode="before")
+    @classmethod
+    def _profile_of_job(cls, data):
+        if isinstance(data, dict):
+            spec, prof = data.get("spec"), data.get("profile")
+            if isinstance(spec, JobSpec) and isinstance(prof, PhaseProfile) and prof.max_staleness != spec.max_staleness:
+                if prof.max_staleness != 0:
+                    raise ValueError(f"profile max_staleness {prof.max_staleness} differs from the job's "
+                                     f"{spec.max_staleness}")
+                data = {**data, "profile": prof.with_staleness(spec.max_staleness)}
+        return data
 
 
 class CoExecutionGroup(_Frozen):

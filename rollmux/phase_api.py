@@ -39,6 +39,18 @@ State conventions (both modes):
   co-executed run is bit-identical to a solo run with the same seed. Phases compute on one thread
   (``torch.set_num_threads(1)``) in both modes for the same reason.
 
+Asynchronous jobs (``spec.max_staleness`` k >= 1, :mod:`rollmux.staleness`): ``job.pipeline(rollout,
+iterations)`` yields ``(it, samples)`` while it keeps up to k rollouts running ahead in a thread of
+its own (rollout ``it + 1`` beside training ``it``); the rest of the loop is unchanged::
+
+    for it, samples in job.pipeline(rollout, range(n)):
+        train(samples); publish()
+
+Each sync publishes policy version ``it + 1``; a rollout applies the version its mode prescribes
+(``exact``: ``it - k``; ``bounded``: the newest published) and its record says which
+(``policy_version``); a rollout whose version is not published yet is refused
+(:class:`rollmux.staleness.StalenessError`). For k = 0 the pipeline is the plain loop.
+
 Mode selection (``Job(spec, attach=None)``): scheduled when ``attach=True``, or when
 ``attach=None`` and env ``ROLLMUX_ATTACH=1`` or ``ROLLMUX_JOB_ID`` is set and a Ray cluster with
 the GlobalScheduler is reachable; plain otherwise. ``ROLLMUX_JOB_ID`` attaches to an already
@@ -54,8 +66,10 @@ import os
 import threading
 import time
 import warnings
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, Iterable, Iterator, Literal, Optional
 
 from rollmux.models import JobSpec, PhaseName, PoolName
 from rollmux.phase_core import PhaseCore
@@ -64,6 +78,7 @@ from rollmux.phase_state import (  # noqa: F401  (re-exported: the phase API's p
     one_thread, parallel, restore_state, split_state, state_resume, state_suspend,
 )
 from rollmux.records import JobState
+from rollmux.staleness import StalenessError, oldest_version, version_for
 from rollmux.sync_plan import SYNC_BACKENDS
 
 log = logging.getLogger("rollmux.phase_api")
@@ -154,6 +169,11 @@ class _PlainRuntime:
         self.states: dict[str, dict] = {}
         self.timeline: list[dict] = []
         self._t0 = time.time()
+        # an asynchronous job's published versions not applied yet (version -> weights) and the
+        # version its rollout state holds (rollmux.staleness); a synchronous one applies at its sync
+        self.held: dict[int, Any] = {}
+        self.applied = 0
+        self._held_lock = threading.Lock()
 
     def _state(self, pool: PoolName) -> tuple[dict, str]:
         if pool not in self.states:
@@ -165,24 +185,35 @@ class _PlainRuntime:
             return st, "cold"
         return self.states[pool], "resident"
 
-    def run(self, phase: PhaseName, args: tuple, kwargs: dict) -> Any:
+    def run(self, phase: PhaseName, args: tuple, kwargs: dict, index: Optional[int] = None) -> Any:
+        """Run ``phase`` here; ``index``: its iteration index (a rollout's own; default the job's)."""
         job, prog = self.job, self.job.program
-        it = job.iteration
+        it = job.iteration if index is None else index
+        k = job.spec.max_staleness
         job.core.granted(phase, it)
         t0 = time.time()
+        extra: dict = {}
         if phase == "sync":
             tstate, k1 = self._state("train")
             rstate, k2 = self._state("rollout")
             t1 = time.time()
             with one_thread():
                 weights = call_phase(prog.phases["sync"], "sync", tstate, args, kwargs, None)
-                if prog.apply is not None:
+                if k > 0:  # published: the rollout that is due applies it (its own thread may run now)
+                    with self._held_lock:
+                        if job.spec.staleness_mode != "exact":  # bounded: only the newest is ever used
+                            self.held.clear()
+                        self.held[it + 1] = weights
+                elif prog.apply is not None:
                     prog.apply(rstate, weights)
             result, kind = None, ("cold" if "cold" in (k1, k2) else "resident")
+            extra["policy_version"] = it + 1
         else:
             pool = POOL_OF_PHASE[phase]
             state, kind = self._state(pool)
             t1 = time.time()
+            if phase == "rollout":
+                extra["policy_version"] = self._apply_due(state, it) if k > 0 else (job.version if prog.has_sync else it)
             hook = RuntimeHook(job.job_id, phase, it, prog.emit)
             with one_thread():
                 result = call_phase(prog.phases[phase], phase, state, args, kwargs, hook)
@@ -190,9 +221,27 @@ class _PlainRuntime:
         self.timeline.append({
             "job_id": job.job_id, "phase": phase, "pool": POOL_OF_PHASE[phase], "node": "local",
             "iteration": it, "start_s": t0 - self._t0, "end_s": t2 - self._t0, "start": t0, "end": t2,
-            "switch": kind, "switch_s": t1 - t0, "ok": True,
+            "switch": kind, "switch_s": t1 - t0, "ok": True, **extra,
         })
         return result
+
+    def _apply_due(self, rstate: dict, rollout: int) -> int:
+        """An asynchronous job's rollout ``rollout``: apply the version its mode prescribes
+        (:func:`rollmux.staleness.version_for`) and drop the versions no later rollout needs.
+        Returns that version. Raises StalenessError when it is not published yet."""
+        job, prog = self.job, self.job.program
+        k, mode = job.spec.max_staleness, job.spec.staleness_mode
+        with self._held_lock:
+            published = max([self.applied, *self.held])
+            v = version_for(rollout, k, mode, published)
+            weights = self.held.get(v) if v != self.applied else None
+            for old in [x for x in self.held if x <= v]:
+                del self.held[old]
+        if weights is not None and prog.apply is not None:
+            with one_thread():
+                prog.apply(rstate, weights)
+        self.applied = v
+        return v
 
     def finish(self, ok: bool, error: Optional[str]) -> None:
         """The job ended: its resident values (engines) are closed, as a worker closes them when a
@@ -270,10 +319,13 @@ class Job:
         self.attach_job_id = job_id or os.environ.get("ROLLMUX_JOB_ID") or None
         self.program = JobProgram(hooks=list(_PENDING_HOOKS))  # what the runtimes read
         _PENDING_HOOKS.clear()
-        # the one writer of the driver's lifecycle and iteration count, for @job.phase and permits alike
+        # the one writer of the driver's lifecycle, iteration count, rollout count and published
+        # policy version, for @job.phase and permits alike
         self.core = PhaseCore(lambda: self.job_id, lambda: self.program.phases, lambda: self.program.last_phase,
                               self.program.emit, lambda ok, error: self._runtime.finish(ok, error))
         self._lock = threading.Lock()
+        # an asynchronous job's rollout stream runs beside its training stream: one lock each
+        self._locks = {"rollout": threading.Lock() if self.spec.max_staleness else self._lock, "train": self._lock}
         self._runtime = self._select_runtime(attach)
         _CURRENT = self
 
@@ -292,6 +344,16 @@ class Job:
     def iteration(self) -> int:
         """Iterations done (written by :attr:`core` only; grants and records carry copies)."""
         return self.core.iteration
+
+    @property
+    def rollouts(self) -> int:
+        """Rollouts done (an asynchronous job runs them up to its staleness bound ahead; :attr:`core`)."""
+        return self.core.rollouts
+
+    @property
+    def version(self) -> int:
+        """The newest policy version the job published (syncs done; :attr:`core`, rollmux.staleness)."""
+        return self.core.version
 
     @property
     def error(self) -> Optional[str]:
@@ -428,8 +490,50 @@ class Job:
         Raises: PhaseFailed if the job is finished/failed or the phase was never registered;
         any exception raised by the phase function itself (the job is then reported failed).
         """
-        with self._lock, self.core.phase(name):
-            return self._runtime.run(name, args, kwargs)
+        k = self.spec.max_staleness
+        with self._locks[POOL_OF_PHASE[name]]:
+            core = self.core
+            index = core.rollouts if (name == "rollout" and k > 0) else core.iteration
+            if name == "rollout" and k > 0 and self.program.has_sync and core.version < oldest_version(index, k):
+                err = StalenessError(f"job {self.job_id!r}: rollout {index} needs policy version >= "
+                                     f"{oldest_version(index, k)} (staleness bound {k}); published: {core.version}")
+                core.check(name)
+                core.fail(err)
+                raise err  # refused before its permit: it would break the job's bound
+            with core.phase(name, index):
+                return self._runtime.run(name, args, kwargs, index)
+
+    def pipeline(self, rollout: Callable, iterations: Iterable[int]) -> Iterator[tuple[int, Any]]:
+        """``for it, samples in job.pipeline(rollout, range(n)):`` yields each iteration's index
+        and its rollout's result. A synchronous job runs ``rollout(it)`` there and then; an
+        asynchronous one (``spec.max_staleness`` k >= 1) keeps up to k rollouts ahead running in
+        a thread of its own, in order (rollout ``it + j`` is submitted once the loop body of
+        ``it - 1`` returned, i.e. after its sync published version ``it``, the one it needs), so
+        rollout ``it + 1`` runs beside the training of ``it``. ``rollout``: a ``@job.phase("rollout")``
+        function; ``iterations``: consecutive indices starting at the job's next rollout. A
+        rollout's exception is raised here. Raises ValueError on non-consecutive indices."""
+        its = list(iterations)
+        if any(b != a + 1 for a, b in zip(its, its[1:])) or (its and its[0] != self.rollouts):
+            raise ValueError(f"job {self.job_id!r}: pipeline iterations must be consecutive from the next rollout "
+                             f"({self.rollouts}), got {its[:3]}...")
+        k = self.spec.max_staleness
+        if k == 0:
+            for it in its:
+                yield it, rollout(it)
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix=f"rollmux-rollouts-{self.job_id}") as ex:
+            ahead: deque = deque()
+            nxt = 0
+            try:
+                for n, it in enumerate(its):
+                    while nxt < len(its) and nxt <= n + k:
+                        ahead.append(ex.submit(rollout, its[nxt]))
+                        nxt += 1
+                    samples = ahead.popleft().result()
+                    yield it, samples
+            finally:  # a rollout failed, or the loop ended early: the rollouts not started never run
+                for f in ahead:
+                    f.cancel()
 
     def fail(self, error: BaseException | str) -> None:
         """Report the job failed: resources are released; group-mates keep iterating."""

@@ -46,6 +46,10 @@ class PhaseCore:
         lifecycle: the driver's view of its :class:`~rollmux.records.JobState`.
         iteration: iterations done (the index of the iteration under way); grants and records
             carry copies.
+        rollouts: rollouts done (an asynchronous job's rollout stream runs up to its staleness
+            bound ahead of ``iteration``, :mod:`rollmux.staleness`; equal to it at an iteration's start
+            for a synchronous job).
+        version: the newest policy version the job published (its last sync's index + 1).
         error: ``"<Type>: <message>"`` of the failure, None unless failed.
     """
 
@@ -55,6 +59,8 @@ class PhaseCore:
         self._emit, self._on_end = emit, on_end
         self.lifecycle: JobState = JobState.ADMITTED
         self.iteration = 0
+        self.rollouts = 0
+        self.version = 0
         self.error: Optional[str] = None
 
     @property
@@ -78,27 +84,34 @@ class PhaseCore:
         """Emit the ``granted`` event of ``phase`` (``fields``: nodes, waited_s, driver_side)."""
         self._emit({"event": "granted", "job_id": self.job_id, "phase": phase, "iteration": iteration, **fields})
 
-    def end(self, phase: str, error: Optional[BaseException] = None) -> None:
-        """``phase`` ended: done (after the job's last phase of an iteration the count goes up),
-        or failed with ``error`` (the job fails)."""
+    def end(self, phase: str, error: Optional[BaseException] = None, index: Optional[int] = None) -> None:
+        """``phase`` ended: done (after the job's last phase of an iteration the count goes up; a
+        rollout adds to the rollouts, a sync publishes version ``index + 1``), or failed with
+        ``error`` (the job fails). ``index``: the phase's iteration index (a rollout's own; default
+        the iteration under way)."""
         if error is not None:
             self.fail(error)
             return
-        self._emit({"event": "done", "job_id": self.job_id, "phase": phase, "iteration": self.iteration})
+        idx = self.iteration if index is None else index
+        self._emit({"event": "done", "job_id": self.job_id, "phase": phase, "iteration": idx})
+        if phase == "rollout":
+            self.rollouts += 1
+        elif phase == "sync":
+            self.version = idx + 1
         if phase == self._last():
             self.iteration += 1
 
     @contextlib.contextmanager
-    def phase(self, phase: str) -> Iterator[None]:
+    def phase(self, phase: str, index: Optional[int] = None) -> Iterator[None]:
         """``with core.phase(name):`` :meth:`begin`, the block, :meth:`end` (an exception in the
-        block fails the job and propagates)."""
+        block fails the job and propagates; ``index``: as :meth:`end`)."""
         self.begin(phase)
         try:
             yield
         except BaseException as e:
             self.end(phase, e)
             raise
-        self.end(phase)
+        self.end(phase, index=index)
 
     def fail(self, error: BaseException | str) -> None:
         """The job failed (idempotent once ended): the ``failed`` event, then ``on_end(False, error)``."""

@@ -51,6 +51,7 @@ from typing import Optional
 import numpy as np
 
 from rollmux.models import MAX_PHASE_S, ClusterSpec, GPUType, JobSpec, PhaseProfile, PoolName
+from rollmux.staleness import weight_copies
 
 # --- rollout (decode) -------------------------------------------------------------------------
 #: KV-cache bytes per token per billion parameters. Qwen2.5-7B (28 layers, 4 KV heads x 128, bf16)
@@ -225,12 +226,18 @@ def estimate(job: JobSpec, cluster: ClusterSpec, *, worst_case: bool = True, rol
     num_rollout_gpus=NT, colocated=True``; Gavel+ passes other GPU counts. ``job.measured`` wins
     over the model when given (and no override is passed).
 
+    The profile carries the job's ``max_staleness`` (0 with ``colocated=True``: rollout and
+    training then share the GPUs and cannot overlap).
+
     Raises ValueError if the model does not fit on the given GPUs or counts are not positive.
     Source: module docstring; RollMux §4.2, Fig. 9 step 1-2 (profiler).
     """
     overrides = any(x is not None for x in (rollout_gpu, num_rollout_gpus, train_gpu, num_train_gpus)) or colocated
+    # the job's staleness bound sets how its phases pipeline (rollmux.staleness); colocated, rollout
+    # and training share the GPUs and run one after the other whatever the bound
+    k = 0 if colocated else job.max_staleness
     if job.measured is not None and not overrides:
-        return job.measured
+        return job.measured.with_staleness(k)
     rg, nr, tg, nt = _resolve(job, cluster, rollout_gpu, num_rollout_gpus, train_gpu, num_train_gpus)
     tokens = job.max_response_tokens if worst_case else job.mean_tokens
     times = {
@@ -242,7 +249,7 @@ def estimate(job: JobSpec, cluster: ClusterSpec, *, worst_case: bool = True, rol
         if not (math.isfinite(t) and t <= MAX_PHASE_S):
             raise ValueError(f"job {job.job_id}: estimated {name} = {t:.4g} s exceeds the longest allowed phase "
                              f"({MAX_PHASE_S:.0f} s = 7 days); use fewer prompts/tokens or more GPUs")
-    return PhaseProfile(**times)
+    return PhaseProfile(**times, max_staleness=k)
 
 
 def expected_profile(job: JobSpec, cluster: ClusterSpec, **overrides) -> PhaseProfile:
@@ -254,7 +261,8 @@ def expected_profile(job: JobSpec, cluster: ClusterSpec, **overrides) -> PhasePr
 def state_gb(job: JobSpec, pool: PoolName, cluster: Optional[ClusterSpec] = None) -> float:
     """Host-memory state (GB) the job keeps pinned on *each* node of ``pool``.
 
-    Rollout: one bf16 host copy of the weights plus engine state
+    Rollout: one bf16 host copy of the weights (an asynchronous job: one per version it holds,
+    :func:`rollmux.staleness.weight_copies`) plus engine state
     (:data:`ROLL_ENGINE_HBM_FRACTION` of each GPU's HBM) per node. Training: weights, fp32 master
     weights, gradients, Adam moments and the reference model (:data:`TRAIN_STATE_BYTES_PER_PARAM`
     bytes/param) spread over the job's training nodes, plus the data pipeline
@@ -269,7 +277,8 @@ def state_gb(job: JobSpec, pool: PoolName, cluster: Optional[ClusterSpec] = None
         if job.mem_roll_gb is not None:
             return job.mem_roll_gb
         gpn, hbm = (cluster.rollout_pool.node.gpus_per_node, cluster.rollout_pool.node.gpu.hbm_gb) if cluster else (8, 96.0)
-        return ROLL_STATE_BYTES_PER_PARAM * job.model_params_b + ROLL_ENGINE_HBM_FRACTION * hbm * min(gpn, job.num_rollout_gpus)
+        copies = weight_copies(job.max_staleness, job.staleness_mode)  # an async job holds more than one version
+        return ROLL_STATE_BYTES_PER_PARAM * job.model_params_b * copies + ROLL_ENGINE_HBM_FRACTION * hbm * min(gpn, job.num_rollout_gpus)
     if pool == "train":
         if job.mem_train_gb is not None:
             return job.mem_train_gb

@@ -98,8 +98,9 @@ class SimJob:
 
     @property
     def profile(self) -> PhaseProfile:
+        """The planning profile (``spec.measured``, pipelined as the job's staleness bound says)."""
         assert self.spec.measured is not None
-        return self.spec.measured
+        return self.spec.measured.with_staleness(self.spec.max_staleness)
 
     @property
     def iterations(self) -> float:
@@ -176,6 +177,34 @@ def draw_jobs(
         measured = PhaseProfile(t_roll_s=round(t_roll, 3), t_train_s=round(t_train, 3), t_sync_s=sync_cache[jt.name])
         spec = base.model_copy(update={"measured": measured})
         out.append(SimJob(spec=spec, job_type=jt.name, category=jt.category, arrival_s=tj.arrival_s, duration_s=tj.duration_s))
+    return out
+
+
+def assign_async(jobs: Sequence[SimJob], share: float, *, max_staleness: int = 1, mode: str = "mixed",
+                 seed: int = 0) -> list[SimJob]:
+    """The jobs with a seeded ``share`` of them made asynchronous (off-policy): those get
+    ``max_staleness`` and a staleness mode (``"exact"``, ``"bounded"``, or ``"mixed"``: each drawn
+    with probability 1/2). The same seed, jobs and arguments give the same draw; the draw does
+    not touch the jobs' other fields, so every policy replays the same jobs.
+
+    Raises ValueError for a share outside [0, 1], a bound below 1 or an unknown mode."""
+    from rollmux.staleness import MAX_STALENESS, STALENESS_MODES
+
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"async share must lie in [0, 1], got {share}")
+    if not 1 <= max_staleness <= MAX_STALENESS:
+        raise ValueError(f"max_staleness of an asynchronous job must lie in [1, {MAX_STALENESS}], got {max_staleness}")
+    if mode not in (*STALENESS_MODES, "mixed"):
+        raise ValueError(f"unknown staleness mode {mode!r} (known: {', '.join(STALENESS_MODES)}, mixed)")
+    rng = random.Random(f"async-{seed}")
+    out = []
+    for sj in jobs:
+        is_async, coin = rng.random() < share, rng.random()
+        if not is_async:
+            out.append(sj)
+            continue
+        m = mode if mode != "mixed" else ("exact" if coin < 0.5 else "bounded")
+        out.append(replace(sj, spec=sj.spec.model_copy(update={"max_staleness": int(max_staleness), "staleness_mode": m})))
     return out
 
 

@@ -64,6 +64,8 @@ def run(args, root: Path) -> int:
     from actors.ops.local_cluster import start_local_cluster
     from actors.worker.workers import worker_handle
     from examples.emulated.job import EmulatedJobConfig, run_arrivals, run_job
+    from rollmux.admission import load_scheduler_config
+    from rollmux.emulation import scheduler_config
     from examples.grpo import report
     from rollmux.admission import InterGroupScheduler
     from rollmux.config import CONFIG_DIR, load_cluster, repo_label
@@ -98,7 +100,7 @@ def run(args, root: Path) -> int:
         solo = {}
         for s in specs:  # each alone, on a scheduler of its own
             name = f"rollmux-demo-emul-solo-{s.job_id}"
-            sh = get_or_create_scheduler(cluster, name=name)
+            sh = get_or_create_scheduler(cluster, name=name, config=scheduler_config(load_scheduler_config(), em))
             SchedulerHandle(sh).health(timeout_s=None)
             solo_cfg = cfgs[s.job_id].model_copy(update={"spec": s.model_copy(update={"job_id": f"{s.job_id}-solo"})})
             solo[s.job_id] = run_job(solo_cfg, attach=True, scheduler_name=name, checkpoint_dir=str(tmp / "solo"))
@@ -106,7 +108,7 @@ def run(args, root: Path) -> int:
 
             ray.kill(sh, no_restart=True)
         name = f"rollmux-demo-emul-{uid}"
-        SchedulerHandle(get_or_create_scheduler(cluster, name=name)).health(timeout_s=None)
+        SchedulerHandle(get_or_create_scheduler(cluster, name=name, config=scheduler_config(load_scheduler_config(), em))).health(timeout_s=None)
         co = run_arrivals([cfgs[s.job_id] for s in specs], [0.0, 0.5, 1.0], timeout_s=args.timeout_s,
                           scheduler_name=name, checkpoint_dir=str(tmp / "co"))
         bad = {k: repr(v) for k, v in co.items() if not isinstance(v, dict)}

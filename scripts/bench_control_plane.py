@@ -222,7 +222,8 @@ def main(argv=None) -> int:
     from actors.worker.workers import worker_handle
     from examples.emulated.job import EmulatedJobConfig, run_arrivals
     from rollmux import profiler
-    from rollmux.emulation import load_emulation_config
+    from rollmux.admission import load_scheduler_config
+    from rollmux.emulation import load_emulation_config, scheduler_config
 
     cluster = make_cluster(nodes)
     em = load_emulation_config().model_copy(update={"wall_ms_per_model_s": args.wall_ms_per_model_s})
@@ -236,7 +237,8 @@ def main(argv=None) -> int:
     name = f"bench-cp-{uid}"
     tmp = Path(tempfile.mkdtemp(prefix="cp-", dir=lc.run_dir))  # removed with the cluster's run dir
     try:
-        sched = get_or_create_scheduler(cluster, name=name, checkpoint_path=str(tmp / "scheduler-ckpt"))
+        sched = get_or_create_scheduler(cluster, name=name, checkpoint_path=str(tmp / "scheduler-ckpt"),
+                                        config=scheduler_config(load_scheduler_config(), em))
         sh = SchedulerHandle(sched)
         sh.health(timeout_s=None)
         run_in_actor(sched, _instrument, timeout_s=60)

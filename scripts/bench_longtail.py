@@ -205,15 +205,15 @@ def emu_run(cluster, keys: list[str], seed: int, trigger: float, migrate: bool, 
     from actors.scheduler.global_scheduler import get_or_create_scheduler
     from actors.handles import SchedulerHandle
     from examples.emulated.job import EmulatedJobConfig, run_arrivals
-    from rollmux.emulation import load_emulation_config
+    from rollmux.emulation import load_emulation_config, scheduler_config
 
     uid = uuid.uuid4().hex[:6]
     em = load_emulation_config().model_copy(update={"wall_ms_per_model_s": wall_ms, "cycle_samples": n,
                                                     "seed": seed, "length_sigma": sigma})
     specs = emu_specs(keys, f"{seed}-{uid}")
     name = f"bench-longtail-{'on' if migrate else 'off'}-{uid}"
-    sched = get_or_create_scheduler(cluster, name=name, controller_kw={"migrate": migrate,
-                                                                       "tail_trigger_fraction": trigger})
+    sched = get_or_create_scheduler(cluster, name=name, config=scheduler_config(sched_cfg, em),
+                                    controller_kw={"migrate": migrate, "tail_trigger_fraction": trigger})
     SchedulerHandle(sched).health(timeout_s=120)
     cfgs = [EmulatedJobConfig(spec=sp, cluster=cluster, emulation=em, iterations=n) for sp in specs]
     t0 = time.perf_counter()

@@ -280,6 +280,14 @@ def main(argv=None) -> int:
             if not co[name].get("ok"):
                 raise RuntimeError(f"co-executed job {ids[name]} failed (rc {rcs[name][0]}): "
                                    f"{co[name].get('error')}\n{rcs[name][1]}")
+        # what the SLO watch did (profile_source: measured, the default): its decision and the moves it made,
+        # from the scheduler's job records
+        watch = {}
+        for name in JOBS:
+            rec = sched.get_job(ids[name]) or {}
+            watch[name] = {"slo_action": rec.get("slo_action"),
+                           "moves": [{k: m.get(k) for k in ("from_group", "to_group", "trigger", "stopped_at_s", "drained")}
+                                     for m in rec.get("moves") or []]}
         groups = {co[name]["info"]["group_id"] for name in JOBS}
         placement = {name: co[name]["info"]["placement"] for name in JOBS}
         con.print(f"co-executed run done: group(s) {sorted(groups)}")
@@ -373,6 +381,9 @@ def main(argv=None) -> int:
             "sync_cross_bytes_one_model_copy": all(
                 r.get("sync_cross_bytes") == model_bytes(cfgs[name]) for r in co[name]["timeline"] if r["phase"] == "sync"),
             "migrations_acted": migrations_acted(co_tl, ids[name]),
+            # the SLO watch's decision on measured phase times (None: it never had to act) and its moves
+            "slo_action": watch[name]["slo_action"],
+            "moves": watch[name]["moves"],
         }
 
     # ---- Gantt charts
@@ -441,6 +452,10 @@ def main(argv=None) -> int:
                   "n/a" if j["measured_over_predicted_all_members"] is None else f"{j['measured_over_predicted_all_members']:.3f}",
                   f"{j['slo']:.1f} {'ok' if j['slo_met'] else 'MISSED'}", "yes" if j["weights_identical_to_solo"] else "NO")
     con.print(t)
+    for jid, j in per_job.items():  # the SLO watch acts on what it measures; say what it did
+        a = j["slo_action"]
+        if a:
+            con.print(f"SLO watch, {jid}: {a.get('action')}: {a.get('reason')}")
     u = Table(title="Pools over the whole run, warm-up and drain included (from the recorded timeline)")
     for c in ("run", "nodes", "makespan s", "rollout busy", "train busy", "node-seconds"):
         u.add_column(c)

@@ -7,7 +7,8 @@ real runtime on emulated accelerators, side by side.
    (32 x 8 H20 rollout + 32 x 8 H800 training nodes). Each job's work is a whole number of
    iterations (its trace duration over its solo iteration time, clamped to
    ``[--min-iterations, --max-iterations]``; its duration is then that many solo iterations, on
-   both sides). Arrivals are the trace's, rescaled so that the last one is at ``--arrival-span``
+   both sides; an asynchronous job's, ``--async-share``, also its pipeline fill,
+   :func:`rollmux.staleness.pipeline_fill_s`). Arrivals are the trace's, rescaled so that the last one is at ``--arrival-span``
    x the mean solo lifetime (so that the jobs overlap), at least ``--min-gap-model-s`` apart.
 2. Simulator: :func:`rollmux.sim.simulator.replay` of the policy ``rollmux`` with the scheduler
    settings of ``configs/scheduler.yaml`` (the file the GlobalScheduler reads), deterministic
@@ -22,7 +23,8 @@ real runtime on emulated accelerators, side by side.
    group ids from both; per run: cost ($/h over time: the simulator's step series, the runtime's
    groups polled from the scheduler), bubbles, moves; the errors, each miss explained by the terms
    measured (runtime overhead inside the phase records, hand-off gaps between phases, group
-   assignment, moves). Writes ``results/fidelity.json`` and ``results/fidelity.png``.
+   assignment, moves). Writes ``results/fidelity.json`` and ``results/fidelity.png`` (``--quick``:
+   ``results/fidelity_quick.*``).
 
     python scripts/fidelity.py --quick      # 8 jobs, a few minutes on 2 cores
     python scripts/fidelity.py              # 24 jobs
@@ -72,11 +74,14 @@ def parse_args(argv=None):
                          "own per-phase overhead at a few %% of a phase on a loaded 2-core machine; 40 keeps it under 1%%)")
     ap.add_argument("--no-run", action="store_true", help="only draw the jobs and replay them in the simulator")
     ap.add_argument("--stochastic", action="store_true", help="seeded long-tailed lengths (8 samples per job, cycled)")
+    ap.add_argument("--async-share", type=float, default=0.0,
+                    help="share of the jobs made asynchronous (rollmux.workloads.assign_async, the seed's draw)")
+    ap.add_argument("--max-staleness", type=int, default=1, help="staleness bound k of the asynchronous jobs")
     ap.add_argument("--cluster", default=str(ROOT / "configs" / "cluster_emulated.yaml"))
     ap.add_argument("--config", default=None, help="scheduler settings (default configs/scheduler.yaml)")
     ap.add_argument("--poll-s", type=float, default=0.25, help="wall seconds between the runtime's group polls")
     ap.add_argument("--timeout-s", type=float, default=1500.0)
-    ap.add_argument("--out", default=str(ROOT / "results" / "fidelity.json"))
+    ap.add_argument("--out", default=None, help="default results/fidelity.json (quick: results/fidelity_quick.json)")
     return ap.parse_args(argv)
 
 
@@ -91,9 +96,17 @@ def build_jobs(args, cluster, real) -> tuple[list, dict]:
     trace = DEFAULT_TRACE if DEFAULT_TRACE.is_file() else EXTRACT_TRACE
     tjobs = load_trace(trace, TraceWindow(max_jobs=args.jobs, min_duration_s=60.0))
     jobs = draw_jobs(tjobs, cluster, mix=args.mix, seed=args.seed)
-    iters, solo = {}, {}
+    if args.async_share:  # the same asynchronous jobs on both sides
+        from rollmux.workloads import assign_async
+
+        jobs = assign_async(jobs, args.async_share, max_staleness=args.max_staleness, seed=args.seed)
+    from rollmux.staleness import pipeline_fill_s
+
+    iters, solo, fill = {}, {}, {}
     for j in jobs:
         solo[j.spec.job_id] = real.solo_time_s(j.spec)
+        p = real.mean_profile(j.spec)  # an asynchronous job's first iteration fills its pipeline
+        fill[j.spec.job_id] = pipeline_fill_s(p.t_roll_s, p.t_train_s, p.t_sync_s, j.spec.max_staleness)
         iters[j.spec.job_id] = int(min(args.max_iterations, max(args.min_iterations,
                                                                 round(j.duration_s / solo[j.spec.job_id]))))
     mean_life = statistics.mean(iters[k] * solo[k] for k in iters)
@@ -103,7 +116,8 @@ def build_jobs(args, cluster, real) -> tuple[list, dict]:
     for j in jobs:
         a = max((j.arrival_s - first) * scale, prev + args.min_gap_model_s) if prev > -math.inf else 0.0
         prev = a
-        out.append(replace(j, arrival_s=round(a, 3), duration_s=iters[j.spec.job_id] * solo[j.spec.job_id]))
+        out.append(replace(j, arrival_s=round(a, 3),
+                           duration_s=iters[j.spec.job_id] * solo[j.spec.job_id] + fill[j.spec.job_id]))
     return out, iters
 
 
@@ -179,6 +193,17 @@ def run_runtime(jobs, iters, cluster, cfg, em, args, tmp: Path) -> dict:
                            checkpoint_dir=str(tmp / "ckpt"))
         stop.set()
         th.join(timeout=10)
+        # how each move's old nodes were drained (rollmux.drain: reported, or overdue after the bounds)
+        out["drains"] = {}
+        for j in jobs:
+            try:
+                rec = sh.get_job(j.spec.job_id) or {}
+            except Exception:
+                continue
+            out["drains"][j.spec.job_id] = [
+                {"drained": m.get("drained"), "stop_to_drained_wall_s": (m["drained_at_s"] - m["stopped_at_s"])
+                 if m.get("drained_at_s") is not None and m.get("stopped_at_s") is not None else None}
+                for m in rec.get("moves") or []]
         out["ray_processes_start"] = before
         out["ray_processes_end"] = ray_process_stats(uss=True)
         out["timelines"] = {}
@@ -289,11 +314,12 @@ def main(argv=None) -> int:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     args = parse_args(argv)
     args.jobs = args.jobs or (8 if args.quick else 24)
+    args.out = args.out or str(ROOT / "results" / ("fidelity_quick.json" if args.quick else "fidelity.json"))
     args.min_iterations = args.min_iterations or (3 if args.quick else 4)
     args.max_iterations = args.max_iterations or (6 if args.quick else 10)
     from rollmux.admission import load_scheduler_config
     from rollmux.config import load_cluster, repo_label
-    from rollmux.emulation import load_emulation_config
+    from rollmux.emulation import load_emulation_config, scheduler_config
     from rollmux.sim.realisation import Realisation
 
     t_wall = time.time()
@@ -309,6 +335,8 @@ def main(argv=None) -> int:
         cfg = cfg.model_copy(update={"tail_migration": False})
     else:
         em = em.model_copy(update={"response_lengths": "worst_case", "cycle_samples": 0})
+    # the cluster's own time bounds (drains) in modelled time, waited at the time factor like every phase
+    cfg = scheduler_config(cfg, em)
     real = Realisation(cluster, stochastic=args.stochastic, seed=cfg.seed, samples=samples)
     real.migrate = cfg.tail_migration
     factor = em.wall_ms_per_model_s / 1000.0
@@ -359,11 +387,13 @@ def main(argv=None) -> int:
         terms = job_terms(r, factor, real.mean_profile(j.spec).t_sync_s)
         per_job[jid] = {
             "job_type": j.job_type, "category": j.category, "iterations": n, "arrival_model_s": j.arrival_s,
+            "max_staleness": j.spec.max_staleness, "staleness_mode": j.spec.staleness_mode,
             "solo_iteration_s": solo, "iteration_s_runtime": it_rt, "iteration_s_simulator": it_sim,
             "error": err, "slowdown_runtime": it_rt / solo, "slowdown_simulator": o.slowdown, "slo": j.spec.slo,
             "slo_met_runtime": it_rt / solo <= j.spec.slo * (1 + 1e-6), "slo_met_simulator": o.slo_met,
             "groups_runtime": g_rt, "groups_simulator": g_sim, "groups_same": g_rt == g_sim,
             "moves_runtime": len(moves), "admission_latency_model_s": admit_s,
+            "drains_runtime": rt.get("drains", {}).get(jid, []),
             "submit_late_model_s": (r["submitted_at"] - (rt["t_start"] + j.arrival_s * factor)) / factor, **terms,
             "sync_cross_bytes": sorted({x.get("sync_cross_bytes") for x in r["timeline"] if x["phase"] == "sync"} - {None}),
         }
@@ -396,11 +426,14 @@ def main(argv=None) -> int:
     result = {
         "summary": summary,
         "settings": {"jobs": args.jobs, "mix": args.mix, "seed": args.seed, "stochastic": args.stochastic,
+                     "async_share": args.async_share, "max_staleness": args.max_staleness,
                      "iterations_range": [args.min_iterations, args.max_iterations], "arrival_span": args.arrival_span,
                      "cluster": repo_label(args.cluster), "emulation": em.model_dump(),
                      "scheduler": {k: v for k, v in cfg.model_dump().items()
                                    if k in ("policy", "max_group_size", "repack_on_departure", "reopt_max_jobs",
-                                            "tail_migration", "profile_source")}},
+                                            "tail_migration", "profile_source", "per_job_allocations",
+                                            "measured_min_iterations", "slo_watch_headroom", "drain_grace_s",
+                                            "drain_max_s")}},
         "jobs": per_job,
         "run": {
             "simulator": {"avg_cost_usd_per_h": sm["avg_cost_usd_per_h"], "rollout_bubble_ratio": sm["rollout_bubble_ratio"],

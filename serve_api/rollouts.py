@@ -5,7 +5,8 @@ queue position, matched prefix tokens), ``GET /v1/rollouts/{id}``, ``POST /v1/ro
 (NDJSON or server-sent events, results as they finish), ``DELETE /v1/rollouts/{id}``,
 ``POST /v1/rollouts:cancel``, ``POST /v1/policy``, ``GET /v1/stats`` (JSON) and
 ``GET /v1/stats/prometheus``, and the OpenAI-style ``POST /v1/completions`` /
-``POST /v1/chat/completions`` (``stream: true``: server-sent chunks) and ``GET /v1/models``.
+``POST /v1/chat/completions`` (``stream: true``: server-sent chunks as the tokens are produced) and
+``GET /v1/models``.
 Writes need the bearer token; reads follow ``open_read_routes``.
 Bodies pass :mod:`serve_api.rollout_boundary` first. The work is done by the rollout service actor
 (:mod:`actors.rollout.service`), reached through :class:`actors.handles.RolloutServiceHandle`.
@@ -26,8 +27,9 @@ from pydantic import ValidationError
 
 from actors.handles import ActorLost, CallTimeout, RolloutServiceHandle
 from rollmux.rollout_sched.api import (
-    ID_PATTERN, ByteTokenizer, CancelBody, CancelReply, ChatBody, CompletionBody, PolicyBody, PolicyView, Refusal,
-    RolloutIn, RolloutView, Status, StreamBody, SubmitBatch, SubmitReply, openai_request,
+    ID_PATTERN, ByteTokenizer, CancelBody, CancelReply, ChatBody, CompletionBody, PolicyBody, PolicyView, PollReply,
+    Refusal,
+    RolloutIn, RolloutView, Status, StreamBody, SubmitBatch, SubmitReply, TokenCursor, openai_request,
 )
 from serve_api.rollout_boundary import service_settings
 from serve_api.views import ApiError, ErrorBody
@@ -43,6 +45,14 @@ def _refused(r: Refusal) -> JSONResponse:
         body["errors"] = [e.model_dump() for e in r.errors]
     headers = {"Retry-After": str(r.retry_after_s or 1)} if r.status in (429, 503, 504) else None
     return JSONResponse(body, status_code=r.status, headers=headers)
+
+
+async def _cancel_quietly(h: RolloutServiceHandle, rid: str) -> None:
+    """Cancel a request whose reader went away (the service being gone cancels nothing)."""
+    try:
+        await h.cancel([rid])
+    except Exception:  # the service is gone: nothing runs there
+        pass
 
 
 async def _detach(h: RolloutServiceHandle, ids: list[str]) -> None:
@@ -119,7 +129,9 @@ def rollouts_router(ctx: Any) -> APIRouter:
     async def stream_rollouts(body: StreamBody) -> Any:
         """Results of ``ids`` and/or a session's requests as they finish, over one long-lived response
         (chunked NDJSON, or SSE with ``"format": "sse"``); ends with ``{"event": "end", ...}`` when none is
-        pending or after ``timeout_s``. A client that goes away: its unfinished requests are cancelled after
+        pending or after ``timeout_s``. ``"tokens": true``: before each result, records
+        ``{"event": "tokens", "id", "offset", "tokens", "restarts"}`` as the engine produces them
+        (``stream_tokens`` requests; ``offset`` back to 0 with ``restarts`` up when one started over). A client that goes away: its unfinished requests are cancelled after
         ``disconnect_grace_s``. Unknown ids -> 404."""
         first = await svc.call(lambda h: h.poll(body.ids, body.session_id, 0.0))
         if first.unknown and not first.results and not first.pending:
@@ -136,6 +148,7 @@ def rollouts_router(ctx: Any) -> APIRouter:
             pending = list(first.pending)
             deadline = time.monotonic() + body.timeout_s
             reply = first
+            cursors = {rid: TokenCursor(id=rid) for rid in pending} if body.tokens else {}
             try:
                 while True:
                     for v in reply.results:
@@ -147,7 +160,18 @@ def rollouts_router(ctx: Any) -> APIRouter:
                         break
                     wait = min(settings.stream_wait_s, max(0.0, deadline - time.monotonic()))
                     try:
-                        reply = await h.poll(pending, body.session_id, wait)
+                        if body.tokens:
+                            got = await h.tokens([cursors[i] for i in pending], wait)
+                            for d in got.deltas:
+                                if d.tokens or d.restarts != cursors[d.id].restarts:
+                                    yield line({"event": "tokens", **d.model_dump(mode="json", exclude={"view"})},
+                                               "tokens")
+                                cursors[d.id] = TokenCursor(id=d.id, offset=d.offset + len(d.tokens), restarts=d.restarts)
+                            ended = {d.id: d.view for d in got.deltas if d.view is not None}
+                            gone = set(ended) | set(got.unknown)
+                            reply = PollReply(results=list(ended.values()), pending=[i for i in pending if i not in gone])
+                        else:
+                            reply = await h.poll(pending, body.session_id, wait)
                     except (ActorLost, CallTimeout) as e:  # headers are sent: end the stream saying why
                         yield line({"event": "end", "delivered": len(delivered), "pending": pending,
                                     "unknown": first.unknown, "error": "rollout_service_unavailable",
@@ -208,8 +232,9 @@ def rollouts_router(ctx: Any) -> APIRouter:
         s = await svc.call(lambda h: h.stats())
         return Response(render_prometheus(s), media_type="text/plain; version=0.0.4")
 
-    async def _finished(body: CompletionBody | ChatBody) -> tuple[RolloutView, RolloutIn]:
-        """Run an OpenAI-style body as a generation and wait for it (at most ``completion_timeout_s``)."""
+    async def _submit(body: CompletionBody | ChatBody) -> tuple[str, RolloutIn]:
+        """Submit an OpenAI-style body as one generation -> (its id, the request). Raises
+        :class:`_RefusedError` when the service refuses it."""
         if body.model is not None and body.model != settings.model_name:
             raise ApiError(404, "model_not_found", f"model: {body.model!r} is not served here (GET /v1/models lists "
                            f"{settings.model_name!r})")
@@ -217,16 +242,20 @@ def rollouts_router(ctx: Any) -> APIRouter:
             req = openai_request(body)
         except ValidationError as e:
             raise RequestValidationError([{**x, "loc": ("body", *x.get("loc", ()))} for x in e.errors()]) from None
-        timeout = settings.completion_timeout_s
         out = await svc.call(lambda h: h.submit(SubmitBatch(requests=[req])))
         if isinstance(out, Refusal):
             raise _RefusedError(out)
-        acc = out.requests[0]
-        v: RolloutView = await svc.call(lambda h: h.wait_result(acc.id, timeout))
+        return out.requests[0].id, req
+
+    async def _finished(body: CompletionBody | ChatBody) -> tuple[RolloutView, RolloutIn]:
+        """Run an OpenAI-style body as a generation and wait for it (at most ``completion_timeout_s``)."""
+        rid, req = await _submit(body)
+        timeout = settings.completion_timeout_s
+        v: RolloutView = await svc.call(lambda h: h.wait_result(rid, timeout))
         if v is None or v.status is not Status.FINISHED:
             if v is not None and v.status in (Status.QUEUED, Status.RUNNING):
-                await svc.call(lambda h: h.cancel([acc.id]))
-                raise ApiError(503, "timeout", f"request {acc.id} did not finish within {timeout:g} s "
+                await svc.call(lambda h: h.cancel([rid]))
+                raise ApiError(503, "timeout", f"request {rid} did not finish within {timeout:g} s "
                                "(completion_timeout_s; it was cancelled)", retry_after_s=1)
             raise ApiError(409 if v is not None and v.status is Status.CANCELLED else 503,
                            str(v.finish_reason if v else "lost"), (v.error if v else None) or "the request did not finish",
@@ -244,15 +273,17 @@ def rollouts_router(ctx: Any) -> APIRouter:
                 "version_span": v.version_span, "timings": v.timings.model_dump()}
 
     async def _complete(body: CompletionBody | ChatBody, chat: bool) -> Any:
+        obj = "chat.completion" if chat else "text_completion"
+        model = body.model or settings.model_name
         try:
+            if body.stream:
+                rid, req = await _submit(body)
+                include_usage = bool((body.stream_options or {}).get("include_usage"))
+                return StreamingResponse(_sse(await svc.get(), rid, req, chat, model, include_usage),
+                                         media_type="text/event-stream", headers={"Cache-Control": "no-store"})
             v, req = await _finished(body)
         except _RefusedError as e:
             return _refused(e.refusal)
-        obj = "chat.completion" if chat else "text_completion"
-        model = body.model or settings.model_name
-        if body.stream:
-            return StreamingResponse(_sse(v, req, chat, model, bool((body.stream_options or {}).get("include_usage"))),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-store"})
         text = v.text or ""
         lp = None
         if v.logprobs is not None:
@@ -265,33 +296,79 @@ def rollouts_router(ctx: Any) -> APIRouter:
         return JSONResponse({"id": v.id, "object": obj, "created": int(time.time()), "model": model, "choices": [choice],
                              "usage": _usage(v, req), "rollmux": _rollmux(v)})
 
-    async def _sse(v: RolloutView, req: RolloutIn, chat: bool, model: str, usage: bool) -> AsyncIterator[bytes]:
-        """OpenAI's streamed chunks (``chat.completion.chunk`` / ``text_completion``) of a finished
-        generation, one per generated token, then the finish reason, then ``[DONE]``."""
+    async def _sse(h: RolloutServiceHandle, rid: str, req: RolloutIn, chat: bool, model: str,
+                   usage: bool) -> AsyncIterator[bytes]:
+        """OpenAI's streamed chunks (``chat.completion.chunk`` / ``text_completion``) of generation
+        ``rid`` as the engine produces its tokens (one chunk per token, as a window reports them),
+        then the finish reason, then ``[DONE]``; an error chunk (``{"error": ...}``, what OpenAI's
+        clients raise on) when it fails, is cancelled, restarts after tokens were sent, or passes
+        ``completion_timeout_s``. A client that goes away cancels the generation."""
         obj, created = ("chat.completion.chunk" if chat else "text_completion"), int(time.time())
 
-        def chunk(delta: Optional[str], finish: Optional[str] = None, first: bool = False) -> bytes:
+        def data(obj_: dict) -> bytes:
+            return f"data: {json.dumps(obj_, separators=(',', ':'))}\n\n".encode()
+
+        def chunk(delta: Optional[str], finish: Optional[str] = None, first: bool = False,
+                  view: Optional[RolloutView] = None) -> bytes:
             if chat:
                 d: dict[str, Any] = {"role": "assistant", "content": ""} if first else {} if delta is None else {"content": delta}
                 choice: dict[str, Any] = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": None}
             else:
                 choice = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
-            data = {"id": v.id, "object": obj, "created": created, "model": model, "choices": [choice]}
-            if finish is not None:
-                data["rollmux"] = _rollmux(v)
-            return f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+            out = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+            if view is not None:
+                out["rollmux"] = _rollmux(view)
+            return data(out)
 
-        if chat:
-            yield chunk(None, first=True)
-        text = v.text or ""
-        step = max(1, len(text) // max(1, len(v.output_token_ids)))
-        for i in range(0, len(text), step):
-            yield chunk(text[i:i + step])
-        yield chunk(None, v.finish_reason or "stop")
-        if usage:
-            data = {"id": v.id, "object": obj, "created": created, "model": model, "choices": [], "usage": _usage(v, req)}
-            yield f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
-        yield b"data: [DONE]\n\n"
+        def error(kind: str, msg: str) -> bytes:
+            return data({"error": {"message": f"request {rid}: {msg}", "type": kind, "code": kind}})
+
+        decode = ByteTokenizer.incremental()
+        offset, restarts, ended = 0, 0, None
+        deadline = time.monotonic() + settings.completion_timeout_s
+        try:
+            if chat:
+                yield chunk(None, first=True)
+            while ended is None:
+                wait = min(settings.stream_wait_s, max(0.0, deadline - time.monotonic()))
+                try:
+                    got = await h.tokens([TokenCursor(id=rid, offset=offset, restarts=restarts)], wait)
+                except (ActorLost, CallTimeout) as e:  # headers are sent: end the stream saying why
+                    yield error("rollout_service_unavailable", str(e).splitlines()[0][:300])
+                    return
+                if got.unknown:
+                    yield error("not_found", "the rollout service lost it")
+                    return
+                if not got.deltas:
+                    if time.monotonic() >= deadline:
+                        yield error("timeout", f"not finished within completion_timeout_s "
+                                    f"{settings.completion_timeout_s:g} s (it was cancelled)")
+                        return
+                    continue
+                d = got.deltas[0]
+                if d.restarts != restarts:
+                    if offset:  # tokens already sent cannot be taken back
+                        yield error("restarted", f"it started over after {offset} tokens were streamed (a weight "
+                                    "update with pause_mode abort, or its replica was lost); resubmit it")
+                        return
+                    restarts = d.restarts
+                for t in d.tokens:
+                    if piece := decode([t]):
+                        yield chunk(piece)
+                offset, ended = d.offset + len(d.tokens), d.view
+            if ended.status is not Status.FINISHED:
+                yield error(str(ended.finish_reason or ended.status.value), ended.error or "the request did not finish")
+                return
+            if tail := decode([], final=True):
+                yield chunk(tail)
+            yield chunk(None, ended.finish_reason or "stop", view=ended)
+            if usage:
+                yield data({"id": rid, "object": obj, "created": created, "model": model, "choices": [],
+                            "usage": _usage(ended, req)})
+            yield b"data: [DONE]\n\n"
+        finally:
+            if ended is None:  # the client went away, or the stream broke: stop the generation
+                asyncio.ensure_future(_cancel_quietly(h, rid))
 
     oa = ["openai"]
     sse = {"text/event-stream": {}}
@@ -303,7 +380,8 @@ def rollouts_router(ctx: Any) -> APIRouter:
         """OpenAI-style completion through the same scheduler, at the service's current policy
         version unless ``policy_version`` names one (the answer's ``rollmux.policy_version`` says
         which); extra fields ``priority``, ``policy_version``, ``task_family``, ``session_id``.
-        ``stream: true``: server-sent ``text_completion`` chunks, then ``data: [DONE]``."""
+        ``stream: true``: server-sent ``text_completion`` chunks as the tokens are produced, then
+        ``data: [DONE]``."""
         return await _complete(body, chat=False)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(need_token)], tags=oa,
@@ -312,7 +390,8 @@ def rollouts_router(ctx: Any) -> APIRouter:
     async def chat_completions(body: ChatBody) -> Any:
         """OpenAI-style chat completion (messages rendered as ``<|role|>\\ncontent\\n``); extra fields as
         ``/v1/completions``. With ``session_id`` send only the new messages: the session's history is kept.
-        ``stream: true``: server-sent ``chat.completion.chunk`` chunks, then ``data: [DONE]``."""
+        ``stream: true``: server-sent ``chat.completion.chunk`` chunks as the tokens are produced,
+        then ``data: [DONE]``."""
         return await _complete(body, chat=True)
 
     def _model() -> dict:

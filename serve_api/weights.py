@@ -41,7 +41,7 @@ def weights_router(ctx: Any) -> APIRouter:
     need_token, read_access, err, tags = ctx.need_token, ctx.read_access, {"model": ErrorBody}, ["weights"]
 
     @app.post("/v1/weights/update_from_disk", response_model=WeightUpdateView, dependencies=[Depends(need_token)],
-              responses={401: err, 403: err, 404: err, 409: err, 413: err, 415: err, 422: err, 501: err, 503: err,
+              responses={401: err, 403: err, 404: err, 409: err, 413: err, 415: err, 422: err, 503: err,
                          504: err}, tags=tags)
     async def update_from_disk(body: DiskUpdateBody) -> Any:
         """Load ``model_path`` (a ``.safetensors`` file or a directory holding ``model.safetensors``,
@@ -50,7 +50,7 @@ def weights_router(ctx: Any) -> APIRouter:
         return _answer(await svc.call(lambda h: h.update_from_disk(body, wait_s)))
 
     @app.post("/v1/weights/uploads", status_code=201, response_model=UploadView, dependencies=[Depends(need_token)],
-              responses={401: err, 409: err, 413: err, 415: err, 422: err, 429: err, 501: err, 503: err}, tags=tags)
+              responses={401: err, 409: err, 413: err, 415: err, 422: err, 429: err, 503: err}, tags=tags)
     async def start_upload(body: UploadStartBody) -> Any:
         """Announce an upload of a safetensors file: ``size_bytes`` (at most ``max_weights_bytes``,
         else 413), its SHA-256, the version it is and the pause mode of its update -> the upload id,

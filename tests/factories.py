@@ -305,3 +305,63 @@ train_pool:
 cross_cluster_gbps: 1
 intra_cluster_gbps: 20
 """
+
+
+class QueueDriver:
+    """Drives :class:`rollmux.round_robin.RoundRobinQueues` as a GroupController would: grants
+    every ready phase and completes running ones when told. ``exclusive_nodes``: also check, at
+    every pump, that no node runs two unreleased phases at once. Every grant is checked against
+    its job's staleness bound (a rollout never runs more than ``k`` ahead of the last sync)."""
+
+    def __init__(self, exclusive_nodes: bool = False) -> None:
+        from rollmux.round_robin import RoundRobinQueues
+
+        self.q = RoundRobinQueues()
+        self.running: list[tuple[str, str]] = []
+        self.n_new = 0
+        self.exclusive_nodes = exclusive_nodes
+
+    def add(self, rollout_nodes: list[str], train_nodes: list[str], max_staleness: int = 0) -> None:
+        self.q.add_job(f"j{self.n_new}", rollout_nodes, train_nodes, max_staleness=max_staleness)
+        self.n_new += 1
+
+    def remove(self, k: int) -> None:
+        if self.q.job_ids:
+            victim = self.q.job_ids[k % len(self.q.job_ids)]
+            self.q.remove_job(victim)
+            self.running[:] = [x for x in self.running if x[0] != victim]
+
+    def release_one(self) -> None:
+        """Long-tail migration of the first running rollout not released yet."""
+        for j, ph in self.running:
+            if ph == "rollout" and not self.q._jobs[j].released:
+                self.q.release(j)
+                return
+
+    def pump(self) -> None:
+        q = self.q
+        for rp in q.ready():
+            if rp.phase == "rollout":
+                assert rp.iteration == q.rollouts(rp.job_id)
+                assert rp.iteration - q.iteration(rp.job_id) <= q.max_staleness(rp.job_id)
+            q.grant(rp.job_id, rp.phase)
+            self.running.append((rp.job_id, rp.phase))
+        if not self.exclusive_nodes:
+            return
+        held: dict[str, str] = {}  # node -> the job and phase running unreleased on it
+        for j, ph in self.running:
+            if ph == "sync" or (ph == "rollout" and q._jobs[j].released):
+                continue
+            for n in q.nodes_of(j)[0 if ph == "rollout" else 1]:
+                assert held.setdefault(n, f"{j}:{ph}") == f"{j}:{ph}", (n, held[n], j, ph)
+
+    def drain(self, rounds: int, pick) -> None:
+        """Every job left completes two more iterations within a bounded number of steps;
+        ``pick(i)``: which running phase completes at step ``i``."""
+        target = {j: self.q.iteration(j) + 2 for j in self.q.job_ids}
+        for i in range(rounds * (len(target) + 1) * 3):
+            self.pump()
+            if all(self.q.iteration(j) >= t for j, t in target.items()) or not self.running:
+                break
+            self.q.on_phase_done(*self.running.pop(pick(i)))
+        assert all(self.q.iteration(j) >= t for j, t in target.items())

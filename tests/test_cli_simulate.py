@@ -139,3 +139,26 @@ def test_simulate_priorities_reports_per_class(tmp_path):
     r = CliRunner().invoke(app, ["simulate", "--trace", str(EXTRACT_TRACE), "--jobs", "5", "--policies", "rollmux",
                                  "--priorities", "production=1", "--out", str(out)])
     assert r.exit_code == 2 and "unbounded" in r.output
+
+
+def test_simulate_async_share_reports_per_kind(tmp_path):
+    """`--async-share`: the same drawn asynchronous jobs for every policy, a per-kind summary
+    (SLO, cost, staleness within the bound) in summary.json and the table; bad values fail clearly."""
+    out = tmp_path / "async"
+    r = CliRunner().invoke(app, ["simulate", "--trace", str(EXTRACT_TRACE), "--policies", "rollmux,solo-d", "--jobs", "12",
+                                 "--async-share", "0.5", "--max-staleness", "2", "--staleness-mode", "bounded",
+                                 "--out", str(out), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    s = json.loads((out / "summary.json").read_text())
+    assert (s["meta"]["async_share"], s["meta"]["max_staleness"], s["meta"]["staleness_mode"]) == (0.5, 2, "bounded")
+    kinds = [s["policies"][p]["by_kind"] for p in ("rollmux", "solo-d")]
+    assert set(kinds[0]) == set(kinds[1]) == {"sync", "async_bounded"}
+    assert kinds[0]["async_bounded"]["jobs"] == kinds[1]["async_bounded"]["jobs"] > 0
+    for k in kinds:
+        assert k["async_bounded"]["staleness_max"] <= 2 and k["async_bounded"]["staleness_over_bound"] == 0
+    assert "per kind of job" in r.output and "async_bounded" in r.output
+    for bad, says in ((["--async-share", "1.5"], "[0, 1]"), (["--async-share", "0.5", "--max-staleness", "0"], "max_staleness"),
+                      (["--async-share", "0.5", "--staleness-mode", "eventual"], "unknown staleness mode")):
+        r = CliRunner().invoke(app, ["simulate", "--trace", str(EXTRACT_TRACE), "--jobs", "3", "--policies", "rollmux",
+                                     "--out", str(tmp_path / "bad"), "--no-progress", *bad])
+        assert r.exit_code == 2 and says in r.output, r.output

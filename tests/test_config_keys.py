@@ -302,6 +302,7 @@ def test_per_job_allocations_off_as_documented_runs_the_replay(tmp_path):
 
     assert json.loads((tmp_path / "b" / "summary.json").read_text())["meta"]["scheduler_config"] == "scheduler.yaml"
     bad = tmp_path / "bad.yaml"
-    bad.write_text(text.replace("per_job_allocations: simulator", "per_job_allocations: false"))
+    bad.write_text("\n".join("per_job_allocations: false" if ln.startswith("per_job_allocations:") else ln
+                             for ln in text.splitlines()) + "\n")
     r = CliRunner().invoke(app, [*args, "--config", str(bad), "--out", str(tmp_path / "c")])
     assert r.exit_code == 2 and "per_job_allocations" in r.output and "'off' or 'simulator'" in r.output

@@ -98,6 +98,43 @@ def test_ledger_accounts_slowdown_from_its_clock_and_reports_iterations():
     assert (a["t_iter_s"], a["t_solo_s"], a["slowdown"]) == (5.0, 5.0, 1.0)
     assert (b["t_iter_s"], b["t_solo_s"], b["slowdown"]) == (5.0, 5.0, 1.0)  # b's clock starts at its grant
     assert g.slowdown("a") == 1.0 and g.status()["jobs"]["a"]["iterations_done"] == 1
+    assert a["cold_start"] and b["cold_start"]  # each one's first iteration in the group: not a profile
+    for ph, dur in (("rollout", 2.0), ("train", 2.0), ("sync", 1.0)):  # a's second iteration is warm
+        grant = g.try_grant("a", ph, None, clk.t)
+        t0 = clk.t
+        clk.t += dur
+        _, eff = g.release(grant, _rec(g, grant.nodes[0], t0, clk.t))
+        reports += _reports(eff)
+    assert [(r["iterations_done"], r["cold_start"]) for r in reports[2:]] == [(2, False)]
+
+
+def test_the_iteration_report_carries_the_rollouts_long_tail_trigger():
+    """What the SLO watch's predictor needs (rollmux.admission.slo_watch.measured_predictor): when the
+    rollout reached the trigger fraction (s from its grant), the responses unfinished then and whether
+    migration acted (b waits for the node, so it did)."""
+    clk = Clock()
+    g = GroupLedger("group-t", lease_s=0, clock=clk, migrate=True)
+    for j in ("a", "b"):
+        g.add(j, ["rollout-0"], ["train-0"], slo=2.0)
+        g.activate(j)
+    reports = []
+    grant = g.try_grant("a", "rollout", None, clk.t)
+    assert g.try_grant("b", "rollout", None, clk.t) is None  # b waits for rollout-0
+    clk.t += 3.0
+    assert g.progress("a", 7, 10) is None  # 70% < the 80% trigger
+    clk.t += 1.0
+    d = g.progress("a", 8, 10)
+    assert d is not None and d.acted
+    for ph, dur in (("rollout", 2.0), ("train", 2.0), ("sync", 1.0)):
+        if ph != "rollout":
+            grant = g.try_grant("a", ph, None, clk.t)
+        t0 = grant.granted_at if ph == "rollout" else clk.t
+        clk.t += dur
+        _, eff = g.release(grant, _rec(g, grant.nodes[0], t0, clk.t))
+        reports += _reports(eff)
+    (r,) = reports
+    assert (r["t_trigger_s"], r["tail_responses"], r["tail_migrated"]) == (4.0, 2, True)
+    assert r["t_roll_s"] == 6.0
 
 
 def test_ledger_lease_evicts_only_silent_drivers_without_a_running_phase():

@@ -164,8 +164,8 @@ def test_counted_sync_counts_the_plans_bytes(monkeypatch):
         def __init__(self, s):
             self.s = s
 
-        def receive_counted_nowait(self, key, weights, cross, intra):
-            return self.s.receive_counted(weights, cross, intra)
+        def receive_counted_nowait(self, key, weights, cross, intra, version=None):
+            return self.s.receive_counted(weights, cross, intra, version)
 
     monkeypatch.setattr(ws, "gather", lambda pending, timeout_s=None: list(pending))
     lead = SyncSession("j", "train", "train-0", backend="counted", world_size=2, peers=("w0", "w1"),
@@ -216,13 +216,14 @@ def test_emulated_group_on_the_runtime_matches_the_simulator(ray_cluster, tmp_pa
     from examples.grpo import report
     from factories import kill_scheduler_and_controllers
     from rollmux.admission import load_scheduler_config
+    from rollmux.emulation import scheduler_config
     from rollmux.sim.realisation import Realisation
     from rollmux.sim.simulator import make_policy, replay
     from rollmux.workloads import SimJob
 
     c = _cluster(2, 2)
-    cfg = load_scheduler_config()
     em = EmulationConfig(wall_ms_per_model_s=20.0, response_lengths="worst_case")  # overhead << 10% of a phase
+    cfg = scheduler_config(load_scheduler_config(), em)  # the default, its time bounds and measured times in modelled s
     uid = uuid.uuid4().hex[:6]
     specs = [_job(f"emu-r-{uid}", t_roll=240.0, t_train=80.0), _job(f"emu-t-{uid}", t_roll=80.0, t_train=240.0)]
     n = 3

@@ -106,6 +106,10 @@ def test_an_infinite_phase_time_is_422_naming_the_field_and_nothing_is_admitted(
     ('{"job_id": "a", "model_params_b": 7, "priority_class": 1}', "priority_class", "string"),
     ('{"job_id": "a", "model_params_b": 7, "tenant": "' + "t" * 65 + '"}', "tenant", "64"),
     ('{"job_id": "a", "model_params_b": 7, "preemptible": "no"}', "preemptible", "true or false"),
+    ('{"job_id": "a", "model_params_b": 7, "max_staleness": 17}', "max_staleness", "0 <= max_staleness <= 16"),
+    ('{"job_id": "a", "model_params_b": 7, "staleness_mode": "eventual"}', "staleness_mode", "exact"),
+    ('{"job_id": "a", "model_params_b": 7, "measured": {"t_roll_s": 1, "t_train_s": 1, "max_staleness": 1}}',
+     "measured.max_staleness", "declare the staleness bound on the job"),
     ('{"job_id": "a", "model_params_b": 7,', "body", "malformed JSON"),
     ('[1, 2]', "body", "object"),
 ])

@@ -14,6 +14,8 @@ from rollmux.intra_group import IterationTimes, LongTailPolicy, coexec_times, si
 from rollmux.models import CoExecutionGroup, GroupMember, JobSpec, PhaseProfile, Placement
 from rollmux.round_robin import RoundRobinQueues
 
+from factories import QueueDriver
+
 SIM_CLUSTER = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
 
 
@@ -303,59 +305,13 @@ def test_tail_stretches_within_the_planned_slack():
 
 # --- robustness: joins and departures while running ------------------------------------------------
 
-class _QueueDriver:
-    """Drives :class:`RoundRobinQueues` as a GroupController would: grants every ready phase and
-    completes running ones when told. ``exclusive_nodes``: also check, at every pump, that no node
-    runs two unreleased phases at once."""
-
-    def __init__(self, exclusive_nodes: bool = False) -> None:
-        self.q = RoundRobinQueues()
-        self.running: list[tuple[str, str]] = []
-        self.n_new = 0
-        self.exclusive_nodes = exclusive_nodes
-
-    def add(self, rollout_nodes: list[str], train_nodes: list[str]) -> None:
-        self.q.add_job(f"j{self.n_new}", rollout_nodes, train_nodes)
-        self.n_new += 1
-
-    def remove(self, k: int) -> None:
-        if self.q.job_ids:
-            victim = self.q.job_ids[k % len(self.q.job_ids)]
-            self.q.remove_job(victim)
-            self.running[:] = [x for x in self.running if x[0] != victim]
-
-    def pump(self) -> None:
-        for rp in self.q.ready():
-            self.q.grant(rp.job_id, rp.phase)
-            self.running.append((rp.job_id, rp.phase))
-        if not self.exclusive_nodes:
-            return
-        held: dict[str, str] = {}  # node -> job running an unreleased phase on it
-        for j, ph in self.running:
-            if ph == "sync" or (ph == "rollout" and self.q._jobs[j].released):
-                continue
-            for n in self.q.nodes_of(j)[0 if ph == "rollout" else 1]:
-                assert held.setdefault(n, j) == j, (n, held[n], j)
-
-    def drain(self, rounds: int, pick) -> None:
-        """Every job left completes two more iterations within a bounded number of steps;
-        ``pick(i)``: which running phase completes at step ``i``."""
-        target = {j: self.q.iteration(j) + 2 for j in self.q.job_ids}
-        for i in range(rounds * (len(target) + 1) * 3):
-            self.pump()
-            if all(self.q.iteration(j) >= t for j, t in target.items()) or not self.running:
-                break
-            self.q.on_phase_done(*self.running.pop(pick(i)))
-        assert all(self.q.iteration(j) >= t for j, t in target.items())
-
-
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["add", "remove", "step", "step", "step"]), st.integers(0, 3),
                           st.integers(0, 3)), min_size=5, max_size=60))
 def test_queues_never_deadlock_under_joins_and_departures(ops):
     """A driver completes running phases oldest-first; jobs join / leave at random points. Every
     remaining job keeps making progress (no deadlock) and FIFO heads stay valid."""
-    d = _QueueDriver()
+    d = QueueDriver()
     for op, a, b in ops:
         if op == "add":
             d.add([f"rollout-{a}"], [f"train-{b}"])
@@ -377,7 +333,7 @@ def test_multi_node_queues_never_deadlock_under_joins_plans_and_releases(ops):
     is always running (no deadlock), no node runs two unreleased phases at once, and every job
     left completes two more iterations. (Appending a multi-node job at the end of each node's
     list, instead of at one consistent turn, deadlocked here.)"""
-    d = _QueueDriver(exclusive_nodes=True)
+    d = QueueDriver(exclusive_nodes=True)
     q, running = d.q, d.running
     for op, rn, tn, perm, k in ops:
         if op == "add":
@@ -387,10 +343,7 @@ def test_multi_node_queues_never_deadlock_under_joins_plans_and_releases(ops):
         elif op == "order":
             q.set_order([f"j{i}" for i in perm[:k]])
         elif op == "release":
-            for j, ph in running:
-                if ph == "rollout" and not q._jobs[j].released:
-                    q.release(j)
-                    break
+            d.release_one()
         elif running:
             q.on_phase_done(*running.pop(k % len(running)))
         d.pump()
@@ -515,7 +468,7 @@ def test_a_job_tied_to_a_slower_partner_runs_at_the_partners_cadence():
 def test_steady_state_is_the_long_run_rate(spec):
     """The steady ``t_coexec`` equals the recurrence's average over a long horizon (8,000
     cycles, where any head start is spent), and jobs linked by shared nodes share one cadence."""
-    from rollmux.intra_group import _canonical, _rr_recurrence
+    from rollmux.steady_state import _canonical, _rr_recurrence
 
     g = [mem(f"j{i}", r, t, s, r=tuple(f"rollout-{x}" for x in sorted(rn)), t=tuple(f"train-{x}" for x in sorted(tn)))
          for i, (r, t, s, rn, tn) in enumerate(spec)]

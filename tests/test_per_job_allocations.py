@@ -62,8 +62,26 @@ def test_sparse_trace_rollmux_no_dearer_than_gavel_plus(sparse):
     assert 1.0 <= rm["cost_vs_lower_bound"] <= rm["cost_vs_optimal_exact"] + 1e-9
 
 
-def test_the_runtime_setting_is_documented_off():
-    # the cluster's GlobalScheduler runs co-execution groups only: the key names the simulator
-    assert load_scheduler_config().per_job_allocations == "simulator"
+def test_the_default_is_off_and_the_runtime_refuses_the_replay_only_setting(tmp_path):
+    """The shipped default runs co-execution groups on whole nodes, what the runtime carries out;
+    ``simulator`` (own allocations: sub-node, rescaled or colocated) is the replay's alone, so the
+    GlobalScheduler refuses it at start-up, naming the key. ``off`` written unquoted, as YAML reads
+    it (False), is ``off``."""
+    from actors.scheduler.global_scheduler import GlobalSchedulerImpl
+    from actors.scheduler.kv import MemoryKV
+    from factories import unit_kw
+    from rollmux.config import ConfigError
+
+    assert load_scheduler_config().per_job_allocations == "off" and SchedulerConfig().per_job_allocations == "off"
+    assert load_scheduler_config().runtime_refusals() == []
     with pytest.raises(ValueError):
         SchedulerConfig(per_job_allocations="runtime")
+    cfg = SchedulerConfig(per_job_allocations="simulator")
+    assert "per_job_allocations" in cfg.runtime_refusals()[0]
+    with pytest.raises(ConfigError, match="per_job_allocations"):
+        GlobalSchedulerImpl(load_cluster(CONFIG_DIR / "cluster_sim.yaml"), kv=MemoryKV(), config=cfg, **unit_kw())
+    src = (CONFIG_DIR / "scheduler.yaml").read_text().replace('per_job_allocations: "off"', "per_job_allocations: off")
+    src = src.replace("saturation: slo", "saturation: off")
+    (tmp_path / "s.yaml").write_text(src)
+    got = load_scheduler_config(tmp_path / "s.yaml")
+    assert got.per_job_allocations == "off" and got.saturation == "off"

@@ -49,8 +49,20 @@ def test_openai_bodies_become_generations():
     assert chat_prompt(chat.messages) == "<|user|>\nhi\n<|assistant|>\n"
     assert openai_request(CompletionBody(prompt="x")).policy_version is None  # the service's current one
     assert CompletionBody(prompt="x", stream=True).stream  # served: server-sent chunks
+    streamed = openai_request(CompletionBody(prompt="x", stream=True, temperature=0, ignore_eos=True))
+    assert streamed.stream_tokens and streamed.temperature == 0 and streamed.ignore_eos
+    assert not openai_request(CompletionBody(prompt="x")).stream_tokens
     with pytest.raises(ValidationError):
         CompletionBody(prompt="x", n=2)
+
+
+def test_incremental_decode_joins_into_the_whole_decode():
+    """A streamed generation's pieces join into its text, a character split across tokens coming
+    with its last byte (and an invalid byte as the whole decode renders it)."""
+    ids = list("né €x".encode()) + [0xFF, 0x41]
+    dec = ByteTokenizer.incremental()
+    pieces = [dec([i]) for i in ids] + [dec([], final=True)]
+    assert "".join(pieces) == ByteTokenizer.decode(ids) and "é" in pieces and "€" in pieces
 
 
 def _load(i, match, backlog, alive=True, cap=1000):

@@ -287,6 +287,55 @@ def test_disconnected_stream_client_has_its_requests_cancelled(http, svc, v0):
         svc.configure_sync(ServiceConfig(disconnect_grace_s=5.0))
 
 
+def test_tokens_are_streamed_while_the_generation_runs(http, svc):
+    """``stream: true`` (OpenAI chunks) and ``/v1/rollouts:stream`` with ``tokens: true`` send a
+    generation's tokens as the engine produces them: when the first chunk arrives the request is
+    still running (its view says so and holds no output yet), later chunks carry further pieces,
+    and the pieces join into the final result."""
+    import json
+
+    svc.configure_sync(ServiceConfig(max_tokens_limit=1000))
+    try:
+        body = {"model": "rollmux", "prompt": "count:", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+        pieces, first_view = [], None
+        with http.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                ch = json.loads(line[6:])
+                assert "error" not in ch, ch
+                if ch["choices"][0]["text"]:
+                    pieces.append(ch["choices"][0]["text"])
+                    if first_view is None:
+                        first_view = http.get(f"/v1/rollouts/{ch['id']}").json()
+                rid = ch["id"]
+        assert first_view["status"] == "running" and first_view["output_token_ids"] == []
+        final = http.get(f"/v1/rollouts/{rid}").json()
+        assert final["status"] == "finished" and len(final["output_token_ids"]) == 1000
+        assert len(pieces) > 1 and "".join(pieces) == final["text"]
+
+        sub = http.post("/v1/rollouts", json={"prompt": "count:", "max_tokens": 1000, "ignore_eos": True,
+                                              "stream_tokens": True})
+        rid = sub.json()["requests"][0]["id"]
+        events, first_view = [], None
+        with http.stream("POST", "/v1/rollouts:stream", json={"ids": [rid], "tokens": True, "timeout_s": 120}) as r:
+            for line in r.iter_lines():
+                if line:
+                    events.append(obj := json.loads(line))
+                    if obj.get("event") == "tokens" and first_view is None:
+                        first_view = http.get(f"/v1/rollouts/{rid}").json()
+        toks = [e for e in events if e.get("event") == "tokens"]
+        assert first_view["status"] == "running" and first_view["output_token_ids"] == []
+        assert len(toks) > 1 and [e["offset"] for e in toks] == [sum(len(e["tokens"]) for e in toks[:i])
+                                                                 for i in range(len(toks))]
+        result, end = events[-2], events[-1]
+        assert end["event"] == "end" and end["delivered"] == 1 and result["id"] == rid
+        assert [t for e in toks for t in e["tokens"]] == result["output_token_ids"] and len(result["output_token_ids"]) == 1000
+    finally:
+        svc.configure_sync(ServiceConfig(max_tokens_limit=256))
+
+
 def test_a_restarted_service_is_found_again(http, svc, serve_api):
     """The service actor replaced under the app (e.g. a new policy): reads find the new one at once;
     a write answers 202, or 503 with Retry-After once (never resent: it may have reached the old one)."""

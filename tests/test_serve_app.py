@@ -426,8 +426,8 @@ def test_up_validates_scheduler_config_and_checkpoint_before_starting_anything(t
     ports = ["--port", str(_free_port()), "--ray-port", str(_free_port()), "--dashboard-port", str(_free_port()),
              "--metrics-export-port", str(_free_port())]
     bad = tmp_path / "bad.yaml"
-    bad.write_text((CONFIG_DIR / "scheduler.yaml").read_text().replace("per_job_allocations: simulator",
-                                                                        "per_job_allocations: false"))
+    bad.write_text("\n".join("per_job_allocations: false" if ln.startswith("per_job_allocations:") else ln
+                             for ln in (CONFIG_DIR / "scheduler.yaml").read_text().splitlines()) + "\n")
     env = {"ROLLMUX_CURRENT": str(tmp_path / "current"), "ROLLMUX_STATE_DIR": "", "COLUMNS": "200"}
     r = CliRunner().invoke(app, ["up", "--state-dir", str(sd), *ports, "--scheduler-config", str(bad)], env=env)
     assert r.exit_code == 2 and "per_job_allocations" in r.output and "'off' or 'simulator'" in r.output, r.output

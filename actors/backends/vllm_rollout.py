@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from typing import Optional
+from typing import Callable, Mapping, Optional
 
 import torch
 
@@ -68,6 +68,7 @@ class WeightUpdateExtension:
 
     _rollmux_loaded: Optional[int] = None
     _rollmux_device: Optional[torch.device] = None
+    _rollmux_digest: Optional[str] = None  # of the last complete update (None: none, or not in name order)
 
     # -- hooks on vLLM (overridden by tests that run without vLLM) --------------------------------
     def _rollmux_model(self) -> torch.nn.Module:
@@ -96,6 +97,7 @@ class WeightUpdateExtension:
     # -- the RPC methods ---------------------------------------------------------------------------
     def rollmux_begin_weights(self) -> int:
         from actors.backends.weight_payload import Assembler
+        from rollmux.rollout_sched.weights import StreamDigest
 
         model = self._rollmux_model()
         self._rollmux_device = next(model.parameters()).device  # before the layers go to the meta device
@@ -103,6 +105,7 @@ class WeightUpdateExtension:
             self._rollmux_reload_begin(model)
         self._rollmux_loaded = 0
         self._rollmux_assembler = Assembler()
+        self._rollmux_stream = StreamDigest()
         return 0
 
     def rollmux_load_weights(self, rows) -> int:  # runs inside the vLLM worker process
@@ -114,6 +117,10 @@ class WeightUpdateExtension:
             self.rollmux_end_weights()
             return n
         items = self._rollmux_assembler.feed(rows)  # no copy of whole rows: the loaders copy them in
+        from actors.backends.weight_payload import tensor_bytes
+
+        for k, v in items:  # the digest of what this worker loads, as it arrives
+            self._rollmux_stream.add(k, str(v.dtype).removeprefix("torch."), v.shape, tensor_bytes(v))
         dev = self._rollmux_device
         if items:
             with self._rollmux_context():
@@ -131,8 +138,61 @@ class WeightUpdateExtension:
             self._rollmux_reload_end(self._rollmux_model())
         n, self._rollmux_loaded = self._rollmux_loaded, None
         if pending:
+            self._rollmux_digest = None
             raise RuntimeError(f"weight update ended with tensors missing chunks: {pending}")
+        self._rollmux_digest = self._rollmux_stream.hexdigest()
         return n
+
+    def rollmux_weights_digest(self) -> Optional[str]:
+        """The canonical digest (:func:`rollmux.rollout_sched.weights.digest_rows`) of the tensors
+        the last complete update loaded, computed here on the bytes as they arrived; None before
+        any update, or when the update's tensors did not arrive in name order (:func:`load_in_place`
+        sends them so)."""
+        return self._rollmux_digest
+
+
+def load_in_place(rpc: Callable[..., list], weights: Mapping[str, torch.Tensor], *,
+                  bucket_bytes: Optional[int] = None) -> Optional[str]:
+    """Install ``weights`` ({name: CPU tensor}, HF names: every tensor of the checkpoint) in a vLLM
+    engine's workers through :class:`WeightUpdateExtension`'s in-place reload, streamed in buckets
+    (:func:`actors.backends.weight_payload.iter_buckets`) in name order. ``rpc``: the engine's
+    ``collective_rpc`` (``vllm.LLM``'s or ``LLMEngine``'s: same call). Returns the digest the
+    workers computed on what they loaded (equal to
+    :func:`actors.rollout.weights.state_digest` of ``weights`` exactly when every byte arrived),
+    or None when the workers disagree. The caller resets the prefix cache.
+    Raises RuntimeError when a worker loaded a different number of tensors."""
+    from actors.backends.weight_payload import bucket_bytes_for, iter_buckets
+
+    ordered = {k: weights[k] for k in sorted(weights)}  # name order: the workers' digest is the canonical one
+    bucket = int(bucket_bytes or bucket_bytes_for(ordered))
+    rpc("rollmux_begin_weights")
+    try:
+        for rows in iter_buckets(ordered, bucket):  # each bucket encoded when sent
+            got = rpc("rollmux_load_weights", args=(rows,))
+            if not got or any(int(n) != len(rows) for n in got):
+                raise RuntimeError(f"vLLM weight update: workers took {got} of {len(rows)} rows")
+            del rows
+    finally:
+        done = rpc("rollmux_end_weights")
+    if any(int(n) != len(weights) for n in done):
+        raise RuntimeError(f"vLLM weight update: workers loaded {done} of {len(weights)} tensors")
+    digests = set(rpc("rollmux_weights_digest"))
+    return digests.pop() if len(digests) == 1 else None
+
+
+def checkpoint_digest(model_dir: str) -> str:
+    """Canonical digest of the tensors of a model directory's safetensors files (what a vLLM
+    engine loads at start; :func:`actors.rollout.weights.state_digest`). Reads every file."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from actors.rollout.weights import state_digest
+
+    state: dict[str, torch.Tensor] = {}
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    return state_digest(state)
 
 
 class VLLMRolloutBackend(RolloutBackend):
@@ -191,6 +251,7 @@ class VLLMRolloutBackend(RolloutBackend):
         self.weight_updates = 0
         self.ignore_eos = bool(ignore_eos)
         self.bucket_bytes = bucket_bytes
+        self._digest: Optional[str] = None
         self.closed = False
         self.last_finish_reasons: list[Optional[str]] = []
         self.last_cached_tokens: list[int] = []
@@ -226,24 +287,21 @@ class VLLMRolloutBackend(RolloutBackend):
         no device weights to overwrite), then the prefix cache is reset (``reset_prefix_cache=False``
         only to show what a stale cache does). Raises RuntimeError when a worker loaded a different
         number of tensors, or the prefix cache could not be reset."""
-        from actors.backends.weight_payload import bucket_bytes_for, iter_buckets
-
         self.load()
-        bucket = int(self.bucket_bytes or bucket_bytes_for(weights))
-        self.llm.collective_rpc("rollmux_begin_weights")
-        try:
-            for rows in iter_buckets(weights, bucket):  # each bucket encoded when sent
-                got = self.llm.collective_rpc("rollmux_load_weights", args=(rows,))
-                if not got or any(int(n) != len(rows) for n in got):
-                    raise RuntimeError(f"vLLM weight update: workers took {got} of {len(rows)} rows")
-                del rows
-        finally:
-            done = self.llm.collective_rpc("rollmux_end_weights")
-        if any(int(n) != len(weights) for n in done):
-            raise RuntimeError(f"vLLM weight update: workers loaded {done} of {len(weights)} tensors")
+        self._digest = load_in_place(self.llm.collective_rpc, weights, bucket_bytes=self.bucket_bytes)
         self.weight_updates += 1
         if reset_prefix_cache and not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM weight update: the prefix cache could not be reset (requests still running)")
+
+    def weights_digest(self) -> str:
+        """Digest of the weights served: the one the workers computed on the last update's tensors
+        as they loaded them, else that of the checkpoint the engine started from. Raises
+        RuntimeError when the workers could not compute it (they disagreed)."""
+        if self.weight_updates == 0:
+            return checkpoint_digest(self._dir.name)
+        if self._digest is None:
+            raise RuntimeError("vLLM weight update: the workers report different digests of what they loaded")
+        return self._digest
 
     def offload(self) -> None:
         """End of a phase: ``sleep(level=1)`` where vLLM has a sleep mode; on CPU only counted."""

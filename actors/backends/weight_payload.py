@@ -45,8 +45,13 @@ def encode_row(name: str, t: torch.Tensor) -> PayloadRow:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"weight payload: {name!r} is a {type(t).__name__}, not a tensor")
     c = t.detach().to("cpu").contiguous()
-    raw = c.reshape(-1).view(torch.uint8).numpy().tobytes() if c.numel() else b""
-    return [str(name), str(c.dtype).removeprefix("torch."), [int(s) for s in c.shape], raw]
+    return [str(name), str(c.dtype).removeprefix("torch."), [int(s) for s in c.shape], bytes(tensor_bytes(c))]
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The C-order storage bytes of a contiguous CPU tensor, without a copy (any dtype, bfloat16
+    included: the bytes are the tensor's own, not a NumPy conversion)."""
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
 
 
 def encode_weights(weights: Mapping[str, torch.Tensor]) -> list[PayloadRow]:

@@ -158,6 +158,7 @@ class ScheduledRuntime:
         self.preemptions: list[dict] = []  # preemptions this driver waited out (rollmux.preemption)
         self._seq = {"rollout": 0, "train": 0}  # phases of each pool done (their commits' numbers)
         self._registered = False
+        self._register_lock = threading.RLock()
         try:
             self._home(ticket)
             self.attach_info = self.controller.attach(jid, driver=self.driver)  # joins its queues now
@@ -366,6 +367,10 @@ class ScheduledRuntime:
         per worker; ``moved``: the state each pool's old worker exported, see :meth:`_rehome`;
         ``recover``: a worker was lost, every worker of the job drops what it holds and resumes
         from the job's commits)."""
+        with self._register_lock:  # an asynchronous job's two streams may both be first
+            self._register_locked(moved, recover)
+
+    def _register_locked(self, moved: Optional[dict], recover: bool) -> None:
         if self._registered:
             return
         j, prog = self.job, self.program
@@ -378,7 +383,8 @@ class ScheduledRuntime:
             par = self._parallel_cfgs()
             common = dict(job_id=j.job_id, switch=j.switch, checkpoint_dir=j.checkpoint_dir,
                           admission=self.info.get("admission_id"), sync_backend=j.sync_backend, durable=j.durable,
-                          rebuild_resident=j.rebuild_resident, hooks=tuple(prog.hooks), apply=prog.apply)
+                          rebuild_resident=j.rebuild_resident, hooks=tuple(prog.hooks), apply=prog.apply,
+                          max_staleness=j.spec.max_staleness, staleness_mode=j.spec.staleness_mode)
             calls = [self.controller.configure_job_nowait(j.job_id, has_sync=prog.has_sync)]
             for pool, workers in (("rollout", self.rollout_workers), ("train", self.train_workers)):
                 mv = (moved or {}).get(pool) or [None] * len(workers)
@@ -434,14 +440,16 @@ class ScheduledRuntime:
                                        nodes=tuple(nodes), addr=addr, host=hosts[i]) for i in range(len(workers))]
         return out
 
-    def _acquire(self, phase: str) -> Grant:
-        """The controller's permit for ``phase`` (follows a move once; waits for a restarting
-        controller). Raises PhaseFailed when it cannot be granted."""
+    def _acquire(self, phase: str, index: Optional[int] = None) -> Grant:
+        """The controller's permit for ``phase`` of iteration ``index`` (a rollout's own index;
+        default the job's iteration; follows a move once; waits for a restarting controller).
+        Raises PhaseFailed when it cannot be granted."""
         j = self.job
+        it = j.iteration if index is None else index
         rehomes = 0  # moves followed for this permit: re-packing may move the job again meanwhile
         for attempt in range(CONTROLLER_RETRIES + MAX_REHOMES):  # bounded: a restarting controller comes back
             try:
-                return self.controller.acquire(j.job_id, phase, iteration=j.iteration, has_sync=self.program.has_sync)
+                return self.controller.acquire(j.job_id, phase, iteration=it, has_sync=self.program.has_sync)
             except ActorLost:
                 # the controller is gone: the job moved and its old group's controller exited
                 # (follow the record), or it is restarting (ask again)
@@ -500,9 +508,10 @@ class ScheduledRuntime:
                     time.monotonic() - t0)
         return status
 
-    def run(self, phase: str, args: tuple, kwargs: dict) -> Any:
+    def run(self, phase: str, args: tuple, kwargs: dict, index: Optional[int] = None) -> Any:
         """acquire -> worker.run (the leader worker, the grant's releaser, releases the permit)
-        -> the phase's result.
+        -> the phase's result. ``index``: the phase's iteration index (a rollout's own; default
+        the job's iteration).
 
         A lost worker (it died, or restarted without the job) does not fail the job: the job is
         re-hosted from its last commit on every one of its workers and the phase is redone from
@@ -521,7 +530,7 @@ class ScheduledRuntime:
         grant: Optional[Grant] = None
         for attempt in range(WORKER_RECOVERIES + 1):
             if not replay:  # a replay uses the grant of the run that was released before the loss
-                grant = self._acquire(phase)
+                grant = self._acquire(phase, index)
                 j.core.granted(phase, grant.iteration, nodes=list(grant.nodes), waited_s=grant.waited_s)
             worker = self.rollout_worker if pool == "rollout" else self.train_worker
             try:

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Callable, Optional
 from actors.handles.base import QUERY_TIMEOUT_S, RETRY_PAUSE_S, ActorLost, CallTimeout, Pending, T, _Handle
 from actors.naming import NAMESPACE, get_actor
 from rollmux.rollout_sched.api import (
-    CancelReply, Limits, PolicyView, PollReply, Refusal, RolloutView, ServiceStats, SubmitBatch, SubmitReply, WindowCall,
-    WindowReply,
+    CancelReply, Limits, PolicyView, PollReply, Refusal, RolloutView, ServiceStats, SubmitBatch, SubmitReply, TokenCursor,
+    TokensReply, WindowCall, WindowReply,
 )
 from rollmux.rollout_sched.service_config import ServiceConfig
 from rollmux.rollout_sched.weights import (
@@ -33,12 +33,12 @@ class RolloutReplicaHandle(_Handle):
         when the call carries them, abort, admit, one slice)."""
         return await Pending(self.actor.window.remote(call), "window")
 
-    async def manifest(self) -> list[TensorSpec]:
-        """Name, dtype and shape of every tensor the replica's engine serves."""
+    async def manifest(self) -> Optional[list[TensorSpec]]:
+        """Name, dtype and shape of every tensor the replica's engine serves (None: not known)."""
         return await Pending(self.actor.manifest.remote(), "manifest")
 
-    async def weights_sha256(self) -> str:
-        """The digest the replica computes now on the weights it serves."""
+    async def weights_sha256(self) -> Optional[str]:
+        """The digest of the weights the replica serves (None: not known)."""
         return await Pending(self.actor.weights_sha256.remote(), "weights_sha256")
 
     async def receive_sync(self, offer: SyncOffer) -> SyncReceipt:
@@ -105,6 +105,12 @@ class RolloutServiceHandle(_Handle):
     async def poll(self, ids: list[str], session_id: Optional[str], wait_s: float) -> PollReply:
         """Finished results among ``ids`` (and the session's), waiting up to ``wait_s`` (renews the stream lease)."""
         return await self._acall(lambda a: a.poll.remote(ids, session_id, wait_s), "poll", timeout_s=wait_s + self.timeout_s)
+
+    async def tokens(self, cursors: list[TokenCursor], wait_s: float) -> TokensReply:
+        """The tokens the requests of ``cursors`` produced past them, their restarts and ends
+        (waiting up to ``wait_s`` for news)."""
+        return await self._acall(lambda a: a.tokens.remote(cursors, wait_s), "tokens",
+                                 timeout_s=wait_s + self.timeout_s)
 
     async def detach(self, ids: list[str]) -> None:
         """The stream of ``ids`` ended early: cancel them after the grace period unless claimed again."""

@@ -128,15 +128,17 @@ class WorkerHandle(_Handle):
         return self._call(lambda a: a.hosted.remote(), timeout_s=timeout_s, what="hosted")
 
     # weight sync (the leader and its peers)
-    def receive_weights_nowait(self, key: str, refs: list[ObjectRef]) -> Pending[SyncAck]:
-        return Pending(self.actor.receive_weights.remote(key, refs), "receive_weights")
+    # ``version``: the policy version the weights are (the sync's grant, rollmux.staleness)
+    def receive_weights_nowait(self, key: str, refs: list[ObjectRef], version: Optional[int] = None) -> Pending[SyncAck]:
+        return Pending(self.actor.receive_weights.remote(key, refs, version), "receive_weights")
 
-    def receive_sync_nowait(self, key: str) -> Pending[SyncAck]:
-        return Pending(self.actor.receive_sync.remote(key), "receive_sync")
+    def receive_sync_nowait(self, key: str, version: Optional[int] = None) -> Pending[SyncAck]:
+        return Pending(self.actor.receive_sync.remote(key, version), "receive_sync")
 
-    def receive_counted_nowait(self, key: str, weights: PendingWeights, cross_bytes: int,
-                               intra_bytes: int) -> Pending[SyncAck]:
-        return Pending(self.actor.receive_counted.remote(key, weights, cross_bytes, intra_bytes), "receive_counted")
+    def receive_counted_nowait(self, key: str, weights: PendingWeights, cross_bytes: int, intra_bytes: int,
+                               version: Optional[int] = None) -> Pending[SyncAck]:
+        return Pending(self.actor.receive_counted.remote(key, weights, cross_bytes, intra_bytes, version),
+                       "receive_counted")
 
     def sync_signal_nowait(self, key: str, signal: SyncSignal) -> Optional[Pending[bool]]:
         return self._send(lambda a: a.sync_signal.remote(key, signal), what="sync_signal")

@@ -39,6 +39,7 @@ from typing import Any, Optional, Protocol
 
 from actors.rollout.window import LocalWindowEngine, drive, run_window
 from rollmux.rollout_sched import Completion, Request, RequestType, RolloutRequestScheduler
+from rollmux.rollout_sched.weights import TensorSpec
 
 
 def _seed_of(request_id: str, seed: int) -> int:
@@ -90,6 +91,15 @@ class RolloutEngine(ABC):
         Raises ValueError naming a missing / unexpected tensor or a wrong shape / dtype;
         NotImplementedError for an engine that cannot load weights."""
         raise NotImplementedError(f"{type(self).__name__} cannot load weights")
+
+    def manifest(self) -> Optional[list[TensorSpec]]:
+        """Name, dtype and shape of every tensor :meth:`load_weights` takes (None: not known)."""
+        return None
+
+    def partial_outputs(self, request_ids: list[str]) -> dict[str, list[int]]:
+        """The tokens generated so far by those of ``request_ids`` still running (an engine that
+        cannot tell reports none: their tokens then arrive with their completion)."""
+        return {}
 
     @abstractmethod
     def abort(self, request_ids: list[str]) -> None:
@@ -289,9 +299,9 @@ class CPUEngine(_WallClockEngine):
     (same tokens, same earlier blocks), a request's logits, and so its tokens, are bit-identical
     whether its prefix came from the cache or not: the output does not depend on what ran before
     it, on which replica, or on the cache's state. The cache is dropped on a weight update.
-    Sampling is seeded per request (its ``seed``, else its id and ``seed``), so a request's output
-    does not depend on what it was batched with. Reward query: score = sigmoid(logit[1] - logit[0])
-    at the last prompt position. Replay: mean log-probability of the prompt (one full forward).
+    Sampling is seeded per request (its ``seed``, else its id and ``seed``) at the request's
+    ``temperature`` (0: greedy), so a request's output does not depend on what it was batched with.
+    Reward query: score = sigmoid(logit[1] - logit[0]) at the last prompt position. Replay: mean log-probability of the prompt (one full forward).
 
     Args:
         vocab_size, hidden_size, num_layers, num_heads, num_kv_heads: model shape.
@@ -422,16 +432,10 @@ class CPUEngine(_WallClockEngine):
         """Install ``weights`` (every tensor of the model, same names, shapes and dtypes) in place,
         drop the prefix cache; returns the digest of the weights now served. All or nothing:
         raises ValueError naming the first mismatch before any tensor is written."""
-        from actors.rollout.weights import state_digest
+        from actors.rollout.weights import check_state, specs_of, state_digest
 
         live = self.model.state_dict()
-        missing, extra = sorted(set(live) - set(weights)), sorted(set(weights) - set(live))
-        if missing or extra:
-            raise ValueError(f"tensors: missing {missing[:4]}, unexpected {extra[:4]}")
-        for k, t in live.items():
-            w = weights[k]
-            if tuple(w.shape) != tuple(t.shape) or w.dtype != t.dtype:
-                raise ValueError(f"tensors.{k}: {w.dtype} {list(w.shape)}, the model's is {t.dtype} {list(t.shape)}")
+        check_state(weights, specs_of(live))
         with self._torch.no_grad():
             for k, t in live.items():
                 t.copy_(weights[k])
@@ -443,6 +447,15 @@ class CPUEngine(_WallClockEngine):
         from actors.rollout.weights import state_digest
 
         return state_digest(self.model.state_dict())
+
+    def manifest(self) -> list[TensorSpec]:
+        from actors.rollout.weights import specs_of
+
+        return specs_of(self.model.state_dict())
+
+    def partial_outputs(self, request_ids: list[str]) -> dict[str, list[int]]:
+        want = set(request_ids)
+        return {s.req.request_id: s.out for s in self._live if s.req.request_id in want}
 
     def abort(self, request_ids: list[str]) -> None:
         ids = set(request_ids)
@@ -467,8 +480,11 @@ class CPUEngine(_WallClockEngine):
         return int(torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=gen))
 
     def _draw(self, s: _Live, logits) -> None:
-        """Sample ``s``'s next token from ``logits`` with the weights served now."""
-        s.next_token = self._sample(logits, s.gen, len(s.out))
+        """Sample ``s``'s next token from ``logits`` with the weights served now, at its request's
+        temperature (0: the most likely token)."""
+        t = s.req.temperature
+        s.next_token = (int(logits.argmax()) if t == 0
+                        else self._sample(logits if t == 1 else logits.float() / t, s.gen, len(s.out)))
         s.next_version = self.weights_version
         if s.logprobs is not None:
             s.logprobs.append(float(self._torch.log_softmax(logits.float(), -1)[s.next_token]))

@@ -29,6 +29,8 @@ class RequestRecord:
     dispatched_s: Optional[float] = None
     finished_s: Optional[float] = None
     out: list[int] = field(default_factory=list)
+    partial: list[int] = field(default_factory=list)  # a streamed request's tokens so far, while it runs
+    stream_tokens: bool = False  # its tokens are reported as they are produced (OpenAI stream: true)
     token_versions: Optional[list[int]] = None
     score: Optional[float] = None
     logprobs: Optional[list[float]] = None

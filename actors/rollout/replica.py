@@ -12,9 +12,9 @@ that asked for them get the log-probability of each sampled token.
 Weights also arrive over the topology-aware sync plan (:meth:`EngineReplica.receive_sync`: this
 replica is rollout worker ``j`` of the plan; the received tensors wait, staged, until a window
 installs them) and leave as a safetensors file (:meth:`EngineReplica.export_weights`). With
-``service.engine: vllm`` a :class:`actors.rollout.vllm_engine.VLLMEngine` takes the same place (no
-token log-probs, no weight loads through the service's routes yet), its KV cache sized to the
-scheduler's ``kv_capacity_tokens`` and its context to ``context_tokens``.
+``service.engine: vllm`` a :class:`actors.rollout.vllm_engine.VLLMEngine` takes the same place
+(weights through vLLM's in-place reload, per-token versions; no token log-probs), its KV cache
+sized to the scheduler's ``kv_capacity_tokens`` and its context to ``context_tokens``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class EngineReplica:
             self.engine: Any = VLLMEngine(cfg.service.vllm_model, slice_steps=cfg.slice_tokens, seed=seed,
                                           kv_capacity_tokens=cfg.budget.kv_capacity_tokens,
                                           max_model_len=cfg.service.context_tokens)
-            self.local = LocalWindowEngine(self.engine)
+            self.local = LocalWindowEngine(self.engine, resolve=self._resolve)
         else:
             self.engine = CPUEngine(vocab_size=cfg.coldstart.vocab_size, max_positions=cfg.service.context_tokens,
                                     slice_tokens=cfg.slice_tokens, seed=seed, num_threads=cfg.service.engine_threads,
@@ -58,15 +58,13 @@ class EngineReplica:
     def window(self, call: WindowCall) -> WindowReply:
         return self.local.run(call)
 
-    def manifest(self) -> list[TensorSpec]:
-        """Name, dtype and shape of every tensor the engine serves (what an update must match)."""
-        from actors.rollout.weights import specs_of
+    def manifest(self) -> Optional[list[TensorSpec]]:
+        """Name, dtype and shape of every tensor the engine serves (what an update must match;
+        None: the engine does not know them)."""
+        return self.engine.manifest()
 
-        return specs_of(self.engine.model.state_dict())
-
-    def weights_sha256(self) -> str:
+    def weights_sha256(self) -> Optional[str]:
         return self.engine.weights_sha256()
-
 
     # ------------------------------------------------------------------ weights over a sync plan
     def _resolve(self, load: WeightsLoad) -> Any:
@@ -89,6 +87,8 @@ class EngineReplica:
         until a window installs them. Windows of this replica wait while it receives."""
         import time
 
+        import torch
+
         from actors.rollout.weights import state_digest
         from collectives import open_endpoint
 
@@ -102,15 +102,24 @@ class EngineReplica:
             ep = open_endpoint(offer.plan, "rollout", offer.rollout_index, backend=offer.backend, addr=offer.addr,
                                job_id=offer.job_id, timeout_s=offer.timeout_s, bind_host=offer.bind_host)
             self._endpoints[key] = ep
-        tensors = ep.receive(self.engine.model.state_dict())
+        specs = self.engine.manifest()
+        if specs is None:
+            raise ValueError("plan: this engine does not know its tensors (a model named on a hub): no sync plan")
+        tensors = ep.receive({s.name: torch.empty(s.shape, dtype=getattr(torch, s.dtype), device="meta") for s in specs})
         self._staged = (offer.version, tensors)
         return SyncReceipt(rollout_index=offer.rollout_index, version=offer.version, sha256=state_digest(tensors),
                            received_bytes=sum(int(t.numel()) * int(t.element_size()) for t in tensors.values()),
                            recv_s=time.perf_counter() - t0)
 
     def export_weights(self, version: int) -> WeightsLoad:
-        """The staged sync-plan version ``version`` (else the weights served) as a complete load."""
+        """The staged sync-plan version ``version`` (else the weights served, CPU engine) as a
+        complete load. Raises ValueError when neither is here."""
         from actors.rollout.weights import encode, state_digest
 
-        sd = self._staged[1] if self._staged is not None and self._staged[0] == version else self.engine.model.state_dict()
+        if self._staged is not None and self._staged[0] == version:
+            sd = self._staged[1]
+        elif isinstance(self.engine, CPUEngine):
+            sd = self.engine.model.state_dict()
+        else:
+            raise ValueError(f"version: {version} is not staged on replica {self.index}")
         return WeightsLoad(version=version, sha256=state_digest(sd), data=encode(sd), source="sync")

@@ -38,12 +38,13 @@ from actors.handles import ActorLost, RolloutReplicaHandle, RolloutServiceHandle
 from actors.naming import NAMESPACE, control_plane_resources
 from actors.rollout.intake import check_request
 from actors.rollout.records import MAX_TURNS, ReplicaState, RequestRecord, Session
+from actors.rollout.streams import ResultStreams
 from actors.rollout.weight_updater import WeightUpdater
 from actors.rollout.window import run_window
 from rollmux.rollout_sched import RadixPrefixIndex, Request, RequestType, RolloutRequestScheduler, RolloutSchedConfig
 from rollmux.rollout_sched.api import (
-    TERMINAL, Accepted, CancelReply, ChainIn, FieldError, Limits, PolicyView, PollReply, Priority, Refusal,
-    RolloutView, ServiceStats, Status, SubmitBatch, SubmitReply,
+    Accepted, CancelReply, ChainIn, FieldError, Limits, PolicyView, PollReply, Priority, Refusal,
+    RolloutView, ServiceStats, Status, SubmitBatch, SubmitReply, TokenCursor, TokensReply,
 )
 from rollmux.rollout_sched.config import DEFAULT_CONFIG_PATH, load_rollout_sched_config
 from rollmux.rollout_sched.routing import ReplicaLoad, expected_window, route
@@ -87,7 +88,7 @@ class RolloutService:
         self.done: OrderedDict[str, RequestRecord] = OrderedDict()  # ended, bounded by max_results
         self.sessions: OrderedDict[str, Session] = OrderedDict()
         self.version, self.min_version = 0, 0
-        self._changed = asyncio.Event()
+        self.streams = ResultStreams(self.recs, self.done, self.sessions, self._now, lambda: self.svc.disconnect_grace_s)
         self._started = False
         self._stopping = False
         self.replicas: list[ReplicaState] = []
@@ -210,8 +211,9 @@ class RolloutService:
             version = self.version if r.policy_version is None else r.policy_version
             req = Request(request_id=rid, prompt_token_ids=tuple(full), type=r.task_type, max_tokens=r.max_tokens,
                           arrival_s=now, critical=critical, background=background, policy_version=version,
-                          task_family=r.task_family, seed=r.seed, ignore_eos=r.ignore_eos)
-            rec = RequestRecord(rid, req, r, _priority(req), submitted_s=now)
+                          task_family=r.task_family, seed=r.seed, ignore_eos=r.ignore_eos,
+                          temperature=r.temperature)
+            rec = RequestRecord(rid, req, r, _priority(req), submitted_s=now, stream_tokens=r.stream_tokens)
             if r.open_session:
                 rec.session_id = rid
                 self.sessions[rid] = sess = Session(None, list(full))
@@ -326,7 +328,9 @@ class RolloutService:
                                            trainer_waiting=self._critical_live > 0, weights=load,
                                            engine_version=rep.version, hold=hold, on_dispatch=self._dispatched,
                                            logprobs=lambda r: (x := self.recs.get(r.request_id)) is not None
-                                           and x.wants_logprobs, now=self._now)
+                                           and x.wants_logprobs, now=self._now,
+                                           stream=lambda r: (x := self.recs.get(r.request_id)) is not None
+                                           and x.stream_tokens)
                 except ActorLost as e:
                     self._replica_lost(rep, str(e).splitlines()[0][:200] if str(e) else "died")
                     return
@@ -351,13 +355,18 @@ class RolloutService:
                 rep.engine_s += reply.engine_s
                 if load is not None:
                     self.updater.on_loaded(rep, reply.weights_version, reply.weights_sha256)
+                for rid, toks in reply.partial.items():
+                    if (rec := self.recs.get(rid)) is not None and rec.status is Status.RUNNING:
+                        rec.partial.extend(toks)
+                if reply.partial and not out.completed:
+                    self.streams.notify()
                 for req, res in out.completed:
                     rec = self.recs.get(res.id)
                     if rec is None:
                         continue
                     rec.out, rec.score, rec.logprobs, rec.finish_reason = (res.output_token_ids, res.score,
                                                                            res.logprobs, res.finish_reason)
-                    rec.token_versions = res.token_versions
+                    rec.token_versions, rec.partial = res.token_versions, []
                     if req.type in (RequestType.GENERATION, RequestType.STATE_QUERY):
                         self.counters["samples"] += 1
                     if rec.session_id and (sess := self.sessions.get(rec.session_id)) is not None:
@@ -383,8 +392,7 @@ class RolloutService:
             self.done.popitem(last=False)
         if rec.chained_id is not None:
             self._release_chain(rec)
-        self._changed.set()
-        self._changed = asyncio.Event()
+        self.streams.notify()
 
     def _replica_lost(self, rep: ReplicaState, why: str) -> None:
         """Re-route the dead replica's queued requests; retry its running critical ones once; start
@@ -423,7 +431,7 @@ class RolloutService:
         self.updater.on_lost(rep)  # an update waiting on the dead replica looks again
 
     def _move(self, rec: RequestRecord, dead: int, exclude: Optional[int], backlog: list[int], retry: bool) -> None:
-        rec.dispatched_s = None
+        rec.dispatched_s, rec.partial = None, []
         try:
             self._enqueue(rec, backlog, exclude=exclude)
         except LookupError:
@@ -436,67 +444,27 @@ class RolloutService:
         else:
             self.counters["rerouted"] += 1
 
-    # ------------------------------------------------------------------ reads, streams, cancel
-    def _find(self, rid: str) -> Optional[RequestRecord]:
-        return self.recs.get(rid) or self.done.get(rid)
-
+    # ------------------------------------------------------------------ reads, streams (actors/rollout/streams.py), cancel
     async def get(self, request_id: str) -> Optional[RolloutView]:
-        rec = self._find(request_id)
-        if rec is not None and rec.lease_until is not None:
-            rec.lease_until = self._now() + self.svc.disconnect_grace_s  # a reader claims it
-        return None if rec is None else rec.view()
+        return self.streams.get(request_id)
 
     async def wait_result(self, request_id: str, timeout_s: float) -> Optional[RolloutView]:
-        deadline = self._now() + timeout_s
-        while True:
-            rec = self._find(request_id)
-            if rec is None or rec.status in TERMINAL or self._now() >= deadline:
-                return None if rec is None else rec.view()
-            try:
-                await asyncio.wait_for(self._changed.wait(), max(0.01, deadline - self._now()))
-            except asyncio.TimeoutError:
-                pass
+        return await self.streams.wait_result(request_id, timeout_s)
 
     async def poll(self, ids: list[str], session_id: Optional[str], wait_s: float) -> PollReply:
-        """Ended requests among ``ids`` (plus the live and ended ones of ``session_id``), waiting up
-        to ``wait_s`` for one; every live one named gets its stream lease renewed."""
-        deadline = self._now() + wait_s
-        while True:
-            want = list(dict.fromkeys(ids))
-            if session_id is not None and (sess := self.sessions.get(session_id)) is not None:
-                seen = set(want)
-                want += [rid for rid in sess.turns if rid not in seen]
-            ended, pending, unknown = [], [], []
-            lease = self._now() + self.svc.disconnect_grace_s
-            for rid in want:
-                rec = self._find(rid)
-                if rec is None:
-                    unknown.append(rid)
-                elif rec.status in TERMINAL:
-                    ended.append(rec.view())
-                else:
-                    rec.lease_until = lease
-                    pending.append(rid)
-            if ended or not pending or self._now() >= deadline:
-                return PollReply(results=ended, pending=pending, unknown=unknown)
-            try:
-                await asyncio.wait_for(self._changed.wait(), max(0.01, deadline - self._now()))
-            except asyncio.TimeoutError:
-                pass
+        return await self.streams.poll(ids, session_id, wait_s)
+
+    async def tokens(self, cursors: list[TokenCursor], wait_s: float) -> TokensReply:
+        return await self.streams.tokens(cursors, wait_s)
 
     async def detach(self, ids: list[str]) -> None:
-        lease = self._now() + self.svc.disconnect_grace_s
-        for rid in ids:
-            if (rec := self.recs.get(rid)) is not None:
-                rec.lease_until = min(rec.lease_until or lease, lease)
+        self.streams.detach(ids)
 
     async def _reaper(self) -> None:
         """Cancel the unfinished requests whose stream lease lapsed (their client went away)."""
         while not self._stopping:
             await asyncio.sleep(min(0.5, max(0.05, self.svc.disconnect_grace_s / 4)))
-            now = self._now()
-            lapsed = [r.id for r in list(self.recs.values()) if r.lease_until is not None and r.lease_until < now]
-            if lapsed:
+            if lapsed := self.streams.lapsed():
                 self._cancel(lapsed, "stream client disconnected")
                 self.counters["lease_cancelled"] += len(lapsed)
 
@@ -586,7 +554,7 @@ class RolloutService:
         """Stop a replica's running requests and queue them again (pause mode ``abort``)."""
         for rid in list(rep.sched.inflight):
             if rep.sched.requeue(rid) and (rec := self.recs.get(rid)) is not None:
-                rec.status, rec.dispatched_s, rec.requeued = Status.QUEUED, None, rec.requeued + 1
+                rec.status, rec.dispatched_s, rec.requeued, rec.partial = Status.QUEUED, None, rec.requeued + 1, []
                 self.counters["requeued"] += 1
 
     # ------------------------------------------------------------------ metrics

@@ -46,6 +46,7 @@ class WeightUpdater:
         self._lock = asyncio.Lock()
         self.loaded = asyncio.Event()  # set whenever a replica reports a weights version (or died)
         self._staged: dict[int, int] = {}  # replica -> the version it received over a sync plan (staged)
+        self._manifest_asked = False
 
     @property
     def latest(self) -> Optional[WeightsLoad]:
@@ -68,12 +69,15 @@ class WeightUpdater:
         self.signal()
 
     async def manifest(self) -> None:
-        """Learn the engine's tensors from a live replica (once; the CPU engine only)."""
-        if self.checks.manifest is None and self.svc.engine == "cpu":
+        """Learn the engine's tensors from a live replica (once: every replica serves the same
+        model; a vLLM engine serving a model named on a hub knows none, and updates are then
+        checked by the engine's own load only)."""
+        if self.checks.manifest is None and not self._manifest_asked:
             for r in self._replicas():
                 if r.alive:
                     try:
                         self.checks.manifest = await r.handle.manifest()
+                        self._manifest_asked = True
                         return
                     except ActorLost:
                         continue
@@ -93,16 +97,9 @@ class WeightUpdater:
             self._requeue(rep)
         return w, False
 
-    def _no_weights(self) -> Optional[Refusal]:
-        if self.svc.engine != "cpu":
-            return Refusal(status=501, error="not_supported",
-                           detail=f"weights: the {self.svc.engine} engine of this service cannot load weights yet "
-                                  "(the CPU engine can)")
-        return None
-
     async def start_upload(self, body: UploadStartBody) -> UploadView | Refusal:
         """Announce an upload (``size_bytes``, ``sha256``, ``weight_version``, ``pause_mode``)."""
-        return self._no_weights() or self._refused(self.checks.start_upload(body))
+        return self._refused(self.checks.start_upload(body))
 
     async def put_chunk(self, upload_id: str, index: int, data: bytes) -> UploadView | Refusal:
         """Store chunk ``index`` of an upload (bytes ``[index * chunk_bytes, ...)``)."""
@@ -123,8 +120,6 @@ class WeightUpdater:
         """Load a checkpoint's safetensors file under ``weights_root`` and apply it."""
         from actors.rollout.weights import CheckpointError, read_checkpoint
 
-        if (r := self._no_weights()) is not None:
-            return r
         await self.manifest()
         try:
             data = await asyncio.to_thread(read_checkpoint, body.model_path, self.svc.weights_root,
@@ -148,7 +143,7 @@ class WeightUpdater:
         naming the field; a transfer that fails: 502, every replica keeps its weights."""
         from rollmux.rollout_sched.weights import check_specs
 
-        if (r := self._no_weights() or self.checks.check_version(offer.version)) is not None:
+        if (r := self.checks.check_version(offer.version)) is not None:
             return self._refused(r)
         await self.manifest()
         plan = offer.plan

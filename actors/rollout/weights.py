@@ -2,6 +2,7 @@
 
 * :func:`state_digest`: the canonical digest of a state dict (:func:`rollmux.rollout_sched.weights.digest_rows`
   over its tensors): a trainer computes it on its model, an engine on the model it serves.
+* :func:`check_state`: a state dict against an engine's tensors (names, dtypes, shapes).
 * :func:`encode` / :func:`decode`: a state dict as one safetensors file and back (bit for bit).
 * :func:`read_checkpoint`: a checkpoint's safetensors file under an allowed root (the path is
   resolved, symlinks included, and must stay inside the root).
@@ -29,6 +30,19 @@ def state_digest(state: Mapping[str, Any]) -> str:
 def specs_of(state: Mapping[str, Any]) -> list[TensorSpec]:
     """Name, dtype and shape of every tensor of a state dict."""
     return [TensorSpec(name=k, dtype=str(v.dtype).removeprefix("torch."), shape=tuple(v.shape)) for k, v in state.items()]
+
+
+def check_state(state: Mapping[str, Any], specs: list[TensorSpec]) -> None:
+    """Check that ``state`` holds exactly the tensors of ``specs`` (names, dtypes, shapes). Raises
+    ValueError naming the missing / unexpected tensors, or the first of another dtype or shape."""
+    want = {s.name: s for s in specs}
+    missing, extra = sorted(set(want) - set(state)), sorted(set(state) - set(want))
+    if missing or extra:
+        raise ValueError(f"tensors: missing {missing[:4]}, unexpected {extra[:4]}")
+    for k, s in want.items():
+        w = state[k]
+        if tuple(w.shape) != tuple(s.shape) or str(w.dtype).removeprefix("torch.") != s.dtype:
+            raise ValueError(f"tensors.{k}: {w.dtype} {list(w.shape)}, the model's is torch.{s.dtype} {list(s.shape)}")
 
 
 def encode(state: Mapping[str, Any]) -> bytes:
@@ -82,5 +96,5 @@ def read_checkpoint(model_path: str, root: str | None, max_bytes: int) -> bytes:
     return p.read_bytes()
 
 
-__all__ = ["CHECKPOINT_FILE", "CheckpointError", "checkpoint_file", "decode", "encode", "read_checkpoint",
+__all__ = ["CHECKPOINT_FILE", "CheckpointError", "check_state", "checkpoint_file", "decode", "encode", "read_checkpoint",
            "specs_of", "state_digest"]

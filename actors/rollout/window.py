@@ -59,7 +59,8 @@ class WindowOutcome:
 async def run_window(sched: RolloutRequestScheduler, engine: WindowEngine, now_s: float, *, version: int,
                      cache_reset: bool, trainer_waiting: bool, weights: Optional[WeightsLoad] = None,
                      engine_version: Optional[int] = None, logprobs: Callable[[Request], bool] = lambda r: False,
-                     hold: bool = False, on_dispatch: Optional[Callable[[list[Request]], None]] = None,
+                     stream: Callable[[Request], bool] = lambda r: False, hold: bool = False,
+                     on_dispatch: Optional[Callable[[list[Request]], None]] = None,
                      now: Optional[Callable[[], float]] = None) -> WindowOutcome:
     """Run one serving window of ``sched`` on ``engine`` at ``now_s`` (the scheduler's clock, s).
 
@@ -70,6 +71,8 @@ async def run_window(sched: RolloutRequestScheduler, engine: WindowEngine, now_s
         engine_version: the version the engine holds (None: ``version``); a window whose engine
             holds another version is not idle even with nothing to run, so the engine catches up.
         logprobs: whether a request of the batch wants its token log-probabilities.
+        stream: whether a request of the batch wants its tokens as they are produced
+            (``WindowReply.partial``).
         hold: start nothing this window (a weight update waits for the running requests to end).
         on_dispatch: called with the batch before the engine runs it (mark requests running).
         now: the clock read when the engine answered (None: ``now_s``); completions take the
@@ -89,7 +92,8 @@ async def run_window(sched: RolloutRequestScheduler, engine: WindowEngine, now_s
         on_dispatch(batch)
     call = WindowCall(policy_version=version, aborts=aborts, batch=batch,
                       hits={r.request_id: sched.hit_of(r.request_id) for r in batch},
-                      logprobs=[r.request_id for r in batch if logprobs(r)], weights=weights)
+                      logprobs=[r.request_id for r in batch if logprobs(r)],
+                      stream=[r.request_id for r in batch if stream(r)], weights=weights)
     reply = await engine.window(call)
     t = now() if now is not None else now_s
     out = WindowOutcome(batch=batch, aborts=aborts, reply=reply)
@@ -119,7 +123,9 @@ class LocalWindowEngine:
     Per call: load ``call.weights`` (the engine's ``load_weights``) or, on a bare version change,
     tell the engine (``on_weights_updated``: its prefix KV is stale); stop ``call.aborts``; admit
     the batch; run one slice when anything runs; report what finished (with the engine's
-    ``finished_s``, per-token weight versions and, where asked, token log-probabilities).
+    ``finished_s``, per-token weight versions and, where asked, token log-probabilities) and, for
+    the running requests that asked to be streamed, the tokens they produced in the window (what
+    the engine's ``partial_outputs`` holds beyond what was reported before).
 
     Args:
         engine: the engine. ``version``: the weights version it holds at start.
@@ -138,6 +144,7 @@ class LocalWindowEngine:
         self.weights_sha256: Optional[str] = None
         self._lp = logprob_hooks
         self._max_tokens: dict[str, int] = {}
+        self._streamed: dict[str, int] = {}  # streamed request -> tokens reported so far
 
     async def window(self, call: WindowCall) -> WindowReply:
         return self.run(call)
@@ -165,6 +172,7 @@ class LocalWindowEngine:
             e.abort(call.aborts)
             for rid in call.aborts:
                 self._max_tokens.pop(rid, None)
+                self._streamed.pop(rid, None)
                 if self._lp:
                     self._lp[1](rid)
         if call.batch:
@@ -173,6 +181,8 @@ class LocalWindowEngine:
                     self._lp[0](rid)
             for r in call.batch:
                 self._max_tokens[r.request_id] = r.max_tokens
+            for rid in call.stream:
+                self._streamed[rid] = 0
             e.admit(call.batch, call.hits)
         stepped = e.running > 0
         done: list[Completion] = e.step() if stepped else []
@@ -180,19 +190,27 @@ class LocalWindowEngine:
         for c in done:
             toks = list(c.output_token_ids)
             cap = self._max_tokens.pop(c.request_id, 0)
+            self._streamed.pop(c.request_id, None)
             out.append(EngineResult(
                 id=c.request_id, output_token_ids=toks, score=c.score, finished_s=c.finished_s,
                 token_versions=list(c.token_versions) if c.token_versions is not None else None,
                 logprobs=self._lp[1](c.request_id) if self._lp else None,
                 finish_reason="length" if c.score is None and len(toks) >= cap else "stop"))
+        partial = {}
+        if self._streamed:
+            for rid, toks in e.partial_outputs(list(self._streamed)).items():
+                if len(toks) > self._streamed[rid]:
+                    partial[rid] = list(toks[self._streamed[rid]:])
+                    self._streamed[rid] = len(toks)
         return WindowReply(results=out, running=e.running, engine_s=time.perf_counter() - t0, stepped=stepped,
-                           weights_version=self.weights_version, weights_sha256=self.weights_sha256)
+                           weights_version=self.weights_version, weights_sha256=self.weights_sha256, partial=partial)
 
     def abort(self, request_ids: list[str]) -> None:
         """Stop these running requests now (outside a window: a loop that ends early)."""
         self.engine.abort(request_ids)
         for rid in request_ids:
             self._max_tokens.pop(rid, None)
+            self._streamed.pop(rid, None)
 
 
 __all__ = ["LocalWindowEngine", "WindowEngine", "WindowOutcome", "drive", "run_window"]

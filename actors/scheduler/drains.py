@@ -22,7 +22,7 @@ from typing import Optional
 from actors.scheduler.commit import Commit
 from actors.scheduler.job_store import JobStore
 from actors.scheduler.policy_ref import PolicyRef
-from rollmux.drain import DRAIN_GRACE_S, DRAIN_MAX_S, Drain, drain_overdue, drains_of
+from rollmux.drain import Drain, drain_overdue, drains_of
 from rollmux.messages import EventKind, RuntimeEvent
 
 __all__ = ["Drains"]
@@ -77,13 +77,16 @@ class Drains:
             why = f"driver lost: {msg.error}" if msg.kind == EventKind.FAILED else "its driver ended"
             self.note(job_id, drained=why[:500])
 
-    def overdue_pending(self, now: Optional[float] = None, grace_s: float = DRAIN_GRACE_S,
-                        max_s: float = DRAIN_MAX_S) -> list[str]:
+    def overdue_pending(self, now: Optional[float] = None, grace_s: Optional[float] = None,
+                        max_s: Optional[float] = None) -> list[str]:
         """Complete the drains that are overdue (:func:`rollmux.drain.drain_overdue`: stopped more
         than ``grace_s`` seconds ago without the driver reporting its state exported, or no stop
         within ``max_s`` of the decision); the reconcile loop calls this. ``now``: Unix time, s.
         Returns the ids of their jobs."""
         now = time.time() if now is None else now
+        cfg = self.policy.config  # the settings' bounds (modelled time x the time factor on emulated accelerators)
+        grace_s = cfg.drain_grace_s if grace_s is None else grace_s
+        max_s = cfg.drain_max_s if max_s is None else max_s
         with self.lock:
             due: dict[tuple[str, Optional[str]], str] = {}
             for rec in self.jobs.records.values():

@@ -90,6 +90,7 @@ from rollmux.answers import (
     Admission, AdmitCall, Departure, GroupRecord, SchedulerHealth, SnapshotDelta, Unavailable,
 )
 from rollmux.codes import Code
+from rollmux.config import ConfigError
 from rollmux.messages import AttachTicket, MemberTarget, MembershipPush, ProgressReport, RuntimeEvent, TimelineEntry
 from rollmux.models import ClusterSpec, JobSpec
 from rollmux.records import JobRecord
@@ -178,6 +179,10 @@ class GlobalSchedulerImpl:
         if state is not None:
             load_state(self.policy, self.job_store, state)
             self.restored = True
+            if self.igs.config.runtime_refusals():  # an older release's checkpoint: the runtime never did it
+                log.warning("restored config: %s; running with per_job_allocations: off, what this runtime always did",
+                            "; ".join(self.igs.config.runtime_refusals()))
+                self.igs.config = self.igs.config.overridden(per_job_allocations="off")
             if self.store._legacy:  # a version-1 checkpoint: rewritten as a base once
                 self.store.create(full_state(self.policy, self.job_store, None))
         else:
@@ -186,6 +191,9 @@ class GlobalSchedulerImpl:
             overrides = {k: v for k, v in {"policy": policy, "max_group_size": max_group_size, "seed": seed,
                                            "repack_on_departure": repack_on_departure}.items() if v is not None}
             cfg = SchedulerConfig.model_validate({**base.model_dump(), **overrides})
+            refused = cfg.runtime_refusals()  # a setting the runtime cannot carry out is refused, never ignored
+            if refused:
+                raise ConfigError("the cluster's runtime cannot carry out these scheduler settings: " + "; ".join(refused))
             self.policy.igs = InterGroupScheduler(self.cluster, config=cfg)
             self.store.create(full_state(self.policy, self.job_store, None))
         self.queue = AdmissionQueue.from_config(self.policy.config)

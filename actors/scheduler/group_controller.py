@@ -56,6 +56,7 @@ from rollmux.messages import (
     AbortOutcome, AttachReply, ControllerStatus, Grant, MembershipAck, MembershipPush, PhaseRecord, RolloutProgress,
     TailDecision, TimelineEntry,
 )
+from rollmux.models import pool_of_phase
 
 log = logging.getLogger("rollmux.controller")
 
@@ -109,7 +110,7 @@ class GroupControllerImpl:
                                   migrate=migrate, lease_s=lease_s, clock=clock,
                                   address=controller_name(group_id, scheduler_name))
         self.metrics = RollmuxMetrics(flush_interval_s=metrics_flush_s, enabled=metrics_enabled)
-        self._events: dict[str, asyncio.Event] = {}
+        self._events: dict[tuple[str, str], asyncio.Event] = {}  # (job, pool): set on every change
         # the GlobalScheduler (looked up by name again when it died); None: no reports
         self._sched = SchedulerHandle(name=scheduler_name) if scheduler_name else None
         self._watchdog: Optional[asyncio.Task] = None
@@ -184,7 +185,8 @@ class GroupControllerImpl:
             return MembershipAck(stale=True)
         self._seq = push.seq
         added = [m.job_id for m in push.members
-                 if self.ledger.add(m.job_id, list(m.rollout_nodes), list(m.train_nodes), slo=m.slo)]
+                 if self.ledger.add(m.job_id, list(m.rollout_nodes), list(m.train_nodes), slo=m.slo,
+                                    max_staleness=m.max_staleness)]
         # each push is the group's whole target state, so the newest one alone decides: a job it
         # lists as gone is recorded as gone even if the (older, now stale) push adding it never ran
         removed = [j for j, why in push.gone.items() if self.ledger.remove(j, why) or self.ledger.mark_gone(j, why)]
@@ -348,7 +350,7 @@ class GroupControllerImpl:
         t_start = self.ledger.clock()
         deadline = time.monotonic() + timeout_s
         self.ledger.heartbeat(job_id)  # a calling driver is alive
-        ev = self._events.setdefault(job_id, asyncio.Event())
+        ev = self._events.setdefault((job_id, pool_of_phase(phase)), asyncio.Event())  # an async job's two streams wait apart
         for _ in range(10_000_000):  # bounded; each pass waits for a state change
             if not self.ledger.is_queued(job_id):
                 await self._recover_members(job_id)

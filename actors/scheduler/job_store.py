@@ -27,8 +27,9 @@ from typing import Callable, Iterator, Optional
 from actors.naming import controller_name
 from rollmux.drain import Drain, move_drain, preemption_drain
 from rollmux.drain import step as drain_step
-from rollmux.measured import MeasuredPhases
+from rollmux.admission.slo_watch import long_tail_of
 from rollmux.answers import Admission
+from rollmux.measured import MeasuredPhases, reported_sample
 from rollmux.messages import ProgressReport
 from rollmux.models import JobSpec
 from rollmux.preemption import resumed_preemptions
@@ -286,10 +287,19 @@ class JobStore:
         the controller and the driver may cross); an admitted job is running by then."""
         self.advance(rec, JobState.RUNNING)
         rec.note_iteration(report.iterations_done, report.t_iter_s, report.t_solo_s, report.slowdown)
-        if report.t_roll_s is not None and report.t_train_s is not None:  # the job's measured profile (sliding window)
-            win = rec.measured_phases or MeasuredPhases(window=self._policy().config.measured_window)
-            try:
-                rec.measured_phases = win.add(report.t_roll_s, report.t_train_s, report.t_sync_s or 0.0)
+        # the job's measured profile (sliding window); a cold-start iteration is not a profile
+        if report.t_roll_s is not None and report.t_train_s is not None and not report.cold_start:
+            pol = self._policy()
+            win = rec.measured_phases or MeasuredPhases(window=pol.config.measured_window)
+            member = pol.member(rec.job_id)
+            k = 1.0 / pol.config.wall_s_per_model_s  # wall -> the cluster's own seconds (emulated: modelled)
+            roll, train, sync = report.t_roll_s * k, report.t_train_s * k, (report.t_sync_s or 0.0) * k
+            trig = None if report.t_trigger_s is None else report.t_trigger_s * k
+            try:  # in the simulator's terms (trigger time, tail load): the SLO watch predicts with one function
+                rec.measured_phases = win.add(**reported_sample(
+                    member.spec, pol.cluster, long_tail_of(pol.config), t_roll_s=roll, t_train_s=train,
+                    t_sync_s=sync, t_trigger_s=trig, tail_responses=report.tail_responses,
+                    tail_migrated=report.tail_migrated)) if member is not None else win.add(roll, train, sync)
             except ValueError:  # a non-finite or over-long report is dropped, never folded in
                 pass
 

@@ -56,6 +56,10 @@ class Membership:
         another group preempted or moved off them has not drained there, :func:`rollmux.drain.fenced_nodes`)."""
         members, gone = [], {}
         draining = self.drains.draining()  # preempted / moved jobs whose old nodes are not free yet
+        try:  # each member's staleness bound (its spec, in the policy's table)
+            bound = {m.spec.job_id: m.spec.max_staleness for m in self.policy.igs.group(group_id).members}
+        except KeyError:
+            bound = {}
         for rec in self.jobs.records.values():
             gid = self.jobs.last_group(rec)  # (a preempted job waiting: the group it was preempted from)
             if gid == group_id and rec.state.is_active():
@@ -63,7 +67,7 @@ class Membership:
                 fenced = (fenced_nodes(draining, group_id, (*pl.rollout_nodes, *pl.train_nodes), rec.job_id)
                           if draining else ())
                 members.append(MemberTarget(rec.job_id, tuple(pl.rollout_nodes), tuple(pl.train_nodes), rec.slo,
-                                            fenced))
+                                            fenced, bound.get(rec.job_id, 0)))
             elif gid == group_id:
                 # a departure, also of an admitted job withdrawn before it ran, is "departed" to its controller
                 departed = rec.state == JobState.FINISHED or (rec.state == JobState.CANCELLED and not rec.preemptions)

@@ -1,4 +1,4 @@
-"""The GlobalScheduler's SLO watch: act on measured phase times (``profile_source: measured | blended``).
+"""The GlobalScheduler's SLO watch: act on measured phase times (``profile_source: measured`` (the default) ``| blended``).
 
 Each iteration report carries the job's own phase times; the job store folds them into the job's
 record (``measured_phases``, a sliding window, :class:`rollmux.measured.MeasuredPhases`; the
@@ -6,7 +6,8 @@ record's one writer) and ``report`` notes the job (:meth:`SloWatch.note`). The r
 thread's next pass (:meth:`SloWatch.pending_pass`) plans the job on its measured
 profile (:meth:`rollmux.admission.InterGroupScheduler.update_profile`) and runs the policy's
 :func:`rollmux.admission.slo_watch.watch` on its group, predicting every member's slowdown against
-its realised solo time from the members' measured windows. A decision goes into the at-risk job's
+its realised solo time from the members' measured windows with the simulator's predictor
+(:func:`rollmux.admission.slo_watch.measured_predictor`). A decision goes into the at-risk job's
 record (``slo_action``: action, reason, ...), the metric ``rollmux_slo_actions_total{action}`` and
 so the HTTP API (``GET /v1/jobs/{id}``); its moves are recorded, checkpointed and pushed as
 re-optimisation's are, and the controllers carry them out at the moved job's next iteration
@@ -25,7 +26,7 @@ from actors.scheduler.job_store import JobStore
 from actors.scheduler.policy_ref import PolicyRef
 from actors.scheduler.reopt import Reoptimiser, touched_groups
 from rollmux import profiler
-from rollmux.admission.slo_watch import at_risk, predict_slowdowns, watch
+from rollmux.admission.slo_watch import at_risk, measured_predictor, watch
 from rollmux.measured import differs
 
 log = logging.getLogger("rollmux.scheduler")
@@ -46,6 +47,7 @@ class SloWatch:
     def __init__(self, policy: PolicyRef, jobs: JobStore, commit: Commit, reopt: Reoptimiser, metrics, lock):
         self.policy, self.jobs, self.commit, self.reopt, self.metrics, self.lock = policy, jobs, commit, reopt, metrics, lock
         self.pending: dict[str, None] = {}  # jobs that reported since the last pass
+        self.memo: dict | None = None  # predictions of the pass in progress (None outside a pass)
 
     def note(self, job_id: str) -> None:
         igs = self.policy.igs
@@ -57,17 +59,22 @@ class SloWatch:
                 igs.slo_guard = lambda g: not at_risk(g, self.predict(g), cfg.slo_watch_headroom)
 
     def predict(self, group) -> dict:
-        """Predicted slowdown of every member of ``group`` on the members' measured windows."""
-        return predict_slowdowns(group, self.measured_samples(group.job_ids))
-
-    def measured_samples(self, job_ids) -> dict:
-        out = {}
-        for j in job_ids:
-            rec = self.jobs.get(j)
-            # a window shorter than measured_min_iterations is no profile yet: the member's planning profile stands in
-            if rec is not None and rec.measured_phases is not None and \
-                    rec.measured_phases.n >= self.policy.config.measured_min_iterations:
-                out[j] = rec.measured_phases.iterations()
+        """Predicted slowdown of every member of ``group`` on the members' measured windows: the
+        simulator's predictor (:func:`rollmux.admission.slo_watch.measured_predictor`, the same
+        long-tail policy). Within one pass a group's prediction is computed once (its members
+        report together; the lock is held, so no report changes a window)."""
+        windows = {j: rec.measured_phases for j in group.job_ids if (rec := self.jobs.get(j)) is not None}
+        memo = self.memo
+        key = None
+        if memo is not None:
+            key = tuple((m.spec.job_id, m.profile, m.placement.rollout_nodes, m.placement.train_nodes,
+                         windows[m.spec.job_id].reports if windows.get(m.spec.job_id) is not None else 0)
+                        for m in group.members)
+            if key in memo:
+                return memo[key]
+        out = measured_predictor(self.policy.config, lambda: windows)(group)
+        if memo is not None:
+            memo[key] = out
         return out
 
     def pending_pass(self) -> list[dict]:
@@ -76,6 +83,7 @@ class SloWatch:
         out = []
         with self.lock:
             pending, self.pending = self.pending, {}
+            self.memo = {}  # a group's prediction is computed once per pass (its members report together)
             cfg = self.policy.config
             for jid in pending:
                 igs = self.policy.igs  # (replaced when a decision's write failed and was rolled back)
@@ -119,4 +127,5 @@ class SloWatch:
                         self.commit.push(touched)
                         self.reopt.moved_metrics(touched, len(done))
                         self.reopt.after_moves()
+            self.memo = None  # outside a pass (re-packing's guard) windows may have changed
         return out

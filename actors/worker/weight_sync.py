@@ -6,7 +6,10 @@ one model copy crosses the pool boundary, the rest is broadcast inside the rollo
 endpoints are opened at the first sync and kept alive in the workers; ``sync_backend="auto"``:
 cupy-NCCL where every worker holds its own GPU, else gloo). The rollout workers keep what they
 received (:attr:`SyncSession.pending`) until the job's next rollout applies it (RoundRobinQueues
-models sync as holding the training nodes only). The object-store fallback
+models sync as holding the training nodes only). Each sync is tagged with the policy version it
+publishes (its grant); an asynchronous job's rollout applies the version its staleness contract
+prescribes (:meth:`SyncSession.take_due`, :mod:`rollmux.staleness`), so an ``exact`` job keeps the
+versions published ahead of their rollout (:attr:`SyncSession.held`). The object-store fallback
 (``sync_backend="object_store"``, or endpoints that cannot be built) puts the weights in the
 leader's object store and every rollout worker pulls them.
 
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from actors.handles import WorkerHandle, gather, watch_failures
 from rollmux.messages import EndpointCaps, EndpointOpened, PendingWeights, SyncAck, SyncSignal, SyncSignalKind
+from rollmux.staleness import version_for
 
 if TYPE_CHECKING:
     from rollmux.sync_plan import SyncPlan
@@ -65,13 +69,14 @@ class SyncSession:
         host: the address the endpoints bind to (None: 127.0.0.1 when every peer is on this
             machine, else this node's IP; env ``ROLLMUX_SYNC_HOST`` overrides).
         workers: worker name -> :class:`WorkerHandle` (default: looked up by name).
+        max_staleness / mode: the job's staleness contract (rollout side: :meth:`take_due`).
         keep: rollout side: ``keep(tensors)`` writes received weights durably (None: not durable).
     """
 
     def __init__(self, key: str, pool: str, node: str, *, backend: str = "auto", rank: int = 0, world_size: int = 1,
                  peers: tuple[str, ...] = (), rollout_workers: tuple[str, ...] = (), host: Optional[str] = None,
                  workers: Optional[Callable[[str], WorkerHandle]] = None,
-                 keep: Optional[Callable[[dict], None]] = None):
+                 keep: Optional[Callable[[dict], None]] = None, max_staleness: int = 0, mode: str = "exact"):
         self.key, self.pool, self.node = key, pool, node
         self.backend = backend or "auto"  # asked: auto | nccl | gloo | object_store
         self.rank, self.world_size = rank, world_size
@@ -92,6 +97,56 @@ class SyncSession:
         self.ready = threading.Event()  # an endpoint was opened or a signal arrived
         self.pending: Optional[PendingWeights] = None  # rollout side: received, applied at the next rollout
         self.last: Optional[PendingWeights] = None  # applied weights, re-fed to a cold-rebuilt rollout engine
+        self.max_staleness, self.mode = int(max_staleness), mode
+        self.held: dict[int, PendingWeights] = {}  # async rollout side: version -> weights published, not applied yet
+        self.applied = 0  # async rollout side: the policy version the rollout state holds
+        self.publishing: Optional[int] = None  # training side: the version the running sync publishes
+        self._lock = threading.Lock()
+
+    def _receive(self, pw: PendingWeights) -> None:
+        """Keep received weights for the job's next rollout (an async job: under their version)."""
+        with self._lock:
+            self.pending = pw
+            if self.max_staleness and pw.version is not None:
+                if self.mode != "exact":  # bounded: only the newest is ever used (rollmux.staleness.weight_copies)
+                    self.held.clear()
+                self.held[pw.version] = pw
+
+    def take_due(self, rollout: int, cold: bool) -> tuple[Optional[dict], Optional[int]]:
+        """An asynchronous job's rollout ``rollout``: the weights of the version its mode
+        prescribes (:func:`rollmux.staleness.version_for` over the versions published here; None
+        when the rollout state holds it already) and that version; the versions no later
+        rollout needs are dropped. A synchronous job: :meth:`take_pending` and None.
+        Raises :class:`rollmux.staleness.StalenessError` when the version it needs is not here
+        (the rollout must not start: it would break the job's bound)."""
+        if self.max_staleness == 0:
+            return self.take_pending(cold), None
+        with self._lock:
+            v = version_for(rollout, self.max_staleness, self.mode, max([self.applied, *self.held]))
+            pw = self.held.get(v) if v != self.applied else (
+                self.pending if self.pending is not None and self.pending.version == v else None)  # a cold refeed
+            for old in [x for x in self.held if x <= v]:
+                del self.held[old]
+            if self.pending is not None and (self.pending.version is None or self.pending.version <= v):
+                self.pending = None
+            self.applied = v
+        if pw is None:
+            return None, v
+        if cold:
+            self.last = pw
+        if pw.tensors is not None:
+            return pw.tensors, v
+        import ray
+
+        return ray.get(pw.refs[0]), v
+
+    def adopt(self, pending: Optional[PendingWeights], held: tuple = (), applied: Optional[int] = None) -> None:
+        """A moved job's weights (:class:`rollmux.messages.MovedState`): the pending ones, an async
+        job's held versions and the version its rollout state holds."""
+        self.pending = pending
+        self.held = {pw.version: pw for pw in held if pw.version is not None}
+        if applied is not None:
+            self.applied = int(applied)
 
     # ---- the rollout side: weights waiting for the job's next rollout
     def take_pending(self, cold: bool) -> Optional[dict]:
@@ -116,7 +171,7 @@ class SyncSession:
         if self.pending is None and self.last is not None:
             self.pending = self.last
 
-    def receive_object_store(self, refs: list) -> SyncAck:
+    def receive_object_store(self, refs: list, version: Optional[int] = None) -> SyncAck:
         """Object-store sync, receive side: pull the weights object to this node."""
         import ray
 
@@ -124,10 +179,10 @@ class SyncSession:
         ray.wait(list(refs), fetch_local=True, timeout=600)
         if self._keep is not None:
             self._keep(ray.get(refs[0]))
-        self.pending = PendingWeights(refs=tuple(refs))
+        self._receive(PendingWeights(refs=tuple(refs), version=version))
         return SyncAck(node=self.node, fetch_s=time.perf_counter() - t0, backend="object_store")
 
-    def receive_collective(self) -> SyncAck:
+    def receive_collective(self, version: Optional[int] = None) -> SyncAck:
         """Collectives sync, receive side (atomic: all tensors or none)."""
         import torch
 
@@ -137,7 +192,7 @@ class SyncSession:
         t0 = time.perf_counter()
         template = {m.name: torch.empty(m.shape, dtype=getattr(torch, m.dtype)) for m in self.plan.tensors}
         tensors = ep.receive(template)
-        self.pending = PendingWeights(tensors=tensors)
+        self._receive(PendingWeights(tensors=tensors, version=version))
         if self._keep is not None:
             self._keep(tensors)
         st = ep.last_stats
@@ -190,6 +245,7 @@ class SyncSession:
                 pass
         self.endpoint = None
         self.pending = self.last = None
+        self.held = {}
 
     # ---- the training side
     def next_gen(self) -> int:
@@ -200,7 +256,7 @@ class SyncSession:
         return self.gen if healthy else self.gen + 1
 
     def run(self, fn: Callable[[dict], dict], state: dict, follower: bool = False, gen: Optional[int] = None,
-            watch: Optional[dict] = None) -> dict:
+            watch: Optional[dict] = None, version: Optional[int] = None) -> dict:
         """Sync send side. Every training rank runs the job's ``sync`` function ``fn(state)``; with
         a collectives transport each rank sends its shard of the N->M plan (N = the job's training
         workers, M = its rollout workers; RollMux §5.2), so one model copy crosses the boundary in
@@ -209,9 +265,11 @@ class SyncSession:
         ``note`` says why) puts the leader's weights once and every rollout worker pulls them.
         ``gen``: the endpoint generation (the leader's :meth:`next_gen`; a follower gets it in its
         phase call). ``watch``: the follower ranks' phase calls -> worker names (the leader aborts
-        when one fails). Returns ``{backend, cross_bytes, note, sync_s, receivers}``."""
+        when one fails). ``version``: the policy version this sync publishes (its grant's; the
+        receivers keep the weights under it). Returns ``{backend, cross_bytes, note, sync_s, receivers}``."""
         if gen is None:
             gen = self.gen if follower else self.next_gen()
+        self.publishing = version
         try:
             weights = fn(state)
         except BaseException as e:
@@ -250,16 +308,18 @@ class SyncSession:
         cross_in = plan.received_bytes()  # each receiver then gets the other shards from its rollout peers
         sent = PendingWeights(tensors=weights)
         acks = gather([self._workers(w).receive_counted_nowait(self.key, sent, int(cross_in[j]),
-                                                                int(plan.model_bytes - cross_in[j]))
+                                                                int(plan.model_bytes - cross_in[j]), self.publishing)
                        for j, w in enumerate(self.rollout_workers)], timeout_s=SYNC_TIMEOUT_S)
         return {"receivers": acks, "cross_bytes": int(mine), "backend": "counted",
                 "note": f"counted, not moved: plan of {plan.model_bytes} B, {plan.cross_bytes} B across the boundary"}
 
-    def receive_counted(self, weights: PendingWeights, cross_bytes: int, intra_bytes: int) -> SyncAck:
-        """Counted sync, receive side: keep the (metadata-only) weights for the next rollout; the
-        ack carries the bytes the plan has this worker receive (none were moved)."""
+    def receive_counted(self, weights: PendingWeights, cross_bytes: int, intra_bytes: int,
+                        version: Optional[int] = None) -> SyncAck:
+        """Counted sync, receive side: keep the (metadata-only) weights for the next rollout (as the
+        policy version ``version``); the ack carries the bytes the plan has this worker receive
+        (none were moved)."""
         t0 = time.perf_counter()
-        self.pending = weights
+        self._receive(PendingWeights(tensors=weights.tensors, version=version))
         if self._keep is not None:
             self._keep(weights.tensors)
         return SyncAck(node=self.node, fetch_s=time.perf_counter() - t0, backend="counted",
@@ -271,7 +331,7 @@ class SyncSession:
         nbytes = sum(int(v.numel() * v.element_size()) for v in weights.values() if hasattr(v, "element_size"))
         ref = ray.put(weights)
         del weights
-        acks = gather([self._workers(w).receive_weights_nowait(self.key, [ref]) for w in self.rollout_workers],
+        acks = gather([self._workers(w).receive_weights_nowait(self.key, [ref], self.publishing) for w in self.rollout_workers],
                       timeout_s=600)
         # object store: every rollout node pulls the whole object across the boundary
         return {"receivers": acks, "cross_bytes": nbytes * len(acks), "backend": "object_store"}
@@ -400,7 +460,7 @@ class SyncSession:
                 self._signal_ranks(SyncSignal(gen, SyncSignalKind.OBJECT_STORE, why))
                 return None
         ep = self.endpoint
-        receiving = [self._workers(w).receive_sync_nowait(self.key) for w in self.rollout_workers]
+        receiving = [self._workers(w).receive_sync_nowait(self.key, self.publishing) for w in self.rollout_workers]
         failed: list = []
         stop = threading.Event()
 

@@ -145,7 +145,8 @@ class _Hosted:
         self.sync = SyncSession(job_id, pool, node, backend=cfg.sync_backend, rank=self.rank,
                                 world_size=self.world_size, peers=tuple(self.peers),
                                 rollout_workers=tuple(self.rollout_workers), host=self.host,
-                                keep=self._keep_weights if self.durable else None)
+                                keep=self._keep_weights if self.durable else None,
+                                max_staleness=cfg.max_staleness, mode=cfg.staleness_mode)
 
     @property
     def sync_backend(self) -> str:
@@ -243,7 +244,7 @@ class _PoolWorker:
             if moved is not None:
                 if moved.ref is not None or moved.ckpt is not None:
                     h.moved = moved
-                h.sync.pending = moved.pending_weights
+                h.sync.adopt(moved.pending_weights, moved.held_weights, moved.policy_version)
             return True
 
     def reserve_store(self, job_id: str, host: str) -> str:
@@ -316,7 +317,9 @@ class _PoolWorker:
             if ref is None and ckpt is None and h.ckpt.is_file():
                 ckpt = h.ckpt.read_bytes()
             out = MovedState(job_id=job_id, node=self.node, pool=self.pool, ref=ref, ckpt=ckpt,
-                             pending_weights=h.sync.pending, bytes=None if ckpt is None else len(ckpt))
+                             pending_weights=h.sync.pending, bytes=None if ckpt is None else len(ckpt),
+                             held_weights=tuple(h.sync.held.values()),
+                             policy_version=h.sync.applied if h.sync.max_staleness else None)
         self.unregister_job(job_id, keep_files=True)  # the job's commits (shared path) stay its own
         return out
 
@@ -561,7 +564,7 @@ class _PoolWorker:
                     raise KeyError(f"job {h.job_id!r} has no sync phase")
                 with parallel_scope(ctx):
                     result = h.sync.run(fn, state, follower, gen=call.sync_gen,
-                                        watch=dict(zip(peers, h.peers[1:])))
+                                        watch=dict(zip(peers, h.peers[1:])), version=call.grant.version)
                 acks = result.get("receivers")
                 rec = rec.replace(sync_backend=result.get("backend", h.sync_backend), sync_backend_requested=h.sync_backend,
                                   sync_note=result.get("note"), sync_s=result.get("sync_s"),
@@ -570,8 +573,11 @@ class _PoolWorker:
                 if acks is not None:
                     result = dict(result, receivers=[_ack(a) for a in acks])
             else:
-                if h.apply is not None:
-                    weights = h.sync.take_pending(cold=h.switch == "cold")
+                if h.apply is not None and phase == "rollout":
+                    # an async job applies the version its staleness contract prescribes (refused
+                    # with StalenessError when it is not here); a synchronous one the newest
+                    weights, version = h.sync.take_due(call.iteration, cold=h.switch == "cold")
+                    rec = rec.replace(policy_version=call.grant.version if version is None else version)
                     if weights is not None:
                         with parallel_scope(ctx):
                             h.apply(state, weights)
@@ -684,18 +690,20 @@ class RolloutWorkerImpl(_PoolWorker):
 
     pool = "rollout"
 
-    def receive_weights(self, job_id: str, refs: list) -> SyncAck:
-        """Object-store sync, receive side: pull the weights object to this node; applied at the next rollout."""
-        return self._hosted(job_id).sync.receive_object_store(refs)
+    def receive_weights(self, job_id: str, refs: list, version: Optional[int] = None) -> SyncAck:
+        """Object-store sync, receive side: pull the weights object to this node; applied at the
+        next rollout (``version``: the policy version they are)."""
+        return self._hosted(job_id).sync.receive_object_store(refs, version)
 
-    def receive_sync(self, job_id: str) -> SyncAck:
+    def receive_sync(self, job_id: str, version: Optional[int] = None) -> SyncAck:
         """Collectives sync, receive side (atomic); applied at the job's next rollout."""
-        return self._hosted(job_id).sync.receive_collective()
+        return self._hosted(job_id).sync.receive_collective(version)
 
-    def receive_counted(self, job_id: str, weights: PendingWeights, cross_bytes: int, intra_bytes: int) -> SyncAck:
+    def receive_counted(self, job_id: str, weights: PendingWeights, cross_bytes: int, intra_bytes: int,
+                        version: Optional[int] = None) -> SyncAck:
         """Counted sync (emulated accelerators), receive side: the weights' metadata and the bytes
         the plan has this worker receive; applied at the job's next rollout."""
-        return self._hosted(job_id).sync.receive_counted(weights, cross_bytes, intra_bytes)
+        return self._hosted(job_id).sync.receive_counted(weights, cross_bytes, intra_bytes, version)
 
 
 class TrainWorkerImpl(_PoolWorker):

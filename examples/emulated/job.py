@@ -136,7 +136,8 @@ def make_job(cfg: EmulatedJobConfig, *, attach: Optional[bool] = None, **job_kw)
 
 def run_job(cfg: EmulatedJobConfig, *, attach: Optional[bool] = None, ready: Optional[Callable[[], None]] = None,
             **job_kw) -> dict:
-    """The emulated RL loop (rollout -> training -> sync, ``cfg.iterations`` times).
+    """The emulated RL loop (rollout -> training -> sync, ``cfg.iterations`` times; an asynchronous
+    job's next rollout beside this training, :meth:`rollmux.Job.pipeline`).
 
     Returns ``{"job_id", "iterations", "history", "submitted_at", "admitted_at", "finished_at"
     (epoch s), "wall_s", "mode", "timeline", "info", "moves"}``. Raises what the phase API raises
@@ -152,9 +153,9 @@ def run_job(cfg: EmulatedJobConfig, *, attach: Optional[bool] = None, ready: Opt
             job.fail(e)
             raise
     history: list[dict] = []
-    with job:
-        for it in range(cfg.iterations):
-            history.append(train(rollout(it)))
+    with job:  # an asynchronous job (spec.max_staleness k >= 1) runs up to k rollouts ahead
+        for it, samples in job.pipeline(rollout, range(cfg.iterations)):
+            history.append(train(samples))
             publish()
     return {"job_id": cfg.spec.job_id, "iterations": len(history), "history": history, "submitted_at": submitted,
             "admitted_at": admitted, "finished_at": time.time(), "wall_s": time.time() - submitted, "mode": job.mode,

@@ -270,7 +270,8 @@ def run_job(
     ready: Optional[Callable[[], None]] = None,
     **job_kw,
 ) -> dict:
-    """The user's RL loop (rollout -> training -> sync) through the phase API.
+    """The user's RL loop (rollout -> training -> sync) through the phase API; an asynchronous
+    job's rollout of the next iteration runs beside this one's training (:meth:`rollmux.Job.pipeline`).
 
     Returns ``{"job_id", "iterations", "history": [metrics...], "final_reward", "initial_reward",
     "weights_sha256", "wall_s", "mode", "timeline", "info"}``; ``final_reward`` is the mean rollout reward of the last
@@ -287,9 +288,8 @@ def run_job(
             raise
     history: list[dict] = []
     t0 = time.perf_counter()
-    with g.job:
-        for it in range(cfg.run.iterations):
-            samples = g.rollout(it)
+    with g.job:  # an asynchronous job (job.max_staleness k >= 1) runs up to k rollouts ahead
+        for it, samples in g.job.pipeline(g.rollout, range(cfg.run.iterations)):
             metrics = g.train(samples)
             g.publish()
             history.append(metrics)

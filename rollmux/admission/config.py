@@ -9,6 +9,7 @@ from typing import Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rollmux.config import CONFIG_DIR, load_model
+from rollmux.drain import DRAIN_GRACE_S, DRAIN_MAX_S
 from rollmux.intra_group import LongTailPolicy
 
 
@@ -70,22 +71,25 @@ class SchedulerConfig(BaseModel):
         attach_timeout_s: an admitted job whose driver has not attached (reported ``running``)
             after this many seconds expires: its nodes are released and its record says
             ``expired`` (the GlobalScheduler's reconcile loop checks; 0 disables).
-        per_job_allocations: where a job alone in its co-execution group may run on its own
-            allocation instead of the group's whole nodes (:func:`rollmux.baselines.cheaper_alone`:
-            its GPU counts per pool scaled x{0.5, 1, 2} or colocated, within its SLO and memory)
-            when that costs less per iteration and no more per hour; arrivals still pack into its
-            group: ``"simulator"`` (the trace replay; the cluster's GlobalScheduler runs
-            co-execution groups on whole nodes only and never does) or ``"off"``.
+        per_job_allocations: ``"off"`` (default: every job runs in a co-execution group on whole
+            nodes, what the cluster's runtime carries out) or ``"simulator"``: in the trace replay
+            only, a job alone in its group may run on its own allocation instead of the group's
+            whole nodes (:func:`rollmux.baselines.cheaper_alone`: its GPU counts per pool scaled
+            x{0.5, 1, 2} or colocated, within its SLO and memory) when that costs less per
+            iteration and no more per hour; arrivals still pack into its group. The runtime has no
+            sub-node, rescaled or colocated placement, so the GlobalScheduler refuses
+            ``"simulator"`` at start-up (:meth:`runtime_refusals`).
         queue_max_jobs: most jobs the admission queue of a bounded cluster holds
             (:class:`rollmux.admission_queue.AdmissionQueue`); more are refused (HTTP 429).
         queue_backfill: behind a job that does not fit, try smaller queued jobs (else strict FIFO).
         queue_scan_limit: most queued jobs one pass (after a departure) decides.
         profile_source: the phase times decisions plan with (:mod:`rollmux.measured`):
-            ``"worst_case"`` (the declared / estimated worst case, the paper's planning),
-            ``"measured"`` (a job's measured high quantile once it has run, a prior of its kind
-            before) or ``"blended"`` (measured and worst case weighted by iterations run). With
-            ``measured`` / ``blended`` the SLO watch (:mod:`rollmux.admission.slo_watch`)
-            re-checks groups on measured times and acts at iteration boundaries.
+            ``"measured"`` (default: a job's measured high quantile once it has run, a prior of
+            its kind before, else its worst case), ``"worst_case"`` (the declared / estimated worst
+            case, the paper's planning) or ``"blended"`` (measured and worst case weighted by
+            iterations run). With ``measured`` / ``blended`` the SLO watch
+            (:mod:`rollmux.admission.slo_watch`) re-checks groups on measured times against the
+            realised solo time and acts at iteration boundaries.
         measured_window: iterations kept per job (sliding window).
         measured_min_iterations: reports needed before a job's window is used.
         measured_quantile: the high quantile per phase of the measured profile.
@@ -99,6 +103,17 @@ class SchedulerConfig(BaseModel):
         tenants: nominal quota per tenant (:class:`TenantQuota`); a tenant not listed has no quota.
         preemption: a job of a higher class that does not fit a bounded cluster may preempt
             lower-class preemptible jobs at their next iteration boundary (false: it queues).
+        drain_grace_s / drain_max_s: the bounds of a drain (:func:`rollmux.drain.drain_overdue`):
+            a job that stopped on nodes it was preempted or moved off counts as drained this many
+            seconds after its stop although its driver never said so; one whose stop was never
+            reported, ``drain_max_s`` after the decision. Seconds of the cluster's own time: on
+            emulated accelerators modelled seconds x the time factor
+            (:func:`rollmux.emulation.scheduler_config`).
+        wall_s_per_model_s: wall seconds per second of the cluster's own phase time, by which a
+            job's measured phase times (wall seconds, from its group's controller) are divided
+            before the policy uses them (the SLO watch, measured planning profiles): 1 on real
+            accelerators; on emulated ones the time factor (:func:`rollmux.emulation.scheduler_config`
+            sets it), so that measured and configured profiles are in the same seconds.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -122,9 +137,9 @@ class SchedulerConfig(BaseModel):
     queue_max_jobs: int = Field(default=1000, ge=1, le=1_000_000)
     queue_backfill: bool = True
     queue_scan_limit: int = Field(default=64, ge=1, le=100_000)
-    profile_source: Literal["worst_case", "measured", "blended"] = "worst_case"
+    profile_source: Literal["worst_case", "measured", "blended"] = "measured"
     measured_window: int = Field(default=16, ge=1, le=1024)
-    measured_min_iterations: int = Field(default=2, ge=1, le=1024)
+    measured_min_iterations: int = Field(default=1, ge=1, le=1024)
     measured_quantile: float = Field(default=0.9, gt=0.0, le=1.0)
     measured_margin: float = Field(default=0.99, gt=0.0, le=10.0)
     blend_prior_iterations: int = Field(default=8, ge=0, le=100_000)
@@ -134,6 +149,9 @@ class SchedulerConfig(BaseModel):
     default_tenant: str = Field(default="default", pattern=NAME_PATTERN)
     tenants: dict[str, TenantQuota] = Field(default_factory=dict)
     preemption: bool = True
+    drain_grace_s: float = Field(default=DRAIN_GRACE_S, gt=0.0, le=1e6)
+    drain_max_s: float = Field(default=DRAIN_MAX_S, gt=0.0, le=1e7)
+    wall_s_per_model_s: float = Field(default=1.0, gt=0.0, le=1e3)
 
     @field_validator("priority_classes")
     @classmethod
@@ -165,7 +183,19 @@ class SchedulerConfig(BaseModel):
             raise ValueError(f"default_priority_class {self.default_priority_class!r} is not one of the "
                              f"priority_classes {list(self.priority_classes)}")
         return self
-    per_job_allocations: Literal["off", "simulator"] = "simulator"
+    per_job_allocations: Literal["off", "simulator"] = "off"
+
+    def runtime_refusals(self) -> list[str]:
+        """The settings the cluster's runtime cannot carry out, one sentence each naming the key
+        (empty: every decision this policy takes is one the runtime carries out). The
+        GlobalScheduler refuses to start with any (:class:`rollmux.config.ConfigError`); the
+        trace replay (``rollmux simulate``) accepts them."""
+        out = []
+        if self.per_job_allocations != "off":
+            out.append(f"per_job_allocations: {self.per_job_allocations!r} runs a job alone in its group on its own "
+                       "rescaled or colocated allocation, which only the trace replay carries out (the runtime places "
+                       "co-execution groups on whole nodes); set per_job_allocations: \"off\"")
+        return out
 
     def planning_profile(self, declared, measured=None, prior=None):
         """The profile a decision plans a job with under :attr:`profile_source`

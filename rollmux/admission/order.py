@@ -76,14 +76,14 @@ def best_round_robin_order(members: Sequence[GroupMember], *, rollout_overhead_s
     # every other order, as coexec_times would see it (the same memoised recurrence, its key built
     # from per-member rows instead of re-reading the models; the dict only for the answer)
     rows = [(mb.profile.t_roll_s + rollout_overhead_s, mb.profile.t_train_s, mb.profile.t_sync_s, mb.placement.rollout_nodes,
-             mb.placement.train_nodes, mb.profile.t_solo_s, mb.spec.slo) for mb in members]
+             mb.placement.train_nodes, mb.profile.max_staleness, mb.profile.t_solo_s, mb.spec.slo) for mb in members]
     ident = tuple(range(n))
     for perm in itertools.permutations(ident):
         if perm == ident:
             continue
-        vals = coexec_values(coexec_key([rows[i][:5] for i in perm]))
+        vals = coexec_values(coexec_key([rows[i][:6] for i in perm]))
         tried += 1
-        if not any(breaks_slo(v, rows[i][5], rows[i][6]) for v, i in zip(vals, perm)):
+        if not any(breaks_slo(v, rows[i][6], rows[i][7]) for v, i in zip(vals, perm)):
             ms = [members[i] for i in perm]
             return OrderChoice(tuple(ms), {mb.spec.job_id: v for mb, v in zip(ms, vals)}, True, True, tried)
     return OrderChoice(tuple(members), tco, False, True, tried)

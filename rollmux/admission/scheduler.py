@@ -206,7 +206,8 @@ class InterGroupScheduler(RepackMixin):
 
     def _decide(self, job: JobSpec, profile: Optional[PhaseProfile]) -> AdmissionDecision:
         try:
-            prof = profile or profiler.estimate(job, self.cluster)
+            # a given profile pipelines as the job's staleness bound says (rollmux.staleness)
+            prof = profile.with_staleness(job.max_staleness) if profile is not None else profiler.estimate(job, self.cluster)
         except ValueError as e:
             return AdmissionDecision(job.job_id, False, Code.NEVER, str(e), self.policy)
         reason = self._never(job, prof)

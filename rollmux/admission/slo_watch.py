@@ -6,7 +6,10 @@ The slowdown checked is the one a user reads: a job's co-executed iteration time
 simulation admission uses (:func:`rollmux.intra_group.simulate_group`), on each member's measured
 iterations (cycled; long-tail migration as configured), divided by the mean of the same
 iterations; a member that has not run yet contributes its planning profile as one deterministic
-iteration (then its ratio is the worst-case one admission checked).
+iteration (then its ratio is the worst-case one admission checked). :func:`measured_predictor` is
+the one predictor the cluster's GlobalScheduler and the simulator both call: the same windows
+(:func:`measured_windows`), the same long-tail policy (:func:`long_tail_of`; the iteration
+reports carry the trigger time and tail load it needs, :func:`rollmux.measured.reported_sample`).
 
 :func:`watch` acts when a member ``k`` has ``slowdown_k > slo_k x (1 - headroom)``. Options, each
 tried on the scheduler's state and rolled back exactly (``_save`` / ``_load`` of
@@ -31,12 +34,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
 
 from rollmux import profiler
 from rollmux.admission.decisions import AdmissionDecision, placement_dict
-from rollmux.intra_group import IterationTimes, LongTailPolicy, sampled_meta_iterations, simulate_group
+from rollmux.intra_group import IterationTimes, LongTailPolicy, realised_solo_s, sampled_meta_iterations, simulate_group
 from rollmux.models import CoExecutionGroup, PhaseProfile
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from rollmux.measured import MeasuredPhases
 
 #: predicted slowdown per member of a group: co-executed iteration over realised solo iteration
 PredictFn = Callable[[CoExecutionGroup], Mapping[str, float]]
@@ -44,20 +50,55 @@ PredictFn = Callable[[CoExecutionGroup], Mapping[str, float]]
 ACTIONS = ("move", "move_neighbour", "scale_out", "isolate", "slo_at_risk")
 
 
+def long_tail_of(config) -> Optional[LongTailPolicy]:
+    """The long-tail migration a prediction models: the configured policy
+    (:meth:`rollmux.admission.SchedulerConfig.long_tail_policy`) where migration acts
+    (``tail_migration``), else None. An iteration without ``t_trigger_s`` never migrates in the
+    prediction (a deterministic replay's, or a report without progress)."""
+    return config.long_tail_policy() if config.tail_migration else None
+
+
+def measured_windows(config, windows: Mapping[str, "Optional[MeasuredPhases]"],
+                     job_ids: Sequence[str]) -> dict[str, list[IterationTimes]]:
+    """The members' measured iterations a prediction samples: each of ``job_ids`` whose window
+    (``windows[job_id]``, :class:`rollmux.measured.MeasuredPhases`) holds at least
+    ``config.measured_min_iterations`` reports; a shorter window is no profile yet (the member's
+    planning profile stands in, :func:`predict_slowdowns`)."""
+    out = {}
+    for j in job_ids:
+        w = windows.get(j)
+        if w is not None and w.n >= max(1, config.measured_min_iterations):
+            out[j] = w.iterations()
+    return out
+
+
+def measured_predictor(config, windows: Callable[[], Mapping[str, "Optional[MeasuredPhases]"]]) -> PredictFn:
+    """The one predictor of the SLO watch, for the cluster's GlobalScheduler and the simulator
+    alike: per member of a group, :func:`predict_slowdowns` on the members' measured windows
+    (:func:`measured_windows`; ``windows()`` returns job id -> window) with the configured
+    long-tail policy (:func:`long_tail_of`)."""
+    lt = long_tail_of(config)
+
+    def predict(group: CoExecutionGroup) -> dict[str, float]:
+        return predict_slowdowns(group, measured_windows(config, windows(), group.job_ids), long_tail=lt)
+
+    return predict
+
+
 def predict_slowdowns(group: CoExecutionGroup, samples: Mapping[str, Sequence[IterationTimes | PhaseProfile]], *,
                       long_tail: Optional[LongTailPolicy] = None, meta_iterations: Optional[int] = None) -> dict[str, float]:
     """Per member of ``group``: mean co-executed iteration time on ``samples`` (job id -> its
-    iterations, cycled; a member without samples runs its planning profile) over the mean solo
-    time of the same iterations. Shapes: one float per member, dimensionless (>= about 1).
+    iterations, cycled; a member without samples runs its planning profile) over the realised solo
+    time of the same iterations (:func:`rollmux.intra_group.realised_solo_s`). Shapes: one float per member, dimensionless (>= about 1).
     ``meta_iterations`` default :func:`rollmux.intra_group.sampled_meta_iterations` of the longest
     sample list. Raises ValueError on an empty group."""
     times = {m.spec.job_id: list(samples.get(m.spec.job_id) or [m.profile]) for m in group.members}
     k = meta_iterations or sampled_meta_iterations(group, max(len(v) for v in times.values()))
     s = simulate_group(group, meta_iterations=k, phase_times=times, long_tail=long_tail, record_timeline=False)
     out = {}
-    for jid, its in times.items():
-        solo = sum(i.t_solo_s for i in its) / len(its)
-        out[jid] = s.t_coexec_s[jid] / solo
+    for m in group.members:  # an asynchronous member's solo time pipelines its iterations (realised_solo_s)
+        jid = m.spec.job_id
+        out[jid] = s.t_coexec_s[jid] / realised_solo_s(m, times[jid])
     return out
 
 

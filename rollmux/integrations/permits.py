@@ -31,6 +31,7 @@ from rollmux.integrations.protocol import Permit, offload_hooks
 from rollmux.messages import Grant
 from rollmux.models import pool_of_phase
 from rollmux.phase_state import PHASES, PhaseFailed
+from rollmux.staleness import phase_version
 
 log = logging.getLogger("rollmux.integrations")
 
@@ -44,8 +45,10 @@ class PlainPermits:
         self.open_phase: Optional[str] = None
 
     def acquire(self, phase: str) -> Grant:
-        return Grant(job_id=self.runtime.job.job_id, group_id="", phase=phase, pool=pool_of_phase(phase),
-                     nodes=("local",), iteration=self.runtime.job.iteration, granted_at=time.time(), waited_s=0.0)
+        job = self.runtime.job
+        return Grant(job_id=job.job_id, group_id="", phase=phase, pool=pool_of_phase(phase),
+                     nodes=("local",), iteration=job.iteration, granted_at=time.time(), waited_s=0.0,
+                     version=phase_version(phase, job.iteration, job.spec.max_staleness))
 
     def release(self, phase: str, grant: Grant, record: dict) -> dict:
         t0 = getattr(self.runtime, "_t0", grant.granted_at)

@@ -25,9 +25,10 @@ rollout replicas' weights there), and validation between ``on_validate_begin`` /
 
 verl's ``update_weights`` wakes the rollout replicas, so the sync phase also touches the job's
 rollout GPUs while it holds the (training-side) sync permit; the weights stay on the replicas
-until the next rollout. The asynchronous trainers (``colocate_async``, ``separate_async``)
-overlap rollout with training, which is not the synchronous on-policy loop RollMux multiplexes:
-:func:`rollmux_trainer_cls` refuses them.
+until the next rollout. The v1 asynchronous trainers (``colocate_async``, ``separate_async``)
+serve rollouts continuously from a standalone pool, with no rollout per iteration that a RollMux
+permit and staleness bound could delimit: :func:`rollmux_trainer_cls` refuses them. How an
+asynchronous verl job (one-step-off-policy) is put under RollMux: ``docs/INTEGRATIONS.md``.
 
 **Placement** (mechanism, so in ``actors.driver.verl_placement``: it creates Ray placement groups): the
 trainer's ``global_pool`` (actor, reference, critic and, with verl's hybrid engine, the rollout
@@ -212,14 +213,15 @@ def rollmux_trainer_cls(base: type, extra_bases: tuple = ()) -> type:
     """A subclass of the verl v1 trainer class ``base`` with :class:`RollMuxV1Hooks` (and
     ``extra_bases`` before it, e.g. ``actors.driver.verl_placement.PinnedPlacement``).
 
-    Raises ValueError for verl's asynchronous trainers (rollout overlapping training is not the
-    synchronous on-policy loop RollMux multiplexes) and TypeError for a class without the v1 hooks."""
+    Raises ValueError for verl's v1 asynchronous trainers (their rollout is a continuous service:
+    no rollout per iteration for a permit to bound) and TypeError for a class without the v1 hooks."""
     missing = [h for h in V1_HOOKS + ("fit",) if not callable(getattr(base, h, None))]
     if missing:
         raise TypeError(f"{base.__name__} is not a verl v1 trainer: it lacks {', '.join(missing)}")
     if "async" in base.__name__.lower() or "async" in base.__module__.lower():
-        raise ValueError(f"{base.__name__}: RollMux multiplexes synchronous on-policy jobs; verl's asynchronous "
-                         "trainers overlap rollout with training (use trainer.v1.trainer_mode=sync)")
+        raise ValueError(f"{base.__name__}: verl's v1 asynchronous trainers serve rollouts continuously from a "
+                         "standalone pool, with no rollout per iteration a RollMux permit could bound (use "
+                         "trainer.v1.trainer_mode=sync; asynchronous jobs: docs/INTEGRATIONS.md)")
     return type(f"RollMux{base.__name__}", (*extra_bases, RollMuxV1Hooks, base), {"__module__": base.__module__})
 
 

@@ -12,12 +12,15 @@ CPU engine's byte-level vocabulary; token-id prompts pass through unchanged.
 
 from __future__ import annotations
 
+import codecs
 from enum import Enum
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Callable, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rollmux.rollout_sched.requests import MAX_REQUEST_TOKENS, MAX_SEED, MAX_TOKEN_ID, MAX_VERSION, RequestType
+from rollmux.rollout_sched.requests import (
+    MAX_REQUEST_TOKENS, MAX_SEED, MAX_TEMPERATURE, MAX_TOKEN_ID, MAX_VERSION, RequestType,
+)
 from rollmux.rollout_sched.service_config import MAX_SUBMIT_REQUESTS
 from rollmux.rollout_sched.weights import WeightsLoad
 
@@ -71,6 +74,14 @@ class ByteTokenizer:
     @staticmethod
     def decode(ids: list[int] | tuple[int, ...]) -> str:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", "replace")
+
+    @staticmethod
+    def incremental() -> Callable[..., str]:
+        """A decoder of ids that arrive in pieces: ``dec(ids, final=False)`` -> the text they
+        complete (a character split across pieces comes with its last byte); the pieces of one
+        stream, the last one with ``final=True``, join into :meth:`decode` of all its ids."""
+        d = codecs.getincrementaldecoder("utf-8")("replace")
+        return lambda ids, final=False: d.decode(bytes(i for i in ids if 0 <= i < 256), final)
 
 
 # ----------------------------------------------------------------------------- submit
@@ -137,6 +148,9 @@ class RolloutIn(_In):
     seed: Optional[int] = Field(default=None, ge=0, le=MAX_SEED,
                                 description="sampling seed (same seed, prompt and weights: same tokens on any replica)")
     ignore_eos: bool = Field(default=False, description="generate max_tokens tokens whatever is sampled")
+    temperature: float = Field(default=1.0, ge=0.0, le=MAX_TEMPERATURE, description="sampling temperature (0: greedy)")
+    stream_tokens: bool = Field(default=False, description="report its tokens as the engine produces them (read "
+                                "with POST /v1/rollouts:stream and tokens: true), not only when it ends")
     then: Optional[ChainIn] = Field(default=None, description="a reward / verification request run on the server "
                                     "when this generation's sample ends (its id is returned as chained_id)")
 
@@ -257,6 +271,9 @@ class StreamBody(_In):
     session_id: Optional[str] = Field(default=None, pattern=ID_PATTERN)
     format: Literal["ndjson", "sse"] = Field(default="ndjson", description="chunked NDJSON or server-sent events")
     timeout_s: float = Field(default=600.0, gt=0, le=3600, description="the stream ends after this long")
+    tokens: bool = Field(default=False, description="also send each request's new tokens as they are produced "
+                         "(event tokens; those submitted with stream_tokens, else all at their end), following "
+                         "the requests pending when the stream starts")
 
     @model_validator(mode="after")
     def _some(self) -> "StreamBody":
@@ -269,6 +286,30 @@ class PollReply(_Out):
     results: list[RolloutView]
     unknown: list[str] = []
     pending: list[str] = []
+
+
+class TokenCursor(_Out):
+    """How far a reader got in a request's tokens: ``offset`` tokens read since its ``restarts``-th start."""
+
+    id: str
+    offset: int = Field(default=0, ge=0)
+    restarts: int = Field(default=0, ge=0)
+
+
+class TokenDelta(_Out):
+    """The tokens a request produced past a reader's :class:`TokenCursor` (``stream: true`` /
+    ``tokens: true``)."""
+
+    id: str
+    offset: int = Field(description="index of the first token in tokens (0 after a restart)")
+    tokens: list[int]
+    restarts: int = Field(default=0, description="times it started over (re-queued by a weight update, or retried)")
+    view: Optional[RolloutView] = Field(default=None, description="its view once it ended")
+
+
+class TokensReply(_Out):
+    deltas: list[TokenDelta] = Field(default=[], description="the requests with news: tokens, a restart, or the end")
+    unknown: list[str] = []
 
 
 class CancelBody(_In):
@@ -380,6 +421,8 @@ class _OpenAIExtras(_In):
     policy_version: Optional[int] = Field(default=None, ge=0, le=MAX_VERSION,
                                           description="extra field (default: the service's current version)")
     seed: Optional[int] = Field(default=None, ge=0, le=MAX_SEED)
+    temperature: Optional[float] = Field(default=None, ge=0.0, le=MAX_TEMPERATURE, description="0: greedy (default 1)")
+    ignore_eos: bool = Field(default=False, description="extra field (vLLM's): generate max_tokens tokens")
     stream_options: Optional[dict[str, Any]] = Field(default=None, description="include_usage (stream only)")
     task_family: str = Field(default="default", pattern=FAMILY_PATTERN, description="extra field")
     session_id: Optional[str] = Field(default=None, pattern=ID_PATTERN, description="extra field: continue a session")
@@ -428,7 +471,8 @@ def openai_request(body: CompletionBody | ChatBody) -> RolloutIn:
         prompt = {"prompt_token_ids": body.prompt}
     return RolloutIn(task_type=RequestType.GENERATION, max_tokens=body.max_tokens, priority=body.priority,
                      policy_version=body.policy_version, task_family=body.task_family, session_id=body.session_id,
-                     logprobs=bool(body.logprobs), seed=body.seed, **prompt)
+                     logprobs=bool(body.logprobs), seed=body.seed, ignore_eos=body.ignore_eos, stream_tokens=body.stream,
+                     temperature=1.0 if body.temperature is None else body.temperature, **prompt)
 
 
 # ----------------------------------------------------------------------------- service <-> replica
@@ -456,6 +500,7 @@ class WindowCall(_Out):
     batch: list[Any] = Field(default=[], description="rollmux.rollout_sched.Request objects")
     hits: dict[str, int] = {}
     logprobs: list[str] = Field(default=[], description="ids of the batch that want token log-probabilities")
+    stream: list[str] = Field(default=[], description="ids of the batch that want their tokens as they are produced")
     weights: Optional[WeightsLoad] = Field(default=None, description="a complete weight version to load first")
 
 
@@ -466,3 +511,5 @@ class WindowReply(_Out):
     stepped: bool = Field(default=True, description="a time slice ran (something was running)")
     weights_version: Optional[int] = Field(default=None, description="the weights version the engine serves")
     weights_sha256: Optional[str] = Field(default=None, description="digest of the weights it serves (after a load)")
+    partial: dict[str, list[int]] = Field(default={}, description="streamed requests still running: the tokens they "
+                                          "produced in this window (after those reported before)")

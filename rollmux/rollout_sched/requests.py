@@ -23,6 +23,8 @@ MAX_ARRIVAL_S = 1e9
 MAX_VERSION = (1 << 31) - 1
 #: largest per-request sampling seed.
 MAX_SEED = (1 << 63) - 1
+#: largest sampling temperature (OpenAI's bound).
+MAX_TEMPERATURE = 2.0
 
 
 class RequestType(str, Enum):
@@ -64,6 +66,7 @@ class Request(BaseModel):
         seed: sampling seed of this request (None: derived from ``request_id`` and the engine's
             seed); the same seed, prompt and weights give the same tokens on any engine replica.
         ignore_eos: generate ``max_tokens`` tokens whatever is sampled (vLLM's ``ignore_eos``).
+        temperature: sampling temperature of a generation (0 .. 2; 0: greedy, the most likely token).
 
     Raises:
         pydantic.ValidationError: empty prompt, negative token id, max_tokens out of range, ...
@@ -82,6 +85,7 @@ class Request(BaseModel):
     task_family: str = Field(default="default", min_length=1, max_length=256)
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     ignore_eos: bool = False
+    temperature: float = Field(default=1.0, ge=0.0, le=MAX_TEMPERATURE)
 
     @field_validator("prompt_token_ids")
     @classmethod

@@ -190,14 +190,35 @@ class WeightsView(BaseModel):
 
 
 # ----------------------------------------------------------------------------- digest and checks
+class StreamDigest:
+    """The canonical digest (:func:`digest_rows`) computed while rows arrive one by one, in name
+    order, without holding them: what an engine computes on the tensors it loads as they stream in.
+    :meth:`hexdigest` is None when a name arrived out of order or twice (the stream was not in
+    name order, so its digest is not the canonical one)."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+        self._last: Optional[str] = None
+        self.ordered = True
+
+    def add(self, name: str, dtype: str, shape: Iterable[int], raw: bytes | memoryview) -> None:
+        if self._last is not None and name <= self._last:
+            self.ordered = False
+        self._last = name
+        self._h.update(f"{name}\0{dtype}\0{','.join(str(int(d)) for d in shape)}\0".encode())
+        self._h.update(struct.pack("<Q", memoryview(raw).nbytes))
+        self._h.update(raw)
+
+    def hexdigest(self) -> Optional[str]:
+        return self._h.hexdigest() if self.ordered else None
+
+
 def digest_rows(rows: Iterable[tuple[str, str, Iterable[int], bytes | memoryview]]) -> str:
     """Canonical SHA-256 (hex) of ``(name, dtype, shape, bytes)`` rows (any order; see module doc)."""
-    h = hashlib.sha256()
+    d = StreamDigest()
     for name, dtype, shape, raw in sorted(rows, key=lambda r: r[0]):
-        h.update(f"{name}\0{dtype}\0{','.join(str(int(d)) for d in shape)}\0".encode())
-        h.update(struct.pack("<Q", len(raw)))
-        h.update(raw)
-    return h.hexdigest()
+        d.add(name, dtype, shape, raw)
+    return d._h.hexdigest()
 
 
 class SafetensorsError(ValueError):
@@ -289,5 +310,5 @@ def check_specs(got: dict[str, TensorSpec], want: Iterable[TensorSpec]) -> list[
 
 
 __all__ = ["DiskUpdateBody", "PauseMode", "ReplicaWeights", "SafetensorsError", "SyncOffer", "SyncReceipt", "TensorSpec", "UploadStartBody",
-           "UploadView", "WeightUpdateView", "WeightsLoad", "WeightsView", "check_specs", "digest_rows",
+           "UploadView", "WeightUpdateView", "WeightsLoad", "WeightsView", "StreamDigest", "check_specs", "digest_rows",
            "file_digest", "read_header"]

@@ -23,7 +23,8 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
                  max_group_size: Optional[int], exact_max_jobs: int, cluster_config: Optional[Path],
                  repack: Optional[bool], progress: bool, config: Optional[Path] = None, queue: bool = False,
                  profile_source: Optional[str] = None, priorities: Optional[str] = None,
-                 lower_bound: bool = False) -> None:
+                 lower_bound: bool = False, async_share: float = 0.0, max_staleness: int = 1,
+                 staleness_mode: str = "mixed") -> None:
     """Run ``rollmux simulate`` with parsed options: load the trace, replay, write summary.json and
     plots, print the table. Exits with code 2 and a one-line error on bad input.
 
@@ -113,6 +114,13 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
         sjobs = draw_jobs(tjobs, cluster, mix=mix, seed=seed, slo_range=(slo_min, slo_max))
     except ValueError as e:
         fail(str(e))
+    if async_share:
+        from rollmux.workloads import assign_async
+
+        try:
+            sjobs = assign_async(sjobs, async_share, max_staleness=max_staleness, mode=staleness_mode, seed=seed)
+        except ValueError as e:
+            fail(f"--async-share / --max-staleness / --staleness-mode: {e}")
     if priorities is not None:
         from rollmux.workloads import assign_priorities, parse_class_shares
 
@@ -137,6 +145,8 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
                           priorities=priorities is not None,
                           exact_max_jobs=exact_max_jobs, on_event=on_event, lower_bound=lower_bound, bound_incumbent=lower_bound,
                           meta={"trace": trace_label(trace), "mix": mix, **({"priority_shares": priorities} if priorities else {}), "window": window.model_dump(), "cluster": cluster.name,
+                                **({"async_share": async_share, "max_staleness": max_staleness, "staleness_mode": staleness_mode}
+                                   if async_share else {}),
                                 **({"scheduler_config": repo_label(config), "scheduler_config_sha256": sched_cfg.sha256()}
                                    if config is not None else {})})
         except (ValueError, RuntimeError) as e:  # e.g. a bounded --cluster refusing a job
@@ -219,6 +229,16 @@ def run_simulate(*, trace: Optional[Path], mix: str, policies: str, jobs: int, s
                            str(v["preemptions"]), f"{v['lost_gpu_h']:.2f}", f"{v['slo_attainment']:.1%}",
                            f"{v['cost_usd'] / 1e3:.1f}")
         console.print(ct)
+    if async_share:
+        kt = Table(title=f"per kind of job ({async_share:.0%} asynchronous, staleness bound {max_staleness})")
+        for c in ("policy", "kind", "jobs", "SLO att.", "cost k$", "staleness max", "staleness distribution", "over bound"):
+            kt.add_column(c, justify="left" if c in ("policy", "kind", "staleness distribution") else "right")
+        for name, m in summary["policies"].items():
+            for k, v in m.get("by_kind", {}).items():
+                dist = ", ".join(f"{s}: {f:.0%}" for s, f in v["staleness_distribution"].items())
+                kt.add_row(name, k, str(v["jobs"]), f"{v['slo_attainment']:.1%}", f"{v['cost_usd'] / 1e3:.1f}",
+                           str(v["staleness_max"]), dist, f"{v['staleness_over_bound']:g}")
+        console.print(kt)
     console.print(f"wrote {out / 'summary.json'} and plots in {out}")
 
 

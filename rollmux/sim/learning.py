@@ -20,9 +20,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from rollmux.admission.slo_watch import SloAction, at_risk, predict_slowdowns, watch
-from rollmux.intra_group import sampled_meta_iterations
-from rollmux.measured import MeasuredPhases, kind_of, ratio_prior, ratios_of
+from rollmux.admission.slo_watch import SloAction, at_risk, measured_predictor, watch
+from rollmux.measured import MeasuredPhases, differs, kind_of, ratio_prior, ratios_of
 from rollmux.models import CoExecutionGroup, JobSpec, PhaseProfile
 
 #: measured/worst-case ratios kept per kind (the most recent)
@@ -43,6 +42,8 @@ class MeasuredLoop:
         self.actions: list[SloAction] = []
         self._checked: dict[str, int] = {}  # group id -> id() of the group record last checked
         self._pred: dict[tuple, dict] = {}
+        # the GlobalScheduler's predictor (one function): the same windows and long-tail policy
+        self._predict = measured_predictor(self.cfg, lambda: self.measured)
         sched.slo_guard = lambda g: not at_risk(g, self.predict(g), self.cfg.slo_watch_headroom)
 
     def profile_for(self, spec: JobSpec, declared: PhaseProfile) -> PhaseProfile:
@@ -72,8 +73,11 @@ class MeasuredLoop:
             rs = self.ratios.setdefault(kind_of(spec), [])
             rs.append(ratios_of(self.declared[job_id], m.high(self.cfg.measured_quantile)))
             del rs[:-_PRIOR_JOBS]
-        if self.sched.group_of(job_id) is not None:
-            self.sched.update_profile(job_id, prof)
+        g = self.sched.group_of(job_id)
+        if g is not None:
+            if differs(self.sched.member(job_id).profile, prof):  # the GlobalScheduler's rule (measured.differs)
+                self.sched.update_profile(job_id, prof)
+            self._checked.pop(g.group_id, None)  # a new window: its group is re-checked, as on every report
         return self.check()
 
     def departed(self, job_id: str) -> None:
@@ -81,17 +85,15 @@ class MeasuredLoop:
             d.pop(job_id, None)
 
     def predict(self, g: CoExecutionGroup) -> dict[str, float]:
-        """Predicted slowdowns of ``g`` on its members' measured iterations (cached)."""
-        key = self.real._group_key(g) + tuple((m.profile, self.measured[m.spec.job_id].reports if m.spec.job_id in self.measured
+        """Predicted slowdowns of ``g`` on its members' measured iterations (cached;
+        :func:`rollmux.admission.slo_watch.measured_predictor`)."""
+        key = self.real._group_key(g) + tuple((self.measured[m.spec.job_id].reports if m.spec.job_id in self.measured
                                                 else 0) for m in g.members)
         out = self._pred.get(key)
         if out is None:
             if len(self._pred) > 50_000:
                 self._pred.clear()
-            samples = {j: m.iterations() for j, m in self.measured.items() if j in g.job_ids}
-            out = self._pred[key] = predict_slowdowns(
-                g, samples, long_tail=self.real.long_tail if self.real.stochastic and self.real.migrate else None,
-                meta_iterations=sampled_meta_iterations(g, self.real.samples))
+            out = self._pred[key] = self._predict(g)
         return out
 
     def check(self) -> list[dict]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
+from rollmux import profiler
 from rollmux.admission import InterGroupScheduler, SchedulerConfig
 from rollmux.admission_queue import AdmissionQueue, QueueFull
 from rollmux.baselines import PER_JOB_UNITS, OptimalPartition, Unit, cheaper_alone
@@ -123,8 +124,9 @@ class SchedulerPolicy(SimPolicy):
         # a job alone in its group runs on its own allocation when that is cheaper per iteration
         # (rollmux.baselines.cheaper_alone); (job id, group $/h) -> (choice or None, its unit)
         self.cluster = cluster
-        self.per_job = (cfg.per_job_allocations == "simulator" and self.spec.slo_check and queue is False
-                        and self.loop is None)
+        # composes with the measured loop, the admission queue and priorities: the group stays in the
+        # table (holding its nodes on a bounded cluster), only what its lone member runs on changes
+        self.per_job = cfg.per_job_allocations == "simulator" and self.spec.slo_check
         self._own: dict[str, tuple] = {}
         self._own_jobs: set = set()
         if self.per_job:
@@ -383,7 +385,9 @@ class SchedulerPolicy(SimPolicy):
         m = g.members[0]
         key = (m.spec.job_id, g.cost_usd_per_h(self.cluster))
         if key not in self._own:
-            alt = cheaper_alone(m.spec, m.profile, key[1], self.cluster)
+            # on the declared (worst-case) profile, the basis of the allocation's own times: both are
+            # scaled alike to the realised ones, whatever profile the job is planned on
+            alt = cheaper_alone(m.spec, profiler.estimate(m.spec, self.cluster), key[1], self.cluster)
             self._own[key] = (alt, PER_JOB_UNITS["gavel+"](m.spec, self.cluster, self.real) if alt is not None else None)
         return self._own[key][1]
 

@@ -15,8 +15,9 @@ import numpy as np
 from rollmux import profiler
 from rollmux.admission import load_scheduler_config
 from rollmux.baselines import Unit
-from rollmux.intra_group import IterationTimes, LongTailPolicy, sampled_meta_iterations, simulate_group, steady_schedule
-from rollmux.models import ClusterSpec, CoExecutionGroup, JobSpec, PhaseProfile
+from rollmux.intra_group import (IterationTimes, LongTailPolicy, realised_solo_s, sampled_meta_iterations, simulate_group,
+                                 steady_schedule)
+from rollmux.models import ClusterSpec, CoExecutionGroup, GroupMember, JobSpec, PhaseProfile, Placement
 
 #: floor of a mean realised phase time, s (a phase is never 0 s long)
 _EPS = 1e-9
@@ -78,16 +79,24 @@ class Realisation:
             t_roll_s=max(_EPS, sum(i.t_roll_s for i in its) / k),
             t_train_s=max(_EPS, sum(i.t_train_s for i in its) / k),
             t_sync_s=sum(i.t_sync_s for i in its) / k,
+            max_staleness=spec.max_staleness,
         )
 
     def solo_time_s(self, spec: JobSpec) -> float:
-        """Realised solo iteration time (mean over the samples), seconds."""
+        """Realised solo iteration time (mean over the samples), seconds; an asynchronous job's
+        sampled iterations pipeline alone on its own nodes (:func:`rollmux.intra_group.realised_solo_s`)."""
+        if spec.max_staleness and self.stochastic:
+            pl = Placement(job_id=spec.job_id, rollout_nodes=("rollout-0",), train_nodes=("train-0",))
+            mb = GroupMember(spec=spec, profile=profiler.estimate(spec, self.cluster), placement=pl)
+            return realised_solo_s(mb, self.iterations_of(spec))
         return self.mean_profile(spec).t_solo_s
 
     @staticmethod
     def _group_key(group: CoExecutionGroup) -> tuple:
+        # the planning profiles too: the round-robin schedule reads them (a migrated tail may stretch
+        # into the slack its planned rollout leaves), and measured profiles replace them at run time
         return (group.rollout_nodes, group.train_nodes) + tuple(
-            (m.spec.job_id, m.placement.rollout_nodes, m.placement.train_nodes) for m in group.members
+            (m.spec.job_id, m.placement.rollout_nodes, m.placement.train_nodes, m.profile) for m in group.members
         )
 
     def gpus_per_node(self) -> dict[str, int]:
@@ -135,6 +144,7 @@ class Realisation:
                 iter_time_s=dict(s.t_coexec_s),
                 rollout_busy_gpus=rg * s.busy_fraction["rollout"],
                 train_busy_gpus=tg * s.busy_fraction["train"],
+                staleness={j: {v: c / sum(cnt.values()) for v, c in cnt.items()} for j, cnt in s.staleness.items()},
             )
             self._curves[(group.group_id, group.job_ids)] = (s.busy_curve, *s.window_s)
             self._remember(self._units, key, group)

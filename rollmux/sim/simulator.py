@@ -62,6 +62,7 @@ from rollmux.partition_bound import BoundBudget, lp_lower_bound, master_incumben
 from rollmux.intra_group import PhaseRecord, simulate_group
 from rollmux.models import ClusterSpec, CoExecutionGroup
 from rollmux.policies import POLICY_NAMES, check_policy, policy_spec
+from rollmux.sim.async_jobs import StalenessTally, per_kind
 from rollmux.sim.policies import QUEUED_SOLO, OptimalPolicy, SimPolicy, make_policy
 from rollmux.sim.realisation import Realisation
 from rollmux.workloads import SimJob
@@ -90,7 +91,10 @@ class JobOutcome:
     tenant: Optional[str] = None
     preemptions: int = 0  # times it was preempted (stopped at an iteration boundary, re-queued)
     lost_gpu_h: float = 0.0  # GPU-hours those preemptions cost it (rollmux.preemption.lost_gpu_h)
-    cost_usd: float = 0.0  # its share of its units' cost (by GPUs asked), $, with priorities
+    cost_usd: float = 0.0  # its share of its units' cost (by GPUs asked), $, with priorities or async jobs
+    max_staleness: int = 0  # its staleness bound k (0: synchronous) and mode (rollmux.staleness)
+    staleness_mode: str = "exact"
+    staleness: dict = field(default_factory=dict)  # async: rollouts run at each staleness {s: rollouts}
 
     @property
     def wait_s(self) -> float:
@@ -223,7 +227,8 @@ class PolicyRun:
                 if self.best_known_bound_usd > 0 else None,
                 "best_known_partition_time_fraction": self.best_known_s / self.end_s if self.end_s > 0 else 0.0}
                if self.best_known_s > 0 else {}),
-        } if self.bound_s > 0 else {}) | ({"by_class": per_class(outs, self.extra.get("priority_classes", ()))} if any(o.priority_class for o in outs) else {})
+        } if self.bound_s > 0 else {}) | ({"by_class": per_class(outs, self.extra.get("priority_classes", ()))} if any(o.priority_class for o in outs) else {}) | (
+            {"by_kind": per_kind(outs)} if any(o.max_staleness for o in outs) else {})
 
 
 def per_class(outs: Sequence[JobOutcome], order: Sequence[str] = ()) -> dict:
@@ -318,6 +323,8 @@ def replay(
     shares: list[tuple[str, float]] = []  # (job, $/h share) of the current units
     classes = getattr(policy, "job_class", None)
     n_pre: dict[str, int] = {}
+    tally = StalenessTally() if any(j.spec.max_staleness for j in jobs) else None  # async jobs: staleness used
+    shared = classes is not None or tally is not None  # each job's share of its units' cost is reported
 
     def start(jid: str) -> None:
         sj = by_id[jid]
@@ -352,7 +359,9 @@ def replay(
             cur[id(u)] = e if e is not None and e[0] is u else (u, real.busy_params(u))
         params = cur
         uparams = [((u.key, u.job_ids), params[id(u)][1]) for u in units]
-        if classes is not None:
+        if tally is not None:
+            tally.set_units(units)
+        if shared:
             shares.clear()
             for u in units:
                 g = {j: by_id[j].spec.num_rollout_gpus + by_id[j].spec.num_train_gpus for j in u.job_ids}
@@ -492,6 +501,8 @@ def replay(
                     run.best_known_usd += known_cost[0] * dt / 3600.0
                     run.best_known_policy_usd += cost * dt / 3600.0
                     run.best_known_bound_usd += bound_cost[0] * dt / 3600.0
+            if tally is not None:
+                tally.advance({jid: rate[jid] * dt for jid in remaining})
             for jid in remaining:
                 remaining[jid] -= rate[jid] * dt
         t = t_next
@@ -527,11 +538,16 @@ def replay(
                 run.outcomes[jid] = o = JobOutcome(jid, sj.arrival_s, t, sj.duration_s, sj.spec.slo,
                                                    real.solo_time_s(sj.spec) / sj.profile.t_solo_s,
                                                    start_s=st if queued else None)
-                if classes is not None and (ct := classes(jid)) is not None:
+                ct = classes(jid) if classes is not None else None
+                if ct is not None:
                     o.priority_class, o.tenant = ct
                     o.preemptions = n_pre.get(jid, 0)
                     o.lost_gpu_h = sum(r.lost_gpu_h for r in policy.book.preemptions.get(jid, ()))  # type: ignore[attr-defined]
+                if ct is not None or tally is not None:
                     o.cost_usd = job_cost.pop(jid, 0.0)
+                if tally is not None:
+                    o.max_staleness, o.staleness_mode = sj.spec.max_staleness, sj.spec.staleness_mode
+                    o.staleness = tally.pop(jid)
                 if on_event:
                     on_event(1)
             for jid in policy.take_started() or ():  # queued jobs admitted into the freed room

@@ -95,3 +95,73 @@ def test_vllm_engine_serves_the_rollout_api(http, svc):
     assert v["status"] == "finished" and 1 <= len(v["output_token_ids"]) <= 4
     st = http.get("/v1/stats").json()
     assert st["counters"]["submitted"] >= 8
+
+
+def _hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """Greedy tokens of a transformers model (argmax at every step, no stop token)."""
+    import torch
+
+    seq = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(n):
+            seq = torch.cat([seq, model(input_ids=seq).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return seq[0, len(prompt):].tolist()
+
+
+def test_vllm_engine_serves_the_weights_a_trainer_pushes(serve_api, http, svc, model_dir):
+    """A trainer's weights reach vLLM through its in-place reload. Pushed as an upload while a
+    streamed generation runs (``pause_mode: keep``): the generation's tokens arrive before it ends,
+    those sampled before the update carry the old version and the rest the new one; every replica
+    then serves exactly the pushed weights (digest equal), and its greedy tokens are those of
+    transformers holding them (not those of the old weights)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from actors.rollout.weights import encode, state_digest
+    from serve_api.trainer_client import TrainerClient
+
+    old = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    torch.manual_seed(1)
+    new = LlamaForCausalLM(old.config).eval()
+    state = {k: v.contiguous() for k, v in new.state_dict().items()}
+    prompt = list(range(1, 21))
+    greedy = {"prompt_token_ids": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    r = http.post("/v1/rollouts", json=greedy)
+    assert r.status_code == 202, r.text
+    assert _settled(http, r.json()["requests"][0]["id"])["output_token_ids"] == _hf_greedy(old, prompt, 12)
+
+    w0 = http.get("/v1/weights").json()
+    version = (w0["weight_version"] or 0) + 2
+    svc.configure_sync({"max_tokens_limit": 600})
+    trainer = TrainerClient(serve_api.base_url, serve_api.token, timeout_s=300)
+    try:
+        sub = http.post("/v1/rollouts", json={"prompt_token_ids": prompt, "max_tokens": 600, "ignore_eos": True,
+                                              "stream_tokens": True})
+        rid = sub.json()["requests"][0]["id"]
+        events, pushed = [], None
+        with http.stream("POST", "/v1/rollouts:stream", json={"ids": [rid], "tokens": True, "timeout_s": 300}) as s:
+            for line in s.iter_lines():
+                if not line:
+                    continue
+                events.append(obj := json.loads(line))
+                if obj.get("event") == "tokens" and pushed is None:
+                    before = obj["offset"] + len(obj["tokens"])
+                    pushed = trainer.push_weights(encode(state), version, pause_mode="keep")
+    finally:
+        svc.configure_sync({"max_tokens_limit": 256})
+        trainer.close()
+    digest = state_digest(state)
+    assert pushed["weights_sha256"] == digest and {r["weights_sha256"] for r in pushed["replicas"]} == {digest}
+    result = events[-2]
+    assert events[-1]["event"] == "end" and result["id"] == rid and result["status"] == "finished"
+    vs = result["token_versions"]
+    k = vs.index(version)  # the first token sampled by the new weights
+    assert len(vs) == 600 and k >= before and set(vs[:k]) == {vs[0]} and vs[0] != version and set(vs[k:]) == {version}
+    toks = [t for e in events if e.get("event") == "tokens" for t in e["tokens"]]
+    assert toks == result["output_token_ids"]
+
+    r = http.post("/v1/rollouts", json=greedy)
+    assert _settled(http, r.json()["requests"][0]["id"])["output_token_ids"] == _hf_greedy(new, prompt, 12)
+    assert _hf_greedy(new, prompt, 12) != _hf_greedy(old, prompt, 12)  # the check can fail
+    w = http.get("/v1/weights").json()
+    assert w["weight_version"] == version and {r["weights_sha256"] for r in w["replicas"]} == {digest}
