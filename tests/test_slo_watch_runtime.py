@@ -157,8 +157,8 @@ def test_a_cold_start_iteration_is_not_folded_into_the_measured_profile(local_cl
     s = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0, config=CONFIG)
     v, n = _admit_two(s.admit, "c")
     s.report(v, ProgressReport(1, t_iter_s=9.0, t_solo_s=8.0, t_roll_s=4.0, t_train_s=4.0, t_sync_s=0.0, cold_start=True))
-    assert s.slo_watch_pending() == [] and s.get_job(v).get("measured_phases") is None
+    assert s.slo_watch_pending() == [] and s.get_job(v).measured_phases is None
     s.report(v, ProgressReport(2, t_iter_s=0.2, t_solo_s=0.16, t_roll_s=0.08, t_train_s=0.08, t_sync_s=0.0))
-    assert [x["t_roll_s"] for x in s.get_job(v)["measured_phases"]["samples"]] == [0.08]
+    assert [x.t_roll_s for x in s.get_job(v).measured_phases.samples] == [0.08]
     assert [d["action"] for d in s.slo_watch_pending()] == ["isolate"]
 
