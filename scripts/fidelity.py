@@ -197,7 +197,8 @@ def run_runtime(jobs, iters, cluster, cfg, em, args, tmp: Path) -> dict:
         out["drains"] = {}
         for j in jobs:
             try:
-                rec = sh.get_job(j.spec.job_id) or {}
+                got = sh.get_job(j.spec.job_id)
+                rec = got.public() if got is not None else {}
             except Exception:
                 continue
             out["drains"][j.spec.job_id] = [
