@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from rollmux.answers import Admission
 from rollmux.codes import Code
 from rollmux.models import JobSpec, PhaseProfile
 
@@ -69,33 +70,28 @@ def QUEUE_AHEAD_REASON(n_held: int) -> str:  # noqa: N802 - a message template
 
 
 def what_if(sched: "InterGroupScheduler", spec: JobSpec, held_gpus: list[int], *, backfill: bool, queue: bool,
-            explain: str = "full") -> dict:
+            explain: str = "full") -> Admission:
     """The dry-run answer for ``spec`` (nothing changes; the job id is neither admitted nor
     queued): a ``retry_later`` refusal when queued jobs go first (:func:`may_try_now`), else the
-    policy's decision (``sched.decide``, Alg. 1) as ``AdmissionDecision.to_dict(explain)``; with
-    ``queue``, ``would_queue: True`` where ``POST /v1/jobs`` would hold the job. The scheduler
+    policy's decision (``sched.decide``, Alg. 1) as ``AdmissionDecision.answer(explain)``; with
+    ``queue``, ``would_queue`` set where ``POST /v1/jobs`` would hold the job. The scheduler
     actor and the Serve replicas (from their snapshot copy of the table) both answer with this
     one function. Source: RollMux §4.2, Alg. 1."""
     t0 = time.perf_counter()
+    from rollmux.admission import AdmissionDecision
     from rollmux.preemption import unknown_class
 
     if (bad := unknown_class(sched.config, spec)) is not None:
-        from rollmux.admission import AdmissionDecision
-
         return AdmissionDecision(job_id=spec.job_id, admitted=False, code=Code.INVALID, reason=f"invalid job spec: {bad}",
                                  policy=sched.policy, delta_usd_per_h=None, field="priority_class",
-                                 latency_ms=(time.perf_counter() - t0) * 1e3).to_dict()  # type: ignore[arg-type]
+                                 latency_ms=(time.perf_counter() - t0) * 1e3).answer()  # type: ignore[arg-type]
     if not may_try_now(spec, held_gpus, backfill):
-        from rollmux.admission import AdmissionDecision
-
         d = AdmissionDecision(job_id=spec.job_id, admitted=False, code=Code.RETRY_LATER,
                               reason=QUEUE_AHEAD_REASON(len(held_gpus)), policy=sched.policy,
-                              delta_usd_per_h=None, latency_ms=(time.perf_counter() - t0) * 1e3).to_dict()  # type: ignore[arg-type]
-        return {**d, "would_queue": True} if queue else d
-    out = sched.decide(spec).to_dict(explain)
-    if queue and not out.get("admitted") and out.get("code") == Code.RETRY_LATER:
-        out["would_queue"] = True
-    return out
+                              delta_usd_per_h=None, latency_ms=(time.perf_counter() - t0) * 1e3).answer()  # type: ignore[arg-type]
+        return d.replace(would_queue=True) if queue else d
+    out = sched.decide(spec).answer(explain)
+    return out.replace(would_queue=True) if queue and out.retry_later else out
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The typed messages of the runtime control plane: what crosses an actor boundary (RollMux §5).
 
-Every value one RollMux actor (or driver) sends another is one of these frozen dataclasses;
+Every value one RollMux actor (or driver) sends another is one of these frozen dataclasses
+(the answers to queries and the scheduler's answers: :mod:`rollmux.answers`, re-exported here);
 :mod:`actors.handles` is the only code that sends them. Who sends what (docs/ARCHITECTURE.md
 "Runtime sequences" draws each flow):
 
@@ -8,11 +9,13 @@ Every value one RollMux actor (or driver) sends another is one of these frozen d
 message                       from -> to                                  call
 ============================  ==========================================  ==========================
 :class:`MembershipPush`       GlobalScheduler -> GroupController          ``sync_members``
+:class:`MembershipAck`        GroupController -> GlobalScheduler          ``sync_members`` (its answer)
 :class:`AttachTicket`         GlobalScheduler -> driver                   ``attach``
 :class:`AttachReply`          GroupController -> driver                   ``attach``
 :class:`Grant`                GroupController -> driver -> leader worker  ``acquire`` / ``run``
 :class:`PhaseCall`            driver -> leader worker -> follower ranks   ``run``
 :class:`PhaseRecord`          worker -> GroupController (the releaser)    ``release``
+:class:`TimelineEntry`        GroupController -> worker / GlobalScheduler ``release`` / ``keep_timeline``
 :class:`PhaseOutcome`         worker -> driver                            ``run`` (its answer)
 :class:`RolloutProgress`      worker -> GroupController                   ``progress``
 :class:`TailDecision`         GroupController -> worker                   ``progress`` (its answer)
@@ -22,6 +25,8 @@ message                       from -> to                                  call
 :class:`MovedState`           old worker -> driver -> new worker          ``export_job`` / ``register_job``
 :class:`SyncSignal`           sync leader -> the job's other workers      ``sync_signal``
 :class:`SyncAck`              rollout worker -> sync leader               ``receive_*`` (answer)
+:class:`EndpointCaps`         worker -> sync leader                       ``sync_caps`` (answer)
+:class:`EndpointOpened`       worker -> sync leader                       ``open_sync_endpoint`` (answer)
 :class:`WorkerPlace`          worker -> driver                            ``where``
 ============================  ==========================================  ==========================
 
@@ -40,13 +45,21 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
-from rollmux.records import JobRecord
+from rollmux.answers import (  # noqa: F401  (the actors' answers to queries, re-exported: see rollmux/answers.py)
+    Admission, AdmitCall, CandidateView, Departure, EndpointCaps, EndpointOpened, GroupRecord, HostedJob,
+    MembershipAck, PolicyDelta, PolicyHeader, PrunedGroup, SchedulerHealth, SnapshotDelta,
+)
+from rollmux.records import JobRecord, QueueEntry
 
 __all__ = [
-    "MemberTarget", "MembershipPush", "AttachTicket", "AttachReply", "Releaser", "Grant", "PhaseCall",
+    "MemberTarget", "MembershipPush", "MembershipAck", "AttachTicket", "AttachReply", "Releaser", "Grant", "PhaseCall",
     "PhaseRecord", "PhaseOutcome", "RolloutProgress", "TailDecision", "EventKind", "RuntimeEvent",
     "ProgressReport", "AbortOutcome", "ParallelPlace", "JobHosting", "PendingWeights", "MovedState",
-    "SyncSignalKind", "SyncSignal", "SyncAck", "WorkerPlace",
+    "SyncSignalKind", "SyncSignal", "SyncAck", "EndpointCaps", "EndpointOpened", "WorkerPlace", "TimelineEntry",
+    # the answers to queries (rollmux/answers.py)
+    "AdmitCall", "Admission", "CandidateView", "PrunedGroup", "Departure", "GroupRecord", "SchedulerHealth",
+    "PolicyHeader", "PolicyDelta", "SnapshotDelta", "JobRecord", "QueueEntry", "HostedJob", "MemberStatus",
+    "ControllerStatus",
 ]
 
 
@@ -177,6 +190,10 @@ class PhaseCall:
     pool_seq: int  # the driver's number of this phase among the job's phases of its pool, 1-based: its commit's number
     replay: bool = False  # the phase was released before a worker was lost: return its committed result, run nothing
     sync_gen: Optional[int] = None  # sync endpoint generation for the follower ranks (set by the leader)
+    # the phase function's arguments after its state, as the user's driver called the phase (the
+    # user's own values, passed through unchanged: ``fn(state, *args, **kwargs)``)
+    args: tuple = ()
+    kwargs: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def phase(self) -> str:
@@ -239,6 +256,43 @@ class PhaseRecord:
 
     def replace(self, **kw: Any) -> "PhaseRecord":
         return dataclasses.replace(self, **kw)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "PhaseRecord":
+        """From its timeline form (:meth:`to_dict`; keys that are no field are ignored)."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in _RECORD_FIELDS})
+
+
+_RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(PhaseRecord))
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    """One phase in a group's timeline (GroupController ``get_timeline`` / ``release``; the
+    scheduler keeps a dissolved group's, ``keep_timeline`` / ``group_timeline``): the job, its
+    phase and iteration (the grant's), where it ran and what it did (:class:`PhaseRecord`).
+    ``start_s`` / ``end_s``: s since the controller started."""
+
+    job_id: str
+    phase: str  # rollout | train | sync
+    group_id: str
+    pool: str  # rollout | train
+    iteration: int  # the grant's iteration index, 0-based
+    record: PhaseRecord
+    start_s: float
+    end_s: float
+
+    def to_dict(self) -> dict:
+        """The JSON form (a driver's ``Job.timeline()`` rows): the record's fields inline."""
+        return {"job_id": self.job_id, "phase": self.phase, "group_id": self.group_id, "pool": self.pool,
+                "iteration": self.iteration, **self.record.to_dict(), "ok": bool(self.record.ok),
+                "start_s": self.start_s, "end_s": self.end_s}
+
+    @classmethod
+    def of(cls, d: Mapping[str, Any]) -> "TimelineEntry":
+        """From its JSON form (:meth:`to_dict`, the ledger's timeline rows)."""
+        return cls(d["job_id"], d["phase"], d["group_id"], d["pool"], int(d["iteration"]), PhaseRecord.from_dict(d),
+                   float(d["start_s"]), float(d["end_s"]))
 
 
 @dataclass(frozen=True)
@@ -487,3 +541,47 @@ class WorkerPlace:
     torch_threads: int  # torch compute threads (1)
     cpus: Optional[tuple[int, ...]] = None  # the CPUs it is pinned to (None: unpinned)
     gpu_ids: tuple[str, ...] = ()  # the GPUs Ray assigned it (where a driver-side job granted this node computes)
+
+
+# ----------------------------------------------------------------------------- a controller's status
+@dataclass(frozen=True)
+class MemberStatus:
+    """One member of a group as its controller sees it (:class:`ControllerStatus`)."""
+
+    job_id: str
+    next_phase: Optional[str]  # the phase the job asks for next (None: it has none queued)
+    running: bool  # a phase of it is granted now
+    iterations_done: int  # derived from the grants (the driver's count)
+    turns: int  # the queues' own counter of this controller instance (restarts with it)
+    fenced: tuple[str, ...]  # its nodes on which it may not start a phase yet (rollmux.drain)
+    rollout_nodes: tuple[str, ...]
+    train_nodes: tuple[str, ...]
+    slowdown: Optional[float]  # measured co-executed / solo iteration time
+
+
+@dataclass(frozen=True)
+class ControllerStatus:
+    """A group's controller as it is now (GroupController ``status``): members, per-node queues,
+    the jobs that left or are moving, long-tail migrations, metric totals."""
+
+    group_id: str
+    jobs: Mapping[str, MemberStatus]  # job id -> its status, queued members
+    pending: tuple[str, ...]  # members whose driver has not attached yet
+    gone: Mapping[str, str]  # job id -> why it left ("departed", "failed: ...", "moved to <g>")
+    moving: Mapping[str, str]  # job id -> the move it waits to finish at its iteration boundary
+    queues: Mapping[str, tuple[str, ...]]  # node id -> job ids in its FIFO, head first
+    order: tuple[str, ...]  # the planned round-robin order
+    migrations: tuple[TailDecision, ...]  # long-tail migration decisions
+    timeline_len: int  # phases recorded in its timeline
+    metrics: Mapping[str, Mapping[str, float]]  # metric name -> tag -> its total
+
+    @classmethod
+    def of(cls, st: Mapping[str, Any], migrations: tuple[TailDecision, ...],
+           metrics: Mapping[str, Mapping[str, float]]) -> "ControllerStatus":
+        """From the ledger's status (``rollmux.group_ledger.GroupLedger.status``)."""
+        jobs = {j: MemberStatus(j, v["next_phase"], bool(v["running"]), int(v["iterations_done"]), int(v["turns"]),
+                                tuple(v["fenced"]), tuple(v["rollout_nodes"]), tuple(v["train_nodes"]), v["slowdown"])
+                for j, v in st["jobs"].items()}
+        return cls(st["group_id"], jobs, tuple(st["pending"]), dict(st["gone"]), dict(st["moving"]),
+                   {n: tuple(q) for n, q in st["queues"].items()}, tuple(st["order"]), tuple(migrations),
+                   int(st["timeline_len"]), {k: dict(v) for k, v in metrics.items()})

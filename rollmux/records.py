@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollmux.measured import MeasuredPhases
 
 __all__ = ["JobState", "IllegalTransition", "TRANSITIONS", "ACTIVE_STATES", "NodePlacement", "MoveRecord",
-           "JobRecord", "explain_failure", "queue_places", "queued_records", "with_queue_place"]
+           "JobRecord", "QueueEntry", "explain_failure", "queue_places", "queued_records", "with_queue_place"]
 
 
 class IllegalTransition(ValueError):
@@ -38,8 +39,8 @@ class IllegalTransition(ValueError):
 class JobState(str, enum.Enum):
     """A job's lifecycle, in order: (queued ->) admitted -> running -> finished | failed
     (admitted -> expired when no driver attaches within the scheduler's ``attach_timeout_s``;
-    queued -> cancelled when it is withdrawn from the admission queue, queued -> failed when it
-    can never be admitted). ``queued``: held by the admission queue of a bounded cluster, no
+    queued -> cancelled when it is withdrawn from the admission queue, admitted -> cancelled when
+    it departs before any driver ran it, queued -> failed when it can never be admitted). ``queued``: held by the admission queue of a bounded cluster, no
     nodes yet (:mod:`rollmux.admission_queue`). ``preempted``: an admitted or running job stopped at
     its iteration boundary for a job of a higher class (:mod:`rollmux.preemption`): it holds no
     nodes and waits in the admission queue; re-admitted (``preempted -> admitted``) it resumes
@@ -59,7 +60,7 @@ class JobState(str, enum.Enum):
     FINISHED = "finished"
     FAILED = "failed"
     EXPIRED = "expired"  # admitted, but no driver attached within the attach timeout
-    CANCELLED = "cancelled"  # withdrawn from the admission queue before it was admitted
+    CANCELLED = "cancelled"  # withdrawn before it ran: from the admission queue, or admitted and never started
     PREEMPTED = "preempted"  # stopped at an iteration boundary for a higher class, back in the queue
 
     @property
@@ -117,7 +118,7 @@ ACTIVE_STATES: frozenset[JobState] = frozenset({JobState.ADMITTED, JobState.RUNN
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.ADMITTED, JobState.FAILED, JobState.CANCELLED}),
     JobState.ADMITTED: frozenset({JobState.RUNNING, JobState.FINISHED, JobState.FAILED, JobState.EXPIRED,
-                                  JobState.PREEMPTED}),
+                                  JobState.CANCELLED, JobState.PREEMPTED}),
     JobState.RUNNING: frozenset({JobState.FINISHED, JobState.FAILED, JobState.PREEMPTED}),
     JobState.PREEMPTED: frozenset({JobState.ADMITTED, JobState.FAILED, JobState.CANCELLED}),
     JobState.FINISHED: frozenset(), JobState.FAILED: frozenset(), JobState.EXPIRED: frozenset(),
@@ -237,6 +238,11 @@ class JobRecord(BaseModel):
         ``spec_sha256`` / ``decision``)."""
         return self.model_dump(mode="json", exclude={"spec_sha256", "decision", *self._skip()})
 
+    def answered(self) -> "JobRecord":
+        """The record as the scheduler answers it: a copy without the checkpoint-only
+        ``spec_sha256`` / ``decision`` (its :meth:`public` form is the same)."""
+        return self.model_copy(update={"spec_sha256": None, "decision": None})
+
     def stored(self) -> dict[str, Any]:
         """The JSON-able form the checkpoint keeps: :meth:`public` plus the checkpoint-only fields."""
         return self.model_dump(mode="json", exclude=self._skip() or None)
@@ -255,29 +261,42 @@ class JobRecord(BaseModel):
         self.slowdown = slowdown
 
 
-def queue_places(queue: list[dict[str, Any]], now: float) -> dict[str, dict[str, Any]]:
-    """Each job's place in the admission queue as the GlobalScheduler publishes it
-    (``[{job_id, slo, queued_at, reason}, ...]`` in line order): ``{job_id: {queue_position,
-    queued_at, waited_s}}``, with the 1-based position, ``queued_at`` (Unix s) and ``waited_s`` at
-    ``now`` (s). Every job in the line has one, also a preempted job waiting to resume."""
-    return {q["job_id"]: {"queue_position": i, "queued_at": q["queued_at"], "waited_s": max(0.0, now - q["queued_at"])}
+@dataclass(frozen=True)
+class QueueEntry:
+    """One job in the admission queue as the GlobalScheduler publishes it (line order)."""
+
+    job_id: str
+    slo: Optional[float]  # slowdown SLO, x its solo iteration time
+    queued_at: float  # when it entered the queue, Unix time, s
+    reason: str  # why it does not fit now
+    gpus: int  # the GPUs it needs: the backfill size a replica's dry-run compares
+    priority_class: Optional[str] = None
+    tenant: Optional[str] = None
+
+
+def queue_places(queue: Sequence[QueueEntry], now: float) -> dict[str, dict[str, Any]]:
+    """Each job's place in the admission queue (``queue`` in line order): ``{job_id:
+    {queue_position, queued_at, waited_s}}``, with the 1-based position, ``queued_at`` (Unix s)
+    and ``waited_s`` at ``now`` (s). Every job in the line has one, also a preempted job waiting
+    to resume."""
+    return {q.job_id: {"queue_position": i, "queued_at": q.queued_at, "waited_s": max(0.0, now - q.queued_at)}
             for i, q in enumerate(queue, start=1)}
 
 
-def with_queue_place(view: dict[str, Any], places: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """A job record's view (:meth:`JobRecord.public`) with its place in the admission queue
-    (:func:`queue_places`) when it is a preempted job waiting there (the one kind of job that has
-    a record and a place in the line); else the view as it is."""
-    place = places.get(view["job_id"]) if view.get("state") == JobState.PREEMPTED else None
-    return view if place is None else {**view, **place}
+def with_queue_place(rec: JobRecord, places: dict[str, dict[str, Any]]) -> JobRecord:
+    """A job's record with its place in the admission queue (:func:`queue_places`) when it is a
+    preempted job waiting there (the one kind of job that has a record and a place in the line);
+    else the record as it is."""
+    place = places.get(rec.job_id) if rec.state == JobState.PREEMPTED else None
+    return rec if place is None else rec.model_copy(update=place)
 
 
-def queued_records(queue: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
-    """Job views (:meth:`JobRecord.public`) of the admission queue as the GlobalScheduler
-    publishes it (line order): state ``queued`` and the place (:func:`queue_places`)."""
+def queued_records(queue: Sequence[QueueEntry], now: float) -> list[JobRecord]:
+    """Job records of the admission queue (``queue`` in line order, jobs without a record of
+    their own): state ``queued`` and the place (:func:`queue_places`)."""
     places = queue_places(queue, now)
-    return [JobRecord(job_id=q["job_id"], state=JobState.QUEUED, slo=q.get("slo"), **places[q["job_id"]],
-                      priority_class=q.get("priority_class"), tenant=q.get("tenant")).public() for q in queue]
+    return [JobRecord(job_id=q.job_id, state=JobState.QUEUED, slo=q.slo, **places[q.job_id],
+                      priority_class=q.priority_class, tenant=q.tenant) for q in queue]
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

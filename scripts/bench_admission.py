@@ -239,7 +239,7 @@ def sequential_case(args, cluster, token: str, tmp: Path) -> None:
              "over_200_ms": sum(x > 200 for x in lat), "slowest": sorted(((round(x, 1), i) for i, x in enumerate(lat)),
                                                                           reverse=True)[:10],
              "by_stored_jobs": by_k, "load_avg_before": la0, "load_avg_after": load(),
-             "scheduler": {k: health.get(k) for k in ("jobs", "groups", "checkpoint_seq", "checkpoint_base_seq",
+             "scheduler": {k: getattr(health, k) for k in ("jobs", "groups", "checkpoint_seq", "checkpoint_base_seq",
                                                        "compactions_inline", "compactions_off_reply", "reopt_planned",
                                                        "reopt_applied", "reopt_stale")},
              "goals": SEQ_GOALS, "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -319,14 +319,13 @@ def main() -> None:
         t0 = time.perf_counter()
         last = -1
         for _ in range(target // 200 + 100):  # bounded: every batch must admit something
-            held = sched.health(timeout_s=120)["jobs"]
+            held = sched.health(timeout_s=120).jobs
             if held >= target:
                 return time.perf_counter() - t0
             if held <= last:
                 raise RuntimeError(f"top-up stalled at {held} of {target} jobs: the last batch admitted none")
             last = held
-            calls = [sched.admit_batched_nowait(make_spec(rng, f"pre-{n_pre + i:06d}").model_dump(mode="json"), False,
-                                                False, "chosen")
+            calls = [sched.admit_batched_nowait(make_spec(rng, f"pre-{n_pre + i:06d}"), False, False, "chosen")
                      for i in range(min(200, target - held))]  # group commit: one write per batch
             n_pre += len(calls)
             gather(calls, timeout_s=600)
@@ -353,16 +352,16 @@ def main() -> None:
         for target in stored_levels:
             took = top_up(sched, max(target, args.preload))
             h0 = sched.health(timeout_s=60)
-            print(f"holding {h0['jobs']} jobs ({took:.1f} s to top up)", flush=True)
+            print(f"holding {h0.jobs} jobs ({took:.1f} s to top up)", flush=True)
             ids = [f"pre-{i:06d}" for i in range(0, n_pre, max(1, n_pre // 500))]
             tag = f"s{target}-{args.seed}"
             specs = [make_spec(rng, f"bench-{tag}-{i:05d}").model_dump(mode="json") for i in range(2 * args.requests)]
-            entry = {"stored_jobs": h0["jobs"], "groups": h0["groups"], "top_up_s": round(took, 1)}
+            entry = {"stored_jobs": h0.jobs, "groups": h0.groups, "top_up_s": round(took, 1)}
             asyncio.run(run_level(base, token, 8, 100, 30, lambda i: ("GET", "/v1/jobs?limit=20", None)))  # warm-up
-            v0 = h0["snapshot_version"]
+            v0 = h0.snapshot_version
             entry["admit_closed"] = asyncio.run(run_level(
                 base, token, args.clients, args.requests, args.time_cap_s, lambda i: ("POST", "/v1/jobs", specs[i])))
-            v1 = sched.health(timeout_s=60)["snapshot_version"]
+            v1 = sched.health(timeout_s=60).snapshot_version
             n_adm = entry["admit_closed"]["status_counts"].get("201", 0)
             entry["admit_closed"]["admissions_per_commit"] = round(n_adm / max(1, v1 - v0), 2)
             print("admit_closed", json.dumps(entry["admit_closed"]), flush=True)

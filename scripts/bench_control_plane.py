@@ -279,7 +279,7 @@ def main(argv=None) -> int:
         load["jobs_end"] = os.getloadavg()
         sched_cpu = _sched_cpu() - cpu0
         inner = run_in_actor(sched, _collect, timeout_s=120)
-        health = sh.health()
+        health = sh.health().to_dict()
         procs = per_actor_processes()
         after = ray_process_stats()
     finally:

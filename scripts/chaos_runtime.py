@@ -117,7 +117,7 @@ def one_run(kind: str, sched, sched_name: str, env: dict, paths: dict, n: int, t
     barrier.touch()
     first = ids[JOBS[0]]
     deadline = time.monotonic() + timeout_s
-    while (sched.get_job(first) or {}).get("iterations_done", 0) < 1:
+    while getattr(sched.get_job(first), "iterations_done", 0) < 1:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{first} did not complete an iteration")
         time.sleep(0.1)
@@ -125,9 +125,9 @@ def one_run(kind: str, sched, sched_name: str, env: dict, paths: dict, n: int, t
     if kind == "scheduler":
         target = sched_name
     elif kind == "controller":
-        target = rec["controller"]
+        target = rec.controller
     else:
-        target = worker_name(rec["placement"]["rollout_nodes"][0])
+        target = worker_name(rec.placement.rollout_nodes[0])
     stop, unavailable = threading.Event(), {}
     probe = threading.Thread(target=_probe_unavailable, args=(sched, stop, unavailable))
     time.sleep(0.2)  # inside the next iteration's phases
@@ -139,23 +139,24 @@ def one_run(kind: str, sched, sched_name: str, env: dict, paths: dict, n: int, t
     # let the scheduler's reconcile loop release ended jobs' workers (it runs every second)
     time.sleep(5.0)
     recs = {j: sched.get_job(j) for j in ids.values()}
-    failed = {j: r["error"] for j, r in recs.items() if r["state"] == "failed"}
-    done = [j for j, r in recs.items() if r["state"] == "finished" and r["iterations_done"] == n]
+    failed = {j: r.error for j, r in recs.items() if r.state == "failed"}
+    done = [j for j, r in recs.items() if r.state == "finished" and r.iterations_done == n]
     hosted = {}
     spec = sched.cluster_spec()
-    nodes = [f"{pool}-{i}" for pool in ("rollout", "train") for i in range(spec[f"{pool}_pool"]["num_nodes"])]
+    nodes = [f"{pool}-{i}" for pool, p in (("rollout", spec.rollout_pool), ("train", spec.train_pool))
+             for i in range(p.num_nodes)]
     for node in nodes:
         try:
             h = WorkerHandle.of_node(node).hosted(timeout_s=30)
         except Exception:
             continue
-        mine = sorted(v.get("job_id", j) for j, v in h.items() if v.get("job_id", j) in ids.values())
+        mine = sorted(v.job_id for v in h if v.job_id in ids.values())
         if mine:
             hosted[node] = mine
     files = sorted(str(p.name) for p in (tmp / "ckpt").glob("*") if any(j in p.name for j in ids.values())) \
         if (tmp / "ckpt").is_dir() else []
-    live_groups = {g["group_id"] for g in sched.list_groups()}
-    ended_groups = {r["group_id"] for r in recs.values() if r.get("group_id")} - live_groups
+    live_groups = {g.group_id for g in sched.list_groups()}
+    ended_groups = {r.group_id for r in recs.values() if r.group_id} - live_groups
     ctrls = []
     for a in ray.util.list_named_actors(all_namespaces=True):
         name = a["name"] if isinstance(a, dict) else a

@@ -284,7 +284,8 @@ def main(argv=None) -> int:
         # from the scheduler's job records
         watch = {}
         for name in JOBS:
-            rec = sched.get_job(ids[name]) or {}
+            got = sched.get_job(ids[name])
+            rec = got.public() if got is not None else {}
             watch[name] = {"slo_action": rec.get("slo_action"),
                            "moves": [{k: m.get(k) for k in ("from_group", "to_group", "trigger", "stopped_at_s", "drained")}
                                      for m in rec.get("moves") or []]}

@@ -180,7 +180,7 @@ def run_runtime(jobs, iters, cluster, cfg, em, args, tmp: Path) -> dict:
         def poll() -> None:  # the groups ($/h, nodes) over time, and the load average
             while not stop.wait(args.poll_s):
                 try:
-                    polls.append({"t": time.time(), "groups": sh.list_groups()})
+                    polls.append({"t": time.time(), "groups": [g.to_dict() for g in sh.list_groups()]})
                 except Exception as e:  # a slow answer is one missing sample, never fatal
                     polls.append({"t": time.time(), "error": str(e)[:200]})
                 load.append(os.getloadavg()[0])
@@ -197,7 +197,8 @@ def run_runtime(jobs, iters, cluster, cfg, em, args, tmp: Path) -> dict:
         out["drains"] = {}
         for j in jobs:
             try:
-                rec = sh.get_job(j.spec.job_id) or {}
+                got = sh.get_job(j.spec.job_id)
+                rec = got.public() if got is not None else {}
             except Exception:
                 continue
             out["drains"][j.spec.job_id] = [
@@ -209,10 +210,10 @@ def run_runtime(jobs, iters, cluster, cfg, em, args, tmp: Path) -> dict:
         out["timelines"] = {}
         for g in {gid for p in polls for gid in (x["group_id"] for x in p.get("groups", []) if x)}:
             try:
-                out["timelines"][g] = sh.group_timeline(g)
+                out["timelines"][g] = [e.to_dict() for e in sh.group_timeline(g)]
             except Exception:
                 pass
-        out.update(results=res, polls=polls, t_start=t_start, load_1m=load, health=sh.health())
+        out.update(results=res, polls=polls, t_start=t_start, load_1m=load, health=sh.health().to_dict())
     finally:
         lc.shutdown()  # disconnects, stops every node and removes the cluster's run dir
     return out

@@ -4,7 +4,8 @@
 :class:`actors.handles.AsyncSchedulerHandle` call (timeouts, the one re-lookup after a restart,
 never resending a commit: all there); its errors become :class:`serve_api.views.ApiError` (503
 unreachable / timed out, 504 "outcome unknown" for a commit not answered in time, 500 when the
-actor raised: no traceback) and its answers JSON-safe (non-finite floats -> null).
+actor raised: no traceback). Its answers are the scheduler's typed answers (:mod:`rollmux.answers`,
+:class:`rollmux.records.JobRecord`); the routes turn them into JSON (:mod:`serve_api.views`).
 :class:`SchedulerApi` is the interface the app uses (tests give an in-process one).
 :class:`AdmitBatcher` sends a replica's admissions in batches (``admit_many``).
 """
@@ -16,29 +17,32 @@ import logging
 from typing import Any, Optional, Protocol
 
 from actors.handles import ActorLost, AsyncSchedulerHandle, CallTimeout
-from serve_api.views import ApiError, _finite
+from rollmux.answers import Admission, AdmitCall, Departure, GroupRecord, SchedulerHealth, SnapshotDelta, Unavailable
+from rollmux.models import JobSpec
+from rollmux.records import JobRecord
+from serve_api.views import ApiError
 
 log = logging.getLogger("rollmux.serve")
 
 
 class SchedulerApi(Protocol):
-    """What the HTTP app calls on the GlobalScheduler (every answer JSON-safe)."""
+    """What the HTTP app calls on the GlobalScheduler (typed answers)."""
 
-    async def health(self) -> dict: ...
+    async def health(self) -> SchedulerHealth: ...
 
-    async def admit_batched(self, spec: dict, dry_run: bool, queue: bool, explain: str) -> dict: ...
+    async def admit_batched(self, spec: JobSpec, dry_run: bool, queue: bool, explain: str) -> Admission: ...
 
-    async def admit_many(self, calls: list) -> list[dict]: ...
+    async def admit_many(self, calls: list[AdmitCall]) -> list[Admission]: ...
 
-    async def depart_batched(self, job_id: str) -> Optional[dict]: ...
+    async def depart_batched(self, job_id: str) -> Optional[Departure | Unavailable]: ...
 
-    async def list_jobs(self) -> list[dict]: ...
+    async def list_jobs(self) -> list[JobRecord]: ...
 
-    async def get_job(self, job_id: str) -> Optional[dict]: ...
+    async def get_job(self, job_id: str) -> Optional[JobRecord]: ...
 
-    async def list_groups(self) -> list[dict]: ...
+    async def list_groups(self) -> list[GroupRecord]: ...
 
-    async def snapshot_since(self, epoch: Optional[str], version: int, wait_s: float, policy: bool) -> dict: ...
+    async def snapshot_since(self, epoch: Optional[str], version: int, wait_s: float, policy: bool) -> SnapshotDelta: ...
 
 
 class SchedulerClient:
@@ -57,7 +61,7 @@ class SchedulerClient:
 
     async def _run(self, what: str, call, outcome: Optional[str] = None) -> Any:
         try:
-            return _finite(await call)
+            return await call
         except CallTimeout as e:
             if getattr(e, "outcome_unknown", False):  # a commit was sent and may still be applied
                 raise ApiError(504, "outcome_unknown", f"the scheduler did not answer {what} within "
@@ -74,28 +78,28 @@ class SchedulerClient:
             log.error("scheduler.%s raised: %r", what, cause)
             raise ApiError(500, "scheduler_error", f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}")
 
-    async def health(self) -> dict:
+    async def health(self) -> SchedulerHealth:
         return await self._run("health", self.handle.health())
 
-    async def admit_batched(self, spec: dict, dry_run: bool, queue: bool, explain: str) -> dict:
+    async def admit_batched(self, spec: JobSpec, dry_run: bool, queue: bool, explain: str) -> Admission:
         return await self._run("admit_batched", self.handle.admit_batched(spec, dry_run, queue, explain))
 
-    async def admit_many(self, calls: list) -> list[dict]:
+    async def admit_many(self, calls: list[AdmitCall]) -> list[Admission]:
         return await self._run("admit_many", self.handle.admit_many(calls), outcome="/v1/jobs/{job_id}")
 
-    async def depart_batched(self, job_id: str) -> Optional[dict]:
+    async def depart_batched(self, job_id: str) -> Optional[Departure | Unavailable]:
         return await self._run("depart_batched", self.handle.depart_batched(job_id))
 
-    async def list_jobs(self) -> list[dict]:
+    async def list_jobs(self) -> list[JobRecord]:
         return await self._run("list_jobs", self.handle.list_jobs())
 
-    async def get_job(self, job_id: str) -> Optional[dict]:
+    async def get_job(self, job_id: str) -> Optional[JobRecord]:
         return await self._run("get_job", self.handle.get_job(job_id))
 
-    async def list_groups(self) -> list[dict]:
+    async def list_groups(self) -> list[GroupRecord]:
         return await self._run("list_groups", self.handle.list_groups())
 
-    async def snapshot_since(self, epoch: Optional[str], version: int, wait_s: float, policy: bool) -> dict:
+    async def snapshot_since(self, epoch: Optional[str], version: int, wait_s: float, policy: bool) -> SnapshotDelta:
         return await self._run("snapshot_since", self.handle.snapshot_since(epoch, version, wait_s, policy))
 
 
@@ -109,12 +113,12 @@ class AdmitBatcher:
 
     def __init__(self, client: "SchedulerClient", max_inflight: int = 2, max_batch: int = 64):
         self.client, self.max_inflight, self.max_batch = client, max_inflight, max_batch
-        self._queue: list[tuple[list, asyncio.Future]] = []
+        self._queue: list[tuple[AdmitCall, asyncio.Future]] = []
         self._inflight = 0
 
-    async def admit(self, args: list) -> dict:
+    async def admit(self, call: AdmitCall) -> Admission:
         fut = asyncio.get_running_loop().create_future()
-        self._queue.append((args, fut))
+        self._queue.append((call, fut))
         self._kick()
         return await fut
 
@@ -131,11 +135,11 @@ class AdmitBatcher:
                 if not f.done():
                     f.set_result(out)
         except BaseException as e:  # noqa: BLE001 - handed to every waiting request
-            for args, f in batch:
+            for call, f in batch:
                 if f.done():
                     continue
                 if isinstance(e, ApiError):  # each request names its own job's URL to read the outcome
-                    f.set_exception(ApiError(e.status, e.kind, e.detail.replace("{job_id}", str(args[0].get("job_id"))),
+                    f.set_exception(ApiError(e.status, e.kind, e.detail.replace("{job_id}", str(call.spec.job_id)),
                                              **e.extra))
                 else:
                     f.set_exception(e)

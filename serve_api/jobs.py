@@ -18,13 +18,14 @@ from fastapi import APIRouter, Depends, Query
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse, Response
 
+from rollmux.answers import AdmitCall, Unavailable
 from rollmux.codes import HTTP_STATUS, Code
 from rollmux.models import JOB_ID_MAX_LEN, JOB_ID_PATTERN, JobSpec
 from serve_api.client import AdmitBatcher, SchedulerApi
 from serve_api.snapshot import SnapshotCache
 from serve_api.views import (
     AdmissionView, AppSettings, ApiError, DepartureView, ErrorBody, GroupView, HealthView, JobView, SubmitRequest,
-    admission_view,
+    _finite, admission_view,
 )
 
 
@@ -68,24 +69,21 @@ def jobs_router(ctx: AppContext) -> APIRouter:
     need_token, read_access = ctx.need_token, ctx.read_access
     err = {"model": ErrorBody}
 
-    async def _admit(spec: JobSpec, dry_run: bool, queue: bool = False, explain: str = "full") -> JSONResponse:
+    async def _admit(spec: SubmitRequest, dry_run: bool, queue: bool = False, explain: str = "full") -> JSONResponse:
         t0 = time.perf_counter()
-        body = spec.model_dump(mode="json", exclude={"queue"})
+        job = JobSpec.model_validate(spec.model_dump(mode="json", exclude={"queue"}))  # the job, without the request's field
         d = None
         if dry_run and await cache.wait_version(None) and await cache.follow_policy():
-            d = cache.what_if(JobSpec.model_validate(body), queue, explain)  # this replica's snapshot copy answers
+            d = cache.what_if(job, queue, explain)  # this replica's snapshot copy answers
         if d is None:
             with ctx.write_slot():
                 if dry_run:  # the copy is not ready, or the id is live: the scheduler answers
-                    d = await client.admit_batched(body, dry_run, queue, explain)
+                    d = await client.admit_batched(job, dry_run, queue, explain)
                 else:
-                    d = await batcher.admit([body, False, queue, explain])
-                if not dry_run and d.get("snapshot_version") is not None:
-                    await cache.wait_version(d["snapshot_version"])  # this replica then reads its own write
+                    d = await batcher.admit(AdmitCall(job, False, queue, explain))
+                if not dry_run and d.snapshot_version is not None:
+                    await cache.wait_version(d.snapshot_version)  # this replica then reads its own write
         view = admission_view(d, dry_run)
-        view["queued"], view["queue_position"] = bool(d.get("queued")), d.get("queue_position")
-        view["preempted"] = list(d.get("preempted") or [])
-        view["admitted_from_queue"] = list(d.get("admitted_from_queue") or [])
         view["scheduler_call_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
         if not view["admitted"]:
             code = Code(view["explanation"]["code"])
@@ -93,7 +91,7 @@ def jobs_router(ctx: AppContext) -> APIRouter:
             if code == Code.INVALID:  # the scheduler's own validation (the API validated first): as the API's 422s
                 why = view["explanation"]["reason"]
                 return JSONResponse({"error": "invalid_request", "detail": why,
-                                     "errors": [{"field": d.get("field") or "body", "msg": why, "type": "value_error"}]},
+                                     "errors": [{"field": d.field or "body", "msg": why, "type": "value_error"}]},
                                     status_code=status)
             if code == Code.QUEUED:
                 return JSONResponse(AdmissionView.model_validate(view).model_dump(mode="json"), status_code=status)
@@ -102,18 +100,18 @@ def jobs_router(ctx: AppContext) -> APIRouter:
             if code == Code.UNAVAILABLE:
                 raise ApiError(status, "scheduler_unavailable", view["explanation"]["reason"], retry_after_s=1)
             kind = "duplicate_job_id" if code == Code.DUPLICATE else f"not_admitted:{code}"
-            extra = {"would_queue": True} if d.get("would_queue") else {}
+            extra = {"would_queue": True} if d.would_queue else {}
             return JSONResponse({"error": kind, "detail": view["explanation"]["reason"], "decision": view, **extra},
                                 status_code=status)
         checked = AdmissionView.model_validate(view)  # a 2xx reply is validated against its model
         # a retry of an admitted spec gets the original decision again: 200 (idempotent), not 201
         return JSONResponse(checked.model_dump(mode="json"),
-                            status_code=200 if dry_run or d.get("replayed") else HTTP_STATUS[Code.OK])
+                            status_code=200 if dry_run or d.replayed else HTTP_STATUS[Code.OK])
 
     @app.get("/healthz", response_model=HealthView, responses={503: err}, tags=["ops"])
     async def healthz() -> Any:
         """Liveness of the API and of the GlobalScheduler (503 with a reason if unreachable)."""
-        return await client.health()
+        return (await client.health()).to_dict()
 
     @app.post(
         "/v1/jobs", status_code=201, response_model=AdmissionView, dependencies=[Depends(need_token)],
@@ -156,7 +154,7 @@ def jobs_router(ctx: AppContext) -> APIRouter:
         if await cache.wait_version(None):
             return Response(cache.jobs_body(limit, offset), media_type="application/json")
         jobs = await client.list_jobs()
-        return jobs[offset: None if limit is None else offset + limit]
+        return _finite([r.public() for r in jobs[offset: None if limit is None else offset + limit]])
 
     @app.get("/v1/jobs/{job_id}", response_model=JobView, response_model_exclude=private, dependencies=[Depends(read_access)], responses={401: err, 429: err, 404: err, 503: err}, tags=["jobs"])
     async def get_job(job_id: str = PathParam(max_length=JOB_ID_MAX_LEN, pattern=JOB_ID_PATTERN)) -> Any:
@@ -165,7 +163,8 @@ def jobs_router(ctx: AppContext) -> APIRouter:
         if await cache.wait_version(None):  # the copy answers, also "unknown" (a write waits until its copy holds it)
             job = cache.job(job_id)
         else:  # no copy yet (or the scheduler unreachable for the follower): ask the scheduler
-            job = await client.get_job(job_id)
+            rec = await client.get_job(job_id)
+            job = None if rec is None else _finite(rec.public())
         if job is None:
             raise ApiError(404, "not_found", f"unknown job_id {job_id!r}")
         return job
@@ -179,15 +178,15 @@ def jobs_router(ctx: AppContext) -> APIRouter:
         the freed room are admitted (``admitted_from_queue``); a queued job is cancelled."""
         with ctx.write_slot():
             out = await client.depart_batched(job_id)
-            if out is not None and out.get("unavailable"):
-                raise ApiError(503, "scheduler_unavailable", out["unavailable"], retry_after_s=1)
-            if out is not None and out.get("snapshot_version") is not None:
-                await cache.wait_version(out.pop("snapshot_version"))
+            if isinstance(out, Unavailable):
+                raise ApiError(503, "scheduler_unavailable", out.reason, retry_after_s=1)
+            if out is not None and out.snapshot_version is not None:
+                await cache.wait_version(out.snapshot_version)
         if out is None:
             raise ApiError(404, "not_found", f"unknown job_id {job_id!r}")
-        if out.get("already_ended"):
-            raise ApiError(409, "already_ended", f"job {job_id!r} is already {out.get('state')}")
-        return out
+        if out.already_ended:
+            raise ApiError(409, "already_ended", f"job {job_id!r} is already {out.state}")
+        return _finite(out.to_dict())
 
     @app.get("/v1/groups", response_model=list[GroupView], dependencies=[Depends(read_access)], responses={401: err, 429: err, 503: err}, tags=["groups"])
     async def list_groups(limit: Optional[int] = Query(default=None, ge=1, le=100_000, description="at most this many"),
@@ -197,6 +196,6 @@ def jobs_router(ctx: AppContext) -> APIRouter:
         if await cache.wait_version(None):
             return Response(cache.groups_body(limit, offset), media_type="application/json")
         groups = await client.list_groups()
-        return groups[offset: None if limit is None else offset + limit]
+        return _finite([g.to_dict() for g in groups[offset: None if limit is None else offset + limit]])
 
     return app

@@ -221,7 +221,7 @@ def rollouts_router(ctx: Any) -> APIRouter:
     async def stats() -> Any:
         """Sample throughput, trainer idle ratio, prefix hit ratio, training step time, diversity score,
         prefix-index memory, queues and per-replica figures (docs/ROLLOUT_SERVICE.md)."""
-        return JSONResponse(await svc.call(lambda h: h.stats()))
+        return JSONResponse((await svc.call(lambda h: h.stats())).model_dump())
 
     @app.get("/v1/stats/prometheus", dependencies=[Depends(read_access)], tags=tags,
              responses={200: {"content": {"text/plain": {}}}, 401: err, 503: err})

@@ -13,8 +13,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Optional
 
-from rollmux.models import JobSpec
-from rollmux.records import queue_places, queued_records, with_queue_place
+from rollmux.answers import Admission, PolicyHeader
+from rollmux.models import ClusterSpec, CoExecutionGroup, JobSpec
+from rollmux.records import JobRecord, QueueEntry, queue_places, queued_records, with_queue_place
 from serve_api.views import _finite
 
 if TYPE_CHECKING:
@@ -39,18 +40,18 @@ class SnapshotCache:
         self.client = client
         self.epoch: Optional[str] = None
         self.version = -1
-        self.jobs: dict[str, dict] = {}
+        self.jobs: dict[str, JobRecord] = {}
         self._json: dict[str, bytes] = {}
-        self.groups: dict[str, dict] = {}
+        self.groups: dict[str, dict] = {}  # group id -> its JSON form
         self._groups_json: Optional[bytes] = None
-        self.queue: list[dict] = []
-        # the policy's table (dry-runs): the raw group snapshots, and a copy of the policy built on the
-        # first dry-run, then brought up to date lazily (only the groups changed since the last one)
-        self.cluster: Optional[dict] = None
-        self._policy_header: Optional[dict] = None
-        self._policy_groups: dict[str, dict] = {}
+        self.queue: tuple[QueueEntry, ...] = ()
+        # the policy's table (dry-runs): its groups, and a copy of the policy built on the first
+        # dry-run, then brought up to date lazily (only the groups changed since the last one)
+        self.cluster: Optional[ClusterSpec] = None
+        self._policy_header: Optional[PolicyHeader] = None
+        self._policy_groups: dict[str, CoExecutionGroup] = {}
         self._policy = None
-        self._policy_pending: dict[str, Optional[dict]] = {}
+        self._policy_pending: dict[str, Optional[CoExecutionGroup]] = {}
         self.want_policy = False  # set by the first dry-run: the follower then resyncs with the policy table
         self.has_policy = False
         self.ready = False
@@ -82,39 +83,39 @@ class SnapshotCache:
                 self.ready = False
                 await asyncio.sleep(0.5)
                 continue
-            if d.get("full"):
+            if d.full:
                 self.jobs, self._json, self.groups = {}, {}, {}
-                self.cluster = d.get("cluster")
+                self.cluster = d.cluster
                 self._policy_groups, self._policy, self._policy_pending = {}, None, {}
-                self.has_policy = ask and "policy" in d
-            pol = d.get("policy") or {}
-            if pol.get("header") is not None:
-                self._policy_header = pol["header"]
-            for gid, snap in (pol.get("groups") or {}).items():
-                if snap is None:
-                    self._policy_groups.pop(gid, None)
-                else:
-                    self._policy_groups[gid] = snap
-                if self._policy is not None:
-                    self._policy_pending[gid] = snap
-            for jid, view in d["jobs"].items():
-                if view is None:
+                self.has_policy = ask and d.policy is not None
+            if d.policy is not None:
+                if d.policy.header is not None:
+                    self._policy_header = d.policy.header
+                for gid, grp in d.policy.groups.items():
+                    if grp is None:
+                        self._policy_groups.pop(gid, None)
+                    else:
+                        self._policy_groups[gid] = grp
+                    if self._policy is not None:
+                        self._policy_pending[gid] = grp
+            for jid, rec in d.jobs.items():
+                if rec is None:
                     self.jobs.pop(jid, None)
                     self._json.pop(jid, None)
                 else:
                     self.jobs.pop(jid, None)  # a re-admitted id moves to the end (admission order)
-                    self.jobs[jid] = view
-                    self._json[jid] = json.dumps(view, separators=(",", ":")).encode()
-            if d["groups"] or d.get("full"):
-                for gid, view in d["groups"].items():
-                    if view is None:
+                    self.jobs[jid] = rec
+                    self._json[jid] = json.dumps(_finite(rec.public()), separators=(",", ":")).encode()
+            if d.groups or d.full:
+                for gid, grp in d.groups.items():
+                    if grp is None:
                         self.groups.pop(gid, None)
                     else:
-                        self.groups[gid] = view
+                        self.groups[gid] = grp.to_dict()
                 self._groups_json = None
-            if d.get("queue") is not None:
-                self.queue = d["queue"]
-            self.epoch, self.version, self.ready = d["epoch"], d["version"], True
+            if d.queue is not None:
+                self.queue = d.queue
+            self.epoch, self.version, self.ready = d.epoch, d.version, True
             ev, self._changed = self._changed, asyncio.Event()
             ev.set()
 
@@ -141,14 +142,13 @@ class SnapshotCache:
         """The copy of the policy's table at this copy's version (built once, then updated with
         the groups changed since the last call; :meth:`rollmux.admission.InterGroupScheduler.load_groups`)."""
         from rollmux.admission import InterGroupScheduler
-        from rollmux.models import ClusterSpec
 
         if self._policy is None:
             self._policy = InterGroupScheduler.restore(
-                ClusterSpec.model_validate(self.cluster), {**self._policy_header, "groups": list(self._policy_groups.values())})
+                self.cluster, {**self._policy_header.to_dict(), "groups": list(self._policy_groups.values())})
             self._policy_pending = {}
         elif self._policy_pending:
-            self._policy.load_groups(self._policy_header, self._policy_pending)
+            self._policy.load_groups(self._policy_header.to_dict(), self._policy_pending)
             self._policy_pending = {}
         return self._policy
 
@@ -162,28 +162,26 @@ class SnapshotCache:
             self._task = asyncio.get_running_loop().create_task(self._follow())
         return await self._wait_until(lambda: self.has_policy, timeout_s)
 
-    def what_if(self, spec: JobSpec, queue: bool, explain: str) -> Optional[dict]:
+    def what_if(self, spec: JobSpec, queue: bool, explain: str) -> Optional[Admission]:
         """The dry-run answer from this copy (:func:`rollmux.admission_queue.what_if`, the function
         the scheduler answers its own dry-runs with), with ``snapshot_version``; None when the
         scheduler must answer: the copy is not ready, or the job id is admitted, running or queued
         (a replay or a duplicate, decided from the scheduler's records)."""
         from rollmux.admission_queue import what_if
-        from rollmux.records import JobState
 
         if not self.has_policy:
             return None
         if not self.ready or self.cluster is None or self._policy_header is None:
             return None
-        view = self.jobs.get(spec.job_id)
-        if view is not None and JobState(view["state"]).is_active():
+        rec = self.jobs.get(spec.job_id)
+        if rec is not None and rec.state.is_active():
             return None
-        if any(q["job_id"] == spec.job_id for q in self.queue):
+        if any(q.job_id == spec.job_id for q in self.queue):
             return None
         pol = self._policy_now()
-        out = what_if(pol, spec, [int(q.get("gpus", 0)) for q in self.queue], backfill=pol.config.queue_backfill,
+        out = what_if(pol, spec, [int(q.gpus) for q in self.queue], backfill=pol.config.queue_backfill,
                       queue=queue, explain=explain)
-        out["snapshot_version"] = self.version
-        return _finite(out)
+        return out.replace(snapshot_version=self.version)
 
     def jobs_body(self, limit: Optional[int], offset: int) -> bytes:
         """``GET /v1/jobs`` from the copy: records in admission order, then the queued jobs."""
@@ -196,23 +194,24 @@ class SnapshotCache:
             now = time.time()
             places = queue_places(self.queue, now)
             # a preempted job waiting: its record with its place in the queue
-            parts = (b if j not in places else json.dumps(with_queue_place(self.jobs[j], places),
+            parts = (b if j not in places else json.dumps(_finite(with_queue_place(self.jobs[j], places).public()),
                                                           separators=(",", ":")).encode()
                      for j, b in self._json.items())
-            parts = itertools.chain(parts, [json.dumps(v, separators=(",", ":")).encode()
+            parts = itertools.chain(parts, [json.dumps(_finite(v.public()), separators=(",", ":")).encode()
                                             for v in queued_records(self.queue, now)
-                                            if v["job_id"] not in self.jobs])
+                                            if v.job_id not in self.jobs])
         # a page costs its own length, not the number of stored jobs (dict views are not sliceable)
         page = itertools.islice(parts, offset, None if limit is None else offset + limit)
         return b"[" + b",".join(page) + b"]"
 
     def job(self, job_id: str) -> Optional[dict]:
+        """The job's JSON form from the copy (None: unknown)."""
         if job_id in self.jobs:
-            return with_queue_place(self.jobs[job_id], queue_places(self.queue, time.time())) if self.queue \
-                else self.jobs[job_id]
-        for v in queued_records(self.queue, time.time()) if any(q["job_id"] == job_id for q in self.queue) else ():
-            if v["job_id"] == job_id:
-                return v
+            rec = self.jobs[job_id]
+            return _finite((with_queue_place(rec, queue_places(self.queue, time.time())) if self.queue else rec).public())
+        for v in queued_records(self.queue, time.time()) if any(q.job_id == job_id for q in self.queue) else ():
+            if v.job_id == job_id:
+                return _finite(v.public())
         return None
 
     def groups_body(self, limit: Optional[int], offset: int) -> bytes:

@@ -16,6 +16,7 @@ from typing import Any, Optional
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollmux.answers import Admission
 from rollmux.codes import Code
 from rollmux.config import ServeConfig
 from rollmux.models import JobSpec
@@ -93,7 +94,8 @@ class DepartureView(_Open):
     """``DELETE /v1/jobs/{id}``: what the departure released and which jobs departure re-packing moved."""
 
     job_id: str
-    state: str = Field(description='the job\'s state now: "finished"')
+    state: str = Field(description='the job\'s state now: "finished", or "cancelled" for a job withdrawn before it '
+                       'ran (queued, or admitted and never started)')
     released_nodes: list[str] = Field(default=[], description="nodes the cluster no longer uses (incl. dissolved groups')")
     group_dissolved: bool = Field(default=False, description="the job's own group ceased to exist")
     dissolved_groups: list[str] = Field(default=[], description="every group that ceased to exist")
@@ -179,25 +181,31 @@ class ApiError(Exception):
 
 
 
-def admission_view(d: dict, dry_run: bool) -> dict:
-    return {
-        "job_id": d.get("job_id"),
-        "admitted": bool(d.get("admitted")),
+def admission_view(d: Admission, dry_run: bool) -> dict:
+    """The JSON answer of ``POST /v1/jobs`` / ``:dry-run`` (:class:`AdmissionView`) from the
+    scheduler's (or this replica's) typed decision: the one place it is serialised (non-finite
+    floats -> null)."""
+    out = d.to_dict()
+    return _finite({
+        "job_id": d.job_id,
+        "admitted": d.admitted,
         "dry_run": dry_run,
-        "group_id": d.get("group_id"),
-        "placement": d.get("placement"),
-        "marginal_cost_usd_per_h": d.get("delta_usd_per_h"),
-        "predicted_slowdowns": d.get("predicted_slowdowns") or {},
+        "group_id": d.group_id,
+        "placement": out["placement"],
+        "marginal_cost_usd_per_h": d.delta_usd_per_h,
+        "predicted_slowdowns": out["predicted_slowdowns"],
         "explanation": {
-            "code": d.get("code", Code.OK if d.get("admitted") else Code.NEVER),
-            "reason": d.get("reason", ""),
-            "strategy": d.get("strategy"),
-            "candidates": d.get("candidates") or [],
-            "pruned": d.get("pruned") or [],
-            **({"candidates_listed": d["candidates_listed"], "pruned_groups": d.get("pruned_groups")}
-               if d.get("candidates_listed") else {}),
+            "code": out["code"],
+            "reason": d.reason,
+            "strategy": d.strategy,
+            "candidates": out["candidates"],
+            "pruned": out["pruned"],
+            **({"candidates_listed": d.candidates_listed, "pruned_groups": d.pruned_groups}
+               if d.candidates_listed else {}),
         },
-        "latency_ms": d.get("latency_ms"),
-    }
-
-
+        "latency_ms": d.latency_ms,
+        "queued": d.queued,
+        "queue_position": d.queue_position,
+        "preempted": list(d.preempted or ()),
+        "admitted_from_queue": list(d.admitted_from_queue),
+    })

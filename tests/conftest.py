@@ -136,10 +136,10 @@ def serve_api(ray_cluster, local_cluster_spec, tmp_path_factory):
     yield SimpleNamespace(base_url=base, token=token, scheduler=sched, scheduler_name=name, config=cfg)
     try:
         sched = ray.get_actor(name, namespace=NAMESPACE)
-        ctrls = {g.get("controller") for g in SchedulerHandle(sched).list_groups(timeout_s=60)}
+        ctrls = {g.controller for g in SchedulerHandle(sched).list_groups(timeout_s=60)}
         for j in SchedulerHandle(sched).list_jobs(timeout_s=60):
-            ctrls.add(j.get("controller"))
-            SchedulerHandle(sched).depart(j["job_id"], timeout_s=60)
+            ctrls.add(j.controller)
+            SchedulerHandle(sched).depart(j.job_id, timeout_s=60)
         for c in filter(None, ctrls):
             try:
                 ray.kill(ray.get_actor(c, namespace=NAMESPACE), no_restart=True)

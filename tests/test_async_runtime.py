@@ -73,7 +73,7 @@ def sched(ray_cluster, local_cluster_spec):
 
     name = f"test-async-{uuid.uuid4().hex[:6]}"
     h = get_or_create_scheduler(local_cluster_spec, name=name, config={"tail_migration": False})
-    assert SchedulerHandle(h).health(timeout_s=None)["ok"]
+    assert SchedulerHandle(h).health(timeout_s=None).ok
     yield name
     ray.kill(h, no_restart=True)
 

@@ -355,7 +355,7 @@ def test_scheduler_pushes_members_in_the_planned_round_robin_order(monkeypatch):
     s = GlobalSchedulerImpl(cluster, kv=MemoryKV(), **unit_kw(FakeHandles({"group-0": FakeController(log)})),
                             metrics_flush_s=0)
     for spec in jobs:
-        assert s.admit(spec.model_dump())["admitted"]
+        assert s.admit(spec.model_dump()).admitted
     assert log[-1][:2] == (planned, {})
     assert [m.job_id for m in s.group_members("group-0")] == planned
 
@@ -367,9 +367,9 @@ def test_scheduler_pushes_members_in_the_planned_round_robin_order(monkeypatch):
         return await c.status()
 
     st = asyncio.run(controller_takes_it())
-    assert st["order"] == planned
-    assert st["queues"]["train-0"] == ["job-00059", "job-00095", "job-00097"]
-    assert st["queues"]["train-1"] == ["job-00059", "job-00075", "job-00097"]
+    assert st.order == tuple(planned)
+    assert st.queues["train-0"] == ("job-00059", "job-00095", "job-00097")
+    assert st.queues["train-1"] == ("job-00059", "job-00075", "job-00097")
 
 
 # ---- the controller actor's class: reconcile pushes and a watchdog that never dies silently
@@ -383,13 +383,13 @@ def test_controller_applies_pushes_in_sequence_and_ignores_stale_ones():
     async def scenario():
         c = _ctrl(lease_s=0)
         m = [{"job_id": "a", "rollout_nodes": ["rollout-0"], "train_nodes": ["train-0"], "slo": 2.0}]
-        assert (await c.sync_members(MembershipPush.of("group-u", m, {}, seq=5)))["added"] == ["a"]
-        assert (await c.sync_members(MembershipPush.of("group-u", [], {"a": "departed"}, seq=7)))["removed"] == ["a"]
-        assert (await c.sync_members(MembershipPush.of("group-u", m, {}, seq=6)))["stale"]  # late: would re-add a departed job
+        assert (await c.sync_members(MembershipPush.of("group-u", m, {}, seq=5))).added == ("a",)
+        assert (await c.sync_members(MembershipPush.of("group-u", [], {"a": "departed"}, seq=7))).removed == ("a",)
+        assert (await c.sync_members(MembershipPush.of("group-u", m, {}, seq=6))).stale  # late: would re-add a departed job
         return await c.status()
 
     st = asyncio.run(scenario())
-    assert st["gone"] == {"a": "departed"} and st["pending"] == []
+    assert st.gone == {"a": "departed"} and st.pending == ()
 
 
 def test_dissolved_groups_controller_exits_once_its_last_member_left():
@@ -467,7 +467,7 @@ def test_a_dissolved_groups_timeline_outlives_its_controller(local_cluster_spec)
         return await s.group_timeline("group-u")
 
     tl = asyncio.run(scenario())
-    assert [(r["job_id"], r["phase"]) for r in tl] == [("a", "rollout"), ("a", "train"), ("a", "sync")]
+    assert [(r.job_id, r.phase) for r in tl] == [("a", "rollout"), ("a", "train"), ("a", "sync")]
     for i in range(DISSOLVED_TIMELINES_KEPT):  # bounded: the oldest kept timeline goes first
         s.keep_timeline(f"group-x{i}", [])
     assert asyncio.run(s.group_timeline("group-u")) == []
@@ -523,16 +523,17 @@ def test_scheduler_pushes_target_state_to_controllers_without_waiting(local_clus
         v.clear()  # the start-up's re-push of the (empty) groups
     a, b, c = "A", "B", "C"
     for j, kind in ((a, "big"), (b, "small"), (c, "small")):
-        assert s.admit(small_spec(j, kind))["admitted"]
+        assert s.admit(small_spec(j, kind)).admitted
     assert logs["group-0"][-1][:2] == ([a, b], {}) and logs["group-1"][-1][:2] == ([c], {})
     out = s.depart(a)
-    assert [(m["job_id"], m["to_group"]) for m in out["moves"]] == [(b, "group-1")]
+    assert [(m.job_id, m.to_group) for m in out.moves] == [(b, "group-1")]
+    # A never ran (no driver reported it running): withdrawn (``cancelled``), "departed" to its controller
     assert logs["group-0"][-1][:2] == ([], {a: "departed", b: "moved to group-1"})
     assert logs["group-1"][-1][:2] == ([c, b], {})  # the planned round-robin order: the mover joins last
     seqs = [x[2] for v in logs.values() for x in v]
-    assert len(set(seqs)) == len(seqs) and s.health()["unacked_pushes"] == 2
-    assert s.get_job(b)["placement"] == {"rollout_nodes": ["rollout-1"], "train_nodes": ["train-1"]}
-    assert s.get_job(a)["group_id"] == "group-0" and s.get_job(a)["placement"]["rollout_nodes"] == ["rollout-0"]
+    assert len(set(seqs)) == len(seqs) and s.health().unacked_pushes == 2
+    assert s.get_job(b).placement.model_dump() == {"rollout_nodes": ["rollout-1"], "train_nodes": ["train-1"]}
+    assert s.get_job(a).group_id == "group-0" and s.get_job(a).placement.rollout_nodes == ["rollout-0"]
 
 
 def test_an_explicit_policy_overrides_the_config(local_cluster_spec):
@@ -617,31 +618,31 @@ def test_scheduler_reoptimises_admissions_off_the_admission_path():
     cfg = {**SchedulerConfig().model_dump(), "reopt_max_jobs": 12}
     s = GlobalSchedulerImpl(cl, kv=kv, **unit_kw(), metrics_flush_s=0, config=cfg)
     for j in jobs[:6]:
-        assert s.admit(j.spec.model_copy(update={"measured": j.profile}).model_dump(mode="json"))["admitted"]
+        assert s.admit(j.spec.model_copy(update={"measured": j.profile}).model_dump(mode="json")).admitted
         assert s.reoptimise_pending() == []
     out = s.admit(jobs[6].spec.model_copy(update={"measured": jobs[6].profile}).model_dump(mode="json"))
-    assert out["group_id"] == "group-2" and "moves" not in out
+    assert out.group_id == "group-2" and "moves" not in out.to_dict()
     for g in ("group-0", "group-1", "group-2"):
         s.ensure_controller(g)  # drivers attached: a moved job's last phase may still run on its old nodes
     for j in jobs[:6]:
         s.report(j.spec.job_id, RuntimeEvent(EventKind.RUNNING))
-    was = {j.spec.job_id: s.get_job(j.spec.job_id)["placement"] for j in jobs}
+    was = {j.spec.job_id: s.get_job(j.spec.job_id).placement.model_dump() for j in jobs}
     before = s.igs.cost_usd_per_h()
     moves = s.reoptimise_pending()
     assert [(m["job_id"], m["from_group"], m["to_group"]) for m in moves] == [("job-00005", "group-0", "group-2")]
     assert moves[0]["move_s"] > 0 and moves[0]["drained"] is None
-    assert s.get_job("job-00006")["placement"] == was["job-00006"]  # kept its nodes: nothing moved
+    assert s.get_job("job-00006").placement.model_dump() == was["job-00006"]  # kept its nodes: nothing moved
     # the move's drain off its old nodes (rollmux.drain)
     m = moves[0]
     assert m["from_nodes"] == was["job-00005"]["rollout_nodes"] + was["job-00005"]["train_nodes"]
     # group-2 keeps its nodes, which job-00005's last phase on group-0's never ran on: nobody is fenced
     assert all(x.fenced == () for x in s.targets.target("group-2").members)
     s.report("job-00005", RuntimeEvent(EventKind.DRAINED, group_id="group-0"))
-    assert s.get_job("job-00005")["moves"][-1]["drained"] == "exported"
+    assert s.get_job("job-00005").moves[-1].drained == "exported"
     assert m["trigger"] == "job-00006" and s.reoptimise_pending() == []
     assert s.igs.cost_usd_per_h() < before - 1.0
     rec = s.get_job("job-00005")
-    assert rec["group_id"] == m["to_group"] == s.igs.group_of("job-00005").group_id
-    assert rec["moves"][-1]["from_group"] == m["from_group"]
+    assert rec.group_id == m["to_group"] == s.igs.group_of("job-00005").group_id
+    assert rec.moves[-1].from_group == m["from_group"]
     r = GlobalSchedulerImpl(cl, kv=kv, **unit_kw(), metrics_flush_s=0, config=cfg)
     assert r.restored and r.list_groups() == s.list_groups() and r.get_job("job-00005") == s.get_job("job-00005")

@@ -87,7 +87,7 @@ def scenario(kv):
     moves ``b`` into group-1 (departure re-packing)."""
     g = sched(kv)
     for j in "abc":
-        assert g.admit(SPECS[j])["admitted"]
+        assert g.admit(SPECS[j]).admitted
     for j in "ab":
         g.report(j, RuntimeEvent(EventKind.RUNNING))
     g.report("b", ProgressReport(3, t_iter_s=150.0, t_solo_s=143.0, slowdown=1.05))
@@ -105,35 +105,35 @@ OPS = {
 
 
 def fingerprint(g) -> tuple:
-    jobs = tuple(sorted((j["job_id"], j["state"], j["group_id"], j["iterations_done"], len(j.get("moves", [])))
-                        for j in g.list_jobs()))
-    groups = tuple(sorted((x["group_id"], tuple(x["members"]), tuple(x["rollout_nodes"]), tuple(x["train_nodes"]))
-                          for x in g.list_groups()))
+    jobs = tuple(sorted((j.job_id, j.state, j.group_id, j.iterations_done, len(j.moves)) for j in g.list_jobs()))
+    groups = tuple(sorted((x.group_id, x.members, x.rollout_nodes, x.train_nodes) for x in g.list_groups()))
     return jobs, groups
 
 
 def check_invariants(g) -> None:
-    active = {j["job_id"] for j in g.list_jobs() if j["state"] in ("admitted", "running")}
+    jobs = g.list_jobs()
+    active = {j.job_id for j in jobs if j.state in ("admitted", "running")}
+    ran = {j.job_id for j in jobs if j.state == "running"}
     groups = g.list_groups()
-    members = [m for x in groups for m in x["members"]]
+    members = [m for x in groups for m in x.members]
     assert sorted(members) == sorted(active), "ghost member or lost admitted job"
-    nodes = [n for x in groups for n in (*x["rollout_nodes"], *x["train_nodes"])]
+    nodes = [n for x in groups for n in (*x.rollout_nodes, *x.train_nodes)]
     assert len(nodes) == len(set(nodes)), "a node in two groups"
-    total = sum(x["cost_usd_per_h"] for x in groups)
+    total = sum(x.cost_usd_per_h for x in groups)
     again = InterGroupScheduler.restore(PAPER, g.igs.snapshot()).cost_usd_per_h()
     assert total == pytest.approx(g.igs.cost_usd_per_h()) and total == pytest.approx(again)
     # retries and DELETE answer correctly on the restored scheduler
     for j in sorted(active):
         r = g.admit(SPECS[j])
-        assert r["admitted"] and r["replayed"] and r["group_id"] == g.get_job(j)["group_id"]
-    ended = [j["job_id"] for j in g.list_jobs() if j["job_id"] not in active]
+        assert r.admitted and r.replayed and r.group_id == g.get_job(j).group_id
+    ended = [j.job_id for j in g.list_jobs() if j.job_id not in active]
     for j in ended:
-        assert g.depart(j)["already_ended"]
-    for j in sorted(active):
-        assert g.depart(j)["state"] == "finished"
+        assert g.depart(j).already_ended
+    for j in sorted(active):  # a job no driver ran is withdrawn (cancelled); one that ran finishes
+        assert g.depart(j).state == ("finished" if j in ran else "cancelled")
     assert g.list_groups() == [] and g.igs.cost_usd_per_h() == 0
     for j in ended:  # an ended id can be admitted again
-        assert g.admit(SPECS[j])["admitted"]
+        assert g.admit(SPECS[j]).admitted
 
 
 def _stores(tmp_path):
@@ -207,7 +207,7 @@ def test_failed_write_rolls_back():
             OPS[op](g)
         assert fingerprint(g) == before and fingerprint(sched(kv)) == before
     kv.fail = False
-    assert g.admit(SPECS["d"])["admitted"] and fingerprint(sched(kv)) == fingerprint(g)
+    assert g.admit(SPECS["d"]).admitted and fingerprint(sched(kv)) == fingerprint(g)
 
 
 def test_long_scheduler_name_and_128_char_job_id_commit_once():
@@ -217,12 +217,12 @@ def test_long_scheduler_name_and_128_char_job_id_commit_once():
     g = sched(kv, name="s" * 70 + "/x")
     s = {"job_id": "y" * 128, "model_params_b": 7}
     d = g.admit(s)
-    assert d["admitted"] and "y" * 128 in g.igs.job_ids
+    assert d.admitted and "y" * 128 in g.igs.job_ids
     assert all(len(k) <= 200 for k in kv.keys())
     r = sched(kv, name="s" * 70 + "/x")
-    assert r.restored and r.get_job("y" * 128)["state"] == "admitted"
+    assert r.restored and r.get_job("y" * 128).state == "admitted"
     again = r.admit(s)
-    assert again["admitted"] and again["replayed"] and again["group_id"] == d["group_id"]
+    assert again.admitted and again.replayed and again.group_id == d.group_id
 
 
 def test_crash_at_departure_write_leaves_no_ghost(tmp_path):
@@ -238,15 +238,16 @@ def test_crash_at_departure_write_leaves_no_ghost(tmp_path):
             g.depart("a")
         r = sched(FileKV(tmp_path / f"g{at}"))
         a = r.get_job("a")
-        members = [m for x in r.list_groups() for m in x["members"]]
+        members = [m for x in r.list_groups() for m in x.members]
+        # (a never ran: its departure withdraws it, ``cancelled``)
         if at == 1:  # killed before the departure was written: a is still active and departable
-            assert a["state"] == "admitted" and "a" in members and r.depart("a")["state"] == "finished"
+            assert a.state == "admitted" and "a" in members and r.depart("a").state == "cancelled"
         else:
-            assert a["state"] == "finished" and "a" not in members and r.depart("a")["already_ended"]
-        assert r.admit(SPECS["a"])["admitted"]
+            assert a.state == "cancelled" and "a" not in members and r.depart("a").already_ended
+        assert r.admit(SPECS["a"]).admitted
         r.depart("a")
         c = r.admit(spec("c", 100, 40))  # joins b's group at no extra cost
-        assert c["strategy"] == "direct" and c["delta_usd_per_h"] == 0
+        assert c.strategy == "direct" and c.delta_usd_per_h == 0
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbled", "version", "base_missing", "gap", "not_json_header"])
@@ -310,9 +311,9 @@ def test_expired_job_releases_its_nodes():
     assert g.expire_unattached(now=time.time() + 30) == []
     assert g.expire_unattached(now=time.time() + 3600) == ["c"]  # a and b reported running
     c = g.get_job("c")
-    assert c["state"] == "expired" and "no driver attached within 60 s" in c["error"]
-    assert "c" not in [m for x in g.list_groups() for m in x["members"]]
-    assert g.admit(SPECS["c"])["admitted"]
+    assert c.state == "expired" and "no driver attached within 60 s" in c.error
+    assert "c" not in [m for x in g.list_groups() for m in x.members]
+    assert g.admit(SPECS["c"]).admitted
 
 
 def test_timed_out_admission_answers_504_and_a_retry_gets_the_decision():
@@ -363,11 +364,11 @@ def test_timed_out_admission_answers_504_and_a_retry_gets_the_decision():
     assert r.status_code == 504 and r.json()["error"] == "outcome_unknown"
     assert "outcome unknown, GET /v1/jobs/j1" in r.json()["detail"]
     pool.shutdown(wait=True)
-    assert g.get_job("j1")["state"] == "admitted"
+    assert g.get_job("j1").state == "admitted"
     pool = concurrent.futures.ThreadPoolExecutor(1)
     delay["s"] = 0.0
     r2 = c.post("/v1/jobs", json=body, headers=auth)
-    assert r2.status_code == 200 and r2.json()["group_id"] == g.get_job("j1")["group_id"]
+    assert r2.status_code == 200 and r2.json()["group_id"] == g.get_job("j1").group_id
     r3 = c.post("/v1/jobs", json={**body, "slo": 3.0}, headers=auth)
     assert r3.status_code == 409 and r3.json()["error"] == "duplicate_job_id"
 
@@ -427,8 +428,8 @@ def test_failure_reasons_are_for_people_and_keep_the_raw_error():
             "start it from step 1.")
     g = scenario(MemoryKV())
     rec = g.report("b", RuntimeEvent(EventKind.FAILED, error=f"worker died: {raw}"))
-    assert rec["state"] == "failed" and rec["error"].startswith("the worker on rollout-0")
-    assert rec["error_detail"] == f"worker died: {raw}"
+    assert rec.state == "failed" and rec.error.startswith("the worker on rollout-0")
+    assert rec.error_detail == f"worker died: {raw}"
     assert sched(g.kv).get_job("b") == g.get_job("b")
 
 
@@ -526,8 +527,8 @@ def test_failed_compaction_keeps_the_committed_change():
     g.kv = g.store.kv = NoBase()
     g.kv._d = kv._d
     g.store.compact_every, g.store.compact_ratio = 1, 0.0
-    assert g.admit(SPECS["a"])["admitted"]  # the record is written; the base is not, and that is fine
-    assert sched(kv).get_job("a")["state"] == "admitted" and g.get_job("a")["state"] == "admitted"
+    assert g.admit(SPECS["a"]).admitted  # the record is written; the base is not, and that is fine
+    assert sched(kv).get_job("a").state == "admitted" and g.get_job("a").state == "admitted"
 
 
 def test_readmitted_job_id_starts_fresh_on_a_worker_that_hosted_the_dead_run(tmp_path):
@@ -537,9 +538,9 @@ def test_readmitted_job_id_starts_fresh_on_a_worker_that_hosted_the_dead_run(tmp
     from actors.worker.workers import RolloutWorkerImpl
 
     g = sched(MemoryKV())
-    t1 = g.admit(SPECS["a"]) and g.get_job("a")["admission_id"]
+    t1 = g.admit(SPECS["a"]) and g.get_job("a").admission_id
     g.report("a", RuntimeEvent(EventKind.FAILED, error="driver lost: no heartbeat for 31.0s (lease 30.0s)"))
-    t2 = g.admit(SPECS["a"]) and g.get_job("a")["admission_id"]
+    t2 = g.admit(SPECS["a"]) and g.get_job("a").admission_id
     assert t1 and t2 and t1 != t2
     w = RolloutWorkerImpl("rollout-0")
     cfg = {"builder": dict, "checkpoint_dir": str(tmp_path)}
@@ -565,8 +566,8 @@ def test_ended_jobs_state_is_released_on_every_worker(tmp_path):
     g.admit(SPECS["a"])
     rec = g.get_job("a")
     workers = {f"rollmux-worker-{n}": (RolloutWorkerImpl if n.startswith("rollout") else TrainWorkerImpl)(n)
-               for n in (*rec["placement"]["rollout_nodes"], *rec["placement"]["train_nodes"])}
-    cfg = {"builder": dict, "checkpoint_dir": str(tmp_path), "admission": rec["admission_id"]}
+               for n in (*rec.placement.rollout_nodes, *rec.placement.train_nodes)}
+    cfg = {"builder": dict, "checkpoint_dir": str(tmp_path), "admission": rec.admission_id}
     for w in workers.values():
         w.register_job("a", cfg)
         w.jobs["a"].ckpt.write_bytes(b"state")
@@ -579,12 +580,12 @@ def test_ended_jobs_state_is_released_on_every_worker(tmp_path):
     assert all("a" not in w.jobs for w in workers.values()) and not any(f.exists() for f in files)
     # re-admitted: a late release carrying the old token leaves the new run alone
     g.admit(SPECS["a"])
-    new = g.get_job("a")["admission_id"]
+    new = g.get_job("a").admission_id
     for w in workers.values():
         assert w.register_job("a", {**cfg, "admission": new})
-        assert not w.unregister_job("a", rec["admission_id"]) and "a" in w.jobs
+        assert not w.unregister_job("a", rec.admission_id) and "a" in w.jobs
     g.expire_unattached(now=time.time() + 3600)
-    assert g.get_job("a")["state"] == "expired" and g.release_workers_once()
+    assert g.get_job("a").state == "expired" and g.release_workers_once()
     assert all("a" not in w.jobs for w in workers.values())
 
 
@@ -605,7 +606,7 @@ def test_two_schedulers_on_one_host_never_see_each_others_job_state(tmp_path):
     h1.ckpt.write_bytes(b"run of sched-1")
     h2.ckpt.write_bytes(b"run of sched-2")
     assert h1.ckpt != h2.ckpt and h1.commit_prefix != h2.commit_prefix
-    assert {v["job_id"] for v in w.hosted().values()} == {"a"} and sorted(w.hosted()) == sorted([k1, k2])
+    assert {v.job_id for v in w.hosted()} == {"a"} and sorted(v.key for v in w.hosted()) == sorted([k1, k2])
     # sched-1's job ends: its release (its own key and admission) drops only its run
     g = sched(MemoryKV(), name="sched-1")
     worker = g.reconciler.handles.workers["rollout-0"] = InProcessWorker(w)
@@ -656,40 +657,40 @@ def test_driver_killed_with_sigkill_then_readmitted_starts_from_step_1(ray_clust
     try:
         p = subprocess.Popen(cmd(500), cwd=str(root), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            wait_until(lambda: (SchedulerHandle(h).get_job(jid) or {}).get("iterations_done", 0) >= 2 or p.poll() is not None,
+            wait_until(lambda: getattr(SchedulerHandle(h).get_job(jid), "iterations_done", 0) >= 2 or p.poll() is not None,
                        timeout_s=240, interval_s=0.2, what="two iterations of the first run")
             assert p.poll() is None, "the first run ended before it was killed"
             # the same job id under a second scheduler on the same workers, beside the running one
             out2 = tmp_path / "other-scheduler.json"
             p2 = subprocess.Popen(cmd(1, out2), cwd=str(root), env={**env, "ROLLMUX_SCHEDULER_NAME": name2},
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            node = SchedulerHandle(h).get_job(jid)["placement"]["rollout_nodes"][0]
+            node = SchedulerHandle(h).get_job(jid).placement.rollout_nodes[0]
             both = {hosted_key(jid, name), hosted_key(jid, name2)}
             seen = wait_until(lambda: (lambda k: "both" if both <= k else "ended" if p2.poll() is not None else None)(
-                set(WorkerHandle.of_node(node).hosted())),
+                {x.key for x in WorkerHandle.of_node(node).hosted()}),
                 timeout_s=240, interval_s=0.1, what="both schedulers' runs hosted")
             assert seen == "both" and p2.wait(timeout=240) == 0
             assert [m["step"] for m in json.loads(out2.read_text())["history"]] == [1]
-            before = SchedulerHandle(h).get_job(jid)["iterations_done"]
-            wait_until(lambda: SchedulerHandle(h).get_job(jid)["iterations_done"] > before, timeout_s=120,
+            before = SchedulerHandle(h).get_job(jid).iterations_done
+            wait_until(lambda: SchedulerHandle(h).get_job(jid).iterations_done > before, timeout_s=120,
                        interval_s=0.2, what="the first scheduler's run going on")
-            assert p.poll() is None and SchedulerHandle(h).get_job(jid)["state"] == "running"
+            assert p.poll() is None and SchedulerHandle(h).get_job(jid).state == "running"
         finally:
             os.kill(p.pid, signal.SIGKILL)
             p.wait(timeout=30)
             killed_at = time.monotonic()
-        rec = wait_until(lambda: (lambda r: r if r["state"] == "failed" else None)(SchedulerHandle(h).get_job(jid)),
+        rec = wait_until(lambda: (lambda r: r if r.state == "failed" else None)(SchedulerHandle(h).get_job(jid)),
                          timeout_s=60, interval_s=0.2, what="the killed driver evicted")
         # seen dead through the cluster's driver table within seconds, not after the 30 s lease
-        assert time.monotonic() - killed_at < 15.0 and "process exited" in rec["error_detail"], rec
-        assert rec["iterations_done"] >= 2 and "driver" in rec["error_detail"]
+        assert time.monotonic() - killed_at < 15.0 and "process exited" in rec.error_detail, rec
+        assert rec.iterations_done >= 2 and "driver" in rec.error_detail
         out = tmp_path / "again.json"
         r = subprocess.run(cmd(1, out), cwd=str(root), env=env, capture_output=True, text=True, timeout=240)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         res = json.loads(out.read_text())
         assert [m["step"] for m in res["history"]] == [1]
         again = SchedulerHandle(h).get_job(jid)
-        assert again["state"] == "finished" and again["iterations_done"] == 1
+        assert again.state == "finished" and again.iterations_done == 1
     finally:
         kill_scheduler_and_controllers(h, name)
         kill_scheduler_and_controllers(h2, name2)
@@ -833,7 +834,7 @@ def test_worker_killed_mid_run_the_job_finishes_bit_identical_to_solo(ray_cluste
 
     def kill_train_worker(m: dict) -> None:
         if m["iteration"] == 1:  # between iterations 1 and 2
-            node = SchedulerHandle(h).get_job(jid)["placement"]["train_nodes"][0]
+            node = SchedulerHandle(h).get_job(jid).placement.train_nodes[0]
             ray.kill(ray.get_actor(worker_name(node), namespace=NAMESPACE), no_restart=False)
             killed.append(node)
 
@@ -848,7 +849,7 @@ def test_worker_killed_mid_run_the_job_finishes_bit_identical_to_solo(ray_cluste
         assert any(r["phase"] == "rollout" and r["iteration"] == 1 and r["switch"] == "recovered" for r in tl), tl
         assert any(r["phase"] == "train" and r["iteration"] == 2 and r["switch"] == "recovered" for r in tl), tl
         rec = SchedulerHandle(h).get_job(jid)
-        assert rec["state"] == "finished" and rec["iterations_done"] == 4 and not rec.get("error"), rec
+        assert rec.state == "finished" and rec.iterations_done == 4 and not rec.error, rec
         assert ckpt.is_dir() and not any(ckpt.iterdir())  # the commits were written there, all removed at the end
     finally:
         kill_scheduler_and_controllers(h, name)
@@ -873,9 +874,9 @@ def qsched(kv):
 def queue_scenario(kv):
     """a and b hold both node pairs (no sharing); big (2 + 2 GPUs) and w (1 + 1) are queued."""
     g = qsched(kv)
-    assert g.admit(qspec("a"))["admitted"] and g.admit(qspec("b"))["admitted"]
-    assert g.admit(qspec("big", gpus=2), queue=True)["code"] == "queued"
-    assert g.admit(qspec("w"), queue=True)["code"] == "queued"
+    assert g.admit(qspec("a")).admitted and g.admit(qspec("b")).admitted
+    assert g.admit(qspec("big", gpus=2), queue=True).code == "queued"
+    assert g.admit(qspec("w"), queue=True).code == "queued"
     return g
 
 
@@ -903,10 +904,10 @@ def test_scheduler_killed_at_every_queue_write(store, op, tmp_path):
     after = qfingerprint(ref)
     assert after != before
     if op == "drain":
-        assert out["admitted_from_queue"] == ["w"] and [q.job_id for q in ref.queue.jobs()] == ["big"]
+        assert out.admitted_from_queue == ("w",) and [q.job_id for q in ref.queue.jobs()] == ["big"]
     def never_queued_and_admitted(restarted):
         queued = {q.job_id for q in restarted.queue.jobs()}
-        active = {j["job_id"] for j in restarted.list_jobs() if j["state"] in ("admitted", "running")}
+        active = {j.job_id for j in restarted.list_jobs() if j.state in ("admitted", "running")}
         assert not queued & active, "a job both queued and admitted"
 
     crashes = _kill_at_every_write(make, queue_scenario, QUEUE_OPS[op], qsched, qfingerprint, before, after,

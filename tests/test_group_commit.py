@@ -46,24 +46,24 @@ def sched(kv=None, **kw) -> GlobalSchedulerImpl:
 
 def test_a_queued_job_is_held_listed_with_its_position_and_admitted_after_a_departure():
     s = sched()
-    assert s.admit(sp("a"))["admitted"] and s.admit(sp("b"))["admitted"]
-    assert s.admit(sp("c"))["code"] == "retry_later"  # without queue: refused as before
+    assert s.admit(sp("a")).admitted and s.admit(sp("b")).admitted
+    assert s.admit(sp("c")).code == "retry_later"  # without queue: refused as before
     q = s.admit(sp("c"), queue=True)
-    assert (q["code"], q["queue_position"], q["admitted"]) == ("queued", 1, False)
-    assert s.admit(sp("c"), queue=True)["code"] == "duplicate"
+    assert (q.code, q.queue_position, q.admitted) == ("queued", 1, False)
+    assert s.admit(sp("c"), queue=True).code == "duplicate"
     view = s.get_job("c")
-    assert view["state"] == "queued" and view["queue_position"] == 1 and view["waited_s"] >= 0
-    assert s.health()["queued"] == 1
+    assert view.state == "queued" and view.queue_position == 1 and view.waited_s >= 0
+    assert s.health().queued == 1
     out = s.depart("a")
-    assert out["admitted_from_queue"] == ["c"]
+    assert out.admitted_from_queue == ("c",)
     c = s.get_job("c")
-    assert c["state"] == "admitted" and c["placement"]["rollout_nodes"] == ["rollout-0"] and c["waited_s"] >= 0
+    assert c.state == "admitted" and c.placement.rollout_nodes == ["rollout-0"] and c.waited_s >= 0
     assert s.metrics.totals["queue_jobs"]["admission"] == 0 and s.metrics.totals["queue_waits"] == 1
     # a queued job can be cancelled; the queue survives a restart
-    assert s.admit(sp("d"), queue=True)["queue_position"] == 1
+    assert s.admit(sp("d"), queue=True).queue_position == 1
     s2 = GlobalSchedulerImpl(LOCAL, kv=s.kv, **unit_kw(), metrics_flush_s=0)
     assert [q.job_id for q in s2.queue.jobs()] == ["d"]
-    assert s2.depart("d")["state"] == "cancelled" and s2.get_job("d") is None
+    assert s2.depart("d").state == "cancelled" and s2.get_job("d") is None
 
 
 def test_group_commit_writes_once_per_batch_and_publishes_one_version():
@@ -74,27 +74,28 @@ def test_group_commit_writes_once_per_batch_and_publishes_one_version():
         v0 = s.version
         before = kv.puts
         outs = await asyncio.gather(*(s.admit_batched(sp(f"j{i}")) for i in range(2)))
-        assert all(o["admitted"] for o in outs)
-        assert {o["snapshot_version"] for o in outs} == {v0 + 1}  # one commit for the batch
+        assert all(o.admitted for o in outs)
+        assert {o.snapshot_version for o in outs} == {v0 + 1}  # one commit for the batch
         # one batch, one write-ahead record (admitted one by one: one record each)
         assert kv.puts - before == 1
         full = await s.snapshot_since(None, 0, 0)
-        assert full["full"] and sorted(full["jobs"]) == ["j0", "j1"] and len(full["groups"]) == 2
-        waiter = asyncio.create_task(s.snapshot_since(full["epoch"], full["version"], 5))
+        assert full.full and sorted(full.jobs) == ["j0", "j1"] and len(full.groups) == 2
+        waiter = asyncio.create_task(s.snapshot_since(full.epoch, full.version, 5))
         await asyncio.sleep(0.01)
         assert not waiter.done()  # a long poll: waits for the next commit
         dep = await s.depart_batched("j0")
         delta = await waiter
-        assert not delta["full"] and delta["version"] == dep["snapshot_version"] == full["version"] + 1
-        assert delta["jobs"]["j0"]["state"] == "finished" and list(delta["groups"].values()) == [None]
+        assert not delta.full and delta.version == dep.snapshot_version == full.version + 1
+        # j0 never ran (no driver reported it running): its departure withdraws it
+        assert delta.jobs["j0"].state == "cancelled" and list(delta.groups.values()) == [None]
         # a failed write undoes the whole batch: nothing of it happened
         kv.fail = True
         bad = await asyncio.gather(*(s.admit_batched(sp(f"k{i}")) for i in range(2)))
-        assert [b["code"] for b in bad] == ["unavailable", "unavailable"]
+        assert [b.code for b in bad] == ["unavailable", "unavailable"]
         kv.fail = False
-        assert s.get_job("k0") is None and s.get_job("k1") is None and s.health()["jobs"] == 1
-        stale = await s.snapshot_since(full["epoch"], delta["version"], 0)
-        assert stale["full"] and sorted(stale["jobs"]) == ["j0", "j1"]  # replicas re-read everything
+        assert s.get_job("k0") is None and s.get_job("k1") is None and s.health().jobs == 1
+        stale = await s.snapshot_since(full.epoch, delta.version, 0)
+        assert stale.full and sorted(stale.jobs) == ["j0", "j1"]  # replicas re-read everything
 
     asyncio.run(run())
 
@@ -180,7 +181,7 @@ def test_dry_runs_are_answered_by_the_replica_from_its_snapshot_copy_like_the_sc
             got = {"admitted": v["admitted"], "code": v["explanation"]["code"], "group_id": v["group_id"],
                    "strategy": v["explanation"]["strategy"], "placement": v["placement"],
                    "delta_usd_per_h": v["marginal_cost_usd_per_h"], "predicted_slowdowns": v["predicted_slowdowns"]}
-            want = _finite(s.admit(probe, dry_run=True))
+            want = _finite(s.admit(probe, dry_run=True).to_dict())
             assert json.dumps(got, sort_keys=True) == json.dumps({k: want.get(k) for k in keys}, sort_keys=True), step
             assert v["explanation"]["candidates"] == want["candidates"]
             compared += 1
@@ -205,7 +206,7 @@ def test_a_replica_sends_concurrent_admissions_in_batches_decided_in_arrival_ord
     class Client(InProcessScheduler):
         async def invoke(self, method, fn, *a):
             if method == "admit_many":
-                batches.append([c[0]["job_id"] for c in a[0]])
+                batches.append([c.spec.job_id for c in a[0]])
             await asyncio.sleep(0.05)  # the actor call's round trip: more requests arrive meanwhile
             return await super().invoke(method, fn, *a)
 

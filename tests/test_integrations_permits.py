@@ -163,7 +163,7 @@ def sched(ray_cluster, local_cluster_spec):
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     name = f"test-permits-{uuid.uuid4().hex[:6]}"
     h = get_or_create_scheduler(local_cluster_spec, name=name)
-    assert SchedulerHandle(h).health()["ok"]
+    assert SchedulerHandle(h).health().ok
     yield name, h
     kill_scheduler_and_controllers(h, name)
 
@@ -240,6 +240,6 @@ def test_driver_permits_co_execute_with_a_worker_job_in_round_robin_order(sched)
                for a in rolls for b in trains)
     assert all(d["job_id"] == fw.job_id for d in seen["decisions"])  # long-tail decisions reach the driver
 
-    rec = wait_until(lambda: (r := SchedulerHandle(h).get_job(fw.job_id))["state"] == "finished" and r,
+    rec = wait_until(lambda: (r := SchedulerHandle(h).get_job(fw.job_id)).state == "finished" and r,
                      what="the framework job's finished record")
-    assert rec["iterations_done"] == n
+    assert rec.iterations_done == n

@@ -98,7 +98,7 @@ def test_scheduler_keeps_series_of_active_jobs_only():
                             metrics_flush_s=0)
     spec = {"model_params_b": 7, "measured": {"t_roll_s": 100.0, "t_train_s": 100.0, "t_sync_s": 1.0}}
     for i in range(30):
-        assert g.admit({"job_id": f"j{i}", **spec})["admitted"]
+        assert g.admit({"job_id": f"j{i}", **spec}).admitted
         g.report(f"j{i}", ProgressReport(1, slowdown=1.1))
         if i < 29:
             g.depart(f"j{i}")

@@ -49,7 +49,7 @@ def scheduler(ray_cluster, local_cluster_spec):
     def make(spec=local_cluster_spec) -> str:
         name = f"test-multinode-{uuid.uuid4().hex[:6]}"
         h = get_or_create_scheduler(spec, name=name)
-        assert SchedulerHandle(h).health(timeout_s=120)["ok"]
+        assert SchedulerHandle(h).health(timeout_s=120).ok
         made.append((h, name))
         return name
 

@@ -40,7 +40,7 @@ def test_compaction_runs_off_the_reply_path_and_restores_the_same_state():
     s = _sched(kv, compaction="manual")
     s.store.compact_every, s.store.compact_ratio = 4, 0.0
     outs = _admit_batched(s, [f"j{i}" for i in range(10)])
-    assert all(o["admitted"] for o in outs)
+    assert all(o.admitted for o in outs)
     # every write made a base due; none was written on a reply
     assert s.store.seq == 10 and s.store.base_seq == 0 and s.store.wants_compaction()
     assert s.compactions_inline == 0 and s.compactions_off_reply == 0
@@ -49,7 +49,7 @@ def test_compaction_runs_off_the_reply_path_and_restores_the_same_state():
     assert s.store.base_seq == 10 and s.compactions_off_reply == 1 and kv.keys(f"{s.store.prefix}.w.") == []
     assert s.compact_pending() is False  # nothing due any more
     r = _sched(kv)
-    assert r.restored and [j["job_id"] for j in r.list_jobs()] == [j["job_id"] for j in s.list_jobs()]
+    assert r.restored and [j.job_id for j in r.list_jobs()] == [j.job_id for j in s.list_jobs()]
     assert r.list_groups() == s.list_groups()
 
 

@@ -14,6 +14,7 @@ import pytest
 from actors.handles import SchedulerHandle, WorkerHandle
 from factories import kill_scheduler_and_controllers, unit_kw, wait_until
 from rollmux.messages import EventKind, RuntimeEvent
+from rollmux.models import JobSpec
 
 TEAM_Q = {"team-q": {"rollout_gpus": 1, "train_gpus": 1}}
 
@@ -40,30 +41,30 @@ def test_scheduler_preempts_requeues_resumes_and_survives_restart(local_cluster_
                                    config={"attach_timeout_s": 0.0, "tenants": TEAM_Q})
 
     g = make()
-    assert g.admit(qspec("be", "best-effort"))["admitted"]
-    assert g.admit(qspec("hold", "best-effort", preemptible=False))["admitted"]
-    be_group = g.get_job("be")["group_id"]
+    assert g.admit(qspec("be", "best-effort")).admitted
+    assert g.admit(qspec("hold", "best-effort", preemptible=False)).admitted
+    be_group = g.get_job("be").group_id
     out = g.admit(qspec("prod", "production"))
-    assert out["admitted"] and out["preempted"] == ["be"] and out["placement"]["rollout_nodes"] == ["rollout-0"]
+    assert out.admitted and out.preempted == ("be",) and out.placement.rollout_nodes == ["rollout-0"]
     rec = g.get_job("be")
-    assert rec["state"] == "preempted" and rec["priority_class"] == "best-effort"
-    (p,) = rec["preemptions"]
+    assert rec.state == "preempted" and rec.priority_class == "best-effort"
+    (p,) = rec.preemptions
     assert p["by_job"] == "prod" and p["by_class"] == "production" and p["lost_gpu_h"] > 0 and p["resumed_at_s"] is None
     assert g.targets.target(be_group).gone == {"be": "preempted"}  # removed by its controller at its iteration boundary
-    assert [(q["job_id"], q["priority_class"]) for q in g.views.queue()] == [("be", "best-effort")]
-    assert [j["job_id"] for j in g.list_jobs()] == ["be", "hold", "prod"]  # listed once, as its record
-    assert g.admit(qspec("low", "research"), queue=True)["code"] == "queued"  # nothing below research to preempt
+    assert [(q.job_id, q.priority_class) for q in g.views.queue()] == [("be", "best-effort")]
+    assert [j.job_id for j in g.list_jobs()] == ["be", "hold", "prod"]  # listed once, as its record
+    assert g.admit(qspec("low", "research"), queue=True).code == "queued"  # nothing below research to preempt
     assert [q.job_id for q in g.queue.jobs()] == ["low", "be"]  # the higher class first
-    assert g.depart("low")["state"] == "cancelled"
+    assert g.depart("low").state == "cancelled"
     g2 = make()  # restarted from the checkpoint
-    assert g2.get_job("be")["state"] == "preempted" and [q.job_id for q in g2.queue.jobs()] == ["be"]
+    assert g2.get_job("be").state == "preempted" and [q.job_id for q in g2.queue.jobs()] == ["be"]
     dep = g2.depart("prod")
-    assert dep["admitted_from_queue"] == ["be"]
+    assert dep.admitted_from_queue == ("be",)
     rec = g2.get_job("be")
-    assert rec["state"] == "admitted" and rec["preemptions"][0]["resumed_at_s"] >= p["at_s"]
+    assert rec.state == "admitted" and rec.preemptions[0]["resumed_at_s"] >= p["at_s"]
     # a queued preempted job withdrawn ends cancelled
-    assert g2.admit(qspec("prod2", "production"))["preempted"] == ["be"]
-    assert g2.depart("be")["state"] == "cancelled" and g2.get_job("be")["state"] == "cancelled"
+    assert g2.admit(qspec("prod2", "production")).preempted == ("be",)
+    assert g2.depart("be").state == "cancelled" and g2.get_job("be").state == "cancelled"
 
 
 def test_quota_refusals_name_the_tenant_and_an_unknown_class_the_field(local_cluster_spec):
@@ -72,20 +73,20 @@ def test_quota_refusals_name_the_tenant_and_an_unknown_class_the_field(local_clu
 
     g = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0, max_group_size=1,
                             config={"attach_timeout_s": 0.0, "tenants": TEAM_Q})
-    assert g.admit(qspec("q1", tenant="team-q"))["admitted"]
+    assert g.admit(qspec("q1", tenant="team-q")).admitted
     out = g.admit(qspec("q2", tenant="team-q"))
-    assert out["code"] == "retry_later" and "tenant 'team-q'" in out["reason"] and "quota of 1" in out["reason"]
+    assert out.code == "retry_later" and "tenant 'team-q'" in out.reason and "quota of 1" in out.reason
     out = g.admit(qspec("q2", tenant="team-q"), queue=True)
-    assert out["code"] == "queued" and "tenant 'team-q'" in out["reason"]
+    assert out.code == "queued" and "tenant 'team-q'" in out.reason
     out = g.admit(qspec("q3", tenant="team-q", gpus=2))
-    assert out["code"] == "never" and "whole quota" in out["reason"]
-    assert g.admit(qspec("other"))["admitted"]  # another tenant uses the free pair
+    assert out.code == "never" and "whole quota" in out.reason
+    assert g.admit(qspec("other")).admitted  # another tenant uses the free pair
     g.depart("other")
-    assert g.get_job("q2") is not None and g.get_job("q2")["state"] == "queued"  # the free pair is not its tenant's
+    assert g.get_job("q2") is not None and g.get_job("q2").state == "queued"  # the free pair is not its tenant's
     g.depart("q1")
-    assert g.get_job("q2")["state"] == "admitted" and g.get_job("q2")["tenant"] == "team-q"
+    assert g.get_job("q2").state == "admitted" and g.get_job("q2").tenant == "team-q"
     out = g.admit(qspec("x", "gold"))
-    assert out["code"] == "invalid" and "priority_class" in out["reason"]
+    assert out.code == "invalid" and "priority_class" in out.reason
 
 
 def test_a_queued_higher_class_preempts_once_a_departure_makes_a_set_possible(local_cluster_spec):
@@ -98,14 +99,14 @@ def test_a_queued_higher_class_preempts_once_a_departure_makes_a_set_possible(lo
 
     g = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0, max_group_size=1,
                             config={"attach_timeout_s": 0.0})
-    assert g.admit(qspec("be", "best-effort"))["admitted"]
-    assert g.admit(qspec("r1", "research", preemptible=False))["admitted"]
+    assert g.admit(qspec("be", "best-effort")).admitted
+    assert g.admit(qspec("r1", "research", preemptible=False)).admitted
     out = g.admit(qspec("big", "production", gpus=2), queue=True)
-    assert out["code"] == "queued" and not out.get("preempted")
+    assert out.code == "queued" and not out.preempted
     dep = g.depart("r1")
-    assert dep["admitted_from_queue"] == ["big"]
-    assert g.get_job("big")["state"] == "admitted" and g.get_job("be")["state"] == "preempted"
-    assert [q.job_id for q in g.queue.jobs()] == ["be"] and g.get_job("be")["preemptions"][0]["by_job"] == "big"
+    assert dep.admitted_from_queue == ("big",)
+    assert g.get_job("big").state == "admitted" and g.get_job("be").state == "preempted"
+    assert [q.job_id for q in g.queue.jobs()] == ["be"] and g.get_job("be").preemptions[0]["by_job"] == "big"
 
 
 def test_a_tenant_within_its_quota_reclaims_borrowed_capacity_first(local_cluster_spec):
@@ -118,18 +119,18 @@ def test_a_tenant_within_its_quota_reclaims_borrowed_capacity_first(local_cluste
                             config={"attach_timeout_s": 0.0, "tenants": {
                                 "a": {"rollout_gpus": 1, "train_gpus": 1},
                                 "b": {"rollout_gpus": 1, "train_gpus": 1, "may_borrow": True}}})
-    assert g.admit(qspec("b-own", "research", "b"))["admitted"]
-    assert g.admit(qspec("b-more", "research", "b"))["admitted"]
-    assert g.get_job("b-more")["borrowed"] is True and "borrowed" not in g.get_job("b-own")
+    assert g.admit(qspec("b-own", "research", "b")).admitted
+    assert g.admit(qspec("b-more", "research", "b")).admitted
+    assert g.get_job("b-more").borrowed is True and not g.get_job("b-own").borrowed
     out = g.admit(qspec("a1", "research", "a"))
-    assert out["admitted"] and out["preempted"] == ["b-more"]
-    assert g.get_job("b-more")["state"] == "preempted" and g.get_job("b-own")["state"] == "admitted"
+    assert out.admitted and out.preempted == ("b-more",)
+    assert g.get_job("b-more").state == "preempted" and g.get_job("b-own").state == "admitted"
     # jobs within their tenants' quotas are guaranteed against other tenants, even of a higher class
     out = g.admit(qspec("c1", "production", "c"))
-    assert out["code"] == "retry_later" and not out.get("preempted")
-    assert {j: g.get_job(j)["state"] for j in ("b-own", "a1")} == {"b-own": "admitted", "a1": "admitted"}
+    assert out.code == "retry_later" and not out.preempted
+    assert {j: g.get_job(j).state for j in ("b-own", "a1")} == {"b-own": "admitted", "a1": "admitted"}
     out = g.admit(qspec("a2", "production", "a"))  # and a's own quota is full
-    assert not out["admitted"] and "tenant 'a'" in out["reason"]
+    assert not out.admitted and "tenant 'a'" in out.reason
 
 
 def test_fenced_nodes_and_drain_overdue_rule():
@@ -234,55 +235,55 @@ def test_newcomer_is_fenced_off_the_victims_nodes_until_it_drained(local_cluster
                                    config={"attach_timeout_s": 0.0})
 
     def fence(g, job: str) -> tuple:
-        gid = g.get_job(job)["group_id"]
+        gid = g.get_job(job).group_id
         return next(m.fenced for m in g.targets.target(gid).members if m.job_id == job)
 
     g = make()
-    assert g.admit(qspec("be", "best-effort"))["admitted"] and g.admit(qspec("r", "research"))["admitted"]
-    be_group = g.get_job("be")["group_id"]
-    pl = g.get_job("be")["placement"]
-    be_nodes = (*pl["rollout_nodes"], *pl["train_nodes"])
+    assert g.admit(qspec("be", "best-effort")).admitted and g.admit(qspec("r", "research")).admitted
+    be_group = g.get_job("be").group_id
+    pl = g.get_job("be").placement
+    be_nodes = (*pl.rollout_nodes, *pl.train_nodes)
     g.ensure_controller(be_group)  # its driver attached: its last phase may be running
     out = g.admit(qspec("p", "production"))
-    assert out["admitted"] and out["preempted"] == ["be"]
-    assert out["group_id"] != be_group and fence(g, "p") == be_nodes
-    (e,) = g.get_job("be")["preemptions"]
+    assert out.admitted and out.preempted == ("be",)
+    assert out.group_id != be_group and fence(g, "p") == be_nodes
+    (e,) = g.get_job("be").preemptions
     assert (e["group_id"], tuple(e["nodes"]), e["stopped_at_s"], e["drained_at_s"]) == (be_group, be_nodes, None, None)
     g2 = make()  # restarted from the checkpoint: still fenced
     assert fence(g2, "p") == be_nodes
     g2.report("be", RuntimeEvent(EventKind.STOPPED))
-    (e,) = g2.get_job("be")["preemptions"]
+    (e,) = g2.get_job("be").preemptions
     assert e["stopped_at_s"] >= e["at_s"] and fence(g2, "p") == be_nodes
     assert g2.drain_overdue_pending(now=e["stopped_at_s"] + DRAIN_GRACE_S - 1) == []
     g2.report("be", RuntimeEvent(EventKind.DRAINED))
-    (e,) = g2.get_job("be")["preemptions"]
+    (e,) = g2.get_job("be").preemptions
     assert e["drained"] == "exported" and e["drained_at_s"] >= e["stopped_at_s"] and fence(g2, "p") == ()
-    assert g2.get_job("be")["state"] == "preempted" and [q.job_id for q in g2.queue.jobs()] == ["be"]
+    assert g2.get_job("be").state == "preempted" and [q.job_id for q in g2.queue.jobs()] == ["be"]
 
     # a driver that never exports: drained once overdue after its stop
     g2.depart("p")  # be resumes on its pair
-    assert g2.get_job("be")["state"] == "admitted"
-    g2.ensure_controller(g2.get_job("be")["group_id"])
-    assert g2.admit(qspec("p2", "production"))["preempted"] == ["be"] and fence(g2, "p2")
+    assert g2.get_job("be").state == "admitted"
+    g2.ensure_controller(g2.get_job("be").group_id)
+    assert g2.admit(qspec("p2", "production")).preempted == ("be",) and fence(g2, "p2")
     g2.report("be", RuntimeEvent(EventKind.STOPPED))
-    t_stop = g2.get_job("be")["preemptions"][-1]["stopped_at_s"]
+    t_stop = g2.get_job("be").preemptions[-1]["stopped_at_s"]
     assert g2.drain_overdue_pending(now=t_stop + DRAIN_GRACE_S + 1) == ["be"]
-    assert g2.get_job("be")["preemptions"][-1]["drained"].startswith("overdue") and fence(g2, "p2") == ()
+    assert g2.get_job("be").preemptions[-1]["drained"].startswith("overdue") and fence(g2, "p2") == ()
 
     # its controller evicted it (its driver was lost): the failure report drains it, it stays queued
     g2.depart("p2")
-    g2.ensure_controller(g2.get_job("be")["group_id"])
-    assert g2.admit(qspec("p3", "production"))["preempted"] == ["be"] and fence(g2, "p3")
+    g2.ensure_controller(g2.get_job("be").group_id)
+    assert g2.admit(qspec("p3", "production")).preempted == ("be",) and fence(g2, "p3")
     g2.report("be", RuntimeEvent(EventKind.FAILED, error="driver lost: no heartbeat for 31.0s"))
-    assert g2.get_job("be")["preemptions"][-1]["drained"].startswith("driver lost") and fence(g2, "p3") == ()
-    assert g2.get_job("be")["state"] == "preempted" and "be" in g2.queue
+    assert g2.get_job("be").preemptions[-1]["drained"].startswith("driver lost") and fence(g2, "p3") == ()
+    assert g2.get_job("be").state == "preempted" and "be" in g2.queue
 
     # no controller ever existed for the victim's group: nothing of it ran, drained at once
     g3 = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0, max_group_size=1,
                              config={"attach_timeout_s": 0.0})
-    assert g3.admit(qspec("be", "best-effort"))["admitted"] and g3.admit(qspec("r", "research"))["admitted"]
-    assert g3.admit(qspec("p", "production"))["preempted"] == ["be"]
-    assert g3.get_job("be")["preemptions"][0]["drained"] == "no driver" and fence(g3, "p") == ()
+    assert g3.admit(qspec("be", "best-effort")).admitted and g3.admit(qspec("r", "research")).admitted
+    assert g3.admit(qspec("p", "production")).preempted == ("be",)
+    assert g3.get_job("be").preemptions[0]["drained"] == "no driver" and fence(g3, "p") == ()
 
 
 def _victim_cfg(jid: str, iterations: int = 4):
@@ -312,7 +313,7 @@ def _bounded_scheduler(cluster, name: str):
 def _hold_other_pair(h, uid: str) -> None:
     """A non-preemptible research job holds one node pair (no driver), so a newcomer must preempt."""
     assert SchedulerHandle(h).admit({**qspec(f"hold-{uid}", "research", "team-q", preemptible=False),
-                                   "mem_roll_gb": 0.05, "mem_train_gb": 0.1})["admitted"]
+                                   "mem_roll_gb": 0.05, "mem_train_gb": 0.1}).admitted
 
 
 @pytest.mark.ray
@@ -341,15 +342,15 @@ def test_preempted_grpo_job_resumes_bit_identical_to_solo(ray_cluster, local_clu
 
     def preempt_then_free() -> None:
         try:
-            out = SchedulerHandle(h).admit({**qspec(prod, "production"), "mem_roll_gb": 0.05, "mem_train_gb": 0.1})
+            out = SchedulerHandle(h).admit(JobSpec(**{**qspec(prod, "production"), "mem_roll_gb": 0.05, "mem_train_gb": 0.1}))
             seen["admit"] = out
-            wait_until(lambda: SchedulerHandle(h).get_job(jid)["state"] == "preempted", timeout_s=30, interval_s=0.05,
+            wait_until(lambda: SchedulerHandle(h).get_job(jid).state == "preempted", timeout_s=30, interval_s=0.05,
                        what="the job preempted")
             waiting = SchedulerHandle(h).get_job(jid)  # it says where it waits, not where it ran
-            assert waiting["queue_position"] == 1 and waiting["queued_at"] and waiting.get("placement") is None
-            node = waiting["preemptions"][-1]["nodes"][0]
+            assert waiting.queue_position == 1 and waiting.queued_at and waiting.placement is None
+            node = waiting.preemptions[-1]["nodes"][0]
             w = ray.get_actor(worker_name(node), namespace=NAMESPACE)
-            wait_until(lambda: hosted_key(jid, name) not in WorkerHandle(w).hosted(), timeout_s=60, interval_s=0.05,
+            wait_until(lambda: hosted_key(jid, name) not in {x.key for x in WorkerHandle(w).hosted()}, timeout_s=60, interval_s=0.05,
                        what="its state exported from its workers")
             seen["freed"] = node
             seen["dep"] = SchedulerHandle(h).depart(prod)
@@ -374,14 +375,14 @@ def test_preempted_grpo_job_resumes_bit_identical_to_solo(ray_cluster, local_clu
         assert len(told) == 1 and told[0].endswith("; waiting to resume"), said
         assert any(m.startswith(f"job {jid} resumed on ") for m in said), said
         assert not any("heartbeat to its controller failed" in m for m in said), said
-        assert seen["admit"]["admitted"] and seen["admit"]["preempted"] == [jid]
-        assert jid in seen["dep"]["admitted_from_queue"] and seen["freed"]
+        assert seen["admit"].admitted and seen["admit"].preempted == (jid,)
+        assert jid in seen["dep"].admitted_from_queue and seen["freed"]
         assert [m["step"] for m in res["history"]] == [1, 2, 3, 4]
         assert res["weights_sha256"] == solo["weights_sha256"]
         assert [m["reward_mean"] for m in res["history"]] == [m["reward_mean"] for m in solo["history"]]
         rec = SchedulerHandle(h).get_job(jid)
-        assert rec["state"] == "finished" and rec["iterations_done"] == 4 and rec["priority_class"] == "best-effort"
-        (p,) = rec["preemptions"]
+        assert rec.state == "finished" and rec.iterations_done == 4 and rec.priority_class == "best-effort"
+        (p,) = rec.preemptions
         assert p["by_job"] == prod and p["by_class"] == "production" and p["lost_gpu_h"] > 0
         assert p["resumed_at_s"] >= p["at_s"] and p["iteration"] in (1, 2, 3)
         # each (phase, iteration) ran once: never half an iteration before the stop
@@ -389,7 +390,7 @@ def test_preempted_grpo_job_resumes_bit_identical_to_solo(ray_cluster, local_clu
         assert len(tl) == len(set(tl)), tl
         # quota: the tenant holding its whole quota is refused another job, naming it
         out = SchedulerHandle(h).admit(qspec(f"q2-{uid}", tenant="team-q"))
-        assert out["code"] == "retry_later" and "tenant 'team-q'" in out["reason"]
+        assert out.code == "retry_later" and "tenant 'team-q'" in out.reason
     finally:
         kill_scheduler_and_controllers(h, name)
 
@@ -400,8 +401,8 @@ def test_a_preemption_is_counted_by_the_victims_class(local_cluster_spec):
 
     g = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0, max_group_size=1,
                             config={"attach_timeout_s": 0.0})
-    assert g.admit(qspec("be", "best-effort"))["admitted"] and g.admit(qspec("r", "research"))["admitted"]
-    assert g.admit(qspec("p", "production"))["preempted"] == ["be"]
+    assert g.admit(qspec("be", "best-effort")).admitted and g.admit(qspec("r", "research")).admitted
+    assert g.admit(qspec("p", "production")).preempted == ("be",)
     g.metrics.flush()
     assert g.metrics.totals["preemptions"] == {"best-effort": 1}
 
@@ -430,7 +431,7 @@ def test_newcomer_runs_on_the_victims_nodes_only_after_the_victim_drained(ray_cl
 
     def newcomer() -> None:
         try:
-            seen["admit"] = SchedulerHandle(h).admit({**toy_spec(prod, "small"), "priority_class": "production"})
+            seen["admit"] = SchedulerHandle(h).admit(JobSpec(**toy_spec(prod, "small"), priority_class="production"))
             job = rollmux.Job(toy_spec(prod, "small"), attach=True, scheduler_name=name, job_id=prod,
                               sync_backend="object_store")
             r, t, p = make_toy(job, "small", seed=7)
@@ -459,17 +460,17 @@ def test_newcomer_runs_on_the_victims_nodes_only_after_the_victim_drained(ray_cl
                 g.publish()
         th.join(timeout=120)
         assert not th.is_alive() and "error" not in seen, seen.get("error")
-        assert seen["admit"]["admitted"] and seen["admit"]["preempted"] == [jid]
+        assert seen["admit"].admitted and seen["admit"].preempted == (jid,)
 
         rec = SchedulerHandle(h).get_job(jid)
-        assert rec["state"] == "finished" and rec["iterations_done"] == cfg.run.iterations
-        (p,) = rec["preemptions"]
+        assert rec.state == "finished" and rec.iterations_done == cfg.run.iterations
+        (p,) = rec.preemptions
         assert p["by_job"] == prod and p["iteration"] == stop_at and p["drained"] == "exported"
         assert p["at_s"] <= p["stopped_at_s"] <= p["drained_at_s"] <= p["resumed_at_s"]
         # the runtime's own phase records: the victim's old group (before the stop), the newcomer's group
-        old = [r for r in SchedulerHandle(h).group_timeline(p["group_id"]) if r["job_id"] == jid
+        old = [r for e in SchedulerHandle(h).group_timeline(p["group_id"]) if (r := e.to_dict())["job_id"] == jid
                and r["start"] < p["resumed_at_s"]]
-        new = [r for r in SchedulerHandle(h).group_timeline(seen["admit"]["group_id"]) if r["job_id"] == prod]
+        new = [e.to_dict() for e in SchedulerHandle(h).group_timeline(seen["admit"].group_id) if e.job_id == prod]
         assert new and all(r["ok"] for r in old + new)
         # the victim ran whole iterations only, up to and including the one it was preempted in
         assert sorted((r["iteration"], r["phase"]) for r in old) == \

@@ -70,31 +70,31 @@ def test_the_operators_scenario_freed_nodes_go_to_the_queue_in_class_order():
     once (the higher class, queued before res-a went back); be-1 keeps waiting; a later
     best-effort arrival of another tenant queues behind it instead of taking a freed node."""
     s = scheduler(LOCAL)
-    assert s.admit(spec("res-a", "research", 2, 2))["admitted"]
-    assert s.admit(spec("be-1", "best-effort"), queue=True)["code"] == "queued"
-    assert s.admit(spec("res-b", "research"), queue=True)["code"] == "queued"
+    assert s.admit(spec("res-a", "research", 2, 2)).admitted
+    assert s.admit(spec("be-1", "best-effort"), queue=True).code == "queued"
+    assert s.admit(spec("res-b", "research"), queue=True).code == "queued"
     out = s.admit(spec("prod-1", "production"))
-    assert out["admitted"] and out["preempted"] == ["res-a"] and out["admitted_from_queue"] == ["res-b"]
-    assert s.get_job("res-b")["state"] == "admitted" and fitting_queued(s) == []
+    assert out.admitted and out.preempted == ("res-a",) and out.admitted_from_queue == ("res-b",)
+    assert s.get_job("res-b").state == "admitted" and fitting_queued(s) == []
     assert [q.job_id for q in s.queue.jobs()] == ["res-a", "be-1"]  # research before best-effort
     late = s.admit(spec("be-2", "best-effort", tenant="other"), queue=True)
-    assert late["code"] == "queued" and late["queue_position"] == 3
-    assert s.get_job("be-2")["state"] == "queued"
+    assert late.code == "queued" and late.queue_position == 3
+    assert s.get_job("be-2").state == "queued"
     # the preempted job says so: its place in the line, since when, and no group or nodes of its own
     rec = s.get_job("res-a")
-    assert rec["state"] == "preempted" and rec["queue_position"] == 1 and rec["waited_s"] >= 0
-    assert rec["queued_at"] == rec["preemptions"][-1]["at_s"] and rec["preemptions"][-1]["nodes"]
-    assert (rec["group_id"], rec["placement"], rec["controller"]) == (None, None, None)
-    places = {j["job_id"]: j["queue_position"] for j in s.list_jobs() if j.get("queue_position")}
+    assert rec.state == "preempted" and rec.queue_position == 1 and rec.waited_s >= 0
+    assert rec.queued_at == rec.preemptions[-1]["at_s"] and rec.preemptions[-1]["nodes"]
+    assert (rec.group_id, rec.placement, rec.controller) == (None, None, None)
+    places = {j.job_id: j.queue_position for j in s.list_jobs() if j.queue_position}
     assert places == {"res-a": 1, "be-1": 2, "be-2": 3}  # one line, numbered without gaps
     from actors.ops.cli_ops import status_rows
 
-    placed, waiting = status_rows(s.list_jobs())  # `rollmux status`: the preempted job under the queue
+    placed, waiting = status_rows([j.public() for j in s.list_jobs()])  # `rollmux status` (GET /v1/jobs): the preempted job under the queue
     assert [r[0] for r in placed] == ["prod-1", "res-b"]
     assert [r[:4] for r in waiting] == [("#1", "res-a", "preempted by prod-1, waiting to resume", "research"),
                                         ("#2", "be-1", "queued", "best-effort"), ("#3", "be-2", "queued", "best-effort")]
     # res-b leaving frees its pair: be-1 (first of its class) takes it, be-2 keeps waiting
-    assert s.depart("res-b")["admitted_from_queue"] == ["be-1"]
+    assert s.depart("res-b").admitted_from_queue == ("be-1",)
     assert [q.job_id for q in s.queue.jobs()] == ["res-a", "be-2"]
 
 
@@ -132,24 +132,24 @@ def test_a_withdrawn_blocked_job_lets_the_larger_one_behind_it_in():
     """Backfill keeps a larger job behind a smaller blocked one, also when the larger one would fit;
     when the blocked one is withdrawn the larger one is admitted at once (only the line changed)."""
     s = scheduler(FOUR, max_group_size=1)
-    assert s.admit(spec("a", "research", 1, 3))["admitted"]  # 3 rollout + 1 training node stay free
-    assert s.admit(spec("b", "research", 1, 2), queue=True)["code"] == "queued"  # 2 training nodes: blocked
+    assert s.admit(spec("a", "research", 1, 3)).admitted  # 3 rollout + 1 training node stay free
+    assert s.admit(spec("b", "research", 1, 2), queue=True).code == "queued"  # 2 training nodes: blocked
     out = s.admit(spec("l", "research", 3, 1), queue=True)  # fits, but is larger than b: waits behind it
-    assert out["code"] == "queued" and "queued jobs are ahead" in out["reason"]
+    assert out.code == "queued" and "queued jobs are ahead" in out.reason
     assert fitting_queued(s) == []  # l waits by the line's order, not for room
     dep = s.depart("b")
-    assert dep["state"] == "cancelled" and dep["admitted_from_queue"] == ["l"]
-    assert s.get_job("l")["state"] == "admitted" and len(s.queue) == 0
+    assert dep.state == "cancelled" and dep.admitted_from_queue == ("l",)
+    assert s.get_job("l").state == "admitted" and len(s.queue) == 0
 
 
 def test_a_job_held_by_its_quota_blocks_no_other_tenant():
     """A queued job its tenant's quota holds does not make a larger arrival of another tenant wait
     (the drain never lets it block anyone either)."""
     s = scheduler(FOUR, max_group_size=1, tenants=TEAM_Q)
-    assert s.admit(spec("q1", "research", 2, 2, tenant="team-q"))["admitted"]  # team-q's whole quota
+    assert s.admit(spec("q1", "research", 2, 2, tenant="team-q")).admitted  # team-q's whole quota
     held = s.admit(spec("q2", "production", 1, 1, tenant="team-q"), queue=True)
-    assert held["code"] == "queued" and "tenant 'team-q'" in held["reason"]
-    assert s.admit(spec("n", "production", 2, 2, tenant="other"), queue=True)["admitted"]  # larger than q2
+    assert held.code == "queued" and "tenant 'team-q'" in held.reason
+    assert s.admit(spec("n", "production", 2, 2, tenant="other"), queue=True).admitted  # larger than q2
     assert [q.job_id for q in s.queue.jobs()] == ["q2"] and fitting_queued(s) == []
 
 
@@ -176,7 +176,7 @@ def test_no_queued_job_that_fits_stays_queued_and_no_arrival_jumps_one(events):
             sp = spec(f"j{i}", cls, r, t, slo=slo, preemptible=pre, tenant=tenant)
             ahead = fitting_queued(s)
             out = s.admit(sp, queue=True)
-            if out["admitted"]:
+            if out.admitted:
                 mine = rank_of(cfg, s.igs.member(sp["job_id"]).spec)
                 assert not [j for j, rk in ahead if rk <= mine], (sp["job_id"], ahead)
         else:

@@ -41,7 +41,7 @@ def test_scheduled_run_is_bit_identical_to_solo(ray_cluster, local_cluster_spec,
     name = f"test-readme-{uuid.uuid4().hex[:6]}"
     h = get_or_create_scheduler(local_cluster_spec, name=name)
     try:
-        assert SchedulerHandle(h).health()["ok"]
+        assert SchedulerHandle(h).health().ok
         monkeypatch.setenv("ROLLMUX_ATTACH", "1")
         monkeypatch.setenv("ROLLMUX_SCHEDULER_NAME", name)
         sched = runpy.run_path(str(JOB), run_name="__main__")

@@ -26,13 +26,13 @@ def test_admission_pushes_the_groups_membership_and_an_ack_clears_it():
     ctrl = FakeController(answer=lambda p: ack)
     s = _sched(FakeHandles({"group-0": ctrl}))  # a controller of group-0 exists (found at start)
     ctrl.pushes.clear()
-    assert s.admit(small_spec("a"))["admitted"] and s.admit(small_spec("b"))["admitted"]
+    assert s.admit(small_spec("a")).admitted and s.admit(small_spec("b")).admitted
     assert [[m.job_id for m in p.members] for p in ctrl.pushes] == [["a"], ["a", "b"]]
     assert [p.seq for p in ctrl.pushes] == sorted({p.seq for p in ctrl.pushes})  # increasing, unique
-    assert s.health()["unacked_pushes"] == 1
+    assert s.health().unacked_pushes == 1
     assert s.reconcile_once() == {"pushed": [], "acked": []}  # not answered yet: nothing to re-send
     ack.pending = False
-    assert s.reconcile_once() == {"pushed": [], "acked": ["group-0"]} and s.health()["unacked_pushes"] == 0
+    assert s.reconcile_once() == {"pushed": [], "acked": ["group-0"]} and s.health().unacked_pushes == 0
     assert len(ctrl.pushes) == 2  # nothing re-sent once acknowledged
 
 
@@ -43,16 +43,16 @@ def test_a_failed_or_overdue_push_is_sent_again_with_a_newer_seq(monkeypatch):
                FakeAck({})]  # the start-up push, the admission's, then two re-sends
     ctrl = FakeController(answer=lambda p: answers.pop(0) if answers else FakeAck({}))
     s = _sched(FakeHandles({"group-0": ctrl}))
-    assert s.admit(small_spec("a"))["admitted"]
+    assert s.admit(small_spec("a")).admitted
     first = ctrl.pushes[-1].seq
     assert s.reconcile_once()["pushed"] == ["group-0"]  # the controller raised: push again
     second = ctrl.pushes[-1].seq
-    assert second > first and s.health()["unacked_pushes"] == 1
+    assert second > first and s.health().unacked_pushes == 1
     assert s.reconcile_once()["pushed"] == []  # in flight, not overdue
     monkeypatch.setattr(reconciler, "PUSH_RETRY_S", -1.0)  # now it is overdue
     assert s.reconcile_once()["pushed"] == ["group-0"] and ctrl.pushes[-1].seq > second
     monkeypatch.setattr(reconciler, "PUSH_RETRY_S", 10.0)
-    assert s.reconcile_once()["acked"] == ["group-0"] and s.health()["unacked_pushes"] == 0
+    assert s.reconcile_once()["acked"] == ["group-0"] and s.health().unacked_pushes == 0
 
 
 def test_a_stale_handle_is_looked_up_again_by_the_next_pass():
@@ -61,13 +61,13 @@ def test_a_stale_handle_is_looked_up_again_by_the_next_pass():
             raise RuntimeError("stale handle")
 
     kv = MemoryKV()
-    assert _sched(FakeHandles(), kv=kv).admit(small_spec("a"))["admitted"]
+    assert _sched(FakeHandles(), kv=kv).admit(small_spec("a")).admitted
     handles = FakeHandles({"group-0": Broken()})
     s = _sched(handles, kv=kv)  # restarted: its push to group-0's controller fails
-    assert "group-0" not in s.reconciler.controllers and s.health()["unacked_pushes"] == 1
+    assert "group-0" not in s.reconciler.controllers and s.health().unacked_pushes == 1
     good = handles.controllers["group-0"] = FakeController()  # the controller came back under its name
     assert s.reconcile_once()["pushed"] == ["group-0"] and [m.job_id for m in good.pushes[-1].members] == ["a"]
-    assert s.reconcile_once()["acked"] == ["group-0"] and s.health()["unacked_pushes"] == 0
+    assert s.reconcile_once()["acked"] == ["group-0"] and s.health().unacked_pushes == 0
 
 
 def test_a_restarted_scheduler_repushes_every_group_and_tells_dissolved_ones():
@@ -76,14 +76,14 @@ def test_a_restarted_scheduler_repushes_every_group_and_tells_dissolved_ones():
     kv = MemoryKV()
     s = _sched(FakeHandles(), kv=kv)
     for j, kind in (("A", "big"), ("B", "small"), ("C", "small")):
-        assert s.admit(small_spec(j, kind))["admitted"]
+        assert s.admit(small_spec(j, kind)).admitted
     out = s.depart("A")
-    assert [(m["job_id"], m["to_group"]) for m in out["moves"]] == [("B", "group-1")]
+    assert [(m.job_id, m.to_group) for m in out.moves] == [("B", "group-1")]
     logs = {g: [] for g in ("group-0", "group-1", "group-7")}
     s2 = _sched(FakeHandles({g: FakeController(v) for g, v in logs.items()}), kv=kv)
     assert s2.restored
     assert logs["group-1"][-1][:2] == (["C", "B"], {})
-    assert logs["group-0"][-1][:2] == ([], {"A": "departed", "B": "moved to group-1"})
+    assert logs["group-0"][-1][:2] == ([], {"A": "departed", "B": "moved to group-1"})  # (A never ran: cancelled)
     pushes = {g: c.pushes[-1] for g, c in s2.reconciler.handles.controllers.items()}
     assert pushes["group-0"].dissolved and pushes["group-7"].dissolved and not pushes["group-1"].dissolved
     assert set(s2.reconcile_once()["acked"]) == set(logs)
@@ -95,7 +95,7 @@ def test_attach_creates_the_controller_and_waits_for_its_acknowledgement(monkeyp
 
     handles = FakeHandles()
     s = _sched(handles)
-    assert s.admit(small_spec("a"))["admitted"]
+    assert s.admit(small_spec("a")).admitted
     assert handles.created == []  # admissions start no actor
     t = asyncio.run(s.attach("a"))
     assert handles.created == ["group-0"] and t.pushed and t.controller == "rollmux-group-0"
@@ -105,12 +105,12 @@ def test_attach_creates_the_controller_and_waits_for_its_acknowledgement(monkeyp
     # a controller that does not answer in time: the ticket says so (it pulls the membership itself)
     handles.controllers["group-0"].answer = lambda p: _Never()
     monkeypatch.setattr(global_scheduler, "ATTACH_PUSH_TIMEOUT_S", 0.05)
-    assert s.admit(small_spec("b"))["admitted"]
+    assert s.admit(small_spec("b")).admitted
     t = asyncio.run(s.attach("b"))
     assert not t.pushed and t.controller == "rollmux-group-0"
-    s.depart("a")
+    s.depart("a")  # attached, but never reported running: withdrawn
     ended = asyncio.run(s.attach("a"))
-    assert ended.controller is None and ended.record.state == "finished"
+    assert ended.controller is None and ended.record.state == "cancelled"
 
 
 class _Never(FakeAck):
@@ -128,7 +128,7 @@ def test_a_restarted_controller_pulls_its_membership_when_an_unknown_job_calls()
     from actors.scheduler.group_controller import GroupControllerImpl
 
     s = _sched(FakeHandles())
-    assert s.admit(small_spec("a"))["admitted"]
+    assert s.admit(small_spec("a")).admitted
     pulls = []
 
     class Scheduler:
@@ -160,15 +160,15 @@ def test_ended_jobs_workers_are_released_through_the_handle_factory(tmp_path):
 
     handles = FakeHandles()
     s = _sched(handles)
-    assert s.admit(small_spec("a"))["admitted"]
+    assert s.admit(small_spec("a")).admitted
     rec = s.get_job("a")
     workers = {}
-    for n in (*rec["placement"]["rollout_nodes"], *rec["placement"]["train_nodes"]):
+    for n in (*rec.placement.rollout_nodes, *rec.placement.train_nodes):
         w = (RolloutWorkerImpl if n.startswith("rollout") else TrainWorkerImpl)(n)
-        w.register_job("a", {"builder": dict, "checkpoint_dir": str(tmp_path), "admission": rec["admission_id"]})
+        w.register_job("a", {"builder": dict, "checkpoint_dir": str(tmp_path), "admission": rec.admission_id})
         workers[n] = handles.workers[n] = InProcessWorker(w)
     assert s.release_workers_once() == []  # nothing ended yet
     s.report("a", RuntimeEvent(EventKind.FAILED, error="boom"))
     assert sorted(n for _, n in s.release_workers_once()) == sorted(workers)
-    assert all(w.calls == [("a", rec["admission_id"])] and "a" not in w.worker.jobs for w in workers.values())
+    assert all(w.calls == [("a", rec.admission_id)] and "a" not in w.worker.jobs for w in workers.values())
     assert s.release_workers_once() == []  # sent once

@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from actors.rollout.metrics import idle_ratio, render_prometheus
+from rollmux.rollout_sched.api import ReplicaStats, ServiceStats
 from rollmux.rollout_sched.api import (
     ByteTokenizer, ChatBody, CompletionBody, Priority, RolloutIn, SubmitBatch, chat_prompt, openai_request,
 )
@@ -106,11 +107,14 @@ def test_idle_ratio_per_step():
 
 
 def test_prometheus_series_are_bounded():
-    s = {"sample_throughput_per_s": 2.0, "trainer_idle_ratio": 0.5, "prefix_hit_ratio": 0.25,
-         "training_step_time_s": None, "diversity_score": 1.0, "index_bytes": 96, "policy_version": 3,
-         "queued_by_class": {"critical": 1, "reusable": 0, "background": 2}, "running": 1,
-         "counters": {"submitted": 4}, "replicas": [{"replica": 0, "alive": True, "queued": 3, "running": 1,
-                                                     "index_bytes": 96, "prefix_hit_ratio": 0.25}]}
+    rep = ReplicaStats(replica=0, alive=True, queued=3, running=1, windows=5, engine_busy_s=0.5, policy_version=3,
+                       kv_in_use_tokens=64, prefix_hit_ratio=0.25, index_bytes=96, index_nodes=4)
+    s = ServiceStats(sample_throughput_per_s=2.0, trainer_idle_ratio=0.5, prefix_hit_ratio=0.25, training_step_time_s=None,
+                     last_training_step_time_s=None, diversity_score=1.0, index_bytes=96, policy_version=3,
+                     weight_version=None, min_policy_version=None, queued=3,
+                     running=1, queued_by_class={"critical": 1, "reusable": 0, "background": 2}, queue_capacity=8,
+                     results_kept=0, sessions=0, counters={"submitted": 4}, submit_handling_ms_p50=None, replicas=[rep],
+                     uptime_s=1.0, service_rss_bytes=1 << 20)
     text = render_prometheus(s).decode()
     assert "rollmux_rollout_trainer_idle_ratio 0.5" in text and 'rollmux_rollout_queued{cls="background"} 2.0' in text
     assert "training_step_time" not in text  # no figure yet: no series

@@ -26,7 +26,7 @@ def test_replica_killed_mid_step(ray_cluster):
 
     h = ensure_rollout_service(f"rollmux-rollouts-faults-{uuid.uuid4().hex[:6]}")
     try:
-        assert h.ready_sync(timeout_s=300)["num_replicas"] == 2
+        assert h.ready_sync(timeout_s=300).num_replicas == 2
         names = h.replica_names_sync()
 
         victims: list[int] = []
@@ -63,10 +63,10 @@ def test_replica_killed_mid_step(ray_cluster):
                 assert not r.critical and v.finish_reason == "replica_lost" and "replica" in (v.error or "")
         assert any(v.retries == 1 for v in views), "a running critical request was retried"
         s = h.stats_sync()
-        assert s["counters"]["replica_restarts"] == 1 and all(r["alive"] for r in s["replicas"])  # replaced
+        assert s.counters["replica_restarts"] == 1 and all(r.alive for r in s.replicas)  # replaced
         assert h.replica_names_sync()[victims[0]] != names[victims[0]]
-        assert s["counters"]["retried"] >= 1 and s["counters"]["rerouted"] + s["counters"]["retried"] >= 2
-        assert s["queued"] == 0 and s["running"] == 0
+        assert s.counters["retried"] >= 1 and s.counters["rerouted"] + s.counters["retried"] >= 2
+        assert s.queued == 0 and s.running == 0
 
         async def after() -> list:  # the replacement serves
             acc = (await h.submit(SubmitBatch(requests=[RolloutIn(prompt=f"after {i}", max_tokens=4) for i in range(4)]))).requests

@@ -14,6 +14,8 @@ import time
 import httpx
 import pytest
 
+from rollmux.rollout_sched.service_config import ServiceConfig
+
 pytestmark = pytest.mark.ray
 
 SYSTEM = "You are a careful solver. Think step by step and answer briefly. " * 2
@@ -25,7 +27,7 @@ def svc(serve_api):
 
     h = ensure_rollout_service(service_name(serve_api.scheduler_name))
     lim = h.ready_sync(timeout_s=300)
-    assert lim["num_replicas"] == 2 and lim["vocab_size"] == 256
+    assert lim.num_replicas == 2 and lim.vocab_size == 256
     return h
 
 
@@ -179,7 +181,7 @@ def test_sessions_and_openai_routes(http, svc, v0):
 
 
 def _submitted(svc) -> int:
-    return svc.stats_sync()["counters"]["submitted"]
+    return svc.stats_sync().counters["submitted"]
 
 
 BAD = [  # (body or raw bytes, content type, status, what the detail names)
@@ -258,18 +260,18 @@ def test_other_routes_refuse_bad_input(http, svc):
 
 
 def test_full_queue_gets_429_and_nothing_enqueued(http, svc, v0):
-    svc.configure_sync({"queue_capacity": 3})
+    svc.configure_sync(ServiceConfig(queue_capacity=3))
     try:
         before = _submitted(svc)
         r = http.post("/v1/rollouts", json={"requests": [{"prompt": "q", "max_tokens": 4, "policy_version": v0 + 4}] * 4})
         assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1 and r.json()["error"] == "queue_full"
         assert _submitted(svc) == before
     finally:
-        svc.configure_sync({"queue_capacity": 4096})
+        svc.configure_sync(ServiceConfig(queue_capacity=4096))
 
 
 def test_disconnected_stream_client_has_its_requests_cancelled(http, svc, v0):
-    svc.configure_sync({"disconnect_grace_s": 0.5})
+    svc.configure_sync(ServiceConfig(disconnect_grace_s=0.5))
     try:
         reqs = [{"prompt": f"long job {i}", "max_tokens": 256, "background": True, "policy_version": v0 + 4}
                 for i in range(40)]
@@ -280,9 +282,9 @@ def test_disconnected_stream_client_has_its_requests_cancelled(http, svc, v0):
         views = _settle(http, ids, timeout_s=30)
         cancelled = [v for v in views if v["status"] == "cancelled"]
         assert cancelled and all(v["error"] == "stream client disconnected" for v in cancelled)
-        assert svc.stats_sync()["counters"]["lease_cancelled"] >= len(cancelled)
+        assert svc.stats_sync().counters["lease_cancelled"] >= len(cancelled)
     finally:
-        svc.configure_sync({"disconnect_grace_s": 5.0})
+        svc.configure_sync(ServiceConfig(disconnect_grace_s=5.0))
 
 
 def test_tokens_are_streamed_while_the_generation_runs(http, svc):
@@ -292,7 +294,7 @@ def test_tokens_are_streamed_while_the_generation_runs(http, svc):
     and the pieces join into the final result."""
     import json
 
-    svc.configure_sync({"max_tokens_limit": 1000})
+    svc.configure_sync(ServiceConfig(max_tokens_limit=1000))
     try:
         body = {"model": "rollmux", "prompt": "count:", "max_tokens": 1000, "ignore_eos": True, "stream": True}
         pieces, first_view = [], None
@@ -331,7 +333,7 @@ def test_tokens_are_streamed_while_the_generation_runs(http, svc):
         assert end["event"] == "end" and end["delivered"] == 1 and result["id"] == rid
         assert [t for e in toks for t in e["tokens"]] == result["output_token_ids"] and len(result["output_token_ids"]) == 1000
     finally:
-        svc.configure_sync({"max_tokens_limit": 256})
+        svc.configure_sync(ServiceConfig(max_tokens_limit=256))
 
 
 def test_a_restarted_service_is_found_again(http, svc, serve_api):
@@ -341,7 +343,7 @@ def test_a_restarted_service_is_found_again(http, svc, serve_api):
 
     svc.shutdown_sync()
     h = ensure_rollout_service(service_name(serve_api.scheduler_name), overrides={"policy": "fifo"})
-    assert h.ready_sync(timeout_s=300)["policy"] == "fifo"
+    assert h.ready_sync(timeout_s=300).policy == "fifo"
     r = http.post("/v1/rollouts", json={"prompt": "after restart", "max_tokens": 2})
     assert r.status_code in (202, 503), r.text
     if r.status_code == 503:

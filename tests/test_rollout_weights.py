@@ -43,7 +43,7 @@ def svc(ray_cluster, tmp_path_factory):
     h = ensure_rollout_service(f"rollmux-rollouts-weights-{uuid.uuid4().hex[:6]}", timeout_s=120,
                                overrides={"weights_chunk_bytes": CHUNK, "max_weights_bytes": MAX_BYTES,
                                           "weights_root": str(root), "update_timeout_s": 60})
-    assert h.ready_sync(timeout_s=300)["num_replicas"] == 2
+    assert h.ready_sync(timeout_s=300).num_replicas == 2
     h.root = root
     yield h
     h.shutdown_sync()
@@ -295,4 +295,4 @@ def test_replica_killed_mid_update_comes_back_on_the_latest_version_and_nothing_
     assert svc.replica_names_sync()[victim] != names[victim]
     assert all(v.status is Status.FINISHED for v in views), [v.status for v in views]  # retried / rerouted, none lost
     s = svc.stats_sync()
-    assert s["replicas"][victim]["weights_version"] == v0 + 1 and s["queued"] == 0 and s["running"] == 0
+    assert s.replicas[victim].weights_version == v0 + 1 and s.queued == 0 and s.running == 0

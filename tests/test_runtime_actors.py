@@ -48,7 +48,7 @@ def sched(ray_cluster, local_cluster_spec):
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     name = f"test-sched-{_uid()}"
     h = get_or_create_scheduler(local_cluster_spec, name=name)
-    assert SchedulerHandle(h).health()["ok"]
+    assert SchedulerHandle(h).health().ok
     yield name, h
     ray.kill(h, no_restart=True)
 
@@ -111,17 +111,17 @@ def test_three_jobs_interleave_round_robin_in_one_group(sched, sync_backend):
     assert kinds[ids[0]][:2] == ["cold", "cold"] and set(kinds[ids[0]][2:]) == {"warm"}
     assert all(r["switch_s"] >= 0 for r in tl)
     status = ControllerHandle(name=jobs[0].info["controller"]).status()
-    assert status["metrics"]["switches"]["warm"] >= 1 and status["metrics"]["switches"]["cold"] >= 3
+    assert status.metrics["switches"]["warm"] >= 1 and status.metrics["switches"]["cold"] >= 3
     for j in ids:  # the exported counter (flushed periodically: whole syncs so far) adds the records' bytes
         per = [r["sync_cross_bytes"] for r in syncs if r["job_id"] == j]
-        got = status["metrics"].get("sync_cross_bytes", {}).get(j, 0)
+        got = status.metrics.get("sync_cross_bytes", {}).get(j, 0)
         assert got in {per[0] * k for k in range(len(per) + 1)}, (j, got, per)
-    assert any(m["job_id"] in ids for m in status["migrations"])  # progress reached the tail trigger
+    assert any(m.job_id in ids for m in status.migrations)  # progress reached the tail trigger
     # lifecycle: all finished, group released
     for jid in ids:
         rec = SchedulerHandle(h).get_job(jid)
-        assert rec["state"] == "finished" and rec["iterations_done"] == n, rec
-    assert all(g["group_id"] not in gids for g in SchedulerHandle(h).list_groups())
+        assert rec.state == "finished" and rec.iterations_done == n, rec
+    assert all(g.group_id not in gids for g in SchedulerHandle(h).list_groups())
     # on-policy: the co-executed job equals the same job run solo (same seed), bit for bit
     solo = rollmux.Job(toy_spec(f"solo-{_uid()}", "small"), attach=False)
     fns = make_toy(solo, "small", seed=1)
@@ -174,7 +174,7 @@ def test_sync_fails_fast_when_a_training_rank_fails_mid_sync(sched):
                 train(rollout(it))
                 publish()
     assert len(job.info["placement"]["train_nodes"]) == 2
-    tl = SchedulerHandle(h).group_timeline(job.info["group_id"])
+    tl = [e.to_dict() for e in SchedulerHandle(h).group_timeline(job.info["group_id"])]
     syncs = [r for r in tl if r["job_id"] == jid and r["phase"] == "sync"]
     assert [r["ok"] for r in syncs] == [True, False], syncs
     assert syncs[0]["sync_backend"] == "gloo" and syncs[0]["sync_backend_requested"] == "auto"
@@ -196,16 +196,16 @@ def test_failing_job_is_isolated_and_released(sched):
     assert len(out[ids[1]]) == 1  # failed during iteration 1
     for jid in (ids[0], ids[2]):  # group-mates keep iterating to the end
         assert len(out[jid]) == n and jid + ":error" not in out
-        assert SchedulerHandle(h).get_job(jid)["state"] == "finished"
+        assert SchedulerHandle(h).get_job(jid).state == "finished"
     rec = SchedulerHandle(h).get_job(ids[1])
-    assert rec["state"] == "failed" and "injected failure" in rec["error"]
-    tl = SchedulerHandle(h).group_timeline(jobs[0].info["group_id"])
+    assert rec.state == "failed" and "injected failure" in rec.error
+    tl = [e.to_dict() for e in SchedulerHandle(h).group_timeline(jobs[0].info["group_id"])]
     failed = [r for r in tl if r["job_id"] == ids[1] and not r["ok"]]
     assert len(failed) == 1 and failed[0]["phase"] == "train" and failed[0]["iteration"] == 1
     assert not [r for r in tl if r["job_id"] == ids[1] and r["start"] > failed[0]["end"]]
     for node in jobs[1].info["placement"]["rollout_nodes"] + jobs[1].info["placement"]["train_nodes"]:
         hosted = WorkerHandle(get_or_create_worker(node)).hosted()
-        assert ids[1] not in {v["job_id"] for v in hosted.values()}  # its state was dropped
+        assert ids[1] not in {v.job_id for v in hosted}  # its state was dropped
 
 
 @ray_test
@@ -227,22 +227,22 @@ def test_admission_and_refusals_through_the_actor(sched):
     name, h = sched
     jid = f"adm-{_uid()}"
     dry = SchedulerHandle(h).admit(toy_spec(jid, "small"), True)
-    assert dry["admitted"] and SchedulerHandle(h).get_job(jid) is None  # dry run changes nothing
+    assert dry.admitted and SchedulerHandle(h).get_job(jid) is None  # dry run changes nothing
     d = SchedulerHandle(h).admit(toy_spec(jid, "small"))
-    assert d["admitted"] and d["placement"]["rollout_nodes"] and d["group_id"]
+    assert d.admitted and d.placement.rollout_nodes and d.group_id
     rec = SchedulerHandle(h).get_job(jid)
-    assert rec["state"] == "admitted" and rec["predicted"]["t_solo_s"] == pytest.approx(4.0)
+    assert rec.state == "admitted" and rec.predicted["t_solo_s"] == pytest.approx(4.0)
     again = SchedulerHandle(h).admit(toy_spec(jid, "small"))  # a retry: the original decision
-    assert again["admitted"] and again["replayed"] and again["group_id"] == d["group_id"]
-    assert SchedulerHandle(h).admit(toy_spec(jid, "small", slo=6.0))["code"] == "duplicate"  # another spec
+    assert again.admitted and again.replayed and again.group_id == d.group_id
+    assert SchedulerHandle(h).admit(toy_spec(jid, "small", slo=6.0)).code == "duplicate"  # another spec
     bad = SchedulerHandle(h).admit({**toy_spec(f"bad-{_uid()}", "small"), "slo": 0.2})
-    assert bad["code"] == "invalid" and "slo" in bad["reason"]
+    assert bad.code == "invalid" and "slo" in bad.reason
     huge = SchedulerHandle(h).admit({**toy_spec(f"huge-{_uid()}", "small"), "num_rollout_gpus": 64})
-    assert not huge["admitted"] and huge["code"] == "never"
-    grp = [g for g in SchedulerHandle(h).list_groups() if jid in g["members"]][0]
-    assert grp["cost_usd_per_h"] > 0 and grp["slack_s"] == pytest.approx(grp["t_cycle_s"] - grp["t_load_s"])
-    dep = SchedulerHandle(h).depart(jid)
-    assert dep["job_id"] == jid and SchedulerHandle(h).get_job(jid)["state"] == "finished"
+    assert not huge.admitted and huge.code == "never"
+    grp = [g for g in SchedulerHandle(h).list_groups() if jid in g.members][0]
+    assert grp.cost_usd_per_h > 0 and grp.slack_s == pytest.approx(grp.t_cycle_s - grp.t_load_s)
+    dep = SchedulerHandle(h).depart(jid)  # no driver ever ran it: withdrawn
+    assert dep.job_id == jid and dep.state == "cancelled" and SchedulerHandle(h).get_job(jid).state == "cancelled"
     assert SchedulerHandle(h).depart(f"nope-{_uid()}") is None
 
 
@@ -268,9 +268,9 @@ def test_lost_driver_is_evicted_and_mates_continue(ray_cluster, local_cluster_sp
         loop(mate, fns, 3, out, "m")
         assert len(out["m"]) == 3 and "m:error" not in out
         rec = SchedulerHandle(h).get_job(lost.job_id)
-        assert rec["state"] == "failed" and "driver lost" in rec["error_detail"]
-        assert "driver stopped reporting" in rec["error"] and "step 1" in rec["error"]
-        assert SchedulerHandle(h).get_job(mate.job_id)["state"] == "finished"
+        assert rec.state == "failed" and "driver lost" in rec.error_detail
+        assert "driver stopped reporting" in rec.error and "step 1" in rec.error
+        assert SchedulerHandle(h).get_job(mate.job_id).state == "finished"
     finally:
         ray.kill(h, no_restart=True)
 
@@ -298,7 +298,7 @@ def test_controller_grants_round_robin_and_removes_failed_jobs():
         c = _ctrl(lease_s=0)
         for j in ("a", "b", "c"):
             await c.add_job(j, ["rollout-0"], ["train-0"])
-        assert (await c.status())["pending"] == ["a", "b", "c"]  # no driver yet: nobody blocked
+        assert (await c.status()).pending == ("a", "b", "c")  # no driver yet: nobody blocked
         for j in ("a", "b", "c"):
             await c.attach(j)
         order = []
@@ -321,18 +321,18 @@ def test_controller_grants_round_robin_and_removes_failed_jobs():
         rolls = [j for j, ph, _ in order if ph == "rollout"]
         assert rolls == ["a", "b", "c", "a", "c"]  # round-robin; b left after its failed training
         st = await c.status()
-        assert set(st["jobs"]) == {"a", "c"} and st["gone"]["b"].startswith("failed")
-        assert st["jobs"]["a"]["iterations_done"] == 2 and st["queues"]["rollout-0"] == ["a", "c"]
+        assert set(st.jobs) == {"a", "c"} and st.gone["b"].startswith("failed")
+        assert st.jobs["a"].iterations_done == 2 and st.queues["rollout-0"] == ("a", "c")
         with pytest.raises(PermitError, match="failed"):
             await c.acquire("b", "rollout", timeout_s=1)
         with pytest.raises(PermitError, match="next phase is rollout"):
             await c.acquire("a", "train", timeout_s=1)
-        assert st["metrics"]["switches"]["warm"] == 14  # a, c: 6 phases each; b: rollout + failed train
+        assert st.metrics["switches"]["warm"] == 14  # a, c: 6 phases each; b: rollout + failed train
         return c
 
     c = asyncio.run(scenario())
-    failed = [r for r in c.timeline if not r["ok"]]
-    assert [(r["job_id"], r["phase"], r["iteration"]) for r in failed] == [("b", "train", 0)]
+    failed = [r for r in c.timeline if not r.record.ok]
+    assert [(r.job_id, r.phase, r.iteration) for r in failed] == [("b", "train", 0)]
 
 
 def test_controller_job_without_sync_iterates_on_training():
@@ -351,8 +351,8 @@ def test_controller_job_without_sync_iterates_on_training():
                     assert g.iteration == it
                     await c.release(g, _rec("rollout-0" if ph == "rollout" else "train-0", 0, 0))
         st = await c.status()
-        assert st["jobs"]["a"]["iterations_done"] == 2 and st["jobs"]["b"]["iterations_done"] == 2
-        assert not [r for r in c.timeline if r["job_id"] == "a" and r["phase"] == "sync"]
+        assert st.jobs["a"].iterations_done == 2 and st.jobs["b"].iterations_done == 2
+        assert not [r for r in c.timeline if r.job_id == "a" and r.phase == "sync"]
 
     asyncio.run(scenario())
 
@@ -403,7 +403,7 @@ def test_controller_evicts_silent_driver():
         return g, st
 
     g, st = asyncio.run(scenario())
-    assert g.job_id == "b" and "driver lost" in st["gone"]["a"]
+    assert g.job_id == "b" and "driver lost" in st.gone["a"]
 
 
 def test_long_tail_settings_reach_controllers_and_simulator():
@@ -501,4 +501,4 @@ def test_killing_the_group_controller_twice_fails_no_job(sched):
     assert not [k for k in out if k.endswith(":error")], {k: v for k, v in out.items() if k.endswith(":error")}
     for jid in ids:
         rec = SchedulerHandle(h).get_job(jid)
-        assert rec["state"] == "finished" and rec["iterations_done"] == n, rec
+        assert rec.state == "finished" and rec.iterations_done == n, rec

@@ -10,7 +10,9 @@ import pytest
 from actors.scheduler.kv import FileKV, MemoryKV, RayInternalKV, make_kv
 from actors.handles import ActorLost, CallTimeout, ControllerHandle, SchedulerHandle
 from factories import wait_until, unit_kw
+from rollmux.answers import Departure
 from rollmux.messages import EventKind, ProgressReport, RuntimeEvent
+from rollmux.records import JobState
 
 
 def _uid() -> str:
@@ -46,32 +48,31 @@ def test_restore_from_checkpoint_without_ray(local_cluster_spec):
     kv = MemoryKV()
     a = GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0)
     d1, d2 = a.admit(spec("r1", "big")), a.admit(spec("r2"))
-    assert d1["admitted"] and d2["admitted"] and d2["group_id"] == d1["group_id"] and d2["strategy"] == "direct"
+    assert d1.admitted and d2.admitted and d2.group_id == d1.group_id and d2.strategy == "direct"
     a.report("r1", RuntimeEvent(EventKind.RUNNING))
     a.report("r1", ProgressReport(2, t_iter_s=3.0, t_solo_s=2.0, slowdown=1.5))
     b = GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0)
     # progress is written with the event that changes it: the restored records are equal, counters included
     assert b.restored and b.list_jobs() == a.list_jobs() and b.list_groups() == a.list_groups()
-    assert b.get_job("r1")["state"] == "running" and b.get_job("r1")["iterations_done"] == 2
-    assert b.get_job("r1")["slowdown"] == 1.5
+    assert b.get_job("r1").state == "running" and b.get_job("r1").iterations_done == 2
+    assert b.get_job("r1").slowdown == 1.5
     again = b.admit(spec("r2"))  # a retry of the same spec: the original decision, replayed
-    assert again["admitted"] and again["replayed"] and again["group_id"] == d2["group_id"]
-    assert again["delta_usd_per_h"] == d2["delta_usd_per_h"]
-    assert b.admit({**spec("r2"), "slo": 9.0})["code"] == "duplicate"  # another spec under a live id
+    assert again.admitted and again.replayed and again.group_id == d2.group_id
+    assert again.delta_usd_per_h == d2.delta_usd_per_h
+    assert b.admit({**spec("r2"), "slo": 9.0}).code == "duplicate"  # another spec under a live id
     d3 = b.admit(spec("r3"))
-    assert d3["group_id"] == d1["group_id"] and d3["strategy"] == "direct"  # the restored table is used
+    assert d3.group_id == d1.group_id and d3.strategy == "direct"  # the restored table is used
     dep = b.report("r2", RuntimeEvent(EventKind.FAILED, error="boom"))
-    assert dep["state"] == "failed" and dep["error_detail"] == "boom" and "boom" in dep["error"]
-    assert "r2" not in b.list_groups()[0]["members"]
+    assert dep.state == "failed" and dep.error_detail == "boom" and "boom" in dep.error
+    assert "r2" not in b.list_groups()[0].members
     out = b.depart("r1")
-    assert out == {"job_id": "r1", "state": "finished", "released_nodes": [], "group_dissolved": False,
-                   "dissolved_groups": [], "moves": []}
-    out = b.depart("r3")
-    assert out["group_dissolved"] and sorted(out["released_nodes"]) == ["rollout-0", "train-0"]
-    assert b.list_groups() == [] and b.health()["jobs"] == 0
+    assert out == Departure("r1", JobState.FINISHED)  # it ran
+    out = b.depart("r3")  # admitted, never ran: withdrawn (``cancelled``)
+    assert out.group_dissolved and sorted(out.released_nodes) == ["rollout-0", "train-0"]
+    assert b.list_groups() == [] and b.health().jobs == 0
     assert b.metrics.totals["decisions"]["duplicate"] == 1
     c = GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0)
-    assert c.list_groups() == [] and c.get_job("r3")["state"] == "finished" and c.list_jobs() == b.list_jobs()
+    assert c.list_groups() == [] and c.get_job("r3").state == "cancelled" and c.list_jobs() == b.list_jobs()
 
 
 def test_scheduler_settings_come_from_configs_scheduler_yaml_and_survive_restore(local_cluster_spec):
@@ -107,7 +108,7 @@ def test_scheduler_actor_restart_restores_state(ray_cluster, local_cluster_spec,
     h = get_or_create_scheduler(local_cluster_spec, name=name, checkpoint_path=ck)
     ids = [f"rec-{_uid()}", f"rec-{_uid()}"]
     d = [SchedulerHandle(h).admit(spec(ids[0], "big")), SchedulerHandle(h).admit(spec(ids[1]))]
-    assert all(x["admitted"] for x in d)
+    assert all(x.admitted for x in d)
     # job B's driver attaches (this creates the group's controller) and runs one iteration
     job = rollmux.Job(spec(ids[1]), attach=True, scheduler_name=name, job_id=ids[1])
     job.state("rollout")(lambda: {"n": 0})
@@ -125,27 +126,27 @@ def test_scheduler_actor_restart_restores_state(ray_cluster, local_cluster_spec,
 
     assert train(rollout(0)) == 1
     jobs_before, groups_before = SchedulerHandle(h).list_jobs(), SchedulerHandle(h).list_groups()
-    ctrl = ray.get_actor(jobs_before[0]["controller"], namespace="rollmux")
+    ctrl = ray.get_actor(jobs_before[0].controller, namespace="rollmux")
 
     ray.kill(h, no_restart=False)  # both actors die; Ray restarts them (max_restarts=-1)
     ray.kill(ctrl, no_restart=False)
     # ray.kill is asynchronous: the old instance may answer first
-    health = wait_until(lambda: (lambda x: x if x["restored"] else None)(SchedulerHandle(h).health(timeout_s=10)),
+    health = wait_until(lambda: (lambda x: x if x.restored else None)(SchedulerHandle(h).health(timeout_s=10)),
                         timeout_s=120, interval_s=0.5, what="scheduler restored",
                         ignore=(ActorLost, CallTimeout))
-    assert health is not None and health["restored"] and health["jobs"] == 2
+    assert health is not None and health.restored and health.jobs == 2
     soft = ("iterations_done", "measured", "slowdown", "measured_phases")  # progress: reports may land after the read
-    hard = lambda js: [{k: v for k, v in x.items() if k not in soft} for x in js]  # noqa: E731
+    hard = lambda js: [x.model_dump(exclude=set(soft)) for x in js]  # noqa: E731
     assert hard(SchedulerHandle(h).list_jobs()) == hard(jobs_before)
     assert SchedulerHandle(h).list_groups() == groups_before
-    assert SchedulerHandle(h).admit(spec(ids[1]))["replayed"]  # a retry of the same spec: its decision
-    assert SchedulerHandle(h).admit({**spec(ids[1]), "slo": 6.0})["code"] == "duplicate"
+    assert SchedulerHandle(h).admit(spec(ids[1])).replayed  # a retry of the same spec: its decision
+    assert SchedulerHandle(h).admit({**spec(ids[1]), "slo": 6.0}).code == "duplicate"
 
     # B keeps iterating after both restarts; A (admitted, no driver) does not block it
     assert [train(rollout(i)) for i in (1, 2)] == [3, 6]
     st = ControllerHandle(ctrl).status()
-    assert list(st["jobs"]) == [ids[1]] and st["pending"] == [ids[0]]
+    assert list(st.jobs) == [ids[1]] and st.pending == (ids[0],)
     job.finish()
     rec = SchedulerHandle(h).get_job(ids[1])
-    assert rec["state"] == "finished" and rec["iterations_done"] == 3
+    assert rec.state == "finished" and rec.iterations_done == 3
     ray.kill(h, no_restart=True)

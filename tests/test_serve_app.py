@@ -157,19 +157,19 @@ def test_delete_departs_and_groups_shrink_or_dissolve(api, clean):
     a, b = _id("del"), _id("del")
     ga = api.post("/v1/jobs", json=spec(a)).json()["group_id"]
     assert api.post("/v1/jobs", json=spec(b)).json()["group_id"] == ga
-    r = api.delete(f"/v1/jobs/{a}")
-    assert r.status_code == 200 and r.json() == {"job_id": a, "state": "finished", "released_nodes": [],
+    r = api.delete(f"/v1/jobs/{a}")  # no driver ever ran it: withdrawn
+    assert r.status_code == 200 and r.json() == {"job_id": a, "state": "cancelled", "released_nodes": [],
                                                  "group_dissolved": False, "dissolved_groups": [], "moves": []}
     again = api.delete(f"/v1/jobs/{a}")  # a second departure changes nothing and says why
-    assert again.status_code == 409 and again.json() == {"error": "already_ended", "detail": f"job {a!r} is already finished"}
+    assert again.status_code == 409 and again.json() == {"error": "already_ended", "detail": f"job {a!r} is already cancelled"}
     g = {x["group_id"]: x for x in api.get("/v1/groups").json()}[ga]
     assert g["members"] == [b]  # the group shrank
-    assert api.get(f"/v1/jobs/{a}").json()["state"] == "finished"
+    assert api.get(f"/v1/jobs/{a}").json()["state"] == "cancelled"
     r = api.delete(f"/v1/jobs/{b}")
     assert r.status_code == 200 and r.json()["group_dissolved"] is True and len(r.json()["released_nodes"]) == 2
     assert r.json()["dissolved_groups"] == [ga]
     rec = api.get(f"/v1/jobs/{b}").json()
-    assert rec["state"] == "finished" and set(rec["placement"]) == {"rollout_nodes", "train_nodes"} and rec["moves"] == []
+    assert rec["state"] == "cancelled" and set(rec["placement"]) == {"rollout_nodes", "train_nodes"} and rec["moves"] == []
     assert ga not in {x["group_id"] for x in api.get("/v1/groups").json()}
     assert api.delete(f"/v1/jobs/{_id('nosuch')}").status_code == 404
     assert api.get(f"/v1/jobs/{_id('nosuch')}").json()["error"] == "not_found"
@@ -456,7 +456,7 @@ def test_up_refuses_a_scheduler_config_its_restored_scheduler_does_not_run(serve
 
     health = SchedulerHandle(serve_api.scheduler).health()
     same = load_scheduler_config()  # what the test scheduler was started with
-    assert health["config_sha256"] == same.sha256()
+    assert health.config_sha256 == same.sha256()
     cfg = serve_api.config.model_copy(update={"scheduler_config": tmp_path / "s.yaml"})
     _refuse_other_settings(cfg, health, same)
     with pytest.raises(typer.Exit) as e:

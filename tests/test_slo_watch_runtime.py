@@ -40,7 +40,7 @@ def _spec(jid: str, slo: float) -> dict:
 def _admit_two(admit, tag: str) -> tuple[str, str]:
     v, n = f"V-{tag}", f"N-{tag}"
     got = [admit(_spec(v, 1.2)), admit(_spec(n, 5.0))]
-    assert [(d["group_id"], d["strategy"]) for d in got] == [("group-0", "isolated"), ("group-0", "direct")], got
+    assert [(d.group_id, d.strategy) for d in got] == [("group-0", "isolated"), ("group-0", "direct")], got
     return v, n
 
 
@@ -63,11 +63,11 @@ def test_measured_phases_over_the_declared_profile_make_the_scheduler_isolate_th
             s.report(v, ProgressReport(it, t_iter_s=0.16, t_solo_s=0.16, t_roll_s=0.08, t_train_s=0.08, t_sync_s=0.0))
         s.report(n, ProgressReport(it, t_iter_s=0.6, t_solo_s=0.5, t_roll_s=0.25, t_train_s=0.25, t_sync_s=0.0))
     rec = s.get_job(v)
-    assert [x["t_roll_s"] for x in rec["measured_phases"]["samples"]] == [0.08] * 3
-    act = rec["slo_action"]
+    assert [x.t_roll_s for x in rec.measured_phases.samples] == [0.08] * 3
+    act = rec.slo_action
     assert act["action"] == "isolate" and act["predicted_slowdown"] == pytest.approx(1.25) and act["slo"] == 1.2
     assert "predicted slowdown" in act["reason"] and "measured phase times" in act["reason"]
-    assert rec["group_id"] == "group-1" and [(m["from_group"], m["to_group"]) for m in rec["moves"]] == [("group-0", "group-1")]
+    assert rec.group_id == "group-1" and [(m.from_group, m.to_group) for m in rec.moves] == [("group-0", "group-1")]
     assert s.igs.member(v).profile.t_roll_s == pytest.approx(0.08 * 0.99)  # planned on its measured profile now
     assert kw["metrics"].totals["slo_actions"] == {"isolate": 1}
     assert s.slo_watch_pending() == []  # nothing at risk any more; nothing to do again
@@ -76,7 +76,7 @@ def test_measured_phases_over_the_declared_profile_make_the_scheduler_isolate_th
         assert got.status_code == 200 and got.json()["slo_action"]["action"] == "isolate"
         assert got.json()["slo_action"]["reason"] == act["reason"]
     r = GlobalSchedulerImpl(local_cluster_spec, kv=kv, **unit_kw(), metrics_flush_s=0)  # restored from the checkpoint
-    assert r.get_job(v) == rec and r.get_job(v)["measured_phases"]["reports"] == 3
+    assert r.get_job(v) == rec and r.get_job(v).measured_phases.reports == 3
     assert r.igs.member(v).profile == s.igs.member(v).profile
 
 
@@ -89,8 +89,8 @@ def test_worst_case_source_records_phases_and_never_acts(local_cluster_spec):
     for it in range(1, 5):
         s.report(v, ProgressReport(it, t_roll_s=0.08, t_train_s=0.08, t_sync_s=0.0))
         s.report(n, ProgressReport(it, t_roll_s=0.25, t_train_s=0.25, t_sync_s=0.0))
-    assert s.slo_watch_pending() == [] and "slo_action" not in s.get_job(v) and s.get_job(v)["group_id"] == "group-0"
-    assert s.get_job(n)["measured_phases"]["reports"] == 4
+    assert s.slo_watch_pending() == [] and s.get_job(v).slo_action is None and s.get_job(v).group_id == "group-0"
+    assert s.get_job(n).measured_phases.reports == 4
 
 
 def _uid() -> str:
@@ -127,18 +127,18 @@ def test_the_runtime_moves_the_job_at_risk_at_an_iteration_boundary_and_it_stays
             t.join(timeout=150)
         assert not any(t.is_alive() for t in ts) and "v:error" not in out and "n:error" not in out, out
         rec = SchedulerHandle(h).get_job(v)
-        assert rec["state"] == "finished" and rec["iterations_done"] == iters_v
-        assert rec["slo_action"]["action"] == "isolate" and rec["slo_action"]["to_group"] == "group-1", rec.get("slo_action")
-        assert [(m["from_group"], m["to_group"]) for m in rec["moves"]] == [("group-0", "group-1")]
-        assert rec["measured_phases"]["reports"] >= 3
+        assert rec.state == "finished" and rec.iterations_done == iters_v
+        assert rec.slo_action["action"] == "isolate" and rec.slo_action["to_group"] == "group-1", rec.slo_action
+        assert [(m.from_group, m.to_group) for m in rec.moves] == [("group-0", "group-1")]
+        assert rec.measured_phases.reports >= 3
         # moved at an iteration boundary: every iteration whole on one group, the later ones on group-1
         rt = jv._runtime
         assert [(m["from_group"], m["to_group"]) for m in rt.moves] == [("group-0", "group-1")]
         moved_at = rt.moves[0]["iteration"]
         assert 2 <= moved_at < iters_v
-        tl0 = [r for r in SchedulerHandle(h).group_timeline("group-0") if r["job_id"] == v]
-        tl1 = [r for r in SchedulerHandle(h).group_timeline("group-1") if r["job_id"] == v]
-        assert {r["iteration"] for r in tl0} == set(range(moved_at)) and {r["iteration"] for r in tl1} == set(range(moved_at, iters_v))
+        tl0 = [r for r in SchedulerHandle(h).group_timeline("group-0") if r.job_id == v]
+        tl1 = [r for r in SchedulerHandle(h).group_timeline("group-1") if r.job_id == v]
+        assert {r.iteration for r in tl0} == set(range(moved_at)) and {r.iteration for r in tl1} == set(range(moved_at, iters_v))
         # on-policy: the moved job equals a solo run with the same seed, bit for bit
         solo = rollmux.Job(_spec(f"solo-{_uid()}", 1.2), attach=False)
         so: dict = {}
@@ -157,8 +157,8 @@ def test_a_cold_start_iteration_is_not_folded_into_the_measured_profile(local_cl
     s = GlobalSchedulerImpl(local_cluster_spec, kv=MemoryKV(), **unit_kw(), metrics_flush_s=0, config=CONFIG)
     v, n = _admit_two(s.admit, "c")
     s.report(v, ProgressReport(1, t_iter_s=9.0, t_solo_s=8.0, t_roll_s=4.0, t_train_s=4.0, t_sync_s=0.0, cold_start=True))
-    assert s.slo_watch_pending() == [] and s.get_job(v).get("measured_phases") is None
+    assert s.slo_watch_pending() == [] and s.get_job(v).measured_phases is None
     s.report(v, ProgressReport(2, t_iter_s=0.2, t_solo_s=0.16, t_roll_s=0.08, t_train_s=0.08, t_sync_s=0.0))
-    assert [x["t_roll_s"] for x in s.get_job(v)["measured_phases"]["samples"]] == [0.08]
+    assert [x.t_roll_s for x in s.get_job(v).measured_phases.samples] == [0.08]
     assert [d["action"] for d in s.slo_watch_pending()] == ["isolate"]
 

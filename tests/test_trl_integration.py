@@ -119,7 +119,7 @@ def sched(ray_cluster, local_cluster_spec):
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     name = f"test-trl-{uuid.uuid4().hex[:6]}"
     h = get_or_create_scheduler(local_cluster_spec, name=name)
-    assert SchedulerHandle(h).health()["ok"]
+    assert SchedulerHandle(h).health().ok
     yield name, h, ray_cluster.address
     kill_scheduler_and_controllers(h, name)
 
@@ -141,7 +141,7 @@ def test_trl_job_co_executed_with_another_job_is_bit_identical_to_plain_trl(plai
     try:
         rec = wait_until(lambda: SchedulerHandle(h).get_job(trl_id), timeout_s=180, what="the TRL job's admission")
         other = rollmux.Job(small_spec(f"other-{uid}"), attach=True, scheduler_name=name)
-        assert other.info["group_id"] == rec["group_id"], "both jobs in one co-execution group"
+        assert other.info["group_id"] == rec.group_id, "both jobs in one co-execution group"
         rollout, train, publish = make_toy(other, "small", seed=3)
         done = {"n": 0}
 
@@ -167,7 +167,7 @@ def test_trl_job_co_executed_with_another_job_is_bit_identical_to_plain_trl(plai
     assert got["trainer"] == "RollMuxGRPOTrainer"
     assert got["digests"] == plain_trl, "co-executed TRL must equal plain TRL after every step"
     tl = json.loads((tmp_path / "tl.json").read_text())
-    assert tl["mode"] == "scheduled" and tl["group_id"] == rec["group_id"]
+    assert tl["mode"] == "scheduled" and tl["group_id"] == rec.group_id
     assert [r["phase"] for r in tl["timeline"]] == ["rollout", "train", "sync"] * STEPS
     # the controller granted both jobs' phases on the same nodes, turn by turn
     ids = (trl_id, other.job_id)
@@ -182,4 +182,4 @@ def test_trl_job_co_executed_with_another_job_is_bit_identical_to_plain_trl(plai
         window = order[first:last + 1]  # while the TRL job ran, the two jobs alternated on the node
         assert all(window[i] != window[i + 1] for i in range(len(window) - 1)), (pool, order)
     trl_done = SchedulerHandle(h).get_job(trl_id)
-    assert trl_done["state"] == "finished" and trl_done["iterations_done"] == STEPS
+    assert trl_done.state == "finished" and trl_done.iterations_done == STEPS

@@ -143,9 +143,9 @@ class ScheduledRuntime:
         self.key = hosted_key(jid, job.scheduler_name)  # what the workers host the job under
         self.driver = ray.get_runtime_context().get_job_id()  # this process's Ray job: its death is seen
         if not job.attach_job_id:
-            dec = self.sched.admit(job.spec.model_dump(mode="json"))
-            if not dec.get("admitted"):
-                raise AdmissionRefused(dec)
+            dec = self.sched.admit(job.spec)
+            if not dec.admitted:
+                raise AdmissionRefused(dec.to_dict())  # the driver's error: the decision's JSON form
         # one call: the job's record and its group's controller, which already holds its membership
         ticket = self.sched.attach(jid)
         if ticket is None:
@@ -534,7 +534,7 @@ class ScheduledRuntime:
                 j.core.granted(phase, grant.iteration, nodes=list(grant.nodes), waited_s=grant.waited_s)
             worker = self.rollout_worker if pool == "rollout" else self.train_worker
             try:
-                out = worker.run(self.key, PhaseCall(grant, seq, replay), args, kwargs)
+                out = worker.run(self.key, PhaseCall(grant, seq, replay, args=tuple(args), kwargs=dict(kwargs)))
                 break
             except (WorkerLost, JobNotHosted) as err:
                 if isinstance(err, WorkerLost) and not err.recoverable:
@@ -586,8 +586,9 @@ class ScheduledRuntime:
         return DriverPermits(self)
 
     def group_timeline(self) -> list[dict]:
-        """The whole group's timeline (every member's phases) from its GroupController."""
-        return self.controller.timeline(timeout_s=None)
+        """The whole group's timeline (every member's phases) from its GroupController, as
+        :meth:`rollmux.messages.TimelineEntry.to_dict` rows (the driver's own timeline's form)."""
+        return [e.to_dict() for e in self.controller.timeline(timeout_s=None)]
 
 
 def group_timeline(job) -> list[dict]:

@@ -47,6 +47,7 @@ from rollmux.nodes import HEAD_RESOURCE, NODE_RESOURCE_UNITS, node_id, node_reso
 
 if TYPE_CHECKING:
     from rollmux.admission import SchedulerConfig
+    from rollmux.answers import SchedulerHealth
 
 #: ``deploy(cfg, token) -> base URL`` of the HTTP admission app, given by :func:`register`.
 _DEPLOY: Optional[Callable[[ServeConfig, str], str]] = None
@@ -352,10 +353,10 @@ def _start_scheduler_and_app(cfg: ServeConfig, cluster, settings: SchedulerConfi
         ray.shutdown()
 
 
-def _refuse_other_settings(cfg: ServeConfig, health: dict, settings: SchedulerConfig) -> None:
+def _refuse_other_settings(cfg: ServeConfig, health: SchedulerHealth, settings: SchedulerConfig) -> None:
     """Exit (2) when ``cfg.scheduler_config`` was given but the scheduler runs with other settings
-    (``health["config_sha256"]``): it restored its checkpoint, whose settings it keeps."""
-    if cfg.scheduler_config is not None and health.get("config_sha256") != settings.sha256():
+    (``health.config_sha256``): it restored its checkpoint, whose settings it keeps."""
+    if cfg.scheduler_config is not None and health.config_sha256 != settings.sha256():
         _fail(f"--scheduler-config {cfg.scheduler_config}: the scheduler restored its checkpoint ({cfg.checkpoint}), "
               "whose settings differ from this file's, and a restored scheduler keeps the checkpoint's settings. To "
               "run with this file: `rollmux down --purge` (drops the checkpoint and the admitted jobs' records), then "

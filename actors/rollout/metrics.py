@@ -25,6 +25,8 @@ import math
 import statistics
 from typing import Any
 
+from rollmux.rollout_sched.api import ServiceStats
+
 PREFIX = "rollmux_rollout_"
 
 
@@ -51,7 +53,7 @@ def idle_ratio(first: dict[int, float], last: dict[int, float], now_s: float) ->
     return idle / wall if wall > 0 else 0.0
 
 
-def service_stats(svc: Any) -> dict:
+def service_stats(svc: Any) -> ServiceStats:
     """The stats of a :class:`actors.rollout.service.RolloutService` (read on its event loop)."""
     now = svc._now()
     reps = []
@@ -76,7 +78,7 @@ def service_stats(svc: Any) -> dict:
     for rec in list(svc.recs.values()):
         status[rec.status.value] = status.get(rec.status.value, 0) + 1
     overhead = list(svc._submit_ms)
-    return {
+    return ServiceStats.model_validate({
         "sample_throughput_per_s": svc.counters["samples"] / span if span > 0 else 0.0,
         "trainer_idle_ratio": idle_ratio(svc._step_first, svc._step_last, now),
         "prefix_hit_ratio": hit / prompt if prompt else 0.0,
@@ -98,7 +100,7 @@ def service_stats(svc: Any) -> dict:
         "replicas": reps,
         "uptime_s": now,
         "service_rss_bytes": _rss(),
-    }
+    })
 
 
 def _rss() -> int:
@@ -118,8 +120,9 @@ class _Fixed:
         return iter(self.families)
 
 
-def render_prometheus(stats: dict) -> bytes:
-    """Prometheus text exposition of ``stats`` (:func:`service_stats`), bounded label sets."""
+def render_prometheus(figures: ServiceStats) -> bytes:
+    """Prometheus text exposition of ``figures`` (:func:`service_stats`), bounded label sets."""
+    stats = figures.model_dump()  # the JSON form the series read
     from prometheus_client import CollectorRegistry, Gauge, generate_latest
     from prometheus_client.core import CounterMetricFamily
 

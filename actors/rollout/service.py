@@ -43,8 +43,8 @@ from actors.rollout.weight_updater import WeightUpdater
 from actors.rollout.window import run_window
 from rollmux.rollout_sched import RadixPrefixIndex, Request, RequestType, RolloutRequestScheduler, RolloutSchedConfig
 from rollmux.rollout_sched.api import (
-    Accepted, CancelReply, ChainIn, FieldError, Limits, PolicyView, PollReply, Priority, Refusal, RolloutView, Status,
-    SubmitBatch, SubmitReply, TokenCursor, TokensReply,
+    Accepted, CancelReply, ChainIn, FieldError, Limits, PolicyView, PollReply, Priority, Refusal,
+    RolloutView, ServiceStats, Status, SubmitBatch, SubmitReply, TokenCursor, TokensReply,
 )
 from rollmux.rollout_sched.config import DEFAULT_CONFIG_PATH, load_rollout_sched_config
 from rollmux.rollout_sched.routing import ReplicaLoad, expected_window, route
@@ -136,12 +136,12 @@ class RolloutService:
         return RadixPrefixIndex(ttl_versions=1 << 30, max_bytes=ic.max_bytes, node_overhead_bytes=ic.node_overhead_bytes,
                                 bytes_per_token=ic.bytes_per_token, evict_low_watermark=ic.evict_low_watermark)
 
-    async def ready(self) -> dict:
+    async def ready(self) -> Limits:
         """Wait until every replica's engine is built (and the engine's tensors are known) -> the limits."""
         self._start()
         await asyncio.gather(*(r.handle.ping(timeout_s=300) for r in self.replicas if r.alive))
         await self.updater.manifest()
-        return self.limits_now().model_dump()
+        return self.limits_now()
 
     async def shutdown(self) -> None:
         self._stopping = self.updater.stopping = True
@@ -156,12 +156,12 @@ class RolloutService:
         self._start()
         return [r.name for r in self.replicas]
 
-    async def configure(self, overrides: dict) -> dict:
-        """Change the run-time settings (``queue_capacity``, ``disconnect_grace_s``, limits...);
-        ``num_replicas`` / ``policy`` only take effect before the first call."""
-        self.svc = ServiceConfig.model_validate({**self.svc.model_dump(), **overrides})
+    async def configure(self, change: ServiceConfig) -> ServiceConfig:
+        """Change the run-time settings: the fields set in ``change`` replace the current ones -> the new
+        settings (``num_replicas`` / ``policy`` only take effect before the first call)."""
+        self.svc = ServiceConfig.model_validate({**self.svc.model_dump(), **change.model_dump(include=change.model_fields_set)})
         self.updater.configure(self.svc)
-        return self.svc.model_dump()
+        return self.svc
 
     def limits_now(self) -> Limits:
         s = self.svc
@@ -558,7 +558,7 @@ class RolloutService:
                 self.counters["requeued"] += 1
 
     # ------------------------------------------------------------------ metrics
-    async def stats(self) -> dict:
+    async def stats(self) -> ServiceStats:
         """The six service metrics and the per-replica scheduler figures (see docs/ROLLOUT_SERVICE.md)."""
         from actors.rollout.metrics import service_stats
 

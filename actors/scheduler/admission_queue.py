@@ -15,6 +15,7 @@ import time
 from actors.scheduler.commit import Commit
 from actors.scheduler.job_store import JobStore
 from rollmux.admission_queue import AdmissionQueue, DrainResult, QueuedJob
+from rollmux.answers import Departure
 from rollmux.models import JobSpec
 
 __all__ = ["QueueService"]
@@ -70,7 +71,7 @@ class QueueService:
             self.commit.queue_changed()
         return res
 
-    def cancel(self, job_id: str) -> dict:
+    def cancel(self, job_id: str) -> Departure:
         """Withdraw a queued job (``queued -> cancelled``; it never had a record, except a
         preempted job waiting to resume: its record ends ``preempted -> cancelled``)."""
         self.line.remove(job_id)
@@ -78,8 +79,7 @@ class QueueService:
         self.commit.queue_changed()
         self.commit.mark(jobs=(job_id,) if job_id in self.jobs else ())
         self.note_metrics()
-        return {"job_id": job_id, "state": str(state), "released_nodes": [], "group_dissolved": False,
-                "dissolved_groups": [], "moves": []}
+        return Departure(job_id, state)
 
     def note_metrics(self) -> None:
         self.metrics.queue(len(self.line), self.line.oldest_wait_s(time.time()))

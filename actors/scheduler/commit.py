@@ -280,11 +280,11 @@ class Commit:
         for f in waiters:  # each on its own event loop (the actor has one)
             f.get_loop().call_soon_threadsafe(done, f)
 
-    async def batched(self, lock, fn, *args):
+    async def batched(self, lock, fn, *args) -> tuple[Any, Optional[int], Optional[str]]:
         """``fn(*args)`` (a decision, under ``lock``) with its write shared with the other
-        decisions of the batch; its answer once that write is done, with ``snapshot_version``
-        (the published version that contains it). ``{"unavailable": reason}`` when the batch's
-        write failed (nothing of it happened)."""
+        decisions of the batch, once that write is done: ``(fn's answer, the published snapshot
+        version that contains it, None)``; ``(None, None, reason)`` when the batch's write failed
+        (nothing of it happened)."""
         loop = asyncio.get_running_loop()
         self.snapshots.bind_loop(loop)
         with lock:
@@ -294,9 +294,7 @@ class Commit:
             finally:
                 self.deferred = False
             if not self.pending:
-                if isinstance(out, dict):
-                    out["snapshot_version"] = self.snapshots.version
-                return out
+                return out, self.snapshots.version, None
             fut = loop.create_future()
             self._waiters.append(fut)
             if not self._flush_scheduled:
@@ -305,10 +303,8 @@ class Commit:
         try:
             version = await fut
         except Exception as e:  # the batch's write failed: nothing of it happened
-            return {"unavailable": f"the checkpoint write failed ({type(e).__name__}: {e}); nothing changed, retry"}
-        if isinstance(out, dict):
-            out["snapshot_version"] = version
-        return out
+            return None, None, f"the checkpoint write failed ({type(e).__name__}: {e}); nothing changed, retry"
+        return out, version, None
 
     async def _flush_soon(self, lock) -> None:
         await asyncio.sleep(GROUP_COMMIT_WINDOW_S)

@@ -39,10 +39,11 @@ pushed. A failing reconcile pass is logged and the loop goes on; its duration is
 ``rollmux_reconcile_seconds``. A restarted scheduler restores the checkpoint and re-finds the
 named, detached controllers. No admitted job is lost when the actor dies.
 
-Contract (actors/scheduler/README.md "GlobalScheduler actor contract"): the public methods return
-JSON-able dicts / lists (the control-plane ones take and return :mod:`rollmux.messages`);
-refusals are values (``AdmissionDecision.to_dict()`` with ``admitted: False`` and a
-:class:`rollmux.codes.Code`), not exceptions. Codes besides the policy's (ok | never |
+Contract (actors/scheduler/README.md "GlobalScheduler actor contract"): the public methods take
+and return the typed messages of :mod:`rollmux.messages` (its answers: :mod:`rollmux.answers`;
+a job is answered as its :class:`rollmux.records.JobRecord`), never a dict; refusals are values
+(an :class:`rollmux.answers.Admission` with ``admitted`` False and a :class:`rollmux.codes.Code`),
+not exceptions. Codes besides the policy's (ok | never |
 retry_later): ``invalid`` (spec fails validation) and ``duplicate`` (the job id is admitted or
 running with a different spec; the same spec again gets the original decision, ``replayed:
 True``). Ended jobs' workers are told to drop the job's state; admitted jobs that no driver
@@ -85,10 +86,13 @@ from actors.scheduler.snapshot_log import SNAPSHOT_LOG, SnapshotLog  # noqa: F40
 from actors.scheduler.views import Views
 from rollmux.admission import InterGroupScheduler, SchedulerConfig, load_scheduler_config
 from rollmux.admission_queue import AdmissionQueue
+from rollmux.answers import (
+    Admission, AdmitCall, Departure, GroupRecord, SchedulerHealth, SnapshotDelta, Unavailable,
+)
 from rollmux.codes import Code
 from rollmux.config import ConfigError
-from rollmux.messages import AttachTicket, MemberTarget, MembershipPush, ProgressReport, RuntimeEvent
-from rollmux.models import ClusterSpec
+from rollmux.messages import AttachTicket, MemberTarget, MembershipPush, ProgressReport, RuntimeEvent, TimelineEntry
+from rollmux.models import ClusterSpec, JobSpec
 from rollmux.records import JobRecord
 
 log = logging.getLogger("rollmux.scheduler")
@@ -165,7 +169,7 @@ class GlobalSchedulerImpl:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         # timelines handed over by exiting controllers of dissolved groups (group_timeline)
-        self._dissolved_timelines: collections.OrderedDict[str, list[dict]] = collections.OrderedDict()
+        self._dissolved_timelines: collections.OrderedDict[str, list[TimelineEntry]] = collections.OrderedDict()
         # ---- the state: the policy's table, the records, the line (restored from the checkpoint, or new)
         self.policy = PolicyRef(self.cluster)
         self.job_store = JobStore(name, lambda: self.policy.igs)
@@ -285,8 +289,10 @@ class GlobalSchedulerImpl:
 
     # ---- admission
     @_locked
-    def admit(self, spec: dict, dry_run: bool = False, queue: bool = False, explain: str = "full") -> dict:
-        """Admit (or, with ``dry_run``, only evaluate) a job: ``AdmissionDecision.to_dict()``.
+    def admit(self, spec: JobSpec, dry_run: bool = False, queue: bool = False, explain: str = "full") -> Admission:
+        """Admit (or, with ``dry_run``, only evaluate) a job: its :class:`rollmux.answers.Admission`
+        (``spec``: a :class:`rollmux.models.JobSpec`, or its dict form, validated: a bad one is
+        refused with code ``invalid`` naming the field).
 
         On admission the job record and its group are checkpointed, then the group's controller
         (if it exists) gets the new membership pushed; the admission's neighbourhood is
@@ -295,43 +301,48 @@ class GlobalSchedulerImpl:
         of refused: code ``queued`` with ``queue_position``; a full queue refuses with code
         ``queue_full``. While jobs are queued, a new job larger than a queued one waits behind it
         (code ``retry_later`` without ``queue``). ``explain="chosen"``: an admission lists only the
-        chosen candidate (:meth:`rollmux.admission.AdmissionDecision.to_dict`). The steps:
+        chosen candidate (:meth:`rollmux.admission.AdmissionDecision.answer`). The steps:
         :mod:`actors.scheduler.pipeline`. Source: RollMux §4.2, Alg. 1.
         """
         return self.admissions.admit(spec, dry_run, queue, explain)
 
-    async def admit_batched(self, spec: dict, dry_run: bool = False, queue: bool = False,
-                            explain: str = "chosen") -> dict:
+    async def admit_batched(self, spec: JobSpec, dry_run: bool = False, queue: bool = False,
+                            explain: str = "chosen") -> Admission:
         """:meth:`admit` with group commit (the HTTP path): the decision is taken at once, in
         arrival order; its checkpoint write is shared with the other decisions of the batch
         (collected for ``GROUP_COMMIT_WINDOW_S`` and while the previous write runs) and the call
         returns once that write is done, with ``snapshot_version`` (the published version that
         contains it). A failed write: code ``unavailable`` (nothing of the batch happened).
         ``explain``: ``"chosen"`` (default) or ``"full"`` candidate list of an admission."""
-        out = await self.commit.batched(self._lock, self.admissions.admit, spec, dry_run, queue, explain)
-        if "unavailable" in out:
-            return {"job_id": spec.get("job_id") if isinstance(spec, dict) else None, "admitted": False,
-                    "code": Code.UNAVAILABLE, "reason": out["unavailable"]}
-        return out
+        out, version, failed = await self.commit.batched(self._lock, self.admissions.admit, spec, dry_run, queue,
+                                                         explain)
+        if failed is not None:
+            jid = spec.get("job_id") if isinstance(spec, dict) else getattr(spec, "job_id", None)
+            return Admission(jid, False, Code.UNAVAILABLE, failed)
+        return out.replace(snapshot_version=version)
 
-    async def admit_many(self, calls: list) -> list[dict]:
+    async def admit_many(self, calls: list[AdmitCall]) -> list[Admission]:
         """Several :meth:`admit_batched` calls in ONE actor call (a Serve replica's batch of
-        ``POST /v1/jobs``: ``[[spec, dry_run, queue, explain], ...]``): decided one at a time in list
-        order, sharing the group commit's write; the answers in the same order."""
-        return list(await asyncio.gather(*(self.admit_batched(*c) for c in calls)))
+        ``POST /v1/jobs``): decided one at a time in list order, sharing the group commit's write;
+        the answers in the same order."""
+        return list(await asyncio.gather(*(self.admit_batched(c.spec, c.dry_run, c.queue, c.explain) for c in calls)))
 
     # ---- departure / lifecycle
     @_locked
-    def depart(self, job_id: str) -> Optional[dict]:
-        """The job leaves (:meth:`actors.scheduler.lifecycle.Lifecycle.depart`): ``{job_id, state,
-        released_nodes, group_dissolved, dissolved_groups, moves}`` (``admitted_from_queue``: queued
-        jobs let into the freed room); a queued job is withdrawn (``cancelled``); None for an unknown id."""
+    def depart(self, job_id: str) -> Optional[Departure]:
+        """The job leaves (:meth:`actors.scheduler.lifecycle.Lifecycle.depart`): its
+        :class:`rollmux.answers.Departure` (``admitted_from_queue``: queued jobs let into the freed
+        room); a queued job, or an admitted one no driver ever ran, is withdrawn (``cancelled``);
+        None for an unknown id."""
         return self.lifecycle.depart(job_id)
 
-    async def depart_batched(self, job_id: str) -> Optional[dict]:
-        """:meth:`depart` with group commit (see :meth:`admit_batched`); ``{"unavailable": reason}``
-        when the batch's write failed (the departure did not happen)."""
-        return await self.commit.batched(self._lock, self.lifecycle.depart, job_id)
+    async def depart_batched(self, job_id: str) -> Optional[Departure | Unavailable]:
+        """:meth:`depart` with group commit (see :meth:`admit_batched`), with ``snapshot_version``;
+        :class:`rollmux.answers.Unavailable` when the batch's write failed (the departure did not happen)."""
+        out, version, failed = await self.commit.batched(self._lock, self.lifecycle.depart, job_id)
+        if failed is not None:
+            return Unavailable(failed)
+        return None if out is None else out.replace(snapshot_version=version)
 
     @_locked
     def expire_unattached(self, now: Optional[float] = None) -> list[str]:
@@ -341,7 +352,7 @@ class GlobalSchedulerImpl:
         return self.lifecycle.expire_unattached(now)
 
     @_locked
-    def report(self, job_id: str, event: RuntimeEvent | ProgressReport) -> Optional[dict]:
+    def report(self, job_id: str, event: RuntimeEvent | ProgressReport) -> Optional[JobRecord]:
         """Runtime reports (:mod:`rollmux.messages`; anything else raises TypeError): a
         :class:`ProgressReport` (one measured iteration: iterations_done, t_iter_s, t_solo_s,
         slowdown); a :class:`RuntimeEvent` ``running``, ``finished`` (departure) or ``failed``
@@ -354,45 +365,45 @@ class GlobalSchedulerImpl:
 
     # ---- queries
     @_locked
-    def list_jobs(self) -> list[dict]:
+    def list_jobs(self) -> list[JobRecord]:
         """Every job record (admission order), then the queued jobs (line order)."""
         return self.views.list_jobs()
 
     @_locked
-    def get_job(self, job_id: str) -> Optional[dict]:
+    def get_job(self, job_id: str) -> Optional[JobRecord]:
         return self.views.get_job(job_id)
 
     @_locked
-    def list_groups(self) -> list[dict]:
+    def list_groups(self) -> list[GroupRecord]:
         """Groups: members, nodes, Cost(G) USD/h, T_cycle, T_load and slack (T_cycle - T_load)."""
         return self.views.list_groups()
 
     async def snapshot_since(self, epoch: Optional[str], version: int, wait_s: float = 5.0,
-                             policy: bool = False) -> dict:
+                             policy: bool = False) -> SnapshotDelta:
         """The published state changes after ``version`` of ``epoch`` (this actor instance's id):
-        ``{epoch, version, full: False, jobs: {id: view | None}, groups: {id: view | None},
-        queue: [..] | None}`` (None: gone / unchanged), or everything (``full: True``) when the
-        caller is new, of another instance, or too far behind. ``policy``: also the policy
-        table's changes, ``policy: {header, groups: {id: group snapshot | None}}`` (what a
-        replica answering dry-runs follows; only callers that ask pay for it). Waits up to ``wait_s`` for a new
+        a :class:`rollmux.answers.SnapshotDelta` of the changed jobs and groups (None: gone) and
+        the queue (None: unchanged), or everything (``full``) when the caller is new, of another
+        instance, or too far behind. ``policy``: also the policy table's changes (its header and
+        changed groups: what a replica answering dry-runs follows; only callers that ask pay for
+        it). Waits up to ``wait_s`` for a new
         version when the caller is current (a long poll: the waiting costs the actor nothing).
         Versions count commits: a reply is at most one commit old."""
         await self.snapshots.wait_newer(epoch, version, wait_s)
         with self._lock:
             return self.snapshots.changes(epoch, version, policy,
-                                          lambda: self.views.full_snapshot(self.cluster_spec(), policy))
+                                          lambda: self.views.full_snapshot(self.cluster, policy))
 
     @_locked
-    def health(self) -> dict:
-        return {"ok": True, "jobs": self.job_store.active(), "groups": len(self.igs.groups), "queued": len(self.queue),
-                "snapshot_version": self.version, "restored": self.restored, "name": self.name,
-                "config_sha256": self.igs.config.sha256(),
-                "unacked_pushes": len(self.reconciler.dirty), "checkpoint_seq": self.store.seq,
-                "checkpoint_base_seq": self.store.base_seq, "compactions_inline": self.compactions_inline,
-                "compactions_off_reply": self.compactions_off_reply, "reopt_planned": self.reopt_planned,
-                "reopt_applied": self.reopt_applied, "reopt_stale": self.reopt_stale}
+    def health(self) -> SchedulerHealth:
+        return SchedulerHealth(
+            ok=True, jobs=self.job_store.active(), groups=len(self.igs.groups), queued=len(self.queue),
+            snapshot_version=self.version, restored=self.restored, name=self.name,
+            config_sha256=self.igs.config.sha256(), unacked_pushes=len(self.reconciler.dirty),
+            checkpoint_seq=self.store.seq, checkpoint_base_seq=self.store.base_seq,
+            compactions_inline=self.compactions_inline, compactions_off_reply=self.compactions_off_reply,
+            reopt_planned=self.reopt_planned, reopt_applied=self.reopt_applied, reopt_stale=self.reopt_stale)
 
-    async def group_timeline(self, group_id: str) -> list[dict]:
+    async def group_timeline(self, group_id: str) -> list[TimelineEntry]:
         """The timeline recorded by a group's controller (also after the group dissolved). An
         operator query: awaited (the actor keeps serving other calls meanwhile), bounded by
         QUERY_TIMEOUT_S. This ``async`` method (with :meth:`attach`, :meth:`snapshot_since` and
@@ -408,7 +419,7 @@ class GlobalSchedulerImpl:
         return await h.timeline_async(QUERY_TIMEOUT_S)
 
     @_locked
-    def keep_timeline(self, group_id: str, records: list[dict]) -> bool:
+    def keep_timeline(self, group_id: str, records: list[TimelineEntry]) -> bool:
         """Keep the timeline a dissolved group's controller hands over as it exits (the last
         ``DISSOLVED_TIMELINES_KEPT`` groups, in memory: an operator query, not checkpointed)."""
         self._dissolved_timelines[group_id] = list(records)
@@ -417,8 +428,8 @@ class GlobalSchedulerImpl:
             self._dissolved_timelines.popitem(last=False)
         return True
 
-    def cluster_spec(self) -> dict:
-        return self.cluster.model_dump(mode="json")
+    def cluster_spec(self) -> ClusterSpec:
+        return self.cluster
 
     # ---- controllers: target state, pushes, the reconcile loop
     @_locked

@@ -52,7 +52,10 @@ from rollmux.group_ledger import (  # noqa: F401  (re-exported)
     SyncBytes, TimelineChanged,
 )
 from rollmux.intra_group import LongTailPolicy
-from rollmux.messages import AbortOutcome, AttachReply, Grant, MembershipPush, PhaseRecord, RolloutProgress, TailDecision
+from rollmux.messages import (
+    AbortOutcome, AttachReply, ControllerStatus, Grant, MembershipAck, MembershipPush, PhaseRecord, RolloutProgress,
+    TailDecision, TimelineEntry,
+)
 from rollmux.models import pool_of_phase
 
 log = logging.getLogger("rollmux.controller")
@@ -118,8 +121,9 @@ class GroupControllerImpl:
         self.exit_grace_s = EXIT_GRACE_S
 
     @property
-    def timeline(self) -> list[dict]:
-        return self.ledger.timeline
+    def timeline(self) -> list[TimelineEntry]:
+        """The group's timeline (the ledger's rows, typed)."""
+        return [TimelineEntry.of(r) for r in self.ledger.timeline]
 
     @property
     def long_tail(self) -> LongTailPolicy:
@@ -159,7 +163,7 @@ class GroupControllerImpl:
         self._wake_all()
         return out
 
-    async def sync_members(self, push: MembershipPush) -> dict:
+    async def sync_members(self, push: MembershipPush) -> MembershipAck:
         """Reconcile (pushed by the GlobalScheduler, never awaited there): add the push's members
         (pending until their drivers attach; listed in the planned round-robin order, which the
         queues take, :meth:`GroupLedger.set_order`; each with the nodes it is fenced off until a
@@ -173,12 +177,12 @@ class GroupControllerImpl:
         ``dissolved``: the group no longer exists (every member departed or moved): once none of
         its jobs is queued here (a moved job leaves at its iteration boundary) the controller
         exits after ``EXIT_GRACE_S`` (:meth:`_exit_when_empty`); a newer push without it cancels
-        that. Idempotent. Returns ``{added, removed, stale}``."""
+        that. Idempotent. Returns the :class:`rollmux.messages.MembershipAck`."""
         return self._apply_push(push)
 
-    def _apply_push(self, push: MembershipPush) -> dict:
+    def _apply_push(self, push: MembershipPush) -> MembershipAck:
         if push.seq <= self._seq:
-            return {"added": [], "removed": [], "stale": True}
+            return MembershipAck(stale=True)
         self._seq = push.seq
         added = [m.job_id for m in push.members
                  if self.ledger.add(m.job_id, list(m.rollout_nodes), list(m.train_nodes), slo=m.slo,
@@ -195,7 +199,7 @@ class GroupControllerImpl:
         self.dissolved = bool(push.dissolved) and not push.members
         if self.dissolved and (self._exit_task is None or self._exit_task.done()):
             self._exit_task = asyncio.get_event_loop().create_task(self._exit_when_empty())
-        return {"added": added, "removed": removed, "stale": False}
+        return MembershipAck(tuple(added), tuple(removed))
 
     def _empty(self) -> bool:
         return not self.ledger.rr.job_ids and not self.ledger.grants
@@ -231,7 +235,7 @@ class GroupControllerImpl:
         unreachable for ``HANDOVER_TIMEOUT_S``)."""
         if self._sched is None:
             return
-        pending = self._sched.keep_timeline_nowait(self.group_id, list(self.ledger.timeline))
+        pending = self._sched.keep_timeline_nowait(self.group_id, self.timeline)
         if pending is None:
             return
         try:
@@ -367,7 +371,7 @@ class GroupControllerImpl:
                 pass
         raise TimeoutError("acquire loop bound reached")  # pragma: no cover
 
-    async def release(self, grant: Grant, record: PhaseRecord) -> dict:
+    async def release(self, grant: Grant, record: PhaseRecord) -> TimelineEntry:
         """The grant's releaser (the worker that ran the phase) gives ``grant`` back with what the
         phase did (:class:`rollmux.messages.PhaseRecord`).
 
@@ -378,7 +382,7 @@ class GroupControllerImpl:
         rec, effects = self.ledger.release(grant, record)
         self._apply(effects)
         self._wake_all()
-        return rec
+        return TimelineEntry.of(rec)
 
     async def abort_phase(self, job_id: str, phase: str, reason: str) -> AbortOutcome:
         """The driver lost the worker running ``phase`` and will redo it from the job's last
@@ -403,13 +407,13 @@ class GroupControllerImpl:
         return decision
 
     # ---- queries
-    async def get_timeline(self, since: int = 0) -> list[dict]:
+    async def get_timeline(self, since: int = 0) -> list[TimelineEntry]:
         """Timeline records from index ``since``."""
-        return self.ledger.timeline[since:]
+        return [TimelineEntry.of(r) for r in self.ledger.timeline[since:]]
 
-    async def status(self) -> dict:
+    async def status(self) -> ControllerStatus:
         """Members, per-node queues, next phases, iterations, departed/failed jobs, migrations."""
-        return {**self.ledger.status(), "metrics": {k: dict(v) for k, v in self.metrics.totals.items()}}
+        return ControllerStatus.of(self.ledger.status(), tuple(self.ledger.migrations), self.metrics.totals)
 
     async def ping(self) -> str:
         return self.group_id

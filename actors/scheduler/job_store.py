@@ -28,6 +28,7 @@ from actors.naming import controller_name
 from rollmux.drain import Drain, move_drain, preemption_drain
 from rollmux.drain import step as drain_step
 from rollmux.admission.slo_watch import long_tail_of
+from rollmux.answers import Admission
 from rollmux.measured import MeasuredPhases, reported_sample
 from rollmux.messages import ProgressReport
 from rollmux.models import JobSpec
@@ -81,23 +82,18 @@ class JobStore:
             return None if g is None else g.group_id
         return rec.group_id
 
-    def view(self, rec: JobRecord) -> JobRecord:
-        """The record with its placement read from the policy (active) or as frozen (ended)."""
-        if not rec.state.is_active():
-            return rec
-        igs = self._policy()
-        m = igs.member(rec.job_id)
-        if m is None:
-            return rec
-        gid = igs.group_of(rec.job_id).group_id
-        return rec.model_copy(update={
-            "group_id": gid, "controller": controller_name(gid, self.name),
-            "placement": NodePlacement(rollout_nodes=list(m.placement.rollout_nodes),
-                                       train_nodes=list(m.placement.train_nodes))})
-
-    def public(self, job_id: str) -> Optional[dict]:
-        rec = self.records.get(job_id)
-        return None if rec is None else self.view(rec).public()
+    def view(self, rec: JobRecord, answer: bool = False) -> JobRecord:
+        """The record with its placement read from the policy (active) or as frozen (ended).
+        ``answer``: always a copy, without the checkpoint-only fields (what the scheduler answers
+        and publishes: :meth:`rollmux.records.JobRecord.answered`)."""
+        upd: dict = {"spec_sha256": None, "decision": None} if answer else {}
+        m = self._policy().member(rec.job_id) if rec.state.is_active() else None
+        if m is not None:
+            gid = self._policy().group_of(rec.job_id).group_id
+            upd.update(group_id=gid, controller=controller_name(gid, self.name),
+                       placement=NodePlacement(rollout_nodes=list(m.placement.rollout_nodes),
+                                               train_nodes=list(m.placement.train_nodes)))
+        return rec.model_copy(update=upd) if upd else rec
 
     def active_by_group(self) -> dict[str, list[JobRecord]]:
         """Active records per group, in the records' admission order."""
@@ -164,7 +160,7 @@ class JobStore:
         self.transition(rec, new)
         return True
 
-    def admitted(self, job: JobSpec, decision: dict, profile, *, sha: Optional[str] = None,
+    def admitted(self, job: JobSpec, decision: Admission, profile, *, sha: Optional[str] = None,
                  queued=None, now: Optional[float] = None, borrowed: bool = False) -> JobRecord:
         """The record of a committed admission (state ``admitted``; ``queued``: the queue entry it
         left, ``queued -> admitted``, with its wait). A re-admitted id goes to the end (admission order)."""
@@ -177,9 +173,10 @@ class JobStore:
             job_id=job.job_id, state=prior, slo=job.slo, admission_id=uuid.uuid4().hex,
             predicted=None if profile is None else {"t_roll_s": profile.t_roll_s, "t_train_s": profile.t_train_s,
                                                     "t_sync_s": profile.t_sync_s, "t_solo_s": profile.t_solo_s},
-            predicted_slowdown=(decision.get("predicted_slowdowns") or {}).get(job.job_id), admitted_at=now,
+            predicted_slowdown=decision.predicted_slowdowns.get(job.job_id), admitted_at=now,
             spec_sha256=sha or spec_sha256(job),
-            decision={k: v for k, v in decision.items() if k not in ("candidates", "pruned")},
+            decision={k: v for k, v in decision.replace(candidates=(), pruned=()).to_dict().items()
+                      if k not in ("candidates", "pruned")},
             admission=admission_summary(decision))
         if queued is not None:
             rec.queued_at, rec.waited_s = queued.enqueued_at, max(0.0, now - queued.enqueued_at)
@@ -342,16 +339,15 @@ class JobStore:
         return done
 
 
-def admission_summary(decision: dict, most: int = 4) -> dict:
+def admission_summary(decision: Admission, most: int = 4) -> dict:
     """The public ``admission`` of a job record: where its admission decision placed it and why
     (``JobRecord.admission``): strategy, group, reason, marginal cost, and the rejected placements
     in existing groups (``group/strategy: filter: reason``, at most ``most``), so that a job
     isolated in a group of its own says what kept it out of the others."""
-    rejected = [f"{c.get('group_id')}/{c.get('strategy')}: {c.get('plugin')}: {'; '.join(c.get('reasons') or [])}"
-                for c in decision.get("candidates") or [] if c.get("verdict") != "ok" and c.get("group_id")]
-    rejected += [f"{p.get('group_id')}: {p.get('plugin')}: {p.get('reason')}" for p in decision.get("pruned") or []
-                 if isinstance(p, dict)]
-    chosen_only = decision.get("candidates_listed") == "chosen"  # ?explain=chosen: the others were not explained
-    return {"strategy": decision.get("strategy"), "group_id": decision.get("group_id"),
-            "reason": decision.get("reason"), "delta_usd_per_h": decision.get("delta_usd_per_h"),
-            "rejected": None if chosen_only else rejected[:most], "explain": "chosen" if chosen_only else "full"}
+    rejected = [f"{c.group_id}/{c.strategy}: {c.plugin}: {'; '.join(c.reasons)}"
+                for c in decision.candidates if c.verdict != "ok" and c.group_id]
+    rejected += [f"{p.group_id}: {p.plugin}: {p.reason}" for p in decision.pruned]
+    chosen_only = decision.candidates_listed == "chosen"  # ?explain=chosen: the others were not explained
+    return {"strategy": decision.strategy, "group_id": decision.group_id, "reason": decision.reason,
+            "delta_usd_per_h": decision.delta_usd_per_h, "rejected": None if chosen_only else rejected[:most],
+            "explain": "chosen" if chosen_only else "full"}

@@ -25,6 +25,7 @@ from actors.scheduler.pipeline import AdmissionPipeline
 from actors.scheduler.policy_ref import PolicyRef
 from actors.scheduler.reopt import Reoptimiser, touched_groups
 from actors.scheduler.slo_watch import SloWatch
+from rollmux.answers import Departure
 from rollmux.messages import EventKind, ProgressReport, RuntimeEvent
 from rollmux.nodes import node_index
 from rollmux.records import JobRecord, JobState
@@ -51,22 +52,24 @@ class Lifecycle:
         self.reopt, self.drains, self.slo, self.admissions = reopt, drains, slo, admissions
         self.release, self.metrics = release, metrics
 
-    def depart(self, job_id: str) -> Optional[dict]:
+    def depart(self, job_id: str) -> Optional[Departure]:
         """The job leaves its group (finished, or removed by an operator): nodes are released.
 
-        Returns ``{job_id, state, released_nodes, group_dissolved, dissolved_groups, moves}``
-        (``moves``: the departure re-packing moves carried out, as :class:`MoveRecord` dicts);
-        None for an unknown job id. A queued job leaves the admission queue (``state``:
-        ``cancelled``). Queued jobs that fit into the freed room are admitted (``admitted_from_queue``).
+        Returns the :class:`rollmux.answers.Departure` (``moves``: the departure re-packing moves
+        carried out); None for an unknown job id. A queued job leaves the admission queue, and an
+        admitted job no driver ever ran (:func:`never_ran`) is withdrawn: both end
+        ``cancelled``; a job that ran ends ``finished``. Queued jobs that fit into the freed room
+        are admitted (``admitted_from_queue``).
         """
         if job_id in self.queue:  # withdrawn: a larger job it blocked may go now (one write with it)
             with self.commit.batch(force=True):
                 out = self.queue.cancel(job_id)
                 started = self.admissions.settle()
-            return {**out, **({"admitted_from_queue": started} if started else {})}
-        return self.end(job_id, JobState.FINISHED, None)
+            return out.replace(admitted_from_queue=tuple(started))
+        rec = self.jobs.get(job_id)
+        return self.end(job_id, JobState.CANCELLED if rec is not None and never_ran(rec) else JobState.FINISHED, None)
 
-    def end(self, job_id: str, state: JobState, error: Optional[str]) -> Optional[dict]:
+    def end(self, job_id: str, state: JobState, error: Optional[str]) -> Optional[Departure]:
         """Departure or failure of ``job_id``: the policy releases its nodes, then re-packs
         (:meth:`rollmux.admission.InterGroupScheduler.repack`, departure re-packing) and
         re-optimises the departure's neighbourhood (``reoptimise``); the moves
@@ -80,14 +83,13 @@ class Lifecycle:
         if rec is None:
             return None
         if not rec.state.is_active():
-            return {"job_id": job_id, "state": str(rec.state), "already_ended": True, "released_nodes": [],
-                    "group_dissolved": False, "dissolved_groups": [], "moves": []}
+            return Departure(job_id, rec.state, already_ended=True)
         # the departure and the queued jobs it lets in are ONE write-ahead record (group commit)
         with self.commit.batch(force=True):
             out = self._end(job_id, rec, state, error)
         return out
 
-    def _end(self, job_id: str, rec: JobRecord, state: JobState, error: Optional[str]) -> dict:
+    def _end(self, job_id: str, rec: JobRecord, state: JobState, error: Optional[str]) -> Departure:
         """:meth:`end` inside its batch (the caller writes it as one record)."""
         final = self.jobs.view(rec)  # freeze where it was before the policy forgets it
         gid = final.group_id
@@ -109,9 +111,8 @@ class Lifecycle:
         self.reopt.moved_metrics(touched, len(done))
         dissolved = [g for g in touched if self.policy.igs.group_snapshot(g) is None]
         started = self.admissions.settle()  # the freed room goes to queued jobs
-        return {"job_id": job_id, "state": str(state), "released_nodes": released, "group_dissolved": gid in dissolved,
-                "dissolved_groups": dissolved, "moves": [m.model_dump(mode="json") for m in done],
-                **({"admitted_from_queue": started} if started else {})}
+        return Departure(job_id, state, tuple(released), gid in dissolved, tuple(dissolved), tuple(done),
+                         tuple(started))
 
     def expire_unattached(self, now: Optional[float] = None) -> list[str]:
         """Expire admitted jobs whose driver has not attached (reported ``running``) within the
@@ -128,7 +129,7 @@ class Lifecycle:
                      "nodes were released. Submit the job again to run it.")
         return late
 
-    def report(self, job_id: str, msg: RuntimeEvent | ProgressReport) -> Optional[dict]:
+    def report(self, job_id: str, msg: RuntimeEvent | ProgressReport) -> Optional[JobRecord]:
         """A runtime report (see :meth:`actors.scheduler.global_scheduler.GlobalSchedulerImpl.report`);
         the job's record, None for an unknown job. Raises TypeError for anything but the two messages."""
         if not isinstance(msg, (RuntimeEvent, ProgressReport)):
@@ -155,4 +156,10 @@ class Lifecycle:
             self.jobs.note_final_count(rec, msg.iterations_done)
             st = JobState.FINISHED if msg.kind == EventKind.FINISHED else JobState.FAILED
             self.end(job_id, st, None if st == JobState.FINISHED else (msg.error or "failed"))
-        return self.jobs.view(rec).public()
+        return self.jobs.view(rec, answer=True)
+
+
+def never_ran(rec: JobRecord) -> bool:
+    """No driver ever ran the job: admitted, never reported ``running``, no iteration done and
+    never preempted (a preempted job re-admitted is ``admitted`` again, but it ran)."""
+    return rec.state == JobState.ADMITTED and rec.iterations_done == 0 and not rec.preemptions

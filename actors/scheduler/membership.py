@@ -69,7 +69,9 @@ class Membership:
                 members.append(MemberTarget(rec.job_id, tuple(pl.rollout_nodes), tuple(pl.train_nodes), rec.slo,
                                             fenced, bound.get(rec.job_id, 0)))
             elif gid == group_id:
-                gone[rec.job_id] = "departed" if rec.state == JobState.FINISHED else str(rec.state)
+                # a departure, also of an admitted job withdrawn before it ran, is "departed" to its controller
+                departed = rec.state == JobState.FINISHED or (rec.state == JobState.CANCELLED and not rec.preemptions)
+                gone[rec.job_id] = "departed" if departed else str(rec.state)
             elif any(m.from_group == group_id for m in rec.moves):
                 gone[rec.job_id] = f"moved to {gid}"
         igs = self.policy.igs

@@ -29,8 +29,9 @@ only an arrival needs: the what-if, the queue gate and the first decision, since
 at its last pass) and, from ``commit`` on, for a queued job the queue's drain admitted
 (:meth:`AdmissionPipeline.settle`): the end of an admission is written once.
 
-Answers are :meth:`rollmux.admission.AdmissionDecision.to_dict` dicts with the scheduler's own
-codes (``invalid``, ``duplicate``, ``queued``, ``queue_full``) besides the policy's.
+Answers are :class:`rollmux.answers.Admission` values (the policy's decision,
+:meth:`rollmux.admission.AdmissionDecision.answer`, with the scheduler's additions), with the
+scheduler's own codes (``invalid``, ``duplicate``, ``queued``, ``queue_full``) besides the policy's.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from actors.scheduler.priority import PriorityRules
 from actors.scheduler.reopt import Reoptimiser
 from rollmux.admission import AdmissionDecision
 from rollmux.admission_queue import QUEUE_AHEAD_REASON, QueuedJob, QueueFull, what_if
+from rollmux.answers import Admission
 from rollmux.codes import Code
 from rollmux.models import JobSpec
 from rollmux.preemption import retry_order
@@ -68,7 +70,7 @@ SETTLE_MAX_PASSES = 8
 class Attempt:
     """One admission on its way through the pipeline: what was asked, and what the steps found."""
 
-    spec: Any  # the spec as asked (a dict from the HTTP face; the JobSpec of a queued job)
+    spec: Any  # the spec as asked (a JobSpec, or its dict form from a unit test), validated by the first step
     dry_run: bool = False  # evaluate only (nothing changes)
     queue: bool = False  # a job that does not fit now waits in the admission queue instead of a refusal
     explain: str = "full"  # "full" | "chosen": candidates listed in the answer
@@ -77,7 +79,7 @@ class Attempt:
     job: Optional[JobSpec] = None  # the validated spec
     sha: Optional[str] = None  # the spec's digest (a retry of the same spec is recognised by it)
     decision: Optional[AdmissionDecision] = None  # the policy's last decision
-    out: Optional[dict] = None  # the answer as built so far
+    out: Optional[Admission] = None  # the answer as built so far
     drained: bool = False  # the queue's drain committed it to the policy already (its group: ``committed``)
     committed: Any = None  # the group the drain committed it to
     preempted: Optional[list[str]] = None  # the jobs preempted for it
@@ -86,11 +88,11 @@ class Attempt:
 
     @property
     def fits(self) -> bool:
-        return bool(self.out and self.out.get("admitted"))
+        return self.out is not None and self.out.admitted
 
     @property
     def retry_later(self) -> bool:
-        return bool(self.out and not self.out.get("admitted") and self.out.get("code") == Code.RETRY_LATER)
+        return self.out is not None and self.out.retry_later
 
 
 class AdmissionPipeline:
@@ -108,14 +110,15 @@ class AdmissionPipeline:
                  reopt: Reoptimiser, metrics):
         self.policy, self.jobs, self.queue, self.commit = policy, jobs, queue, commit
         self.rules, self.reopt, self.metrics = rules, reopt, metrics
-        self.steps: list[tuple[str, Callable[[Attempt], Optional[dict]]]] = [(s, getattr(self, f"on_{s}")) for s in STEPS]
+        self.steps: list[tuple[str, Callable[[Attempt], Optional[Admission]]]] = [
+            (s, getattr(self, f"on_{s}")) for s in STEPS]
 
     # ---- the three ways in
-    def admit(self, spec: Any, dry_run: bool = False, queue: bool = False, explain: str = "full") -> dict:
+    def admit(self, spec: Any, dry_run: bool = False, queue: bool = False, explain: str = "full") -> Admission:
         """A new arrival (or, ``dry_run``, its what-if): the answer (see the module docstring)."""
         return self.run(Attempt(spec, dry_run=dry_run, queue=queue, explain=explain))
 
-    def retry(self, q: QueuedJob) -> dict:
+    def retry(self, q: QueuedJob) -> Admission:
         """A queued job tried again with preemption (it did not fit at its last pass): its answer
         (``admitted`` when it was); it keeps its place when it still does not fit."""
         return self.run(Attempt(q.spec, queue=True, explain="chosen", queued=q, job=q.spec))
@@ -141,7 +144,7 @@ class AdmissionPipeline:
                 t0 = time.perf_counter()
                 res = self.queue.drain(self.policy.igs, self.rules.gate)
                 for q, d in res.admitted:
-                    self.run(Attempt(q.spec, queued=q, job=q.spec, t0=t0, out=d.to_dict(), drained=True,
+                    self.run(Attempt(q.spec, queued=q, job=q.spec, t0=t0, out=d.answer(), drained=True,
                                      committed=self.policy.igs.group_of(q.job_id)), start="commit")
                 now = time.time()
                 for q, d in res.dropped:
@@ -164,12 +167,12 @@ class AdmissionPipeline:
             if q.job_id not in self.queue:
                 continue
             out = self.retry(q)
-            preempted |= bool(out.get("preempted"))
-            if out.get("admitted"):
+            preempted |= bool(out.preempted)
+            if out.admitted:
                 started.append(q.job_id)
         return started, preempted
 
-    def run(self, a: Attempt, start: str = STEPS[0]) -> dict:
+    def run(self, a: Attempt, start: str = STEPS[0]) -> Admission:
         """Pass ``a`` through the steps from ``start`` on; the first answer ends it. The write the
         attempt's steps joined (a batch, a transaction) ends with it."""
         with a.scope:
@@ -180,13 +183,13 @@ class AdmissionPipeline:
         raise AssertionError("the effects step answers every admission that reached it")  # pragma: no cover
 
     # ---- the steps (``on_<step>``)
-    def on_validate(self, a: Attempt) -> Optional[dict]:
+    def on_validate(self, a: Attempt) -> Optional[Admission]:
         if a.queued is not None:  # a queued job was validated when it arrived
             return None
         try:
             a.job = JobSpec.model_validate(a.spec)
         except ValidationError as e:
-            jid = a.spec.get("job_id") if isinstance(a.spec, dict) else None
+            jid = a.spec.get("job_id") if isinstance(a.spec, dict) else getattr(a.spec, "job_id", None)
             where = ".".join(map(str, e.errors()[0]["loc"])) if e.errors() else None
             return self.refusal(jid, Code.INVALID, f"invalid job spec: {e}", a, field=where or None)
         bad = self.rules.class_refusal(a.job)
@@ -198,22 +201,22 @@ class AdmissionPipeline:
         if old is not None and old.state.is_active():
             if old.spec_sha256 == a.sha and old.decision is not None:  # a retry: the original decision, again
                 now = self.jobs.view(old)  # with where the job is now (a re-packing may have moved it)
-                return {**old.decision, "group_id": now.group_id, "replayed": True,
-                        "placement": now.placement.model_dump(mode="json") if now.placement else None}
+                return Admission.from_dict(old.decision).replace(group_id=now.group_id, replayed=True,
+                                                                 placement=now.placement)
             return self.refusal(jid, Code.DUPLICATE, f"job {jid!r} is already {old.state} with a different spec", a)
         if jid in self.queue:
             return self.refusal(jid, Code.DUPLICATE, f"job {jid!r} is already queued (position "
                                 f"{self.queue.line.position(jid)})", a)
         return None
 
-    def on_dry_run(self, a: Attempt) -> Optional[dict]:
+    def on_dry_run(self, a: Attempt) -> Optional[Admission]:
         if not a.dry_run:
             return None
         # the same function answers the Serve replicas' dry-runs from their snapshot copy
         return what_if(self.policy.igs, a.job, self.queue.held_gpus(), backfill=self.queue.line.backfill,
                        queue=a.queue, explain=a.explain)
 
-    def on_quota(self, a: Attempt) -> Optional[dict]:
+    def on_quota(self, a: Attempt) -> Optional[Admission]:
         if a.queued is not None:  # gated by its tenant's quota: it keeps its place
             return self.kept(a) if self.rules.gate(a.job) else None
         v = self.rules.quota(a.job)
@@ -223,22 +226,22 @@ class AdmissionPipeline:
             return self.enqueue(a, v.reason)
         return self.refusal(a.job.job_id, Code.NEVER if v.never else Code.RETRY_LATER, v.reason, a)
 
-    def on_queue_gate(self, a: Attempt) -> Optional[dict]:
+    def on_queue_gate(self, a: Attempt) -> Optional[Admission]:
         if a.queued is not None or self.queue.line.may_try_now(a.job, self.rules.gate if self.rules.quotas else None):
             return None
         why = QUEUE_AHEAD_REASON(len(self.queue))  # queued jobs first: a larger newcomer waits behind them
         return self.enqueue(a, why) if a.queue else self.refusal(a.job.job_id, Code.RETRY_LATER, why, a)
 
-    def on_decide(self, a: Attempt) -> Optional[dict]:
+    def on_decide(self, a: Attempt) -> Optional[Admission]:
         if a.queued is not None:  # it did not fit at its last pass: straight to preemption
             return None
         a.decision = self.policy.igs.decide(a.job)
-        a.out = a.decision.to_dict(a.explain)
+        a.out = a.decision.answer(a.explain)
         if a.fits or a.retry_later:  # a higher class may preempt
             return None
         return self.not_admitted(a)
 
-    def on_preempt(self, a: Attempt) -> Optional[dict]:
+    def on_preempt(self, a: Attempt) -> Optional[Admission]:
         if a.fits:
             return None
         plan = self.rules.plan(a.job)
@@ -250,25 +253,27 @@ class AdmissionPipeline:
         for v in plan.victims:
             self.rules.preempt(v, a.job, plan.reason)
         a.decision = self.policy.igs.decide(a.job)
-        a.out = a.decision.to_dict(a.explain)
+        a.out = a.decision.answer(a.explain)
         a.preempted = plan.victim_ids
         if a.fits:
             return None
         if a.queued is not None:  # it goes back to its place (same arrival time)
-            self.queue.put_back(a.queued, a.out.get("reason", ""))
+            self.queue.put_back(a.queued, a.out.reason)
         elif a.queue and a.retry_later:
-            a.out = self.enqueue(a, a.out.get("reason", ""), a.out)
-        a.out["preempted"] = a.preempted
+            a.out = self.enqueue(a, a.out.reason, a.out)
+        a.out = a.out.replace(preempted=tuple(a.preempted))
         self.refill(a)
         return a.out
 
-    def on_commit(self, a: Attempt) -> Optional[dict]:
+    def on_commit(self, a: Attempt) -> Optional[Admission]:
         # one checkpoint write commits it; a failed write undoes it (inside a batch the batch's failed
         # write restores the last written state instead, so no per-admission copy is taken)
         a.scope.enter_context(self.commit.transaction_unless_batched())
         igs = self.policy.igs
         grp = a.committed if a.drained else igs.commit(a.decision)
-        gid = a.out["group_id"] = grp.group_id if grp is not None else a.out["group_id"]
+        if grp is not None:
+            a.out = a.out.replace(group_id=grp.group_id)
+        gid = a.out.group_id
         member = igs.member(a.job.job_id)
         borrowed = self.rules.quota(a.job).borrowing  # beyond its tenant's quota: borrowed capacity
         a.record = self.jobs.admitted(a.job, a.out, member.profile if member is not None else None, sha=a.sha,
@@ -278,21 +283,20 @@ class AdmissionPipeline:
         self.commit.mark(jobs=(a.job.job_id,), groups=(gid,))  # target state first, then act
         return None
 
-    def on_effects(self, a: Attempt) -> Optional[dict]:
-        job, out = a.job, a.out
-        gid = out["group_id"]
+    def on_effects(self, a: Attempt) -> Optional[Admission]:
+        job = a.job
+        gid = a.out.group_id
         self.reopt.note_admission(job.job_id, gid)
         self.commit.push([gid])
-        self.metrics.admission(Code.OK.outcome, out.get("latency_ms", (time.perf_counter() - a.t0) * 1e3))
+        self.metrics.admission(Code.OK.outcome, a.out.latency_ms)
         self.metrics.job(job.job_id, slo=job.slo, iterations=0)
         cost = self.policy.group_cost(gid)
         if cost is not None:
             self.metrics.group_cost(gid, cost)
-        out["latency_ms"] = out.get("latency_ms", (time.perf_counter() - a.t0) * 1e3)
         if a.preempted is not None:
-            out["preempted"] = a.preempted
+            a.out = a.out.replace(preempted=tuple(a.preempted))
             self.refill(a)
-        return out
+        return a.out
 
     def refill(self, a: Attempt) -> None:
         """A preemption for an arrival freed its victims' nodes: what the arrival did not take goes
@@ -302,40 +306,39 @@ class AdmissionPipeline:
         if a.queued is None:
             started = self.settle()
             if started:
-                a.out["admitted_from_queue"] = started
+                a.out = a.out.replace(admitted_from_queue=tuple(started))
 
     # ---- answers that end an admission early
-    def not_admitted(self, a: Attempt) -> dict:
+    def not_admitted(self, a: Attempt) -> Admission:
         """It does not fit (and nothing may be preempted for it): queued (``queue`` and
         ``retry_later``) or refused with the policy's decision."""
         if a.queue and a.retry_later:
-            return self.enqueue(a, a.out.get("reason", ""), a.out)
-        out = a.out
-        self.metrics.admission(Code(out["code"]).outcome if out.get("code") else "refused", out.get("latency_ms", 0.0))
-        return out
+            return self.enqueue(a, a.out.reason, a.out)
+        self.metrics.admission(Code(a.out.code).outcome, a.out.latency_ms)
+        return a.out
 
-    def enqueue(self, a: Attempt, reason: str, decision: Optional[dict] = None) -> dict:
+    def enqueue(self, a: Attempt, reason: str, decision: Optional[Admission] = None) -> Admission:
         """Hold the job in the admission queue (checkpointed with the queue); the answer is the
         decision with code ``queued`` and ``queue_position``, or ``queue_full``."""
-        base = dict(decision or {})
         try:
             pos = self.queue.hold(a.job, reason)
         except QueueFull as e:
             out = self.refusal(a.job.job_id, Code.QUEUE_FULL, str(e), a)
-            return {**out, "candidates": base.get("candidates", []), "pruned": base.get("pruned", [])}
+            return out if decision is None else out.replace(candidates=decision.candidates, pruned=decision.pruned)
         ms = (time.perf_counter() - a.t0) * 1e3
         self.metrics.admission(Code.QUEUED.outcome, ms)
-        return {**base, "job_id": a.job.job_id, "admitted": False, "code": Code.QUEUED, "queued": True,
-                "queue_position": pos, "reason": f"queued at position {pos}: {reason}",
-                "latency_ms": base.get("latency_ms", ms), "policy": self.policy.igs.policy}
+        base = decision if decision is not None else Admission(a.job.job_id, False, Code.QUEUED, latency_ms=ms)
+        return base.replace(job_id=a.job.job_id, admitted=False, code=Code.QUEUED, queued=True, queue_position=pos,
+                            reason=f"queued at position {pos}: {reason}", policy=self.policy.igs.policy)
 
     @staticmethod
-    def kept(a: Attempt) -> dict:
+    def kept(a: Attempt) -> Admission:
         """The answer of a queued job tried again that keeps its place (nothing was tried: its
         tenant's quota gates it, or nothing may be preempted for it)."""
-        return {"job_id": a.job.job_id, "admitted": False, "kept": True}
+        return Admission(a.job.job_id, False, Code.QUEUED, kept=True)
 
-    def refusal(self, job_id: Optional[str], code: Code, reason: str, a: Attempt, field: Optional[str] = None) -> dict:
+    def refusal(self, job_id: Optional[str], code: Code, reason: str, a: Attempt,
+                field: Optional[str] = None) -> Admission:
         """A refusal of the scheduler itself (``invalid`` | ``duplicate`` | ...) as an
         AdmissionDecision (counted in the metrics unless it answers a dry run; ``field``: the spec
         field an ``invalid`` one is about, for the HTTP 422's ``errors``)."""
@@ -344,4 +347,4 @@ class AdmissionPipeline:
             self.metrics.admission(code.outcome, ms)
         d = AdmissionDecision(job_id=job_id, admitted=False, code=code, reason=reason, policy=self.policy.igs.policy,
                               delta_usd_per_h=None, latency_ms=ms, field=field)
-        return d.to_dict()
+        return d.answer()

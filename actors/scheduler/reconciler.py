@@ -22,7 +22,7 @@ import time
 from typing import Any, Callable, Optional, Protocol
 
 from actors.naming import NAMESPACE, controller_name, hosted_key
-from rollmux.messages import MembershipPush
+from rollmux.messages import MembershipPush, TimelineEntry
 
 log = logging.getLogger("rollmux.scheduler")
 
@@ -48,7 +48,7 @@ class ControllerLike(Protocol):
 
     def push(self, push: MembershipPush) -> PushAck: ...
 
-    async def timeline_async(self, timeout_s: float) -> list[dict]: ...
+    async def timeline_async(self, timeout_s: float) -> list[TimelineEntry]: ...
 
 
 class WorkerLike(Protocol):
@@ -232,7 +232,7 @@ class Reconciler:
         scheduler died between a group's end and its last push)."""
         return {g for g in self.handles.leftover_groups() if not self._exists(g)}
 
-    async def timeline(self, group_id: str, timeout_s: float) -> list[dict]:
+    async def timeline(self, group_id: str, timeout_s: float) -> list[TimelineEntry]:
         h = self.controller(group_id)
         if h is None:
             return []

@@ -22,6 +22,9 @@ import itertools
 import uuid
 from typing import Callable, Optional
 
+from rollmux.answers import GroupRecord, PolicyDelta, SnapshotDelta
+from rollmux.records import JobRecord, QueueEntry
+
 __all__ = ["SNAPSHOT_LOG", "SnapshotLog"]
 
 SNAPSHOT_LOG = 4096  # published deltas kept for replicas catching up (older: a full snapshot)
@@ -41,10 +44,10 @@ class SnapshotLog:
         """The actor's event loop (the long poll's event is set there)."""
         self._loop = loop
 
-    def publish(self, jobs: dict, groups: dict, queue: Optional[list], policy: dict) -> int:
+    def publish(self, jobs: dict[str, Optional[JobRecord]], groups: dict[str, Optional[GroupRecord]],
+                queue: Optional[tuple[QueueEntry, ...]], policy: PolicyDelta) -> int:
         """Publish one committed change as the next version: job views (None: gone), group views
-        (None: gone), the queue (None: unchanged) and the policy's changes ``{header, groups}``.
-        Returns the version."""
+        (None: gone), the queue (None: unchanged) and the policy's changes. Returns the version."""
         self.version += 1
         self._deltas.append({"version": self.version, "jobs": jobs, "groups": groups, "queue": queue, "policy": policy})
         self.wake()
@@ -84,7 +87,8 @@ class SnapshotLog:
             except asyncio.TimeoutError:
                 pass
 
-    def changes(self, epoch: Optional[str], version: int, policy: bool, full: Callable[[], dict]) -> dict:
+    def changes(self, epoch: Optional[str], version: int, policy: bool,
+                full: Callable[[], SnapshotDelta]) -> SnapshotDelta:
         """The changes after ``version`` of ``epoch`` merged into one answer, or ``full()`` when
         the caller is new, of another instance, or too far behind (see the module docstring)."""
         first = self._deltas[0]["version"] if self._deltas else self.version + 1
@@ -92,16 +96,17 @@ class SnapshotLog:
         if (epoch != self.epoch or version > self.version or any(d.get("full") for d in newer)
                 or (newer and newer[0]["version"] != version + 1)):
             return full()
-        out: dict = {"epoch": self.epoch, "version": self.version, "full": False, "jobs": {}, "groups": {},
-                     "queue": None}
-        if policy:
-            out["policy"] = {"header": None, "groups": {}}
+        jobs: dict = {}
+        groups: dict = {}
+        queue = header = None
+        table: dict = {}
         for d in newer:
-            out["jobs"].update(d["jobs"])
-            out["groups"].update(d["groups"])
+            jobs.update(d["jobs"])
+            groups.update(d["groups"])
             if d["queue"] is not None:
-                out["queue"] = d["queue"]
+                queue = d["queue"]
             if policy:
-                out["policy"]["header"] = d["policy"]["header"]
-                out["policy"]["groups"].update(d["policy"]["groups"])
-        return out
+                header = d["policy"].header
+                table.update(d["policy"].groups)
+        return SnapshotDelta(self.epoch, self.version, jobs=jobs, groups=groups, queue=queue,
+                             policy=PolicyDelta(header, table) if policy else None)

@@ -17,8 +17,10 @@ from actors.scheduler.job_store import JobStore
 from actors.scheduler.policy_ref import PolicyRef
 from actors.scheduler.snapshot_log import SnapshotLog
 from rollmux.admission_queue import AdmissionQueue
+from rollmux.answers import GroupRecord, PolicyDelta, PolicyHeader, SnapshotDelta
+from rollmux.models import ClusterSpec
 from rollmux.preemption import class_of, tenant_of
-from rollmux.records import JobRecord, queue_places, queued_records, with_queue_place
+from rollmux.records import JobRecord, QueueEntry, queue_places, queued_records, with_queue_place
 
 __all__ = ["Views"]
 
@@ -39,50 +41,49 @@ class Views:
         """The record with its placement read from the policy (active) or as frozen (ended)."""
         return self.jobs.view(rec)
 
-    def public(self, rec: JobRecord) -> dict:
-        return self.jobs.view(rec).public()
+    def answer(self, rec: JobRecord) -> JobRecord:
+        """The record as the scheduler answers it (a copy, without the checkpoint-only fields)."""
+        return self.jobs.view(rec, answer=True)
 
-    def group(self, gid: str) -> Optional[dict]:
+    def group(self, gid: str) -> Optional[GroupRecord]:
         """A group as ``GET /v1/groups`` lists it (None once dissolved)."""
         try:
             st = self.policy.igs.group_stats(gid)
         except KeyError:
             return None
-        return {"group_id": gid, "members": st["members"], "rollout_nodes": st["rollout_nodes"],
-                "train_nodes": st["train_nodes"], "cost_usd_per_h": st["cost_usd_per_h"],
-                "t_cycle_s": st["t_cycle_s"], "t_load_s": st["t_load_s"], "slack_s": st["slack_s"],
-                "controller": controller_name(gid, self.name)}
+        return GroupRecord(gid, tuple(st["members"]), tuple(st["rollout_nodes"]), tuple(st["train_nodes"]),
+                           st["cost_usd_per_h"], st["t_cycle_s"], st["t_load_s"], st["slack_s"],
+                           controller_name(gid, self.name))
 
-    def queue(self) -> list[dict]:
-        """The admission queue as published: ``job_id, slo, queued_at, reason, gpus`` in line order
-        (``gpus``: the backfill size a replica's dry-run compares, :func:`rollmux.admission_queue.job_gpus`)."""
+    def queue(self) -> tuple[QueueEntry, ...]:
+        """The admission queue as published, in line order (``gpus``: the backfill size a
+        replica's dry-run compares, :func:`rollmux.admission_queue.job_gpus`)."""
         cfg = self.policy.config
-        return [{"job_id": q.job_id, "slo": q.spec.slo, "queued_at": q.enqueued_at, "reason": q.reason, "gpus": q.gpus,
-                 "priority_class": class_of(cfg, q.spec), "tenant": tenant_of(cfg, q.spec)}
-                for q in self.line.jobs()]
+        return tuple(QueueEntry(q.job_id, q.spec.slo, q.enqueued_at, q.reason, q.gpus, class_of(cfg, q.spec),
+                                tenant_of(cfg, q.spec)) for q in self.line.jobs())
 
-    def queued(self, now: Optional[float] = None) -> list[dict]:
-        """The queued jobs as job views (state ``queued``, ``queue_position``, ``waited_s``)."""
+    def queued(self, now: Optional[float] = None) -> list[JobRecord]:
+        """The queued jobs as job records (state ``queued``, ``queue_position``, ``waited_s``)."""
         return queued_records(self.queue(), time.time() if now is None else now)
 
     # ---- queries
-    def list_jobs(self) -> list[dict]:
+    def list_jobs(self) -> list[JobRecord]:
         """Every job record (admission order; a preempted job waiting with its place in the
         queue), then the queued jobs without a record (line order)."""
         records, now = self.jobs.records, time.time()
         places = queue_places(self.queue(), now) if len(self.line) else {}
-        return [with_queue_place(self.public(r), places) for r in records.values()] + [
-            v for v in self.queued(now) if v["job_id"] not in records]
+        return [with_queue_place(self.answer(r), places) for r in records.values()] + [
+            v for v in self.queued(now) if v.job_id not in records]
 
-    def get_job(self, job_id: str) -> Optional[dict]:
+    def get_job(self, job_id: str) -> Optional[JobRecord]:
         r = self.jobs.get(job_id)
         if job_id not in self.line:
-            return None if r is None else self.public(r)
+            return None if r is None else self.answer(r)
         if r is None:
-            return next(v for v in self.queued() if v["job_id"] == job_id)
-        return with_queue_place(self.public(r), queue_places(self.queue(), time.time()))
+            return next(v for v in self.queued() if v.job_id == job_id)
+        return with_queue_place(self.answer(r), queue_places(self.queue(), time.time()))
 
-    def list_groups(self) -> list[dict]:
+    def list_groups(self) -> list[GroupRecord]:
         """Groups: members, nodes, Cost(G) USD/h, T_cycle, T_load and slack (T_cycle - T_load)."""
         return [self.group(g.group_id) for g in self.policy.igs.groups]
 
@@ -104,19 +105,26 @@ class Views:
             except KeyError:
                 continue
             jids.update(dict.fromkeys(m.spec.job_id for m in grp.members))
-        views = {j: (None if (r := records.get(j)) is None else self.public(r)) for j in jids}
+        views = {j: (None if (r := records.get(j)) is None else self.answer(r)) for j in jids}
         views.update({j: None for j in dropped})
-        policy = {"header": written.get("header") or igs.snapshot_header(), "groups": dict(written.get("groups", {}))}
+        policy = PolicyDelta(PolicyHeader.of(written.get("header") or igs.snapshot_header(), igs.config),
+                             {g: self._policy_group(g) for g in written.get("groups", {})})
         self.snapshots.publish(views, {g: self.group(g) for g in gids}, self.queue() if queue_changed else None, policy)
 
-    def full_snapshot(self, cluster: dict, policy: bool = False) -> dict:
-        """Everything a replica follows (``full: True``); ``policy``: also the policy table."""
+    def _policy_group(self, gid: str):
+        """The policy's group ``gid`` as its table holds it now (None: gone)."""
+        try:
+            return self.policy.igs.group(gid)
+        except KeyError:
+            return None
+
+    def full_snapshot(self, cluster: ClusterSpec, policy: bool = False) -> SnapshotDelta:
+        """Everything a replica follows (``full``); ``policy``: also the policy table."""
         igs = self.policy.igs
-        out = {"epoch": self.snapshots.epoch, "version": self.snapshots.version, "full": True, "cluster": cluster,
-               "jobs": {j: self.public(r) for j, r in self.jobs.records.items()},
-               "groups": {g.group_id: self.group(g.group_id) for g in igs.groups},
-               "queue": self.queue()}
+        table = None
         if policy:
-            out["policy"] = {"header": igs.snapshot_header(),
-                             "groups": {g.group_id: igs.group_snapshot(g.group_id) for g in igs.groups}}
-        return out
+            table = PolicyDelta(PolicyHeader.of(igs.snapshot_header(), igs.config), {g.group_id: g for g in igs.groups})
+        return SnapshotDelta(self.snapshots.epoch, self.snapshots.version, full=True,
+                             jobs={j: self.answer(r) for j, r in self.jobs.records.items()},
+                             groups={g.group_id: self.group(g.group_id) for g in igs.groups}, queue=self.queue(),
+                             cluster=cluster, policy=table)

@@ -32,15 +32,28 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from actors.handles import WorkerHandle, gather, watch_failures
-from rollmux.messages import PendingWeights, SyncAck, SyncSignal, SyncSignalKind
+from rollmux.messages import EndpointCaps, EndpointOpened, PendingWeights, SyncAck, SyncSignal, SyncSignalKind
 from rollmux.staleness import version_for
 
-__all__ = ["SYNC_TIMEOUT_S", "SyncSession"]
+if TYPE_CHECKING:
+    from rollmux.sync_plan import SyncPlan
+
+__all__ = ["SYNC_TIMEOUT_S", "SyncSession", "sync_caps_of"]
 
 SYNC_TIMEOUT_S = 120.0
+
+
+def sync_caps_of(node: str) -> EndpointCaps:
+    """What this process can use for a sync endpoint (:func:`collectives.endpoint_caps`), named by
+    ``node``, with the IP its endpoint would bind to."""
+    import ray
+
+    from collectives import endpoint_caps
+
+    return EndpointCaps(name=node, ip=ray.util.get_node_ip_address(), **endpoint_caps())
 
 
 class SyncSession:
@@ -188,7 +201,8 @@ class SyncSession:
                        intra_recv_bytes=getattr(st, "intra_recv_bytes", None))
 
     # ---- every peer: endpoints and the leader's signals
-    def open_endpoint(self, plan: Any, addr: str, index: int, host: str, backend: str = "gloo", gen: int = 0) -> dict:
+    def open_endpoint(self, plan: SyncPlan, addr: str, index: int, host: str, backend: str = "gloo",
+                      gen: int = 0) -> EndpointOpened:
         """Join the job's collectives group as this pool's worker ``index`` over ``backend``
         (``"gloo"``, or ``"nccl"`` on this worker's CUDA device), endpoint generation ``gen``; kept
         for the job's life (until the leader rebuilds the endpoints). Raises what
@@ -208,7 +222,7 @@ class SyncSession:
                                       bind_host=host, timeout_s=SYNC_TIMEOUT_S, **kw)
         self.endpoint_gen, self.used = gen, backend
         self.ready.set()
-        return {"node": self.node, "index": index, "backend": backend}
+        return EndpointOpened(self.node, index, backend)
 
     def signal(self, sig: SyncSignal) -> None:
         """The leader's word about generation ``sig.gen``: abort (an endpoint of that generation
@@ -292,19 +306,22 @@ class SyncSession:
         if follower:
             return {"cross_bytes": int(mine), "backend": "counted"}
         cross_in = plan.received_bytes()  # each receiver then gets the other shards from its rollout peers
-        acks = gather([self._workers(w).receive_counted_nowait(self.key, weights, int(cross_in[j]),
+        sent = PendingWeights(tensors=weights)
+        acks = gather([self._workers(w).receive_counted_nowait(self.key, sent, int(cross_in[j]),
                                                                 int(plan.model_bytes - cross_in[j]), self.publishing)
                        for j, w in enumerate(self.rollout_workers)], timeout_s=SYNC_TIMEOUT_S)
         return {"receivers": acks, "cross_bytes": int(mine), "backend": "counted",
                 "note": f"counted, not moved: plan of {plan.model_bytes} B, {plan.cross_bytes} B across the boundary"}
 
-    def receive_counted(self, weights: dict, cross_bytes: int, intra_bytes: int, version: Optional[int] = None) -> SyncAck:
-        """Counted sync, receive side: keep the (metadata-only) weights for the next rollout; the
-        ack carries the bytes the plan has this worker receive (none were moved)."""
+    def receive_counted(self, weights: PendingWeights, cross_bytes: int, intra_bytes: int,
+                        version: Optional[int] = None) -> SyncAck:
+        """Counted sync, receive side: keep the (metadata-only) weights for the next rollout (as the
+        policy version ``version``); the ack carries the bytes the plan has this worker receive
+        (none were moved)."""
         t0 = time.perf_counter()
-        self._receive(PendingWeights(tensors=weights, version=version))
+        self._receive(PendingWeights(tensors=weights.tensors, version=version))
         if self._keep is not None:
-            self._keep(weights)
+            self._keep(weights.tensors)
         return SyncAck(node=self.node, fetch_s=time.perf_counter() - t0, backend="counted",
                        cross_recv_bytes=int(cross_bytes), intra_recv_bytes=int(intra_bytes))
 
@@ -364,9 +381,7 @@ class SyncSession:
         """Build the job's sync endpoints (generation ``gen``) over the transport :func:`collectives.
         choose_backend` picks for these workers; returns why that transport. Raises when they
         cannot be built (a peer's ``open_sync_endpoint`` failed, or the rendezvous timed out)."""
-        import ray
-
-        from collectives import choose_backend, endpoint_caps, host_store, open_endpoint
+        from collectives import choose_backend, host_store, open_endpoint
         from rollmux.sync_plan import build_plan, metas_of
 
         if self.endpoint is not None:
@@ -376,11 +391,12 @@ class SyncSession:
         trainers = [self._workers(w) for w in self.peers[1:]]
         caps = gather([t.sync_caps_nowait() for t in trainers] + [p.sync_caps_nowait() for p in receivers],
                       timeout_s=SYNC_TIMEOUT_S)
-        mine = {"name": self.node, "ip": ray.util.get_node_ip_address(), **endpoint_caps()}
-        backend, why = choose_backend("auto" if self.backend == "auto" else self.backend, [mine, *caps])
+        mine = sync_caps_of(self.node)
+        backend, why = choose_backend("auto" if self.backend == "auto" else self.backend,
+                                      [c.to_dict() for c in (mine, *caps)])
         host = os.environ.get("ROLLMUX_SYNC_HOST") or self.host
         if host is None:
-            host = "127.0.0.1" if {c["ip"] for c in caps} <= {mine["ip"]} else mine["ip"]
+            host = "127.0.0.1" if {c.ip for c in caps} <= {mine.ip} else mine.ip
         plan = build_plan(metas_of(weights), max(1, self.world_size), len(receivers), scheme="topo")
         store, addr = host_store(host, timeout_s=SYNC_TIMEOUT_S)  # hosted before anyone connects
         names = [f"{w} (open_sync_endpoint)" for w in self.rollout_workers + self.peers[1:]]

@@ -33,6 +33,7 @@ Every call to another actor goes through :mod:`actors.handles`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import tempfile
@@ -40,22 +41,25 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from actors.worker.commits import (  # noqa: F401  (KEEP_COMMITS re-exported)
     KEEP_COMMITS, Commits, WorkerLost, commit_files, load_bytes, load_file, save_file,
 )
 from actors.handles import ControllerHandle, WorkerHandle, gather, start_actor
 from actors.naming import NAMESPACE, worker_name  # noqa: F401  (re-exported)
-from actors.worker.weight_sync import SYNC_TIMEOUT_S, SyncSession
+from actors.worker.weight_sync import SYNC_TIMEOUT_S, SyncSession, sync_caps_of
 from rollmux.messages import (
-    JobHosting, MovedState, PendingWeights, PhaseCall, PhaseOutcome, PhaseRecord, RolloutProgress, SyncAck,
-    SyncSignal, WorkerPlace,
+    EndpointCaps, EndpointOpened, HostedJob, JobHosting, MovedState, PendingWeights, PhaseCall, PhaseOutcome,
+    PhaseRecord, RolloutProgress, SyncAck, SyncSignal, WorkerPlace,
 )
 from rollmux.nodes import node_resource, pool_of
 from rollmux.phase_state import (  # noqa: F401  (restore_state re-exported)
     ParallelContext, RuntimeHook, call_phase, parallel_scope, restore_state, split_state, state_resume, state_suspend,
 )
+
+if TYPE_CHECKING:
+    from rollmux.sync_plan import SyncPlan
 
 _commit_files = commit_files  # the name the tests and tools used before the commits had their own module
 PROGRESS_BUCKETS = 20  # progress is forwarded to the controller at most once per 1/20 of the responses
@@ -345,13 +349,12 @@ class _PoolWorker:
             h.commits.delete()
         return True
 
-    def hosted(self) -> dict:
-        """Hosted jobs by hosting key (``job_id`` or ``job_id@scheduler``, see
+    def hosted(self) -> list[HostedJob]:
+        """The jobs hosted here, each by its hosting key (``job_id`` or ``job_id@scheduler``, see
         :func:`actors.naming.hosted_key`): ``job_id``, whether state is stored, resident values,
         switches, pending weights."""
-        return {j: {"job_id": h.real_id, "stored": h.ref is not None, "resident": sorted(h.resident),
-                    "switches": list(h.switches), "pending_weights": h.sync.pending is not None}
-                for j, h in self.jobs.items()}
+        return [HostedJob(j, h.real_id, h.ref is not None, tuple(sorted(h.resident)), tuple(h.switches),
+                          h.sync.pending is not None) for j, h in self.jobs.items()]
 
     def where(self) -> WorkerPlace:
         """Placement check: this actor's Ray node id, RollMux node id, pool, IP, pid, torch threads
@@ -512,7 +515,7 @@ class _PoolWorker:
                 ctrl.progress_nowait(RolloutProgress(h.real_id, int(event["done"]), int(event["total"])))
 
     # ---- phases
-    def run(self, job_id: str, call: PhaseCall, args: tuple, kwargs: dict, follower: bool = False) -> PhaseOutcome:
+    def run(self, job_id: str, call: PhaseCall, follower: bool = False) -> PhaseOutcome:
         """Run a granted phase (a :class:`rollmux.messages.PhaseCall`): warm/cold start, the user's
         function, offload, commit, release the permit.
 
@@ -533,7 +536,7 @@ class _PoolWorker:
             raise JobNotHosted(f"job {job_id!r} is not hosted on {worker_name(self.node)}")
         seq = call.pool_seq  # the driver's number of this phase among its pool's phases
         if call.replay:  # the phase was released before a worker was lost: its committed result
-            return self._replay(h, job_id, call, args, kwargs, follower)
+            return self._replay(h, job_id, call, follower)
         start = time.time()
         rec = PhaseRecord(node=self.node, nodes=tuple(h.nodes or [self.node]), start=start)
         result = None
@@ -545,8 +548,8 @@ class _PoolWorker:
                 ctrl.phase_started_nowait(h.real_id, phase)
             if h.world_size > 1:  # SPMD: the other ranks run the same phase now (the permit covers them)
                 if phase == "sync":  # the endpoint generation this sync uses (followers wait for it)
-                    call = PhaseCall(call.grant, call.pool_seq, call.replay, sync_gen=h.sync.next_gen())
-                peers = [WorkerHandle(name=n).run_follower(job_id, call, args, kwargs) for n in h.peers[1:]]
+                    call = dataclasses.replace(call, sync_gen=h.sync.next_gen())
+                peers = [WorkerHandle(name=n).run_follower(job_id, call) for n in h.peers[1:]]
         try:
             state, kind, sw = self._materialise(h, seq)
             if not self._one_thread:  # the first job that loaded torch here (its builder did)
@@ -581,7 +584,7 @@ class _PoolWorker:
                 last = [-1]
                 hook = RuntimeHook(h.real_id, phase, call.iteration, lambda e: self._emit(h, ctrl, e, last))
                 with parallel_scope(ctx):
-                    result = call_phase(h.phases[phase], phase, state, tuple(args), dict(kwargs), hook)
+                    result = call_phase(h.phases[phase], phase, state, tuple(call.args), dict(call.kwargs), hook)
             rec = rec.replace(run_s=time.perf_counter() - t1)
             offload_s, storable = self._offload(h, state)
             rec = rec.replace(offload_s=offload_s)
@@ -627,8 +630,7 @@ class _PoolWorker:
             rec = self._release(call, rec)
         return PhaseOutcome(result=result, record=rec)
 
-    def _replay(self, h: _Hosted, job_id: str, call: PhaseCall, args: tuple, kwargs: dict,
-                follower: bool) -> PhaseOutcome:
+    def _replay(self, h: _Hosted, job_id: str, call: PhaseCall, follower: bool) -> PhaseOutcome:
         """The committed result of phase ``call.pool_seq`` (it finished and was released, but the
         driver lost the answer with a worker): nothing runs, no permit is released. The leader
         gathers its ranks' results in rank order, as :meth:`run` does."""
@@ -638,26 +640,21 @@ class _PoolWorker:
                           switch_s=0.0, ok=True, replayed=True, commit=int(call.pool_seq))
         result = body.get("result")
         if not follower and h.world_size > 1:
-            outs = gather([WorkerHandle(name=n).run_follower(job_id, call, args, kwargs) for n in h.peers[1:]],
+            outs = gather([WorkerHandle(name=n).run_follower(job_id, call) for n in h.peers[1:]],
                           timeout_s=SYNC_TIMEOUT_S)
             result = result if call.phase == "sync" else [result] + [o.result for o in outs]
         return PhaseOutcome(result=result, record=rec)
 
     # ---- weight sync entry points (the protocol is the job's SyncSession: :mod:`actors.worker.weight_sync`)
-    def open_sync_endpoint(self, job_id: str, plan, addr: str, index: int, host: str, backend: str = "gloo",
-                           gen: int = 0) -> dict:
+    def open_sync_endpoint(self, job_id: str, plan: SyncPlan, addr: str, index: int, host: str, backend: str = "gloo",
+                           gen: int = 0) -> EndpointOpened:
         """Join the job's collectives group as this pool's worker ``index`` (see
         :meth:`actors.worker.weight_sync.SyncSession.open_endpoint`)."""
         return self._hosted(job_id).sync.open_endpoint(plan, addr, index, host, backend, gen)
 
-    def sync_caps(self) -> dict:
-        """What this worker can use for a sync endpoint (see :func:`collectives.select.endpoint_caps`),
-        named by its node, with the IP its endpoint would bind to."""
-        import ray
-
-        from collectives import endpoint_caps
-
-        return {"name": self.node, "ip": ray.util.get_node_ip_address(), **endpoint_caps()}
+    def sync_caps(self) -> EndpointCaps:
+        """What this worker can use for a sync endpoint (:func:`actors.worker.weight_sync.sync_caps_of`)."""
+        return sync_caps_of(self.node)
 
     def sync_signal(self, job_id: str, signal: SyncSignal) -> bool:
         """The job's sync leader's word about a sync generation (:class:`rollmux.messages.SyncSignal`:
@@ -702,7 +699,7 @@ class RolloutWorkerImpl(_PoolWorker):
         """Collectives sync, receive side (atomic); applied at the job's next rollout."""
         return self._hosted(job_id).sync.receive_collective(version)
 
-    def receive_counted(self, job_id: str, weights: dict, cross_bytes: int, intra_bytes: int,
+    def receive_counted(self, job_id: str, weights: PendingWeights, cross_bytes: int, intra_bytes: int,
                         version: Optional[int] = None) -> SyncAck:
         """Counted sync (emulated accelerators), receive side: the weights' metadata and the bytes
         the plan has this worker receive; applied at the job's next rollout."""

@@ -8,8 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
+from rollmux.answers import Admission, CandidateView, PrunedGroup
 from rollmux.codes import Code
 from rollmux.models import JobSpec, PhaseProfile, Placement
+from rollmux.records import NodePlacement
 
 #: The filters a candidate or group can be rejected by (``Candidate.plugin``, ``Verdict.plugin``).
 PLUGINS = ("saturation", "memory", "slo", "capacity", "group_size", "finite", "train_gpu_memory")
@@ -80,17 +82,19 @@ class Candidate:
     def ok(self) -> bool:
         return self.verdict == "ok"
 
+    def view(self) -> CandidateView:
+        """The candidate as an answer lists it (without its internal parts)."""
+        return CandidateView(self.group_id, self.strategy, self.delta_usd_per_h, self.verdict, self.plugin,
+                             tuple(self.reasons), dict(self.predicted_slowdowns), _nodes(self.nodes))
+
     def to_dict(self) -> dict:
-        return {
-            "group_id": self.group_id,
-            "strategy": self.strategy,
-            "delta_usd_per_h": self.delta_usd_per_h,
-            "verdict": self.verdict,
-            "plugin": self.plugin,
-            "reasons": list(self.reasons),
-            "predicted_slowdowns": dict(self.predicted_slowdowns),
-            "placement": placement_dict(self.placement),
-        }
+        return self.view().to_dict()
+
+
+def _nodes(nodes: Optional[tuple[tuple[str, ...], tuple[str, ...]]]) -> Optional[NodePlacement]:
+    if nodes is None:
+        return None
+    return NodePlacement.model_construct(rollout_nodes=list(nodes[0]), train_nodes=list(nodes[1]))
 
 
 def placement_dict(p: Optional[Placement]) -> Optional[dict]:
@@ -142,33 +146,24 @@ class AdmissionDecision:
         ``"group_size"`` or ``"saturation"`` (Alg. 1 line 4)."""
         return [{"group_id": g, "plugin": p, "reason": r} for g, (p, r) in self._pruned_src]
 
-    def to_dict(self, explain: str = "full") -> dict:
-        """JSON-able form (rollmux/admission/README.md "Policy core"). ``explain="chosen"``: of an admission,
-        only the chosen candidate is listed (``candidates_listed: "chosen"``; ``pruned`` empty and
+    def answer(self, explain: str = "full") -> Admission:
+        """The decision as the scheduler answers it (:class:`rollmux.answers.Admission`: typed,
+        picklable, without the lazy candidate list). ``explain="chosen"``: of an admission, only
+        the chosen candidate is listed (``candidates_listed: "chosen"``; ``pruned`` empty and
         ``pruned_groups`` counting them), so the explanation of every other placement is never
-        built (the hot path of many admissions); ``"full"``
-        (default) lists every candidate."""
+        built (the hot path of many admissions); ``"full"`` (default) lists every candidate."""
+        p = self.placement
+        base = dict(job_id=self.job_id, admitted=self.admitted, code=Code(self.code), reason=self.reason,
+                    policy=self.policy, group_id=self.group_id, strategy=self.strategy,
+                    placement=None if p is None else _nodes((p.rollout_nodes, p.train_nodes)),
+                    delta_usd_per_h=self.delta_usd_per_h, predicted_slowdowns=dict(self.predicted_slowdowns),
+                    latency_ms=self.latency_ms, profile=self.profile, field=self.field)
         if explain == "chosen" and self._chosen is not None:
-            return {**self._to_dict([self._chosen.to_dict()], []), "pruned_groups": len(self._pruned_src),
-                    "candidates_listed": "chosen"}
-        return self._to_dict([c.to_dict() for c in self.candidates])
+            return Admission(**base, candidates=(self._chosen.view(),), pruned_groups=len(self._pruned_src),
+                             candidates_listed="chosen")
+        return Admission(**base, candidates=tuple(c.view() for c in self.candidates),
+                         pruned=tuple(PrunedGroup(g, pl, r) for g, (pl, r) in self._pruned_src))
 
-    def _to_dict(self, candidates: list[dict], pruned: Optional[list[dict]] = None) -> dict:
-        return {
-            "job_id": self.job_id,
-            "admitted": self.admitted,
-            "code": Code(self.code).value,
-            "reason": self.reason,
-            "policy": self.policy,
-            "group_id": self.group_id,
-            "strategy": self.strategy,
-            "placement": placement_dict(self.placement),
-            "delta_usd_per_h": self.delta_usd_per_h,
-            "predicted_slowdowns": dict(self.predicted_slowdowns),
-            "candidates": candidates,
-            "pruned": self.pruned if pruned is None else pruned,
-            "latency_ms": self.latency_ms,
-            "profile": None if self.profile is None else self.profile.model_dump(),
-            **({"field": self.field} if self.field is not None else {}),
-        }
-
+    def to_dict(self, explain: str = "full") -> dict:
+        """JSON-able form (rollmux/admission/README.md "Policy core"): :meth:`answer`'s."""
+        return self.answer(explain).to_dict()

@@ -31,6 +31,14 @@ from rollmux.policies import REGISTRY, PolicySpec, choose_min_cost as choose_min
 POLICIES: dict[str, str] = {n: p.description for n, p in REGISTRY.items() if p.kind == "scheduler"}
 
 
+def group_of_snapshot(gd: "dict | CoExecutionGroup") -> CoExecutionGroup:
+    """A group of the policy's table from its :meth:`InterGroupScheduler.group_snapshot` form (or
+    the group itself: what the scheduler publishes to its followers)."""
+    return gd if isinstance(gd, CoExecutionGroup) else CoExecutionGroup(
+        group_id=gd["group_id"], rollout_nodes=tuple(gd["rollout_nodes"]), train_nodes=tuple(gd["train_nodes"]),
+        members=tuple(GroupMember.model_validate(m) for m in gd["members"]))
+
+
 def _no_placement_reason(cands: list[Candidate], pruned: list) -> str:
     """Why no placement exists now, naming the deciding filter of every path: the plugin that pruned
     each group (saturation, group_size), the plugin that rejected each (group, strategy) candidate
@@ -538,9 +546,9 @@ class InterGroupScheduler(RepackMixin, GlobalPlanMixin):
             "members": [m.model_dump(mode="json") for m in g.group.members],
         }
 
-    def load_groups(self, header: Mapping, groups: Mapping[str, Optional[dict]]) -> None:
+    def load_groups(self, header: Mapping, groups: Mapping[str, Optional[dict | CoExecutionGroup]]) -> None:
         """Bring a copy of the table up to date with published changes: each group of ``groups``
-        is replaced by its :meth:`group_snapshot` (None: gone; an unknown id: a new group, last in
+        is replaced by its :meth:`group_snapshot` or the group itself (None: gone; an unknown id: a new group, last in
         order), and ``next_group`` taken from ``header`` (:meth:`snapshot_header`). Nodes are
         released before any is taken, so a change that moves nodes between groups applies in any
         order. Used by a follower (a Serve replica answering dry-runs) that holds the scheduler's
@@ -562,9 +570,7 @@ class InterGroupScheduler(RepackMixin, GlobalPlanMixin):
                     if gid in self._groups:
                         self._set_group(gid, None)
                     continue
-                grp = CoExecutionGroup(group_id=gd["group_id"], rollout_nodes=tuple(gd["rollout_nodes"]),
-                                       train_nodes=tuple(gd["train_nodes"]),
-                                       members=tuple(GroupMember.model_validate(m) for m in gd["members"]))
+                grp = group_of_snapshot(gd)
                 self._pools["rollout"].take(grp.rollout_nodes)
                 self._pools["train"].take(grp.train_nodes)
                 self._set_group(gid, summarise_group(grp, self.cluster))
@@ -577,17 +583,15 @@ class InterGroupScheduler(RepackMixin, GlobalPlanMixin):
 
     @classmethod
     def restore(cls, cluster: ClusterSpec, snapshot: dict) -> "InterGroupScheduler":
-        """Rebuild a scheduler from :meth:`snapshot` output. Raises ValueError on a malformed
-        snapshot (pydantic messages name the field)."""
+        """Rebuild a scheduler from :meth:`snapshot` output (its ``groups`` may also be the group
+        objects themselves). Raises ValueError on a malformed snapshot (pydantic messages name the field)."""
         try:
             cfg = SchedulerConfig.model_validate({**snapshot.get("config", {}), "policy": snapshot["policy"],
                                                   "max_group_size": snapshot["max_group_size"], "seed": snapshot["seed"]})
             s = cls(cluster, policy=cfg.policy, max_group_size=cfg.max_group_size, seed=cfg.seed, config=cfg)
             s._next_group = int(snapshot["next_group"])
             for gd in snapshot["groups"]:
-                grp = CoExecutionGroup(group_id=gd["group_id"], rollout_nodes=tuple(gd["rollout_nodes"]),
-                                       train_nodes=tuple(gd["train_nodes"]),
-                                       members=tuple(GroupMember.model_validate(m) for m in gd["members"]))
+                grp = group_of_snapshot(gd)
                 s._pools["rollout"].take(grp.rollout_nodes)
                 s._pools["train"].take(grp.train_nodes)
                 s._set_group(grp.group_id, summarise_group(grp, cluster))

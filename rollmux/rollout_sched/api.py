@@ -364,6 +364,52 @@ class Limits(_Out):
 
 
 # ----------------------------------------------------------------------------- OpenAI-style
+class ReplicaStats(_Out):
+    """One engine replica's figures in :class:`ServiceStats`."""
+
+    replica: int
+    alive: bool
+    queued: int  # requests in its scheduler's queues
+    running: int
+    windows: int  # scheduling windows run
+    engine_busy_s: float  # time in its engine's windows, s
+    policy_version: int
+    kv_in_use_tokens: int
+    prefix_hit_ratio: float
+    index_bytes: int  # its prefix index's memory, B
+    index_nodes: int
+    coldstart_phase: Optional[str] = None
+    weights_version: Optional[int] = None  # the weights version it serves (None: its initial weights)
+    weights_sha256: Optional[str] = None
+
+
+class ServiceStats(_Out):
+    """The rollout service's figures (the service's ``stats``, ``GET /v1/stats``; the metrics are
+    defined in docs/ROLLOUT_SERVICE.md)."""
+
+    sample_throughput_per_s: float
+    trainer_idle_ratio: Optional[float]
+    prefix_hit_ratio: float
+    training_step_time_s: Optional[float]  # mean time between policy versions, s
+    last_training_step_time_s: Optional[float]
+    diversity_score: float
+    index_bytes: int  # the replicas' prefix indexes, B
+    policy_version: int
+    weight_version: Optional[int]  # the latest weights update's version (None: none)
+    min_policy_version: Optional[int]
+    queued: int
+    running: int
+    queued_by_class: dict[str, int]  # request class -> queued requests
+    queue_capacity: int
+    results_kept: int
+    sessions: int
+    counters: dict[str, int]  # counter name -> its count
+    submit_handling_ms_p50: Optional[float]  # ms
+    replicas: list[ReplicaStats]
+    uptime_s: float  # s since the service started
+    service_rss_bytes: int  # B
+
+
 class _OpenAIExtras(_In):
     model: Optional[str] = Field(default=None, max_length=256, description="ignored (one model is served)")
     max_tokens: int = Field(default=16, ge=1, le=MAX_REQUEST_TOKENS)

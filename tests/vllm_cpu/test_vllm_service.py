@@ -36,7 +36,7 @@ def svc(serve_api, model_dir):
     name = service_name(serve_api.scheduler_name)
     h = ensure_rollout_service(name, overrides={"engine": "vllm", "vllm_model": model_dir, "num_replicas": 1})
     lim = h.ready_sync(timeout_s=600)
-    assert lim["num_replicas"] == 1 and lim["vocab_size"] == 256
+    assert lim.num_replicas == 1 and lim.vocab_size == 256
     yield h
     h.shutdown_sync()
 
