@@ -1,10 +1,10 @@
 """Warm / cold start, offload and recovery of a hosted job's phase state on a pool worker.
 
-:class:`StateSwitching` is a base of the pool workers (:class:`actors.worker.workers._PoolWorker`):
+:class:`StateSwitch` is composed by each pool worker (:class:`actors.worker.workers._PoolWorker`):
 before a granted phase the job's live state is materialised (warm: the object store; cold:
 builder + the cold-start file; moved: builder + the carried state; recovered: builder + the durable
 commit before the phase, :mod:`actors.worker.commits`), after it the state is suspended and stored
-again. The worker supplies ``pool`` and ``_parallel(h)``.
+again. The worker gives it its pool and its ``_parallel(h)``.
 """
 
 from __future__ import annotations
@@ -30,12 +30,21 @@ def _close_all(values) -> None:
                 pass
 
 
-class StateSwitching:
-    """The state-switch half of a pool worker (a base class; the worker supplies ``pool`` and
-    ``_parallel``)."""
+class StateSwitch:
+    """The state switch of one pool worker: warm / cold start, offload and recovery of the jobs it
+    hosts (composed by the worker, which owns the hosted jobs).
+
+    Args:
+        pool: ``"rollout"`` or ``"train"``.
+        parallel: ``parallel(hosted)``: the job's SPMD place on this worker (the worker's method).
+    """
+
+    def __init__(self, pool: str, parallel) -> None:
+        self.pool = pool
+        self._parallel = parallel
 
     # ---- warm / cold start
-    def _materialise(self, h: _Hosted, seq: Optional[int] = None) -> tuple[dict, str, float]:
+    def materialise(self, h: _Hosted, seq: Optional[int] = None) -> tuple[dict, str, float]:
         """The job's live state at the start of its pool's phase number ``seq`` (1-based; None:
         an old driver without numbering). Warm: the stored state; cold: builder + cold-start file;
         moved: builder + the carried state; recovered (the state in memory is not the one this
@@ -47,7 +56,7 @@ class StateSwitching:
         recovering = (seq is not None and h.moved is None and h.durable and h.seq != seq - 1
                       and (seq > 1 or h.seq is not None))
         if recovering:
-            state = self._recover(h, seq)
+            state = self.recover(h, seq)
             kind = "recovered"
         elif h.moved is None and h.ref is not None and h.switch == "warm":
             state, kind = dict(ray.get(h.ref)), "warm"
@@ -99,7 +108,7 @@ class StateSwitching:
         state_resume(state)
         return state, kind, time.perf_counter() - t0
 
-    def _offload(self, h: _Hosted, state: dict) -> tuple[float, dict]:
+    def offload(self, h: _Hosted, state: dict) -> tuple[float, dict]:
         """Suspend and store the state (warm: object store; cold: the cold-start file).
         Returns (seconds, the storable part)."""
         import ray
@@ -118,7 +127,7 @@ class StateSwitching:
         return time.perf_counter() - t0, storable
 
     # ---- durable commits (a lost worker's jobs resume from them: :mod:`actors.worker.commits`)
-    def _recover(self, h: _Hosted, seq: int) -> dict:
+    def recover(self, h: _Hosted, seq: int) -> dict:
         """builder() + the commit of phase ``seq - 1`` (nothing committed before phase 1: the
         fresh builder state) and, on the rollout side, the synced weights received after that
         commit (re-applied at this rollout). Returns the live state."""
@@ -135,7 +144,7 @@ class StateSwitching:
                 h.sync.pending, h.weights_after = PendingWeights(tensors=w), seq - 1
         return state
 
-    def _keep_weights(self, h: _Hosted, weights: dict) -> None:
+    def keep_weights(self, h: _Hosted, weights: dict) -> None:
         """Rollout side: write received weights durably (see :meth:`_Hosted._keep_weights`)."""
         if h.durable:
             h._keep_weights(weights)

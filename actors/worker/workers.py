@@ -48,7 +48,7 @@ from actors.worker.commits import KEEP_COMMITS, WorkerLost, commit_files  # noqa
 from actors.handles import ControllerHandle, WorkerHandle, gather, start_actor
 from actors.naming import NAMESPACE, worker_name  # noqa: F401  (re-exported)
 from actors.worker.hosted import JobNotHosted, _Hosted  # noqa: F401  (re-exported)
-from actors.worker.state_switch import StateSwitching, _close_all
+from actors.worker.state_switch import StateSwitch, _close_all
 from actors.worker.weight_sync import SYNC_TIMEOUT_S, sync_caps_of
 from rollmux.messages import (
     EndpointCaps, EndpointOpened, HostedJob, JobHosting, MovedState, PendingWeights, PhaseCall, PhaseOutcome,
@@ -92,7 +92,7 @@ def torch_one_thread() -> Optional[int]:
     return 1
 
 
-class _PoolWorker(StateSwitching):
+class _PoolWorker:
     """Shared logic of the two pool workers (plain class; see :func:`get_or_create_worker`)."""
 
     pool = "?"
@@ -106,6 +106,7 @@ class _PoolWorker(StateSwitching):
         self._reserved: set[str] = set()  # jobs whose store was reserved and that did not register since
         self._lock = threading.Lock()
         self._controllers: dict[str, ControllerHandle] = {}  # by actor name (each looked up again after it died)
+        self._switch = StateSwitch(self.pool, self._parallel)  # warm / cold start, offload, recovery
 
     def _controller(self, name: str) -> ControllerHandle:
         """The handle of the controller ``name`` (a grant's; cached: looked up by name only the
@@ -373,7 +374,7 @@ class _PoolWorker(StateSwitching):
                     call = dataclasses.replace(call, sync_gen=h.sync.next_gen())
                 peers = [WorkerHandle(name=n).run_follower(job_id, call) for n in h.peers[1:]]
         try:
-            state, kind, sw = self._materialise(h, seq)
+            state, kind, sw = self._switch.materialise(h, seq)
             if not self._one_thread:  # the first job that loaded torch here (its builder did)
                 self._one_thread = torch_one_thread() is not None
             rec = rec.replace(switch=kind, switch_s=sw)
@@ -408,7 +409,7 @@ class _PoolWorker(StateSwitching):
                 with parallel_scope(ctx):
                     result = call_phase(h.phases[phase], phase, state, tuple(call.args), dict(call.kwargs), hook)
             rec = rec.replace(run_s=time.perf_counter() - t1)
-            offload_s, storable = self._offload(h, state)
+            offload_s, storable = self._switch.offload(h, state)
             rec = rec.replace(offload_s=offload_s)
             del state
             h.seq = None  # until committed: a redo of this phase starts from the commit before it
