@@ -42,7 +42,7 @@ import os, sys, ray
 try:
     ray.init(address=sys.argv[1], namespace="rollmux", log_to_driver=False, logging_level="ERROR")
     if len(sys.argv) > 2:
-        print("HEALTH", ray.get(ray.get_actor(sys.argv[2], namespace="rollmux").health.remote(), timeout=60)["ok"])
+        print("HEALTH", ray.get(ray.get_actor(sys.argv[2], namespace="rollmux").health.remote(), timeout=60).ok)
     print("CONNECTED", flush=True)
 except BaseException as e:
     print("REFUSED", type(e).__name__, str(e)[:300].replace(chr(10), " "), flush=True)

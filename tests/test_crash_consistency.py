@@ -712,12 +712,12 @@ def test_lost_worker_resumes_from_the_commit_before_the_interrupted_phase(tmp_pa
     assert w.register_job("j", cfg)
     h = w.jobs["j"]
     for seq, phase in enumerate(["train", "sync", "train", "sync", "train"], 1):
-        s, kind, _ = w._materialise(h, seq)
+        s, kind, _ = w._switch.materialise(h, seq)
         assert kind == "cold"
         if phase == "train":
             s["w"] += 1.0
             s["step"] += 1
-        _, storable = w._offload(h, s)
+        _, storable = w._switch.offload(h, s)
         h.commits.write(seq, phase, storable, h.resident, {"step": s["step"], "phase": phase}, h.admission)
         h.seq = seq
     assert sorted(f.name for f in _commit_files(h.commit_prefix)) == \
@@ -726,7 +726,7 @@ def test_lost_worker_resumes_from_the_commit_before_the_interrupted_phase(tmp_pa
     def restarted(seq):  # a fresh worker process on the node (Ray restarted it); the driver re-registers
         w2 = TrainWorkerImpl("train-0")
         assert w2.register_job("j", cfg, recover=True)
-        return w2, w2.jobs["j"], w2._materialise(w2.jobs["j"], seq)
+        return w2, w2.jobs["j"], w2._switch.materialise(w2.jobs["j"], seq)
 
     _, _, (s, kind, _) = restarted(6)  # lost during phase 6: it starts from commit 5 (3 training steps)
     assert kind == "recovered" and s["step"] == 3 and torch.equal(s["w"], torch.full((2,), 3.0))
@@ -745,19 +745,19 @@ def test_lost_worker_resumes_from_the_commit_before_the_interrupted_phase(tmp_pa
     rcfg = {**cfg, "builder": lambda: {"w": torch.zeros(2), "version": 0}}
     r.register_job("j", rcfg)
     hr = r.jobs["j"]
-    s, _, _ = r._materialise(hr, 1)
-    _, storable = r._offload(hr, s)
+    s, _, _ = r._switch.materialise(hr, 1)
+    _, storable = r._switch.offload(hr, s)
     hr.commits.write(1, "rollout", storable, hr.resident, {"samples": 1}, hr.admission)
     hr.seq = 1
-    r._keep_weights(hr, {"w": torch.full((2,), 7.0)})
+    r._switch.keep_weights(hr, {"w": torch.full((2,), 7.0)})
     r2 = RolloutWorkerImpl("rollout-0")
     r2.register_job("j", rcfg, recover=True)
-    s, kind, _ = r2._materialise(r2.jobs["j"], 2)
+    s, kind, _ = r2._switch.materialise(r2.jobs["j"], 2)
     assert kind == "recovered" and torch.equal(r2.jobs["j"].pending_weights.tensors["w"], torch.full((2,), 7.0))
     r3 = RolloutWorkerImpl("rollout-0")
     r3.register_job("j", rcfg, recover=True)
-    r3._keep_weights(r3.jobs["j"], {"w": torch.full((2,), 8.0)})  # nothing in memory: follows the last commit
-    s, kind, _ = r3._materialise(r3.jobs["j"], 2)
+    r3._switch.keep_weights(r3.jobs["j"], {"w": torch.full((2,), 8.0)})  # nothing in memory: follows the last commit
+    s, kind, _ = r3._switch.materialise(r3.jobs["j"], 2)
     assert torch.equal(r3.jobs["j"].pending_weights.tensors["w"], torch.full((2,), 8.0))
     assert r3.unregister_job("j") and _commit_files(hr.commit_prefix) == []
 
@@ -777,7 +777,7 @@ def test_lost_worker_resumes_from_the_commit_before_the_interrupted_phase(tmp_pa
     e2 = TrainWorkerImpl("train-0")
     e2.register_job("j", ecfg, recover=True)
     with pytest.raises(WorkerLost, match=r"cannot be recovered: its resident engine \(Engine\)"):
-        e2._materialise(e2.jobs["j"], 2)
+        e2._switch.materialise(e2.jobs["j"], 2)
     assert e2.unregister_job("j") and _commit_files(he.commit_prefix) == []
 
 

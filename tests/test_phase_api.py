@@ -237,10 +237,10 @@ def test_cold_switch_rebuilds_residents_without_losing_their_state(tmp_path):
         worker.register_job("j", {"builder": lambda: {"engine": cls(), "x": torch.ones(1)}, "switch": "cold",
                                   "checkpoint_dir": str(tmp_path), "rebuild_resident": True})
         h = worker.jobs["j"]
-        s1, k1, _ = worker._materialise(h)
+        s1, k1, _ = worker._switch.materialise(h)
         s1["engine"].w += 5
-        worker._offload(h, s1)
-        s2, k2, _ = worker._materialise(h)
+        worker._switch.offload(h, s1)
+        s2, k2, _ = worker._switch.materialise(h)
         assert (k1, k2) == ("cold", "cold")
         worker.unregister_job("j")
         return s1["engine"], s2["engine"]
@@ -287,12 +287,12 @@ def test_cold_switch_keeps_the_engine_alive_and_closes_it_when_the_job_leaves(tm
     h = w.jobs["j"]
     engines, kinds = [], []
     for i in range(4):
-        st, kind, _ = w._materialise(h)
+        st, kind, _ = w._switch.materialise(h)
         engines.append(st["engine"])
         kinds.append(kind)
         assert float(st["step"]) == i  # the stored state comes back from the cold-start file
         st["step"] = st["step"] + 1
-        w._offload(h, st)
+        w._switch.offload(h, st)
     assert kinds == ["cold"] * 4 and calls["build"] == 1
     eng = engines[0]
     assert all(e is eng for e in engines) and not eng.closed

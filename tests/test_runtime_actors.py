@@ -97,9 +97,12 @@ def test_three_jobs_interleave_round_robin_in_one_group(sched, sync_backend):
         mine = [r for r in tl if r["job_id"] == jid]
         for ph in ("rollout", "train", "sync"):
             assert sorted(r["iteration"] for r in mine if r["phase"] == ph) == list(range(n))
-    for pool in ("rollout", "train"):  # round-robin order on each node's FIFO queue
+    for pool in ("rollout", "train"):  # round robin on each node's FIFO queue: every job once per meta-iteration
         seq = [r["job_id"] for r in sorted(tl, key=lambda r: r["start"]) if r["phase"] == pool]
-        assert seq == ids * n, (pool, seq)
+        # the first in the admission order; later ones in the planned order, which a re-plan on the
+        # jobs' measured phase times (profile_source: measured, the default) may change between two
+        assert seq[:len(ids)] == ids and len(seq) == len(ids) * n, (pool, seq)
+        assert all(sorted(seq[i:i + len(ids)]) == sorted(ids) for i in range(0, len(seq), len(ids))), (pool, seq)
     # interleaving: some rollout overlaps another job's training (a bubble filled)
     rolls = [r for r in tl if r["phase"] == "rollout"]
     trains = [r for r in tl if r["phase"] == "train"]

@@ -28,7 +28,10 @@ it, so that workers hosting only emulated-accelerator jobs stay light, :mod:`act
 
 The weight-sync protocol is one :class:`actors.worker.weight_sync.SyncSession` per hosted job (its
 entry points here only route to it); the durable commits are :class:`actors.worker.commits.Commits`.
-Every call to another actor goes through :mod:`actors.handles`.
+One hosted job's record (:class:`_Hosted`, :class:`JobNotHosted`) is :mod:`actors.worker.hosted`; the
+warm / cold start, offload and recovery of its state is :mod:`actors.worker.state_switch` (a base of
+the pool workers); both names are re-exported here. Every call to another actor goes through
+:mod:`actors.handles`.
 """
 
 from __future__ import annotations
@@ -36,26 +39,24 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import tempfile
 import threading
 import time
 import traceback
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from actors.worker.commits import (  # noqa: F401  (KEEP_COMMITS re-exported)
-    KEEP_COMMITS, Commits, WorkerLost, commit_files, load_bytes, load_file, save_file,
-)
+from actors.worker.commits import KEEP_COMMITS, WorkerLost, commit_files  # noqa: F401  (KEEP_COMMITS re-exported)
 from actors.handles import ControllerHandle, WorkerHandle, gather, start_actor
 from actors.naming import NAMESPACE, worker_name  # noqa: F401  (re-exported)
-from actors.worker.weight_sync import SYNC_TIMEOUT_S, SyncSession, sync_caps_of
+from actors.worker.hosted import JobNotHosted, _Hosted  # noqa: F401  (re-exported)
+from actors.worker.state_switch import StateSwitch, _close_all
+from actors.worker.weight_sync import SYNC_TIMEOUT_S, sync_caps_of
 from rollmux.messages import (
     EndpointCaps, EndpointOpened, HostedJob, JobHosting, MovedState, PendingWeights, PhaseCall, PhaseOutcome,
     PhaseRecord, RolloutProgress, SyncAck, SyncSignal, WorkerPlace,
 )
 from rollmux.nodes import node_resource, pool_of
 from rollmux.phase_state import (  # noqa: F401  (restore_state re-exported)
-    ParallelContext, RuntimeHook, call_phase, parallel_scope, restore_state, split_state, state_resume, state_suspend,
+    ParallelContext, RuntimeHook, call_phase, parallel_scope, restore_state,
 )
 
 if TYPE_CHECKING:
@@ -63,14 +64,6 @@ if TYPE_CHECKING:
 
 _commit_files = commit_files  # the name the tests and tools used before the commits had their own module
 PROGRESS_BUCKETS = 20  # progress is forwarded to the controller at most once per 1/20 of the responses
-
-
-class JobNotHosted(KeyError):
-    """The job is not hosted on this worker (never registered here, ended, or the worker
-    restarted and lost it: the driver then re-registers the job and redoes the phase)."""
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0]) if self.args else "job not hosted"
 
 
 def pin_to_cpus(node: str) -> Optional[list[int]]:
@@ -99,72 +92,6 @@ def torch_one_thread() -> Optional[int]:
     return 1
 
 
-class _Hosted:
-    """One job hosted on this worker: its program for this pool (:class:`JobHosting`), its phase
-    state between phases, its SPMD place and control plane, its commits and its sync session."""
-
-    def __init__(self, job_id: str, cfg: JobHosting | dict, pool: str, node: str):
-        cfg = JobHosting.of(cfg)
-        self.job_id = job_id  # the hosting key (:func:`actors.naming.hosted_key`: job id @ scheduler)
-        self.real_id: str = cfg.job_id or job_id  # the job id the controller knows
-        self.hosting = cfg
-        self.builder: Callable[[], dict] = cfg.builder
-        self.phases: dict[str, Callable] = dict(cfg.phases)
-        self.apply: Optional[Callable] = cfg.apply
-        self.hooks: list[Callable] = list(cfg.hooks)
-        self.switch: str = cfg.switch
-        self.rebuild_resident: bool = cfg.rebuild_resident  # cold starts rebuild resident values (engines)
-        self.rollout_workers: list[str] = list(cfg.rollout_workers)
-        self.ckpt: Path = Path(cfg.checkpoint_dir or os.path.join(tempfile.gettempdir(), "rollmux-ckpt")) / \
-            (f"{job_id}-{cfg.admission[:16]}-{pool}.pt" if cfg.admission else f"{job_id}-{pool}.pt")
-        self.admission: Optional[str] = cfg.admission  # the scheduler's token of this admission
-        self.ref: Any = None  # ObjectRef of the stored (storable) state
-        self.resident: dict = {}
-        self.switches: list[dict] = []
-        self.moved: Optional[MovedState] = None  # state carried over by a move (its ``ref`` or ``ckpt``)
-        # SPMD place of this worker among the job's workers of its pool (multi-node phases)
-        par = cfg.parallel
-        self.rank: int = par.rank
-        self.world_size: int = par.world_size
-        self.peers: list[str] = list(par.peers)  # worker names of the pool, rank order
-        self.nodes: list[str] = list(par.nodes)
-        self.addr: Optional[str] = par.addr  # the job's rendezvous store (hosted by rank 0)
-        self.host: Optional[str] = par.host  # address the job's gloo groups bind to
-        self.store: Any = None  # job's rendezvous store (PrefixStore), control plane
-        self.group: Any = None  # job's gloo process group over its workers of this pool, control plane
-        self.ctx_lock = threading.Lock()
-        # durable commits (a worker may die): after every phase, the state the phase left (and its
-        # result) is written next to the cold-start file; a phase redone after a lost worker starts
-        # from the commit before it. ``seq``: how many of the job's phases of this pool the state
-        # in memory holds (None: nothing in memory, e.g. just re-registered on a restarted worker)
-        self.durable: bool = cfg.durable
-        self.seq: Optional[int] = None
-        self.commit_prefix: str = str(self.ckpt)[: -len(".pt")] + (f"-rank{self.rank}" if self.world_size > 1 else "")
-        self.commits = Commits(self.commit_prefix, node=node, job=self.real_id, pool=pool)
-        self.weights_after: Optional[int] = None  # the rollout commit the pending weights follow
-        self.sync = SyncSession(job_id, pool, node, backend=cfg.sync_backend, rank=self.rank,
-                                world_size=self.world_size, peers=tuple(self.peers),
-                                rollout_workers=tuple(self.rollout_workers), host=self.host,
-                                keep=self._keep_weights if self.durable else None,
-                                max_staleness=cfg.max_staleness, mode=cfg.staleness_mode)
-
-    @property
-    def sync_backend(self) -> str:
-        """The weight transport asked for (auto | nccl | gloo | object_store)."""
-        return self.sync.backend
-
-    @property
-    def pending_weights(self) -> Optional[PendingWeights]:
-        """Synced weights waiting for the job's next rollout (the sync session's)."""
-        return self.sync.pending
-
-    def _keep_weights(self, weights: dict) -> None:
-        """Rollout side: write received weights durably (applied at the job's next rollout; a
-        recovery re-applies them when the rollout they precede is redone), tagged with the
-        rollout commit they follow."""
-        self.weights_after = self.commits.keep_weights(self.seq, weights)
-
-
 class _PoolWorker:
     """Shared logic of the two pool workers (plain class; see :func:`get_or_create_worker`)."""
 
@@ -179,6 +106,7 @@ class _PoolWorker:
         self._reserved: set[str] = set()  # jobs whose store was reserved and that did not register since
         self._lock = threading.Lock()
         self._controllers: dict[str, ControllerHandle] = {}  # by actor name (each looked up again after it died)
+        self._switch = StateSwitch(self.pool, self._parallel)  # warm / cold start, offload, recovery
 
     def _controller(self, name: str) -> ControllerHandle:
         """The handle of the controller ``name`` (a grant's; cached: looked up by name only the
@@ -370,112 +298,7 @@ class _PoolWorker:
                            cpus=None if self.cpus is None else tuple(self.cpus),
                            gpu_ids=tuple(str(g) for g in ray.get_gpu_ids()))
 
-    # ---- warm / cold start
-    def _materialise(self, h: _Hosted, seq: Optional[int] = None) -> tuple[dict, str, float]:
-        """The job's live state at the start of its pool's phase number ``seq`` (1-based; None:
-        an old driver without numbering). Warm: the stored state; cold: builder + cold-start file;
-        moved: builder + the carried state; recovered (the state in memory is not the one this
-        phase starts from, e.g. the worker restarted): builder + the commit of phase ``seq - 1``.
-        Raises WorkerLost when that commit is missing (the state cannot be recovered)."""
-        import ray
-
-        t0 = time.perf_counter()
-        recovering = (seq is not None and h.moved is None and h.durable and h.seq != seq - 1
-                      and (seq > 1 or h.seq is not None))
-        if recovering:
-            state = self._recover(h, seq)
-            kind = "recovered"
-        elif h.moved is None and h.ref is not None and h.switch == "warm":
-            state, kind = dict(ray.get(h.ref)), "warm"
-        elif h.moved is None and h.resident and not h.rebuild_resident and h.ckpt.is_file():
-            # cold start with the job's engines alive in this process: the stored state comes from
-            # disk, the resident values (engines, communicators) are kept, the builder is not run
-            # again (a rollout engine is a process of its own; rebuilding it per cold phase
-            # started a new one each time). ``Job(rebuild_resident=True)`` rebuilds them instead.
-            state, kind = dict(load_file(h.ckpt)), "cold"
-            state.update(h.resident)
-        else:  # cold start, or the first phase after a move: builder + the saved / carried state
-            with parallel_scope(self._parallel(h)):
-                state = h.builder()
-            if not isinstance(state, dict):
-                raise TypeError(f"job {h.job_id}: the {self.pool} state builder must return a dict")
-            mv, saved = h.moved, None
-            if mv is not None:
-                if mv.ref is not None:
-                    saved = ray.get(mv.ref)
-                else:
-                    saved = load_bytes(mv.ckpt)
-            elif h.ckpt.is_file():
-                saved = load_file(h.ckpt)
-            if saved is not None:
-                state = restore_state(state, dict(saved))
-            kind, h.moved = ("cold" if mv is None else "moved"), None
-            if h.resident:
-                # a cold start rebuilds the control plane too: a fresh resident value (engine) is
-                # used when it can take the old one's state (``state_dict`` -> ``load_state_dict``)
-                # or is a rollout engine (re-fed with the last synced weights below); otherwise the
-                # old one stays (e.g. a training engine holding optimizer state) and the fresh
-                # duplicate is dropped. Replaced / dropped values are closed.
-                old, h.resident = h.resident, {}
-                for k, v in old.items():
-                    fresh = state.get(k)
-                    if hasattr(v, "state_dict") and hasattr(fresh, "load_state_dict"):
-                        fresh.load_state_dict(v.state_dict())
-                        gone = v
-                    elif self.pool == "rollout" and fresh is not None:
-                        gone = v
-                    else:
-                        state[k], gone = v, fresh
-                    if gone is not None and gone is not state.get(k):
-                        _close_all([gone])
-                del old
-                h.sync.refeed()
-        if kind == "warm":
-            state.update(h.resident)
-        state_resume(state)
-        return state, kind, time.perf_counter() - t0
-
-    def _offload(self, h: _Hosted, state: dict) -> tuple[float, dict]:
-        """Suspend and store the state (warm: object store; cold: the cold-start file).
-        Returns (seconds, the storable part)."""
-        import ray
-
-        t0 = time.perf_counter()
-        state_suspend(state)
-        storable, h.resident = split_state(state)
-        if h.switch == "warm":
-            h.ref = ray.put(storable)
-        else:
-            h.ckpt.parent.mkdir(parents=True, exist_ok=True)
-            tmp = h.ckpt.with_suffix(".tmp")
-            save_file(storable, tmp)
-            os.replace(tmp, h.ckpt)
-            h.ref = None
-        return time.perf_counter() - t0, storable
-
-    # ---- durable commits (a lost worker's jobs resume from them: :mod:`actors.worker.commits`)
-    def _recover(self, h: _Hosted, seq: int) -> dict:
-        """builder() + the commit of phase ``seq - 1`` (nothing committed before phase 1: the
-        fresh builder state) and, on the rollout side, the synced weights received after that
-        commit (re-applied at this rollout). Returns the live state."""
-        with parallel_scope(self._parallel(h)):
-            state = h.builder()
-        if not isinstance(state, dict):
-            raise TypeError(f"job {h.job_id}: the {self.pool} state builder must return a dict")
-        state = h.commits.restore(state, seq)
-        _close_all(h.resident.values())  # nothing of the lost run's control plane is reused
-        h.resident = {}
-        if self.pool == "rollout":
-            w = h.commits.weights_after(seq - 1)
-            if w is not None:  # received after that commit: not in it yet
-                h.sync.pending, h.weights_after = PendingWeights(tensors=w), seq - 1
-        return state
-
-    def _keep_weights(self, h: _Hosted, weights: dict) -> None:
-        """Rollout side: write received weights durably (see :meth:`_Hosted._keep_weights`)."""
-        if h.durable:
-            h._keep_weights(weights)
-
+    # ---- failures, permits, progress (the warm / cold start and commits: :mod:`actors.worker.state_switch`)
     def _peer_lost(self, h: _Hosted) -> Optional[str]:
         """After a phase failed: the first of the job's other workers (this pool's ranks, and the
         rollout workers a sync sends to) that is unreachable or no longer hosts the job (it
@@ -551,7 +374,7 @@ class _PoolWorker:
                     call = dataclasses.replace(call, sync_gen=h.sync.next_gen())
                 peers = [WorkerHandle(name=n).run_follower(job_id, call) for n in h.peers[1:]]
         try:
-            state, kind, sw = self._materialise(h, seq)
+            state, kind, sw = self._switch.materialise(h, seq)
             if not self._one_thread:  # the first job that loaded torch here (its builder did)
                 self._one_thread = torch_one_thread() is not None
             rec = rec.replace(switch=kind, switch_s=sw)
@@ -586,7 +409,7 @@ class _PoolWorker:
                 with parallel_scope(ctx):
                     result = call_phase(h.phases[phase], phase, state, tuple(call.args), dict(call.kwargs), hook)
             rec = rec.replace(run_s=time.perf_counter() - t1)
-            offload_s, storable = self._offload(h, state)
+            offload_s, storable = self._switch.offload(h, state)
             rec = rec.replace(offload_s=offload_s)
             del state
             h.seq = None  # until committed: a redo of this phase starts from the commit before it
@@ -672,17 +495,6 @@ def _ack(a: SyncAck | dict) -> dict:
 
 def _rank_view(r: PhaseRecord) -> dict:
     return {"node": r.node, "switch": r.switch, "switch_s": r.switch_s, "run_s": r.run_s, "offload_s": r.offload_s}
-
-
-def _close_all(values) -> None:
-    """Close control-plane values (engines, communicators) that have ``close()``; errors ignored."""
-    for v in list(values):
-        close = getattr(v, "close", None)
-        if v is not None and callable(close):
-            try:
-                close()
-            except Exception:
-                pass
 
 
 class RolloutWorkerImpl(_PoolWorker):

@@ -52,7 +52,7 @@ def per_kind(outs: Sequence) -> dict:
     of its units by GPUs asked, $), staleness bound (the largest ``k``), the largest staleness any
     rollout used and the distribution of the staleness over the kind's rollouts (fractions,
     ``{s: share}``), and ``staleness_over_bound``: rollouts beyond their job's bound (0 is the
-    contract). ``outs``: :class:`rollmux.sim.simulator.JobOutcome` values."""
+    contract). ``outs``: :class:`rollmux.sim.outcomes.JobOutcome` values."""
     out: dict = {}
     for kind in KINDS:
         os_ = [o for o in outs if kind_of(o.max_staleness, o.staleness_mode) == kind]

@@ -118,6 +118,7 @@ def test_vllm_engine_serves_the_weights_a_trainer_pushes(serve_api, http, svc, m
     from transformers import LlamaForCausalLM
 
     from actors.rollout.weights import encode, state_digest
+    from rollmux.rollout_sched.service_config import ServiceConfig
     from serve_api.trainer_client import TrainerClient
 
     old = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
@@ -132,7 +133,7 @@ def test_vllm_engine_serves_the_weights_a_trainer_pushes(serve_api, http, svc, m
 
     w0 = http.get("/v1/weights").json()
     version = (w0["weight_version"] or 0) + 2
-    svc.configure_sync({"max_tokens_limit": 600})
+    svc.configure_sync(ServiceConfig(max_tokens_limit=600))
     trainer = TrainerClient(serve_api.base_url, serve_api.token, timeout_s=300)
     try:
         sub = http.post("/v1/rollouts", json={"prompt_token_ids": prompt, "max_tokens": 600, "ignore_eos": True,
@@ -148,7 +149,7 @@ def test_vllm_engine_serves_the_weights_a_trainer_pushes(serve_api, http, svc, m
                     before = obj["offset"] + len(obj["tokens"])
                     pushed = trainer.push_weights(encode(state), version, pause_mode="keep")
     finally:
-        svc.configure_sync({"max_tokens_limit": 256})
+        svc.configure_sync(ServiceConfig(max_tokens_limit=256))
         trainer.close()
     digest = state_digest(state)
     assert pushed["weights_sha256"] == digest and {r["weights_sha256"] for r in pushed["replicas"]} == {digest}
