@@ -132,6 +132,7 @@ class OptimalPartition:
     #: column costs the least of its layout's and that allocation's $/h
     per_job: bool = False
     _single: dict = field(default_factory=dict, repr=False)  # job id -> one-job column price (per_job)
+    _gone: set = field(default_factory=set, repr=False)  # departed jobs the LP pool may still hold (forget)
 
     def single_usd_per_h(self, job: JobSpec, profile: PhaseProfile, layout_usd_per_h: float) -> float:
         """Price of the one-job column of ``job`` whose layout costs ``layout_usd_per_h``: that
@@ -213,9 +214,26 @@ class OptimalPartition:
             self._cols.pop(k, None)
             self._floors.pop(k, None)
             self._lb_floors.pop(k, None)
+            self._lp_pool.pop(k, None)
         self._rows.pop(job_id, None)
         for k in [k for k in self._single if k[0] == job_id]:
             del self._single[k]
+        # the LP pool's columns that were never laid out here (a policy's own groups): dropped in
+        # one pass once as many jobs have gone as the pool holds columns
+        self._gone.add(job_id)
+        if len(self._gone) >= max(64, len(self._lp_pool)):
+            gone, self._gone = self._gone, set()
+            self._lp_pool = {k: c for k, c in self._lp_pool.items() if gone.isdisjoint(k)}
+
+    def view(self, per_job: bool) -> "OptimalPartition":
+        """An optimum of the same cluster and group size whose layouts and floors are this one's
+        (one cache, filled by either; each forgets what it remembered), with its own ``per_job``,
+        LP column pool and one-job prices: the global plan prices a job alone at what it runs on
+        while the neighbourhood re-optimisation searches co-execution partitions, over one cache."""
+        v = OptimalPartition(self.cluster, max_group_size=self.max_group_size, exact_max_jobs=self.exact_max_jobs,
+                             time_limit_s=self.time_limit_s, per_job=per_job)
+        v._layouts, v._cols, v._floors, v._rows = self._layouts, self._cols, self._floors, self._rows
+        return v
 
     def partition_floor(self, members: Sequence[tuple[JobSpec, PhaseProfile]], fixed: Mapping[frozenset, float],
                         target: Optional[float] = None,

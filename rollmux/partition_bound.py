@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
@@ -79,13 +79,19 @@ class BoundResult:
     Attributes:
         bound_usd_per_h: proven lower bound on the exact optimum's cost, USD/h.
         kind: ``"lp"`` (column generation converged: the LP relaxation's value over the relaxed
-            columns), ``"lp_cuts"`` (the same with subset-row cuts, which raised it) or
-            ``"lagrangian"`` (budget hit: Farley's ``theta x sum pi``).
+            columns), ``"lp_cuts"`` (the same with subset-row cuts, which raised it),
+            ``"lagrangian"`` (budget hit: Farley's ``theta x sum pi``) or ``"stopped"`` (budget hit
+            with ``farley=False``: no bound, 0).
         lp_usd_per_h: the last restricted master LP value (with the cuts of its round), USD/h.
         iterations: master solves.
         columns: columns in the last master.
         layouts_built: exact layouts priced by this call (``build_group`` runs, cached ones excluded).
         solve_ms: wall time, ms.
+        duals: per job id its share of the bound, USD/h (the last master's duals ``pi`` of the
+            LP without cuts, scaled by Farley's ``theta`` when the budget stopped the column
+            generation, so that ``sum_{j in S} duals_j <= cost(S)`` for every column up to the LP's
+            tolerance): what a job "should" cost, read by the global planner's estimate
+            (:mod:`rollmux.admission.global_plan`).
     """
 
     bound_usd_per_h: float
@@ -95,6 +101,7 @@ class BoundResult:
     columns: int
     layouts_built: int
     solve_ms: float
+    duals: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -561,7 +568,7 @@ class _FloorCache(dict):
 
 def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
                    seed_columns: Iterable[Iterable[str]] = (), extra_columns: Optional[dict] = None,
-                   budget: BoundBudget = BoundBudget()) -> BoundResult:
+                   budget: BoundBudget = BoundBudget(), keep_pool: bool = False, farley: bool = True) -> BoundResult:
     """Proven lower bound on the cost of :meth:`OptimalPartition.solve` over ``members``
     (``(spec, worst-case profile)`` pairs), USD/h, for any number of jobs (module docstring).
 
@@ -574,6 +581,12 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
         budget: :class:`BoundBudget` (master solves, exact layouts built, wall seconds, columns
             per pricing round, cut rounds); when column generation hits it, Farley's bound is
             returned.
+        keep_pool: the master's columns are added to ``OptimalPartition._lp_pool`` (the columns of
+            other jobs stay) instead of replacing it: a caller that bounds one window of the
+            active jobs after another (the global planner) keeps every window's columns.
+        farley: when the budget stops the column generation, price every column once more for
+            Farley's bound; False (a caller that wants the columns, not the bound) skips that pass
+            and returns kind ``"stopped"`` with bound 0 (nothing proven).
     Returns:
         :class:`BoundResult`.
     Raises:
@@ -695,6 +708,7 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
 
     cuts: list[frozenset] = []
     converged, lp_val, pi, sig, x = generate(cuts)
+    pi0 = pi  # the duals of the LP without cuts (BoundResult.duals)
     if converged:
         kind, bound = "lp", min(dual_bound(pi, sig, cuts), lp_val)
         # subset-row cuts close part of the integrality gap (module docstring); every round
@@ -713,13 +727,21 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
             b = min(dual_bound(pi_c, sig_c, cuts), val)
             if b > bound:
                 kind, bound = "lp_cuts", b
+        duals = dict(pi0)
+    elif not farley:
+        kind, bound, duals = "stopped", 0.0, dict(pi)
     else:
         kind = "lagrangian"
         # Farley: theta x pi is dual feasible for theta = min cost(S) / pi(S) over every column
         theta, _ = _price(ids, rows, pi, known, raised, opt.max_group_size, price_r, price_t, keep, "farley", floors)
         bound = theta * sum(pi.values())
-    opt._lp_pool = dict(cols)
-    return BoundResult(max(0.0, bound), kind, lp_val, it, len(cols), built[0], (time.perf_counter() - t0) * 1e3)
+        duals = {j: theta * v for j, v in pi.items()}
+    if keep_pool:
+        opt._lp_pool.update(cols)
+    else:
+        opt._lp_pool = dict(cols)
+    return BoundResult(max(0.0, bound), kind, lp_val, it, len(cols), built[0], (time.perf_counter() - t0) * 1e3,
+                       duals=duals)
 
 
 def master_incumbent_usd_per_h(opt, job_ids: Iterable[str], hint: Iterable[Iterable[str]] = (),

@@ -37,7 +37,7 @@ from rollmux.workloads import draw_jobs  # noqa: E402
 
 PINNED = ROOT / "tests" / "data" / "replay_figures_extract.json"
 #: summary.json keys that are measurements of this machine, not consequences of decisions.
-MEASURED_PREFIXES = ("decision_latency_ms", "reopt_latency_ms")
+MEASURED_PREFIXES = ("decision_latency_ms", "reopt_latency_ms", "global_plan_latency_ms")
 
 
 def default_inputs():

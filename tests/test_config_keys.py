@@ -306,3 +306,13 @@ def test_per_job_allocations_off_as_documented_runs_the_replay(tmp_path):
                              for ln in text.splitlines()) + "\n")
     r = CliRunner().invoke(app, [*args, "--config", str(bad), "--out", str(tmp_path / "c")])
     assert r.exit_code == 2 and "per_job_allocations" in r.output and "'off' or 'simulator'" in r.output
+
+
+def test_the_shipped_scheduler_file_is_the_models_defaults():
+    """configs/scheduler.yaml (what `rollmux up` and `rollmux simulate` read) and SchedulerConfig's
+    defaults (what scripts and tests that build SchedulerConfig() get) are one configuration: a
+    benchmark on the model's defaults measures the shipped default."""
+    from rollmux.admission import SchedulerConfig, load_scheduler_config
+
+    shipped, model = load_scheduler_config().model_dump(), SchedulerConfig().model_dump()
+    assert {k: (shipped[k], model[k]) for k in shipped if shipped[k] != model[k]} == {}

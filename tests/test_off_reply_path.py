@@ -20,6 +20,14 @@ def _sched(kv, **kw):
     return GlobalSchedulerImpl(load_cluster(CONFIG_DIR / "cluster_sim.yaml"), kv=kv, **unit_kw(), metrics_flush_s=0, **kw)
 
 
+def _free_moves():
+    """A config whose moves cost nothing: the planner tests compare planners, not the copy price
+    (at the default price the cheaper re-partition below does not pay its copies)."""
+    from rollmux.admission import SchedulerConfig
+
+    return {**SchedulerConfig().model_dump(), "plan_move_price_node_pairs_per_copy_s": 0.0}
+
+
 def _admit_batched(s, ids):
     async def run():
         return [await s.admit_batched({**SPEC, "job_id": j}) for j in ids]
@@ -84,7 +92,7 @@ def test_reoptimisation_solves_without_the_scheduler_lock():
 def test_process_planner_gives_the_thread_planners_plan():
     from actors.scheduler.reopt_worker import ProcessPlanner, ThreadPlanner
 
-    s = _sched(MemoryKV())
+    s = _sched(MemoryKV(), config=_free_moves())
     for i in range(8):  # greedy admission leaves a cheaper re-partition of the first group's neighbourhood
         s.admit({**SPEC, "job_id": f"j{i}", "measured": dict(t_roll_s=250.0 + 25 * i, t_train_s=300.0, t_sync_s=10.0)})
     hood = s.igs.reopt_neighbourhood(s.igs.groups[0].group_id)
@@ -105,7 +113,7 @@ def test_process_planner_restarts_a_dead_child():
     counts it); one found dead before a call is started again; both then answer as before."""
     from actors.scheduler.reopt_worker import ProcessPlanner
 
-    s = _sched(MemoryKV())
+    s = _sched(MemoryKV(), config=_free_moves())
     for i in range(8):  # greedy admission leaves a cheaper re-partition of the first group's neighbourhood
         s.admit({**SPEC, "job_id": f"j{i}", "measured": dict(t_roll_s=250.0 + 25 * i, t_train_s=300.0, t_sync_s=10.0)})
     hood = s.igs.reopt_neighbourhood(s.igs.groups[0].group_id)

@@ -63,12 +63,24 @@ class Reoptimiser:
         self.planned = 0  # re-optimisation solves run off the lock
         self.applied = 0  # ... whose plan was committed
         self.stale = 0  # ... whose neighbourhood changed before the commit (dropped)
+        self.plans = 0  # global plans searched off the lock (rollmux.admission.global_plan)
+        self.plan_applied = 0  # ... their migrations committed
+        self.plan_stale = 0  # ... their migrations dropped: a group changed since the plan was captured
+        self.admitted_during_plan = 0  # admissions answered while a global plan was being searched
+        self.planning = False  # a global plan's search is in flight (off the lock)
         #: called (under the lock) after moves of the reconcile thread committed: a move may free room,
         #: which goes to the admission queue before any arrival is decided (the scheduler sets it)
         self.after_moves: Callable[[], object] = lambda: None
 
     def note_admission(self, job_id: str, group_id: str) -> None:
         self.pending[job_id] = group_id  # re-optimised by the reconcile thread, off the admission path
+        if self.planning:
+            self.admitted_during_plan += 1  # answered beside the global plan's search, not behind it
+
+    def policy_clock(self) -> None:
+        """The policy's clock is Unix time here (its move cap counts moves per wall-clock hour)."""
+        if self.policy.igs.clock is None:
+            self.policy.igs.clock = time.time
 
     def solver(self):
         """The set-partitioning solver of the policy's neighbourhood re-optimisation (its layout
@@ -102,6 +114,7 @@ class Reoptimiser:
         """The policy's moves after ``job_id`` left ``gid`` (inside the departure's transaction:
         :meth:`~rollmux.admission.InterGroupScheduler.after_departure`, SLO repair, re-packing and
         re-optimisation); a failed attempt is rolled back by the policy: no job moves."""
+        self.policy_clock()
         try:
             moves = list(self.policy.igs.after_departure(gid, solver=self.solver()))
         except Exception:  # the policy rolls a failed attempt back; the departure itself stands
@@ -152,6 +165,7 @@ class Reoptimiser:
         ``planned`` (solves run off the lock), ``applied`` (plans committed)."""
         with self.lock:
             pending, self.pending = self.pending, {}
+            self.policy_clock()
         out = []
         for jid in pending:
             with self.lock:  # short: which neighbourhood, captured as values
@@ -195,4 +209,52 @@ class Reoptimiser:
                 self.moved_metrics(touched, len(done))
                 self.after_moves()
                 out += [m.model_dump(mode="json") for m in done]
-        return out
+        return out + self.global_plan_pending()
+
+    def global_plan_pending(self) -> list[dict]:
+        """The global plan (:mod:`rollmux.admission.global_plan`), when one is due: its request is
+        captured under the lock (O(active jobs)), its search runs off the lock in the planner
+        (:mod:`actors.scheduler.reopt_worker`: the child process by default), so admissions are
+        answered meanwhile (``admitted_during_plan`` counts them), and its migrations are committed
+        under the lock in one checkpoint write, each only if its groups are as planned on (a stale
+        one is dropped: ``plan_stale``). Jobs whose driver has not started (state ``admitted``)
+        copy nothing. Returns the moves as :class:`MoveRecord` dicts."""
+        with self.lock:
+            igs = self.policy.igs
+            fresh = [r.job_id for r in self.jobs.records.values() if r.state == JobState.ADMITTED]
+            req = igs.plan_request(fresh)
+            if req is None:
+                return []
+            forget, self.forgotten = self.forgotten, []
+            self.planning = True
+        try:
+            plan = self.planner().plan_global(req, forget)
+        except Exception:
+            log.exception("global plan failed; no job moved")
+            plan = None
+        finally:
+            self.planning = False
+        self.plans += 1
+        if plan is None:
+            return []
+        with self.lock:
+            igs = self.policy.igs
+            started = {j for j in req.fresh if (r := self.jobs.get(j)) is None or r.state != JobState.ADMITTED}
+            stale, applied = igs.plan_state.stale, igs.plan_state.applied
+            try:
+                with self.commit.transaction():  # one checkpoint write commits the moves; a failed write undoes them
+                    moves = igs.apply_global(plan, started=started)
+                    done = self.record_moves(moves, "global-plan", time.time()) if moves else []
+                    touched = list(dict.fromkeys(g for m in done for g in (m.from_group, m.to_group)))
+                    if done:
+                        self.commit.mark(jobs=tuple(m.job_id for m in done), groups=tuple(touched))
+            except Exception:
+                log.exception("checkpoint of the global plan failed; no job moved")
+                return []
+            self.plan_stale += igs.plan_state.stale - stale
+            self.plan_applied += igs.plan_state.applied - applied
+            if done:
+                self.commit.push(touched)
+                self.moved_metrics(touched, len(done))
+                self.after_moves()
+            return [m.model_dump(mode="json") for m in done]

@@ -10,8 +10,11 @@ own solver (its layout cache lives as long as the child) and runs at a lower CPU
 (``nice`` +:data:`CHILD_NICE`), so the reply path keeps the CPU it needs.
 
 Both planners have ``plan(hood, fresh, forget) -> ReoptPlan | None`` (``forget``: departed job
-ids the solver's cache drops first) and ``close()``. A child that dies is started again on the
-next call; that call's solve is lost (None: nothing moves, like a solve that found nothing).
+ids the solver's cache drops first), ``plan_global(request, forget) -> GlobalPlan | None`` (the
+global plan's search, :meth:`rollmux.admission.InterGroupScheduler.plan_global`: the LP columns
+and the integer master, bounded by counts and CP-SAT's deterministic time; the child keeps the LP
+column pool across plans) and ``close()``. A child that dies is started again on the next call;
+that call's solve is lost (None: nothing moves, like a solve that found nothing).
 """
 
 from __future__ import annotations
@@ -54,6 +57,11 @@ class ThreadPlanner:
             self.solver.forget(j)
         return self.igs.plan_reoptimise(hood, fresh, solver=self.solver)
 
+    def plan_global(self, request, forget: list[str]):
+        for j in forget:
+            self.solver.forget(j)
+        return self.igs.plan_global(request, solver=self.solver)
+
     def close(self) -> None:
         pass
 
@@ -83,11 +91,11 @@ def _child_main() -> None:  # pragma: no cover - runs in the child (covered by t
     planner = ThreadPlanner(ClusterSpec.model_validate(cluster), SchedulerConfig.model_validate(config))
     while True:
         try:
-            hood, fresh, forget = inp.recv()
+            kind, args = inp.recv()
         except EOFError:
             return
         try:
-            out.send(("ok", planner.plan(hood, fresh, forget)))
+            out.send(("ok", planner.plan(*args) if kind == "reopt" else planner.plan_global(*args)))
         except Exception as e:  # a failed solve: the parent logs it, nothing moves
             out.send(("error", f"{type(e).__name__}: {e}"))
 
@@ -116,11 +124,17 @@ class ProcessPlanner:
         return self._proc
 
     def plan(self, hood, fresh: Optional[str], forget: list[str]):
+        return self._ask("reopt", (hood, fresh, forget))
+
+    def plan_global(self, request, forget: list[str]):
+        return self._ask("plan", (request, forget))
+
+    def _ask(self, what: str, args: tuple):
         if self.closed:
             return None
         try:
             self._child()
-            self._send.send((hood, fresh, forget))
+            self._send.send((what, args))
             kind, value = _answer(self._recv, time.monotonic() + PLAN_TIMEOUT_S)
         except Exception as e:  # the child died or hung: a new one next time; nothing moves now
             if self.closed:

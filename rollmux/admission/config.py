@@ -64,6 +64,25 @@ class SchedulerConfig(BaseModel):
             the event's neighbourhood exactly (:meth:`InterGroupScheduler.reoptimise`): the group
             the job joined or left and the groups with the most idle node time, at most this
             many jobs in all, by the optimum's set partitioning; 0 turns it off.
+        max_moves_per_job_per_h: most moves of one job (each a host-state copy and a stall at an
+            iteration boundary) within any hour; a job at its cap stays in its group (the global
+            plan, the neighbourhood re-optimisation and departure re-packing leave it) until its
+            oldest move in the hour is an hour old. SLO repairs are not capped.
+        plan_max_jobs: the global plan (:mod:`rollmux.admission.global_plan`): most jobs one plan
+            re-partitions (every active job up to this many, else the groups furthest above the
+            estimate); 0 turns it off.
+        plan_gap_trigger: a plan is due when the gap between the $/h the groups run at and the
+            estimate of what the active jobs could run at (the last plan's LP duals carried
+            forward) has grown by this fraction since the last plan.
+        plan_lp_iterations / plan_lp_layouts: the budget of one plan's column generation (master
+            LP solves; exact layouts built).
+        plan_deterministic_s: one plan's integer master, in CP-SAT's deterministic time units
+            (about a second of one core each; never the wall clock, so every host plans alike).
+        plan_move_price_node_pairs_per_copy_s: what a second of host-state copy costs, in $/h of
+            one rollout node plus one training node of the cluster (so the rule reads alike on any
+            node prices): the global plan, the neighbourhood re-optimisation and departure
+            re-packing move jobs only when the $/h the moves save exceeds this x that node pair's
+            $/h x their copy seconds (the hysteresis: a move and its reverse cannot both pay).
         saturation: which groups Alg. 1 line 4 prunes (:func:`saturation_filter`): ``"paper"``
             (``T_load >= T_cycle``), ``"slo"`` (``T_load >= max_k slo_k T_solo_k``) or ``"off"``.
         driver_lease_s: a GroupController evicts an attached job whose driver has not
@@ -130,7 +149,14 @@ class SchedulerConfig(BaseModel):
     repack_on_departure: bool = True
     repack_max_groups: int = Field(default=4, ge=0, le=1024)
     repack_max_members: int = Field(default=2, ge=1, le=64)
-    reopt_max_jobs: int = Field(default=12, ge=0, le=12)
+    reopt_max_jobs: int = Field(default=6, ge=0, le=12)
+    max_moves_per_job_per_h: int = Field(default=2, ge=1, le=3600)
+    plan_max_jobs: int = Field(default=48, ge=0, le=1024)
+    plan_gap_trigger: float = Field(default=0.02, ge=0.0, le=10.0)
+    plan_lp_iterations: int = Field(default=2, ge=1, le=10_000)
+    plan_lp_layouts: int = Field(default=40, ge=1, le=1_000_000)
+    plan_deterministic_s: float = Field(default=0.2, gt=0.0, le=600.0)
+    plan_move_price_node_pairs_per_copy_s: float = Field(default=0.013, ge=0.0, le=1e3)
     saturation: Literal["paper", "slo", "off"] = "slo"
     attach_timeout_s: float = Field(default=600.0, ge=0.0, le=1e7)
     driver_lease_s: float = Field(default=30.0, ge=0.0, le=1e6)

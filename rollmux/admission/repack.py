@@ -15,41 +15,59 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Optional, Sequence, Union
 
 from rollmux import profiler
 from rollmux.admission.decisions import placement_dict
 from rollmux.admission.groups import summarise_group
+from rollmux.admission.inherit import successions
 from rollmux.admission.order import OrderChoice, best_round_robin_order
 from rollmux.admission.rules import within
 from rollmux.intra_group import coexec_times
 from rollmux.models import CoExecutionGroup, GroupMember, Placement
+from rollmux.nodes import node_index
 
 
 @dataclass(frozen=True)
 class ReoptHood:
     """A neighbourhood of :meth:`RepackMixin.reoptimise`, as values: its group ids (in order),
     every member's ``(spec, profile)``, each group's $/h (its nodes' price, and the price it
-    runs at: ``InterGroupScheduler.group_price`` where set) and job-id set when it was captured."""
+    runs at: ``InterGroupScheduler.group_price`` where set) and job-id set when it was captured;
+    ``pinned``: the jobs that may not move now (their move cap, ``max_moves_per_job_per_h``,
+    is reached), so no new group may hold them."""
 
     groups: tuple[str, ...]
     members: tuple[tuple, ...]
     costs: dict[str, float]
     job_sets: dict[str, frozenset]
     prices: dict[str, float]
+    pinned: frozenset = frozenset()
+    placements: dict = field(default_factory=dict)  # job -> (rollout nodes, training nodes) now
 
 
 @dataclass(frozen=True)
 class ReoptPlan:
     """A re-partition of a :class:`ReoptHood`: the new groups (each with its round-robin
-    :class:`rollmux.admission.order.OrderChoice`) and the neighbourhood's $/h before and after."""
+    :class:`rollmux.admission.order.OrderChoice`) and the neighbourhood's $/h before and after.
+    ``fresh``: the jobs that have not started (no state to copy: a move costs them nothing), a
+    job id or a set of them. ``successions``: per new group, the old group whose nodes and id it
+    takes over, the members that stay on their nodes (they do not move) and the layout's node
+    names for theirs (:func:`rollmux.admission.inherit.successions`); empty: every new group on
+    fresh nodes, every member moved."""
 
     hood: ReoptHood
-    fresh: Optional[str]
+    fresh: Union[None, str, frozenset]
     groups: tuple[tuple[CoExecutionGroup, OrderChoice], ...]
     before_usd_per_h: float
     after_usd_per_h: float
+    successions: tuple = ()
+
+    @property
+    def fresh_ids(self) -> frozenset:
+        """``fresh`` as a set of job ids."""
+        f = self.fresh
+        return frozenset() if f is None else frozenset([f]) if isinstance(f, str) else frozenset(f)
 
 
 class RepackMixin:
@@ -80,6 +98,7 @@ class RepackMixin:
         move committed, in order (the shape of :meth:`repack`'s)."""
         moves = self.keep_slos(group_id)
         moves += self.repack(group_id)
+        self.note_moves(moves)  # (the re-optimisation's own moves are noted where they are applied)
         moves += self.reoptimise(group_id, solver=solver)
         return moves
 
@@ -124,7 +143,7 @@ class RepackMixin:
             return {m.spec.job_id: t[m.spec.job_id] / m.profile.t_solo_s for m in grp.members}
 
         act = watch(self, group_id, planned)
-        return [] if act is None else list(act.moves)
+        return [] if act is None else [dict(mv, source="slo") for mv in act.moves]
 
     def repack(self, trigger_group: Optional[str] = None) -> list[dict]:
         """Departure re-packing: dissolve small groups into the others when that lowers the $/h.
@@ -158,8 +177,15 @@ class RepackMixin:
         cands = [gid for gid in (trigger_group,) if gid in self._small_key]
         cands += [gid for *_, gid in itertools.islice((x for x in self._small if x[3] != trigger_group), top - len(cands))]
         moves: list[dict] = []
+        pinned = self.pinned_jobs()
+        price = self.copy_price()
         for gid in cands:
-            if gid not in self._groups:
+            if gid not in self._groups or any(j in pinned for j in self._groups[gid].group.job_ids):
+                continue
+            grp = self._groups[gid].group
+            # a dissolution saves at most the group's $/h and moves every member: skip what cannot pay
+            copy_s = sum(profiler.move_time_s(m.spec, self.cluster) for m in grp.members)
+            if self._groups[gid].cost <= price * copy_s + 1e-6:
                 continue
             saved = self._save()
             before_groups = saved[0]
@@ -185,8 +211,8 @@ class RepackMixin:
             touched = [gid] + sorted({mv["to_group"] for mv in plan})
             before = sum(before_groups[x].cost for x in touched)
             after = sum(self._groups[x].cost for x in touched if x in self._groups)
-            if ok and after < before - 1e-9:
-                moves += [dict(mv, saved_usd_per_h=before - after) for mv in plan]
+            if ok and after < before - 1e-9 and self.pays(before - after, sum(mv["move_s"] for mv in plan)):
+                moves += [dict(mv, saved_usd_per_h=before - after, source="repack") for mv in plan]
             else:
                 self._load(saved)
         return moves
@@ -237,26 +263,42 @@ class RepackMixin:
         cap = self.config.reopt_max_jobs
         if not self.spec.repacks or not self.config.repack_on_departure or cap < 2 or len(self._groups) < 2:
             return None
-        hood: list[str] = []
-        n = 0
         first = [trigger_group] if trigger_group in self._groups else []
         rest = heapq.nsmallest(3 * cap, (gid for gid in self._groups if gid != trigger_group),
                                key=lambda gid: (-self._idle_for_reopt(gid), len(self._groups[gid].group.members),
                                                 self._ordinal[gid]))
-        for gid in first + rest:
+        hood = self._whole_groups(first + rest, cap)
+        if len(hood) < 2:
+            return None
+        return self._hood_of(hood, self.pinned_jobs())
+
+    def _whole_groups(self, ordered, cap: int) -> list[str]:
+        """The groups of ``ordered`` taken in order, whole, while their jobs fit ``cap``."""
+        out: list[str] = []
+        n = 0
+        for gid in ordered:
             k = len(self._groups[gid].group.members)
             if n + k <= cap:
-                hood.append(gid)
+                out.append(gid)
                 n += k
             if n >= cap:
                 break
-        if len(hood) < 2:
-            return None
-        return ReoptHood(groups=tuple(hood),
-                         members=tuple((m.spec, m.profile) for gid in hood for m in self._groups[gid].group.members),
-                         costs={gid: self._groups[gid].cost for gid in hood},
-                         job_sets={gid: frozenset(self._groups[gid].group.job_ids) for gid in hood},
-                         prices={gid: self._group_usd_per_h(self._groups[gid].group) for gid in hood})
+        return out
+
+    def _hood_of(self, gids, pinned: frozenset) -> "ReoptHood":
+        """The groups ``gids`` of the table captured as a :class:`ReoptHood` (values only)."""
+        gids = tuple(gids)
+        return ReoptHood(groups=gids,
+                         members=tuple((m.spec, m.profile) for gid in gids for m in self._groups[gid].group.members),
+                         costs={gid: self._groups[gid].cost for gid in gids},
+                         job_sets={gid: frozenset(self._groups[gid].group.job_ids) for gid in gids},
+                         prices={gid: self._group_usd_per_h(self._groups[gid].group) for gid in gids},
+                         pinned=pinned, placements=self._placements(gids))
+
+    def _placements(self, gids) -> dict:
+        """job -> (rollout nodes, training nodes) of every member of the groups ``gids``."""
+        return {m.spec.job_id: (m.placement.rollout_nodes, m.placement.train_nodes)
+                for gid in gids for m in self._groups[gid].group.members}
 
     def _idle_for_reopt(self, gid: str) -> float:
         """A group's idle fraction of node time, 0 for one running on a cheaper own allocation
@@ -270,11 +312,82 @@ class RepackMixin:
         """The $/h ``g`` runs at: ``group_price(g)`` where the owner set one, else its nodes' price."""
         return g.cost_usd_per_h(self.cluster) if self.group_price is None else self.group_price(g)
 
+    def movable_order(self, g: CoExecutionGroup, nocopy: frozenset = frozenset(), pinned: frozenset = frozenset(),
+                      cache: Optional[dict] = None) -> Optional[OrderChoice]:
+        """The round-robin order of a new group ``g`` when it passes the checks every move passes,
+        else None: some order is feasible, every member that moves absorbs its host-state copy in
+        its SLO (``slowdown + move_s / T_solo <= slo``, :func:`rollmux.profiler.move_time_s`; the
+        jobs of ``nocopy`` copy nothing: they have not started, or they stay on their nodes), no
+        member that moves is ``pinned`` (at its move cap) and ``slo_guard`` (measured profiles)
+        accepts the group. ``cache``: by member list and ``nocopy``, so each is searched once. The
+        neighbourhood re-optimisation and the global plan both check so."""
+        key = (tuple(g.job_ids), frozenset(nocopy.intersection(g.job_ids)))
+        if cache is not None and key in cache:
+            return cache[key]
+        oc: Optional[OrderChoice] = None
+        if not any(j in pinned and j not in nocopy for j in key[0]):
+            oc = best_round_robin_order(g.members, rollout_overhead_s=self.config.planned_rollout_overhead_s)
+            ok = oc.feasible and all(
+                within((oc.t_coexec_s[m.spec.job_id]
+                        + (0.0 if m.spec.job_id in nocopy else profiler.move_time_s(m.spec, self.cluster)))
+                       / m.profile.t_solo_s, m.spec.slo)
+                for m in oc.members)
+            if ok and self.slo_guard is not None:
+                ok = self.slo_guard(g.model_copy(update={"members": tuple(oc.members)}))
+            oc = oc if ok else None
+        if cache is not None:
+            cache[key] = oc
+        return oc
+
+    def _copy_weights(self, hood: "ReoptHood", fresh: frozenset) -> dict[str, float]:
+        """Per job of ``hood``: the seconds of host-state copy a move costs it (0 when fresh)."""
+        return {j.job_id: 0.0 if j.job_id in fresh else profiler.move_time_s(j, self.cluster) for j, _ in hood.members}
+
+    def checked_groups(self, hood: "ReoptHood", new: Sequence[CoExecutionGroup], fresh: frozenset,
+                       cache: Optional[dict] = None, weight: Optional[dict] = None) -> Optional[tuple[tuple, tuple]]:
+        """The new groups of a re-partition of ``hood`` with their successions
+        (:func:`rollmux.admission.inherit.successions`: which old group's nodes each takes over,
+        which members stay) and their round-robin orders, when every one passes
+        :meth:`movable_order` (a member that stays copies nothing); else None. Returns
+        ``(((group, order), ...), (succession, ...))``."""
+        weight = self._copy_weights(hood, fresh) if weight is None else weight
+        succ = ([successions([g], hood.job_sets, hood.placements, self._keep_first(g, weight))[0] for g in new]
+                if hood.placements else [(None, frozenset(), {})] * len(new))
+        if len(new) > 1 and len({s[0] for s in succ if s[0] is not None}) < sum(s[0] is not None for s in succ):
+            # two new groups would take over one old group: one succession for all of them
+            merged = {j: w for g in new for j, w in self._keep_first(g, weight).items()}
+            succ = successions(new, hood.job_sets, hood.placements, merged)
+        out = []
+        for g, (_, kept, _) in zip(new, succ):
+            oc = self.movable_order(g, fresh | kept, hood.pinned, cache)
+            if oc is None:
+                return None
+            out.append((g, oc))
+        return tuple(out), tuple(succ)
+
+    def _keep_first(self, g: CoExecutionGroup, weight: dict) -> dict:
+        """``weight`` (copy seconds) for the members of ``g``, raised far above every copy for the
+        members whose SLO cannot absorb their copy in ``g`` (so a succession keeps them first)."""
+        tco = coexec_times(g.members, rollout_overhead_s=self.config.planned_rollout_overhead_s)
+        out = {}
+        for m in g.members:
+            j = m.spec.job_id
+            w = weight.get(j, 0.0)
+            out[j] = w + (1e6 if w > 0 and not within((tco[j] + w) / m.profile.t_solo_s, m.spec.slo) else 0.0)
+        return out
+
+    def _best_case(self, hood: "ReoptHood", g: CoExecutionGroup, fresh: frozenset, weight: dict, cache: dict) -> bool:
+        """Whether ``g`` could pass :meth:`movable_order` as a new group of a re-partition of
+        ``hood``: with its best succession alone (the old group it keeps most of)."""
+        ((_, kept, _),) = (successions([g], hood.job_sets, hood.placements, self._keep_first(g, weight))
+                           if hood.placements else [(None, frozenset(), {})])
+        return self.movable_order(g, fresh | kept, hood.pinned, cache) is not None
+
     def plan_reoptimise(self, hood: "ReoptHood", fresh: Optional[str] = None, *, solver) -> Optional["ReoptPlan"]:
         """The re-partition of ``hood`` that :meth:`reoptimise` would take (every new group with
-        its round-robin order), or None when none lowers the neighbourhood's $/h with every SLO
-        held. Reads only ``hood``, the cluster and the config (never the group table), so it may
-        run while the table changes; ``solver`` is the caller's (it caches layouts)."""
+        its round-robin order and succession), or None when none lowers the neighbourhood's $/h
+        with every SLO held. Reads only ``hood``, the cluster and the config (never the group
+        table), so it may run while the table changes; ``solver`` is the caller's (it caches layouts)."""
         members = list(hood.members)
         before = sum(hood.prices.values())
         current = {hood.job_sets[gid]: gid for gid in hood.groups}
@@ -285,31 +398,16 @@ class RepackMixin:
             kept = [current[frozenset(g.job_ids)] for g in groups if frozenset(g.job_ids) in current]
             return new, sum(hood.prices[gid] for gid in kept) + sum(self._group_usd_per_h(g) for g in new)
 
-        overhead = self.config.planned_rollout_overhead_s
-        orders: dict[tuple[str, ...], Optional[OrderChoice]] = {}
-
-        def movable(g: CoExecutionGroup) -> Optional[OrderChoice]:
-            """A new group's round-robin order when it passes the checks below (feasible, every moved
-            job's SLO absorbs its copy), else None; searched once per member list."""
-            key = tuple(g.job_ids)
-            if key not in orders:
-                oc = best_round_robin_order(g.members, rollout_overhead_s=overhead)
-                ok = oc.feasible and all(
-                    within((oc.t_coexec_s[m.spec.job_id]
-                            + (0.0 if m.spec.job_id == fresh else profiler.move_time_s(m.spec, self.cluster)))
-                           / m.profile.t_solo_s, m.spec.slo)
-                    for m in oc.members)
-                if ok and self.slo_guard is not None:
-                    ok = self.slo_guard(g.model_copy(update={"members": tuple(oc.members)}))
-                orders[key] = oc if ok else None
-            return orders[key]
+        orders: dict = {}
+        fresh_ids = frozenset() if fresh is None else frozenset([fresh])
+        weight = self._copy_weights(hood, fresh_ids)
 
         # Any partition the checks below would take is cheaper than the target and uses only new
-        # groups that pass them: when the bound over those proves none is, nothing changes. The
-        # margin covers float summation order; within it the exact solve decides.
+        # groups that could pass them: when the bound over those proves none is, nothing changes.
+        # The margin covers float summation order; within it the exact solve decides.
         target = before - 1e-6 + 1e-9 * (1.0 + before)
         if solver.partition_floor(members, {s: hood.prices[gid] for s, gid in current.items()}, target,
-                                  keeps=lambda g: movable(g) is not None) >= target:
+                                  keeps=lambda g: self._best_case(hood, g, fresh_ids, weight, orders)) >= target:
             return None
 
         def unchanged(groups: Sequence[CoExecutionGroup]) -> bool:
@@ -321,53 +419,85 @@ class RepackMixin:
         if unchanged(res.groups):
             return None
         new, after = gain(res.groups)
-        plans = []
-        for g in new:
-            oc = movable(g)
-            if oc is None:
-                return None
-            plans.append((g, oc))
-        return ReoptPlan(hood=hood, fresh=fresh, groups=tuple(plans), before_usd_per_h=before, after_usd_per_h=after)
+        checked = self.checked_groups(hood, new, fresh_ids, orders, weight)
+        if checked is None:
+            return None
+        stay = {j for _, kept, _ in checked[1] for j in kept}
+        movers = [j for g in new for j in g.job_ids if j not in stay and weight[j] > 0]
+        if not self.pays(before - after, sum(weight[j] for j in movers)):
+            return None
+        return ReoptPlan(hood=hood, fresh=fresh, groups=checked[0], before_usd_per_h=before, after_usd_per_h=after,
+                         successions=checked[1])
 
-    def apply_reoptimise(self, plan: "ReoptPlan") -> list[dict]:
-        """Commit ``plan`` (:meth:`plan_reoptimise`): the moved jobs leave their groups and the
-        plan's groups get new ids and nodes from the pools. Nothing changes (``[]``) when a group
-        of the planned neighbourhood is gone or has other members or another cost now, or a
-        bounded cluster has no room for the new layout. Returns the moves as :meth:`reoptimise`."""
+    def apply_reoptimise(self, plan: "ReoptPlan", source: str = "reopt") -> list[dict]:
+        """Commit ``plan`` (:meth:`plan_reoptimise`): the moved jobs leave their groups; a new group
+        with a succession takes over its old group's id and nodes (the members that stay keep
+        theirs, its other nodes are the old group's left free, then fresh ones), the others get new
+        ids and nodes from the pools. Nothing changes (``[]``) when a group of the planned
+        neighbourhood is gone or has other members, another cost or other placements now, or a
+        bounded cluster has no room for the new layout. Returns the moves as :meth:`reoptimise`
+        (the members that stay on their nodes do not move), each with ``source`` (what decided it:
+        ``"reopt"``, or the caller's, e.g. ``"plan"``)."""
         for gid in plan.hood.groups:
             g = self._groups.get(gid)
             if g is None or frozenset(g.group.job_ids) != plan.hood.job_sets[gid] or g.cost != plan.hood.costs[gid]:
                 return []
-        fresh, before, after = plan.fresh, plan.before_usd_per_h, plan.after_usd_per_h
+        fresh, before, after = plan.fresh_ids, plan.before_usd_per_h, plan.after_usd_per_h
         plans = list(plan.groups)
-        saved = self._save()
-        origin = {m.spec.job_id: self._job_group[m.spec.job_id] for g, _ in plans for m in g.members}
-        was = {j: placement_dict(self.member(j).placement) for j in origin}  # its nodes before the move
-        for j in origin:
-            self.depart(j)
-        moves: list[dict] = []
-        for g, oc in plans:
-            rn = self._pools["rollout"].peek(len(g.rollout_nodes))
-            tn = self._pools["train"].peek(len(g.train_nodes))
-            if rn is None or tn is None:  # a bounded cluster without room for the new layout
-                self._load(saved)
+        succ = list(plan.successions) or [(None, frozenset(), {})] * len(plans)
+        stay = {j for _, kept, _ in succ for j in kept}
+        for j in stay:
+            m = self.member(j)
+            if plan.hood.placements.get(j) != (m.placement.rollout_nodes, m.placement.train_nodes):
                 return []
-            self._pools["rollout"].take(rn)
-            self._pools["train"].take(tn)
-            name = {**dict(zip(g.rollout_nodes, rn)), **dict(zip(g.train_nodes, tn))}
-            gid = f"group-{self._next_group}"
-            self._next_group += 1
+        saved = self._save()
+        origin = {m.spec.job_id: self._job_group[m.spec.job_id] for g, _ in plans for m in g.members
+                  if m.spec.job_id not in stay}
+        was = {j: placement_dict(self.member(j).placement) for j in origin}  # its nodes before the move
+        freed: dict[str, list[str]] = {}
+        for j in origin:
+            freed.setdefault(origin[j], []).extend(self.depart(j))
+        moves: list[dict] = []
+        # successors first: the nodes their old groups left free are theirs
+        for (g, oc), (old, kept, nmap) in sorted(zip(plans, succ), key=lambda x: x[1][0] is None):
+            name = dict(nmap)
+            for pool, nodes in (("rollout", g.rollout_nodes), ("train", g.train_nodes)):
+                need = [x for x in nodes if x not in name]
+                np_ = self._pools[pool]
+                free = set(np_.free)
+                own = [n for n in freed.get(old, ()) if n.startswith(pool + "-") and node_index(n) in free][:len(need)]
+                np_.take(own)
+                more = np_.peek(len(need) - len(own))
+                if more is None:  # a bounded cluster without room for the new layout
+                    self._load(saved)
+                    return []
+                np_.take(more)
+                name.update(zip(need, own + more))
+            if old is not None and old in self._groups:
+                gid = old
+            else:
+                gid = f"group-{self._next_group}"
+                self._next_group += 1
             mems = tuple(GroupMember(spec=m.spec, profile=m.profile, placement=Placement(
                 job_id=m.spec.job_id, rollout_nodes=tuple(name[x] for x in m.placement.rollout_nodes),
                 train_nodes=tuple(name[x] for x in m.placement.train_nodes))) for m in oc.members)
-            grp = CoExecutionGroup(group_id=gid, rollout_nodes=tuple(rn), train_nodes=tuple(tn), members=mems)
+            if gid == old:  # the old group's nodes still held (its staying members') are the layout's now
+                held = set(self._groups[gid].group.rollout_nodes) | set(self._groups[gid].group.train_nodes)
+                for pool in ("rollout", "train"):
+                    self._pools[pool].give([n for n in held if n.startswith(pool + "-") and n not in name.values()])
+            grp = CoExecutionGroup(group_id=gid, rollout_nodes=tuple(name[x] for x in g.rollout_nodes),
+                                   train_nodes=tuple(name[x] for x in g.train_nodes), members=mems)
             self._set_group(gid, summarise_group(grp, self.cluster))
             self._groups[gid].coexec = dict(oc.t_coexec_s)
             for m in mems:
-                self._job_group[m.spec.job_id] = gid
-                moves.append({"job_id": m.spec.job_id, "from_group": origin[m.spec.job_id], "to_group": gid,
-                              "placement": placement_dict(m.placement), "from_placement": was[m.spec.job_id],
-                              "move_s": 0.0 if m.spec.job_id == fresh else profiler.move_time_s(m.spec, self.cluster)})
+                j = m.spec.job_id
+                self._job_group[j] = gid
+                if j in stay:
+                    continue
+                moves.append({"job_id": j, "from_group": origin[j], "to_group": gid,
+                              "placement": placement_dict(m.placement), "from_placement": was[j],
+                              "move_s": 0.0 if j in fresh else profiler.move_time_s(m.spec, self.cluster)})
         self._version += 1
-        return [dict(mv, saved_usd_per_h=before - after) for mv in moves]
-
+        out = [dict(mv, saved_usd_per_h=before - after, source=source) for mv in moves]
+        self.note_moves(out)
+        return out

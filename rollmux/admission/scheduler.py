@@ -20,6 +20,7 @@ from rollmux.admission.decisions import AdmissionDecision, Candidate, Newcomer
 from rollmux.admission.filters import CANDIDATE_FILTERS, GROUP_FILTERS, JOB_FILTERS
 from rollmux.admission.groups import GroupIndex, GroupSummary, NodePool, summarise_group
 from rollmux.admission.order import slo_sim
+from rollmux.admission.global_plan import GlobalPlanMixin
 from rollmux.admission.repack import RepackMixin
 from rollmux.intra_group import coexec_times
 from rollmux.models import ClusterSpec, CoExecutionGroup, GroupMember, JobSpec, PhaseProfile
@@ -62,7 +63,7 @@ def _no_placement_reason(cands: list[Candidate], pruned: list) -> str:
     return f"no feasible placement now: {groups}; {new}"
 
 
-class InterGroupScheduler(RepackMixin):
+class InterGroupScheduler(RepackMixin, GlobalPlanMixin):
     """Co-execution groups of one cluster and the admission policy that forms them.
 
     Args:

@@ -104,7 +104,11 @@ class SchedulerPolicy(SimPolicy):
                                        exact_max_jobs=max(2, cfg.reopt_max_jobs), time_limit_s=2.0)
         self.moves = 0
         self.move_s = 0.0
+        self.move_gpu_h = 0.0  # GPU-hours the moved jobs stalled (each move: its copy x its GPUs)
+        self.moves_by_source: dict[str, int] = {}  # what decided each move (reopt, plan, repack, slo, slo_watch)
         self.reopt_ms: list[float] = []  # re-optimisation after each admission (after the decision), ms
+        self.plan_ms: list[float] = []  # each global plan (rollmux.admission.global_plan), ms
+        self.sched.clock = lambda: self.clock  # the move cap's hour is the replay's
         self._stalls: dict[str, float] = {}
         self.queue = AdmissionQueue.from_config(cfg) if queue else None
         self._started: list[str] = []
@@ -129,6 +133,8 @@ class SchedulerPolicy(SimPolicy):
         self.per_job = cfg.per_job_allocations == "simulator" and self.spec.slo_check
         self._own: dict[str, tuple] = {}
         self._own_jobs: set = set()
+        # the global plan's solver: the same layout cache, one-job columns priced as they run
+        self.plan_solver = self.solver.view(per_job=self.per_job)
         if self.per_job:
             # the neighbourhood re-optimisation accepts a re-partition only when it is cheaper at
             # what the groups run on (a one-member group at its own allocation's $/h where
@@ -151,6 +157,7 @@ class SchedulerPolicy(SimPolicy):
         if self.queue is not None and not self.queue.may_try_now(job.spec):  # FIFO: behind larger held jobs
             return self._hold(job, 0.0, "queued behind larger jobs")
         prof = job.profile if self.loop is None else self.loop.profile_for(job.spec, job.profile)
+        was = self.sched.plan_gap()[0] if self.per_job else 0.0  # the $/h the groups run at
         d = self.sched.admit(job.spec, prof)
         if not d.admitted and self.book is not None and d.code == Code.RETRY_LATER:
             plan = self.book.plan(job.spec, self.sched, exclude=self._stopping)
@@ -172,6 +179,10 @@ class SchedulerPolicy(SimPolicy):
             self._moved(moves)
             if self.loop is not None:
                 self._moved(self.loop.check())
+            # joining a lone member's group can cost more than admission's marginal cost (the member
+            # ran on a cheaper own allocation): a plan may move the newcomer while it copies nothing
+            rose = self.per_job and self.sched.plan_gap()[0] - was > d.delta_usd_per_h + 1e-6
+            self._global_plan(fresh=(job.spec.job_id,), force=rose)
         elif self.queue is not None and d.code == Code.RETRY_LATER:
             return self._hold(job, float(d.latency_ms), d.reason)
         elif self.queue is not None:
@@ -273,17 +284,33 @@ class SchedulerPolicy(SimPolicy):
         moves = [m for m in moves if m["move_s"] > 0]
         self.moves += len(moves)
         for m in moves:
+            src = m.get("source", "slo_watch")
+            self.moves_by_source[src] = self.moves_by_source.get(src, 0) + 1
             self.move_s += m["move_s"]
+            spec = self._jobs[m["job_id"]].spec
+            self.move_gpu_h += m["move_s"] * (spec.num_rollout_gpus + spec.num_train_gpus) / 3600.0
             self._stalls[m["job_id"]] = self._stalls.get(m["job_id"], 0.0) + m["move_s"]
 
     def pop_stalls(self) -> dict[str, float]:
         out, self._stalls = self._stalls, {}
         return out
 
+    def _global_plan(self, fresh=(), force: bool = False) -> None:
+        """The global plan after an event (:mod:`rollmux.admission.global_plan`): when one is due,
+        its target and migrations, committed at once (the replay's clock does not move meanwhile)."""
+        req = self.sched.plan_request(fresh, force=force)
+        if req is None:
+            return
+        t0 = time.perf_counter()
+        plan = self.sched.plan_global(req, solver=self.plan_solver)
+        self._moved(self.sched.apply_global(plan))
+        self.plan_ms.append((time.perf_counter() - t0) * 1e3)
+
     def _depart_from_groups(self, job_id: str) -> None:
         gid = self.sched.group_of(job_id).group_id
         self.sched.depart(job_id)
         self.solver.forget(job_id)
+        self.plan_solver.forget(job_id)
         if self.book is not None:
             self.book.departed(job_id)
         for k in [k for k in self._own if k[0] == job_id]:
@@ -310,6 +337,7 @@ class SchedulerPolicy(SimPolicy):
         if self.loop is not None:
             self.loop.departed(job_id)
             self._moved(self.loop.check())
+        self._global_plan()
         return self.pop_stalls()
 
     def learn_points(self) -> dict[str, int]:
@@ -340,10 +368,18 @@ class SchedulerPolicy(SimPolicy):
         if not self.spec.repacks:
             return out
         r = sorted(self.reopt_ms)
+        pl = sorted(self.plan_ms)
+        st = self.sched.plan_state
         return {**out, "repack_on_departure": self.sched.config.repack_on_departure, "jobs_moved": self.moves,
-                "move_stall_h": self.move_s / 3600.0,
+                "moves_per_job": self.moves / max(1, len(self._jobs)),
+                "moves_by_source": dict(sorted(self.moves_by_source.items())),
+                "move_stall_h": self.move_s / 3600.0, "move_stall_gpu_h": self.move_gpu_h,
                 "reopt_latency_ms_p50": r[len(r) // 2] if r else None,
-                "reopt_latency_ms_max": r[-1] if r else None}
+                "reopt_latency_ms_max": r[-1] if r else None,
+                "global_plans": st.plans, "global_plan_migrations_applied": st.applied,
+                "global_plan_migrations_stale": st.stale,
+                "global_plan_latency_ms_p50": pl[len(pl) // 2] if pl else None,
+                "global_plan_latency_ms_max": pl[-1] if pl else None}
 
     def groups(self) -> list[CoExecutionGroup]:
         return list(self.sched.groups)
