@@ -274,10 +274,11 @@ def replay(
             raise RuntimeError(f"{policy.name}: {getattr(policy, 'waiting', 0)} queued jobs can never be admitted")
         t_arr = jobs[i].arrival_s if i < len(jobs) else math.inf
         t_dep, j_dep = math.inf, None
-        for jid, left in remaining.items():
-            td = t + left / rate[jid]
-            if td < t_dep:
-                t_dep, j_dep = td, jid
+        if remaining:  # the first job of the earliest departure (the order of ``remaining``)
+            tds = [t + left / rate[jid] for jid, left in remaining.items()]
+            k = min(range(len(tds)), key=tds.__getitem__)
+            if tds[k] < t_dep:
+                t_dep, j_dep = tds[k], list(remaining)[k]
         # a policy that learns from measured iterations (profile_source measured / blended) asks
         # to be called when a job has run a given number of iterations (an iteration boundary)
         t_learn, learners = math.inf, ()
@@ -335,8 +336,7 @@ def replay(
                     run.best_known_bound_usd += bound_cost[0] * dt / 3600.0
             if tally is not None:
                 tally.advance({jid: rate[jid] * dt for jid in remaining})
-            for jid in remaining:
-                remaining[jid] -= rate[jid] * dt
+            remaining.update({jid: left - rate[jid] * dt for jid, left in remaining.items()})
         t = t_next
         if t_stop < min(t_arr, t_dep) and t_stop <= t_learn:  # victims at their boundary: stop, re-queue
             events -= 1  # bounded by the preemptions, at most one plan per arrival
