@@ -3,8 +3,9 @@ predicted to miss its SLO, choose what to do at the next iteration boundary.
 
 The slowdown checked is the one a user reads: a job's co-executed iteration time over its
 *realised* solo iteration time. :func:`predict_slowdowns` samples it through the same round-robin
-simulation admission uses (:func:`rollmux.intra_group.simulate_group`), on each member's measured
-iterations (cycled; long-tail migration as configured), divided by the mean of the same
+simulation admission uses (:func:`rollmux.intra_group.simulate_group`; where no rollout can migrate,
+its recurrence :func:`rollmux.intra_group.cycled_coexec_times`, the same figures bit for bit), on each
+member's measured iterations (cycled; long-tail migration as configured), divided by the mean of the same
 iterations; a member that has not run yet contributes its planning profile as one deterministic
 iteration (then its ratio is the worst-case one admission checked). :func:`measured_predictor` is
 the one predictor the cluster's GlobalScheduler and the simulator both call: the same windows
