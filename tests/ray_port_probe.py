@@ -161,10 +161,16 @@ def main() -> int:
             rec["public"] = public
         report["ports"][str(port)] = rec
     # drivers (in parallel, they take a while to give up), after the port scan: their own ports are not the stack's
+    # A refused driver retries until its connect budget runs out (Ray's defaults: ~20 GCS attempts
+    # 1 s apart; Ray Client waits of 5, 10, 15 s): a few short attempts suffice for a refusal, since
+    # an accepting server answers the first one in well under a second (the controls below connect
+    # with Ray's default budgets).
+    refused_budget = {"RAY_gcs_server_port_wait_time_s": "3", "RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S": "2",
+                      "RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S": "2"}
     drivers = {
-        "gcs_no_token": ([gcs], dict(base_env, RAY_AUTH_MODE="disabled")),
-        "gcs_wrong_token": ([gcs], dict(base_env, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 64)),
-        "client_no_token": ([client], dict(base_env, RAY_AUTH_MODE="disabled")),
+        "gcs_no_token": ([gcs], dict(base_env, RAY_AUTH_MODE="disabled", **refused_budget)),
+        "gcs_wrong_token": ([gcs], dict(base_env, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 64, **refused_budget)),
+        "client_no_token": ([client], dict(base_env, RAY_AUTH_MODE="disabled", **refused_budget)),
         "gcs_with_token": ([gcs, a.scheduler], dict(base_env, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=a.ray_token_file)),
         "client_with_token": ([client, a.scheduler], dict(base_env, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=a.ray_token_file)),
     }
