@@ -28,12 +28,13 @@ from rollmux.models import CoExecutionGroup, GroupMember, PhaseProfile
 from rollmux.occupancy import BusyCurve
 from rollmux.round_robin import RoundRobinQueues
 from rollmux.staleness import solo_iteration_s
-from rollmux.steady_state import (STEADY_MAX_CYCLES, coexec_key, coexec_times, coexec_values, sampled_meta_iterations,
-                                  steady_horizon, steady_meta_iterations, steady_schedule)
+from rollmux.steady_state import (STEADY_MAX_CYCLES, coexec_key, coexec_times, coexec_values, cycled_coexec_times,
+                                  sampled_meta_iterations, steady_horizon, steady_meta_iterations, steady_schedule)
 
 __all__ = ["GroupSchedule", "IterationTimes", "LongTailPolicy", "PhaseRecord", "STEADY_MAX_CYCLES", "TimesFn",
-           "coexec_key", "coexec_times", "coexec_values", "realised_solo_s", "sampled_meta_iterations", "simulate_group",
-           "solo_staleness", "steady_horizon", "steady_meta_iterations", "steady_schedule"]
+           "coexec_key", "coexec_times", "coexec_values", "cycled_coexec_times", "realised_solo_s",
+           "sampled_meta_iterations", "simulate_group", "solo_staleness", "steady_horizon", "steady_meta_iterations",
+           "steady_schedule"]
 
 
 @dataclass(frozen=True)

@@ -226,6 +226,63 @@ def _rr_recurrence(key: tuple, m_it: int) -> tuple[float, ...]:
     return tuple((c[m_it] - c[h]) / (m_it - h) for c in done)
 
 
+
+def cycled_coexec_times(members: Union[CoExecutionGroup, Sequence[GroupMember]], times: Mapping[str, Sequence],
+                        meta_iterations: int) -> dict[str, float]:
+    """``t_coexec_s`` per member of a group of *synchronous* members whose phase times change from
+    iteration to iteration: ``times[job_id]`` its iterations (``t_roll_s`` / ``t_train_s`` /
+    ``t_sync_s``, cycled: iteration ``i`` runs ``times[job_id][i % len]``), averaged over the second
+    half of ``meta_iterations`` cycles as :func:`rollmux.intra_group.simulate_group` does. The
+    recurrence of :func:`_rr_cycle` with each cycle's own times: every node serves its jobs' turns
+    in admission order whatever the phase times (:mod:`rollmux.round_robin`), so without long-tail
+    migration the event simulation is this recurrence, bit for bit (the same maxima and sums, in
+    the same order; property-tested). Raises ValueError on an asynchronous member
+    (``max_staleness`` >= 1), an empty ``times`` entry or ``meta_iterations < 2``."""
+    members = list(members_of(members))
+    m_it = int(meta_iterations)
+    if m_it < 2:
+        raise ValueError(f"meta_iterations must be >= 2, got {m_it}")
+    nodes: dict[tuple[str, str], int] = {}
+    rows = []
+    for mb in members:
+        if mb.profile.max_staleness:
+            raise ValueError(f"cycled_coexec_times: {mb.spec.job_id} is asynchronous")
+        its = times[mb.spec.job_id]
+        if not its:
+            raise ValueError(f"cycled_coexec_times: no iterations for {mb.spec.job_id}")
+        rn = tuple(nodes.setdefault(("rollout", x), len(nodes)) for x in mb.placement.rollout_nodes)
+        tn = tuple(nodes.setdefault(("train", x), len(nodes)) for x in mb.placement.train_nodes)
+        rows.append(([it.t_roll_s for it in its], [it.t_train_s for it in its], [it.t_sync_s for it in its], rn, tn))
+    n = len(rows)
+    free = [0.0] * len(nodes)
+    last = [0.0] * n
+    rend = [0.0] * n
+    h = m_it // 2
+    at_h = [0.0] * n
+    for c in range(m_it):
+        for k, (tr, _tt, _ts, rn, _tn) in enumerate(rows):
+            e = last[k]
+            for x in rn:
+                if free[x] > e:
+                    e = free[x]
+            e = e + tr[c % len(tr)]
+            for x in rn:
+                free[x] = e
+            rend[k] = e
+        for k, (_tr, tt, ts, _rn, tn) in enumerate(rows):
+            e = rend[k]
+            for x in tn:
+                if free[x] > e:
+                    e = free[x]
+            i = c % len(tt)
+            e = e + tt[i] + ts[i]
+            for x in tn:
+                free[x] = e
+            last[k] = e
+        if c + 1 == h:
+            at_h = list(last)
+    return {mb.spec.job_id: (last[k] - at_h[k]) / (m_it - h) for k, mb in enumerate(members)}
+
 #: The most meta-iterations :func:`steady_horizon` simulates while it looks for the periodic
 #: regime (beyond it the horizon's second-half average stands).
 STEADY_MAX_CYCLES = 4096

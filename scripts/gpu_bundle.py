@@ -14,7 +14,8 @@ names; ~31 MB): pyarrow imports those lazily and names them as not imported. It 
 says so: Ray (79 MB) and vLLM (336 MB + torch 2.14): their checks are NOT RUN on such a host.
 
 ``python scripts/gpu_bundle.py build DIR`` downloads / builds the wheels into ``DIR`` (reused
-while :data:`LOCK` is unchanged: ``DIR/manifest.json`` holds its hash); ``check DIR`` verifies
+while :data:`LOCK` is unchanged: ``DIR/manifest.json`` holds its hash; a copy is kept for every
+clone on the machine, :func:`machine_cache`); ``check DIR`` verifies
 that every requirement of every bundled wheel (its METADATA, markers evaluated for the target)
 is met by the bundle or the host, and the size; ``install DIR TARGET`` (on the host, no pip
 needed) unpacks into ``TARGET`` the wheels of distributions the host does not have (their
@@ -122,16 +123,45 @@ def wheels(bundle: Path) -> list[Path]:
     return sorted(bundle.glob("*.whl"))
 
 
-def build(bundle: Path) -> dict:
-    """Download / build the wheels of :data:`LOCK` into ``bundle`` (kept while the lock holds)."""
-    bundle.mkdir(parents=True, exist_ok=True)
+def _complete(bundle: Path) -> Optional[dict]:
+    """``bundle``'s manifest when it was built for the current :data:`LOCK` and holds every wheel it names."""
     man = bundle / "manifest.json"
     if man.is_file():
         m = json.loads(man.read_text())
         if m.get("lock") == lock_hash() and all((bundle / f).is_file() for f in m.get("files", {})):
             return m
+    return None
+
+
+def machine_cache() -> Path:
+    """Where a built bundle is kept for every clone on this machine (a fresh clone, as CI makes,
+    copies it instead of downloading and building again): ``$ROLLMUX_GPU_BUNDLE_CACHE``, default
+    ``~/.cache/rollmux/gpu_bundle/<lock hash>``."""
+    root = os.environ.get("ROLLMUX_GPU_BUNDLE_CACHE") or str(Path.home() / ".cache" / "rollmux" / "gpu_bundle")
+    return Path(root) / lock_hash()[:16]
+
+
+def _copy(src: Path, dst: Path, m: dict) -> None:
+    import shutil
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in m["files"]:
+        shutil.copyfile(src / f, dst / f)
+    (dst / "manifest.json").write_text(json.dumps(m, indent=2))  # last: it marks the copy complete
+
+
+def build(bundle: Path) -> dict:
+    """Download / build the wheels of :data:`LOCK` into ``bundle`` (kept while the lock holds;
+    copied from, and after a build into, :func:`machine_cache`)."""
+    bundle.mkdir(parents=True, exist_ok=True)
+    if (m := _complete(bundle)) is not None:
+        return m
     for w in wheels(bundle):
         w.unlink()
+    cache = machine_cache()
+    if (m := _complete(cache)) is not None:
+        _copy(cache, bundle, m)
+        return m
     remote = [r for r in LOCK if canon(r.split("==")[0]) not in BUILT_HERE]
     plat = [a for p in PLATFORMS for a in ("--platform", p)]
     _pip("download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", PYTHON, "--implementation", "cp",
@@ -151,7 +181,18 @@ def build(bundle: Path) -> dict:
          "slimmed": slimmed,
          "left_out": {"ray": "79 MB wheel: the co-executed Ray run is NOT RUN without it",
                       "vllm": "336 MB + torch 2.14: the vLLM checks are NOT RUN without it"}}
-    man.write_text(json.dumps(m, indent=2))
+    (bundle / "manifest.json").write_text(json.dumps(m, indent=2))
+    tmp = cache.with_name(f"{cache.name}.tmp-{os.getpid()}")
+    try:  # complete before it is visible: renamed into place (another clone may be reading it)
+        _copy(bundle, tmp, m)
+        if not cache.exists():
+            tmp.rename(cache)
+    except OSError:  # a read-only home: every clone builds its own
+        pass
+    finally:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
     return m
 
 

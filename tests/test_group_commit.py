@@ -183,7 +183,12 @@ def test_dry_runs_are_answered_by_the_replica_from_its_snapshot_copy_like_the_sc
                    "delta_usd_per_h": v["marginal_cost_usd_per_h"], "predicted_slowdowns": v["predicted_slowdowns"]}
             want = _finite(s.admit(probe, dry_run=True).to_dict())
             assert json.dumps(got, sort_keys=True) == json.dumps({k: want.get(k) for k in keys}, sort_keys=True), step
-            assert v["explanation"]["candidates"] == want["candidates"]
+            # the same candidates with the same verdicts; their order among open groups may differ:
+            # the scheduler evaluates groups in the order they were last (re)opened, a copy restored
+            # from a snapshot in table order (InterGroupScheduler.load_groups)
+            def canon(cands):
+                return sorted(json.dumps(x, sort_keys=True) for x in cands)
+            assert canon(v["explanation"]["candidates"]) == canon(want["candidates"]), step
             compared += 1
             seen.add(got["strategy"])
         assert follows[-1] is True  # since the first dry-run it does

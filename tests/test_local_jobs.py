@@ -141,13 +141,13 @@ while time.monotonic() < deadline:
     st = {i: c.get_job_status(i) for i in ids}
     if all(s.is_terminal() for s in st.values()):
         break
-    time.sleep(1.0)
+    time.sleep(0.25)
 print(json.dumps({i: {"status": str(c.get_job_status(i).value), "logs": c.get_job_logs(i)[-3000:]} for i in ids}))
 """
 
 
 @pytest.mark.slow
-def test_five_jobs_submitted_back_to_back_with_the_working_dir_all_succeed():
+def test_jobs_submitted_back_to_back_with_the_working_dir_all_succeed():
     from actors.ops.cli_stack import _free_port
 
     sd = Path(tempfile.mkdtemp(prefix="rmx-up-", dir="/tmp"))  # short: Ray's root goes in <sd>/ray
@@ -169,7 +169,7 @@ def test_five_jobs_submitted_back_to_back_with_the_working_dir_all_succeed():
         address = f"http://127.0.0.1:{dash}"
         ray_bin = str(Path(sys.executable).with_name("ray"))
         ids = []
-        for _ in range(5):  # back to back, as a user would
+        for _ in range(3):  # back to back, as a user would
             r = subprocess.run([ray_bin, "job", "submit", "--address", address, "--no-wait", "--working-dir", ".",
                                 "--", "python", "tests/job_probe.py", "--hold-s", "1.0"],
                                env=jenv, cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -101,8 +101,9 @@ def _cli(ns: Netns, env: dict, *args: str, timeout: float = 300) -> subprocess.C
     return ns.run([sys.executable, "-m", "rollmux_cli", *args], env, timeout)
 
 
-# Known intermittent failure on a loaded 2-core host: the positive control's Ray Client server
-# sometimes fails to start inside the namespace. Re-run (same assertions) rather than hidden.
+# Known intermittent failures on a loaded 2-core host: the positive control's Ray Client server
+# sometimes fails to start inside the namespace (the probe runs that control once more itself),
+# and under a load of ~30 `up` itself can fail to start the stack. Re-run (same assertions) rather than hidden.
 @pytest.mark.flaky(reruns=2, reruns_delay=5)
 def test_fresh_up_accepts_no_unauthenticated_request(netns, tmp_path):
     sd = tmp_path / "stack"
@@ -165,7 +166,7 @@ def test_fresh_up_accepts_no_unauthenticated_request(netns, tmp_path):
         assert not rep["marker_created"]
         # positive controls: with the tokens the same endpoints work
         for k in ("gcs_with_token", "client_with_token"):
-            assert "HEALTH True" in rep["drivers"][k], (k, rep["drivers"][k])
+            assert "HEALTH True" in rep["drivers"][k], (k, rep["drivers"][k], rep["retried"].get(k))
         assert rep["controls"]["gcs_get_all_node_info"] == ["OK"]
         assert rep["controls"]["job_submit"][0] == 200 and rep["controls"]["job_ran"], rep["controls"]
         assert rep["controls"]["api_admit"][0] == 201, rep["controls"]

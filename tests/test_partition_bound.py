@@ -15,6 +15,7 @@ from rollmux.admission import build_group
 from rollmux.baselines import OptimalPartition
 from rollmux.config import CONFIG_DIR, load_cluster
 import rollmux.partition_bound as pb
+import rollmux.bound_columns as bc
 from rollmux.partition_bound import (BoundBudget, _rows, _separate_subset_rows, floor_usd_per_h, lp_lower_bound,
                                      prune_floor_usd_per_h)
 from rollmux.traces import EXTRACT_TRACE, TraceWindow, load_trace
@@ -117,19 +118,19 @@ def test_separation_caps_keep_the_first_cycles_by_least_job(monkeypatch):
     got = _separate_subset_rows(cols, [0.5] * len(cols), set(), 10)
     assert [r for r in got if len(r) == 5] == five
     # at most one cycle per round: the one through the least job ("a0") is kept, not an arbitrary one
-    monkeypatch.setattr(pb, "_MAX_CYCLES", 1)
+    monkeypatch.setattr(bc, "_MAX_CYCLES", 1)
     got = _separate_subset_rows(cols, [0.5] * len(cols), set(), 10)
     assert [r for r in got if len(r) == 5] == five[:1]
     # the path cap only narrows the candidates: whatever it returns is violated and was found uncapped
-    monkeypatch.setattr(pb, "_MAX_CYCLES", 20000)
-    monkeypatch.setattr(pb, "_MAX_PATHS", 1)
+    monkeypatch.setattr(bc, "_MAX_CYCLES", 20000)
+    monkeypatch.setattr(bc, "_MAX_PATHS", 1)
     capped = _separate_subset_rows(cols, [0.5] * len(cols), set(), 10)
     monkeypatch.undo()
     assert set(capped) <= set(_separate_subset_rows(cols, [0.5] * len(cols), set(), 10))
 
 
 def test_master_is_extended_in_place_and_refuses_a_column_set_it_does_not_prefix():
-    m = pb._Master(["a", "b", "c"])
+    m = bc._Master(["a", "b", "c"])
     cols = {frozenset("a"): 1.0, frozenset("b"): 1.0, frozenset("c"): 1.0}
     m.sync(cols)
     assert m.solve()[0] == pytest.approx(3.0)

@@ -91,7 +91,7 @@ def test_a_restarted_scheduler_repushes_every_group_and_tells_dissolved_ones():
 
 
 def test_attach_creates_the_controller_and_waits_for_its_acknowledgement(monkeypatch):
-    from actors.scheduler import global_scheduler
+    from actors.scheduler import membership
 
     handles = FakeHandles()
     s = _sched(handles)
@@ -104,7 +104,7 @@ def test_attach_creates_the_controller_and_waits_for_its_acknowledgement(monkeyp
     assert asyncio.run(s.attach("nope")) is None
     # a controller that does not answer in time: the ticket says so (it pulls the membership itself)
     handles.controllers["group-0"].answer = lambda p: _Never()
-    monkeypatch.setattr(global_scheduler, "ATTACH_PUSH_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(membership, "ATTACH_PUSH_TIMEOUT_S", 0.05)  # the module that awaits the ack
     assert s.admit(small_spec("b")).admitted
     t = asyncio.run(s.attach("b"))
     assert not t.pushed and t.controller == "rollmux-group-0"

@@ -149,9 +149,37 @@ def test_cp_sat_answer_does_not_depend_on_the_wall_clock(pool, monkeypatch):
         return clock["t"]
 
     monkeypatch.setattr(baselines.time, "perf_counter", loaded)
+    monkeypatch.setattr(baselines, "_SOLVED", {})  # CP-SAT itself answers again (not the memo of identical models)
     busy = OptimalPartition(cluster, exact_max_jobs=12, time_limit_s=2.0).solve(members)
     assert seen and all(s.parameters.max_deterministic_time == 2.0 and s.parameters.num_workers == 1
                         and s.parameters.max_time_in_seconds >= 20.0 for s in seen)
     assert busy.exact and calm.exact
     assert sorted(sorted(g.job_ids) for g in busy.groups) == sorted(sorted(g.job_ids) for g in calm.groups)
     assert busy.cost_usd_per_h == calm.cost_usd_per_h
+
+
+def test_set_partition_proto_is_the_builders_model():
+    """solve_set_partition writes its CP-SAT model into the proto directly: field for field the
+    model CpModel's builder methods make (so CP-SAT searches the same model), hint included."""
+
+    from ortools.sat.python import cp_model
+
+    rng = random.Random(5)
+    for _ in range(20):
+        ids = [f"j{k}" for k in range(rng.randint(1, 9))]
+        keys = [frozenset([j]) for j in ids] + [frozenset(rng.sample(ids, rng.randint(1, len(ids)))) for _ in range(15)]
+        units = [rng.randint(1, 10_000) for _ in keys]
+        hint = [rng.random() < 0.3 for _ in keys] if rng.random() < 0.7 else None
+        model = cp_model.CpModel()
+        x = [model.NewBoolVar(f"x{i}") for i in range(len(keys))]
+        for j in ids:
+            model.AddExactlyOne(x[i] for i, s in enumerate(keys) if j in s)
+        model.Minimize(sum(u * xi for u, xi in zip(units, x)))
+        for xi, h in zip(x, hint or ()):
+            model.AddHint(xi, h)
+        direct = cp_model.CpModel()
+        baselines._set_partition_proto(direct.Proto(), keys, units, ids, hint)
+        assert str(direct.Proto()) == str(model.Proto())
+        picked, optimal, _ = baselines.solve_set_partition(keys, units, ids, 1.0, hint)
+        assert optimal and sorted(j for i in picked for j in keys[i]) == sorted(ids)
+        assert baselines.solve_set_partition(keys, units, ids, 1.0, hint) == (picked, optimal, _)  # the memo's answer

@@ -3,8 +3,9 @@ predicted to miss its SLO, choose what to do at the next iteration boundary.
 
 The slowdown checked is the one a user reads: a job's co-executed iteration time over its
 *realised* solo iteration time. :func:`predict_slowdowns` samples it through the same round-robin
-simulation admission uses (:func:`rollmux.intra_group.simulate_group`), on each member's measured
-iterations (cycled; long-tail migration as configured), divided by the mean of the same
+simulation admission uses (:func:`rollmux.intra_group.simulate_group`; where no rollout can migrate,
+its recurrence :func:`rollmux.intra_group.cycled_coexec_times`, the same figures bit for bit), on each
+member's measured iterations (cycled; long-tail migration as configured), divided by the mean of the same
 iterations; a member that has not run yet contributes its planning profile as one deterministic
 iteration (then its ratio is the worst-case one admission checked). :func:`measured_predictor` is
 the one predictor the cluster's GlobalScheduler and the simulator both call: the same windows
@@ -38,7 +39,8 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
 
 from rollmux import profiler
 from rollmux.admission.decisions import AdmissionDecision, placement_dict
-from rollmux.intra_group import IterationTimes, LongTailPolicy, realised_solo_s, sampled_meta_iterations, simulate_group
+from rollmux.intra_group import (IterationTimes, LongTailPolicy, cycled_coexec_times, realised_solo_s, sampled_meta_iterations,
+                                 simulate_group)
 from rollmux.models import CoExecutionGroup, PhaseProfile
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -94,11 +96,17 @@ def predict_slowdowns(group: CoExecutionGroup, samples: Mapping[str, Sequence[It
     sample list. Raises ValueError on an empty group."""
     times = {m.spec.job_id: list(samples.get(m.spec.job_id) or [m.profile]) for m in group.members}
     k = meta_iterations or sampled_meta_iterations(group, max(len(v) for v in times.values()))
-    s = simulate_group(group, meta_iterations=k, phase_times=times, long_tail=long_tail, record_timeline=False)
+    if (all(m.profile.max_staleness == 0 for m in group.members)
+            and (long_tail is None or all(getattr(it, "t_trigger_s", None) is None for v in times.values() for it in v))):
+        # nothing can migrate: the event simulation is the round-robin recurrence (the same figures)
+        t_co = cycled_coexec_times(group, times, k)
+    else:
+        t_co = simulate_group(group, meta_iterations=k, phase_times=times, long_tail=long_tail,
+                              record_timeline=False).t_coexec_s
     out = {}
     for m in group.members:  # an asynchronous member's solo time pipelines its iterations (realised_solo_s)
         jid = m.spec.job_id
-        out[jid] = s.t_coexec_s[jid] / realised_solo_s(m, times[jid])
+        out[jid] = t_co[jid] / realised_solo_s(m, times[jid])
     return out
 
 

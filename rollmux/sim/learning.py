@@ -99,8 +99,13 @@ class MeasuredLoop:
     def check(self) -> list[dict]:
         """Re-check every group that changed since its last check; the moves of the actions taken."""
         moves: list[dict] = []
-        for _ in range(4 * max(1, len(self.sched.groups))):  # bounded: each action changes a group
-            todo = [g for g in self.sched.groups if g.members and self._checked.get(g.group_id) != id(g)]
+        groups = self.sched.groups
+        todo: list = []
+        for _ in range(4 * max(1, len(groups))):  # bounded: each action changes a group
+            # the first group (in table order) not checked as it is now; a check that changed
+            # nothing leaves the others as they were, so the list is rebuilt only after an action
+            todo = [g for g in todo if self._checked.get(g.group_id) != id(g)] if todo else \
+                [g for g in groups if g.members and self._checked.get(g.group_id) != id(g)]
             if not todo:
                 break
             g = todo[0]
@@ -111,7 +116,8 @@ class MeasuredLoop:
             if act is not None:
                 self.actions.append(act)
                 moves += act.moves
-        live = {g.group_id for g in self.sched.groups}
+                groups, todo = self.sched.groups, []
+        live = {g.group_id for g in groups}
         for gid in [x for x in self._checked if x not in live]:
             del self._checked[gid]
         return moves

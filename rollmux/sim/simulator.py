@@ -141,7 +141,8 @@ def replay(
     paused: dict[str, float] = {}  # preempted job -> iterations left (it resumes from its commits)
     job_cost: dict[str, float] = {}  # with priorities: each job's share of its units' cost, $
     shares: list[tuple[str, float]] = []  # (job, $/h share) of the current units
-    classes = getattr(policy, "job_class", None)
+    # priority classes only where the policy keeps them (a scheduler policy replayed with priorities)
+    classes = getattr(policy, "job_class", None) if getattr(policy, "book", None) is not None else None
     n_pre: dict[str, int] = {}
     tally = StalenessTally() if any(j.spec.max_staleness for j in jobs) else None  # async jobs: staleness used
     shared = classes is not None or tally is not None  # each job's share of its units' cost is reported
@@ -161,6 +162,7 @@ def replay(
 
         return move_time_s(spec, real.cluster)
     best_group_size = 0
+    seen_groups: dict[int, object] = {}  # id(group) -> group, of the last event (kept alive: ids stay unique)
     shadow_cost: Optional[float] = None
     bound_cost: list = [None]  # the lower bound's $/h now (None: not compared)
     known_cost: list = [None]  # with bound_incumbent: the cheapest known partition's $/h now
@@ -176,8 +178,15 @@ def replay(
         cur = {}
         for u in units:
             e = params.get(id(u))
-            cur[id(u)] = e if e is not None and e[0] is u else (u, real.busy_params(u))
-        params = cur
+            if e is None or e[0] is not u:
+                rates = {}
+                for jid, it in u.iter_time_s.items():
+                    if not (it > 0 and math.isfinite(it)):
+                        raise RuntimeError(f"{policy.name}: job {jid} has iteration time {it}")
+                    rates[jid] = 1.0 / it
+                e = (u, real.busy_params(u), rates)
+            cur[id(u)] = e
+        params = cur  # id(unit) -> (unit, its busy params, its jobs' rates), for the units of now
         uparams = [((u.key, u.job_ids), params[id(u)][1]) for u in units]
         if tally is not None:
             tally.set_units(units)
@@ -197,17 +206,18 @@ def replay(
         for k in ids:
             born.setdefault(k, t)
         for u in units:
-            for jid, it in u.iter_time_s.items():
-                if not (it > 0 and math.isfinite(it)):
-                    raise RuntimeError(f"{policy.name}: job {jid} has iteration time {it}")
-                rate[jid] = 1.0 / it
+            rate.update(params[id(u)][2])
         missing = set(remaining) - set(rate)
         if missing:
             raise RuntimeError(f"{policy.name}: active jobs without an allocation: {sorted(missing)[:5]}")
-        for g in policy.groups():
-            if len(g.members) > best_group_size:
+        now_groups = {}
+        for g in policy.groups():  # the largest group seen: a group seen at the last event was looked at then
+            now_groups[id(g)] = g
+            if seen_groups.get(id(g)) is not g and len(g.members) > best_group_size:
                 best_group_size = len(g.members)
                 run.gantt_group = g
+        seen_groups.clear()
+        seen_groups.update(now_groups)
         shadow_cost = None
         bound_cost[0] = known_cost[0] = None
         res = None
@@ -264,10 +274,11 @@ def replay(
             raise RuntimeError(f"{policy.name}: {getattr(policy, 'waiting', 0)} queued jobs can never be admitted")
         t_arr = jobs[i].arrival_s if i < len(jobs) else math.inf
         t_dep, j_dep = math.inf, None
-        for jid, left in remaining.items():
-            td = t + left / rate[jid]
-            if td < t_dep:
-                t_dep, j_dep = td, jid
+        if remaining:  # the first job of the earliest departure (the order of ``remaining``)
+            tds = [t + left / rate[jid] for jid, left in remaining.items()]
+            k = min(range(len(tds)), key=tds.__getitem__)
+            if tds[k] < t_dep:
+                t_dep, j_dep = tds[k], list(remaining)[k]
         # a policy that learns from measured iterations (profile_source measured / blended) asks
         # to be called when a job has run a given number of iterations (an iteration boundary)
         t_learn, learners = math.inf, ()
@@ -299,11 +310,13 @@ def replay(
             run.rollout_gpu_s += rg * dt
             run.train_gpu_s += tg * dt
             busy = real.busy_from_params
+            acc_r, acc_t = run.rollout_busy_gpu_s, run.train_busy_gpu_s  # summed unit by unit, in order
             for bk, prm in uparams:
                 age = t - born[bk]
                 b_r, b_t = busy(prm, age, age + dt)
-                run.rollout_busy_gpu_s += b_r
-                run.train_busy_gpu_s += b_t
+                acc_r += b_r
+                acc_t += b_t
+            run.rollout_busy_gpu_s, run.train_busy_gpu_s = acc_r, acc_t
             if shadow_cost is not None:
                 run.shadow_gap_usd_by_event[last_event] = (run.shadow_gap_usd_by_event.get(last_event, 0.0)
                                                            + (cost - shadow_cost) * dt / 3600.0)
@@ -323,8 +336,7 @@ def replay(
                     run.best_known_bound_usd += bound_cost[0] * dt / 3600.0
             if tally is not None:
                 tally.advance({jid: rate[jid] * dt for jid in remaining})
-            for jid in remaining:
-                remaining[jid] -= rate[jid] * dt
+            remaining.update({jid: left - rate[jid] * dt for jid, left in remaining.items()})
         t = t_next
         if t_stop < min(t_arr, t_dep) and t_stop <= t_learn:  # victims at their boundary: stop, re-queue
             events -= 1  # bounded by the preemptions, at most one plan per arrival
