@@ -13,11 +13,12 @@ WANT="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   echo "[rollmux] installing dependencies into .venv (first run takes a few minutes)"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-  # --no-compile: pip would byte-compile all ~21,000 installed .py files (~70 s of one core); the
-  # ~4,400 that the tests and the tools import are compiled (and cached) at their first import.
+  # pip byte-compiles what it installs (~70 s of one core): keep it. Where PYTHONDONTWRITEBYTECODE is
+  # set (as on this project's hosts) nothing else writes .pyc files, and every Ray worker and test
+  # subprocess would compile its imports again (a full suite ran 1,374 s instead of about 1,000).
   # The CPU build of torch first: a bare 'torch' requirement would pull a multi-GB CUDA build.
-  .venv/bin/python -m pip install -q --no-compile "torch==2.13.0" || .venv/bin/python -m pip install -q --no-compile "torch>=2.3,<=2.14.1" --index-url https://download.pytorch.org/whl/cpu
-  .venv/bin/python -m pip install -q --no-compile -e ".[dev,trl]"
+  .venv/bin/python -m pip install -q "torch==2.13.0" || .venv/bin/python -m pip install -q "torch>=2.3,<=2.14.1" --index-url https://download.pytorch.org/whl/cpu
+  .venv/bin/python -m pip install -q -e ".[dev,trl]"
   # DeepSpeed (a main dependency) JIT-builds a shared-memory comm op on CPU with ninja (installed
   # above) and a C++ compiler: say so now rather than at the first DeepSpeed job.
   command -v "${CXX:-c++}" >/dev/null 2>&1 || echo "[rollmux] warning: no C++ compiler (c++/g++): DeepSpeed jobs on CPU need one (e.g. apt-get install g++)" >&2
