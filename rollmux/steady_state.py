@@ -242,43 +242,28 @@ def cycled_coexec_times(members: Union[CoExecutionGroup, Sequence[GroupMember]],
     m_it = int(meta_iterations)
     if m_it < 2:
         raise ValueError(f"meta_iterations must be >= 2, got {m_it}")
-    nodes: dict[tuple[str, str], int] = {}
-    rows = []
+    its = []
     for mb in members:
         if mb.profile.max_staleness:
             raise ValueError(f"cycled_coexec_times: {mb.spec.job_id} is asynchronous")
-        its = times[mb.spec.job_id]
-        if not its:
+        if not times[mb.spec.job_id]:
             raise ValueError(f"cycled_coexec_times: no iterations for {mb.spec.job_id}")
-        rn = tuple(nodes.setdefault(("rollout", x), len(nodes)) for x in mb.placement.rollout_nodes)
-        tn = tuple(nodes.setdefault(("train", x), len(nodes)) for x in mb.placement.train_nodes)
-        rows.append(([it.t_roll_s for it in its], [it.t_train_s for it in its], [it.t_sync_s for it in its], rn, tn))
-    n = len(rows)
-    free = [0.0] * len(nodes)
+        its.append(times[mb.spec.job_id])
+    # the members' node ids once (coexec_key's renaming, each node named with its pool); each cycle
+    # then runs _rr_cycle on the same rows with that cycle's phase times
+    nodes = [(r, t) for _tr, _tt, _ts, r, t, _s in coexec_key(
+        [(0.0, 0.0, 0.0, tuple(("rollout", x) for x in mb.placement.rollout_nodes),
+          tuple(("train", x) for x in mb.placement.train_nodes)) for mb in members])]
+    n = len(members)
+    free = [0.0] * (1 + max((x for r, t in nodes for x in r + t), default=0))
     last = [0.0] * n
     rend = [0.0] * n
     h = m_it // 2
     at_h = [0.0] * n
     for c in range(m_it):
-        for k, (tr, _tt, _ts, rn, _tn) in enumerate(rows):
-            e = last[k]
-            for x in rn:
-                if free[x] > e:
-                    e = free[x]
-            e = e + tr[c % len(tr)]
-            for x in rn:
-                free[x] = e
-            rend[k] = e
-        for k, (_tr, tt, ts, _rn, tn) in enumerate(rows):
-            e = rend[k]
-            for x in tn:
-                if free[x] > e:
-                    e = free[x]
-            i = c % len(tt)
-            e = e + tt[i] + ts[i]
-            for x in tn:
-                free[x] = e
-            last[k] = e
+        cyc = [it[c % len(it)] for it in its]
+        _rr_cycle(tuple((x.t_roll_s, x.t_train_s, x.t_sync_s, r, t, 0) for x, (r, t) in zip(cyc, nodes)),
+                  free, last, rend)
         if c + 1 == h:
             at_h = list(last)
     return {mb.spec.job_id: (last[k] - at_h[k]) / (m_it - h) for k, mb in enumerate(members)}
