@@ -98,10 +98,12 @@ def ray_cluster(scaleout_cluster_spec):
 @pytest.fixture(scope="module")
 def module_scheduler(ray_cluster, local_cluster_spec, request):
     """A GlobalScheduler of the test module's own on the session's cluster (named after the
-    module), killed after the module; yields its name."""
-    from factories import own_scheduler
+    module), killed after the module; yields its name. Its jobs stay in the groups admission packs
+    them into (``factories.FIXED_GROUPS``): the modules using it check what happens inside a group."""
+    from factories import FIXED_GROUPS, own_scheduler
 
-    with own_scheduler(local_cluster_spec, "test-" + request.module.__name__.rpartition(".")[2]) as name:
+    with own_scheduler(local_cluster_spec, "test-" + request.module.__name__.rpartition(".")[2],
+                       FIXED_GROUPS) as name:
         yield name
 
 

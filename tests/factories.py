@@ -18,6 +18,13 @@ T = TypeVar("T")
 #: Sleep seconds of a toy job's (rollout, training) phases.
 SLEEP = {"big": (0.25, 0.25), "small": (0.08, 0.08)}
 
+#: Scheduler settings under which jobs stay in the groups admission packed them into: planning on
+#: the declared worst case (no SLO watch on the wall-clock phase times of a loaded host, which are
+#: not the phase times the toy jobs declare) and no neighbourhood re-optimisation or global plan.
+#: For tests that check what happens inside one co-execution group (turns, on-policy weights);
+#: the moves themselves are tested by test_slo_watch_runtime, test_global_plan and test_repack.
+FIXED_GROUPS = {"profile_source": "worst_case", "reopt_max_jobs": 0, "plan_max_jobs": 0}
+
 
 def wait_until(probe: Callable[[], T], *, timeout_s: float = 60.0, interval_s: float = 0.1,
                what: str = "condition", ignore: tuple[type[BaseException], ...] = ()) -> T:
@@ -41,16 +48,17 @@ def wait_until(probe: Callable[[], T], *, timeout_s: float = 60.0, interval_s: f
 
 
 @contextlib.contextmanager
-def own_scheduler(spec, prefix: str) -> Iterator[str]:
-    """A GlobalScheduler of its own (``prefix`` + a random suffix) on the session's cluster, healthy;
-    yields its name and kills it at exit (a module fixture's body)."""
+def own_scheduler(spec, prefix: str, config: Optional[dict] = None) -> Iterator[str]:
+    """A GlobalScheduler of its own (``prefix`` + a random suffix, scheduler ``config`` over the
+    defaults) on the session's cluster, healthy; yields its name and kills it at exit (a module
+    fixture's body)."""
     import ray
 
     from actors.handles import SchedulerHandle
     from actors.scheduler.global_scheduler import get_or_create_scheduler
 
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    h = get_or_create_scheduler(spec, name=name)
+    h = get_or_create_scheduler(spec, name=name, **({"config": config} if config else {}))
     assert SchedulerHandle(h).health().ok
     try:
         yield name

@@ -70,9 +70,10 @@ def sched(ray_cluster, local_cluster_spec):
 
     from actors.handles import SchedulerHandle
     from actors.scheduler.global_scheduler import get_or_create_scheduler
+    from factories import FIXED_GROUPS
 
     name = f"test-async-{uuid.uuid4().hex[:6]}"
-    h = get_or_create_scheduler(local_cluster_spec, name=name, config={"tail_migration": False})
+    h = get_or_create_scheduler(local_cluster_spec, name=name, config={**FIXED_GROUPS, "tail_migration": False})
     assert SchedulerHandle(h).health(timeout_s=None).ok
     yield name
     ray.kill(h, no_restart=True)

@@ -158,11 +158,11 @@ def sched(ray_cluster, local_cluster_spec):
     import ray
 
     from actors.scheduler.global_scheduler import get_or_create_scheduler
-    from factories import kill_scheduler_and_controllers
+    from factories import FIXED_GROUPS, kill_scheduler_and_controllers
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     name = f"test-permits-{uuid.uuid4().hex[:6]}"
-    h = get_or_create_scheduler(local_cluster_spec, name=name)
+    h = get_or_create_scheduler(local_cluster_spec, name=name, config=FIXED_GROUPS)  # the two jobs share one group
     assert SchedulerHandle(h).health().ok
     yield name, h
     kill_scheduler_and_controllers(h, name)

@@ -18,7 +18,7 @@ from examples.grpo.job import TOK, run_coexecuted, run_job
 from examples.grpo.model import build_model
 from rollmux.config import CONFIG_DIR
 from actors.handles import SchedulerHandle
-from factories import kill_scheduler_and_controllers
+from factories import FIXED_GROUPS, kill_scheduler_and_controllers
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
 
@@ -48,7 +48,7 @@ def scheduler(ray_cluster, local_cluster_spec):
 
     def make(spec=local_cluster_spec) -> str:
         name = f"test-multinode-{uuid.uuid4().hex[:6]}"
-        h = get_or_create_scheduler(spec, name=name)
+        h = get_or_create_scheduler(spec, name=name, config=FIXED_GROUPS)  # the tests check jobs inside one group
         assert SchedulerHandle(h).health(timeout_s=120).ok
         made.append((h, name))
         return name

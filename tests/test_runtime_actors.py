@@ -17,7 +17,7 @@ import torch
 
 import rollmux
 from actors.handles import ControllerHandle, SchedulerHandle, WorkerHandle
-from factories import SLEEP, make_toy, toy_spec, unit_kw, wait_until  # noqa: F401  (re-exported for other tests)
+from factories import FIXED_GROUPS, SLEEP, make_toy, toy_spec, unit_kw, wait_until  # noqa: F401  (re-exported for other tests)
 from rollmux.messages import RolloutProgress
 
 pytestmark = [pytest.mark.timeout(240)]
@@ -47,7 +47,7 @@ def sched(ray_cluster, local_cluster_spec):
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     name = f"test-sched-{_uid()}"
-    h = get_or_create_scheduler(local_cluster_spec, name=name)
+    h = get_or_create_scheduler(local_cluster_spec, name=name, config=FIXED_GROUPS)  # the tests check turns in one group
     assert SchedulerHandle(h).health().ok
     yield name, h
     ray.kill(h, no_restart=True)

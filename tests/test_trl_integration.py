@@ -114,15 +114,13 @@ def sched(ray_cluster, local_cluster_spec):
     import ray
 
     from actors.scheduler.global_scheduler import get_or_create_scheduler
-    from factories import kill_scheduler_and_controllers
+    from factories import FIXED_GROUPS, kill_scheduler_and_controllers
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     name = f"test-trl-{uuid.uuid4().hex[:6]}"
     # the two jobs must stay in the group Alg. 1 packs them into, so that the test can check their
-    # turns node by node: no move (the SLO watch on wall-clock phase times of a loaded host, the
-    # neighbourhood and the global plan move jobs; test_slo_watch_runtime and test_global_plan test those)
-    h = get_or_create_scheduler(local_cluster_spec, name=name,
-                                config={"profile_source": "worst_case", "reopt_max_jobs": 0, "plan_max_jobs": 0})
+    # turns node by node
+    h = get_or_create_scheduler(local_cluster_spec, name=name, config=FIXED_GROUPS)
     assert SchedulerHandle(h).health().ok
     yield name, h, ray_cluster.address
     kill_scheduler_and_controllers(h, name)
