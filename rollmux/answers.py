@@ -305,11 +305,14 @@ class PolicyHeader:
 
 @dataclass(frozen=True)
 class PolicyDelta:
-    """The policy table's changes (what a Serve replica answering dry-runs follows): its header
-    and each changed group (None: gone)."""
+    """The policy table's changes (what a Serve replica answering dry-runs follows): its header,
+    each changed group (None: gone) and, for each changed group that is open, its place in the
+    order decisions visit open groups (:meth:`rollmux.admission.InterGroupScheduler.open_seq`:
+    the order a decision lists its candidates in)."""
 
     header: Optional[PolicyHeader] = None
     groups: Mapping[str, Optional[CoExecutionGroup]] = field(default_factory=dict)
+    open_seqs: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

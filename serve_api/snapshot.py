@@ -50,6 +50,7 @@ class SnapshotCache:
         self.cluster: Optional[ClusterSpec] = None
         self._policy_header: Optional[PolicyHeader] = None
         self._policy_groups: dict[str, CoExecutionGroup] = {}
+        self._policy_seqs: dict[str, int] = {}  # open groups' places in the opening order (candidates' order)
         self._policy = None
         self._policy_pending: dict[str, Optional[CoExecutionGroup]] = {}
         self.want_policy = False  # set by the first dry-run: the follower then resyncs with the policy table
@@ -86,7 +87,7 @@ class SnapshotCache:
             if d.full:
                 self.jobs, self._json, self.groups = {}, {}, {}
                 self.cluster = d.cluster
-                self._policy_groups, self._policy, self._policy_pending = {}, None, {}
+                self._policy_groups, self._policy, self._policy_pending, self._policy_seqs = {}, None, {}, {}
                 self.has_policy = ask and d.policy is not None
             if d.policy is not None:
                 if d.policy.header is not None:
@@ -96,6 +97,11 @@ class SnapshotCache:
                         self._policy_groups.pop(gid, None)
                     else:
                         self._policy_groups[gid] = grp
+                    seq = d.policy.open_seqs.get(gid)
+                    if seq is None:
+                        self._policy_seqs.pop(gid, None)
+                    else:
+                        self._policy_seqs[gid] = seq
                     if self._policy is not None:
                         self._policy_pending[gid] = grp
             for jid, rec in d.jobs.items():
@@ -145,10 +151,11 @@ class SnapshotCache:
 
         if self._policy is None:
             self._policy = InterGroupScheduler.restore(
-                self.cluster, {**self._policy_header.to_dict(), "groups": list(self._policy_groups.values())})
+                self.cluster, {**self._policy_header.to_dict(), "groups": list(self._policy_groups.values()),
+                               "open_seqs": dict(self._policy_seqs)})
             self._policy_pending = {}
         elif self._policy_pending:
-            self._policy.load_groups(self._policy_header.to_dict(), self._policy_pending)
+            self._policy.load_groups(self._policy_header.to_dict(), self._policy_pending, self._policy_seqs)
             self._policy_pending = {}
         return self._policy
 

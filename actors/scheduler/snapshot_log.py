@@ -100,6 +100,7 @@ class SnapshotLog:
         groups: dict = {}
         queue = header = None
         table: dict = {}
+        seqs: dict = {}  # the open groups' places in the opening order, as of the last change to each
         for d in newer:
             jobs.update(d["jobs"])
             groups.update(d["groups"])
@@ -108,5 +109,8 @@ class SnapshotLog:
             if policy:
                 header = d["policy"].header
                 table.update(d["policy"].groups)
+                for gid in d["policy"].groups:
+                    seqs.pop(gid, None)
+                seqs.update(d["policy"].open_seqs)
         return SnapshotDelta(self.epoch, self.version, jobs=jobs, groups=groups, queue=queue,
-                             policy=PolicyDelta(header, table) if policy else None)
+                             policy=PolicyDelta(header, table, seqs) if policy else None)

@@ -107,8 +107,9 @@ class Views:
             jids.update(dict.fromkeys(m.spec.job_id for m in grp.members))
         views = {j: (None if (r := records.get(j)) is None else self.answer(r)) for j in jids}
         views.update({j: None for j in dropped})
+        changed = written.get("groups", {})
         policy = PolicyDelta(PolicyHeader.of(written.get("header") or igs.snapshot_header(), igs.config),
-                             {g: self._policy_group(g) for g in written.get("groups", {})})
+                             {g: self._policy_group(g) for g in changed}, _open_seqs(igs, changed))
         self.snapshots.publish(views, {g: self.group(g) for g in gids}, self.queue() if queue_changed else None, policy)
 
     def _policy_group(self, gid: str):
@@ -123,8 +124,14 @@ class Views:
         igs = self.policy.igs
         table = None
         if policy:
-            table = PolicyDelta(PolicyHeader.of(igs.snapshot_header(), igs.config), {g.group_id: g for g in igs.groups})
+            table = PolicyDelta(PolicyHeader.of(igs.snapshot_header(), igs.config), {g.group_id: g for g in igs.groups},
+                                _open_seqs(igs, [g.group_id for g in igs.groups]))
         return SnapshotDelta(self.snapshots.epoch, self.snapshots.version, full=True,
                              jobs={j: self.answer(r) for j, r in self.jobs.records.items()},
                              groups={g.group_id: self.group(g.group_id) for g in igs.groups}, queue=self.queue(),
                              cluster=cluster, policy=table)
+
+
+def _open_seqs(igs, group_ids) -> dict[str, int]:
+    """The opening-order places of those of ``group_ids`` that are open (the table as it is now)."""
+    return {g: q for g in group_ids if (q := igs.open_seq(g)) is not None}
