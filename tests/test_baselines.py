@@ -146,7 +146,7 @@ def test_a_linked_pair_runs_at_the_slower_members_cadence_in_either_order():
         tco = coexec_times(order)
         assert tco == pytest.approx({"job-00023": 466.139, "job-00025": 466.139}, rel=1e-9)
         oc = best_round_robin_order(order)
-        assert not oc.feasible and oc.orders_tried == 2
+        assert not oc.feasible and oc.exhaustive and oc.orders_tried == 1  # the cadence bound proves it: no search
     cadence = cadence_bound([a.measured.t_solo_s, b.measured.t_solo_s], [118.236 + 96.93 + 2 * 6.6])
     assert cadence == pytest.approx(466.139) and cadence > b.slo * b.measured.t_solo_s == pytest.approx(453.4886)
     sched = InterGroupScheduler(cl)
@@ -212,3 +212,63 @@ def test_no_policy_cheaper_than_the_exact_optimum_at_any_instant(seed, slo):
         m = res.summary["policies"][name]
         assert 0 < m["optimal_exact_spend_fraction"] <= 1 and m["cost_vs_optimal_exact"] >= 1.0
     assert res.summary["policies"]["rollmux"]["slo_attainment"] == 1.0
+
+
+def test_order_search_is_skipped_only_where_no_order_is_feasible():
+    """``steady_lower_bounds`` holds in every round-robin order (each member's steady-state
+    ``t_coexec`` in each of the n! orders is at least it), and ``best_round_robin_order`` with the
+    bound answers exactly as the plain exhaustive search on random groups of 2-5 members sharing
+    nodes, synchronous and asynchronous, with and without a rollout overhead (searches the bound
+    skips), and on the ring quartet, where another order fits (a search it must not skip)."""
+    import itertools
+    import random
+
+    import rollmux.admission.order as order
+    from rollmux.intra_group import coexec_key, coexec_values
+    from rollmux.models import GroupMember, Placement
+
+    from factories import ring_quartet
+
+    def compare(members, ov):
+        with_bound = order.best_round_robin_order(members, rollout_overhead_s=ov)
+        saved = order.ORDER_BOUND_MARGIN
+        order.ORDER_BOUND_MARGIN = 1.0  # lb x 0: never skips
+        try:
+            plain = order.best_round_robin_order(members, rollout_overhead_s=ov)
+        finally:
+            order.ORDER_BOUND_MARGIN = saved
+        assert (with_bound.feasible, with_bound.members, with_bound.t_coexec_s) == (plain.feasible, plain.members, plain.t_coexec_s)
+        return with_bound, plain
+
+    cl, jobs = ring_quartet()  # arrival order breaks three SLOs, another order fits: the search runs
+    sched = InterGroupScheduler(cl)
+    for j in jobs:
+        sched.admit(j, j.measured)
+    by = {m.spec.job_id: m for m in sched.groups[0].members}
+    with_bound, plain = compare([by[j.job_id] for j in jobs], 0.0)
+    assert with_bound.feasible and with_bound.orders_tried == plain.orders_tried == 2
+    rng = random.Random(3)
+    pruned = 0
+    for case in range(300):
+        n = rng.randint(2, 5)
+        members = []
+        for k in range(n):
+            stale = rng.choice([0, 0, 0, 1])
+            spec = JobSpec(job_id=f"j{k}", model_params_b=7.0, num_rollout_gpus=8, num_train_gpus=8,
+                           slo=round(rng.uniform(1.0, 3.0), 3), max_staleness=stale,
+                           measured=PhaseProfile(t_roll_s=rng.uniform(20, 400), t_train_s=rng.uniform(20, 300),
+                                                 t_sync_s=rng.uniform(0, 10)))
+            prof = spec.measured.with_staleness(stale)
+            rn = tuple(sorted({f"rollout-{rng.randrange(3)}" for _ in range(rng.randint(1, 2))}))
+            tn = tuple(sorted({f"train-{rng.randrange(2)}" for _ in range(rng.randint(1, 2))}))
+            members.append(GroupMember(spec=spec, profile=prof, placement=Placement(job_id=f"j{k}", rollout_nodes=rn, train_nodes=tn)))
+        ov = rng.choice([0.0, 2.0])
+        rows = [(m.profile.t_roll_s + ov, m.profile.t_train_s, m.profile.t_sync_s, m.placement.rollout_nodes,
+                 m.placement.train_nodes, m.profile.max_staleness, m.profile.t_solo_s, m.spec.slo) for m in members]
+        lbs = order.steady_lower_bounds(rows)
+        for perm in itertools.permutations(range(n)):
+            vals = coexec_values(coexec_key([rows[i][:6] for i in perm]))
+            assert all(v >= lbs[i] * (1 - 1e-9) for v, i in zip(vals, perm)), (case, perm)
+        with_bound, plain = compare(members, ov)
+        pruned += plain.orders_tried > with_bound.orders_tried
+    assert pruned >= 10, pruned

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from rollmux.admission.decisions import Candidate
-from rollmux.admission.rules import breaks_slo
+from rollmux.admission.rules import breaks_slo, cadence_bound
 from rollmux.intra_group import coexec_key, coexec_times, coexec_values
 from rollmux.models import GroupMember
 
@@ -19,6 +19,52 @@ from rollmux.models import GroupMember
 #: Groups of up to this many members get the exhaustive round-robin order search (n! orders);
 #: larger groups (only with max_group_size above it) are checked in the given order only.
 EXHAUSTIVE_ORDER_MAX = 6
+
+#: Relative margin by which :func:`steady_lower_bounds` must break an SLO before the order search
+#: is skipped (far above the float rounding of the recurrence's sums, far below any SLO step).
+ORDER_BOUND_MARGIN = 1e-6
+
+
+def steady_lower_bounds(rows: Sequence[tuple]) -> list[float]:
+    """A lower bound of every member's steady-state ``t_coexec_s`` that holds in *every*
+    round-robin order: :func:`rollmux.admission.rules.cadence_bound` of each set of members linked
+    by shared nodes (one common period, at least every node's load per meta-iteration and every
+    synchronous member's own iteration; an asynchronous member's rollouts wait for an older sync,
+    so its own iteration is left out). Seconds, one per row.
+
+    Args:
+        rows: per member, in any order, ``(t_roll_s + rollout overhead, t_train_s, t_sync_s,
+            rollout node ids, training node ids, max_staleness, t_solo_s, ...)`` (the rows of
+            :func:`best_round_robin_order`; further fields are ignored).
+    Source: RollMux §4.3 (round-robin meta-iterations).
+    """
+    parent: dict = {}
+
+    def root(a):
+        while parent.setdefault(a, a) != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    load: dict = {}
+    for tr, tt, ts, rn, tn, *_ in rows:
+        for x in rn:
+            load[x] = load.get(x, 0.0) + tr
+        for x in tn:
+            load[x] = load.get(x, 0.0) + tt + ts
+        xs = tuple(rn) + tuple(tn)
+        for x in xs[1:]:
+            parent[root(x)] = root(xs[0])
+    comp = [root((tuple(r[3]) + tuple(r[4]))[0]) for r in rows]
+    loads: dict = {}
+    for x, v in load.items():
+        loads.setdefault(root(x), []).append(v)
+    solos: dict = {}
+    for c, r in zip(comp, rows):
+        if not r[5]:
+            solos.setdefault(c, []).append(r[6])
+    lam = {c: cadence_bound(solos.get(c, ()), loads[c]) for c in loads}
+    return [lam[c] for c in comp]
 
 
 @dataclass(frozen=True)
@@ -56,7 +102,9 @@ def best_round_robin_order(members: Sequence[GroupMember], *, rollout_overhead_s
     when feasible (a running group is not reordered needlessly); otherwise every permutation is
     simulated (exhaustive up to :data:`EXHAUSTIVE_ORDER_MAX` members; n! <= 720 recurrences,
     memoised on the group's structure) and the first feasible one, in lexicographic order of the
-    permutation, is returned. With no feasible order, the given order's times are returned.
+    permutation, is returned. With no feasible order, the given order's times are returned. The
+    search is skipped when :func:`steady_lower_bounds` (true in every order) already breaks a
+    member's SLO by more than :data:`ORDER_BOUND_MARGIN`: no order can be feasible.
 
     Args:
         members: the group G' with placements, in its current (admission) order.
@@ -77,6 +125,8 @@ def best_round_robin_order(members: Sequence[GroupMember], *, rollout_overhead_s
     # from per-member rows instead of re-reading the models; the dict only for the answer)
     rows = [(mb.profile.t_roll_s + rollout_overhead_s, mb.profile.t_train_s, mb.profile.t_sync_s, mb.placement.rollout_nodes,
              mb.placement.train_nodes, mb.profile.max_staleness, mb.profile.t_solo_s, mb.spec.slo) for mb in members]
+    if any(breaks_slo(lb * (1.0 - ORDER_BOUND_MARGIN), r[6], r[7]) for lb, r in zip(steady_lower_bounds(rows), rows)):
+        return OrderChoice(tuple(members), tco, False, True, 1)
     ident = tuple(range(n))
     for perm in itertools.permutations(ident):
         if perm == ident:
