@@ -216,8 +216,8 @@ def test_no_policy_cheaper_than_the_exact_optimum_at_any_instant(seed, slo):
 
 def test_order_search_is_skipped_only_where_no_order_is_feasible():
     """``steady_lower_bounds`` holds in every round-robin order (each member's steady-state
-    ``t_coexec`` in each of the n! orders is at least it), and ``best_round_robin_order`` with the
-    bound answers exactly as the plain exhaustive search on random groups of 2-5 members sharing
+    ``t_coexec`` in each of the n! orders is at least it, where the recurrence reaches its period),
+    and ``best_round_robin_order`` with the bound answers exactly as the plain exhaustive search on random groups of 2-5 members sharing
     nodes, synchronous and asynchronous, with and without a rollout overhead (searches the bound
     skips), and on the ring quartet, where another order fits (a search it must not skip)."""
     import itertools
@@ -272,3 +272,33 @@ def test_order_search_is_skipped_only_where_no_order_is_feasible():
         with_bound, plain = compare(members, ov)
         pruned += plain.orders_tried > with_bound.orders_tried
     assert pruned >= 10, pruned
+
+
+def test_the_cadence_bound_decides_where_the_recurrence_has_not_reached_its_period():
+    """Four members linked through shared nodes (one asynchronous) whose round-robin schedule finds
+    no period within the recurrence's horizon: in the order (j0, j2, j3, j1) its second-half
+    averages still hold part of the transient, below the linked members' common period (they even
+    differ from member to member), and j0 (SLO 1.0) would pass at 105.4924 s against its 105.5048 s
+    own iteration. The cadence bound (105.5048 s for all four) decides: no order is feasible."""
+    import rollmux.admission.order as order
+    from rollmux.intra_group import coexec_key, coexec_values
+    from rollmux.models import GroupMember, Placement
+
+    def member(j, tr, tt, ts, rn, tn, stale, slo):
+        spec = JobSpec(job_id=j, model_params_b=7.0, num_rollout_gpus=8, num_train_gpus=8, slo=slo, max_staleness=stale,
+                       measured=PhaseProfile(t_roll_s=tr, t_train_s=tt, t_sync_s=ts))
+        return GroupMember(spec=spec, profile=spec.measured.with_staleness(stale),
+                           placement=Placement(job_id=j, rollout_nodes=rn, train_nodes=tn))
+
+    ms = [member("j0", 46.1338, 56.0106, 3.3480, ("rollout-0",), ("train-0", "train-1"), 0, 1.0),
+          member("j1", 54.2019, 49.0138, 2.2891, ("rollout-1",), ("train-3",), 0, 3.0),
+          member("j2", 28.5889, 38.9620, 0.0, ("rollout-3",), ("train-1", "train-2"), 0, 3.0),
+          member("j3", 38.0292, 17.6696, 0.0, ("rollout-1", "rollout-2"), ("train-0", "train-3"), 2, 3.0)]
+    rows = [(m.profile.t_roll_s, m.profile.t_train_s, m.profile.t_sync_s, m.placement.rollout_nodes,
+             m.placement.train_nodes, m.profile.max_staleness, m.profile.t_solo_s, m.spec.slo) for m in ms]
+    assert order.steady_lower_bounds(rows) == pytest.approx([105.5048] * 4, rel=1e-12)
+    by = {m.spec.job_id: i for i, m in enumerate(ms)}
+    vals = coexec_values(coexec_key([rows[by[j]][:6] for j in ("j0", "j2", "j3", "j1")]))
+    assert vals[0] == pytest.approx(105.4924, rel=1e-9) and vals[0] < 105.5048 * (1 - 1e-5) and max(vals) > vals[0]
+    oc = order.best_round_robin_order(ms)
+    assert not oc.feasible and oc.exhaustive and oc.orders_tried == 1

@@ -62,7 +62,8 @@ rollmux.admission import InterGroupScheduler, SchedulerConfig, build_group, ...`
 :mod:`~rollmux.admission.order`      the round-robin order search (group feasibility)
 :mod:`~rollmux.admission.layouts`    the exact layout of a job set (the optimum's groups)
 :mod:`~rollmux.admission.repack`     departure re-packing, neighbourhood re-optimisation
-:mod:`~rollmux.admission.scheduler`  :class:`InterGroupScheduler` (decide, commit, depart, snapshots)
+:mod:`~rollmux.admission.table_copy` the table's snapshot and copies that decide as the original
+:mod:`~rollmux.admission.scheduler`  :class:`InterGroupScheduler` (decide, commit, depart)
 ==============================  ==========================================================
 
 Source: RollMux §4.2, Alg. 1; §7.1 (baselines).

@@ -75,8 +75,9 @@ class OrderChoice:
         members: the members in the chosen round-robin order.
         t_coexec_s: steady-state co-execution iteration time of each member in that order, seconds.
         feasible: every member within its SLO (``not breaks_slo``) in that order.
-        exhaustive: every order was considered, or a feasible one was found (so ``feasible`` is
-            False only if no order of the members is feasible).
+        exhaustive: every order was considered, a feasible one was found, or the cadence bound
+            (:func:`steady_lower_bounds`) proved that none is (so ``feasible`` is False only if no
+            order of the members is feasible).
         orders_tried: round-robin orders simulated.
     """
 
@@ -102,9 +103,15 @@ def best_round_robin_order(members: Sequence[GroupMember], *, rollout_overhead_s
     when feasible (a running group is not reordered needlessly); otherwise every permutation is
     simulated (exhaustive up to :data:`EXHAUSTIVE_ORDER_MAX` members; n! <= 720 recurrences,
     memoised on the group's structure) and the first feasible one, in lexicographic order of the
-    permutation, is returned. With no feasible order, the given order's times are returned. The
-    search is skipped when :func:`steady_lower_bounds` (true in every order) already breaks a
-    member's SLO by more than :data:`ORDER_BOUND_MARGIN`: no order can be feasible.
+    permutation, is returned. With no feasible order, the given order's times are returned.
+
+    First of all, a group whose :func:`steady_lower_bounds` breaks a member's SLO by more than
+    :data:`ORDER_BOUND_MARGIN` is infeasible without any simulation: members linked by shared
+    nodes share one period, at least that bound, in every order. Where the recurrence reaches its
+    periodic regime, its times are at least the bound, so this only saves the n! search; where it
+    does not within ``STEADY_MAX_CYCLES`` meta-iterations (:func:`rollmux.steady_state._rr_steady`),
+    its averages still hold part of the transient and may sit below the period (linked members
+    then even show different times), and the bound decides.
 
     Args:
         members: the group G' with placements, in its current (admission) order.
@@ -114,19 +121,20 @@ def best_round_robin_order(members: Sequence[GroupMember], *, rollout_overhead_s
     Source: RollMux §4.2 (Alg. 1 line 10 SLO check), §4.3 (round-robin meta-iterations).
     """
     members = list(members)
-    tco = coexec_times(members, rollout_overhead_s=rollout_overhead_s)
-    if _order_feasible(members, tco):
-        return OrderChoice(tuple(members), tco, True, True, 1)
     n = len(members)
-    if n > EXHAUSTIVE_ORDER_MAX:
-        return OrderChoice(tuple(members), tco, False, False, 1)
-    tried = 1
-    # every other order, as coexec_times would see it (the same memoised recurrence, its key built
-    # from per-member rows instead of re-reading the models; the dict only for the answer)
-    rows = [(mb.profile.t_roll_s + rollout_overhead_s, mb.profile.t_train_s, mb.profile.t_sync_s, mb.placement.rollout_nodes,
+    tco = coexec_times(members, rollout_overhead_s=rollout_overhead_s)
+    # every order, as coexec_times sees it (a lone job plans without the overhead; the same memoised
+    # recurrence, its key built from per-member rows instead of re-reading the models)
+    ov = rollout_overhead_s if n >= 2 else 0.0
+    rows = [(mb.profile.t_roll_s + ov, mb.profile.t_train_s, mb.profile.t_sync_s, mb.placement.rollout_nodes,
              mb.placement.train_nodes, mb.profile.max_staleness, mb.profile.t_solo_s, mb.spec.slo) for mb in members]
     if any(breaks_slo(lb * (1.0 - ORDER_BOUND_MARGIN), r[6], r[7]) for lb, r in zip(steady_lower_bounds(rows), rows)):
         return OrderChoice(tuple(members), tco, False, True, 1)
+    if _order_feasible(members, tco):
+        return OrderChoice(tuple(members), tco, True, True, 1)
+    if n > EXHAUSTIVE_ORDER_MAX:
+        return OrderChoice(tuple(members), tco, False, False, 1)
+    tried = 1
     ident = tuple(range(n))
     for perm in itertools.permutations(ident):
         if perm == ident:

@@ -128,7 +128,8 @@ class TableCopyMixin:
     def restore(cls, cluster: ClusterSpec, snapshot: dict) -> "InterGroupScheduler":
         """Rebuild a scheduler from :meth:`snapshot` output (its ``groups`` may also be the group
         objects themselves, their places in the opening order then in ``snapshot["open_seqs"]``,
-        group id -> :meth:`open_seq`; a snapshot without them: table order). The copy decides as
+        group id -> :meth:`open_seq`; groups without one, from an older release's checkpoint, come
+        first in table order). The copy decides as
         the original does and lists the same candidates in the same order. Raises ValueError on a
         malformed snapshot (pydantic messages name the field)."""
         try:
@@ -137,11 +138,15 @@ class TableCopyMixin:
             s = cls(cluster, policy=cfg.policy, max_group_size=cfg.max_group_size, seed=cfg.seed, config=cfg)
             s._next_group = int(snapshot["next_group"])
             seqs = snapshot.get("open_seqs")
-            for gd in snapshot["groups"]:
+            groups = list(snapshot["groups"])
+            for i, gd in enumerate(groups):
                 grp = group_of_snapshot(gd)
                 s._pools["rollout"].take(grp.rollout_nodes)
                 s._pools["train"].take(grp.train_nodes)
-                s._set_group(grp.group_id, summarise_group(grp, cluster), _seq_of(gd, seqs))
+                seq = _seq_of(gd, seqs)
+                # a group written without its place (a checkpoint of an older release) was last
+                # opened before every group written with one: first, in table order
+                s._set_group(grp.group_id, summarise_group(grp, cluster), i - len(groups) if seq is None else seq)
                 for m in grp.members:
                     s._job_group[m.spec.job_id] = grp.group_id
             s._order_open()
