@@ -16,6 +16,7 @@ from typing import Mapping, Optional, Sequence, Union
 from rollmux.group_schedule import GroupSchedule, members_of, staleness_counts
 from rollmux.models import CoExecutionGroup, GroupMember
 from rollmux.occupancy import BusyCurve
+from rollmux.union_find import find_root
 
 
 def steady_schedule(members: Union[CoExecutionGroup, Sequence[GroupMember]], *,
@@ -300,13 +301,10 @@ def _rr_steady(key: tuple) -> tuple[int, tuple[float, ...]]:
     m0 = 2 * n + 4
     h0 = m0 // 2
     nn = 1 + max((x for *_, rn, tn, _k in key for x in rn + tn), default=0)
-    parent = list(range(nn))
+    parent: dict[int, int] = {}
 
     def root(a: int) -> int:
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
+        return find_root(parent, a)
 
     for *_, rn, tn, _k in key:
         xs = rn + tn

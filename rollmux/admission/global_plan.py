@@ -58,6 +58,7 @@ from typing import Optional
 
 from rollmux.admission.layouts import job_layout_needs
 from rollmux.admission.repack import ReoptHood, ReoptPlan
+from rollmux.union_find import find_root
 
 __all__ = ["GlobalPlan", "GlobalPlanMixin", "Migration", "PlanRequest", "PlanState"]
 
@@ -425,10 +426,7 @@ def _exchanges(current: dict, target: list) -> list[tuple[list, list]]:
     parent: dict = {}
 
     def find(x):
-        while parent.setdefault(x, x) != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
+        return find_root(parent, x)
 
     for part in (list(current), target):
         for k in part:

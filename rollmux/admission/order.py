@@ -14,6 +14,7 @@ from rollmux.admission.decisions import Candidate
 from rollmux.admission.rules import breaks_slo, cadence_bound
 from rollmux.intra_group import coexec_key, coexec_times, coexec_values
 from rollmux.models import GroupMember
+from rollmux.union_find import find_root
 
 
 #: Groups of up to this many members get the exhaustive round-robin order search (n! orders);
@@ -41,10 +42,7 @@ def steady_lower_bounds(rows: Sequence[tuple]) -> list[float]:
     parent: dict = {}
 
     def root(a):
-        while parent.setdefault(a, a) != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
+        return find_root(parent, a)
 
     load: dict = {}
     for tr, tt, ts, rn, tn, *_ in rows:
