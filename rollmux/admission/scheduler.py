@@ -89,6 +89,7 @@ class InterGroupScheduler(RepackMixin, GlobalPlanMixin, TableCopyMixin):
         self.config = config or SchedulerConfig(policy=policy, max_group_size=max_group_size, seed=seed)
         self._rng = random.Random(seed)
         self._groups: dict[str, GroupSummary] = {}
+        self._groups_tuple: Optional[tuple[CoExecutionGroup, ...]] = None  # :attr:`groups`, until _set_group
         self._open: dict[str, GroupSummary] = {}  # groups a decision evaluates
         self._closed: dict[str, tuple[str, str]] = {}  # pruned groups: (plugin, reason)
         self._index = GroupIndex()  # the open groups by what the cheap filters read
@@ -114,7 +115,10 @@ class InterGroupScheduler(RepackMixin, GlobalPlanMixin, TableCopyMixin):
     # --- queries -------------------------------------------------------------------------------
     @property
     def groups(self) -> tuple[CoExecutionGroup, ...]:
-        return tuple(g.group for g in self._groups.values())
+        out = self._groups_tuple
+        if out is None:  # rebuilt after a change (every change goes through _set_group)
+            out = self._groups_tuple = tuple(g.group for g in self._groups.values())
+        return out
 
     def group(self, group_id: str) -> CoExecutionGroup:
         """The group ``group_id`` (KeyError if unknown)."""
@@ -398,6 +402,7 @@ class InterGroupScheduler(RepackMixin, GlobalPlanMixin, TableCopyMixin):
         """Store / drop a group and classify it as open or pruned (Alg. 1 line 4), so a decision
         only scans open groups. An open group goes last in the opening order, or at ``seq`` (its
         :meth:`open_seq` on the table this one copies; then call :meth:`_order_open`)."""
+        self._groups_tuple = None
         self._open.pop(gid, None)
         self._closed.pop(gid, None)
         self._index.remove(gid)

@@ -41,6 +41,7 @@ class MeasuredLoop:
         self.ratios: dict[tuple, list[dict]] = {}
         self.actions: list[SloAction] = []
         self._checked: dict[str, int] = {}  # group id -> id() of the group record last checked
+        self._all_checked = None  # the scheduler's groups (tuple) when every one of them was last found checked
         self._pred: dict[tuple, dict] = {}
         # the GlobalScheduler's predictor (one function): the same windows and long-tail policy
         self._predict = measured_predictor(self.cfg, lambda: self.measured)
@@ -78,6 +79,7 @@ class MeasuredLoop:
             if differs(self.sched.member(job_id).profile, prof):  # the GlobalScheduler's rule (measured.differs)
                 self.sched.update_profile(job_id, prof)
             self._checked.pop(g.group_id, None)  # a new window: its group is re-checked, as on every report
+            self._all_checked = None
         return self.check()
 
     def departed(self, job_id: str) -> None:
@@ -100,6 +102,8 @@ class MeasuredLoop:
         """Re-check every group that changed since its last check; the moves of the actions taken."""
         moves: list[dict] = []
         groups = self.sched.groups
+        if groups is self._all_checked:  # the same table (a change replaces it) and no new window since
+            return moves
         todo: list = []
         for _ in range(4 * max(1, len(groups))):  # bounded: each action changes a group
             # the first group (in table order) not checked as it is now; a check that changed
@@ -107,6 +111,7 @@ class MeasuredLoop:
             todo = [g for g in todo if self._checked.get(g.group_id) != id(g)] if todo else \
                 [g for g in groups if g.members and self._checked.get(g.group_id) != id(g)]
             if not todo:
+                self._all_checked = groups
                 break
             g = todo[0]
             act = watch(self.sched, g.group_id, self.predict, headroom=self.cfg.slo_watch_headroom)

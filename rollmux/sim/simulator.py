@@ -135,8 +135,10 @@ def replay(
     start_s: dict[str, float] = {}
     total_it: dict[str, float] = {}  # iterations of each started job in all
     done_at: dict[str, float] = {}  # iterations left at which a job counts as done
-    params: dict[int, tuple] = {}  # id(unit) -> (unit, Realisation.busy_params(unit)) of the current units
-    uparams: list[tuple] = []  # (born key, busy params) per current unit, in unit order
+    params: dict[int, tuple] = {}  # id(unit) -> (unit, busy params, its jobs' rates, born key) of the current units
+    # busy GPU-seconds are integrated per unit over each stretch of constant busy params (a
+    # segment), when the stretch ends: born key -> (busy params, when the segment began)
+    segment: dict[tuple, tuple] = {}
 
     paused: dict[str, float] = {}  # preempted job -> iterations left (it resumes from its commits)
     job_cost: dict[str, float] = {}  # with priorities: each job's share of its units' cost, $
@@ -172,10 +174,19 @@ def replay(
     stalls: dict[str, float] = {}
     queued = False  # the policy holds jobs in an admission queue (take_started is not None)
 
+    def close_segment(bk: tuple, now: float) -> None:
+        """Add the busy GPU-seconds of unit ``bk``'s open segment, up to ``now``, and close it."""
+        prm, t0 = segment.pop(bk)
+        b0 = born[bk]
+        b_r, b_t = real.busy_from_params(prm, t0 - b0, now - b0)
+        run.rollout_busy_gpu_s += b_r
+        run.train_busy_gpu_s += b_t
+
     def refresh() -> None:
-        nonlocal cost, rg, tg, units, best_group_size, shadow_cost, params, uparams
+        nonlocal cost, rg, tg, units, best_group_size, shadow_cost, params
         units = policy.units()
         cur = {}
+        fresh = []  # entries of units that were not current at the last event
         for u in units:
             e = params.get(id(u))
             if e is None or e[0] is not u:
@@ -184,10 +195,9 @@ def replay(
                     if not (it > 0 and math.isfinite(it)):
                         raise RuntimeError(f"{policy.name}: job {jid} has iteration time {it}")
                     rates[jid] = 1.0 / it
-                e = (u, real.busy_params(u), rates)
+                e = (u, real.busy_params(u), rates, (u.key, u.job_ids))
+                fresh.append(e)
             cur[id(u)] = e
-        params = cur  # id(unit) -> (unit, its busy params, its jobs' rates), for the units of now
-        uparams = [((u.key, u.job_ids), params[id(u)][1]) for u in units]
         if tally is not None:
             tally.set_units(units)
         if shared:
@@ -196,20 +206,33 @@ def replay(
                 g = {j: by_id[j].spec.num_rollout_gpus + by_id[j].spec.num_train_gpus for j in u.job_ids}
                 tot = sum(g.values()) or 1
                 shares.extend((j, u.cost_usd_per_h * n / tot) for j, n in g.items())
-        rate.clear()
         cost = sum(u.cost_usd_per_h for u in units)
         rg = sum(u.rollout_gpus for u in units)
         tg = sum(u.train_gpus for u in units)
-        ids = {(u.key, u.job_ids) for u in units}
-        for k in [k for k in born if k not in ids]:
-            del born[k]
-        for k in ids:
-            born.setdefault(k, t)
-        for u in units:
-            rate.update(params[id(u)][2])
-        missing = set(remaining) - set(rate)
-        if missing:
-            raise RuntimeError(f"{policy.name}: active jobs without an allocation: {sorted(missing)[:5]}")
+        gone = [e for k, e in params.items() if cur.get(k) is not e]
+        if gone or fresh:
+            keys = {e[3] for e in cur.values()} if gone else ()
+            for e in gone:  # the rates of units that ended (a unit's jobs are in no other unit)
+                for jid in e[2]:
+                    if rate.get(jid) is e[2][jid]:
+                        del rate[jid]
+                if e[3] not in keys:  # the unit ended: its last segment is integrated, its pipeline forgotten
+                    close_segment(e[3], t)
+                    del born[e[3]]
+            for e in fresh:
+                bk = e[3]
+                if bk not in born:
+                    born[bk] = t
+                    segment[bk] = (e[1], t)
+                elif segment[bk][0][0] is not e[1][0] or segment[bk][0][1:] != e[1][1:]:  # other busy params: a new segment
+                    close_segment(bk, t)
+                    segment[bk] = (e[1], t)
+                rate.update(e[2])
+        params = cur
+        for jid in remaining:
+            if jid not in rate:
+                missing = sorted(set(remaining) - set(rate))
+                raise RuntimeError(f"{policy.name}: active jobs without an allocation: {missing[:5]}")
         now_groups = {}
         for g in policy.groups():  # the largest group seen: a group seen at the last event was looked at then
             now_groups[id(g)] = g
@@ -309,14 +332,6 @@ def replay(
                 job_cost[jid] = job_cost.get(jid, 0.0) + usd * dt / 3600.0
             run.rollout_gpu_s += rg * dt
             run.train_gpu_s += tg * dt
-            busy = real.busy_from_params
-            acc_r, acc_t = run.rollout_busy_gpu_s, run.train_busy_gpu_s  # summed unit by unit, in order
-            for bk, prm in uparams:
-                age = t - born[bk]
-                b_r, b_t = busy(prm, age, age + dt)
-                acc_r += b_r
-                acc_t += b_t
-            run.rollout_busy_gpu_s, run.train_busy_gpu_s = acc_r, acc_t
             if shadow_cost is not None:
                 run.shadow_gap_usd_by_event[last_event] = (run.shadow_gap_usd_by_event.get(last_event, 0.0)
                                                            + (cost - shadow_cost) * dt / 3600.0)
@@ -403,6 +418,8 @@ def replay(
             if jid in remaining:
                 remaining[jid] += st * rate[jid]
         stalls.clear()
+    for bk in list(segment):  # units still running at the end (a replay stopped early)
+        close_segment(bk, t)
     run.end_s = t
     run.wall_s = time.perf_counter() - t_wall
     run.extra.update(policy.extra())
