@@ -171,7 +171,7 @@ class OptimalPartition:
     #: (its Gavel+ choice among the scaled and colocated allocations meeting its SLO), so a one-job
     #: column costs the least of its layout's and that allocation's $/h
     per_job: bool = False
-    _single: dict = field(default_factory=dict, repr=False)  # job id -> one-job column price (per_job)
+    _single: dict = field(default_factory=dict, repr=False)  # job id -> {layout $/h: one-job column price} (per_job)
     _gone: set = field(default_factory=set, repr=False)  # departed jobs the LP pool may still hold (forget)
 
     def single_usd_per_h(self, job: JobSpec, profile: PhaseProfile, layout_usd_per_h: float) -> float:
@@ -181,11 +181,13 @@ class OptimalPartition:
         runs a job alone by) takes it, USD/h."""
         if not self.per_job:
             return layout_usd_per_h
-        key = (job.job_id, layout_usd_per_h)
-        v = self._single.get(key)
+        mine = self._single.get(job.job_id)
+        if mine is None:
+            mine = self._single[job.job_id] = {}
+        v = mine.get(layout_usd_per_h)
         if v is None:
             alt = cheaper_alone(job, profile, layout_usd_per_h, self.cluster)
-            v = self._single[key] = layout_usd_per_h if alt is None else min(layout_usd_per_h, alt.cost_usd_per_h)
+            v = mine[layout_usd_per_h] = layout_usd_per_h if alt is None else min(layout_usd_per_h, alt.cost_usd_per_h)
         return v
 
     def _price_of(self, key: frozenset, g: CoExecutionGroup, by_id: Mapping) -> float:
@@ -256,8 +258,7 @@ class OptimalPartition:
             self._lb_floors.pop(k, None)
             self._lp_pool.pop(k, None)
         self._rows.pop(job_id, None)
-        for k in [k for k in self._single if k[0] == job_id]:
-            del self._single[k]
+        self._single.pop(job_id, None)
         # the LP pool's columns that were never laid out here (a policy's own groups): dropped in
         # one pass once as many jobs have gone as the pool holds columns
         self._gone.add(job_id)

@@ -79,6 +79,8 @@ class PolicySpec:
             (``unit(job, cluster, realisation) -> baselines.Unit``); a name, so this registry stays
             below the baselines in the import graph.
         gantt_rank: order in which the replay looks for a group to draw (lower first; None: never).
+        draws_random: ``choose`` draws from the scheduler's RNG (a what-if that is rolled back
+            must restore its state; the others never touch it).
     """
 
     name: str
@@ -91,6 +93,7 @@ class PolicySpec:
     repacks: bool = False
     unit: Optional[str] = None
     gantt_rank: Optional[int] = None
+    draws_random: bool = False
 
 
 REGISTRY: dict[str, PolicySpec] = {s.name: s for s in (
@@ -103,7 +106,7 @@ REGISTRY: dict[str, PolicySpec] = {s.name: s for s in (
     PolicySpec("gavel+", "Gavel+: per-job cheapest GPU type and count meeting the SLO, no interleaving (RollMux §7.1)",
                "per_job", unit="gavel+"),
     PolicySpec("random", "baseline: a random memory-feasible (group, direct|scale-out) placement, no SLO check; new group "
-               "only if none fits", "scheduler", choose=choose_random, gantt_rank=3),
+               "only if none fits", "scheduler", choose=choose_random, gantt_rank=3, draws_random=True),
     PolicySpec("most-idle", "baseline: the most idle memory-feasible group (direct if its idle rollout time fits, else "
                "scale-out), no SLO check", "scheduler", choose=choose_most_idle, gantt_rank=2),
     PolicySpec("optimal", "offline optimum: cheapest partition of the active jobs into feasible groups at every event "

@@ -76,7 +76,7 @@ class RepackMixin:
     def _save(self) -> tuple:
         return (dict(self._groups), dict(self._open), dict(self._closed), dict(self._job_group),
                 {k: (list(p.free), p.next, p.used) for k, p in self._pools.items()},
-                self._next_group, self._version, self._rng.getstate(), self._index.copy(),
+                self._next_group, self._version, self._rng.getstate() if self.spec.draws_random else None, self._index.copy(),
                 list(self._small), dict(self._small_key))
 
     def _load(self, saved: tuple) -> None:
@@ -87,7 +87,8 @@ class RepackMixin:
             p = self._pools[k]
             p.free, p.next, p.used = free, nxt, used
         self._next_group = ng
-        self._rng.setstate(rng)
+        if rng is not None:
+            self._rng.setstate(rng)
         self._version = v + 1
 
     def after_departure(self, group_id: str, *, solver) -> list[dict]:

@@ -147,6 +147,7 @@ class Realisation:
                 staleness={j: {v: c / sum(cnt.values()) for v, c in cnt.items()} for j, cnt in s.staleness.items()},
             )
             self._curves[(group.group_id, group.job_ids)] = (s.busy_curve, *s.window_s)
+            self._remember(self._curves, (group.group_id, group.job_ids), group)
             self._remember(self._units, key, group)
         return self._units[key]
 
@@ -199,7 +200,5 @@ class Realisation:
 
     def forget(self, job_id: str) -> None:
         """Drop cached schedules containing a departed job (bounds memory)."""
-        for cache, k in self._keys_of.pop(job_id, ()):
+        for cache, k in self._keys_of.pop(job_id, ()):  # the units, schedules and busy curves holding it
             cache.pop(k, None)
-        for k in [k for k in self._curves if job_id in k[1]]:
-            del self._curves[k]
