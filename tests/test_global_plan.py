@@ -168,3 +168,15 @@ def test_the_planner_never_blocks_an_admission_and_a_stale_migration_is_dropped(
     assert s.reopt.plan_stale >= 1  # the changed group's migration was dropped, not applied
     assert hit[0] not in {m["job_id"] for m in moves}
     assert s.reopt.plan_applied == s.igs.plan_state.applied
+
+
+def test_the_restricted_master_keeps_todays_groups_and_the_columns_of_least_reduced_cost():
+    # plan_master_columns 2: today's two groups only, so the master can only keep them
+    cl, s, _ = _singletons((1.04, 1.02), plan_master_columns=2)
+    plan = _plan(s, cl)
+    assert plan.migrations == () and plan.target_usd_per_h == pytest.approx(plan.current_usd_per_h)
+    # 3: the pair (the one other column) joins, and the plan merges as an unrestricted master does
+    for cap in (3, 0):
+        cl, s, _ = _singletons((1.04, 1.02), plan_master_columns=cap)
+        plan = _plan(s, cl)
+        assert len(plan.migrations) == 1 and plan.target_usd_per_h == pytest.approx(plan.current_usd_per_h / 2), cap

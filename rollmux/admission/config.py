@@ -78,6 +78,11 @@ class SchedulerConfig(BaseModel):
             LP solves; exact layouts built).
         plan_deterministic_s: one plan's integer master, in CP-SAT's deterministic time units
             (about a second of one core each; never the wall clock, so every host plans alike).
+        plan_master_columns: most columns of one plan's integer master: today's groups and the
+            LP pool's columns of least reduced cost under the plan's duals (the restricted master
+            heuristic of column generation); 0: every pool column. A large pool (a large
+            ``plan_lp_layouts``) otherwise leaves CP-SAT without even its start partition within
+            ``plan_deterministic_s``, and the plan keeps today's groups.
         plan_move_price_node_pairs_per_copy_s: what a second of host-state copy costs, in $/h of
             one rollout node plus one training node of the cluster (so the rule reads alike on any
             node prices): the global plan, the neighbourhood re-optimisation and departure
@@ -156,6 +161,7 @@ class SchedulerConfig(BaseModel):
     plan_lp_iterations: int = Field(default=2, ge=1, le=10_000)
     plan_lp_layouts: int = Field(default=40, ge=1, le=1_000_000)
     plan_deterministic_s: float = Field(default=0.2, gt=0.0, le=600.0)
+    plan_master_columns: int = Field(default=0, ge=0, le=1_000_000)
     plan_move_price_node_pairs_per_copy_s: float = Field(default=0.013, ge=0.0, le=1e3)
     saturation: Literal["paper", "slo", "off"] = "slo"
     attach_timeout_s: float = Field(default=600.0, ge=0.0, le=1e7)

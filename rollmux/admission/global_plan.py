@@ -305,6 +305,12 @@ class GlobalPlanMixin:
                 cols[k] = prices.get(k, c)
         for k, c in prices.items():
             cols[k] = c
+        cap = cfg.plan_master_columns
+        if 0 < cap < len(cols):  # the restricted master: today's groups and the least reduced costs
+            pi = b.duals
+            rc = sorted((c - sum(pi.get(j, 0.0) for j in k), sorted(k), k) for k, c in cols.items() if k not in current)
+            keep = {k for _, _, k in rc[:max(0, cap - len(current))]}
+            cols = {k: c for k, c in cols.items() if k in current or k in keep}
         copy = self._copy_weights(hood, req.fresh)
         where = {j: gid for gid, js in hood.job_sets.items() for j in js}
         price = self.copy_price()
