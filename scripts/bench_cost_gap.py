@@ -30,7 +30,8 @@ RollMux vs the optimum at the compared instants, jobs moved and the re-optimisat
 after each admission; per setting and overall the spend-weighted ratio, the mean and max of
 the per-run ratios; and a plot (``cost_gap.png``). It prints a Markdown table (docs/RESULTS.md's).
 Full grid: seeds 0-9 and slice seeds 3 4, 200 jobs, 22 runs; ``--quick``: seeds 0-1, slice
-seed 0, 60 jobs (a few minutes). At most 2 worker processes.
+seed 0, 60 jobs (a few minutes). At most 2 worker processes. ``--set KEY=VALUE`` replays RollMux
+with a scheduler setting other than its default (``meta.scheduler_overrides`` says which).
 
 Not a test: a benchmark writing JSON. Source: RollMux §7.5 ("x of optimal").
 """
@@ -72,17 +73,21 @@ def setting_name(mix: str, lo: float, hi: float) -> str:
 def run_one(args: tuple) -> dict:
     """One replay: (trace, jobs, seed, mix, slo_min, slo_max, exact_max_jobs, lower_bound, bound budget
     as a dict of :class:`rollmux.partition_bound.BoundBudget` fields, incumbent: with the bound, also
-    the cheapest known partition at every LP instant) -> its record."""
+    the cheapest known partition at every LP instant[, scheduler settings that replace the defaults
+    (``--set``)]) -> its record."""
+    from rollmux.admission import SchedulerConfig
     from rollmux.sim.simulator import simulate
     from rollmux.workloads import draw_jobs
 
-    trace, n_jobs, seed, mix, lo, hi, exact_max, bound, budget, incumbent = args
+    trace, n_jobs, seed, mix, lo, hi, exact_max, bound, budget, incumbent, *rest = args
+    overrides = rest[0] if rest else {}
     cl = load_cluster(CONFIG_DIR / "cluster_sim.yaml")
     tjobs = load_trace(trace, TraceWindow(max_jobs=n_jobs, min_duration_s=3600.0, max_duration_s=3 * 86400.0))
     jobs = draw_jobs(tjobs, cl, mix=mix, seed=seed, slo_range=(lo, hi))
     t0 = time.perf_counter()
     res = simulate(jobs, cl, POLICIES, seed=seed, exact_max_jobs=exact_max, shadow_policies=("rollmux",), lower_bound=bound,
-                   bound_budget=BoundBudget(**budget), bound_incumbent=bound and incumbent)
+                   bound_budget=BoundBudget(**budget), bound_incumbent=bound and incumbent,
+                   config=SchedulerConfig(**overrides) if overrides else None)
     pol = res.summary["policies"]
     rm = pol["rollmux"]
     run = res.runs["rollmux"]
@@ -150,8 +155,11 @@ def code_digest(trace: Path) -> str:
 
 def run_key(task: tuple, digest: str) -> str:
     """The file name (without ``.json``) of one run of the grid under ``--resume-dir``."""
-    _, n_jobs, seed, mix, lo, hi, exact_max, bound, budget, incumbent = task
-    args = json.dumps([n_jobs, seed, mix, lo, hi, exact_max, bound, budget, incumbent, digest], sort_keys=True)
+    _, n_jobs, seed, mix, lo, hi, exact_max, bound, budget, incumbent, *rest = task
+    key = [n_jobs, seed, mix, lo, hi, exact_max, bound, budget, incumbent, digest]
+    if rest and rest[0]:  # scheduler settings other than the defaults (--set)
+        key.append(rest[0])
+    args = json.dumps(key, sort_keys=True)
     return f"{mix}-{lo:g}-{hi:g}-seed{seed}-{hashlib.sha256(args.encode()).hexdigest()[:16]}"
 
 
@@ -247,6 +255,9 @@ def main() -> None:
                     help="save each finished run there and reuse the runs already saved by the same code on the "
                          "same trace (code_digest), so a grid stopped part-way goes on where it stopped")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (default results/cost_gap.json; the plot beside it)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a scheduler setting (configs/scheduler.yaml's key, a JSON or plain value) that replaces its "
+                         "default for RollMux in every run; repeatable (the runs are saved under other --resume-dir keys)")
     args = ap.parse_args()
     seeds = args.seeds if args.seeds is not None else (2 if args.quick else 10)
     n_jobs = args.jobs if args.jobs is not None else (60 if args.quick else 200)
@@ -259,13 +270,31 @@ def main() -> None:
     grid = [(st, sd) for st in SETTINGS for sd in (range(seeds) if st == DEFAULT_SETTING else slice_seeds)]
     # the slower (looser-SLO) runs first so that the two workers finish together
     grid.sort(key=lambda x: -x[0][2])
+    overrides = {}
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            ap.error(f"--set: expected KEY=VALUE, got {item!r}")
+        try:
+            overrides[key.strip()] = json.loads(value)
+        except ValueError:
+            overrides[key.strip()] = value
+    if overrides:
+        from pydantic import ValidationError
+
+        from rollmux.admission import SchedulerConfig
+
+        try:
+            SchedulerConfig(**overrides)
+        except ValidationError as e:
+            ap.error("--set: " + "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()))
     try:
         budget = BoundBudget(cut_rounds=args.bound_cut_rounds,
                              time_limit_s=math.inf if args.bound_time_limit_s is None else args.bound_time_limit_s)
     except ValueError as e:
         ap.error(str(e))
     tasks = [(str(trace), n_jobs, seed, mix, lo, hi, args.exact_max_jobs, not args.no_bound, asdict(budget),
-              not args.no_incumbent)
+              not args.no_incumbent, overrides)
              for (mix, lo, hi), seed in grid]
     t0 = time.perf_counter()
     rows: list[dict] = []
@@ -302,7 +331,7 @@ def main() -> None:
                                                                         "lower_bound_every_run": GOAL_BOUND_RUN,
                                                                         "moves_per_job": GOAL_MOVES_PER_JOB},
                  "wall_s": time.perf_counter() - t0, "runs_wall_s_sum": sum(r["wall_s"] for r in rows),
-                 "runs_reused": resumed, "quick": args.quick,
+                 "runs_reused": resumed, "quick": args.quick, "scheduler_overrides": overrides,
                  "loadavg_1_5_15": list(os.getloadavg()), "procs": max(1, min(2, args.procs)),
                  "lower_bound": not args.no_bound, "incumbent": not (args.no_bound or args.no_incumbent), **({} if args.no_bound else {"bound_budget": budget.to_json()})},
         "overall": overall, "by_setting": by_setting, "runs": rows,

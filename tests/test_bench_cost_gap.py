@@ -67,3 +67,31 @@ def test_resume_dir_reuses_the_runs_saved_by_the_same_code(tmp_path, monkeypatch
     digest = bench_cost_gap.code_digest(EXTRACT_TRACE)
     assert len(digest) == 64 and bench_cost_gap.run_key(task, digest) != bench_cost_gap.run_key(task, "0" * 64)
     assert bench_cost_gap.run_key(task, digest) != bench_cost_gap.run_key(task[:2] + (1,) + task[3:], digest)
+
+
+def test_set_replaces_a_scheduler_default_and_bad_settings_are_refused(tmp_path, monkeypatch, capsys):
+    """--set KEY=VALUE: RollMux replays with that setting (recorded in meta, saved under its own
+    run keys); an unknown key or a value out of range stops the script naming the key."""
+    import json
+
+    def grid(*extra: str, out: Path = tmp_path / "g.json") -> dict:
+        monkeypatch.setattr(sys, "argv", ["bench_cost_gap.py", "--quick", "--seeds", "1", "--jobs", "8", "--no-bound",
+                                          "--procs", "1", "--trace", str(EXTRACT_TRACE), "--out", str(out), *extra])
+        bench_cost_gap.main()
+        return json.loads(out.read_text())
+
+    for bad, key in (("plan_master_columns=-1", "plan_master_columns"), ("no_such_key=1", "no_such_key"),
+                     ("plan_max_jobs", "KEY=VALUE")):
+        with pytest.raises(SystemExit):
+            grid("--set", bad)
+        assert key in capsys.readouterr().err
+    first = grid()
+    off = grid("--set", "reopt_max_jobs=0", "--set", "plan_max_jobs=0", out=tmp_path / "off.json")
+    assert first["meta"]["scheduler_overrides"] == {}
+    assert off["meta"]["scheduler_overrides"] == {"reopt_max_jobs": 0, "plan_max_jobs": 0}
+    # without re-optimisation or plan the jobs are moved by departure re-packing only
+    assert all(set(r["moves_by_source"]) <= {"repack"} for r in off["runs"])
+    assert any(set(r["moves_by_source"]) - {"repack"} for r in first["runs"])
+    task = (str(EXTRACT_TRACE), 8, 0, "mixed", 1.0, 2.0, 16, False, {}, True)
+    assert bench_cost_gap.run_key(task + ({},), "d") == bench_cost_gap.run_key(task, "d")
+    assert bench_cost_gap.run_key(task + ({"plan_max_jobs": 0},), "d") != bench_cost_gap.run_key(task, "d")
