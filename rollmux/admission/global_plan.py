@@ -26,7 +26,11 @@ second in its re-optimisation child process, off the reply path):
    master solves and layouts, started from the columns every earlier plan found, today's groups
    among them at the $/h they run at), then the integer master over those columns by CP-SAT
    (:func:`rollmux.baselines.solve_set_partition`, within ``plan_deterministic_s`` of CP-SAT's
-   deterministic time: the same target on any host), started from today's groups. Moves are paid
+   deterministic time: the same target on any host), started from today's groups. With
+   ``plan_master_columns`` N > 0 the master holds today's groups and the pool's columns of least
+   reduced cost under the plan's LP duals, N in all (the restricted master heuristic: a pool of
+   thousands of columns otherwise leaves CP-SAT without even its start partition within the budget,
+   and the plan keeps today's groups). Moves are paid
    for in the master: a column that is not a group today costs :meth:`GlobalPlanMixin.copy_price`
    x the seconds of host-state copy of its members on top of its price, so the target moves a job
    only where the saving is worth the copy (a fresh job, not started yet, copies nothing). The
