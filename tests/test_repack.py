@@ -62,6 +62,18 @@ def test_move_that_cannot_absorb_the_state_copy_is_rolled_back():
     assert s.cost_usd_per_h() == pytest.approx(3 * PAIR)
 
 
+def test_a_rolled_back_what_if_leaves_the_groups_as_they_were():
+    # the groups tuple is kept between changes: a what-if that read it and was rolled back must
+    # not leave its own groups behind
+    s = three_groups_scenario()
+    before = s.groups
+    saved = s._save()
+    s.depart("A")
+    assert [g.job_ids for g in s.groups] == [("B",), ("C",)]  # read inside the what-if
+    s._load(saved)
+    assert s.groups == before and [g.job_ids for g in s.groups] == [("A", "B"), ("C",)]
+
+
 def test_repack_switched_off_and_baselines_never_move():
     s = three_groups_scenario(repack_on_departure=False)
     s.depart("A")

@@ -82,6 +82,7 @@ class RepackMixin:
     def _load(self, saved: tuple) -> None:
         g, o, c, jg, pools, ng, v, rng, index, small, small_key = saved
         self._groups, self._open, self._closed, self._job_group, self._index = g, o, c, jg, index
+        self._groups_tuple = None  # :attr:`groups` of the restored table (a what-if may have read its own)
         self._small, self._small_key = small, small_key
         for k, (free, nxt, used) in pools.items():
             p = self._pools[k]
