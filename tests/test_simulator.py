@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from rollmux.baselines import gavel_options
@@ -80,6 +82,51 @@ def test_busy_gpu_seconds_equal_the_per_event_integral(extract_jobs):
                 t_ += bt
         assert run.rollout_busy_gpu_s == pytest.approx(r, rel=1e-9) and run.train_busy_gpu_s == pytest.approx(t_, rel=1e-9), name
         assert r > 0 and t_ > 0
+
+
+def test_busy_gpu_seconds_follow_changed_busy_params_of_the_same_unit(extract_jobs):
+    """A unit that stays (same key and jobs) but whose busy params change between two events
+    starts a new segment: its busy GPU-seconds follow the params of each stretch. Constructed:
+    every event hands the replay fresh copies of the units, and the copies of every other event
+    run their steady state at 1.5x the busy GPUs."""
+    for name in ("rollmux", "solo-d"):
+        real = Realisation(CLUSTER)
+        pol = make_policy(name, CLUSTER, real)
+        base_params = real.busy_params
+        made: dict = {}  # id(copy) -> (copy, its busy params)
+        seen: list = []
+        units = pol.units
+
+        def copies():
+            odd = len(seen) % 2 == 1
+            us = []
+            for u in units():
+                c = dataclasses.replace(u)
+                curve, w1, c_r, c_t, s_r, s_t = base_params(c)
+                f = 1.5 if odd else 1.0
+                made[id(c)] = (c, (curve, w1, c_r, c_t, s_r * f, s_t * f))
+                us.append(c)
+            seen.append([made[id(c)] for c in us])
+            return us
+
+        pol.units = copies
+        real.busy_params = lambda u: made[id(u)][1]
+        run = replay(extract_jobs, pol, real)
+        assert len(seen) == len(run.times_s)
+        born: dict = {}
+        r = t_ = r1 = 0.0
+        for k, (t0, us) in enumerate(zip(run.times_s, seen)):
+            keys = {(u.key, u.job_ids) for u, _ in us}
+            born = {bk: b for bk, b in born.items() if bk in keys}
+            t1 = run.times_s[k + 1] if k + 1 < len(run.times_s) else t0
+            for u, prm in us:
+                b = born.setdefault((u.key, u.job_ids), t0)
+                br, bt = real.busy_from_params(prm, t0 - b, t1 - b)
+                r += br
+                t_ += bt
+                r1 += real.busy_from_params(base_params(u), t0 - b, t1 - b)[0]  # had the params never changed
+        assert run.rollout_busy_gpu_s == pytest.approx(r, rel=1e-9) and run.train_busy_gpu_s == pytest.approx(t_, rel=1e-9), name
+        assert r > 1.01 * r1, name  # the changed params moved the figure: the case was reached
 
 
 def test_conservation_on_real_extract(extract_jobs):
