@@ -279,7 +279,7 @@ def lp_lower_bound(opt, members: Sequence[tuple[JobSpec, PhaseProfile]], *,
         for d, coefs in zip(sig, master.cut_coefs):
             for i, a in coefs.items():
                 pen[i] += d * a
-        worst = max([_RC_EPS] + [sum(pi[j] for j in key) + pen[i] - c for i, (key, c) in enumerate(items)])
+        worst = max([_RC_EPS] + [math.fsum(pi[j] for j in key) + pen[i] - c for i, (key, c) in enumerate(items)])
         return sum(pi.values()) + sum(d * (len(r) // 2) for r, d in zip(cuts, sig)) - len(ids) * worst
 
     cuts: list[frozenset] = []

@@ -5,6 +5,11 @@ constructed ping-pong case; the cluster's planner never blocks an admission (cou
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from rollmux import profiler
@@ -12,6 +17,8 @@ from rollmux.admission import InterGroupScheduler, SchedulerConfig
 from rollmux.baselines import OptimalPartition
 from rollmux.config import CONFIG_DIR, load_cluster
 from tests.test_repack import _two_singletons
+
+ROOT = Path(__file__).resolve().parents[1]
 
 #: the neighbourhood re-optimisation off, so that only the global plan moves jobs
 PLAN_ONLY = dict(reopt_max_jobs=0)
@@ -180,3 +187,16 @@ def test_the_restricted_master_keeps_todays_groups_and_the_columns_of_least_redu
         cl, s, _ = _singletons((1.04, 1.02), plan_master_columns=cap)
         plan = _plan(s, cl)
         assert len(plan.migrations) == 1 and plan.target_usd_per_h == pytest.approx(plan.current_usd_per_h / 2), cap
+
+
+def test_the_restricted_master_is_the_same_under_every_string_hash_seed():
+    # column {a, b, c} and column {A} tie at a reduced cost of exactly 0.4 (1.0 - (0.1 + 0.2 + 0.3));
+    # summed in the order a frozenset yields its members (which follows the string hash seed) the
+    # first can come out at 0.39999999999999997 and win the one place; exactly rounded, the tie
+    # goes to the sorted names ({A}) in every process
+    code = ("from rollmux.admission.global_plan import restricted_master as r; "
+            "cols = {frozenset('abc'): 1.0, frozenset('A'): 0.4, frozenset('z'): 5.0}; "
+            "print(sorted(''.join(sorted(k)) for k in r(cols, {frozenset('z')}, {'a': 0.1, 'b': 0.2, 'c': 0.3}, 2)))")
+    outs = {subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": str(h)}, cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.strip() for h in range(6)}
+    assert outs == {"['A', 'z']"}

@@ -311,10 +311,7 @@ class GlobalPlanMixin:
             cols[k] = c
         cap = cfg.plan_master_columns
         if 0 < cap < len(cols):  # the restricted master: today's groups and the least reduced costs
-            pi = b.duals
-            rc = sorted((c - sum(pi.get(j, 0.0) for j in k), sorted(k), k) for k, c in cols.items() if k not in current)
-            keep = {k for _, _, k in rc[:max(0, cap - len(current))]}
-            cols = {k: c for k, c in cols.items() if k in current or k in keep}
+            cols = restricted_master(cols, current, b.duals, cap)
         copy = self._copy_weights(hood, req.fresh)
         where = {j: gid for gid, js in hood.job_sets.items() for j in js}
         price = self.copy_price()
@@ -323,7 +320,7 @@ class GlobalPlanMixin:
             """The copy price of a new group: its members' copies but the largest block of one old
             group (the most a succession can keep in place)."""
             block: dict[str, float] = {}
-            for j in k:
+            for j in sorted(k):  # sorted: the same float sums whatever order the frozenset yields
                 block[where[j]] = block.get(where[j], 0.0) + copy[j]
             return price * (sum(block.values()) - max(block.values()))
 
@@ -366,7 +363,7 @@ class GlobalPlanMixin:
             after = sum(self._group_usd_per_h(g) for g, _ in groups)
             stay = {j for _, kept, _ in succ for j in kept}
             movers = [j for k in new_sets for j in k if j not in stay]
-            cp = sum(copy[j] for j in movers)
+            cp = math.fsum(copy[j] for j in movers)  # movers follow frozenset order: an exactly rounded sum
             saving = old_price - after
             if not self.pays(saving, cp):
                 left["move_price"] += 1
@@ -426,6 +423,19 @@ class GlobalPlanMixin:
         cost, est = self.plan_gap()
         st.gap_ref = cost / est - 1.0 if est > 0 else math.inf
         return moves
+
+
+def restricted_master(cols: dict[frozenset, float], current, duals: dict[str, float], cap: int) -> dict[frozenset, float]:
+    """The restricted master's columns: every column in ``current`` (today's groups) and the
+    others of least reduced cost ``price - sum of the members' duals`` ($/h), ``cap`` columns in
+    all (today's groups count; at least today's groups). Ties go to the sorted member names. The
+    dual sum is exactly rounded (``math.fsum``), so the choice does not depend on the order a
+    frozenset yields its members, which changes with the interpreter's string hash seed: the same
+    plan on every host and process. ``cols`` maps a column (job ids) to its price, $/h; the result
+    keeps its order."""
+    rc = sorted((c - math.fsum(duals.get(j, 0.0) for j in k), sorted(k), k) for k, c in cols.items() if k not in current)
+    keep = {k for _, _, k in rc[:max(0, cap - len(current))]}
+    return {k: c for k, c in cols.items() if k in current or k in keep}
 
 
 def _exchanges(current: dict, target: list) -> list[tuple[list, list]]:
