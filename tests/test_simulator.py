@@ -56,6 +56,24 @@ def test_rollmux_pairs_complementary_jobs_and_stretches_by_slowdown():
         assert 1.0 <= o.slowdown <= 2.0 and o.slo_met
 
 
+def _per_event_busy(real: Realisation, times_s: list, seen: list) -> tuple[float, float]:
+    """Busy GPU-seconds (rollout, train) integrated event by event: ``seen[k]`` holds each unit
+    alive from ``times_s[k]`` to the next event with its busy params then, ``(unit, params)``;
+    a unit's age counts from the first event it is seen at (its pipeline starts empty)."""
+    born: dict = {}
+    r = t_ = 0.0
+    for k, (t0, us) in enumerate(zip(times_s, seen)):
+        keys = {(u.key, u.job_ids) for u, _ in us}
+        born = {bk: b for bk, b in born.items() if bk in keys}
+        t1 = times_s[k + 1] if k + 1 < len(times_s) else t0
+        for u, prm in us:
+            b = born.setdefault((u.key, u.job_ids), t0)
+            br, bt = real.busy_from_params(prm, t0 - b, t1 - b)
+            r += br
+            t_ += bt
+    return r, t_
+
+
 def test_busy_gpu_seconds_equal_the_per_event_integral(extract_jobs):
     """The replay integrates each unit's busy GPU-seconds once per stretch of constant busy
     params; the sum must equal the per-event integral over every unit alive between two events,
@@ -69,17 +87,7 @@ def test_busy_gpu_seconds_equal_the_per_event_integral(extract_jobs):
         pol.units = lambda: seen.append([(u, real.busy_params(u)) for u in units()]) or [u for u, _ in seen[-1]]
         run = replay(extract_jobs, pol, real)
         assert len(seen) == len(run.times_s)
-        born: dict = {}
-        r = t_ = 0.0
-        for k, (t0, us) in enumerate(zip(run.times_s, seen)):
-            keys = {(u.key, u.job_ids) for u, _ in us}
-            born = {bk: b for bk, b in born.items() if bk in keys}
-            t1 = run.times_s[k + 1] if k + 1 < len(run.times_s) else t0
-            for u, prm in us:
-                b = born.setdefault((u.key, u.job_ids), t0)
-                br, bt = real.busy_from_params(prm, t0 - b, t1 - b)
-                r += br
-                t_ += bt
+        r, t_ = _per_event_busy(real, run.times_s, seen)
         assert run.rollout_busy_gpu_s == pytest.approx(r, rel=1e-9) and run.train_busy_gpu_s == pytest.approx(t_, rel=1e-9), name
         assert r > 0 and t_ > 0
 
@@ -93,38 +101,28 @@ def test_busy_gpu_seconds_follow_changed_busy_params_of_the_same_unit(extract_jo
         real = Realisation(CLUSTER)
         pol = make_policy(name, CLUSTER, real)
         base_params = real.busy_params
-        made: dict = {}  # id(copy) -> (copy, its busy params)
-        seen: list = []
+        made: dict = {}  # id(copy) -> its busy params
+        seen: list = []  # per event: (copy, its params, the params had they never changed)
         units = pol.units
 
         def copies():
-            odd = len(seen) % 2 == 1
+            f = 1.5 if len(seen) % 2 == 1 else 1.0
             us = []
             for u in units():
                 c = dataclasses.replace(u)
-                curve, w1, c_r, c_t, s_r, s_t = base_params(c)
-                f = 1.5 if odd else 1.0
-                made[id(c)] = (c, (curve, w1, c_r, c_t, s_r * f, s_t * f))
-                us.append(c)
-            seen.append([made[id(c)] for c in us])
-            return us
+                base = base_params(c)
+                curve, w1, c_r, c_t, s_r, s_t = base
+                made[id(c)] = (curve, w1, c_r, c_t, s_r * f, s_t * f)
+                us.append((c, made[id(c)], base))
+            seen.append(us)
+            return [c for c, _, _ in us]
 
         pol.units = copies
-        real.busy_params = lambda u: made[id(u)][1]
+        real.busy_params = lambda u: made[id(u)]
         run = replay(extract_jobs, pol, real)
         assert len(seen) == len(run.times_s)
-        born: dict = {}
-        r = t_ = r1 = 0.0
-        for k, (t0, us) in enumerate(zip(run.times_s, seen)):
-            keys = {(u.key, u.job_ids) for u, _ in us}
-            born = {bk: b for bk, b in born.items() if bk in keys}
-            t1 = run.times_s[k + 1] if k + 1 < len(run.times_s) else t0
-            for u, prm in us:
-                b = born.setdefault((u.key, u.job_ids), t0)
-                br, bt = real.busy_from_params(prm, t0 - b, t1 - b)
-                r += br
-                t_ += bt
-                r1 += real.busy_from_params(base_params(u), t0 - b, t1 - b)[0]  # had the params never changed
+        r, t_ = _per_event_busy(real, run.times_s, [[(c, p) for c, p, _ in us] for us in seen])
+        r1, _ = _per_event_busy(real, run.times_s, [[(c, b) for c, _, b in us] for us in seen])
         assert run.rollout_busy_gpu_s == pytest.approx(r, rel=1e-9) and run.train_busy_gpu_s == pytest.approx(t_, rel=1e-9), name
         assert r > 1.01 * r1, name  # the changed params moved the figure: the case was reached
 
