@@ -158,10 +158,10 @@ class SchedulerConfig(BaseModel):
     max_moves_per_job_per_h: int = Field(default=2, ge=1, le=3600)
     plan_max_jobs: int = Field(default=48, ge=0, le=1024)
     plan_gap_trigger: float = Field(default=0.02, ge=0.0, le=10.0)
-    plan_lp_iterations: int = Field(default=2, ge=1, le=10_000)
-    plan_lp_layouts: int = Field(default=40, ge=1, le=1_000_000)
+    plan_lp_iterations: int = Field(default=4, ge=1, le=10_000)
+    plan_lp_layouts: int = Field(default=80, ge=1, le=1_000_000)
     plan_deterministic_s: float = Field(default=0.2, gt=0.0, le=600.0)
-    plan_master_columns: int = Field(default=0, ge=0, le=1_000_000)
+    plan_master_columns: int = Field(default=120, ge=0, le=1_000_000)
     plan_move_price_node_pairs_per_copy_s: float = Field(default=0.013, ge=0.0, le=1e3)
     saturation: Literal["paper", "slo", "off"] = "slo"
     attach_timeout_s: float = Field(default=600.0, ge=0.0, le=1e7)
