@@ -162,12 +162,13 @@ def test_update_profile_replaces_the_planning_profile_only():
 def test_the_default_keeps_the_slo_users_read_under_long_tailed_phase_times():
     """40 jobs of the bundled extract with long-tailed phase times (seed 3), replayed as a user
     would (every setting the default): each job's slowdown against its *realised* solo time. Worst-case
-    admission (``profile_source: worst_case``) leaves 19 jobs over their SLO, up to 1.43x: a member
+    admission (``profile_source: worst_case``) leaves 17 jobs over their SLO, up to 1.54x: a member
     whose realised phases are far below its worst case still runs at its partners' cadence. The
     default (measured profiles, the SLO watch acting after each job's first iteration) leaves none
-    over, at about the same cost (8.95 against 8.91 k$; before the global plan 8.61 against 8.75:
-    the plan packs worst-case admission tighter, at the price of more SLOs missed, and costs the
-    default 3.3% here, 8.95 against 8.66 k$ with ``plan_max_jobs: 0``)."""
+    over, for less (8.72 against 8.88 k$; on the previous plan budget 8.95 against 8.91 with 19 over,
+    up to 1.43x; before the global plan 8.61 against 8.75: the plan packs worst-case admission
+    tighter, at the price of more SLOs missed, and costs the default 0.7% here, 8.72 against 8.66 k$
+    with ``plan_max_jobs: 0``)."""
     from rollmux.config import CONFIG_DIR, load_cluster
     from rollmux.sim.simulator import Realisation, make_policy, replay
     from rollmux.traces import EXTRACT_TRACE, TraceWindow, load_trace
@@ -185,7 +186,7 @@ def test_the_default_keeps_the_slo_users_read_under_long_tailed_phase_times():
         got[name] = (sorted(o.slowdown / slo[k] for k, o in run.outcomes.items() if o.slowdown > slo[k] + 1e-9),
                      run.metrics()["total_cost_usd"], pol.extra())
     (over, cost, extra), (wc_over, wc_cost, wc_extra) = got["default"], got["worst_case"]
-    assert len(wc_over) == 19 and 1.4 < wc_over[-1] < 1.5 and "slo_actions" not in wc_extra
+    assert len(wc_over) == 17 and 1.5 < wc_over[-1] < 1.6 and "slo_actions" not in wc_extra
     assert over == [], over
     assert cost < 1.01 * wc_cost and extra["profile_source"] == "measured"
     assert sum(extra["slo_actions"].values()) > 0 and set(extra["slo_actions"]) <= {
